@@ -1,0 +1,28 @@
+// cast_bench: f32 -> bf16 conversion on the CPU, in GB/s of source bytes, against memcpy of the same
+// source bytes in the same run. Usage: cast_bench [MiB of f32 source, default 256]
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "harness.h"
+#include "laminar/kernels/cast.h"
+
+int main(int argc, char** argv) {
+  const std::size_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 256;
+  const std::size_t n = mib * (1u << 20) / 4;
+  std::vector<float> src(n);
+  for (std::size_t i = 0; i < n; ++i) src[i] = float(i % 1000) * 0.37f - 100.f;
+  std::vector<std::uint16_t> dst(n);
+  std::vector<float> copy(n);
+  const double bytes = double(n) * 4;
+
+  laminar::kernels::CastParams p{src.data(), dst.data(), std::int64_t(n), laminar::DType::kF32,
+                                 laminar::DType::kBF16};
+  bool ok = true;
+  auto ours = laminar::bench::measure([&] { ok = ok && laminar::kernels::run(p, laminar::Stream::host()).ok(); });
+  auto base = laminar::bench::measure([&] { std::memcpy(copy.data(), src.data(), n * 4); });
+  if (!ok) return 1;
+  laminar::bench::report_throughput("cast_f32_to_bf16_cpu", "GB/s", bytes / ours.median_s / 1e9,
+                                    "memcpy_1thread", bytes / base.median_s / 1e9);
+  return 0;
+}

@@ -1,0 +1,7 @@
+// laminar.h: the umbrella header; includes every public component header and nothing else.
+#pragma once
+
+#include "laminar/kernels/cast.h"
+#include "laminar/status.h"
+#include "laminar/types.h"
+#include "laminar/weight_manifest.h"
