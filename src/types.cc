@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace laminar {
@@ -98,6 +99,18 @@ DLDevice device_to_dlpack(Device d) {
   return {kDLCPU, 0};
 }
 
+// Dense row-major strides. Multiplication saturates instead of overflowing: a shape that large is
+// rejected by check() afterwards, with a message.
+template <class Dim>
+void row_major_strides(int ndim, Dim dim, std::int64_t* strides) {
+  std::int64_t stride = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    strides[i] = stride;
+    const std::int64_t d = dim(i) > 0 ? dim(i) : 1;
+    if (__builtin_mul_overflow(stride, d, &stride)) stride = std::numeric_limits<std::int64_t>::max();
+  }
+}
+
 }  // namespace
 
 std::int64_t TensorView::numel() const noexcept {
@@ -172,12 +185,8 @@ Result<TensorView> TensorView::contiguous(void* data, DType dtype, std::span<con
   v.dtype_ = dtype;
   v.device_ = device;
   v.ndim_ = int(shape.size());
-  std::int64_t stride = 1;
-  for (int i = v.ndim_ - 1; i >= 0; --i) {
-    v.shape_[std::size_t(i)] = shape[std::size_t(i)];
-    v.strides_[std::size_t(i)] = stride;
-    stride *= shape[std::size_t(i)] > 0 ? shape[std::size_t(i)] : 1;
-  }
+  std::copy(shape.begin(), shape.end(), v.shape_.begin());
+  row_major_strides(v.ndim_, [&](int i) { return shape[std::size_t(i)]; }, v.strides_.data());
   LAMINAR_RETURN_IF_ERROR(check(v, StridePolicy::kNonNegative));
   return v;
 }
@@ -222,11 +231,11 @@ Result<TensorView> TensorView::from_dlpack(const DLTensor& t, StridePolicy polic
   v.dtype_ = *dtype;
   v.device_ = *device;
   v.ndim_ = t.ndim;
-  std::int64_t stride = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    v.shape_[std::size_t(i)] = t.shape[i];
-    v.strides_[std::size_t(i)] = t.strides != nullptr ? t.strides[i] : stride;
-    stride *= t.shape[i] > 0 ? t.shape[i] : 1;
+  std::copy(t.shape, t.shape + t.ndim, v.shape_.begin());
+  if (t.strides != nullptr) {
+    std::copy(t.strides, t.strides + t.ndim, v.strides_.begin());
+  } else {
+    row_major_strides(v.ndim_, [&](int i) { return t.shape[i]; }, v.strides_.data());
   }
   LAMINAR_RETURN_IF_ERROR(check(v, policy));
   return v;
