@@ -52,7 +52,7 @@ inline constexpr std::chrono::milliseconds kDefaultTimeout{-1};
 
 struct TransportOptions {
   // Shared secret of the cluster, at least kMinTokenBytes bytes. Peers prove they hold it with a
-  // mutual challenge-response (keyed BLAKE2b over fresh random nonces, libsodium); the token itself
+  // mutual challenge-response (HMAC-SHA-256 over fresh random nonces, libsodium); the token itself
   // never crosses the wire. A peer that fails is refused before any message or memory is served.
   std::string cluster_token;
   // UCX transports in UCX_TLS syntax ("tcp" forces the network, "" lets UCX choose, e.g. shared
@@ -108,8 +108,7 @@ class MemoryRegion {
   RemoteRegion remote() const;
 
  private:
-  friend class Transport;
-  friend class Endpoint;
+  friend class internal::TransportCore;
   explicit MemoryRegion(std::shared_ptr<internal::RegionState> s) : state_(std::move(s)) {}
   std::shared_ptr<internal::RegionState> state_;
 };
@@ -196,7 +195,7 @@ using MessageHandler = std::function<void(Incoming)>;
 class Transport {
  public:
   // kInvalidArgument: token shorter than kMinTokenBytes, zero max_message_bytes, non-positive timeouts.
-  // kUnavailable: UCX could not start (e.g. the transports named in ucx_transports do not exist).
+  // kUnavailable: UCX could not start. (UCX warns about, and skips, unknown names in ucx_transports.)
   static Result<Transport> create(TransportOptions options);
 
   Transport(Transport&&) noexcept;
