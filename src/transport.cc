@@ -1419,7 +1419,11 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
     ucs_status_t s = ucp_ep_rkey_unpack(e->ep, rkey.data(), &op.rkey);
     if (s != UCS_OK) {
       op.rkey = nullptr;
-      resolve(op, invalid_argument(fmt::format("{}: remote region key does not unpack: {}", verb, ucs_text(s))));
+      // A malformed key is the caller's; a well-formed one that cannot be attached (shared memory of
+      // a peer that died or freed the region) is the peer's state, like any vanished peer.
+      const bool malformed = s == UCS_ERR_INVALID_PARAM || s == UCS_ERR_UNSUPPORTED;
+      const std::string msg = fmt::format("{}: remote region of {} does not attach: {}", verb, e->peer, ucs_text(s));
+      resolve(op, malformed ? invalid_argument(msg) : unavailable(msg));
       return;
     }
     ucp_request_param_t p{};

@@ -6,11 +6,13 @@
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -85,6 +87,7 @@ Result<ChildProcess> ChildProcess::spawn(ChildOptions options) {
   auto c_env = c_strings(envs);
 
   int ns_fd = -1;
+  const char* ns_name = options.netns.c_str();
   if (!options.netns.empty()) {
     const std::string path = "/var/run/netns/" + options.netns;
     ns_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -112,6 +115,17 @@ Result<ChildProcess> ChildProcess::spawn(ChildOptions options) {
     if (getppid() != parent) _exit(127);
     int err = 0;
     if (ns_fd >= 0 && setns(ns_fd, CLONE_NEWNET) != 0) err = errno;
+    // As `ip netns exec` does: a private mount namespace with /sys remounted, so /sys/class/net lists
+    // the namespace's interfaces. UCX finds its tcp devices there; with the host's view it would
+    // have no route to the namespace's addresses.
+    if (err == 0 && ns_fd >= 0) {
+      if (unshare(CLONE_NEWNS) != 0 || mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0) {
+        err = errno;
+      } else {
+        umount2("/sys", MNT_DETACH);
+        if (mount(ns_name, "/sys", "sysfs", 0, nullptr) != 0) err = errno;
+      }
+    }
     if (err == 0 && dup2(out_pipe[1], STDOUT_FILENO) < 0) err = errno;
     if (err == 0) {
       execve(c_argv[0], c_argv.data(), c_env.data());
@@ -262,6 +276,9 @@ Result<NetnsPair> NetnsPair::create(const std::string& prefix) {
     Status st = run_ip(step);
     if (!st.ok()) return st;  // pair's destructor removes what was made
   }
+  // A veth end reports carrier a moment after both ends are up; connecting before then fails with
+  // "destination unreachable".
+  LAMINAR_RETURN_IF_ERROR(pair.wait_for_carrier(std::chrono::seconds(5)));
   return pair;
 }
 
@@ -294,8 +311,33 @@ void NetnsPair::destroy() noexcept {
   }
 }
 
+Status NetnsPair::wait_for_carrier(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    bool up = true;
+    for (int side = 0; side < 2; ++side) {
+      const std::string cmd = fmt::format("ip -n {} -o link show dev {} 2>/dev/null", names_[side], veth_[side]);
+      std::string out;
+      if (FILE* f = popen(cmd.c_str(), "r")) {
+        char buf[512];
+        while (std::fgets(buf, sizeof(buf), f) != nullptr) out += buf;
+        pclose(f);
+      }
+      up = up && out.find("LOWER_UP") != std::string::npos;
+    }
+    if (up) return ok_status();
+    if (Clock::now() >= deadline) {
+      return unavailable(fmt::format("veth {}/{} has no carrier after {} ms", veth_[0], veth_[1], timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 Status NetnsPair::link_down() { return run_ip({"-n", names_[0], "link", "set", veth_[0], "down"}); }
-Status NetnsPair::link_up() { return run_ip({"-n", names_[0], "link", "set", veth_[0], "up"}); }
+Status NetnsPair::link_up() {
+  LAMINAR_RETURN_IF_ERROR(run_ip({"-n", names_[0], "link", "set", veth_[0], "up"}));
+  return wait_for_carrier(std::chrono::seconds(5));
+}
 
 bool can_use_netns() {
   if (geteuid() != 0) return false;

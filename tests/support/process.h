@@ -94,9 +94,12 @@ class NetnsPair {
   const std::string& name(int side) const { return names_[side]; }
   const std::string& address(int side) const { return addresses_[side]; }
 
-  // Cuts / restores the link (ip link set down/up on side 0's veth end).
+  // Cuts / restores the link (ip link set down/up on side 0's veth end). link_up returns once both
+  // ends have carrier again.
   Status link_down();
   Status link_up();
+  // Waits until both veth ends report carrier (LOWER_UP). kUnavailable after timeout.
+  Status wait_for_carrier(std::chrono::milliseconds timeout);
 
  private:
   NetnsPair() = default;
