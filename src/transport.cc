@@ -228,6 +228,15 @@ class EndpointState {
   // Progress thread only.
   ucp_ep_h ep = nullptr;
   Phase phase = Phase::kClosed;
+  // Unpacked remote keys by packed bytes. Unpacking attaches the peer's shared-memory segment (a
+  // fresh mapping that faults in page by page), so doing it once per region rather than once per
+  // put/get is what makes repeated transfers run at memory speed. `users` counts operations in
+  // flight on an entry; only unused entries are evicted.
+  struct CachedRkey {
+    ucp_rkey_h handle = nullptr;
+    int users = 0;
+  };
+  std::unordered_map<std::string, CachedRkey> rkeys;
   Nonce client_nonce{};
   Nonce server_nonce{};
   std::uint64_t handshake_op = 0;
@@ -279,12 +288,8 @@ struct Op {
   CompletionCallback done;                        // kRma
   std::vector<std::byte> buffer;                  // frame being sent / received
   std::shared_ptr<RegionState> region;            // kRma: keeps the registration alive
-  ucp_rkey_h rkey = nullptr;                      // kRma
+  std::string rkey_bytes;                         // kRma: entry of the endpoint's rkey cache in use
   Status rma_error;                               // kRma: first failure of put + flush
-
-  ~Op() {
-    if (rkey != nullptr) ucp_rkey_destroy(rkey);
-  }
 };
 
 class TransportCore : public std::enable_shared_from_this<TransportCore> {
@@ -359,6 +364,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::shared_ptr<EndpointState> find(std::uint64_t id);
   void on_connection_request(ucp_conn_request_h req);
   void close_ucp_ep(EndpointState& e);
+  Result<ucp_rkey_h> acquire_rkey(EndpointState& e, Op& op, const std::vector<std::byte>& packed);
+  void release_rkey(Op& op);
+  void destroy_rkeys(EndpointState& e);
 
   static void am_send_cb(void* request, ucs_status_t status, void* user);
   static void am_recv_data_cb(void* request, ucs_status_t status, std::size_t length, void* user);
@@ -392,6 +400,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_;
   std::vector<ucp_ep_h> to_close_;        // failed endpoints, closed outside UCX callbacks
   std::vector<void*> closing_;            // ucp_ep_close_nbx requests in flight
+  std::vector<ucp_rkey_h> dead_rkeys_;    // of closed endpoints; destroyed once UCX is idle
   std::vector<std::uint64_t> release_candidates_;  // ops that may be finished; see maybe_release
   std::uint64_t next_op_id_ = 1;
   int ucx_inflight_ = 0;
@@ -634,6 +643,9 @@ void TransportCore::progress_loop() {
                    closing_.end());
     expire_deadlines();
     sweep();
+    if (!dead_rkeys_.empty() && closing_.empty() && ucx_inflight_ == 0) {
+      for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+    }
     const auto now = Clock::now();
     if (progressed > 0) {
       last_activity = now;
@@ -680,6 +692,7 @@ void TransportCore::teardown_on_progress_thread() {
   for (auto& [id, e] : endpoints_) {
     e->set_error(cancelled_st);
     e->phase = Phase::kClosed;
+    destroy_rkeys(*e);
     if (e->ep != nullptr) to_close_.push_back(e->ep);
     e->ep = nullptr;
   }
@@ -705,6 +718,7 @@ void TransportCore::teardown_on_progress_thread() {
   }
   for (void* r : closing_) ucp_request_free(r);
   closing_.clear();
+  for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
   // Ops UCX never completed keep their buffers until here; the worker is destroyed next.
   release_candidates_.clear();
   ops_.clear();
@@ -824,10 +838,7 @@ void TransportCore::on_ucx_done(Op& op, ucs_status_t status) {
         op.rma_error = unavailable(fmt::format("{} failed: {}", op.what, ucs_text(status)));
       }
       if (op.ucx_inflight == 0) {
-        if (op.rkey != nullptr) {
-          ucp_rkey_destroy(op.rkey);
-          op.rkey = nullptr;
-        }
+        release_rkey(op);
         resolve(op, op.rma_error);
       }
       break;
@@ -907,6 +918,52 @@ void TransportCore::close_ucp_ep(EndpointState& e) {
   e.ep = nullptr;
 }
 
+Result<ucp_rkey_h> TransportCore::acquire_rkey(EndpointState& e, Op& op, const std::vector<std::byte>& packed) {
+  constexpr std::size_t kMaxCachedRkeys = 256;
+  std::string key(reinterpret_cast<const char*>(packed.data()), packed.size());
+  auto it = e.rkeys.find(key);
+  if (it == e.rkeys.end()) {
+    if (e.rkeys.size() >= kMaxCachedRkeys) {
+      for (auto c = e.rkeys.begin(); c != e.rkeys.end();) {
+        if (c->second.users == 0) {
+          ucp_rkey_destroy(c->second.handle);
+          c = e.rkeys.erase(c);
+        } else {
+          ++c;
+        }
+      }
+    }
+    ucp_rkey_h handle = nullptr;
+    const ucs_status_t s = ucp_ep_rkey_unpack(e.ep, packed.data(), &handle);
+    if (s != UCS_OK) {
+      // A malformed key is the caller's; a well-formed one that cannot be attached (shared memory of
+      // a peer that died or freed the region) is the peer's state, like any vanished peer.
+      const bool malformed = s == UCS_ERR_INVALID_PARAM || s == UCS_ERR_UNSUPPORTED;
+      const std::string msg = fmt::format("{}: remote region of {} does not attach: {}", op.what, e.peer, ucs_text(s));
+      return malformed ? invalid_argument(msg) : unavailable(msg);
+    }
+    it = e.rkeys.emplace(std::move(key), EndpointState::CachedRkey{handle, 0}).first;
+  }
+  ++it->second.users;
+  op.rkey_bytes = it->first;
+  return it->second.handle;
+}
+
+void TransportCore::release_rkey(Op& op) {
+  if (op.rkey_bytes.empty()) return;
+  if (auto e = find(op.ep_id)) {
+    auto it = e->rkeys.find(op.rkey_bytes);
+    if (it != e->rkeys.end()) --it->second.users;
+  }
+  op.rkey_bytes.clear();
+}
+
+void TransportCore::destroy_rkeys(EndpointState& e) {
+  // UCX requests of this endpoint may still point at these until its close completes.
+  for (auto& [bytes, c] : e.rkeys) dead_rkeys_.push_back(c.handle);
+  e.rkeys.clear();
+}
+
 void TransportCore::fail_endpoint(EndpointState& e, const Status& s) {
   auto keep = find(e.id);  // e may be erased below
   e.set_error(s);
@@ -917,6 +974,7 @@ void TransportCore::fail_endpoint(EndpointState& e, const Status& s) {
     if (op->ep_id == e.id && !op->resolved) pending.push_back(op.get());
   }
   for (Op* op : pending) resolve(*op, err);
+  destroy_rkeys(e);
   close_ucp_ep(e);
   endpoints_.erase(e.id);
 }
@@ -1416,14 +1474,23 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
     op.status_promise = std::move(*promise);
     op.done = std::move(done);
     op.region = region;
-    ucs_status_t s = ucp_ep_rkey_unpack(e->ep, rkey.data(), &op.rkey);
-    if (s != UCS_OK) {
-      op.rkey = nullptr;
-      // A malformed key is the caller's; a well-formed one that cannot be attached (shared memory of
-      // a peer that died or freed the region) is the peer's state, like any vanished peer.
-      const bool malformed = s == UCS_ERR_INVALID_PARAM || s == UCS_ERR_UNSUPPORTED;
-      const std::string msg = fmt::format("{}: remote region of {} does not attach: {}", verb, e->peer, ucs_text(s));
-      resolve(op, malformed ? invalid_argument(msg) : unavailable(msg));
+    auto rkey_handle = acquire_rkey(*e, op, rkey);
+    if (!rkey_handle.ok()) {
+      resolve(op, rkey_handle.status());
+      return;
+    }
+    std::byte* local_ptr = region->data + local_offset;
+    void* direct = nullptr;
+    if (ucp_rkey_ptr(*rkey_handle, raddr, &direct) == UCS_OK) {
+      // The peer's memory is mapped here (shared memory on one host): one memcpy is the whole
+      // transfer, done and visible when it returns.
+      if (is_put) {
+        std::memcpy(direct, local_ptr, length);
+      } else {
+        std::memcpy(local_ptr, direct, length);
+      }
+      release_rkey(op);
+      resolve(op, ok_status());
       return;
     }
     ucp_request_param_t p{};
@@ -1431,9 +1498,8 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
     p.cb.send = &TransportCore::am_send_cb;
     p.user_data = &op;
     p.memh = region->memh;
-    std::byte* local_ptr = region->data + local_offset;
-    void* req = is_put ? ucp_put_nbx(e->ep, local_ptr, length, raddr, op.rkey, &p)
-                       : ucp_get_nbx(e->ep, local_ptr, length, raddr, op.rkey, &p);
+    void* req = is_put ? ucp_put_nbx(e->ep, local_ptr, length, raddr, *rkey_handle, &p)
+                       : ucp_get_nbx(e->ep, local_ptr, length, raddr, *rkey_handle, &p);
     const auto track = [&](void* r) {
       if (UCS_PTR_IS_ERR(r)) {
         if (op.rma_error.ok()) op.rma_error = unavailable(fmt::format("{} failed: {}", op.what, ucs_text(UCS_PTR_STATUS(r))));
@@ -1452,8 +1518,7 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
       track(ucp_ep_flush_nbx(e->ep, &fp));
     }
     if (op.ucx_inflight == 0) {
-      ucp_rkey_destroy(op.rkey);
-      op.rkey = nullptr;
+      release_rkey(op);
       resolve(op, op.rma_error);
     }
   });
