@@ -215,7 +215,9 @@ TEST_CASE("transport multiprocess: a peer killed mid-transfer fails every pendin
         ++failed;
       }
     }
-    CHECK(failed > 0);  // at least the last of eight 256 MiB gets was still running
+    // Over tcp the last of eight 256 MiB gets is still on the wire when the peer dies. Over shared
+    // memory a get is a memcpy from the peer's segment, which stays mapped here: it may finish.
+    if (tcp) CHECK(failed > 0);
     // Noticed by the transport, not by the 60 s deadlines.
     CHECK(std::chrono::steady_clock::now() - start_time < 30s);
     CHECK(ep->status().code() == StatusCode::kUnavailable);
