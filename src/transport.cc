@@ -305,7 +305,8 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   ucp_context_h context() const { return context_; }
 
   Result<std::string> listen(std::string_view host, std::uint16_t port);
-  Result<Endpoint> connect(std::string_view address, milliseconds timeout);
+  Result<Endpoint> connect(std::string_view address, milliseconds timeout, bool handshake = true);
+  static TransportCore& of(Transport& t) { return *t.core_; }
   Result<Endpoint> accept(milliseconds timeout);
   void on_message(MessageType type, MessageHandler handler);
   Result<Incoming> receive(milliseconds timeout);
@@ -351,6 +352,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   Op& new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeout, std::string what);
   void resolve(Op& op, const Status& s);
   void resolve_reply(Op& op, Result<Message> r);
+  void resolve_connect(Op& op, std::shared_ptr<EndpointState> e);
   void maybe_release(Op& op);
   void sweep();
   void on_ucx_done(Op& op, ucs_status_t status);
@@ -651,8 +653,11 @@ void TransportCore::progress_loop() {
       last_activity = now;
       continue;
     }
+    // Keep polling briefly after any activity: data tends to come in bursts (a receiver of a bulk
+    // transfer has nothing in flight itself), and a sleep/wake round trip per segment halves tcp
+    // bandwidth. Idle longer than that, and the thread sleeps.
     const bool busy = ucx_inflight_ > 0 || !closing_.empty();
-    if (busy && now - last_activity < kSpinAfterActivity) continue;
+    if (now - last_activity < kSpinAfterActivity) continue;
     if (has_commands_.load(std::memory_order_acquire)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     epoll_event events[4];
@@ -782,6 +787,15 @@ void TransportCore::resolve(Op& op, const Status& s) {
     case Op::Kind::kReceive:
       break;
   }
+  maybe_release(op);
+}
+
+void TransportCore::resolve_connect(Op& op, std::shared_ptr<EndpointState> e) {
+  if (op.resolved) return;
+  op.resolved = true;
+  if (op.has_deadline) deadlines_.erase(op.deadline_it);
+  op.has_deadline = false;
+  op.connect_promise.set_value(make_endpoint(std::move(e)));
   maybe_release(op);
 }
 
@@ -1131,13 +1145,7 @@ void TransportCore::handle_handshake(EndpointState& e, Frame f) {
         e.set_info(std::string(text, len));
         std::free(text);
       }
-      if (hs != nullptr && !hs->resolved) {
-        hs->resolved = true;
-        if (hs->has_deadline) deadlines_.erase(hs->deadline_it);
-        hs->has_deadline = false;
-        hs->connect_promise.set_value(make_endpoint(find(e.id)));
-        maybe_release(*hs);
-      }
+      if (hs != nullptr) resolve_connect(*hs, find(e.id));
       return;
     }
     case Phase::kReady:
@@ -1153,7 +1161,10 @@ ucs_status_t TransportCore::am_recv_cb(void* arg, const void*, std::size_t, void
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
   auto e = self->find(param->reply_ep);
   if (e == nullptr) return UCS_OK;  // an endpoint already failed or closed
-  const std::size_t limit = self->options_.max_message_bytes + kFrameOverheadBytes;
+  // Before authentication a peer gets no more than a handshake frame's worth of our memory.
+  constexpr std::size_t kHandshakeFrameLimit = 4096;
+  const std::size_t limit =
+      e->phase == Phase::kReady ? self->options_.max_message_bytes + kFrameOverheadBytes : kHandshakeFrameLimit;
   if (length > limit) {
     const Status st = invalid_argument(fmt::format("peer {} sent a frame of {} bytes, over the limit of {}",
                                                    e->peer, length, limit));
@@ -1274,7 +1285,7 @@ Result<std::string> TransportCore::listen(std::string_view host, std::uint16_t p
   return r;
 }
 
-Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds timeout) {
+Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds timeout, bool handshake) {
   if (timeout == kDefaultTimeout) timeout = options_.connect_timeout;
   if (timeout.count() <= 0) return invalid_argument(fmt::format("connect timeout {} ms is not positive", timeout.count()));
   auto ss = parse_address(address);
@@ -1282,7 +1293,7 @@ Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds t
   auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, std::string(address));
   std::promise<std::future<Result<Endpoint>>> started;
   auto started_future = started.get_future();
-  const bool posted = post([this, e, addr = *ss, timeout, &started] {
+  const bool posted = post([this, e, addr = *ss, timeout, handshake, &started] {
     Op& op = new_op(Op::Kind::kConnect, e->id, timeout, fmt::format("connecting to {}", e->peer));
     started.set_value(op.connect_promise.get_future());
     ucp_ep_params_t ep{};
@@ -1305,6 +1316,11 @@ Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds t
     e->client_nonce = fresh_nonce();
     endpoints_.emplace(e->id, e);
     by_handle_.emplace(e->ep, e->id);
+    if (!handshake) {
+      e->phase = Phase::kReady;
+      resolve_connect(op, e);
+      return;
+    }
     Frame hello;
     hello.kind = FrameKind::kHello;
     hello.body.assign(e->client_nonce.begin(), e->client_nonce.end());
@@ -1398,6 +1414,10 @@ std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState
   });
   if (!posted) promise->set_value(cancelled("transport shut down"));
   return future;
+}
+
+Result<Endpoint> connect_without_handshake(Transport& transport, std::string_view address) {
+  return TransportCore::of(transport).connect(address, milliseconds(5000), /*handshake=*/false);
 }
 
 Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire) {

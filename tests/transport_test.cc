@@ -347,3 +347,25 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
   REQUIRE(still.ok());
   CHECK(still->text() == "still served");
 }
+
+TEST_CASE("transport: a peer that skips the handshake is refused before anything is served", "[transport]") {
+  Transport server = make();
+  auto address = server.listen("127.0.0.1", 0);
+  REQUIRE(address.ok());
+  std::atomic<int> served{0};
+  server.on_message(1, [&](laminar::Incoming in) {
+    ++served;
+    (void)in.from.reply(in, in.message);
+  });
+  Transport rogue = make();
+  auto ep = laminar::internal::connect_without_handshake(rogue, *address);
+  REQUIRE(ep.ok());
+  // Requests straight away: the server answers with a refusal, never with the handler's reply.
+  auto r = ep->request(Message::from_string(1, "let me in"), 2s);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() != StatusCode::kOk);
+  for (int i = 0; i < 300 && ep->status().ok(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK_FALSE(ep->status().ok());
+  CHECK(served.load() == 0);
+  CHECK(server.accept(100ms).status().code() == StatusCode::kDeadlineExceeded);
+}

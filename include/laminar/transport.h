@@ -233,6 +233,7 @@ class Transport {
   const TransportOptions& options() const noexcept;
 
  private:
+  friend class internal::TransportCore;
   explicit Transport(std::shared_ptr<internal::TransportCore> core);
   std::shared_ptr<internal::TransportCore> core_;
 };
