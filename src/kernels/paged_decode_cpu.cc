@@ -13,6 +13,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/paged_decode_cpu.cc"  // relative to src/, re-included per target
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "paged_decode_cpu.h"
@@ -129,6 +130,76 @@ inline Pack pexp(Pack x) {
 }
 #endif
 
+// Step 1 for a whole split: scores of every token against the G query heads of the group. Tiles of
+// 8 / G tokens keep 8 independent fma chains in flight (one per (token, head)); each chain is still
+// exactly the lane-strided sum of the reduction order.
+// Pages are scattered and a token's row for one KV head is only Dh elements, so the hardware
+// prefetchers see no stream: fetch the K and V rows this many tokens ahead (V then waits in L2 for
+// step 2).
+constexpr int kPrefetchTokens = 16;
+
+template <KvKind K, int Dh>
+HWY_INLINE void PrefetchRow(const KvElemT<K>* row) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (std::size_t b = 0; b < Dh * sizeof(KvElemT<K>); b += 64) hwy::Prefetch(p + b);
+}
+
+template <KvKind K, int Dh, int G>
+void ScoresT(const float* q_f, const KvElemT<K>* const* krow, const KvElemT<K>* const* vrow, int n, float scale,
+             float* p_s) {
+  constexpr int kTile = G >= 8 ? 1 : 8 / G;
+  for (int j = 0; j < kPrefetchTokens && j < n; ++j) {
+    PrefetchRow<K, Dh>(krow[j]);
+    PrefetchRow<K, Dh>(vrow[j]);
+  }
+  for (int j0 = 0; j0 < n; j0 += kTile) {
+    for (int t = 0; t < kTile && j0 + kPrefetchTokens + t < n; ++t) {
+      PrefetchRow<K, Dh>(krow[j0 + kPrefetchTokens + t]);
+      PrefetchRow<K, Dh>(vrow[j0 + kPrefetchTokens + t]);
+    }
+    // A short last tile repeats its last token; those extra results are not stored.
+    const KvElemT<K>* k[kTile];
+    for (int t = 0; t < kTile; ++t) k[t] = krow[j0 + t < n ? j0 + t : n - 1];
+    Pack acc[kTile * G];
+    for (auto& x : acc) x = pzero();
+    for (int i = 0; i < Dh; i += 8) {
+      Pack kp[kTile];
+      for (int t = 0; t < kTile; ++t) kp[t] = pload_kv<K>(k[t] + i);
+      for (int g = 0; g < G; ++g) {
+        const Pack qp = pload(q_f + g * Dh + i);
+        for (int t = 0; t < kTile; ++t) acc[t * G + g] = pfma(qp, kp[t], acc[t * G + g]);
+      }
+    }
+    for (int t = 0; t < kTile && j0 + t < n; ++t) {
+      for (int g = 0; g < G; ++g) p_s[g * kSplit + j0 + t] = internal::mul_rn(ptree(acc[t * G + g]), scale);
+    }
+  }
+}
+
+// Step 2's weighted V for all G heads at once: blocks of 128 / G head-dim elements, so 16 packs
+// accumulate per pass and every V element is widened once. Each (head, element) is still one
+// fma chain in increasing token order.
+template <KvKind K, int Dh, int G>
+void WeightedValuesT(const float* p_s, const KvElemT<K>* const* vrow, int n, float* o, std::int64_t head_stride) {
+  constexpr int kBlock = (128 / G) < Dh ? (128 / G) : Dh;
+  constexpr int kPacks = kBlock / 8;
+  for (int db = 0; db < Dh; db += kBlock) {
+    Pack acc[G * kPacks];
+    for (auto& x : acc) x = pzero();
+    for (int j = 0; j < n; ++j) {
+      Pack v[kPacks];
+      for (int c = 0; c < kPacks; ++c) v[c] = pload_kv<K>(vrow[j] + db + 8 * c);
+      for (int g = 0; g < G; ++g) {
+        const Pack pj = pset(p_s[g * kSplit + j]);
+        for (int c = 0; c < kPacks; ++c) acc[g * kPacks + c] = pfma(pj, v[c], acc[g * kPacks + c]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < kPacks; ++c) pstore(acc[g * kPacks + c], o + g * head_stride + db + 8 * c);
+    }
+  }
+}
+
 template <KvKind K, int Dh>
 void SplitTaskT(const DecodeArgs& a, int local_row, int h, int split) {
   using Elem = KvElemT<K>;
@@ -140,30 +211,28 @@ void SplitTaskT(const DecodeArgs& a, int local_row, int h, int split) {
   const int group = a.num_qo_heads / a.num_kv_heads;
 
   alignas(64) float q_f[kMaxGroup * Dh];
-  alignas(64) float k_f[Dh];
   alignas(64) float p_s[kMaxGroup * kSplit];
+  const Elem* krow[kSplit];
+  const Elem* vrow[kSplit];
 
   const Elem* q = static_cast<const Elem*>(a.q) + (std::int64_t(row) * a.num_qo_heads + std::int64_t(h) * group) * Dh;
   for (int i = 0; i < group * Dh; ++i) q_f[i] = cuda_detail::to_f32<K>(q[i]);
 
   const std::int64_t token_stride = std::int64_t(a.num_kv_heads) * Dh;
   const std::int32_t* pages = a.indices + a.indptr[r.seq];
-  const Elem* k_pool = static_cast<const Elem*>(a.k_pages);
-  const Elem* v_pool = static_cast<const Elem*>(a.v_pages);
-  auto token_row = [&](const Elem* pool, int t) {
-    return pool + (std::int64_t(pages[t / a.page_size]) * a.page_size + t % a.page_size) * token_stride +
-           std::int64_t(h) * Dh;
-  };
-
-  // Step 1: scores. The K row is widened once, then dotted with every query head of the group.
   for (int j = 0; j < n; ++j) {
-    const Elem* k = token_row(k_pool, start + j);
-    for (int i = 0; i < Dh; i += 8) pstore(pload_kv<K>(k + i), k_f + i);
-    for (int g = 0; g < group; ++g) {
-      Pack acc = pzero();
-      for (int i = 0; i < Dh; i += 8) acc = pfma(pload(q_f + g * Dh + i), pload(k_f + i), acc);
-      p_s[g * kSplit + j] = internal::mul_rn(ptree(acc), a.sm_scale);
-    }
+    const int t = start + j;
+    const std::int64_t off =
+        (std::int64_t(pages[t / a.page_size]) * a.page_size + t % a.page_size) * token_stride + std::int64_t(h) * Dh;
+    krow[j] = static_cast<const Elem*>(a.k_pages) + off;
+    vrow[j] = static_cast<const Elem*>(a.v_pages) + off;
+  }
+
+  switch (group) {
+    case 1: ScoresT<K, Dh, 1>(q_f, krow, vrow, n, a.sm_scale, p_s); break;
+    case 2: ScoresT<K, Dh, 2>(q_f, krow, vrow, n, a.sm_scale, p_s); break;
+    case 4: ScoresT<K, Dh, 4>(q_f, krow, vrow, n, a.sm_scale, p_s); break;
+    default: ScoresT<K, Dh, 8>(q_f, krow, vrow, n, a.sm_scale, p_s); break;
   }
 
   // Step 2: max, probabilities, their sum, and the probability-weighted V.
@@ -181,20 +250,13 @@ void SplitTaskT(const DecodeArgs& a, int local_row, int h, int split) {
     a.ws_l[ws_row + std::int64_t(g) * a.max_splits] = l;
     a.ws_m[ws_row + std::int64_t(g) * a.max_splits] = m;
   }
-  constexpr int kBlock = Dh < 64 ? Dh : 64;  // head-dim elements per accumulator set (8 packs)
-  for (int g = 0; g < group; ++g) {
-    const float* p = p_s + g * kSplit;
-    float* o = a.ws_o + (ws_row + std::int64_t(g) * a.max_splits) * Dh;
-    for (int db = 0; db < Dh; db += kBlock) {
-      Pack acc[kBlock / 8];
-      for (auto& x : acc) x = pzero();
-      for (int j = 0; j < n; ++j) {
-        const Elem* v = token_row(v_pool, start + j) + db;
-        const Pack pj = pset(p[j]);
-        for (int c = 0; c < kBlock / 8; ++c) acc[c] = pfma(pj, pload_kv<K>(v + 8 * c), acc[c]);
-      }
-      for (int c = 0; c < kBlock / 8; ++c) pstore(acc[c], o + db + 8 * c);
-    }
+  float* o = a.ws_o + ws_row * Dh;
+  const std::int64_t head_stride = std::int64_t(a.max_splits) * Dh;
+  switch (group) {
+    case 1: WeightedValuesT<K, Dh, 1>(p_s, vrow, n, o, head_stride); break;
+    case 2: WeightedValuesT<K, Dh, 2>(p_s, vrow, n, o, head_stride); break;
+    case 4: WeightedValuesT<K, Dh, 4>(p_s, vrow, n, o, head_stride); break;
+    default: WeightedValuesT<K, Dh, 8>(p_s, vrow, n, o, head_stride); break;
   }
 }
 
