@@ -53,6 +53,9 @@ class FiberStack {
   ~FiberStack() { munmap(base_, kStackBytes + page_); }
   char* bottom() const { return base_ + page_; }
   std::size_t size() const { return kStackBytes; }
+  // The fiber last run on this stack never returned (its launch failed), so ASan redzones of its
+  // frames may still be poisoned here.
+  bool dirty = false;
 
  private:
   char* base_ = nullptr;
@@ -146,6 +149,7 @@ void fiber_entry() {
 #endif
   (*l.body)();
   l.running->wait = Wait::kDone;
+  l.running->stack->dirty = false;
   switch_to_scheduler(l, true);
   std::abort();  // a finished fiber is never resumed
 }
@@ -401,9 +405,9 @@ Status launch_body(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, std:
       f.wait = Wait::kNone;
       f.asan_fake_stack = nullptr;
 #if defined(LAMINAR_EMU_ASAN)
-      // A fiber of an earlier, failed block may have left poisoned redzones on this stack.
-      ASAN_UNPOISON_MEMORY_REGION(f.stack->bottom(), f.stack->size());
+      if (f.stack->dirty) ASAN_UNPOISON_MEMORY_REGION(f.stack->bottom(), f.stack->size());
 #endif
+      f.stack->dirty = true;
 #if defined(LAMINAR_EMU_TSAN)
       f.tsan_fiber = __tsan_create_fiber(0);
 #endif
