@@ -50,12 +50,20 @@ class FiberStack {
   }
   FiberStack(const FiberStack&) = delete;
   FiberStack& operator=(const FiberStack&) = delete;
-  ~FiberStack() { munmap(base_, kStackBytes + page_); }
+  ~FiberStack() {
+#if defined(LAMINAR_EMU_TSAN)
+    if (tsan_fiber != nullptr) __tsan_destroy_fiber(tsan_fiber);
+#endif
+    munmap(base_, kStackBytes + page_);
+  }
   char* bottom() const { return base_ + page_; }
   std::size_t size() const { return kStackBytes; }
   // The fiber last run on this stack never returned (its launch failed), so ASan redzones of its
   // frames may still be poisoned here.
   bool dirty = false;
+  // TSan's state for the fibers run on this stack, created once: creating one per block and thread
+  // dominated emulation time under TSan.
+  void* tsan_fiber = nullptr;
 
  private:
   char* base_ = nullptr;
@@ -409,7 +417,8 @@ Status launch_body(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, std:
 #endif
       f.stack->dirty = true;
 #if defined(LAMINAR_EMU_TSAN)
-      f.tsan_fiber = __tsan_create_fiber(0);
+      if (f.stack->tsan_fiber == nullptr) f.stack->tsan_fiber = __tsan_create_fiber(0);
+      f.tsan_fiber = f.stack->tsan_fiber;
 #endif
       init_context(f);
     }
@@ -424,9 +433,6 @@ Status launch_body(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, std:
       if (!l.error.empty()) break;
       ready = release(l);
     }
-#if defined(LAMINAR_EMU_TSAN)
-    for (auto& f : l.fibers) __tsan_destroy_fiber(f.tsan_fiber);
-#endif
     if (!l.error.empty()) break;
   }
   g_launch = nullptr;
