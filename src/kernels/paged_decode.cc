@@ -123,19 +123,21 @@ Status run_host(const PagedDecodeParams& p) {
   for (std::int32_t begin = 0; begin < p.num_rows; begin += rows) {
     const std::int32_t count = std::min(rows, p.num_rows - begin);
     a.row_begin = begin;
-    // Only the splits each row really has become tasks.
+    // Only the splits each row really has become tasks, the KV heads of one split next to each
+    // other: a page holds all heads of a token side by side, so consecutive tasks read neighbouring
+    // cache lines and the hardware prefetchers see a stream.
     std::vector<std::int64_t> tasks;
     for (std::int32_t r = 0; r < count; ++r) {
       const auto info = cuda_detail::row_info(a.indptr, a.last_page_len, a.qo_indptr, a.batch, a.page_size, begin + r);
       const std::int32_t n = cuda_detail::num_splits(info.kv_len);
-      for (std::int32_t h = 0; h < a.num_kv_heads; ++h) {
-        for (std::int32_t s = 0; s < n; ++s) tasks.push_back((std::int64_t(r) * a.num_kv_heads + h) * splits + s);
+      for (std::int32_t s = 0; s < n; ++s) {
+        for (std::int32_t h = 0; h < a.num_kv_heads; ++h) tasks.push_back((std::int64_t(r) * splits + s) * a.num_kv_heads + h);
       }
     }
     parallel_for(std::int64_t(tasks.size()), threads, [&](std::int64_t i) {
       const std::int64_t t = tasks[std::size_t(i)];
-      const std::int64_t rh = t / splits;
-      cpu_detail::split_task(a, kind, head_dim, int(rh / a.num_kv_heads), int(rh % a.num_kv_heads), int(t % splits));
+      const std::int64_t rs = t / a.num_kv_heads;
+      cpu_detail::split_task(a, kind, head_dim, int(rs / splits), int(t % a.num_kv_heads), int(rs % splits));
     });
     parallel_for(std::int64_t(count) * p.num_qo_heads, threads, [&](std::int64_t i) {
       cpu_detail::merge_task(a, kind, head_dim, int(i / p.num_qo_heads), int(i % p.num_qo_heads));
