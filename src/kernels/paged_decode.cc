@@ -115,7 +115,11 @@ Status run_host(const PagedDecodeParams& p) {
   if (p.num_rows == 0) return ok_status();
   const int threads = p.cpu_threads > 0 ? p.cpu_threads : int(std::max(1u, std::thread::hardware_concurrency()));
   const std::int32_t rows = chunk_rows(p, kCpuWorkspaceBudget);
-  std::vector<float> ws(row_floats(p) * std::size_t(rows));
+  // Kept per calling thread between calls (at most kCpuWorkspaceBudget bytes, or one row's worth):
+  // a fresh buffer each decode step would cost its page faults every step. Every slot a merge reads
+  // is written by a split task of the same call first.
+  thread_local std::vector<float> ws;
+  if (ws.size() < row_floats(p) * std::size_t(rows)) ws.resize(row_floats(p) * std::size_t(rows));
   DecodeArgs a = make_args(p, ws.data(), rows);
   const KvKind kind = kind_of(p.kv.layout.dtype);
   const int head_dim = p.kv.layout.head_dim;
