@@ -2,6 +2,8 @@
 #pragma once
 
 #include "laminar/kernels/cast.h"
+#include "laminar/kernels/paged_decode.h"
+#include "laminar/kv_cache.h"
 #include "laminar/status.h"
 #include "laminar/transport.h"
 #include "laminar/types.h"
