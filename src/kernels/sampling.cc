@@ -97,6 +97,63 @@ std::int64_t find_candidates(const float* HWY_RESTRICT x, std::int64_t n, float 
   return count;
 }
 
+#if HWY_NATIVE_FMA
+// exp_f32 of internal/numerics.h lane by lane: the same constants and the same sequence of fused
+// multiply-adds and correctly rounded operations, so every lane has the scalar function's bits.
+// Only where the target has a real FMA (an emulated MulAdd rounds twice).
+template <class D, class V>
+V exp_lanes(D df, V x) {
+  namespace c = internal::exp_consts;
+  const hn::RebindToSigned<D> di;
+  const V xc = hn::Min(hn::Max(x, hn::Set(df, c::kLo)), hn::Set(df, c::kHi));
+  const V t = hn::MulAdd(xc, hn::Set(df, c::kLog2e), hn::Set(df, c::kRoundMagic));
+  const V kf = hn::Sub(t, hn::Set(df, c::kRoundMagic));
+  const auto n = hn::ConvertTo(di, kf);
+  V r = hn::MulAdd(kf, hn::Set(df, -c::kLn2Hi), xc);
+  r = hn::MulAdd(kf, hn::Set(df, -c::kLn2Lo), r);
+  V p = hn::MulAdd(hn::Set(df, c::kP5), r, hn::Set(df, c::kP4));
+  p = hn::MulAdd(p, r, hn::Set(df, c::kP3));
+  p = hn::MulAdd(p, r, hn::Set(df, c::kP2));
+  p = hn::MulAdd(p, r, hn::Set(df, c::kP1));
+  p = hn::MulAdd(p, r, hn::Set(df, c::kP0));
+  const V r2 = hn::Mul(r, r);
+  const V y = hn::Add(hn::MulAdd(p, r2, r), hn::Set(df, 1.0f));
+  const auto n1 = hn::ShiftRight<1>(n);
+  const auto n2 = hn::Sub(n, n1);
+  const auto bias = hn::Set(di, 127);
+  const V s1 = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(n1, bias)));
+  const V s2 = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(n2, bias)));
+  return hn::Mul(hn::Mul(y, s1), s2);
+}
+#endif
+
+// out[j] = fixed_weight((x[ids[j]] - m) * inv_t) as a float (an integer below 2^41, converted by
+// the caller), for the n candidate ids.
+void candidate_weights(const float* HWY_RESTRICT x, const std::int32_t* HWY_RESTRICT ids, std::int64_t n, float m,
+                       float inv_t, float* HWY_RESTRICT out) {
+  std::int64_t j = 0;
+#if HWY_NATIVE_FMA
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(df));
+  const auto vm = hn::Set(df, m);
+  const auto vinv = hn::Set(df, inv_t);
+  const auto cutoff = hn::Set(df, kCutoff);
+  const auto scale = hn::Set(df, kWeightScale);
+  for (; j + lanes <= n; j += lanes) {
+    const auto s = hn::Mul(hn::Sub(hn::GatherIndex(df, x, hn::LoadU(di, ids + j)), vm), vinv);
+    const auto w = hn::Mul(exp_lanes(df, s), scale);
+    hn::StoreU(hn::IfThenElseZero(hn::Ge(s, cutoff), w), df, out + j);
+  }
+#endif
+  RowSettings r;
+  r.inv_t = inv_t;
+  for (; j < n; ++j) {
+    const float s = scaled(internal::sub_rn(x[ids[j]], m), r);
+    out[j] = s >= kCutoff ? internal::mul_rn(internal::exp_f32(s), kWeightScale) : 0.0f;
+  }
+}
+
 }  // namespace laminar::kernels::sampling_detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -124,6 +181,7 @@ namespace sampling_detail {
 HWY_EXPORT(widen_row);
 HWY_EXPORT(key_range);
 HWY_EXPORT(find_candidates);
+HWY_EXPORT(candidate_weights);
 
 namespace {
 
@@ -154,6 +212,7 @@ struct Scratch {
   std::vector<std::int32_t> ids;        // [vocab + lanes] candidate token ids, increasing
   std::vector<std::uint32_t> keys;      // [candidates]
   std::vector<std::uint64_t> weights;   // [candidates] temperature-scaled fixed-point weights
+  std::vector<float> scaled_w, raw_w;   // [candidates] the same before conversion, and raw (T = 1)
   std::vector<std::uint32_t> sel_keys;  // radix-selection working copies
   std::vector<std::uint64_t> sel_weights;
 };
@@ -172,33 +231,37 @@ const float* row_f32(const void* logits, DType dtype, std::int64_t stride, std::
 // guarantees that all candidates together reach `need`.
 std::uint32_t select_threshold(const std::uint32_t* keys, const std::uint64_t* weights, std::int64_t n,
                                std::uint32_t floor_key, std::uint64_t need, Scratch& s) {
-  s.sel_keys.clear();
-  s.sel_weights.clear();
-  for (std::int64_t j = 0; j < n; ++j) {
-    if (keys[j] < floor_key) continue;
-    s.sel_keys.push_back(keys[j]);
-    s.sel_weights.push_back(weights ? weights[j] : 1);
-  }
   std::uint32_t prefix = 0;
   std::uint64_t above = 0;  // count or weight of the candidates above the current bucket
+  // Round one reads the candidates in place; later rounds only the survivors of the chosen bucket.
+  const std::uint32_t* cur_keys = keys;
+  const std::uint64_t* cur_weights = weights;
+  std::int64_t cur_n = n;
   for (int shift = 24; shift >= 0; shift -= 8) {
     std::uint64_t hist[256] = {};
-    for (std::size_t j = 0; j < s.sel_keys.size(); ++j) hist[(s.sel_keys[j] >> shift) & 0xffu] += s.sel_weights[j];
+    for (std::int64_t j = 0; j < cur_n; ++j) {
+      if (cur_keys[j] < floor_key) continue;
+      hist[(cur_keys[j] >> shift) & 0xffu] += cur_weights ? cur_weights[j] : 1;
+    }
     int bucket = 255;
     for (; bucket > 0; --bucket) {
       if (above + hist[bucket] >= need) break;
       above += hist[bucket];
     }
     prefix |= std::uint32_t(bucket) << shift;
-    std::size_t kept = 0;
-    for (std::size_t j = 0; j < s.sel_keys.size(); ++j) {
-      if (int((s.sel_keys[j] >> shift) & 0xffu) != bucket) continue;
-      s.sel_keys[kept] = s.sel_keys[j];
-      s.sel_weights[kept] = s.sel_weights[j];
+    if (shift == 0) break;
+    s.sel_keys.resize(static_cast<std::size_t>(cur_n));
+    s.sel_weights.resize(static_cast<std::size_t>(cur_n));
+    std::int64_t kept = 0;
+    for (std::int64_t j = 0; j < cur_n; ++j) {
+      if (cur_keys[j] < floor_key || int((cur_keys[j] >> shift) & 0xffu) != bucket) continue;
+      s.sel_keys[kept] = cur_keys[j];
+      s.sel_weights[kept] = cur_weights ? cur_weights[j] : 1;
       ++kept;
     }
-    s.sel_keys.resize(kept);
-    s.sel_weights.resize(kept);
+    cur_keys = s.sel_keys.data();
+    cur_weights = s.sel_weights.data();
+    cur_n = kept;
   }
   return prefix;
 }
@@ -212,13 +275,19 @@ RowResult sample_row(const float* x, std::int64_t vocab, const RowSettings& r, S
   const std::int64_t n = HWY_DYNAMIC_DISPATCH(find_candidates)(x, vocab, m, r.inv_t, s.ids.data());
   s.keys.resize(static_cast<std::size_t>(n));
   s.weights.resize(static_cast<std::size_t>(n));
+  s.scaled_w.resize(static_cast<std::size_t>(n));
+  s.raw_w.resize(static_cast<std::size_t>(n));
+  // Greedy needs only the raw weights; T = 1 makes the scaled ones the raw ones.
+  if (!r.greedy) HWY_DYNAMIC_DISPATCH(candidate_weights)(x, s.ids.data(), n, m, r.inv_t, s.scaled_w.data());
+  const bool separate_raw = r.greedy || r.inv_t != 1.0f;
+  if (separate_raw) HWY_DYNAMIC_DISPATCH(candidate_weights)(x, s.ids.data(), n, m, 1.0f, s.raw_w.data());
+  const std::vector<float>& raw_w = separate_raw ? s.raw_w : s.scaled_w;
   std::uint64_t z_raw = 0, z_all = 0;
   std::int64_t argmax = -1;
   for (std::int64_t j = 0; j < n; ++j) {
     const float xi = x[s.ids[j]];
-    const float d = internal::sub_rn(xi, m);
-    const std::uint64_t q = r.greedy ? 0 : fixed_weight(scaled(d, r));
-    z_raw += r.inv_t == 1.0f && !r.greedy ? q : fixed_weight(d);
+    const std::uint64_t q = r.greedy ? 0 : static_cast<std::uint64_t>(s.scaled_w[j]);
+    z_raw += static_cast<std::uint64_t>(raw_w[j]);
     z_all += q;
     s.keys[j] = order_key(xi);
     s.weights[j] = q;
@@ -258,8 +327,10 @@ float token_logprob_row(const float* x, std::int64_t vocab, std::int32_t token, 
   const float m = row_max(max_key);
   s.ids.resize(static_cast<std::size_t>(vocab) + hwy::kMaxVectorSize / sizeof(float));
   const std::int64_t n = HWY_DYNAMIC_DISPATCH(find_candidates)(x, vocab, m, 1.0f, s.ids.data());
+  s.raw_w.resize(static_cast<std::size_t>(n));
+  HWY_DYNAMIC_DISPATCH(candidate_weights)(x, s.ids.data(), n, m, 1.0f, s.raw_w.data());
   std::uint64_t z_raw = 0;
-  for (std::int64_t j = 0; j < n; ++j) z_raw += fixed_weight(internal::sub_rn(x[s.ids[j]], m));
+  for (std::int64_t j = 0; j < n; ++j) z_raw += static_cast<std::uint64_t>(s.raw_w[j]);
   return raw_logprob(x[token], m, z_raw);
 }
 
