@@ -16,6 +16,7 @@
 #include "laminar/internal/numerics.h"
 #include "laminar/internal/philox.h"
 #include "laminar/ref/sampling.h"
+#include "../cuda/sampling_row.cuh"
 
 namespace {
 
@@ -507,4 +508,38 @@ TEST_CASE("bad input is rejected with the field and value named, outputs untouch
   // A CUDA stream: kUnimplemented without CUDA compiled in, kUnavailable when no device takes the launch.
   const laminar::StatusCode cuda_code = laminar::kernels::run(b.params(), Stream::cuda(nullptr)).code();
   CHECK((cuda_code == laminar::StatusCode::kUnimplemented || cuda_code == laminar::StatusCode::kUnavailable));
+}
+
+TEST_CASE("SIMD weights equal the scalar definition bit for bit across the whole weight range",
+          "[sampling][simd]") {
+  // Logits spread over [max - 30, max], so every weight from 2^40 down to the cutoff occurs, and
+  // the vocabulary is not a multiple of any vector width (tails run the scalar code).
+  namespace sd = laminar::kernels::sampling_detail;
+  Random rnd(8080);
+  std::uniform_real_distribution<float> spread(-30.0f, 0.0f);
+  for (float t : {1.0f, 0.37f, 2.5f}) {
+    const std::int64_t vocab = 100003;
+    Batch b(1, vocab);
+    for (auto& x : b.logits) x = 4.0f + spread(rnd.rng);
+    b.temperature[0] = t;
+    REQUIRE(laminar::kernels::run(b.params(), Stream::host()).ok());
+    std::uint32_t max_key = 0;
+    for (float x : b.logits) max_key = std::max(max_key, sd::order_key(x));
+    const float m = sd::row_max(max_key);
+    sd::RowSettings r;
+    r.inv_t = laminar::internal::div_rn(1.0f, t);
+    std::uint64_t z_raw = 0, z_all = 0;
+    for (float x : b.logits) {
+      const float d = laminar::internal::sub_rn(x, m);
+      z_raw += sd::fixed_weight(d);
+      z_all += sd::fixed_weight(sd::scaled(d, r));
+    }
+    const std::int32_t tok = b.token[0];
+    REQUIRE(tok >= 0);
+    const sd::RowResult want = sd::sampled_result(tok, b.logits[std::size_t(tok)], m, r, z_raw, z_all, z_all);
+    INFO("T " << t);
+    CHECK(bits(b.raw[0]) == bits(want.raw_logprob));
+    CHECK(bits(b.processed[0]) == bits(want.processed_logprob));
+    CHECK(b.kept[0] == 1.0f);
+  }
 }
