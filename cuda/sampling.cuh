@@ -3,13 +3,14 @@
 // Each block follows the CPU path's steps with block-wide reductions in place of loops. The
 // candidates (tokens within 28 of the maximum) are compacted, in token-id order, into shared
 // memory when they fit (kCapacity); otherwise every pass re-reads the row from global memory and
-// recomputes the weights. Thresholds come from a bitwise binary search on the order keys (32
-// block-wide counts or weight sums), which finds the same key as the CPU's radix selection because
-// both compute "the largest t whose upper set reaches the need" over exact integer sums.
+// recomputes the weights it needs. Thresholds come from the same radix selection as on the CPU
+// (four rounds of 256-bin histograms in shared memory); integer atomics make the bins exact, so the
+// order in which threads add to them does not matter.
 #pragma once
 
 #include <cstdint>
 
+#include "emulation/kernel_compat.h"
 #include "sampling_row.cuh"
 
 namespace laminar::kernels::sampling_detail {
@@ -25,10 +26,19 @@ struct SharedState {
   std::int32_t id[kCapacity];
   std::uint64_t warp_u64[kWarps];
   std::uint32_t warp_u32[kWarps];
+  unsigned long long hist[256];  // radix-selection bins (count or weight); the type atomicAdd takes
   std::int32_t found;
 };
 
-#if defined(__CUDACC__)
+#if LAMINAR_KERNELS
+
+__device__ __forceinline__ int popcount32(unsigned v) {
+#if defined(__CUDA_ARCH__)
+  return __popc(v);
+#else
+  return __builtin_popcount(v);
+#endif
+}
 
 __device__ __forceinline__ std::uint64_t block_sum(std::uint64_t v, SharedState& sh) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -88,48 +98,61 @@ struct Candidates {
   SharedState* sh;
 
   __device__ std::int64_t size() const { return in_shared ? count : vocab; }
-  // Slot j: false when it holds no candidate.
-  __device__ bool at(std::int64_t j, std::uint32_t* key, std::uint64_t* weight, std::int32_t* id) const {
+  // Slot j's key, token id and d = x - max; false when the slot holds no candidate.
+  __device__ bool at(std::int64_t j, std::uint32_t* key, std::int32_t* id, float* d) const {
     if (in_shared) {
       *key = sh->key[j];
-      *weight = sh->weight[j];
       *id = sh->id[j];
+      *d = internal::sub_rn(key_value(*key), m);
       return true;
     }
     const float x = load_logit<kKind>(row, j);
-    const float d = internal::sub_rn(x, m);
-    if (!is_candidate(d, r)) return false;
+    *d = internal::sub_rn(x, m);
+    if (!is_candidate(*d, r)) return false;
     *key = order_key(x);
-    *weight = r.greedy ? 0 : fixed_weight(scaled(d, r));
     *id = static_cast<std::int32_t>(j);
     return true;
+  }
+  // Temperature-scaled weight of slot j, computed only when a pass needs it.
+  __device__ std::uint64_t weight(std::int64_t j, float d) const {
+    return in_shared ? sh->weight[j] : fixed_weight(scaled(d, r));
   }
 };
 
 // The largest key t >= floor_key such that the candidates with key >= t hold at least `need` (of
-// count, or of weight when by_weight).
+// count, or of weight when by_weight): radix selection, 8 bits a round from the top.
 template <class Cands>
-__device__ std::uint32_t search_threshold(const Cands& c, std::uint32_t floor_key, bool by_weight, std::uint64_t need,
+__device__ std::uint32_t select_threshold(const Cands& c, std::uint32_t floor_key, bool by_weight, std::uint64_t need,
                                           SharedState& sh) {
-  std::uint32_t t = 0;
-  for (int bit = 31; bit >= 0; --bit) {
-    const std::uint32_t trial = t | (1u << bit);
-    const std::uint32_t bound = trial > floor_key ? trial : floor_key;
-    std::uint64_t part = 0;
+  std::uint32_t prefix = 0;
+  std::uint64_t above = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = int(threadIdx.x); b < 256; b += kThreads) sh.hist[b] = 0;
+    __syncthreads();
+    const std::uint32_t high = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
     for (std::int64_t j = threadIdx.x; j < c.size(); j += kThreads) {
       std::uint32_t key;
-      std::uint64_t w;
       std::int32_t id;
-      if (c.at(j, &key, &w, &id) && key >= bound) part += by_weight ? w : 1;
+      float d;
+      if (!c.at(j, &key, &id, &d) || key < floor_key || (key & high) != prefix) continue;
+      const unsigned long long add = by_weight ? c.weight(j, d) : 1ull;
+      if (add != 0) atomicAdd(&sh.hist[(key >> shift) & 0xffu], add);
     }
-    if (block_sum(part, sh) >= need) t = trial;
+    __syncthreads();
+    int bucket = 255;
+    for (; bucket > 0; --bucket) {
+      if (above + sh.hist[bucket] >= need) break;
+      above += sh.hist[bucket];
+    }
+    prefix |= std::uint32_t(bucket) << shift;
+    __syncthreads();
   }
-  return t > floor_key ? t : floor_key;
+  return prefix;
 }
 
 template <LogitKind kKind>
 __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, std::int64_t stride) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  LAMINAR_DYNAMIC_SHARED(smem_raw);
   SharedState& sh = *reinterpret_cast<SharedState*>(smem_raw);
   const std::int64_t row_id = blockIdx.x;
   const void* row = static_cast<const unsigned char*>(p.logits) +
@@ -162,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, st
       cand = is_candidate(d, r);
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, cand);
-    if (lane == 0) sh.warp_u32[warp] = static_cast<std::uint32_t>(__popc(ballot));
+    if (lane == 0) sh.warp_u32[warp] = static_cast<std::uint32_t>(popcount32(ballot));
     __syncthreads();
     std::int64_t offset = base, tile_count = 0;
     for (int w = 0; w < kWarps; ++w) {
@@ -174,7 +197,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, st
       const std::uint64_t q = r.greedy ? 0 : fixed_weight(scaled(d, r));
       z_raw_part += (r.inv_t == 1.0f && !r.greedy) ? q : fixed_weight(d);
       z_all_part += q;
-      const std::int64_t slot = offset + __popc(ballot & ((1u << lane) - 1u));
+      const std::int64_t slot = offset + popcount32(ballot & ((1u << lane) - 1u));
       if (slot < kCapacity) {
         sh.key[slot] = order_key(x);
         sh.weight[slot] = q;
@@ -190,9 +213,9 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, st
     std::uint32_t first = 0xffffffffu;
     for (std::int64_t j = threadIdx.x; j < c.size(); j += kThreads) {
       std::uint32_t key;
-      std::uint64_t w;
       std::int32_t id;
-      if (c.at(j, &key, &w, &id) && key == max_key && std::uint32_t(id) < first) first = std::uint32_t(id);
+      float d;
+      if (c.at(j, &key, &id, &d) && key == max_key && std::uint32_t(id) < first) first = std::uint32_t(id);
     }
     const auto token = static_cast<std::int32_t>(block_extreme<false>(first, sh));
     if (threadIdx.x == 0) {
@@ -202,25 +225,28 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, st
     return;
   }
   std::uint32_t threshold = 0;
-  if (r.top_k > 0 && r.top_k < base) threshold = search_threshold(c, 0, false, std::uint64_t(r.top_k), sh);
+  if (r.top_k > 0 && r.top_k < base) threshold = select_threshold(c, 0, false, std::uint64_t(r.top_k), sh);
   if (r.top_p < 1.0f) {
-    std::uint64_t part = 0;
-    for (std::int64_t j = threadIdx.x; j < c.size(); j += kThreads) {
-      std::uint32_t key;
-      std::uint64_t w;
-      std::int32_t id;
-      if (c.at(j, &key, &w, &id) && key >= threshold) part += w;
+    std::uint64_t z_k = z_all;
+    if (threshold != 0) {
+      std::uint64_t part = 0;
+      for (std::int64_t j = threadIdx.x; j < c.size(); j += kThreads) {
+        std::uint32_t key;
+        std::int32_t id;
+        float d;
+        if (c.at(j, &key, &id, &d) && key >= threshold) part += c.weight(j, d);
+      }
+      z_k = block_sum(part, sh);
     }
-    const std::uint64_t z_k = block_sum(part, sh);
-    threshold = search_threshold(c, threshold, true, top_p_target(r.top_p, z_k), sh);
+    threshold = select_threshold(c, threshold, true, top_p_target(r.top_p, z_k), sh);
   }
   // Kept weight of slot j (0 outside the kept set), and its token id.
   auto kept_weight = [&](std::int64_t j, std::int32_t* id) -> std::uint64_t {
     std::uint32_t key;
-    std::uint64_t w;
-    if (j >= c.size() || !c.at(j, &key, &w, id)) return 0;
-    const bool kept = key >= threshold && scaled(internal::sub_rn(key_value(key), m), r) >= r.ln_min_p;
-    return kept ? w : 0;
+    float d;
+    if (j >= c.size() || !c.at(j, &key, id, &d)) return 0;
+    const bool kept = key >= threshold && scaled(d, r) >= r.ln_min_p;
+    return kept ? c.weight(j, d) : 0;
   };
   std::uint64_t part = 0;
   for (std::int64_t j = threadIdx.x; j < c.size(); j += kThreads) {
@@ -250,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, st
 
 template <LogitKind kKind>
 __global__ void __launch_bounds__(kThreads) token_logprob_kernel(TokenLogprobParams p, std::int64_t stride) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  LAMINAR_DYNAMIC_SHARED(smem_raw);
   SharedState& sh = *reinterpret_cast<SharedState*>(smem_raw);
   const std::int64_t row_id = blockIdx.x;
   const void* row = static_cast<const unsigned char*>(p.logits) +
@@ -277,6 +303,6 @@ __global__ void __launch_bounds__(kThreads) token_logprob_kernel(TokenLogprobPar
   if (threadIdx.x == 0) p.logprob[row_id] = raw_logprob(load_logit<kKind>(row, token), m, z_raw);
 }
 
-#endif  // __CUDACC__
+#endif  // LAMINAR_KERNELS
 
 }  // namespace laminar::kernels::sampling_detail
