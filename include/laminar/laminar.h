@@ -2,6 +2,7 @@
 #pragma once
 
 #include "laminar/kernels/cast.h"
+#include "laminar/kernels/sampling.h"
 #include "laminar/status.h"
 #include "laminar/types.h"
 #include "laminar/weight_manifest.h"

@@ -84,7 +84,7 @@ Sampled sample_row(const std::vector<float>& x, const Row& r) {
     const std::uint32_t ka = order_key(x[a]), kb = order_key(x[b]);
     return ka != kb ? ka > kb : a < b;
   });
-  if (r.temperature == 0) {
+  if (r.temperature < double(1e-5f)) {  // greedy, as documented in kernels/sampling.h
     out.token = static_cast<std::int32_t>(order[0]);
     out.raw = log_softmax_at(x, order[0]);
     out.processed = 0;

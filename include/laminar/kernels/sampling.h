@@ -15,7 +15,9 @@
 //   laminar::Status st = laminar::kernels::run(p, laminar::Stream::host());
 //
 // Semantics (the readable reference in ref/sampling.h spells out the same rules):
-// - Temperature T = 0 is greedy: the largest logit, ties to the lowest token id.
+// - Temperature T < 1e-5 (0 included) is greedy: the largest logit, ties to the lowest token id.
+// - Randomness: Philox4x32-10 keyed by the row's seed, counter = its position. Give each sequence
+//   its own seed (e.g. a hash of the request seed and the sequence id); positions then never repeat.
 // - For T > 0 the distribution is p_i ∝ exp((x_i - max) / T). The kept set is every token whose
 //   logit is >= a threshold, the largest of: the k-th largest logit (top_k; ties with it are kept,
 //   so more than k tokens survive when logits tie; 0 disables), the smallest logit whose upper set
@@ -49,7 +51,7 @@ struct SamplingParams {
   std::int64_t row_stride = 0;  // elements between rows; 0 means vocab
 
   // Per-row settings; a null pointer gives every row the default.
-  const float* temperature = nullptr;   // [batch]; finite, >= 0; 0 = greedy; default 1
+  const float* temperature = nullptr;   // [batch]; finite, >= 0; below 1e-5 = greedy; default 1
   const std::int32_t* top_k = nullptr;  // [batch]; >= 0; 0 = disabled (default)
   const float* top_p = nullptr;         // [batch]; in [0, 1]; 1 = disabled (default)
   const float* min_p = nullptr;         // [batch]; in [0, 1]; 0 = disabled (default)
