@@ -628,3 +628,23 @@ TEST_CASE("CUDA token_logprob run on the CPU equals the CPU kernel bit for bit",
   REQUIRE(run_emulated(p).ok());
   for (int r = 0; r < 5; ++r) CHECK(bits(cpu[r]) == bits(emu[r]));
 }
+
+TEST_CASE("row_stride skips padding: padded rows give the packed rows' bits, CPU and CUDA-on-CPU",
+          "[sampling][stride]") {
+  Random rnd(2718);
+  const std::int64_t batch = 5, vocab = 700, stride = 1031;
+  Batch packed(batch, vocab);
+  fill_normal(packed.logits, rnd.rng, 2.0f);
+  random_settings(packed, rnd.rng);
+  Batch padded = packed, emu = packed;
+  std::vector<float> wide(std::size_t(batch * stride), std::numeric_limits<float>::quiet_NaN());
+  for (std::int64_t r = 0; r < batch; ++r) std::copy(packed.row(r), packed.row(r) + vocab, wide.data() + r * stride);
+  REQUIRE(laminar::kernels::run(packed.params(), Stream::host()).ok());
+  SamplingParams p = padded.params(), q = emu.params();
+  p.logits = q.logits = wide.data();
+  p.row_stride = q.row_stride = stride;
+  REQUIRE(laminar::kernels::run(p, Stream::host()).ok());
+  REQUIRE(run_emulated(q).ok());
+  check_same_bits(packed, padded);
+  check_same_bits(packed, emu);
+}
