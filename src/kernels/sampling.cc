@@ -272,7 +272,7 @@ RowResult sample_row(const float* x, std::int64_t vocab, const RowSettings& r, S
   if (!has_distribution(min_key, max_key)) return invalid_result();
   const float m = row_max(max_key);
   s.ids.resize(static_cast<std::size_t>(vocab) + hwy::kMaxVectorSize / sizeof(float));
-  const std::int64_t n = HWY_DYNAMIC_DISPATCH(find_candidates)(x, vocab, m, r.inv_t, s.ids.data());
+  std::int64_t n = HWY_DYNAMIC_DISPATCH(find_candidates)(x, vocab, m, r.inv_t, s.ids.data());
   s.keys.resize(static_cast<std::size_t>(n));
   s.weights.resize(static_cast<std::size_t>(n));
   s.scaled_w.resize(static_cast<std::size_t>(n));
@@ -296,10 +296,23 @@ RowResult sample_row(const float* x, std::int64_t vocab, const RowSettings& r, S
   if (r.greedy) return greedy_result(s.ids[argmax], x[s.ids[argmax]], m, z_raw);
   // Top-k, then top-p over the top-k set, as one threshold on the keys.
   std::uint32_t threshold = 0;
-  if (r.top_k > 0 && r.top_k < n) threshold = select_threshold(s.keys.data(), nullptr, n, 0, std::uint64_t(r.top_k), s);
+  std::uint64_t z_k = z_all;
+  if (r.top_k > 0 && r.top_k < n) {
+    threshold = select_threshold(s.keys.data(), nullptr, n, 0, std::uint64_t(r.top_k), s);
+    // Only the top-k set matters from here on: keep it, still in token-id order.
+    std::int64_t kept = 0;
+    z_k = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      if (s.keys[j] < threshold) continue;
+      s.ids[kept] = s.ids[j];
+      s.keys[kept] = s.keys[j];
+      s.weights[kept] = s.weights[j];
+      z_k += s.weights[j];
+      ++kept;
+    }
+    n = kept;
+  }
   if (r.top_p < 1.0f) {
-    std::uint64_t z_k = 0;
-    for (std::int64_t j = 0; j < n; ++j) z_k += s.keys[j] >= threshold ? s.weights[j] : 0;
     threshold = select_threshold(s.keys.data(), s.weights.data(), n, threshold, top_p_target(r.top_p, z_k), s);
   }
   // Min-p joins as a third upper set; weights outside the kept set become 0 for the walk.
