@@ -18,15 +18,17 @@
 // - Temperature T < 1e-5 (0 included) is greedy: the largest logit, ties to the lowest token id.
 // - Randomness: Philox4x32-10 keyed by the row's seed, counter = its position. Give each sequence
 //   its own seed (e.g. a hash of the request seed and the sequence id); positions then never repeat.
-// - For T > 0 the distribution is p_i ∝ exp((x_i - max) / T). The kept set is every token whose
+// - Otherwise the distribution is p_i ∝ exp((x_i - max) / T). The kept set is every token whose
 //   logit is >= a threshold, the largest of: the k-th largest logit (top_k; ties with it are kept,
 //   so more than k tokens survive when logits tie; 0 disables), the smallest logit whose upper set
 //   holds >= top_p of the top-k set's mass (top_p = 1 disables; top_p = 0 keeps only the tokens
 //   tied at the maximum), and min-p (p_i >= min_p * p_max; 0 disables). The token is drawn from
-//   the kept set renormalised.
+//   the kept set renormalised: the first token, in id order, whose running weight exceeds
+//   floor(u * kept weight), u being the 64 Philox bits as a fraction.
 // - Weights are exp((x_i - max) / T) in 40-bit fixed point (tokens more than 28 below the maximum,
 //   in units of T, weigh 0: a probability below 7e-13 of the top token's). Sums of integers do not
-//   depend on their order, which is what makes every path agree bit for bit.
+//   depend on their order, which is what makes every path agree bit for bit. raw_logprob is
+//   (x - max) - log(sum of the T = 1 weights / 2^40), in float, the same way in every path.
 // - A row whose logits hold a NaN or +inf, or are all -inf, has no distribution: its token is
 //   kInvalidToken, its log-probs NaN and its kept mass 0.
 #pragma once
