@@ -648,3 +648,28 @@ TEST_CASE("row_stride skips padding: padded rows give the packed rows' bits, CPU
   check_same_bits(packed, padded);
   check_same_bits(packed, emu);
 }
+
+TEST_CASE("extreme temperatures and logit scales agree with the reference", "[sampling][ref]") {
+  Random rnd(16180);
+  const float temps[] = {1e-4f, 0.01f, 50.0f, 1000.0f};
+  const float scales[] = {1e-3f, 1.0f, 1000.0f};
+  for (float t : temps) {
+    for (float scale : scales) {
+      Batch b(4, 3000);
+      fill_normal(b.logits, rnd.rng, scale);
+      random_settings(b, rnd.rng);
+      for (std::int64_t r = 0; r < b.batch; ++r) b.temperature[r] = t;
+      Batch want = b;
+      REQUIRE(laminar::kernels::run(b.params(), Stream::host()).ok());
+      REQUIRE(laminar::ref::sample(want.params()).ok());
+      for (std::int64_t r = 0; r < b.batch; ++r) {
+        INFO("T " << t << " scale " << scale << " row " << r << " k " << b.top_k[r] << " p " << b.top_p[r]
+                  << " min_p " << b.min_p[r]);
+        REQUIRE(b.token[r] == want.token[r]);
+        CHECK(std::fabs(b.raw[r] - want.raw[r]) <= logprob_tolerance(want.raw[r]));
+        CHECK(std::fabs(b.processed[r] - want.processed[r]) <= logprob_tolerance(want.processed[r]));
+        CHECK(std::fabs(b.kept[r] - want.kept[r]) <= 1e-5 * want.kept[r]);
+      }
+    }
+  }
+}
