@@ -5,6 +5,8 @@
 #include "emulation/emulation.h"
 #include "laminar/kernels/sampling.h"
 
+#include <hwy/targets.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -671,5 +673,40 @@ TEST_CASE("extreme temperatures and logit scales agree with the reference", "[sa
         CHECK(std::fabs(b.kept[r] - want.kept[r]) <= 1e-5 * want.kept[r]);
       }
     }
+  }
+}
+
+TEST_CASE("every SIMD target compiled in gives the same bits", "[sampling][simd]") {
+  // The FMA targets run exp lane by lane, the others the scalar exp_f32; all must agree.
+  Random rnd(424242);
+  Batch b(12, 20011);
+  fill_normal(b.logits, rnd.rng, 2.0f);
+  random_settings(b, rnd.rng);
+  const std::vector<std::uint16_t> half = to_half(b.logits, DType::kBF16);
+  std::vector<Batch> results;
+  std::vector<std::vector<float>> logprobs;
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    std::printf("SIMD target %s\n", hwy::TargetName(target));
+    Batch out = b;
+    SamplingParams p = out.params();
+    p.logits_dtype = DType::kBF16;
+    p.logits = half.data();
+    REQUIRE(laminar::kernels::run(p, Stream::host()).ok());
+    std::vector<float> lp(12);
+    TokenLogprobParams t{b.logits.data(), DType::kF32, 12, 20011, 0, out.token.data(), lp.data(), 0};
+    REQUIRE(laminar::kernels::run(t, Stream::host()).ok());
+    results.push_back(out);
+    logprobs.push_back(lp);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  REQUIRE(!results.empty());
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    INFO("target " << hwy::TargetName(targets[i]) << " vs " << hwy::TargetName(targets[0]));
+    check_same_bits(results[0], results[i]);
+    for (int r = 0; r < 12; ++r) CHECK(bits(logprobs[i][r]) == bits(logprobs[0][r]));
   }
 }
