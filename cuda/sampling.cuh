@@ -150,8 +150,51 @@ __device__ std::uint32_t select_threshold(const Cands& c, std::uint32_t floor_ke
   return prefix;
 }
 
+// Stores the candidates with key >= floor_key in shared memory, in token-id order (warp ballots,
+// then warp offsets through shared memory), as far as kCapacity allows, and returns how many there
+// are. Adds each one's raw and temperature-scaled weights to this thread's partial sums.
 template <LogitKind kKind>
-__global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, std::int64_t stride) {
+__device__ std::int64_t compact_candidates(const void* row, std::int64_t vocab, float m, const RowSettings& r,
+                                           std::uint32_t floor_key, SharedState& sh, std::uint64_t* z_raw_part,
+                                           std::uint64_t* z_all_part) {
+  std::int64_t base = 0;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  for (std::int64_t tile = 0; tile < vocab; tile += kThreads) {
+    const std::int64_t i = tile + threadIdx.x;
+    float x = 0, d = 0;
+    bool cand = false;
+    if (i < vocab) {
+      x = load_logit<kKind>(row, i);
+      d = internal::sub_rn(x, m);
+      cand = is_candidate(d, r) && order_key(x) >= floor_key;
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, cand);
+    if (lane == 0) sh.warp_u32[warp] = static_cast<std::uint32_t>(popcount32(ballot));
+    __syncthreads();
+    std::int64_t offset = base, tile_count = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      offset += w < warp ? sh.warp_u32[w] : 0;
+      tile_count += sh.warp_u32[w];
+    }
+    __syncthreads();
+    if (cand) {
+      const std::uint64_t q = r.greedy ? 0 : fixed_weight(scaled(d, r));
+      *z_raw_part += (r.inv_t == 1.0f && !r.greedy) ? q : fixed_weight(d);
+      *z_all_part += q;
+      const std::int64_t slot = offset + popcount32(ballot & ((1u << lane) - 1u));
+      if (slot < kCapacity) {
+        sh.key[slot] = order_key(x);
+        sh.weight[slot] = q;
+        sh.id[slot] = static_cast<std::int32_t>(i);
+      }
+    }
+    base += tile_count;
+  }
+  return base;
+}
+
+template <LogitKind kKind>
+__global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingParams p, std::int64_t stride) {
   LAMINAR_DYNAMIC_SHARED(smem_raw);
   SharedState& sh = *reinterpret_cast<SharedState*>(smem_raw);
   const std::int64_t row_id = blockIdx.x;
@@ -171,44 +214,11 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, st
     return;
   }
   const float m = row_max(max_key);
-  // Compact the candidates in token-id order: warp ballots, then warp offsets from shared memory.
   std::uint64_t z_raw_part = 0, z_all_part = 0;
-  std::int64_t base = 0;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  for (std::int64_t tile = 0; tile < p.vocab; tile += kThreads) {
-    const std::int64_t i = tile + threadIdx.x;
-    float x = 0, d = 0;
-    bool cand = false;
-    if (i < p.vocab) {
-      x = load_logit<kKind>(row, i);
-      d = internal::sub_rn(x, m);
-      cand = is_candidate(d, r);
-    }
-    const unsigned ballot = __ballot_sync(0xffffffffu, cand);
-    if (lane == 0) sh.warp_u32[warp] = static_cast<std::uint32_t>(popcount32(ballot));
-    __syncthreads();
-    std::int64_t offset = base, tile_count = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      offset += w < warp ? sh.warp_u32[w] : 0;
-      tile_count += sh.warp_u32[w];
-    }
-    __syncthreads();
-    if (cand) {
-      const std::uint64_t q = r.greedy ? 0 : fixed_weight(scaled(d, r));
-      z_raw_part += (r.inv_t == 1.0f && !r.greedy) ? q : fixed_weight(d);
-      z_all_part += q;
-      const std::int64_t slot = offset + popcount32(ballot & ((1u << lane) - 1u));
-      if (slot < kCapacity) {
-        sh.key[slot] = order_key(x);
-        sh.weight[slot] = q;
-        sh.id[slot] = static_cast<std::int32_t>(i);
-      }
-    }
-    base += tile_count;
-  }
+  const std::int64_t count = compact_candidates<kKind>(row, p.vocab, m, r, 0, sh, &z_raw_part, &z_all_part);
   const std::uint64_t z_raw = block_sum(z_raw_part, sh);
   const std::uint64_t z_all = block_sum(z_all_part, sh);
-  const Candidates<kKind> c{row, p.vocab, m, r, base <= kCapacity, base, &sh};
+  Candidates<kKind> c{row, p.vocab, m, r, count <= kCapacity, count, &sh};
   if (r.greedy) {
     std::uint32_t first = 0xffffffffu;
     for (std::int64_t j = threadIdx.x; j < c.size(); j += kThreads) {
@@ -225,21 +235,27 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, st
     return;
   }
   std::uint32_t threshold = 0;
-  if (r.top_k > 0 && r.top_k < base) threshold = select_threshold(c, 0, false, std::uint64_t(r.top_k), sh);
-  if (r.top_p < 1.0f) {
-    std::uint64_t z_k = z_all;
-    if (threshold != 0) {
-      std::uint64_t part = 0;
+  std::uint64_t z_k = z_all;
+  if (r.top_k > 0 && r.top_k < count) {
+    threshold = select_threshold(c, 0, false, std::uint64_t(r.top_k), sh);
+    std::uint64_t part = 0;
+    if (c.in_shared) {
       for (std::int64_t j = threadIdx.x; j < c.size(); j += kThreads) {
-        std::uint32_t key;
-        std::int32_t id;
-        float d;
-        if (c.at(j, &key, &id, &d) && key >= threshold) part += c.weight(j, d);
+        part += sh.key[j] >= threshold ? sh.weight[j] : 0;
       }
       z_k = block_sum(part, sh);
+    } else {
+      // The candidates did not fit in shared memory; the top-k set usually does.
+      std::uint64_t unused = 0;
+      const std::int64_t top = compact_candidates<kKind>(row, p.vocab, m, r, threshold, sh, &unused, &part);
+      z_k = block_sum(part, sh);
+      if (top <= kCapacity) {
+        c.in_shared = true;
+        c.count = top;
+      }
     }
-    threshold = select_threshold(c, threshold, true, top_p_target(r.top_p, z_k), sh);
   }
+  if (r.top_p < 1.0f) threshold = select_threshold(c, threshold, true, top_p_target(r.top_p, z_k), sh);
   // Kept weight of slot j (0 outside the kept set), and its token id.
   auto kept_weight = [&](std::int64_t j, std::int32_t* id) -> std::uint64_t {
     std::uint32_t key;
@@ -275,7 +291,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p, st
 }
 
 template <LogitKind kKind>
-__global__ void __launch_bounds__(kThreads) token_logprob_kernel(TokenLogprobParams p, std::int64_t stride) {
+__global__ void __launch_bounds__(kThreads, 1) token_logprob_kernel(TokenLogprobParams p, std::int64_t stride) {
   LAMINAR_DYNAMIC_SHARED(smem_raw);
   SharedState& sh = *reinterpret_cast<SharedState*>(smem_raw);
   const std::int64_t row_id = blockIdx.x;
