@@ -40,6 +40,34 @@ __device__ __forceinline__ int popcount32(unsigned v) {
 #endif
 }
 
+__device__ __forceinline__ int lowest_set_bit(unsigned v) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(int(v)) - 1;
+#else
+  return __builtin_ctz(v);
+#endif
+}
+
+// Adds `add` to bin `bucket` for every lane with `has`, one atomic per distinct bin in the warp:
+// keys bunch into a few bins (the top byte is mostly the exponent), and lanes hitting one shared
+// address would otherwise serialise.
+__device__ __forceinline__ void warp_histogram_add(bool has, unsigned bucket, unsigned long long add,
+                                                   unsigned long long* hist) {
+  const int lane = int(threadIdx.x) % 32;
+  unsigned pending = __ballot_sync(0xffffffffu, has);
+  while (pending != 0) {
+    const int leader = lowest_set_bit(pending);
+    const unsigned leader_bucket = __shfl_sync(0xffffffffu, bucket, leader);
+    const bool mine = has && bucket == leader_bucket;
+    const unsigned same = __ballot_sync(0xffffffffu, mine);
+    unsigned long long v = mine ? add : 0ull;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == leader) atomicAdd(&hist[leader_bucket], v);
+    if (mine) has = false;
+    pending &= ~same;
+  }
+}
+
 __device__ __forceinline__ std::uint64_t block_sum(std::uint64_t v, SharedState& sh) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -130,13 +158,17 @@ __device__ std::uint32_t select_threshold(const Cands& c, std::uint32_t floor_ke
     for (int b = int(threadIdx.x); b < 256; b += kThreads) sh.hist[b] = 0;
     __syncthreads();
     const std::uint32_t high = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-    for (std::int64_t j = threadIdx.x; j < c.size(); j += kThreads) {
-      std::uint32_t key;
+    // Whole tiles, so every lane of a warp reaches the warp-wide histogram update.
+    for (std::int64_t tile = 0; tile < c.size(); tile += kThreads) {
+      const std::int64_t j = tile + threadIdx.x;
+      std::uint32_t key = 0;
       std::int32_t id;
       float d;
-      if (!c.at(j, &key, &id, &d) || key < floor_key || (key & high) != prefix) continue;
-      const unsigned long long add = by_weight ? c.weight(j, d) : 1ull;
-      if (add != 0) atomicAdd(&sh.hist[(key >> shift) & 0xffu], add);
+      unsigned long long add = 0;
+      if (j < c.size() && c.at(j, &key, &id, &d) && key >= floor_key && (key & high) == prefix) {
+        add = by_weight ? c.weight(j, d) : 1ull;
+      }
+      warp_histogram_add(add != 0, (key >> shift) & 0xffu, add, sh.hist);
     }
     __syncthreads();
     int bucket = 255;
