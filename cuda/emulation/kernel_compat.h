@@ -6,6 +6,15 @@
 // want the LAMINAR_HOST_DEVICE helpers of a .cuh) it is 0 and the kernels are left out.
 #pragma once
 
+// Loop unrolling hints for nvcc; the host compiler decides for itself.
+#if defined(__CUDACC__)
+#define LAMINAR_UNROLL _Pragma("unroll")
+#define LAMINAR_NO_UNROLL _Pragma("unroll 1")
+#else
+#define LAMINAR_UNROLL
+#define LAMINAR_NO_UNROLL
+#endif
+
 #if defined(__CUDACC__)
 #define LAMINAR_KERNELS 1
 // One dynamic shared-memory arena per block, sized by the launch.

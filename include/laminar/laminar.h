@@ -2,7 +2,9 @@
 #pragma once
 
 #include "laminar/kernels/cast.h"
+#include "laminar/kernels/paged_decode.h"
 #include "laminar/kernels/sampling.h"
+#include "laminar/kv_cache.h"
 #include "laminar/status.h"
 #include "laminar/types.h"
 #include "laminar/weight_manifest.h"

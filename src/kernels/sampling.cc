@@ -8,7 +8,7 @@
 // the candidates' keys (four rounds of 8 bits, no sort); (5) the inverse-CDF walk over the kept
 // candidates in token-id order.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "src/kernels/sampling.cc"
+#define HWY_TARGET_INCLUDE "kernels/sampling.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 

@@ -1,0 +1,154 @@
+// kv_cache.h: the paged KV layout the attention kernels read, and a host-side PagedKvCache that
+// owns the pools, hands out pages and keeps each sequence's page list.
+//
+// A rollout worker stores the keys and values of every live sequence in two page pools (K and V,
+// NHD: [num_pages, page_size, num_kv_heads, head_dim]). A sequence owns a list of pages; a decode
+// batch is described by a CSR page table (indptr / indices / last_page_len) built from those lists
+// for the sequences in the batch, in any order: the kernels give each sequence the same bits
+// whatever its batch mates. The KvMigrator moves a sequence by copying its pages and its length.
+//
+//   auto cache = laminar::PagedKvCache::create({/*num_pages=*/1024, /*page_size=*/16,
+//                                               /*num_kv_heads=*/8, /*head_dim=*/128, DType::kBF16});
+//   LAMINAR_RETURN_IF_ERROR(cache->add_sequence(SequenceId(7)));
+//   LAMINAR_RETURN_IF_ERROR(cache->append_tokens(SequenceId(7), prompt_len));  // reserves pages
+//   auto slot = cache->token_slot(SequenceId(7), 0);                          // write K/V there
+//   LAMINAR_RETURN_IF_ERROR(cache->build_page_table(batch_ids, &table));      // for the kernel
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "laminar/status.h"
+#include "laminar/types.h"
+
+namespace laminar {
+
+// Geometry and element type of one pair of K/V page pools.
+struct KvLayout {
+  std::int32_t num_pages = 0;
+  std::int32_t page_size = 0;  // tokens per page
+  std::int32_t num_kv_heads = 0;
+  std::int32_t head_dim = 0;
+  DType dtype = DType::kBF16;  // f32, f16 or bf16
+
+  // Elements of one token's K (or V) row: num_kv_heads * head_dim.
+  std::int64_t token_elems() const noexcept { return std::int64_t(num_kv_heads) * head_dim; }
+  // Bytes of one page of one pool.
+  std::int64_t page_bytes() const noexcept {
+    return std::int64_t(page_size) * token_elems() * std::int64_t(dtype_size(dtype));
+  }
+  // Bytes of one whole pool (K or V).
+  std::int64_t pool_bytes() const noexcept { return page_bytes() * num_pages; }
+};
+
+// kInvalidArgument naming the field when a count is not positive, the dtype is not a float type,
+// or a pool would exceed 2^62 bytes.
+Status validate(const KvLayout& layout);
+
+// A view of the two pools (host or device memory, as the kernel's stream says).
+struct PagedKv {
+  const void* k_pages = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] of layout.dtype
+  const void* v_pages = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] of layout.dtype
+  KvLayout layout;
+};
+
+// The CSR page table of a batch. Sequence b owns pages indices[indptr[b] .. indptr[b + 1]) in
+// token order; its length is (pages - 1) * page_size + last_page_len[b], or 0 with no pages.
+struct PageTable {
+  const std::int32_t* indptr = nullptr;         // [batch + 1], indptr[0] = 0, non-decreasing
+  const std::int32_t* indices = nullptr;        // [indptr[batch]], each in [0, num_pages)
+  const std::int32_t* last_page_len = nullptr;  // [batch], 1..page_size; 0 for a sequence with no pages
+  std::int32_t batch = 0;
+};
+
+// Checks a page table in host memory against a layout: indptr starts at 0 and never decreases,
+// every page index is in range, every last_page_len fits its sequence. kInvalidArgument naming the
+// sequence, the field and the value otherwise.
+Status validate(const PageTable& table, const KvLayout& layout);
+
+// Tokens of sequence b (the table must have been validated).
+inline std::int64_t sequence_length(const PageTable& t, std::int32_t b, std::int32_t page_size) {
+  const std::int32_t pages = t.indptr[b + 1] - t.indptr[b];
+  return pages == 0 ? 0 : std::int64_t(pages - 1) * page_size + t.last_page_len[b];
+}
+
+// Owns the CSR arrays of a page table built by PagedKvCache::build_page_table.
+struct PageTableBuffer {
+  std::vector<std::int32_t> indptr;
+  std::vector<std::int32_t> indices;
+  std::vector<std::int32_t> last_page_len;
+
+  PageTable view() const {
+    return {indptr.data(), indices.data(), last_page_len.data(), std::int32_t(last_page_len.size())};
+  }
+};
+
+// Host-memory K/V pools with a page allocator and per-sequence page lists. Not thread-safe: one
+// rollout worker's decode loop owns it.
+class PagedKvCache {
+ public:
+  // Allocates both pools (zero-filled). kInvalidArgument for a bad layout, kResourceExhausted when
+  // the memory is not there.
+  static Result<PagedKvCache> create(const KvLayout& layout);
+
+  // Where token `pos` of a sequence lives: its K and V rows, each [num_kv_heads, head_dim].
+  struct TokenSlot {
+    void* k = nullptr;  // [num_kv_heads, head_dim] of dtype
+    void* v = nullptr;  // [num_kv_heads, head_dim] of dtype
+    std::int32_t page = 0;
+    std::int32_t offset = 0;  // token index inside the page
+  };
+
+  // kAlreadyExists if the id is live.
+  Status add_sequence(SequenceId id);
+  // Grows a sequence by n tokens, taking pages from the free list as needed. kResourceExhausted
+  // (and no change) when there are not enough free pages; kNotFound for an unknown id;
+  // kInvalidArgument for negative n.
+  Status append_tokens(SequenceId id, std::int64_t n);
+  // Returns the sequence's pages to the free list. kNotFound for an unknown id.
+  Status release(SequenceId id);
+
+  // kNotFound / kOutOfRange (pos beyond the sequence's length).
+  Result<TokenSlot> token_slot(SequenceId id, std::int64_t pos);
+  Result<std::int64_t> length(SequenceId id) const;
+  // The sequence's pages in token order (valid until the next append or release).
+  Result<std::span<const std::int32_t>> pages(SequenceId id) const;
+
+  // Fills `out` with the CSR table of `ids` in that order. kNotFound for an unknown id,
+  // kInvalidArgument for an id given twice.
+  Status build_page_table(std::span<const SequenceId> ids, PageTableBuffer* out) const;
+
+  const KvLayout& layout() const noexcept { return layout_; }
+  PagedKv view() const noexcept { return {k_.get(), v_.get(), layout_}; }
+  void* k_page(std::int32_t page) noexcept { return k_.get() + std::int64_t(page) * layout_.page_bytes(); }
+  void* v_page(std::int32_t page) noexcept { return v_.get() + std::int64_t(page) * layout_.page_bytes(); }
+  std::int32_t free_pages() const noexcept { return std::int32_t(free_.size()); }
+  std::int32_t used_pages() const noexcept { return layout_.num_pages - free_pages(); }
+  std::size_t num_sequences() const noexcept { return seqs_.size(); }
+
+ private:
+  struct Sequence {
+    std::vector<std::int32_t> pages;
+    std::int64_t length = 0;
+  };
+  struct FreeDeleter {
+    void operator()(unsigned char* p) const noexcept;
+  };
+
+  PagedKvCache() = default;
+  std::int64_t pages_for(std::int64_t tokens) const noexcept {
+    return (tokens + layout_.page_size - 1) / layout_.page_size;
+  }
+
+  KvLayout layout_;
+  std::unique_ptr<unsigned char[], FreeDeleter> k_;
+  std::unique_ptr<unsigned char[], FreeDeleter> v_;
+  std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
+  std::unordered_map<SequenceId, Sequence> seqs_;
+};
+
+}  // namespace laminar

@@ -1,0 +1,170 @@
+#include "laminar/kv_cache.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <unordered_set>
+
+namespace laminar {
+
+namespace {
+
+bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+}  // namespace
+
+Status validate(const KvLayout& l) {
+  if (l.num_pages <= 0) return invalid_argument(fmt::format("KvLayout: num_pages must be positive, got {}", l.num_pages));
+  if (l.page_size <= 0) return invalid_argument(fmt::format("KvLayout: page_size must be positive, got {}", l.page_size));
+  if (l.num_kv_heads <= 0) {
+    return invalid_argument(fmt::format("KvLayout: num_kv_heads must be positive, got {}", l.num_kv_heads));
+  }
+  if (l.head_dim <= 0) return invalid_argument(fmt::format("KvLayout: head_dim must be positive, got {}", l.head_dim));
+  if (!is_float(l.dtype)) {
+    return invalid_argument(fmt::format("KvLayout: dtype {} is not f32, f16 or bf16", dtype_name(l.dtype)));
+  }
+  // Each factor is below 2^31, so the products below cannot overflow int64 before the check.
+  const double bytes = double(l.num_pages) * l.page_size * l.num_kv_heads * l.head_dim * double(dtype_size(l.dtype));
+  if (bytes > double(std::int64_t(1) << 62)) {
+    return invalid_argument(fmt::format("KvLayout: a pool of {} bytes is too large", bytes));
+  }
+  return ok_status();
+}
+
+Status validate(const PageTable& t, const KvLayout& l) {
+  LAMINAR_RETURN_IF_ERROR(validate(l));
+  if (t.batch < 0) return invalid_argument(fmt::format("page table: batch is negative ({})", t.batch));
+  if (t.indptr == nullptr) return invalid_argument("page table: indptr is null");
+  if (t.indptr[0] != 0) return invalid_argument(fmt::format("page table: indptr[0] must be 0, got {}", t.indptr[0]));
+  if (t.batch == 0) return ok_status();
+  if (t.last_page_len == nullptr) return invalid_argument("page table: last_page_len is null");
+  for (std::int32_t b = 0; b < t.batch; ++b) {
+    const std::int32_t pages = t.indptr[b + 1] - t.indptr[b];
+    if (t.indptr[b + 1] < t.indptr[b]) {
+      return invalid_argument(fmt::format("page table: indptr decreases at sequence {} ({} -> {})", b, t.indptr[b],
+                                          t.indptr[b + 1]));
+    }
+    const std::int32_t last = t.last_page_len[b];
+    if (pages == 0 && last != 0) {
+      return invalid_argument(fmt::format("page table: sequence {} has no pages but last_page_len {}", b, last));
+    }
+    if (pages > 0 && (last < 1 || last > l.page_size)) {
+      return invalid_argument(fmt::format("page table: sequence {} has last_page_len {} outside 1..{}", b, last,
+                                          l.page_size));
+    }
+  }
+  if (t.indptr[t.batch] > 0 && t.indices == nullptr) return invalid_argument("page table: indices is null");
+  for (std::int32_t i = 0; i < t.indptr[t.batch]; ++i) {
+    if (t.indices[i] < 0 || t.indices[i] >= l.num_pages) {
+      return invalid_argument(fmt::format("page table: indices[{}] = {} is outside the pool of {} pages", i,
+                                          t.indices[i], l.num_pages));
+    }
+  }
+  return ok_status();
+}
+
+void PagedKvCache::FreeDeleter::operator()(unsigned char* p) const noexcept { std::free(p); }
+
+Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout) {
+  LAMINAR_RETURN_IF_ERROR(validate(layout));
+  PagedKvCache c;
+  c.layout_ = layout;
+  const auto bytes = std::size_t(layout.pool_bytes());
+  // 64-byte alignment: whole cache lines per page start, and aligned vector loads in the kernels.
+  const std::size_t rounded = (bytes + 63) / 64 * 64;
+  c.k_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
+  c.v_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
+  if (!c.k_ || !c.v_) {
+    return resource_exhausted(fmt::format("PagedKvCache: cannot allocate two pools of {} bytes", bytes));
+  }
+  std::memset(c.k_.get(), 0, bytes);
+  std::memset(c.v_.get(), 0, bytes);
+  c.free_.reserve(std::size_t(layout.num_pages));
+  for (std::int32_t p = layout.num_pages - 1; p >= 0; --p) c.free_.push_back(p);
+  return c;
+}
+
+Status PagedKvCache::add_sequence(SequenceId id) {
+  if (seqs_.contains(id)) return already_exists(fmt::format("PagedKvCache: sequence {} is already live", id.value()));
+  seqs_.emplace(id, Sequence{});
+  return ok_status();
+}
+
+Status PagedKvCache::append_tokens(SequenceId id, std::int64_t n) {
+  if (n < 0) return invalid_argument(fmt::format("PagedKvCache: append of {} tokens", n));
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  Sequence& s = it->second;
+  const std::int64_t need = pages_for(s.length + n) - std::int64_t(s.pages.size());
+  if (need > std::int64_t(free_.size())) {
+    return resource_exhausted(fmt::format("PagedKvCache: sequence {} needs {} more pages, {} free", id.value(), need,
+                                          free_.size()));
+  }
+  for (std::int64_t i = 0; i < need; ++i) {
+    s.pages.push_back(free_.back());
+    free_.pop_back();
+  }
+  s.length += n;
+  return ok_status();
+}
+
+Status PagedKvCache::release(SequenceId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p) free_.push_back(*p);
+  seqs_.erase(it);
+  return ok_status();
+}
+
+Result<PagedKvCache::TokenSlot> PagedKvCache::token_slot(SequenceId id, std::int64_t pos) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  if (pos < 0 || pos >= it->second.length) {
+    return out_of_range(fmt::format("PagedKvCache: token {} of sequence {} of length {}", pos, id.value(),
+                                    it->second.length));
+  }
+  TokenSlot slot;
+  slot.page = it->second.pages[std::size_t(pos / layout_.page_size)];
+  slot.offset = std::int32_t(pos % layout_.page_size);
+  const std::int64_t row_bytes = layout_.token_elems() * std::int64_t(dtype_size(layout_.dtype));
+  slot.k = static_cast<unsigned char*>(k_page(slot.page)) + slot.offset * row_bytes;
+  slot.v = static_cast<unsigned char*>(v_page(slot.page)) + slot.offset * row_bytes;
+  return slot;
+}
+
+Result<std::int64_t> PagedKvCache::length(SequenceId id) const {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  return it->second.length;
+}
+
+Result<std::span<const std::int32_t>> PagedKvCache::pages(SequenceId id) const {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  return std::span<const std::int32_t>(it->second.pages);
+}
+
+Status PagedKvCache::build_page_table(std::span<const SequenceId> ids, PageTableBuffer* out) const {
+  if (out == nullptr) return invalid_argument("PagedKvCache::build_page_table: out is null");
+  std::unordered_set<SequenceId> seen;
+  for (SequenceId id : ids) {
+    if (!seqs_.contains(id)) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+    if (!seen.insert(id).second) {
+      return invalid_argument(fmt::format("PagedKvCache: sequence {} appears twice in the batch", id.value()));
+    }
+  }
+  out->indptr.assign(1, 0);
+  out->indices.clear();
+  out->last_page_len.clear();
+  for (SequenceId id : ids) {
+    const Sequence& s = seqs_.at(id);
+    out->indices.insert(out->indices.end(), s.pages.begin(), s.pages.end());
+    out->indptr.push_back(std::int32_t(out->indices.size()));
+    out->last_page_len.push_back(
+        s.length == 0 ? 0 : std::int32_t(s.length - (std::int64_t(s.pages.size()) - 1) * layout_.page_size));
+  }
+  return ok_status();
+}
+
+}  // namespace laminar
