@@ -2,10 +2,11 @@
 //
 // Each block follows the CPU path's steps with block-wide reductions in place of loops. The
 // candidates (tokens within 28 of the maximum) are compacted, in token-id order, into shared
-// memory when they fit (kCapacity); otherwise every pass re-reads the row from global memory and
-// recomputes the weights it needs. Thresholds come from the same radix selection as on the CPU
-// (four rounds of 256-bin histograms in shared memory); integer atomics make the bins exact, so the
-// order in which threads add to them does not matter.
+// memory when they fit (kCapacity); otherwise passes re-read the row from global memory and
+// recompute the weights they need, until a top-k cut leaves a set that fits, which is then
+// compacted the same way. Thresholds come from the same radix selection as on the CPU (four rounds
+// of 256-bin histograms in shared memory); integer atomics make the bins exact, so the order in
+// which threads add to them does not matter.
 #pragma once
 
 #include <cstdint>
