@@ -3,6 +3,7 @@
 
 #include "laminar/kernels/cast.h"
 #include "laminar/kernels/paged_decode.h"
+#include "laminar/kernels/sampling.h"
 #include "laminar/kv_cache.h"
 #include "laminar/status.h"
 #include "laminar/transport.h"
