@@ -10,16 +10,22 @@
 //     RemoteRegion (zero-copy where the UCX transport allows it: shared memory, CMA, RDMA).
 // The relay chain, remote queue producers, weight pulls and KV migration all sit on top of this.
 //
-//   auto server = laminar::Transport::create({.cluster_token = token}).value();
-//   std::string addr = server.listen("127.0.0.1", 0).value();         // "127.0.0.1:41234"
-//   auto client = laminar::Transport::create({.cluster_token = token}).value();
-//   laminar::Endpoint ep = client.connect(addr).value();              // authenticated
+//   laminar::TransportOptions opt;
+//   opt.cluster_token = token;                                   // same secret on every peer
+//   auto server = laminar::Transport::create(opt).value();
+//   std::string addr = server.listen("127.0.0.1", 0).value();    // "127.0.0.1:41234"
+//   auto client = laminar::Transport::create(opt).value();
+//   laminar::Endpoint ep = client.connect(addr).value();         // authenticated both ways
 //   laminar::Result<laminar::Message> r = ep.request(laminar::Message::from_string(7, "hi"));
 //
 // Every call returns a Status; a vanished peer, a refused or unauthenticated connection, a timeout,
 // or a malformed message is reported to the caller and to every pending operation on that endpoint
 // (kUnavailable, kFailedPrecondition, kDeadlineExceeded, kInvalidArgument, kDataLoss). Nothing waits
 // forever: every operation carries a deadline.
+//
+// Under ThreadSanitizer, run with UCX_MEM_EVENTS=n in the environment: UCX's memory hooks (libucm)
+// and TSan's interceptors crash together at thread exit. tests/CMakeLists.txt's
+// laminar_add_transport_test() sets it for tests in the tsan preset.
 #pragma once
 
 #include <chrono>
