@@ -5,3 +5,6 @@
 #include "laminar/status.h"
 #include "laminar/types.h"
 #include "laminar/weight_manifest.h"
+#include "laminar/relay_store.h"
+#include "laminar/relay_versions.h"
+#include "laminar/weight_puller.h"
