@@ -44,10 +44,15 @@ void HostBuffer::reset() noexcept {
 
 Result<HostBuffer> HostBuffer::allocate(std::size_t bytes, bool pin) {
   if (bytes == 0) return invalid_argument("host buffer: 0 bytes requested");
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     return resource_exhausted(fmt::format("host buffer: mapping {} bytes failed: {}", bytes, std::strerror(errno)));
   }
+  // Weight buffers are large and read front to back: huge pages cut TLB misses on every copy. Only
+  // a hint; the kernel may say no.
+  (void)madvise(p, bytes, MADV_HUGEPAGE);
+  // Fault every page in now, at allocation, not during the first publish into it.
+  for (std::size_t off = 0; off < bytes; off += 4096) static_cast<volatile char*>(p)[off] = 0;
   HostBuffer b;
   b.data_ = static_cast<std::byte*>(p);
   b.size_ = bytes;

@@ -139,10 +139,10 @@ struct RelayCore {
     }
   }
 
-  void enqueue_seal(std::shared_ptr<VersionSlot> slot, std::uint32_t i) {
+  void enqueue_seal(const std::shared_ptr<VersionSlot>& slot) {
     {
       std::lock_guard lock(seal_mu);
-      seal_queue.emplace_back(std::move(slot), i);
+      for (std::uint32_t i = 0; i < slot->plan.num_chunks(); ++i) seal_queue.emplace_back(slot, i);
     }
     seal_cv.notify_one();
   }
@@ -321,40 +321,32 @@ Status RelayStore::publish(Version v, const WeightManifest& manifest, std::span<
   auto begun = begin_slot(v, manifest, *plan);
   LAMINAR_RETURN_IF_ERROR(begun.status());
   std::shared_ptr<VersionSlot> slot = std::move(*begun);
-  // Fill chunk by chunk so the sealer hashes chunk i while chunk i + 1 is being copied. Padding
-  // between tensors is zeroed: it is part of the checksummed bytes every relay compares.
+  // Whole tensors at a time: large copies let memcpy stream past the caches. Padding between
+  // tensors is zeroed: it is part of the checksummed bytes every relay compares.
+  std::byte* base = slot->buffer.data();
+  std::uint64_t pos = 0;
   const auto entries = manifest.entries();
-  std::size_t first_entry = 0;
-  for (std::uint32_t c = 0; c < plan->num_chunks(); ++c) {
-    const std::uint64_t a = plan->chunk_offset(c);
-    const std::uint64_t b = a + plan->chunk_size(c);
-    std::byte* base = slot->buffer.data();
-    std::uint64_t pos = a;
-    while (first_entry < entries.size() && entries[first_entry].offset + entries[first_entry].nbytes <= a) {
-      ++first_entry;
-    }
-    for (std::size_t k = first_entry; k < entries.size() && entries[k].offset < b; ++k) {
-      const std::uint64_t s = std::max(a, entries[k].offset);
-      const std::uint64_t t = std::min(b, entries[k].offset + entries[k].nbytes);
-      if (s >= t) continue;
-      if (s > pos) std::memset(base + pos, 0, s - pos);
-      const TensorView& view = by_entry[k]->view;
-      const auto* src = static_cast<const std::byte*>(view.data()) + (s - entries[k].offset);
-      if (view.device().is_host()) {
-        std::memcpy(base + s, src, t - s);
-      } else {
-        Status st = internal::copy_device_to_host(base + s, src, t - s, options_.device_stream, t - s);
-        if (!st.ok()) {
-          (void)abandon(v);
-          return st.with_context(fmt::format("publish version {}: copying tensor '{}' from {}", v.value(),
-                                             entries[k].name, to_string(view.device())));
-        }
+  for (std::size_t k = 0; k < entries.size(); ++k) {
+    const auto& e = entries[k];
+    if (e.offset > pos) std::memset(base + pos, 0, e.offset - pos);
+    const TensorView& view = by_entry[k]->view;
+    if (view.device().is_host()) {
+      std::memcpy(base + e.offset, view.data(), e.nbytes);
+    } else {
+      Status st = internal::copy_device_to_host(base + e.offset, view.data(), e.nbytes, options_.device_stream,
+                                                options_.chunk_bytes);
+      if (!st.ok()) {
+        (void)abandon(v);
+        return st.with_context(fmt::format("publish version {}: copying tensor '{}' from {}", v.value(), e.name,
+                                           to_string(view.device())));
       }
-      pos = t;
     }
-    if (pos < b) std::memset(base + pos, 0, b - pos);
-    core_->enqueue_seal(slot, c);
+    pos = e.offset + e.nbytes;
   }
+  if (pos < plan->total_bytes()) std::memset(base + pos, 0, plan->total_bytes() - pos);
+  // Sealing starts only now: hashing next to the copy would compete with it for memory bandwidth
+  // and cores, and the copy is the only part the actor waits for.
+  core_->enqueue_seal(slot);
   return ok_status();
 }
 
