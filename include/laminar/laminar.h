@@ -3,6 +3,7 @@
 
 #include "laminar/kernels/cast.h"
 #include "laminar/status.h"
+#include "laminar/transport.h"
 #include "laminar/types.h"
 #include "laminar/weight_manifest.h"
 #include "laminar/relay_store.h"
