@@ -115,7 +115,7 @@ struct RelayCore {
     if (!r.ok()) {
       return aborted(fmt::format("version {} was given up while chunk {} arrived", slot.version.value(), i));
     }
-    if (r->first) committed.notify_all();
+    changed.notify_all();
     drop(r->second);
     return ok_status();
   }
@@ -157,7 +157,8 @@ struct RelayCore {
   }
 
   mutable std::mutex mu;
-  mutable std::condition_variable committed;
+  // Signalled on every chunk stored, version begun or version committed.
+  mutable std::condition_variable changed;
   VersionLedger ledger;
   std::map<Version, std::shared_ptr<VersionSlot>> slots;
   std::shared_ptr<BufferPool> pool;
@@ -387,6 +388,7 @@ Result<std::shared_ptr<VersionSlot>> RelayStore::begin_slot(Version v, const Wei
   slot->pool = core_->pool;
   std::lock_guard lock(core_->mu);
   core_->slots.emplace(v, slot);
+  core_->changed.notify_all();
   return slot;
 }
 
@@ -442,6 +444,11 @@ Result<std::uint32_t> RelayStore::resume_point(Version v) const {
   return core_->ledger.resume_point(v);
 }
 
+Result<std::vector<std::uint32_t>> RelayStore::missing_chunks(Version v) const {
+  std::lock_guard lock(core_->mu);
+  return core_->ledger.missing_chunks(v);
+}
+
 Status RelayStore::abandon(Version v) {
   std::shared_ptr<VersionSlot> keep;
   std::lock_guard lock(core_->mu);
@@ -487,7 +494,7 @@ Result<ReadHandle> RelayStore::acquire(Version v) const {
 
 Status RelayStore::wait_for_version(Version v, std::chrono::milliseconds timeout) const {
   std::unique_lock lock(core_->mu);
-  const bool ok = core_->committed.wait_for(lock, timeout, [&] {
+  const bool ok = core_->changed.wait_for(lock, timeout, [&] {
     auto n = core_->ledger.newest_committed();
     return n && *n >= v;
   });
@@ -495,6 +502,62 @@ Status RelayStore::wait_for_version(Version v, std::chrono::milliseconds timeout
   auto n = core_->ledger.newest_committed();
   return deadline_exceeded(fmt::format("relay store: version {} not committed after {} ms (newest committed: {})",
                                        v.value(), timeout.count(), n ? std::to_string(n->value()) : "none"));
+}
+
+std::optional<Version> RelayStore::newest_held() const {
+  std::lock_guard lock(core_->mu);
+  if (core_->slots.empty()) return std::nullopt;
+  return core_->slots.rbegin()->first;
+}
+
+Result<RelayStore::VersionInfo> RelayStore::version_info(Version v) const {
+  std::lock_guard lock(core_->mu);
+  auto it = core_->slots.find(v);
+  if (it == core_->slots.end()) {
+    return not_found(fmt::format("relay store: version {} is not held (held: {})", v.value(),
+                                 internal::held_versions(core_->ledger)));
+  }
+  return VersionInfo{it->second->manifest, it->second->plan, core_->ledger.is_committed(v)};
+}
+
+Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i,
+                                                    std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(core_->mu);
+  std::shared_ptr<VersionSlot> slot;
+  Status why;
+  const bool ready = core_->changed.wait_for(lock, timeout, [&] {
+    auto it = core_->slots.find(v);
+    if (it == core_->slots.end()) {
+      why = not_found(fmt::format("relay store: version {} is not held (held: {})", v.value(),
+                                  internal::held_versions(core_->ledger)));
+      return true;
+    }
+    if (i >= it->second->plan.num_chunks()) {
+      why = out_of_range(fmt::format("version {}: chunk {} does not exist (it has {})", v.value(), i,
+                                     it->second->plan.num_chunks()));
+      return true;
+    }
+    if (it->second->state[i] != VersionSlot::ChunkState::kStored && !core_->ledger.is_committed(v)) return false;
+    slot = it->second;
+    return true;
+  });
+  if (!ready) {
+    return deadline_exceeded(fmt::format("relay store: chunk {} of version {} did not arrive in {} ms", i,
+                                         v.value(), timeout.count()));
+  }
+  if (!why.ok()) return why;
+  ChunkRef ref;
+  ref.bytes = {slot->buffer.data() + slot->plan.chunk_offset(i), std::size_t(slot->plan.chunk_size(i))};
+  ref.checksum = slot->checksums[i];
+  ref.keep = std::move(slot);
+  return ref;
+}
+
+bool RelayStore::wait_for_newer(std::optional<Version> than, std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(core_->mu);
+  return core_->changed.wait_for(lock, timeout, [&] {
+    return !core_->slots.empty() && (!than || core_->slots.rbegin()->first > *than);
+  });
 }
 
 RelayStoreStats RelayStore::stats() const {

@@ -9,3 +9,4 @@
 #include "laminar/relay_store.h"
 #include "laminar/relay_versions.h"
 #include "laminar/weight_puller.h"
+#include "laminar/relay_chain.h"

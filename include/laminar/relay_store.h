@@ -138,6 +138,8 @@ class RelayStore {
   Status put_chunk(Version v, std::uint32_t i, std::span<const std::byte> bytes, std::uint64_t checksum);
   // The first chunk of v not yet stored, where a cut transfer resumes. kNotFound when v is not held.
   Result<std::uint32_t> resume_point(Version v) const;
+  // Every chunk of v not yet stored, in order (empty once committed). kNotFound when v is not held.
+  Result<std::vector<std::uint32_t>> missing_chunks(Version v) const;
   // Gives up an incomplete version (its sender is gone for good). kNotFound / kFailedPrecondition
   // for an unknown / committed version.
   Status abandon(Version v);
@@ -154,6 +156,31 @@ class RelayStore {
 
   RelayStoreStats stats() const;
   const RelayStoreOptions& options() const noexcept { return options_; }
+
+  // For forwarding down a relay chain before a version is complete.
+  //
+  // Newest version held, committed or still arriving.
+  std::optional<Version> newest_held() const;
+  struct VersionInfo {
+    WeightManifest manifest;
+    ChunkPlan plan;
+    bool committed = false;
+  };
+  // kNotFound when v is not held.
+  Result<VersionInfo> version_info(Version v) const;
+  // One stored chunk; `keep` holds its memory valid even if the version is dropped meanwhile.
+  struct ChunkRef {
+    std::shared_ptr<const void> keep;
+    std::span<const std::byte> bytes;  // [plan.chunk_size(i)]
+    std::uint64_t checksum = 0;
+  };
+  // Chunk i of v once it is stored and verified, waiting up to timeout for it to arrive.
+  // kNotFound when v is not held (or is dropped while waiting), kOutOfRange for a bad index,
+  // kDeadlineExceeded when it does not arrive in time.
+  Result<ChunkRef> read_chunk(Version v, std::uint32_t i, std::chrono::milliseconds timeout) const;
+  // Waits until some version newer than `than` is held (any version when `than` is empty), or the
+  // timeout passes; returns whether one is.
+  bool wait_for_newer(std::optional<Version> than, std::chrono::milliseconds timeout) const;
 
  private:
   explicit RelayStore(RelayStoreOptions options);
