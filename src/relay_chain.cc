@@ -236,6 +236,12 @@ struct RelayNode::Impl {
       return;
     }
     const Version ver(*v);
+    if (options.stall_after_chunks != 0) {
+      std::lock_guard lock(mu);
+      // Hung: the chunk is neither stored nor answered. The callback thread stays free, so
+      // subscribers are still served what is already here.
+      if (stats.chunks_received >= options.stall_after_chunks) return;
+    }
     const bool had = store->latest_version() == ver;
     Status st = store->put_chunk(ver, *i, r.rest(), *h);
     if (st.code() == StatusCode::kDataLoss) emit({RelayEvent::Kind::kChunkRejected, ver, *i, {}});
@@ -243,16 +249,12 @@ struct RelayNode::Impl {
       (void)in.from.reply_error(in, st);
       return;
     }
-    std::uint64_t received = 0;
     {
       std::lock_guard lock(mu);
-      received = ++stats.chunks_received;
+      ++stats.chunks_received;
     }
     (void)in.from.reply(in, Message{kChunk, {}});
     if (!had && store->latest_version() == ver) emit({RelayEvent::Kind::kCommitted, ver, 0, {}});
-    if (options.stall_after_chunks != 0 && received >= options.stall_after_chunks) {
-      while (!stopping.load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
   }
 
   void subscribe_loop() {

@@ -6,7 +6,8 @@
 //   relay_server --token T --pull --mib 64 --upstream 127.0.0.1:4001 --upstream 127.0.0.1:4000
 //
 // Lines: "listening ADDR", "published V DIGEST", "committed V DIGEST", "pulled V ok|MISMATCH ...",
-// "upstream ADDR", "lost ADDR", "rejected V CHUNK". DIGEST is the xxh3 of the version's whole
+// "upstream ADDR", "lost ADDR", "rejected V CHUNK", and at exit "stats received N sent N resent N
+// failovers N" (chunks stored from upstream, accepted by subscribers, resent after a refusal). DIGEST is the xxh3 of the version's whole
 // buffer, so every process's bytes can be compared with the actor's. Ends on SIGTERM / SIGINT, or
 // after --exit-after-version V is committed (relays) or pulled (rollouts).
 #define XXH_INLINE_ALL
@@ -214,5 +215,8 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  const laminar::RelayNodeStats st = (*node)->stats();
+  say("stats received " + std::to_string(st.chunks_received) + " sent " + std::to_string(st.chunks_sent) +
+      " resent " + std::to_string(st.chunks_resent) + " failovers " + std::to_string(st.failovers));
   return 0;
 }

@@ -64,8 +64,8 @@ struct RelayChainOptions {
   // Fault injection for tests: corrupt the bytes of this chunk the first time it is sent
   // downstream (after its checksum is taken), as a bad link would.
   std::optional<std::pair<Version, std::uint32_t>> corrupt_chunk_once;
-  // Fault injection for tests: after storing this many chunks from upstream, stop answering (a
-  // relay that hangs mid-broadcast). 0 = never.
+  // Fault injection for tests: after storing this many chunks from upstream, store and answer no
+  // more (a relay that hangs mid-broadcast; it still serves what it has). 0 = never.
   std::uint64_t stall_after_chunks = 0;
 };
 
