@@ -2,16 +2,28 @@
 //   relay_publish_stall: time publish() keeps the actor (copy out of its memory; hashing and commit
 //     happen behind it) vs memcpy of the weight set into an already-touched buffer.
 //   relay_pull_host: WeightPuller::pull from a same-process relay into host destinations vs memcpy.
-// Usage: relay_bench [--mib N]   (weight set size, default 1024)
+//   relay_star_4_relays / relay_chain_4_relays (headline, last): time from publish until the last of
+//     4 relays has committed the version, the head sending to each relay itself (star) or down a
+//     pipelined chain, vs the same version sent over one link to one relay. Each relay is a
+//     RelayNode in its own process (this binary re-executed as `relay_bench relay UPSTREAM`).
+// Usage: relay_bench [--mib N] [--chain-mib N] [--chunk-kib K]  (sizes, default 1024, 64, 4096)
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
+#include "laminar/relay_chain.h"
 #include "laminar/relay_store.h"
 #include "laminar/weight_puller.h"
 
@@ -63,14 +75,128 @@ void check(const laminar::Status& s, const char* what) {
   }
 }
 
+const char* const kToken = "relay-bench-token-0123456789";
+
+// A relay in a child process of this binary (`relay_bench relay UPSTREAM`), its stdout read line by
+// line; killed and reaped on destruction. It prints "listening ADDR", "upstream ADDR" once
+// subscribed, and "committed V" for every version it completes.
+class Peer {
+ public:
+  explicit Peer(const std::string& upstream) {
+    int fds[2];
+    if (pipe(fds) != 0) std::exit(1);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<std::string> argv{"/proc/self/exe", "relay", upstream};
+    std::vector<char*> c;
+    for (auto& a : argv) c.push_back(a.data());
+    c.push_back(nullptr);
+    if (posix_spawn(&pid_, "/proc/self/exe", &actions, nullptr, c.data(), environ) != 0) std::exit(1);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~Peer() {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    std::fclose(out_);
+  }
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+
+  // The rest of the next line starting with `prefix`.
+  std::string expect(const std::string& prefix) {
+    char buf[256];
+    for (;;) {
+      if (std::fgets(buf, sizeof(buf), out_) == nullptr) {
+        std::fprintf(stderr, "relay_bench: relay %d exited\n", int(pid_));
+        std::exit(1);
+      }
+      std::string s(buf);
+      if (!s.empty() && s.back() == '\n') s.pop_back();
+      if (s.rfind(prefix, 0) == 0) return s.substr(prefix.size());
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+int run_relay(const std::string& upstream) {
+  auto store = laminar::RelayStore::create({}).value();
+  std::mutex out;
+  laminar::RelayChainOptions o;
+  o.transport.cluster_token = kToken;
+  o.upstreams = {upstream};
+  o.on_event = [&](const laminar::RelayEvent& e) {
+    std::lock_guard lock(out);
+    if (e.kind == laminar::RelayEvent::Kind::kUpstream) std::printf("upstream %s\n", e.upstream.c_str());
+    if (e.kind == laminar::RelayEvent::Kind::kCommitted) {
+      std::printf("committed %llu\n", static_cast<unsigned long long>(e.version.value()));
+    }
+    std::fflush(stdout);
+  };
+  auto node = laminar::RelayNode::start(store, o);
+  check(node.status(), "relay node");
+  {
+    std::lock_guard lock(out);
+    std::printf("listening %s\n", (*node)->address().c_str());
+    std::fflush(stdout);
+  }
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+enum class Shape { kOneLink, kStar, kChain };
+
+// Median seconds from publish until every relay of the shape (each its own process) has committed
+// the version.
+double broadcast_seconds(const Weights& w, Shape shape, int repeats, std::uint64_t chunk_bytes) {
+  const int relays = shape == Shape::kOneLink ? 1 : 4;
+  laminar::RelayChainOptions base;
+  base.transport.cluster_token = kToken;
+  laminar::RelayStoreOptions so;
+  so.chunk_bytes = chunk_bytes;
+  auto head_store = laminar::RelayStore::create(so).value();
+  auto head = laminar::RelayNode::start(head_store, base);
+  check(head.status(), "head node");
+  std::vector<std::unique_ptr<Peer>> peers;
+  std::string up = (*head)->address();
+  for (int k = 0; k < relays; ++k) {
+    peers.push_back(std::make_unique<Peer>(up));
+    const std::string addr = peers.back()->expect("listening ");
+    peers.back()->expect("upstream ");
+    if (shape == Shape::kChain) up = addr;
+  }
+  std::vector<double> t;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const std::uint64_t v = std::uint64_t(r) + 1;
+    const auto t0 = Clock::now();
+    check(head_store->publish(laminar::Version(v), w.manifest, w.named), "publish");
+    for (auto& p : peers) {
+      while (std::strtoull(p->expect("committed ").c_str(), nullptr, 10) < v) {
+      }
+    }
+    if (r >= 1) t.push_back(seconds_since(t0));
+  }
+  return median(t);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t mib = 1024;
+  if (argc == 3 && std::strcmp(argv[1], "relay") == 0) return run_relay(argv[2]);
+  std::size_t mib = 1024, chain_mib = 64, chunk_kib = 4096;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--chunk-kib") == 0 && i + 1 < argc) chunk_kib = std::strtoull(argv[++i], nullptr, 10);
     if (std::strcmp(argv[i], "--mib") == 0 && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
+    if (std::strcmp(argv[i], "--chain-mib") == 0 && i + 1 < argc) chain_mib = std::strtoull(argv[++i], nullptr, 10);
   }
-  if (mib < 16) mib = 16;
+  mib = std::max<std::size_t>(mib, 16);
+  chain_mib = std::max<std::size_t>(chain_mib, 16);
   constexpr int kRepeats = 7;
   Weights w(mib);
   const std::size_t bytes = w.manifest.total_bytes();
@@ -120,5 +246,13 @@ int main(int argc, char** argv) {
   laminar::bench::report_throughput("relay_pull_host_same_process_" + std::to_string(mib) + "MiB", "GB/s",
                                     double(bytes) / median(pull_s) / 1e9, "memcpy",
                                     double(bytes) / median(copy_s) / 1e9);
+
+  const Weights cw(chain_mib);
+  const double one_link = broadcast_seconds(cw, Shape::kOneLink, 3, chunk_kib << 10);
+  const double star = broadcast_seconds(cw, Shape::kStar, 3, chunk_kib << 10);
+  const double chain = broadcast_seconds(cw, Shape::kChain, 3, chunk_kib << 10);
+  const std::string suffix = "_" + std::to_string(chain_mib) + "MiB";
+  laminar::bench::report_time("relay_star_4_relays" + suffix, "s", star, "one_link_transfer", one_link);
+  laminar::bench::report_time("relay_chain_4_relays" + suffix, "s", chain, "one_link_transfer", one_link);
   return 0;
 }

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <deque>
+#include <map>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -14,9 +15,11 @@ namespace {
 
 // Message types of the relay protocol ("RLY" + kind).
 constexpr MessageType kSubscribe = 0x524c5901;  // downstream -> upstream: u8 has, u64 newest committed
-constexpr MessageType kBegin = 0x524c5902;      // upstream -> downstream: u64 v, u64 chunk_bytes, manifest JSON
-constexpr MessageType kChunk = 0x524c5903;      // upstream -> downstream: u64 v, u32 i, u64 xxh3, bytes
-constexpr std::size_t kChunkHeader = 8 + 4 + 8;
+// upstream -> downstream: u64 v, u64 chunk_bytes, manifest JSON. Reply: u32 n, u32 missing[n], the
+// downstream's RemoteRegion for v's buffer (the upstream puts the missing chunks straight into it).
+constexpr MessageType kBegin = 0x524c5902;
+// upstream -> downstream, after the put of chunk i completed: u64 v, u32 i, u64 xxh3.
+constexpr MessageType kChunk = 0x524c5903;
 
 // Little-endian packing of the few integers the protocol carries.
 class Writer {
@@ -73,6 +76,12 @@ struct RelayNode::Impl {
   Status first_error;
   bool corrupt_done = false;
   std::thread subscriber;
+  // Registered version buffers, one registration per version for all peers.
+  struct Registered {
+    RelayStore::VersionMemory memory;
+    MemoryRegion region;
+  };
+  std::map<Version, Registered> registered;
 
   void emit(RelayEvent e) const {
     if (options.on_event) options.on_event(e);
@@ -83,22 +92,40 @@ struct RelayNode::Impl {
     if (first_error.ok()) first_error = s;
   }
 
+  // The transport registration of version v's buffer; versions no longer held are unregistered.
+  Result<MemoryRegion> region_for(Version v) {
+    std::lock_guard lock(mu);
+    for (auto it = registered.begin(); it != registered.end();) {
+      it = store->version_info(it->first).ok() ? std::next(it) : registered.erase(it);
+    }
+    auto it = registered.find(v);
+    if (it != registered.end()) return it->second.region;
+    auto mem = store->version_memory(v);
+    LAMINAR_RETURN_IF_ERROR(mem.status());
+    auto region = transport->register_memory(mem->bytes.data(), mem->bytes.size());
+    LAMINAR_RETURN_IF_ERROR(region.status().with_context(fmt::format("registering version {}", v.value())));
+    registered.emplace(v, Registered{std::move(*mem), *region});
+    return *region;
+  }
+
   // ---- upstream side: push versions to one subscriber ----
 
-  Message chunk_message(Version v, std::uint32_t i, const RelayStore::ChunkRef& c) {
-    Writer w(kChunkHeader + c.bytes.size());
+  bool corrupt_now(Version v, std::uint32_t i) {
+    std::lock_guard lock(mu);
+    if (!options.corrupt_chunk_once || corrupt_done || options.corrupt_chunk_once->first != v ||
+        options.corrupt_chunk_once->second != i) {
+      return false;
+    }
+    corrupt_done = true;
+    return true;
+  }
+
+  static Message chunk_done(Version v, std::uint32_t i, std::uint64_t checksum) {
+    Writer w;
     w.put<std::uint64_t>(v.value());
     w.put<std::uint32_t>(i);
-    w.put<std::uint64_t>(c.checksum);
-    w.put_bytes(c.bytes);
-    Message m{kChunk, w.take()};
-    std::lock_guard lock(mu);
-    if (options.corrupt_chunk_once && !corrupt_done && options.corrupt_chunk_once->first == v &&
-        options.corrupt_chunk_once->second == i) {
-      corrupt_done = true;
-      m.body[kChunkHeader + c.bytes.size() / 2] ^= std::byte{0x40};
-    }
-    return m;
+    w.put<std::uint64_t>(checksum);
+    return Message{kChunk, w.take()};
   }
 
   // Sends version v's missing chunks with up to `window` in flight. Returns false when the
@@ -115,18 +142,50 @@ struct RelayNode::Impl {
     if (!reply.ok()) return ep.status().ok();  // refused (e.g. it holds something newer): skip v
     Reader r(reply->body, "begin reply");
     auto count = r.get<std::uint32_t>();
-    if (!count.ok() || r.rest().size() != std::size_t(*count) * 4) {
+    std::deque<std::uint32_t> todo;
+    for (std::uint32_t k = 0; count.ok() && k < *count; ++k) {
+      auto i = r.get<std::uint32_t>();
+      if (!i.ok()) break;
+      todo.push_back(*i);
+    }
+    auto remote = RemoteRegion::deserialize(r.rest());
+    if (!count.ok() || todo.size() != *count || !remote.ok()) {
       record_error(data_loss(fmt::format("relay: subscriber {} sent a malformed begin reply", ep.peer_address())));
       return false;
     }
-    std::deque<std::uint32_t> todo;
-    for (std::uint32_t k = 0; k < *count; ++k) todo.push_back(*r.get<std::uint32_t>());
-    std::deque<std::pair<std::uint32_t, std::future<Result<Message>>>> inflight;
-    // Waits for the oldest chunk in flight; a refused chunk goes back to the queue.
-    auto settle_one = [&]() -> bool {
-      auto [i, fut] = std::move(inflight.front());
-      inflight.pop_front();
-      auto res = fut.get();
+    auto local = region_for(v);
+    if (!local.ok()) return true;  // dropped meanwhile
+    const ChunkPlan& plan = info->plan;
+
+    // Chunk i goes out as a one-sided put straight into the subscriber's buffer; once the put has
+    // landed, a small message asks the subscriber to check it in place.
+    struct Put {
+      std::uint32_t i;
+      std::uint64_t checksum;
+      std::future<Status> done;
+      MemoryRegion scratch;  // the corrupted copy a fault-injection put reads from
+    };
+    struct Confirm {
+      std::uint32_t i;
+      std::future<Result<Message>> reply;
+    };
+    std::deque<Put> puts;
+    std::deque<Confirm> confirms;
+    auto settle_put = [&]() -> bool {
+      Put p = std::move(puts.front());
+      puts.pop_front();
+      if (!p.done.get().ok()) {
+        if (!ep.status().ok()) return false;
+        todo.push_front(p.i);
+        return true;
+      }
+      confirms.push_back({p.i, ep.request_async(chunk_done(v, p.i, p.checksum))});
+      return true;
+    };
+    auto settle_confirm = [&]() -> bool {
+      Confirm c = std::move(confirms.front());
+      confirms.pop_front();
+      auto res = c.reply.get();
       if (res.ok()) {
         std::lock_guard lock(mu);
         ++stats.chunks_sent;
@@ -136,14 +195,19 @@ struct RelayNode::Impl {
       if (res.status().code() == StatusCode::kDataLoss) {
         std::lock_guard lock(mu);
         ++stats.chunks_resent;
-        todo.push_front(i);
+        todo.push_front(c.i);
       }
       return true;
     };
-    while (!todo.empty() || !inflight.empty()) {
+    while (!todo.empty() || !puts.empty() || !confirms.empty()) {
       if (stopping.load()) return false;
-      if (todo.empty() || inflight.size() >= options.window) {
-        if (!settle_one()) return false;
+      const bool nothing_to_start = todo.empty() && puts.empty();
+      if (!confirms.empty() && (confirms.size() >= options.window || nothing_to_start)) {
+        if (!settle_confirm()) return false;
+        continue;
+      }
+      if (!puts.empty() && (puts.size() >= options.window || todo.empty())) {
+        if (!settle_put()) return false;
         continue;
       }
       const std::uint32_t i = todo.front();
@@ -154,7 +218,20 @@ struct RelayNode::Impl {
         return true;  // v was dropped (a newer version committed here): stop sending it
       }
       todo.pop_front();
-      inflight.emplace_back(i, ep.request_async(chunk_message(v, i, *c)));
+      const std::uint64_t off = plan.chunk_offset(i);
+      const std::size_t len = c->bytes.size();
+      Put p{i, c->checksum, {}, {}};
+      if (corrupt_now(v, i)) {
+        auto scratch = transport->allocate(len);
+        if (!scratch.ok()) return true;
+        std::memcpy(scratch->data(), c->bytes.data(), len);
+        scratch->data()[len / 2] ^= std::byte{0x40};
+        p.scratch = *scratch;
+        p.done = ep.put(p.scratch, 0, *remote, off, len);
+      } else {
+        p.done = ep.put(*local, off, *remote, off, len);
+      }
+      puts.push_back(std::move(p));
     }
     return true;
   }
@@ -220,9 +297,15 @@ struct RelayNode::Impl {
       (void)in.from.reply_error(in, missing.status());
       return;
     }
+    auto region = region_for(ver);
+    if (!region.ok()) {
+      (void)in.from.reply_error(in, region.status());
+      return;
+    }
     Writer w(4 + missing->size() * 4);
     w.put<std::uint32_t>(std::uint32_t(missing->size()));
     for (std::uint32_t i : *missing) w.put<std::uint32_t>(i);
+    w.put_bytes(region->remote().serialize());
     (void)in.from.reply(in, Message{kBegin, w.take()});
   }
 
@@ -231,8 +314,9 @@ struct RelayNode::Impl {
     auto v = r.get<std::uint64_t>();
     auto i = r.get<std::uint32_t>();
     auto h = r.get<std::uint64_t>();
-    if (!v.ok() || !i.ok() || !h.ok()) {
-      (void)in.from.reply_error(in, data_loss("relay: chunk message shorter than its header"));
+    if (!v.ok() || !i.ok() || !h.ok() || !r.rest().empty()) {
+      (void)in.from.reply_error(in, data_loss(fmt::format("relay: chunk message of {} bytes, 20 expected",
+                                                          in.message.body.size())));
       return;
     }
     const Version ver(*v);
@@ -243,7 +327,7 @@ struct RelayNode::Impl {
       if (stats.chunks_received >= options.stall_after_chunks) return;
     }
     const bool had = store->latest_version() == ver;
-    Status st = store->put_chunk(ver, *i, r.rest(), *h);
+    Status st = store->seal_in_place(ver, *i, *h);
     if (st.code() == StatusCode::kDataLoss) emit({RelayEvent::Kind::kChunkRejected, ver, *i, {}});
     if (!st.ok()) {
       (void)in.from.reply_error(in, st);

@@ -392,51 +392,88 @@ Result<std::shared_ptr<VersionSlot>> RelayStore::begin_slot(Version v, const Wei
   return slot;
 }
 
-Status RelayStore::put_chunk(Version v, std::uint32_t i, std::span<const std::byte> bytes, std::uint64_t checksum) {
-  std::shared_ptr<VersionSlot> slot;
-  {
-    std::lock_guard lock(core_->mu);
-    auto it = core_->slots.find(v);
-    if (it == core_->slots.end()) {
-      return not_found(fmt::format("chunk {} of version {}: that version is not being received (held: {})", i,
-                                   v.value(), internal::held_versions(core_->ledger)));
-    }
-    if (core_->ledger.is_committed(v)) {
-      // A late duplicate (e.g. resent after a reconnect) of a version already complete.
-      if (i < it->second->plan.num_chunks() && it->second->checksums[i] == checksum) return ok_status();
-      return failed_precondition(fmt::format(
-          "chunk {} of version {}: the version is committed and this chunk does not match it", i, v.value()));
-    }
-    slot = it->second;
-    if (i >= slot->plan.num_chunks()) {
-      return out_of_range(
-          fmt::format("chunk {} of version {}: the version has {} chunks", i, v.value(), slot->plan.num_chunks()));
-    }
-    if (bytes.size() != slot->plan.chunk_size(i)) {
-      ++core_->chunks_rejected;
-      return data_loss(fmt::format("chunk {} of version {}: {} bytes arrived, {} expected", i, v.value(),
-                                   bytes.size(), slot->plan.chunk_size(i)));
-    }
-    switch (slot->state[i]) {
-      case VersionSlot::ChunkState::kStored: return ok_status();
-      case VersionSlot::ChunkState::kWriting:
-        return unavailable(fmt::format("chunk {} of version {} is being written by another call", i, v.value()));
-      case VersionSlot::ChunkState::kMissing: slot->state[i] = VersionSlot::ChunkState::kWriting; break;
-    }
+Result<std::shared_ptr<VersionSlot>> RelayStore::claim_chunk(Version v, std::uint32_t i, std::uint64_t nbytes,
+                                                             std::uint64_t checksum, bool* already) {
+  *already = false;
+  std::lock_guard lock(core_->mu);
+  auto it = core_->slots.find(v);
+  if (it == core_->slots.end()) {
+    return not_found(fmt::format("chunk {} of version {}: that version is not being received (held: {})", i,
+                                 v.value(), internal::held_versions(core_->ledger)));
   }
-  std::byte* dst = slot->buffer.data() + slot->plan.chunk_offset(i);
-  std::memcpy(dst, bytes.data(), bytes.size());
+  const std::shared_ptr<VersionSlot>& slot = it->second;
+  if (i >= slot->plan.num_chunks()) {
+    return out_of_range(
+        fmt::format("chunk {} of version {}: the version has {} chunks", i, v.value(), slot->plan.num_chunks()));
+  }
+  if (core_->ledger.is_committed(v)) {
+    // A late duplicate (e.g. resent after a reconnect) of a version already complete.
+    if (slot->checksums[i] == checksum) {
+      *already = true;
+      return slot;
+    }
+    return failed_precondition(fmt::format(
+        "chunk {} of version {}: the version is committed and this chunk does not match it", i, v.value()));
+  }
+  if (nbytes != slot->plan.chunk_size(i)) {
+    ++core_->chunks_rejected;
+    return data_loss(fmt::format("chunk {} of version {}: {} bytes arrived, {} expected", i, v.value(), nbytes,
+                                 slot->plan.chunk_size(i)));
+  }
+  switch (slot->state[i]) {
+    case VersionSlot::ChunkState::kStored: *already = true; break;
+    case VersionSlot::ChunkState::kWriting:
+      return unavailable(fmt::format("chunk {} of version {} is being written by another call", i, v.value()));
+    case VersionSlot::ChunkState::kMissing: slot->state[i] = VersionSlot::ChunkState::kWriting; break;
+  }
+  return slot;
+}
+
+Status RelayStore::finish_chunk(VersionSlot& slot, std::uint32_t i, std::uint64_t checksum) {
   // Hash what was stored, not what was handed in, so the check also covers the copy.
-  const std::uint64_t h = XXH3_64bits(dst, bytes.size());
+  const std::uint64_t h = XXH3_64bits(slot.buffer.data() + slot.plan.chunk_offset(i), slot.plan.chunk_size(i));
   std::lock_guard lock(core_->mu);
   if (h != checksum) {
-    slot->state[i] = VersionSlot::ChunkState::kMissing;
+    slot.state[i] = VersionSlot::ChunkState::kMissing;
     ++core_->chunks_rejected;
     return data_loss(fmt::format("chunk {} of version {}: bytes hash to {:016x}, the sender's checksum is {:016x}; "
                                  "fetch it again",
-                                 i, v.value(), h, checksum));
+                                 i, slot.version.value(), h, checksum));
   }
-  return core_->seal(*slot, i, h);
+  return core_->seal(slot, i, h);
+}
+
+Status RelayStore::put_chunk(Version v, std::uint32_t i, std::span<const std::byte> bytes, std::uint64_t checksum) {
+  bool already = false;
+  auto slot = claim_chunk(v, i, bytes.size(), checksum, &already);
+  LAMINAR_RETURN_IF_ERROR(slot.status());
+  if (already) return ok_status();
+  std::memcpy((*slot)->buffer.data() + (*slot)->plan.chunk_offset(i), bytes.data(), bytes.size());
+  return finish_chunk(**slot, i, checksum);
+}
+
+Status RelayStore::seal_in_place(Version v, std::uint32_t i, std::uint64_t checksum) {
+  std::uint64_t size = 0;
+  {
+    std::lock_guard lock(core_->mu);
+    auto it = core_->slots.find(v);
+    if (it != core_->slots.end() && i < it->second->plan.num_chunks()) size = it->second->plan.chunk_size(i);
+  }
+  bool already = false;
+  auto slot = claim_chunk(v, i, size, checksum, &already);
+  LAMINAR_RETURN_IF_ERROR(slot.status());
+  if (already) return ok_status();
+  return finish_chunk(**slot, i, checksum);
+}
+
+Result<RelayStore::VersionMemory> RelayStore::version_memory(Version v) const {
+  std::lock_guard lock(core_->mu);
+  auto it = core_->slots.find(v);
+  if (it == core_->slots.end()) {
+    return not_found(fmt::format("relay store: version {} is not held (held: {})", v.value(),
+                                 internal::held_versions(core_->ledger)));
+  }
+  return VersionMemory{it->second, {it->second->buffer.data(), std::size_t(it->second->plan.total_bytes())}};
 }
 
 Result<std::uint32_t> RelayStore::resume_point(Version v) const {

@@ -178,6 +178,18 @@ class RelayStore {
   // kNotFound when v is not held (or is dropped while waiting), kOutOfRange for a bad index,
   // kDeadlineExceeded when it does not arrive in time.
   Result<ChunkRef> read_chunk(Version v, std::uint32_t i, std::chrono::milliseconds timeout) const;
+  // The whole buffer of a held version [plan.total_bytes()], for a transport to register: the
+  // sender reads verified chunks from it, the receiver has missing chunks written straight into it
+  // and then calls seal_in_place. `keep` holds the memory valid even if the version is dropped.
+  struct VersionMemory {
+    std::shared_ptr<void> keep;
+    std::span<std::byte> bytes;
+  };
+  // kNotFound when v is not held.
+  Result<VersionMemory> version_memory(Version v) const;
+  // Chunk i of v was written into version_memory(v) by someone else: checks it against `checksum`
+  // where it lies and stores it (the version commits with its last chunk). Errors as put_chunk.
+  Status seal_in_place(Version v, std::uint32_t i, std::uint64_t checksum);
   // Waits until some version newer than `than` is held (any version when `than` is empty), or the
   // timeout passes; returns whether one is.
   bool wait_for_newer(std::optional<Version> than, std::chrono::milliseconds timeout) const;
@@ -186,6 +198,9 @@ class RelayStore {
   explicit RelayStore(RelayStoreOptions options);
   Result<std::shared_ptr<internal::VersionSlot>> begin_slot(Version v, const WeightManifest& manifest,
                                                             const ChunkPlan& plan);
+  Result<std::shared_ptr<internal::VersionSlot>> claim_chunk(Version v, std::uint32_t i, std::uint64_t nbytes,
+                                                             std::uint64_t checksum, bool* already);
+  Status finish_chunk(internal::VersionSlot& slot, std::uint32_t i, std::uint64_t checksum);
   Status check_publish(Version v, const WeightManifest& manifest, std::span<const NamedTensor> tensors,
                        std::vector<const NamedTensor*>* by_entry) const;
 
