@@ -201,8 +201,8 @@ double socket_loop_gbps(std::size_t bytes, int repeats) {
 double memcpy_gbps(std::size_t bytes, int repeats) {
   std::vector<char> src(bytes, 0x5a);
   std::vector<char> dst(bytes, 0);
-  const auto timing = bench::measure([&] { std::memcpy(dst.data(), src.data(), bytes); },
-                                     {.warmup = 2, .repeats = repeats});
+  const auto timing =
+      bench::measure([&] { std::memcpy(dst.data(), src.data(), bytes); }, {.warmup = 2, .repeats = repeats});
   if (dst[bytes / 2] != 0x5a) die("memcpy baseline did not copy");
   return static_cast<double>(bytes) / timing.median_s / 1e9;
 }
@@ -211,7 +211,8 @@ double memcpy_gbps(std::size_t bytes, int repeats) {
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 3 && args[0] == "serve") return serve(args[1], std::strtoull(args[2].c_str(), nullptr, 10));
+  if (args.size() == 3 && args[0] == "serve")
+    return serve(args[1], std::strtoull(args[2].c_str(), nullptr, 10));
   if (args.size() == 2 && args[0] == "sink") return sink(std::strtoull(args[1].c_str(), nullptr, 10));
   std::size_t bytes = std::size_t{256} << 20;
   int repeats = 9;

@@ -46,7 +46,7 @@ namespace {
 constexpr unsigned kAmId = 0x1a;
 // After the last UCX event, keep polling this long before arming the wakeup fd: a transfer that
 // continues within it never pays a sleep/wake round trip.
-constexpr auto kSpinAfterActivity = std::chrono::microseconds(200);
+constexpr auto kSpinAfterActivity = std::chrono::microseconds(50);
 // How long shutdown waits for endpoints to close before the worker is destroyed anyway.
 constexpr auto kCloseGrace = milliseconds(1000);
 
@@ -100,8 +100,8 @@ Result<sockaddr_storage> parse_address(std::string_view address) {
   addrinfo* found = nullptr;
   const int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
   if (rc != 0 || found == nullptr) {
-    return invalid_argument(fmt::format("address '{}': host '{}' does not resolve ({})", address, host,
-                                        gai_strerror(rc)));
+    return invalid_argument(
+        fmt::format("address '{}': host '{}' does not resolve ({})", address, host, gai_strerror(rc)));
   }
   sockaddr_storage ss{};
   std::memcpy(&ss, found->ai_addr, found->ai_addrlen);
@@ -157,7 +157,8 @@ using Nonce = std::array<std::byte, kNonceBytes>;
 
 // HMAC-SHA-256 over role || client nonce || server nonce: each side's proof is bound to this
 // connection's fresh nonces (no replay) and to its role (a proof cannot be reflected back).
-std::vector<std::byte> proof(const Key& key, std::string_view role, const Nonce& client, const Nonce& server) {
+std::vector<std::byte> proof(const Key& key, std::string_view role, const Nonce& client,
+                             const Nonce& server) {
   crypto_auth_hmacsha256_state st;
   crypto_auth_hmacsha256_init(&st, key.data(), key.size());
   crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(role.data()), role.size());
@@ -200,7 +201,7 @@ class RegionState {
 
   std::shared_ptr<TransportCore> core;  // keeps the UCP context alive while registered
   ucp_mem_h memh;
-  std::byte* data;   // [size]
+  std::byte* data;  // [size]
   std::size_t size;
   std::vector<std::byte> packed_rkey;
 };
@@ -282,14 +283,14 @@ struct Op {
   std::string what;  // "request of type 7 to 10.0.0.2:5000", for timeout messages
   milliseconds timeout{0};
 
-  std::promise<Status> status_promise;            // kSend, kRma
-  std::promise<Result<Message>> reply_promise;    // kRequest
+  std::promise<Status> status_promise;             // kSend, kRma
+  std::promise<Result<Message>> reply_promise;     // kRequest
   std::promise<Result<Endpoint>> connect_promise;  // kConnect
-  CompletionCallback done;                        // kRma
-  std::vector<std::byte> buffer;                  // frame being sent / received
-  std::shared_ptr<RegionState> region;            // kRma: keeps the registration alive
-  std::string rkey_bytes;                         // kRma: entry of the endpoint's rkey cache in use
-  Status rma_error;                               // kRma: first failure of put + flush
+  CompletionCallback done;                         // kRma
+  std::vector<std::byte> buffer;                   // frame being sent / received
+  std::shared_ptr<RegionState> region;             // kRma: keeps the registration alive
+  std::string rkey_bytes;                          // kRma: entry of the endpoint's rkey cache in use
+  Status rma_error;                                // kRma: first failure of put + flush
 };
 
 class TransportCore : public std::enable_shared_from_this<TransportCore> {
@@ -305,7 +306,8 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   ucp_context_h context() const { return context_; }
 
   Result<std::string> listen(std::string_view host, std::uint16_t port);
-  Result<Endpoint> connect(std::string_view address, milliseconds timeout);
+  Result<Endpoint> connect(std::string_view address, milliseconds timeout, bool handshake = true);
+  static TransportCore& of(Transport& t) { return *t.core_; }
   Result<Endpoint> accept(milliseconds timeout);
   void on_message(MessageType type, MessageHandler handler);
   Result<Incoming> receive(milliseconds timeout);
@@ -351,6 +353,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   Op& new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeout, std::string what);
   void resolve(Op& op, const Status& s);
   void resolve_reply(Op& op, Result<Message> r);
+  void resolve_connect(Op& op, std::shared_ptr<EndpointState> e);
   void maybe_release(Op& op);
   void sweep();
   void on_ucx_done(Op& op, ucs_status_t status);
@@ -398,9 +401,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::unordered_map<ucp_ep_h, std::uint64_t> by_handle_;
   std::unordered_map<std::uint64_t, std::unique_ptr<Op>> ops_;
   std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_;
-  std::vector<ucp_ep_h> to_close_;        // failed endpoints, closed outside UCX callbacks
-  std::vector<void*> closing_;            // ucp_ep_close_nbx requests in flight
-  std::vector<ucp_rkey_h> dead_rkeys_;    // of closed endpoints; destroyed once UCX is idle
+  std::vector<ucp_ep_h> to_close_;                 // failed endpoints, closed outside UCX callbacks
+  std::vector<void*> closing_;                     // ucp_ep_close_nbx requests in flight
+  std::vector<ucp_rkey_h> dead_rkeys_;             // of closed endpoints; destroyed once UCX is idle
   std::vector<std::uint64_t> release_candidates_;  // ops that may be finished; see maybe_release
   std::uint64_t next_op_id_ = 1;
   int ucx_inflight_ = 0;
@@ -431,7 +434,8 @@ Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions op
   }
   if (options.max_message_bytes == 0) return invalid_argument("max_message_bytes is 0");
   if (options.connect_timeout.count() <= 0) {
-    return invalid_argument(fmt::format("connect_timeout {} ms is not positive", options.connect_timeout.count()));
+    return invalid_argument(
+        fmt::format("connect_timeout {} ms is not positive", options.connect_timeout.count()));
   }
   if (options.operation_timeout.count() <= 0) {
     return invalid_argument(
@@ -449,7 +453,8 @@ Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions op
 
 Status TransportCore::start() {
   // The token is hashed into the MAC key so its length and bytes never matter beyond this line.
-  crypto_generichash(key_.data(), key_.size(), reinterpret_cast<const unsigned char*>(options_.cluster_token.data()),
+  crypto_generichash(key_.data(), key_.size(),
+                     reinterpret_cast<const unsigned char*>(options_.cluster_token.data()),
                      options_.cluster_token.size(), nullptr, 0);
 
   ucp_config_t* config = nullptr;
@@ -467,6 +472,14 @@ Status TransportCore::start() {
   // is the mm base table's ("MM_"), which UCX applies to both posix and sysv; "POSIX_..." set this
   // way is ignored with a warning.
   if (s == UCS_OK && may_use_shared_memory(tls)) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+  // UCX's tcp defaults (8 KiB send segments) cost about half the bandwidth of a plain socket loop on
+  // bulk puts (transport_bench); bigger segments close most of the gap. UCX_TCP_* in the environment
+  // still wins. Keys are given without the "TCP_" component prefix, as UCX matches them.
+  for (const auto& [name, value] : {std::pair{"TX_SEG_SIZE", "64K"}, std::pair{"RX_SEG_SIZE", "256K"}}) {
+    if (s == UCS_OK && std::getenv((std::string("UCX_TCP_") + name).c_str()) == nullptr) {
+      s = ucp_config_modify(config, name, value);
+    }
+  }
   if (s != UCS_OK) {
     ucp_config_release(config);
     return invalid_argument(fmt::format("UCX rejected transports '{}': {}", tls, ucs_text(s)));
@@ -493,7 +506,8 @@ Status TransportCore::start() {
   if (s != UCS_OK) return unavailable("UCX worker has no wakeup fd: " + ucs_text(s));
 
   ucp_am_handler_param_t ap{};
-  ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  ap.field_mask =
+      UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
   ap.id = kAmId;
   ap.cb = &TransportCore::am_recv_cb;
   ap.arg = this;
@@ -502,7 +516,8 @@ Status TransportCore::start() {
 
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (event_fd_ < 0 || epoll_fd_ < 0) return unavailable(fmt::format("eventfd/epoll: {}", std::strerror(errno)));
+  if (event_fd_ < 0 || epoll_fd_ < 0)
+    return unavailable(fmt::format("eventfd/epoll: {}", std::strerror(errno)));
   for (int fd : {event_fd_, worker_fd_}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -564,12 +579,11 @@ RegionState::~RegionState() { ucp_mem_unmap(core->context(), memh); }
 // Threads
 
 bool TransportCore::post(std::function<void()> fn) {
-  {
-    std::lock_guard lock(cmd_mu_);
-    if (!accepting_commands_) return false;
-    commands_.push_back(std::move(fn));
-    has_commands_.store(true, std::memory_order_release);
-  }
+  // Under the lock: shutdown closes event_fd_ only after it stopped accepting commands.
+  std::lock_guard lock(cmd_mu_);
+  if (!accepting_commands_) return false;
+  commands_.push_back(std::move(fn));
+  has_commands_.store(true, std::memory_order_release);
   const std::uint64_t one = 1;
   [[maybe_unused]] auto n = write(event_fd_, &one, sizeof(one));
   return true;
@@ -651,8 +665,11 @@ void TransportCore::progress_loop() {
       last_activity = now;
       continue;
     }
+    // Keep polling briefly after any activity: data tends to come in bursts (a receiver of a bulk
+    // transfer has nothing in flight itself), and a sleep/wake round trip per segment halves tcp
+    // bandwidth. Idle longer than that, and the thread sleeps.
     const bool busy = ucx_inflight_ > 0 || !closing_.empty();
-    if (busy && now - last_activity < kSpinAfterActivity) continue;
+    if (now - last_activity < kSpinAfterActivity) continue;
     if (has_commands_.load(std::memory_order_acquire)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     epoll_event events[4];
@@ -669,12 +686,9 @@ void TransportCore::progress_loop() {
 }
 
 void TransportCore::teardown_on_progress_thread() {
+  // Commands posted before accepting_commands_ went false still run, so their callers get answers.
+  has_commands_.store(true);
   run_commands();
-  {
-    std::lock_guard lock(cmd_mu_);
-    for (auto& fn : commands_) fn();  // posted between the last drain and accepting_commands_=false
-    commands_.clear();
-  }
   if (listener_ != nullptr) {
     ucp_listener_destroy(listener_);
     listener_ = nullptr;
@@ -771,8 +785,9 @@ void TransportCore::resolve(Op& op, const Status& s) {
       if (op.done) post_callback([done = std::move(op.done), s] { done(s); });
       break;
     case Op::Kind::kConnect:
-      op.connect_promise.set_value(s.ok() ? Result<Endpoint>(internal_error("connect resolved without endpoint"))
-                                          : Result<Endpoint>(s));
+      op.connect_promise.set_value(s.ok()
+                                       ? Result<Endpoint>(internal_error("connect resolved without endpoint"))
+                                       : Result<Endpoint>(s));
       break;
     case Op::Kind::kRequest:
       op.reply_promise.set_value(s.ok() ? Result<Message>(internal_error("request resolved without reply"))
@@ -782,6 +797,15 @@ void TransportCore::resolve(Op& op, const Status& s) {
     case Op::Kind::kReceive:
       break;
   }
+  maybe_release(op);
+}
+
+void TransportCore::resolve_connect(Op& op, std::shared_ptr<EndpointState> e) {
+  if (op.resolved) return;
+  op.resolved = true;
+  if (op.has_deadline) deadlines_.erase(op.deadline_it);
+  op.has_deadline = false;
+  op.connect_promise.set_value(make_endpoint(std::move(e)));
   maybe_release(op);
 }
 
@@ -805,7 +829,8 @@ void TransportCore::expire_deadlines() {
     auto it = ops_.find(id);
     LAMINAR_CHECK(it != ops_.end());
     Op& op = *it->second;
-    const Status late = deadline_exceeded(fmt::format("{} took longer than {} ms", op.what, op.timeout.count()));
+    const Status late =
+        deadline_exceeded(fmt::format("{} took longer than {} ms", op.what, op.timeout.count()));
     auto e = (op.kind == Op::Kind::kConnect || op.kind == Op::Kind::kHandshake) ? find(op.ep_id) : nullptr;
     if (e != nullptr) {
       // A half-open connection is useless; failing the endpoint resolves its handshake op too.
@@ -918,7 +943,8 @@ void TransportCore::close_ucp_ep(EndpointState& e) {
   e.ep = nullptr;
 }
 
-Result<ucp_rkey_h> TransportCore::acquire_rkey(EndpointState& e, Op& op, const std::vector<std::byte>& packed) {
+Result<ucp_rkey_h> TransportCore::acquire_rkey(EndpointState& e, Op& op,
+                                               const std::vector<std::byte>& packed) {
   constexpr std::size_t kMaxCachedRkeys = 256;
   std::string key(reinterpret_cast<const char*>(packed.data()), packed.size());
   auto it = e.rkeys.find(key);
@@ -939,7 +965,8 @@ Result<ucp_rkey_h> TransportCore::acquire_rkey(EndpointState& e, Op& op, const s
       // A malformed key is the caller's; a well-formed one that cannot be attached (shared memory of
       // a peer that died or freed the region) is the peer's state, like any vanished peer.
       const bool malformed = s == UCS_ERR_INVALID_PARAM || s == UCS_ERR_UNSUPPORTED;
-      const std::string msg = fmt::format("{}: remote region of {} does not attach: {}", op.what, e.peer, ucs_text(s));
+      const std::string msg =
+          fmt::format("{}: remote region of {} does not attach: {}", op.what, e.peer, ucs_text(s));
       return malformed ? invalid_argument(msg) : unavailable(msg);
     }
     it = e.rkeys.emplace(std::move(key), EndpointState::CachedRkey{handle, 0}).first;
@@ -1090,7 +1117,8 @@ void TransportCore::handle_handshake(EndpointState& e, Frame f) {
     }
     case Phase::kAwaitChallenge: {
       if (f.kind == FrameKind::kRefused) {
-        fail_endpoint(e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.error)));
+        fail_endpoint(
+            e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.error)));
         return;
       }
       if (f.kind != FrameKind::kChallenge) {
@@ -1101,8 +1129,8 @@ void TransportCore::handle_handshake(EndpointState& e, Frame f) {
       e.server_nonce = to_nonce(f.body);
       if (!same_mac(f.mac, proof(key_, kServerRole, e.client_nonce, e.server_nonce))) {
         // Reveal nothing (not even our proof) to a server that cannot prove it holds the token.
-        fail_endpoint(e, failed_precondition(fmt::format(
-                             "peer {} could not prove it holds the cluster token", e.peer)));
+        fail_endpoint(e, failed_precondition(
+                             fmt::format("peer {} could not prove it holds the cluster token", e.peer)));
         return;
       }
       Frame p;
@@ -1114,7 +1142,8 @@ void TransportCore::handle_handshake(EndpointState& e, Frame f) {
     }
     case Phase::kAwaitWelcome: {
       if (f.kind == FrameKind::kRefused) {
-        fail_endpoint(e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.error)));
+        fail_endpoint(
+            e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.error)));
         return;
       }
       if (f.kind != FrameKind::kWelcome) {
@@ -1131,13 +1160,7 @@ void TransportCore::handle_handshake(EndpointState& e, Frame f) {
         e.set_info(std::string(text, len));
         std::free(text);
       }
-      if (hs != nullptr && !hs->resolved) {
-        hs->resolved = true;
-        if (hs->has_deadline) deadlines_.erase(hs->deadline_it);
-        hs->has_deadline = false;
-        hs->connect_promise.set_value(make_endpoint(find(e.id)));
-        maybe_release(*hs);
-      }
+      if (hs != nullptr) resolve_connect(*hs, find(e.id));
       return;
     }
     case Phase::kReady:
@@ -1153,10 +1176,13 @@ ucs_status_t TransportCore::am_recv_cb(void* arg, const void*, std::size_t, void
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
   auto e = self->find(param->reply_ep);
   if (e == nullptr) return UCS_OK;  // an endpoint already failed or closed
-  const std::size_t limit = self->options_.max_message_bytes + kFrameOverheadBytes;
+  // Before authentication a peer gets no more than a handshake frame's worth of our memory.
+  constexpr std::size_t kHandshakeFrameLimit = 4096;
+  const std::size_t limit = e->phase == Phase::kReady ? self->options_.max_message_bytes + kFrameOverheadBytes
+                                                      : kHandshakeFrameLimit;
   if (length > limit) {
-    const Status st = invalid_argument(fmt::format("peer {} sent a frame of {} bytes, over the limit of {}",
-                                                   e->peer, length, limit));
+    const Status st = invalid_argument(
+        fmt::format("peer {} sent a frame of {} bytes, over the limit of {}", e->peer, length, limit));
     if (e->phase == Phase::kReady) {
       self->fail_endpoint(*e, st);
     } else {
@@ -1194,11 +1220,14 @@ void TransportCore::ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto e = self->find(ep);
   if (e == nullptr) return;
   const bool connecting = e->phase == Phase::kAwaitChallenge || e->phase == Phase::kAwaitWelcome;
-  self->fail_endpoint(*e, unavailable(connecting ? fmt::format("cannot connect to {}: {}", e->peer, ucs_text(status))
-                                                 : fmt::format("peer {} vanished: {}", e->peer, ucs_text(status))));
+  self->fail_endpoint(
+      *e, unavailable(connecting ? fmt::format("cannot connect to {}: {}", e->peer, ucs_text(status))
+                                 : fmt::format("peer {} vanished: {}", e->peer, ucs_text(status))));
 }
 
-void TransportCore::conn_cb(ucp_conn_request_h req, void* arg) { static_cast<TransportCore*>(arg)->on_connection_request(req); }
+void TransportCore::conn_cb(ucp_conn_request_h req, void* arg) {
+  static_cast<TransportCore*>(arg)->on_connection_request(req);
+}
 
 void TransportCore::on_connection_request(ucp_conn_request_h req) {
   ucp_conn_request_attr_t attr{};
@@ -1207,8 +1236,8 @@ void TransportCore::on_connection_request(ucp_conn_request_h req) {
   if (ucp_conn_request_query(req, &attr) == UCS_OK) peer = sockaddr_text(attr.client_address);
   auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, peer);
   ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.field_mask =
+      UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.conn_request = req;
   ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = &TransportCore::ep_error_cb;
@@ -1218,7 +1247,8 @@ void TransportCore::on_connection_request(ucp_conn_request_h req) {
   endpoints_.emplace(e->id, e);
   by_handle_.emplace(e->ep, e->id);
   // A client that never completes the handshake is dropped at the deadline.
-  Op& hs = new_op(Op::Kind::kHandshake, e->id, options_.connect_timeout, fmt::format("handshake with {}", peer));
+  Op& hs =
+      new_op(Op::Kind::kHandshake, e->id, options_.connect_timeout, fmt::format("handshake with {}", peer));
   e->handshake_op = hs.id;
 }
 
@@ -1274,15 +1304,16 @@ Result<std::string> TransportCore::listen(std::string_view host, std::uint16_t p
   return r;
 }
 
-Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds timeout) {
+Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds timeout, bool handshake) {
   if (timeout == kDefaultTimeout) timeout = options_.connect_timeout;
-  if (timeout.count() <= 0) return invalid_argument(fmt::format("connect timeout {} ms is not positive", timeout.count()));
+  if (timeout.count() <= 0)
+    return invalid_argument(fmt::format("connect timeout {} ms is not positive", timeout.count()));
   auto ss = parse_address(address);
   if (!ss.ok()) return ss.status();
   auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, std::string(address));
   std::promise<std::future<Result<Endpoint>>> started;
   auto started_future = started.get_future();
-  const bool posted = post([this, e, addr = *ss, timeout, &started] {
+  const bool posted = post([this, e, addr = *ss, timeout, handshake, &started] {
     Op& op = new_op(Op::Kind::kConnect, e->id, timeout, fmt::format("connecting to {}", e->peer));
     started.set_value(op.connect_promise.get_future());
     ucp_ep_params_t ep{};
@@ -1305,6 +1336,11 @@ Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds t
     e->client_nonce = fresh_nonce();
     endpoints_.emplace(e->id, e);
     by_handle_.emplace(e->ep, e->id);
+    if (!handshake) {
+      e->phase = Phase::kReady;
+      resolve_connect(op, e);
+      return;
+    }
     Frame hello;
     hello.kind = FrameKind::kHello;
     hello.body.assign(e->client_nonce.begin(), e->client_nonce.end());
@@ -1347,16 +1383,19 @@ Result<Incoming> TransportCore::receive(milliseconds timeout) {
 
 Result<MemoryRegion> TransportCore::map_memory(void* data, std::size_t size, bool allocate) {
   if (size == 0) return invalid_argument("memory region of 0 bytes");
-  if (!allocate && data == nullptr) return invalid_argument(fmt::format("memory region of {} bytes at null", size));
+  if (!allocate && data == nullptr)
+    return invalid_argument(fmt::format("memory region of {} bytes at null", size));
   ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.field_mask =
+      UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   mp.address = allocate ? nullptr : data;
   mp.length = size;
   mp.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
   ucp_mem_h memh = nullptr;
   ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
   if (s != UCS_OK) {
-    return allocate ? resource_exhausted(fmt::format("cannot allocate {} bytes of registered memory: {}", size, ucs_text(s)))
+    return allocate ? resource_exhausted(
+                          fmt::format("cannot allocate {} bytes of registered memory: {}", size, ucs_text(s)))
                     : unavailable(fmt::format("cannot register {} bytes at {}: {}", size, data, ucs_text(s)));
   }
   ucp_mem_attr_t attr{};
@@ -1371,8 +1410,8 @@ Result<MemoryRegion> TransportCore::map_memory(void* data, std::size_t size, boo
   }
   std::vector<std::byte> rkey(static_cast<std::byte*>(packed), static_cast<std::byte*>(packed) + packed_size);
   ucp_rkey_buffer_release(packed);
-  return MemoryRegion(std::make_shared<RegionState>(shared_from_this(), memh, static_cast<std::byte*>(attr.address),
-                                                    size, std::move(rkey)));
+  return MemoryRegion(std::make_shared<RegionState>(
+      shared_from_this(), memh, static_cast<std::byte*>(attr.address), size, std::move(rkey)));
 }
 
 std::future<Status> TransportCore::send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame,
@@ -1380,24 +1419,30 @@ std::future<Status> TransportCore::send_frame(const std::shared_ptr<EndpointStat
   return send_wire(ep, encode_frame(frame), timeout, std::move(what));
 }
 
-std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState>& ep, std::vector<std::byte> wire,
-                                             milliseconds timeout, std::string what) {
+std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState>& ep,
+                                             std::vector<std::byte> wire, milliseconds timeout,
+                                             std::string what) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto future = promise->get_future();
-  const bool posted = post([this, ep, promise, wire = std::move(wire), timeout, what = std::move(what)]() mutable {
-    auto e = find(ep->id);
-    if (e == nullptr || e->phase != Phase::kReady) {
-      Status st = ep->status();
-      promise->set_value(st.ok() ? unavailable(fmt::format("endpoint to {} is closed", ep->peer)) : st);
-      return;
-    }
-    Op& op = new_op(Op::Kind::kSend, e->id, timeout, std::move(what));
-    op.status_promise = std::move(*promise);
-    op.buffer = std::move(wire);
-    start_send(*e, op);
-  });
+  const bool posted =
+      post([this, ep, promise, wire = std::move(wire), timeout, what = std::move(what)]() mutable {
+        auto e = find(ep->id);
+        if (e == nullptr || e->phase != Phase::kReady) {
+          Status st = ep->status();
+          promise->set_value(st.ok() ? unavailable(fmt::format("endpoint to {} is closed", ep->peer)) : st);
+          return;
+        }
+        Op& op = new_op(Op::Kind::kSend, e->id, timeout, std::move(what));
+        op.status_promise = std::move(*promise);
+        op.buffer = std::move(wire);
+        start_send(*e, op);
+      });
   if (!posted) promise->set_value(cancelled("transport shut down"));
   return future;
+}
+
+Result<Endpoint> connect_without_handshake(Transport& transport, std::string_view address) {
+  return TransportCore::of(transport).connect(address, milliseconds(5000), /*handshake=*/false);
 }
 
 Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire) {
@@ -1407,8 +1452,8 @@ Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire) {
       .get();
 }
 
-std::future<Result<Message>> TransportCore::request(const std::shared_ptr<EndpointState>& ep, const Message& m,
-                                                    milliseconds timeout) {
+std::future<Result<Message>> TransportCore::request(const std::shared_ptr<EndpointState>& ep,
+                                                    const Message& m, milliseconds timeout) {
   auto promise = std::make_shared<std::promise<Result<Message>>>();
   auto future = promise->get_future();
   Frame f;
@@ -1422,8 +1467,8 @@ std::future<Result<Message>> TransportCore::request(const std::shared_ptr<Endpoi
       promise->set_value(st.ok() ? unavailable(fmt::format("endpoint to {} is closed", ep->peer)) : st);
       return;
     }
-    Op& op = new_op(Op::Kind::kRequest, e->id, timeout,
-                    fmt::format("request of type {} to {}", f.type, e->peer));
+    Op& op =
+        new_op(Op::Kind::kRequest, e->id, timeout, fmt::format("request of type {} to {}", f.type, e->peer));
     op.reply_promise = std::move(*promise);
     f.id = op.id;
     op.buffer = encode_frame(f);
@@ -1445,20 +1490,25 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
     return std::move(future);
   };
   const char* verb = is_put ? "put" : "get";
-  if (!local.valid()) return fail_now(invalid_argument(fmt::format("{}: local memory region is empty", verb)));
+  if (!local.valid())
+    return fail_now(invalid_argument(fmt::format("{}: local memory region is empty", verb)));
   const auto& region = local.state_;
   if (region->core.get() != this) {
-    return fail_now(invalid_argument(fmt::format("{}: local memory region belongs to another transport", verb)));
+    return fail_now(
+        invalid_argument(fmt::format("{}: local memory region belongs to another transport", verb)));
   }
   if (local_offset > region->size || length > region->size - local_offset) {
-    return fail_now(invalid_argument(fmt::format("{}: local range [{}, {}+{}) is outside the region of {} bytes", verb,
-                                                 local_offset, local_offset, length, region->size)));
+    return fail_now(
+        invalid_argument(fmt::format("{}: local range [{}, {}+{}) is outside the region of {} bytes", verb,
+                                     local_offset, local_offset, length, region->size)));
   }
   if (remote_offset > remote.size || length > remote.size - remote_offset) {
-    return fail_now(invalid_argument(fmt::format("{}: remote range [{}, {}+{}) is outside the region of {} bytes",
-                                                 verb, remote_offset, remote_offset, length, remote.size)));
+    return fail_now(
+        invalid_argument(fmt::format("{}: remote range [{}, {}+{}) is outside the region of {} bytes", verb,
+                                     remote_offset, remote_offset, length, remote.size)));
   }
-  if (remote.rkey.empty()) return fail_now(invalid_argument(fmt::format("{}: remote region has no key", verb)));
+  if (remote.rkey.empty())
+    return fail_now(invalid_argument(fmt::format("{}: remote region has no key", verb)));
   if (length == 0) return fail_now(ok_status());
   const bool posted = post([this, ep, promise, is_put, region, local_offset, rkey = remote.rkey,
                             raddr = remote.address + remote_offset, length, timeout, done, verb]() mutable {
@@ -1470,7 +1520,8 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
       if (done) post_callback([done = std::move(done), st] { done(st); });
       return;
     }
-    Op& op = new_op(Op::Kind::kRma, e->id, timeout, fmt::format("{} of {} bytes with {}", verb, length, e->peer));
+    Op& op =
+        new_op(Op::Kind::kRma, e->id, timeout, fmt::format("{} of {} bytes with {}", verb, length, e->peer));
     op.status_promise = std::move(*promise);
     op.done = std::move(done);
     op.region = region;
@@ -1502,7 +1553,8 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
                        : ucp_get_nbx(e->ep, local_ptr, length, raddr, *rkey_handle, &p);
     const auto track = [&](void* r) {
       if (UCS_PTR_IS_ERR(r)) {
-        if (op.rma_error.ok()) op.rma_error = unavailable(fmt::format("{} failed: {}", op.what, ucs_text(UCS_PTR_STATUS(r))));
+        if (op.rma_error.ok())
+          op.rma_error = unavailable(fmt::format("{} failed: {}", op.what, ucs_text(UCS_PTR_STATUS(r))));
       } else if (r != nullptr) {
         ++op.ucx_inflight;
         ++ucx_inflight_;
@@ -1593,7 +1645,8 @@ Status Endpoint::send(const Message& message, std::chrono::milliseconds timeout)
       .get();
 }
 
-std::future<Result<Message>> Endpoint::request_async(const Message& message, std::chrono::milliseconds timeout) {
+std::future<Result<Message>> Endpoint::request_async(const Message& message,
+                                                     std::chrono::milliseconds timeout) {
   if (!state_) {
     std::promise<Result<Message>> p;
     p.set_value(no_endpoint());
@@ -1630,7 +1683,8 @@ Status Endpoint::reply(const Incoming& to, const Message& message) {
 
 Status Endpoint::reply_error(const Incoming& to, const Status& error) {
   if (!state_) return no_endpoint();
-  if (to.request_id == 0) return invalid_argument("reply_error to a message that is not a request (request_id 0)");
+  if (to.request_id == 0)
+    return invalid_argument("reply_error to a message that is not a request (request_id 0)");
   if (error.ok()) return invalid_argument("reply_error with an OK status");
   auto& core = *state_->core;
   Frame f;
@@ -1644,8 +1698,8 @@ Status Endpoint::reply_error(const Incoming& to, const Status& error) {
       .get();
 }
 
-std::future<Status> Endpoint::put(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-                                  std::uint64_t remote_offset, std::size_t length,
+std::future<Status> Endpoint::put(const MemoryRegion& local, std::size_t local_offset,
+                                  const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
                                   std::chrono::milliseconds timeout, CompletionCallback done) {
   if (!state_) {
     std::promise<Status> p;
@@ -1653,12 +1707,12 @@ std::future<Status> Endpoint::put(const MemoryRegion& local, std::size_t local_o
     return p.get_future();
   }
   auto& core = *state_->core;
-  return core.rma(state_, true, local, local_offset, remote, remote_offset, length, core.resolve_timeout(timeout),
-                  std::move(done));
+  return core.rma(state_, true, local, local_offset, remote, remote_offset, length,
+                  core.resolve_timeout(timeout), std::move(done));
 }
 
-std::future<Status> Endpoint::get(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-                                  std::uint64_t remote_offset, std::size_t length,
+std::future<Status> Endpoint::get(const MemoryRegion& local, std::size_t local_offset,
+                                  const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
                                   std::chrono::milliseconds timeout, CompletionCallback done) {
   if (!state_) {
     std::promise<Status> p;
@@ -1666,8 +1720,8 @@ std::future<Status> Endpoint::get(const MemoryRegion& local, std::size_t local_o
     return p.get_future();
   }
   auto& core = *state_->core;
-  return core.rma(state_, false, local, local_offset, remote, remote_offset, length, core.resolve_timeout(timeout),
-                  std::move(done));
+  return core.rma(state_, false, local, local_offset, remote, remote_offset, length,
+                  core.resolve_timeout(timeout), std::move(done));
 }
 
 void Endpoint::close() {
@@ -1693,12 +1747,16 @@ Transport::~Transport() {
   if (core_) core_->shutdown();
 }
 
-Result<std::string> Transport::listen(std::string_view host, std::uint16_t port) { return core_->listen(host, port); }
+Result<std::string> Transport::listen(std::string_view host, std::uint16_t port) {
+  return core_->listen(host, port);
+}
 Result<Endpoint> Transport::connect(std::string_view address, std::chrono::milliseconds timeout) {
   return core_->connect(address, timeout);
 }
 Result<Endpoint> Transport::accept(std::chrono::milliseconds timeout) { return core_->accept(timeout); }
-void Transport::on_message(MessageType type, MessageHandler handler) { core_->on_message(type, std::move(handler)); }
+void Transport::on_message(MessageType type, MessageHandler handler) {
+  core_->on_message(type, std::move(handler));
+}
 Result<Incoming> Transport::receive(std::chrono::milliseconds timeout) { return core_->receive(timeout); }
 Result<MemoryRegion> Transport::register_memory(void* data, std::size_t size) {
   return core_->map_memory(data, size, false);

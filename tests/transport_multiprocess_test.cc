@@ -50,10 +50,12 @@ ChildProcess start(std::vector<std::string> args, bool force_tcp, std::string to
 }
 
 // Reads lines until one starts with `prefix`; returns the rest of it.
-std::string expect_line(ChildProcess& child, const std::string& prefix, std::chrono::milliseconds timeout = 15s) {
+std::string expect_line(ChildProcess& child, const std::string& prefix,
+                        std::chrono::milliseconds timeout = 15s) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     auto line = child.read_line(std::max(left, 1ms));
     INFO("waiting for '" << prefix << "': " << line.status().to_string());
     REQUIRE(line.ok());
@@ -79,7 +81,8 @@ void exchange_bulk(bool tcp) {
   if (tcp) {
     CHECK_THAT(ep->transport_info(), !Catch::Contains("posix") && !Catch::Contains("cma"));
   } else {
-    CHECK_THAT(ep->transport_info(), Catch::Contains("posix") || Catch::Contains("sysv") || Catch::Contains("cma"));
+    CHECK_THAT(ep->transport_info(),
+               Catch::Contains("posix") || Catch::Contains("sysv") || Catch::Contains("cma"));
   }
 
   const std::uint64_t seed = std::random_device{}();
@@ -110,7 +113,8 @@ void exchange_bulk(bool tcp) {
   s = ep->put(*local, 0, *remote, 0, kRegionBytes).get();
   INFO(s.to_string());
   REQUIRE(s.ok());
-  auto verified = ep->request(Message::from_string(kVerify, VerifyRequest{seed, 0, kRegionBytes}.to_string()));
+  auto verified =
+      ep->request(Message::from_string(kVerify, VerifyRequest{seed, 0, kRegionBytes}.to_string()));
   INFO(verified.status().to_string());
   CHECK(verified.ok());
   // The server really checks: a wrong seed is reported as data loss.
@@ -137,7 +141,8 @@ TEST_CASE("transport multiprocess: one server, three client processes at once", 
   ChildProcess server = start({"serve", std::to_string(3 * kClientSliceBytes)}, false);
   const std::string address = expect_line(server, "ADDRESS ");
   std::vector<ChildProcess> clients;
-  for (int k = 0; k < 3; ++k) clients.push_back(start({"client", address, "exchange", std::to_string(k)}, k == 2));
+  for (int k = 0; k < 3; ++k)
+    clients.push_back(start({"client", address, "exchange", std::to_string(k)}, k == 2));
   for (auto& c : clients) {
     expect_line(c, "DONE");
     auto code = c.wait(10s);
@@ -161,7 +166,8 @@ TEST_CASE("transport multiprocess: one server, three client processes at once", 
   CHECK(server.wait(10s).value() == 0);
 }
 
-TEST_CASE("transport multiprocess: a client without the token is refused, one with it accepted", "[transport]") {
+TEST_CASE("transport multiprocess: a client without the token is refused, one with it accepted",
+          "[transport]") {
   Transport t = make(options());
   auto address = t.listen("127.0.0.1", 0);
   REQUIRE(address.ok());

@@ -106,7 +106,8 @@ int exchange(Endpoint& ep, Transport& t, int k) {
     const std::string text = "client " + std::to_string(k) + " message " + std::to_string(i);
     auto r = ep.request(Message::from_string(kEcho, text));
     if (!r.ok()) return fail("echo", r.status());
-    if (r->text() != text) return fail("echo", data_loss("echo came back different: " + std::string(r->text())));
+    if (r->text() != text)
+      return fail("echo", data_loss("echo came back different: " + std::string(r->text())));
   }
   auto desc = ep.request(Message::from_string(kRegion, ""));
   if (!desc.ok()) return fail("region", desc.status());

@@ -76,9 +76,7 @@ struct Message {
 
   static Message from_string(MessageType type, std::string_view text);
   static Message from_bytes(MessageType type, std::span<const std::byte> bytes);
-  std::string_view text() const noexcept {
-    return {reinterpret_cast<const char*>(body.data()), body.size()};
-  }
+  std::string_view text() const noexcept { return {reinterpret_cast<const char*>(body.data()), body.size()}; }
 };
 
 // Where a peer's registered memory lives, as that peer's MemoryRegion::remote() describes it. Ship it
@@ -159,12 +157,10 @@ class Endpoint {
   // remote_offset + length <= remote.size.
   std::future<Status> put(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                           std::uint64_t remote_offset, std::size_t length,
-                          std::chrono::milliseconds timeout = kDefaultTimeout,
-                          CompletionCallback done = {});
+                          std::chrono::milliseconds timeout = kDefaultTimeout, CompletionCallback done = {});
   std::future<Status> get(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                           std::uint64_t remote_offset, std::size_t length,
-                          std::chrono::milliseconds timeout = kDefaultTimeout,
-                          CompletionCallback done = {});
+                          std::chrono::milliseconds timeout = kDefaultTimeout, CompletionCallback done = {});
 
   // Disconnects; pending operations fail with kCancelled. Idempotent.
   void close();
@@ -233,6 +229,7 @@ class Transport {
   const TransportOptions& options() const noexcept;
 
  private:
+  friend class internal::TransportCore;
   explicit Transport(std::shared_ptr<internal::TransportCore> core);
   std::shared_ptr<internal::TransportCore> core_;
 };

@@ -47,9 +47,10 @@ Result<std::vector<std::byte>> read_binary(const json& j, const char* key, std::
 
 Result<std::vector<std::byte>> read_fixed(const json& j, const char* key, std::size_t bytes) {
   auto r = read_binary(j, key, bytes);
-  if (!r.ok()) return r.status().code() == StatusCode::kInvalidArgument
-                          ? data_loss(fmt::format("frame field '{}' must hold {} bytes", key, bytes))
-                          : r.status();
+  if (!r.ok())
+    return r.status().code() == StatusCode::kInvalidArgument
+               ? data_loss(fmt::format("frame field '{}' must hold {} bytes", key, bytes))
+               : r.status();
   if (r->size() != bytes) {
     return data_loss(fmt::format("frame field '{}' holds {} bytes, not {}", key, r->size(), bytes));
   }
@@ -62,8 +63,8 @@ Result<std::string> read_text(const json& j, const char* key) {
   if (!it->is_string()) return data_loss(fmt::format("frame field '{}' is not a string", key));
   const auto& s = it->get_ref<const std::string&>();
   if (s.size() > kMaxErrorTextBytes) {
-    return data_loss(fmt::format("frame field '{}' holds {} bytes of text, over {}", key, s.size(),
-                                 kMaxErrorTextBytes));
+    return data_loss(
+        fmt::format("frame field '{}' holds {} bytes of text, over {}", key, s.size(), kMaxErrorTextBytes));
   }
   return s;
 }
@@ -98,8 +99,7 @@ Result<Frame> decode_checked(std::span<const std::byte> wire, std::size_t max_bo
   if (wire.empty()) return data_loss("empty frame");
   if (wire.size() > max_body_bytes + kFrameOverheadBytes) {
     return invalid_argument(fmt::format("frame of {} bytes is over the limit of {} (max_message_bytes {})",
-                                        wire.size(), max_body_bytes + kFrameOverheadBytes,
-                                        max_body_bytes));
+                                        wire.size(), max_body_bytes + kFrameOverheadBytes, max_body_bytes));
   }
   const auto* p = reinterpret_cast<const std::uint8_t*>(wire.data());
   json j = json::from_cbor(p, p + wire.size(), /*strict=*/true, /*allow_exceptions=*/false);
@@ -245,8 +245,8 @@ Result<RemoteRegion> RemoteRegion::deserialize(std::span<const std::byte> bytes)
     auto version = internal::read_uint(j, "v");
     if (!version.ok()) return version.status().with_context("remote region");
     if (*version != internal::kWireVersion) {
-      return data_loss(fmt::format("remote region: version {} is not the supported {}", *version,
-                                   internal::kWireVersion));
+      return data_loss(
+          fmt::format("remote region: version {} is not the supported {}", *version, internal::kWireVersion));
     }
     auto address = internal::read_uint(j, "a");
     auto size = internal::read_uint(j, "s");
@@ -260,8 +260,8 @@ Result<RemoteRegion> RemoteRegion::deserialize(std::span<const std::byte> bytes)
     if (rkey->empty()) return data_loss("remote region: empty remote key");
     return RemoteRegion{*address, *size, std::move(*rkey)};
   } catch (const std::exception& e) {
-    return data_loss(fmt::format("remote region of {} bytes could not be decoded: {}", bytes.size(),
-                                 e.what()));
+    return data_loss(
+        fmt::format("remote region of {} bytes could not be decoded: {}", bytes.size(), e.what()));
   }
 }
 

@@ -28,26 +28,26 @@ inline constexpr std::size_t kMaxErrorTextBytes = 1024;
 inline constexpr std::size_t kFrameOverheadBytes = 256 + kMaxErrorTextBytes;
 
 enum class FrameKind : std::uint8_t {
-  kHello = 1,     // client -> server: client nonce
-  kChallenge,     // server -> client: server nonce + server's proof
-  kProof,         // client -> server: client's proof
-  kWelcome,       // server -> client: authenticated
-  kRefused,       // server -> client: authentication failed (error text)
-  kMessage,       // one-way application message
-  kRequest,       // application message awaiting a reply (id)
-  kReply,         // answer to request id
-  kErrorReply,    // request id failed with a Status (code + error text)
+  kHello = 1,   // client -> server: client nonce
+  kChallenge,   // server -> client: server nonce + server's proof
+  kProof,       // client -> server: client's proof
+  kWelcome,     // server -> client: authenticated
+  kRefused,     // server -> client: authentication failed (error text)
+  kMessage,     // one-way application message
+  kRequest,     // application message awaiting a reply (id)
+  kReply,       // answer to request id
+  kErrorReply,  // request id failed with a Status (code + error text)
 };
 inline constexpr std::uint8_t kMaxFrameKind = static_cast<std::uint8_t>(FrameKind::kErrorReply);
 
 struct Frame {
   FrameKind kind = FrameKind::kMessage;
-  MessageType type = 0;          // kMessage, kRequest, kReply
-  std::uint64_t id = 0;          // kRequest, kReply, kErrorReply: non-zero request id
-  std::vector<std::byte> body;   // message body; nonce (kHello, kChallenge); proof (kProof)
-  std::vector<std::byte> mac;    // kChallenge: the server's proof
+  MessageType type = 0;               // kMessage, kRequest, kReply
+  std::uint64_t id = 0;               // kRequest, kReply, kErrorReply: non-zero request id
+  std::vector<std::byte> body;        // message body; nonce (kHello, kChallenge); proof (kProof)
+  std::vector<std::byte> mac;         // kChallenge: the server's proof
   StatusCode code = StatusCode::kOk;  // kErrorReply: not kOk
-  std::string error;             // kErrorReply, kRefused
+  std::string error;                  // kErrorReply, kRefused
 };
 
 std::vector<std::byte> encode_frame(const Frame& frame);

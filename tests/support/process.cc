@@ -234,7 +234,8 @@ Result<int> ChildProcess::wait(std::chrono::milliseconds timeout) {
       exit_code_ = decode_wait_status(status);
       return exit_code_;
     }
-    if (r < 0 && errno != EINTR) return unavailable(fmt::format("waitpid {}: {}", pid_, std::strerror(errno)));
+    if (r < 0 && errno != EINTR)
+      return unavailable(fmt::format("waitpid {}: {}", pid_, std::strerror(errno)));
     if (Clock::now() >= deadline) {
       return deadline_exceeded(fmt::format("child {} still running after {} ms", pid_, timeout.count()));
     }
@@ -249,7 +250,8 @@ void ChildProcess::kill(int signal) {
 Result<NetnsPair> NetnsPair::create(const std::string& prefix) {
   if (geteuid() != 0) return unavailable("network namespaces need root");
   if (prefix.empty() || prefix.size() > 6) {
-    return invalid_argument(fmt::format("netns prefix '{}' must be 1..6 characters (veth names are short)", prefix));
+    return invalid_argument(
+        fmt::format("netns prefix '{}' must be 1..6 characters (veth names are short)", prefix));
   }
   const int id = static_cast<int>(getpid()) % 100000;
   NetnsPair pair;
@@ -316,7 +318,8 @@ Status NetnsPair::wait_for_carrier(std::chrono::milliseconds timeout) {
   for (;;) {
     bool up = true;
     for (int side = 0; side < 2; ++side) {
-      const std::string cmd = fmt::format("ip -n {} -o link show dev {} 2>/dev/null", names_[side], veth_[side]);
+      const std::string cmd =
+          fmt::format("ip -n {} -o link show dev {} 2>/dev/null", names_[side], veth_[side]);
       std::string out;
       if (FILE* f = popen(cmd.c_str(), "r")) {
         char buf[512];
@@ -327,7 +330,8 @@ Status NetnsPair::wait_for_carrier(std::chrono::milliseconds timeout) {
     }
     if (up) return ok_status();
     if (Clock::now() >= deadline) {
-      return unavailable(fmt::format("veth {}/{} has no carrier after {} ms", veth_[0], veth_[1], timeout.count()));
+      return unavailable(
+          fmt::format("veth {}/{} has no carrier after {} ms", veth_[0], veth_[1], timeout.count()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -32,12 +32,12 @@
 namespace laminar::testing {
 
 struct ChildOptions {
-  std::string program;                 // path of the executable
-  std::vector<std::string> args;       // argv[1..]
+  std::string program;            // path of the executable
+  std::vector<std::string> args;  // argv[1..]
   // Added to (or replacing in) the parent's environment.
   std::vector<std::pair<std::string, std::string>> env;
-  std::string netns;                   // named namespace (ip netns) to run in; "" = the parent's
-  bool force_tcp = false;              // sets UCX_TLS=tcp so UCX really uses the network
+  std::string netns;       // named namespace (ip netns) to run in; "" = the parent's
+  bool force_tcp = false;  // sets UCX_TLS=tcp so UCX really uses the network
 };
 
 class ChildProcess {
