@@ -1,0 +1,259 @@
+// relay_bench: the relay tier against plain memory copies of the same bytes, in the same run.
+//   relay_publish_stall: time publish() keeps the actor (copy out of its memory; hashing and commit
+//     happen behind it) vs memcpy of the weight set into an already-touched buffer.
+//   relay_pull_host: WeightPuller::pull from a same-process relay into host destinations vs memcpy.
+//   relay_star_4_relays / relay_chain_4_relays (headline, last): time from publish until the last of
+//     4 relays has committed the version, the head sending to each relay itself (star) or down a
+//     pipelined chain, vs the same version sent over one link to one relay. Each relay is a
+//     RelayNode in its own process (this binary re-executed as `relay_bench relay UPSTREAM`).
+// Usage: relay_bench [--mib N] [--chain-mib N] [--chunk-kib K]  (sizes, default 1024, 64, 4096)
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "laminar/relay_chain.h"
+#include "laminar/relay_store.h"
+#include "laminar/weight_puller.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A weight set of `mib` MiB in 16 tensors, like the layers of a model.
+struct Weights {
+  laminar::WeightManifest manifest;
+  std::vector<std::vector<float>> data;
+  std::vector<laminar::TensorView> views;
+  std::vector<laminar::NamedTensor> named;
+  std::vector<std::string> names;
+
+  explicit Weights(std::size_t mib) {
+    const std::int64_t rows = std::int64_t(mib) * (1 << 20) / 16 / 4 / 1024;
+    for (int i = 0; i < 16; ++i) {
+      names.push_back("layer" + std::to_string(i) + ".w");
+      if (!manifest.add(names.back(), laminar::DType::kF32, {rows, 1024}).ok()) std::abort();
+    }
+    for (const auto& e : manifest.entries()) {
+      data.emplace_back(std::size_t(e.nbytes / 4));
+      for (std::size_t k = 0; k < data.back().size(); k += 1024) data.back()[k] = float(k);
+      views.push_back(laminar::TensorView::contiguous(data.back().data(), e.dtype, e.shape).value());
+    }
+    for (std::size_t i = 0; i < views.size(); ++i) named.push_back({manifest.entries()[i].name, views[i]});
+  }
+
+  // The same bytes packed back to back, as a memcpy baseline would see them.
+  void copy_to(std::byte* dst) const {
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      std::memcpy(dst + manifest.entries()[i].offset, data[i].data(), data[i].size() * 4);
+    }
+  }
+};
+
+void check(const laminar::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "relay_bench: %s: %s\n", what, s.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+const char* const kToken = "relay-bench-token-0123456789";
+
+// A relay in a child process of this binary (`relay_bench relay UPSTREAM`), its stdout read line by
+// line; killed and reaped on destruction. It prints "listening ADDR", "upstream ADDR" once
+// subscribed, and "committed V" for every version it completes.
+class Peer {
+ public:
+  explicit Peer(const std::string& upstream) {
+    int fds[2];
+    if (pipe(fds) != 0) std::exit(1);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<std::string> argv{"/proc/self/exe", "relay", upstream};
+    std::vector<char*> c;
+    for (auto& a : argv) c.push_back(a.data());
+    c.push_back(nullptr);
+    if (posix_spawn(&pid_, "/proc/self/exe", &actions, nullptr, c.data(), environ) != 0) std::exit(1);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~Peer() {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    std::fclose(out_);
+  }
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+
+  // The rest of the next line starting with `prefix`.
+  std::string expect(const std::string& prefix) {
+    char buf[256];
+    for (;;) {
+      if (std::fgets(buf, sizeof(buf), out_) == nullptr) {
+        std::fprintf(stderr, "relay_bench: relay %d exited\n", int(pid_));
+        std::exit(1);
+      }
+      std::string s(buf);
+      if (!s.empty() && s.back() == '\n') s.pop_back();
+      if (s.rfind(prefix, 0) == 0) return s.substr(prefix.size());
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+int run_relay(const std::string& upstream) {
+  auto store = laminar::RelayStore::create({}).value();
+  std::mutex out;
+  laminar::RelayChainOptions o;
+  o.transport.cluster_token = kToken;
+  o.upstreams = {upstream};
+  o.on_event = [&](const laminar::RelayEvent& e) {
+    std::lock_guard lock(out);
+    if (e.kind == laminar::RelayEvent::Kind::kUpstream) std::printf("upstream %s\n", e.upstream.c_str());
+    if (e.kind == laminar::RelayEvent::Kind::kCommitted) {
+      std::printf("committed %llu\n", static_cast<unsigned long long>(e.version.value()));
+    }
+    std::fflush(stdout);
+  };
+  auto node = laminar::RelayNode::start(store, o);
+  check(node.status(), "relay node");
+  {
+    std::lock_guard lock(out);
+    std::printf("listening %s\n", (*node)->address().c_str());
+    std::fflush(stdout);
+  }
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+enum class Shape { kOneLink, kStar, kChain };
+
+// Median seconds from publish until every relay of the shape (each its own process) has committed
+// the version.
+double broadcast_seconds(const Weights& w, Shape shape, int repeats, std::uint64_t chunk_bytes) {
+  const int relays = shape == Shape::kOneLink ? 1 : 4;
+  laminar::RelayChainOptions base;
+  base.transport.cluster_token = kToken;
+  laminar::RelayStoreOptions so;
+  so.chunk_bytes = chunk_bytes;
+  auto head_store = laminar::RelayStore::create(so).value();
+  auto head = laminar::RelayNode::start(head_store, base);
+  check(head.status(), "head node");
+  std::vector<std::unique_ptr<Peer>> peers;
+  std::string up = (*head)->address();
+  for (int k = 0; k < relays; ++k) {
+    peers.push_back(std::make_unique<Peer>(up));
+    const std::string addr = peers.back()->expect("listening ");
+    peers.back()->expect("upstream ");
+    if (shape == Shape::kChain) up = addr;
+  }
+  std::vector<double> t;
+  // Two warm-up versions: afterwards every relay publishes into recycled buffers, as in steady state.
+  for (int r = 0; r < repeats + 2; ++r) {
+    const std::uint64_t v = std::uint64_t(r) + 1;
+    const auto t0 = Clock::now();
+    check(head_store->publish(laminar::Version(v), w.manifest, w.named), "publish");
+    for (auto& p : peers) {
+      while (std::strtoull(p->expect("committed ").c_str(), nullptr, 10) < v) {
+      }
+    }
+    if (r >= 2) t.push_back(seconds_since(t0));
+  }
+  return median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "relay") == 0) return run_relay(argv[2]);
+  std::size_t mib = 1024, chain_mib = 64, chunk_kib = 4096;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--chunk-kib") == 0 && i + 1 < argc) chunk_kib = std::strtoull(argv[++i], nullptr, 10);
+    if (std::strcmp(argv[i], "--mib") == 0 && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
+    if (std::strcmp(argv[i], "--chain-mib") == 0 && i + 1 < argc) chain_mib = std::strtoull(argv[++i], nullptr, 10);
+  }
+  mib = std::max<std::size_t>(mib, 16);
+  chain_mib = std::max<std::size_t>(chain_mib, 16);
+  constexpr int kRepeats = 7;
+  Weights w(mib);
+  const std::size_t bytes = w.manifest.total_bytes();
+  std::vector<std::byte> scratch(bytes);
+  std::memset(scratch.data(), 1, bytes);  // touched, so the baseline pays no page faults
+
+  auto store = laminar::RelayStore::create({}).value();
+  std::uint64_t version = 0;
+  std::vector<double> publish_s, memcpy_s;
+  for (int r = 0; r < kRepeats + 2; ++r) {
+    const auto t0 = Clock::now();
+    check(store->publish(laminar::Version(++version), w.manifest, w.named), "publish");
+    const double ours = seconds_since(t0);
+    // Not timed: the sealer finishes hashing before the next round, as it would while the actor trains.
+    check(store->wait_for_version(laminar::Version(version), std::chrono::seconds(60)), "commit");
+    const auto t1 = Clock::now();
+    w.copy_to(scratch.data());
+    const double base = seconds_since(t1);
+    if (r >= 2) {
+      publish_s.push_back(ours);
+      memcpy_s.push_back(base);
+    }
+  }
+  laminar::bench::report_time("relay_publish_stall_" + std::to_string(mib) + "MiB", "s", median(publish_s),
+                              "memcpy", median(memcpy_s));
+
+  // Pull into host destinations, the engine's weight buffers.
+  Weights dst(mib);
+  auto puller = laminar::WeightPuller::create(store).value();
+  std::vector<double> pull_s, copy_s;
+  for (int r = 0; r < kRepeats + 1; ++r) {
+    const auto t0 = Clock::now();
+    check(puller->pull(laminar::Version(version), dst.named, false), "pull");
+    const double ours = seconds_since(t0);
+    const auto t1 = Clock::now();
+    w.copy_to(scratch.data());
+    const double base = seconds_since(t1);
+    if (r >= 1) {
+      pull_s.push_back(ours);
+      copy_s.push_back(base);
+    }
+  }
+  if (std::memcmp(dst.data[3].data(), w.data[3].data(), dst.data[3].size() * 4) != 0) {
+    std::fprintf(stderr, "relay_bench: pulled bytes differ\n");
+    return 1;
+  }
+  laminar::bench::report_throughput("relay_pull_host_same_process_" + std::to_string(mib) + "MiB", "GB/s",
+                                    double(bytes) / median(pull_s) / 1e9, "memcpy",
+                                    double(bytes) / median(copy_s) / 1e9);
+
+  const Weights cw(chain_mib);
+  const double one_link = broadcast_seconds(cw, Shape::kOneLink, 3, chunk_kib << 10);
+  const double star = broadcast_seconds(cw, Shape::kStar, 3, chunk_kib << 10);
+  const double chain = broadcast_seconds(cw, Shape::kChain, 3, chunk_kib << 10);
+  const std::string suffix = "_" + std::to_string(chain_mib) + "MiB";
+  laminar::bench::report_time("relay_star_4_relays" + suffix, "s", star, "one_link_transfer", one_link);
+  laminar::bench::report_time("relay_chain_4_relays" + suffix, "s", chain, "one_link_transfer", one_link);
+  return 0;
+}
