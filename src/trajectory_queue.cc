@@ -268,6 +268,8 @@ std::string QueueStats::to_json() const {
                 {"leases", leases},
                 {"leased_trajectories", leased_trajectories},
                 {"held_tokens", held_tokens},
+                {"blocked_producers", blocked_producers},
+                {"blocked_consumers", blocked_consumers},
                 {"newest_version", newest_version.value()}};
   j["flow"] = {{"pushed", pushed},           {"delivered", delivered},
                {"acked", acked},             {"nacked_batches", nacked_batches},
@@ -1100,6 +1102,8 @@ QueueStats TrajectoryQueue::stats() const {
   s.leases = q.leases.size();
   s.leased_trajectories = q.leased_trajectories;
   s.held_tokens = q.held_tokens;
+  s.blocked_producers = std::size_t(q.space_waiters);
+  s.blocked_consumers = std::size_t(q.data_waiters);
   s.newest_version = q.newest;
   s.wal = q.wal != nullptr;
   if (q.wal) {

@@ -209,6 +209,8 @@ struct QueueStats {
   std::size_t leases = 0;              // batches leased, not yet acked
   std::size_t leased_trajectories = 0;
   std::size_t held_tokens = 0;         // all tokens the queue holds, what capacity_tokens bounds
+  std::size_t blocked_producers = 0;   // threads waiting in push() for space
+  std::size_t blocked_consumers = 0;   // threads waiting in pop_batch() for trajectories
   Version newest_version;
   // Flow.
   std::uint64_t pushed = 0;
