@@ -15,6 +15,7 @@
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
+#include <thread>
 #include <utility>
 
 #include "trajectory_wal.h"
@@ -53,19 +54,25 @@ Status check_tokens(const std::vector<std::int32_t>& tokens, std::string_view fi
 
 }  // namespace
 
-Status validate_trajectory(const Trajectory& t) {
+namespace {
+
+// The O(tokens) part of validate_trajectory.
+Status validate_contents(const Trajectory& t) {
   const std::uint64_t id = t.id.value();
-  if (t.logprobs.size() != t.response_tokens.size()) {
-    return invalid_argument(fmt::format("trajectory {}: {} logprobs for {} response tokens", id,
-                                        t.logprobs.size(), t.response_tokens.size()));
-  }
   LAMINAR_RETURN_IF_ERROR(check_tokens(t.prompt_tokens, "prompt_tokens", t.id));
   LAMINAR_RETURN_IF_ERROR(check_tokens(t.response_tokens, "response_tokens", t.id));
-  // NaN fails `lp <= kMaxLogprob`, +inf too; -inf is caught by the isinf pass below only when the
-  // cheap scan says something is off, which keeps the common case one pass.
-  bool ok = true;
-  for (float lp : t.logprobs) ok &= (lp <= kMaxLogprob) & (lp > -INFINITY);
-  if (!ok) {
+  // One branch-free pass; the slow pass only runs to name the culprit.
+  // On the bits, so it vectorises: an exponent of all ones is inf or NaN; as signed integers,
+  // positive floats order like their values and negative ones are all below kMaxLogprob's.
+  std::int32_t max_bits;
+  std::memcpy(&max_bits, &kMaxLogprob, 4);
+  std::uint32_t bad = 0;
+  for (float lp : t.logprobs) {
+    std::uint32_t b;
+    std::memcpy(&b, &lp, 4);
+    bad |= std::uint32_t((b & 0x7f800000u) == 0x7f800000u) | std::uint32_t(std::int32_t(b) > max_bits);
+  }
+  if (bad != 0) {
     for (std::size_t i = 0; i < t.logprobs.size(); ++i) {
       const float lp = t.logprobs[i];
       if (!std::isfinite(lp) || lp > kMaxLogprob) {
@@ -74,6 +81,26 @@ Status validate_trajectory(const Trajectory& t) {
       }
     }
   }
+  if (!t.metadata.empty()) {
+    const auto first = t.metadata.find_first_not_of(" \t\r\n");
+    if (first == std::string::npos || t.metadata[first] != '{' ||
+        !nlohmann::json::accept(t.metadata)) {
+      return invalid_argument(fmt::format("trajectory {}: metadata is not a JSON object: '{}'", id,
+                                          t.metadata.substr(0, 64)));
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status validate_trajectory(const Trajectory& t, bool contents) {
+  const std::uint64_t id = t.id.value();
+  if (t.logprobs.size() != t.response_tokens.size()) {
+    return invalid_argument(fmt::format("trajectory {}: {} logprobs for {} response tokens", id,
+                                        t.logprobs.size(), t.response_tokens.size()));
+  }
+  if (contents) LAMINAR_RETURN_IF_ERROR(validate_contents(t));
   if (t.rewards.empty()) return invalid_argument(fmt::format("trajectory {}: no reward", id));
   for (std::size_t i = 0; i < t.rewards.size(); ++i) {
     if (!std::isfinite(t.rewards[i])) {
@@ -94,14 +121,6 @@ Status validate_trajectory(const Trajectory& t) {
   if (std::uint8_t(t.finish_reason) > std::uint8_t(FinishReason::kError)) {
     return invalid_argument(fmt::format("trajectory {}: finish_reason {} is not a FinishReason", id,
                                         int(t.finish_reason)));
-  }
-  if (!t.metadata.empty()) {
-    const auto first = t.metadata.find_first_not_of(" \t\r\n");
-    if (first == std::string::npos || t.metadata[first] != '{' ||
-        !nlohmann::json::accept(t.metadata)) {
-      return invalid_argument(fmt::format("trajectory {}: metadata is not a JSON object: '{}'", id,
-                                          t.metadata.substr(0, 64)));
-    }
   }
   return ok_status();
 }
@@ -371,6 +390,74 @@ class RecentSet {
   std::deque<std::uint64_t> order_;
 };
 
+// Open-addressing set of 64-bit ids (linear probing, backward-shift deletion): no node per id,
+// which the dedup window of 65k ids would otherwise allocate and free on every push and ack.
+class IdSet {
+ public:
+  IdSet() : slots_(64, kEmpty) {}
+  bool contains(std::uint64_t id) const {
+    if (id == kEmpty) return has_empty_key_;
+    for (std::size_t i = home(id);; i = (i + 1) & mask()) {
+      if (slots_[i] == id) return true;
+      if (slots_[i] == kEmpty) return false;
+    }
+  }
+  // False if already present.
+  bool insert(std::uint64_t id) {
+    if (id == kEmpty) return !std::exchange(has_empty_key_, true);
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    std::size_t i = home(id);
+    for (; slots_[i] != kEmpty; i = (i + 1) & mask()) {
+      if (slots_[i] == id) return false;
+    }
+    slots_[i] = id;
+    ++size_;
+    return true;
+  }
+  void erase(std::uint64_t id) {
+    if (id == kEmpty) {
+      has_empty_key_ = false;
+      return;
+    }
+    std::size_t i = home(id);
+    for (; slots_[i] != id; i = (i + 1) & mask()) {
+      if (slots_[i] == kEmpty) return;
+    }
+    // Shift later members of the probe run back so no lookup stops early at the hole.
+    for (std::size_t j = (i + 1) & mask(); slots_[j] != kEmpty; j = (j + 1) & mask()) {
+      const std::size_t h = home(slots_[j]);
+      // Movable into the hole unless its home lies cyclically in (i, j].
+      if (((j - h) & mask()) >= ((j - i) & mask())) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = kEmpty;
+    --size_;
+  }
+
+ private:
+  static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);
+  std::size_t mask() const { return slots_.size() - 1; }
+  std::size_t home(std::uint64_t x) const {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return std::size_t(x) & mask();
+  }
+  void grow() {
+    std::vector<std::uint64_t> old(slots_.size() * 2, kEmpty);
+    old.swap(slots_);
+    size_ = 0;
+    for (std::uint64_t id : old) {
+      if (id != kEmpty) insert(id);
+    }
+  }
+  std::vector<std::uint64_t> slots_;
+  std::size_t size_ = 0;
+  bool has_empty_key_ = false;
+};
+
 struct Entry {
   Trajectory t;
   std::uint32_t unit_len = 0;  // > 0 at a unit's first entry
@@ -389,6 +476,19 @@ struct PendingGroup {
 std::size_t wal_record_bytes(const Trajectory& t) { return 24 + encoded_size(t); }
 
 constexpr std::size_t kExpiredBatchMemory = 1 << 16;
+constexpr int kSpinRounds = 64;
+
+// Locks `mu`, spinning briefly first: critical sections here are a few hundred nanoseconds, far
+// less than putting a thread to sleep on the futex and waking it again.
+std::unique_lock<std::mutex> lock_spinning(std::mutex& mu) {
+  for (int i = 0; i < 128; ++i) {
+    if (mu.try_lock()) return std::unique_lock<std::mutex>(mu, std::adopt_lock);
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return std::unique_lock<std::mutex>(mu);
+}
 
 }  // namespace
 
@@ -397,7 +497,6 @@ struct TrajectoryQueue::Impl {
       : opt(std::move(o)),
         clock(opt.clock ? opt.clock : Clock::steady()),
         newest(opt.initial_version),
-        recent_ids(opt.id_dedup_window),
         closed_groups(opt.id_dedup_window),
         expired_batches(kExpiredBatchMemory) {}
 
@@ -414,13 +513,18 @@ struct TrajectoryQueue::Impl {
   std::atomic<std::uint64_t> newest_atomic{0};
   Version newest;
 
-  std::unordered_set<std::uint64_t> live_ids;  // in the queue: pending, ready or leased
-  RecentSet recent_ids;                        // retired lately
+  // Ids refused on push: those in the queue (pending, ready or leased) and the last
+  // id_dedup_window retired, which `retired` lists oldest first.
+  IdSet known_ids;
+  std::deque<std::uint64_t> retired;
   RecentSet closed_groups;
   RecentSet expired_batches;
 
   Ring<Entry> ready;
   std::size_t ready_count = 0;
+  // ready_count as of the last change, read without the lock by consumers spinning before they
+  // sleep (sleeping and waking costs more than a whole push).
+  std::atomic<std::size_t> ready_hint{0};
   std::size_t ready_tokens = 0;
   std::unordered_map<std::uint64_t, PendingGroup> groups;
   std::size_t pending_trajectories = 0;
@@ -451,6 +555,7 @@ struct TrajectoryQueue::Impl {
   // --- helpers, all called with `mu` held ---
 
   void notify_data() {
+    ready_hint.store(ready_count, std::memory_order_relaxed);
     if (data_waiters > 0) data_cv.notify_all();
   }
   void notify_space() {
@@ -474,9 +579,16 @@ struct TrajectoryQueue::Impl {
   }
 
   // Forgets trajectories for good (acked or dropped). Their ids stay refused for a while.
+  void remember_retired(std::uint64_t id) {
+    retired.push_back(id);
+    if (retired.size() > opt.id_dedup_window) {
+      known_ids.erase(retired.front());
+      retired.pop_front();
+    }
+  }
+
   void retire(const Trajectory& t) {
-    live_ids.erase(t.id.value());
-    recent_ids.add(t.id.value());
+    remember_retired(t.id.value());
     held_count -= 1;
     held_tokens -= t.num_tokens();
     if (wal) wal_live_bytes -= wal_record_bytes(t);
@@ -586,10 +698,10 @@ struct TrajectoryQueue::Impl {
       // The dedup windows survive a restart too.
       std::string buf;
       const std::uint64_t head = std::uint64_t(internal::WalRetireReason::kWindow);
-      const std::uint64_t n = recent_ids.values().size();
+      const std::uint64_t n = retired.size();
       buf.append(reinterpret_cast<const char*>(&head), 8);
       buf.append(reinterpret_cast<const char*>(&n), 8);
-      for (std::uint64_t id : recent_ids.values()) buf.append(reinterpret_cast<const char*>(&id), 8);
+      for (std::uint64_t id : retired) buf.append(reinterpret_cast<const char*>(&id), 8);
       LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kRetire, buf));
       for (std::uint64_t gid : closed_groups.values()) {
         LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kGroupClosed,
@@ -651,7 +763,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
         for (std::uint64_t i = 0; i < n; ++i) {
           std::uint64_t id;
           std::memcpy(&id, p.data() + 16 + 8 * i, 8);
-          recent_ids.add(id);
+          if (known_ids.insert(id)) remember_retired(id);
           auto it = index.find(id);
           if (it != index.end()) {
             order[it->second].reset();
@@ -691,7 +803,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
     if (!slot) continue;
     Trajectory t = std::move(*slot);
     ++recovery.recovered;
-    live_ids.insert(t.id.value());
+    known_ids.insert(t.id.value());
     held_count += 1;
     held_tokens += t.num_tokens();
     wal_live_bytes += wal_record_bytes(t);
@@ -787,7 +899,7 @@ Version TrajectoryQueue::newest_version() const noexcept {
 
 Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   Impl& q = *impl_;
-  if (Status s = validate_trajectory(t); !s.ok()) {
+  if (Status s = validate_trajectory(t, q.opt.validate_contents); !s.ok()) {
     std::lock_guard<std::mutex> l(q.mu);
     ++q.st.rejected_invalid;
     return s;
@@ -804,7 +916,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     encode_trajectory(t, encoded);
   }
 
-  std::unique_lock<std::mutex> l(q.mu);
+  std::unique_lock<std::mutex> l = lock_spinning(q.mu);
   Clock::Duration deadline = Clock::kForever;
   if (options.mode == PushMode::kTimeout) {
     const Clock::Duration now = q.clock->now();
@@ -825,7 +937,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       return reject_invalid(fmt::format("trajectory {}: version {} is ahead of the newest published version {}",
                                         id, t.version.value(), q.newest.value()));
     }
-    if (q.live_ids.count(id) != 0 || q.recent_ids.contains(id)) {
+    if (q.known_ids.contains(id)) {
       return reject_invalid(fmt::format("trajectory {}: id already pushed", id));
     }
     if (tokens > q.opt.capacity_tokens) {
@@ -879,7 +991,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     LAMINAR_RETURN_IF_ERROR(q.wal->append(internal::WalRecordType::kPush, encoded));
     q.wal_live_bytes += wal_record_bytes(t);
   }
-  q.live_ids.insert(id);
+  q.known_ids.insert(id);
   q.held_count += 1;
   q.held_tokens += tokens;
   ++q.st.pushed;
@@ -936,7 +1048,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
   const std::size_t min_count = std::max<std::size_t>(spec.min_trajectories, 1);
   const Clock::Duration lease = spec.lease > Clock::Duration::zero() ? spec.lease : q.opt.default_lease;
 
-  std::unique_lock<std::mutex> l(q.mu);
+  std::unique_lock<std::mutex> l = lock_spinning(q.mu);
   if (spec.consumer_version > q.newest) {
     return invalid_argument(fmt::format("BatchSpec: consumer_version {} is ahead of the newest published {}",
                                         spec.consumer_version.value(), q.newest.value()));
@@ -953,6 +1065,10 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
     const Clock::Duration now = q.clock->now();
     q.process_timers(now);
     if (q.ready_count >= min_count) {
+      const std::size_t expect = std::min(q.ready_count, max_count);
+      d->items.reserve(expect);
+      d->info.reserve(expect);
+      d->unit_len.reserve(expect);
       std::size_t tokens = 0;
       bool full = false;
       dropped.clear();
@@ -1004,6 +1120,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
         q.note_bg(q.wal_retire(internal::WalRetireReason::kStale, dropped));
       }
       if (d->items.size() >= min_count || (full && !d->items.empty())) {
+        q.ready_hint.store(q.ready_count, std::memory_order_relaxed);
         d->id = q.next_batch_id++;
         d->tokens = tokens;
         d->deadline = lease >= Clock::kForever - now ? Clock::kForever : now + lease;
@@ -1024,6 +1141,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
             Entry{std::move(d->items[i]), d->unit_len[i], d->info[i].partial_group, d->info[i].delivery - 1});
       }
       q.ready_count += d->items.size();
+      q.ready_hint.store(q.ready_count, std::memory_order_relaxed);
       d->items.clear();
       d->info.clear();
       d->unit_len.clear();
@@ -1035,6 +1153,15 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
       return deadline_exceeded(fmt::format("pop_batch: only {} of {} trajectories ready after {} ns",
                                            q.ready_count, min_count, spec.wait.count()));
     }
+    // Spin a little first: a producer is usually about to push.
+    bool arrived = false;
+    l.unlock();
+    for (int i = 0; i < kSpinRounds && !arrived; ++i) {
+      std::this_thread::yield();
+      arrived = q.ready_hint.load(std::memory_order_relaxed) >= min_count;
+    }
+    l.lock();
+    if (q.ready_count >= min_count || q.closed) continue;
     ++q.data_waiters;
     q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_timer()));
     --q.data_waiters;
@@ -1043,7 +1170,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
 
 Status TrajectoryQueue::ack(std::uint64_t batch_id) {
   Impl& q = *impl_;
-  std::lock_guard<std::mutex> l(q.mu);
+  std::unique_lock<std::mutex> l = lock_spinning(q.mu);
   q.process_timers(q.clock->now());
   auto it = q.leases.find(batch_id);
   if (it == q.leases.end()) {
