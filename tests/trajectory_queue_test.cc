@@ -864,3 +864,32 @@ TEST_CASE("WAL: compaction keeps the log small and the state intact", "[queue][w
   CHECK(ids_of(*b) == want);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("validate_contents off keeps the O(1) checks only", "[queue][bad-input]") {
+  QueueOptions opt;
+  opt.validate_contents = false;
+  auto q = open_queue(opt);
+  Trajectory odd = make_traj(1);
+  odd.response_tokens[0] = -3;  // not scanned
+  CHECK(q->push(std::move(odd)).ok());
+  Trajectory short_lp = make_traj(2);
+  short_lp.logprobs.pop_back();  // lengths are still checked
+  expect_code(q->push(std::move(short_lp)), StatusCode::kInvalidArgument, "3 logprobs for 4 response tokens");
+  expect_code(q->push(make_traj(3, 1)), StatusCode::kInvalidArgument, "ahead of the newest");
+  CHECK(laminar::validate_trajectory(make_traj(4), false).ok());
+}
+
+TEST_CASE("Batch::release copies while the queue still holds the lease", "[queue][lease]") {
+  auto q = open_queue();
+  REQUIRE(q->push(make_traj(1)).ok());
+  auto b = q->pop_batch(count_spec(1));
+  REQUIRE(b.ok());
+  Batch copy = *b;
+  std::vector<Trajectory> taken = copy.release();  // leased: the queue keeps its own
+  REQUIRE(taken.size() == 1);
+  REQUIRE(q->nack(b->id()).ok());
+  auto again = q->pop_batch(count_spec(1));
+  REQUIRE(again.ok());
+  CHECK(again->trajectories()[0] == taken[0]);
+  CHECK(again->info()[0].delivery == 2);
+}

@@ -1,7 +1,9 @@
 // laminar.h: the umbrella header; includes every public component header and nothing else.
 #pragma once
 
+#include "laminar/clock.h"
 #include "laminar/kernels/cast.h"
 #include "laminar/status.h"
+#include "laminar/trajectory_queue.h"
 #include "laminar/types.h"
 #include "laminar/weight_manifest.h"
