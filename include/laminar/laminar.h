@@ -5,5 +5,6 @@
 #include "laminar/kernels/cast.h"
 #include "laminar/status.h"
 #include "laminar/trajectory_queue.h"
+#include "laminar/transport.h"
 #include "laminar/types.h"
 #include "laminar/weight_manifest.h"

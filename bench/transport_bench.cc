@@ -1,0 +1,237 @@
+// transport_bench: bulk bandwidth of Endpoint::put between two processes, over tcp and over shared
+// memory, each against a baseline measured in the same run:
+//   tcp: a plain TCP socket loop between the same two kinds of process (write N bytes, read an ack);
+//   shm: one memcpy of the same N bytes inside one process.
+// Prints one JSON line per transport, shared memory last (the headline).
+//
+//   transport_bench [--bytes N] [--repeats R]
+// The benchmark starts its own peer by re-executing itself (`transport_bench serve <tls>` and
+// `transport_bench sink <port>`), and stops it before exiting.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "laminar/transport.h"
+
+using namespace std::chrono_literals;
+using namespace laminar;
+
+extern char** environ;
+
+namespace {
+
+constexpr MessageType kRegion = 1;
+constexpr MessageType kExit = 2;
+const char* const kToken = "transport-bench-token-0123456789";
+
+TransportOptions options(const std::string& tls) {
+  TransportOptions o;
+  o.cluster_token = kToken;
+  o.ucx_transports = tls;
+  o.operation_timeout = 60s;
+  return o;
+}
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "transport_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+// A child process of this binary, its stdout read line by line; killed and reaped on destruction.
+class Peer {
+ public:
+  explicit Peer(const std::vector<std::string>& args) {
+    int fds[2];
+    if (pipe(fds) != 0) die("pipe failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<std::string> argv{"/proc/self/exe"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> c;
+    for (auto& a : argv) c.push_back(a.data());
+    c.push_back(nullptr);
+    if (posix_spawn(&pid_, "/proc/self/exe", &actions, nullptr, c.data(), environ) != 0) die("spawn failed");
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~Peer() {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    std::fclose(out_);
+  }
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+
+  std::string line() {
+    char buf[256];
+    if (std::fgets(buf, sizeof(buf), out_) == nullptr) die("peer exited before answering");
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+int serve(const std::string& tls, std::size_t bytes) {
+  auto t = Transport::create(options(tls));
+  if (!t.ok()) die(t.status().to_string());
+  auto region = t->allocate(bytes);
+  if (!region.ok()) die(region.status().to_string());
+  std::memset(region->data(), 0, bytes);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  t->on_message(kRegion, [&](Incoming in) {
+    (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize()));
+  });
+  t->on_message(kExit, [&](Incoming in) {
+    (void)in.from.reply(in, in.message);
+    std::lock_guard lock(mu);
+    done = true;
+    cv.notify_all();
+  });
+  auto address = t->listen("127.0.0.1", 0);
+  if (!address.ok()) die(address.status().to_string());
+  std::printf("%s\n", address->c_str());
+  std::fflush(stdout);
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return done; });
+  return 0;
+}
+
+// Plain TCP baseline peer: reads `bytes` per round, answers one byte.
+int sink(std::size_t bytes) {
+  const int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(ls, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(ls, 1) != 0) die("sink: bind/listen");
+  getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+  std::printf("%d\n", ntohs(a.sin_port));
+  std::fflush(stdout);
+  const int s = accept(ls, nullptr, nullptr);
+  std::vector<char> buf(std::size_t{4} << 20);
+  for (;;) {
+    std::size_t got = 0;
+    while (got < bytes) {
+      const ssize_t n = read(s, buf.data(), std::min(buf.size(), bytes - got));
+      if (n <= 0) return 0;
+      got += static_cast<std::size_t>(n);
+    }
+    const char ack = 1;
+    if (write(s, &ack, 1) != 1) return 0;
+  }
+}
+
+double transport_put_gbps(const std::string& tls, std::size_t bytes, int repeats) {
+  Peer peer({"serve", tls, std::to_string(bytes)});
+  const std::string address = peer.line();
+  auto t = Transport::create(options(tls));
+  if (!t.ok()) die(t.status().to_string());
+  auto ep = t->connect(address);
+  if (!ep.ok()) die(ep.status().to_string());
+  auto desc = ep->request(Message::from_string(kRegion, ""));
+  if (!desc.ok()) die(desc.status().to_string());
+  auto remote = RemoteRegion::deserialize(desc->body);
+  if (!remote.ok()) die(remote.status().to_string());
+  auto local = t->allocate(bytes);
+  if (!local.ok()) die(local.status().to_string());
+  std::memset(local->data(), 0x5a, bytes);
+  std::fprintf(stderr, "transport_bench: %s lanes:\n%s", tls.empty() ? "default" : tls.c_str(),
+               ep->transport_info().c_str());
+  const auto timing = bench::measure(
+      [&] {
+        const Status s = ep->put(*local, 0, *remote, 0, bytes).get();
+        if (!s.ok()) die(s.to_string());
+      },
+      {.warmup = 2, .repeats = repeats});
+  (void)ep->request(Message::from_string(kExit, ""));
+  return static_cast<double>(bytes) / timing.median_s / 1e9;
+}
+
+double socket_loop_gbps(std::size_t bytes, int repeats) {
+  Peer peer({"sink", std::to_string(bytes)});
+  const int port = std::atoi(peer.line().c_str());
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) die("socket baseline: connect");
+  std::vector<char> buf(bytes, 0x5a);
+  const auto timing = bench::measure(
+      [&] {
+        std::size_t sent = 0;
+        while (sent < bytes) {
+          const ssize_t n = write(s, buf.data() + sent, bytes - sent);
+          if (n <= 0) die("socket baseline: write");
+          sent += static_cast<std::size_t>(n);
+        }
+        char ack;
+        if (read(s, &ack, 1) != 1) die("socket baseline: ack");
+      },
+      {.warmup = 2, .repeats = repeats});
+  close(s);
+  return static_cast<double>(bytes) / timing.median_s / 1e9;
+}
+
+double memcpy_gbps(std::size_t bytes, int repeats) {
+  std::vector<char> src(bytes, 0x5a);
+  std::vector<char> dst(bytes, 0);
+  const auto timing = bench::measure([&] { std::memcpy(dst.data(), src.data(), bytes); },
+                                     {.warmup = 2, .repeats = repeats});
+  if (dst[bytes / 2] != 0x5a) die("memcpy baseline did not copy");
+  return static_cast<double>(bytes) / timing.median_s / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 3 && args[0] == "serve") return serve(args[1], std::strtoull(args[2].c_str(), nullptr, 10));
+  if (args.size() == 2 && args[0] == "sink") return sink(std::strtoull(args[1].c_str(), nullptr, 10));
+  std::size_t bytes = std::size_t{256} << 20;
+  int repeats = 9;
+  for (std::size_t i = 0; i + 1 < args.size(); i += 2) {
+    if (args[i] == "--bytes") {
+      bytes = std::strtoull(args[i + 1].c_str(), nullptr, 10);
+    } else if (args[i] == "--repeats") {
+      repeats = std::atoi(args[i + 1].c_str());
+    } else {
+      die("usage: transport_bench [--bytes N] [--repeats R]");
+    }
+  }
+  if (bytes == 0 || repeats <= 0) die("--bytes and --repeats must be positive");
+  signal(SIGPIPE, SIG_IGN);
+
+  const double tcp = transport_put_gbps("tcp", bytes, repeats);
+  const double sock = socket_loop_gbps(bytes, repeats);
+  bench::report_throughput("transport_put_tcp", "GB/s", tcp, "tcp_socket_loop", sock);
+  const double shm = transport_put_gbps("", bytes, repeats);
+  const double copy = memcpy_gbps(bytes, repeats);
+  bench::report_throughput("transport_put_shm", "GB/s", shm, "memcpy", copy);
+  return 0;
+}

@@ -1,0 +1,240 @@
+// transport.h: Transport, Endpoint and MemoryRegion, laminar's one way across a process or a machine.
+//
+// Built on UCX (UCP): a Transport owns one UCP context and worker, driven by its own progress thread
+// that sleeps on the worker's wakeup fd when idle, so the host application never spins. Peers connect
+// by host:port (UCP listener / sockaddr) and authenticate with a shared cluster token before anything
+// else is served. Two kinds of traffic flow over an Endpoint:
+//   - control messages: small typed messages (UCP active messages) of at most max_message_bytes,
+//     one-way (send) or request/reply (request), delivered to per-type handlers or to receive();
+//   - bulk bytes: memory registered once (MemoryRegion), then one-sided put/get against a peer's
+//     RemoteRegion (zero-copy where the UCX transport allows it: shared memory, CMA, RDMA).
+// The relay chain, remote queue producers, weight pulls and KV migration all sit on top of this.
+//
+//   auto server = laminar::Transport::create({.cluster_token = token}).value();
+//   std::string addr = server.listen("127.0.0.1", 0).value();         // "127.0.0.1:41234"
+//   auto client = laminar::Transport::create({.cluster_token = token}).value();
+//   laminar::Endpoint ep = client.connect(addr).value();              // authenticated
+//   laminar::Result<laminar::Message> r = ep.request(laminar::Message::from_string(7, "hi"));
+//
+// Every call returns a Status; a vanished peer, a refused or unauthenticated connection, a timeout,
+// or a malformed message is reported to the caller and to every pending operation on that endpoint
+// (kUnavailable, kFailedPrecondition, kDeadlineExceeded, kInvalidArgument, kDataLoss). Nothing waits
+// forever: every operation carries a deadline.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "laminar/status.h"
+
+namespace laminar {
+
+namespace internal {
+class TransportCore;
+class EndpointState;
+class RegionState;
+}  // namespace internal
+
+// Application-defined message kind; the whole 32-bit range is free (laminar's own handshake and
+// reply frames are told apart on the wire by another field).
+using MessageType = std::uint32_t;
+
+// "Use TransportOptions::operation_timeout" where a call takes a timeout.
+inline constexpr std::chrono::milliseconds kDefaultTimeout{-1};
+
+struct TransportOptions {
+  // Shared secret of the cluster, at least kMinTokenBytes bytes. Peers prove they hold it with a
+  // mutual challenge-response (HMAC-SHA-256 over fresh random nonces, libsodium); the token itself
+  // never crosses the wire. A peer that fails is refused before any message or memory is served.
+  std::string cluster_token;
+  // UCX transports in UCX_TLS syntax ("tcp" forces the network, "" lets UCX choose, e.g. shared
+  // memory on one host). "tcp" is always added because UCX's sockaddr connection setup needs it, and
+  // shared memory is kept usable under peer-failure detection (UCX drops it unless told otherwise).
+  std::string ucx_transports;
+  // Largest control message body accepted or sent; bigger ones are kInvalidArgument. Bulk data goes
+  // through put/get, which has no such limit.
+  std::size_t max_message_bytes = std::size_t{16} << 20;
+  // Connection setup including authentication.
+  std::chrono::milliseconds connect_timeout{10'000};
+  // Default deadline of send / request / put / get.
+  std::chrono::milliseconds operation_timeout{30'000};
+
+  static constexpr std::size_t kMinTokenBytes = 16;
+};
+
+struct Message {
+  MessageType type = 0;
+  std::vector<std::byte> body;
+
+  static Message from_string(MessageType type, std::string_view text);
+  static Message from_bytes(MessageType type, std::span<const std::byte> bytes);
+  std::string_view text() const noexcept {
+    return {reinterpret_cast<const char*>(body.data()), body.size()};
+  }
+};
+
+// Where a peer's registered memory lives, as that peer's MemoryRegion::remote() describes it. Ship it
+// in a message (serialize / deserialize) so the other side can put into it or get from it.
+struct RemoteRegion {
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;
+  std::vector<std::byte> rkey;  // UCX packed remote key
+
+  std::vector<std::byte> serialize() const;
+  // kDataLoss for truncated or corrupt bytes.
+  static Result<RemoteRegion> deserialize(std::span<const std::byte> bytes);
+};
+
+// Memory registered with one Transport for put/get (RAII: unregistered when the last copy goes).
+// Either the caller's memory (Transport::register_memory; the caller keeps it alive and in place for
+// the region's lifetime) or memory the transport allocates (Transport::allocate).
+class MemoryRegion {
+ public:
+  MemoryRegion() = default;
+  bool valid() const noexcept { return state_ != nullptr; }
+  std::byte* data() const noexcept;  // [size()] bytes
+  std::size_t size() const noexcept;
+  std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
+  // What a peer needs to reach this memory. Anyone holding it (and authenticated on this transport)
+  // can read and write the whole region until it is destroyed.
+  RemoteRegion remote() const;
+
+ private:
+  friend class internal::TransportCore;
+  explicit MemoryRegion(std::shared_ptr<internal::RegionState> s) : state_(std::move(s)) {}
+  std::shared_ptr<internal::RegionState> state_;
+};
+
+struct Incoming;
+
+// Completion callback of put/get. Runs on the transport's callback thread (see MessageHandler).
+using CompletionCallback = std::function<void(Status)>;
+
+// One authenticated connection to a peer. A cheap handle: copies share the connection. All methods
+// are thread-safe. Once the peer vanishes, the link breaks or close() is called, every pending and
+// later operation fails with the endpoint's error (status()).
+class Endpoint {
+ public:
+  Endpoint() = default;
+  bool valid() const noexcept { return state_ != nullptr; }
+  // Unique within its transport.
+  std::uint64_t id() const noexcept;
+  // "host:port" of the peer as given to connect, or as seen by the listener.
+  std::string peer_address() const;
+  // OK while usable; else the first error (kUnavailable: peer vanished or closed; kDataLoss or
+  // kInvalidArgument: the peer sent a malformed message and was disconnected; kCancelled: closed here).
+  Status status() const;
+  // The UCX lanes in use ("posix", "cma", "tcp", ...), as UCX prints them; for diagnostics and tests.
+  std::string transport_info() const;
+
+  // One-way message. Returns once UCX no longer needs the body (not a delivery receipt).
+  // kInvalidArgument: body larger than max_message_bytes. kUnavailable: endpoint broken.
+  Status send(const Message& message, std::chrono::milliseconds timeout = kDefaultTimeout);
+
+  // Request/reply: the peer's handler answers with reply() or reply_error(). The reply's Status is
+  // returned as is for reply_error; kDeadlineExceeded when no answer comes in time (a late answer is
+  // dropped); kUnavailable when the endpoint breaks first.
+  Result<Message> request(const Message& message, std::chrono::milliseconds timeout = kDefaultTimeout);
+  std::future<Result<Message>> request_async(const Message& message,
+                                             std::chrono::milliseconds timeout = kDefaultTimeout);
+
+  // Answers a request received on this endpoint (to.request_id != 0, else kInvalidArgument).
+  Status reply(const Incoming& to, const Message& message);
+  // Makes the requester's request() return `error` (not OK, else kInvalidArgument).
+  Status reply_error(const Incoming& to, const Status& error);
+
+  // One-sided bulk copy of `length` bytes from local[local_offset] to the peer's remote[remote_offset]
+  // (put) or back (get). The future (and `done`, if given) completes when the bytes have arrived at
+  // their destination (put: visible in the peer's memory). kInvalidArgument for a range outside
+  // either region or a region of another transport; kUnavailable / kDeadlineExceeded as above.
+  // Preconditions (else kInvalidArgument): local.valid(); local_offset + length <= local.size();
+  // remote_offset + length <= remote.size.
+  std::future<Status> put(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                          std::uint64_t remote_offset, std::size_t length,
+                          std::chrono::milliseconds timeout = kDefaultTimeout,
+                          CompletionCallback done = {});
+  std::future<Status> get(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                          std::uint64_t remote_offset, std::size_t length,
+                          std::chrono::milliseconds timeout = kDefaultTimeout,
+                          CompletionCallback done = {});
+
+  // Disconnects; pending operations fail with kCancelled. Idempotent.
+  void close();
+
+ private:
+  friend class internal::TransportCore;
+  explicit Endpoint(std::shared_ptr<internal::EndpointState> s) : state_(std::move(s)) {}
+  std::shared_ptr<internal::EndpointState> state_;
+};
+
+// A message as delivered to a handler or by receive().
+struct Incoming {
+  // The sender; reply through it, or keep it to talk back later.
+  Endpoint from;
+  Message message;
+  // Non-zero when the sender waits in request(): answer with from.reply(*this, ...).
+  std::uint64_t request_id = 0;
+};
+
+// Runs on the transport's callback thread, one message at a time in arrival order. It may call any
+// Endpoint or Transport method (including blocking ones), but while it runs no other handler or
+// completion callback of that transport runs.
+using MessageHandler = std::function<void(Incoming)>;
+
+// Owns the UCP context, worker, listener, endpoints and the progress and callback threads. Movable,
+// not copyable. Destroying it closes every endpoint and fails every pending operation (kCancelled);
+// MemoryRegions and Endpoint handles may outlive it (their operations then fail).
+class Transport {
+ public:
+  // kInvalidArgument: token shorter than kMinTokenBytes, zero max_message_bytes, non-positive timeouts.
+  // kUnavailable: UCX could not start. (UCX warns about, and skips, unknown names in ucx_transports.)
+  static Result<Transport> create(TransportOptions options);
+
+  Transport(Transport&&) noexcept;
+  Transport& operator=(Transport&&) noexcept;
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+  ~Transport();
+
+  // Starts accepting connections on host:port (port 0: any free port). Returns the bound
+  // "host:port". kInvalidArgument: host is not an IPv4/IPv6 address; kUnavailable: cannot bind;
+  // kFailedPrecondition: already listening.
+  Result<std::string> listen(std::string_view host, std::uint16_t port);
+
+  // Connects to "host:port" and authenticates both ways. kInvalidArgument: malformed address;
+  // kUnavailable: nobody listens there or the link is down; kFailedPrecondition: the peer refused our
+  // token or could not prove it holds the same one; kDeadlineExceeded: no answer within timeout
+  // (default connect_timeout).
+  Result<Endpoint> connect(std::string_view address, std::chrono::milliseconds timeout = kDefaultTimeout);
+
+  // Next peer that connected to our listener and authenticated. kDeadlineExceeded after timeout.
+  Result<Endpoint> accept(std::chrono::milliseconds timeout);
+
+  // Routes messages of `type` to `handler` (replacing any earlier one; an empty function removes it).
+  // Messages of types without a handler queue up for receive().
+  void on_message(MessageType type, MessageHandler handler);
+  // Next message of a type without a handler. kDeadlineExceeded after timeout; kCancelled once the
+  // transport is shutting down.
+  Result<Incoming> receive(std::chrono::milliseconds timeout);
+
+  // Registers [data, data + size) for put/get. kInvalidArgument: null or empty.
+  Result<MemoryRegion> register_memory(void* data, std::size_t size);
+  // Allocates and registers `size` bytes (page aligned). kResourceExhausted when that fails.
+  Result<MemoryRegion> allocate(std::size_t size);
+
+  const TransportOptions& options() const noexcept;
+
+ private:
+  explicit Transport(std::shared_ptr<internal::TransportCore> core);
+  std::shared_ptr<internal::TransportCore> core_;
+};
+
+}  // namespace laminar

@@ -1,0 +1,1709 @@
+// The UCX-backed transport (include/laminar/transport.h).
+//
+// Threading: every UCP worker call happens on one progress thread. Other threads hand it commands
+// through a queue and an eventfd; it answers through promises. While UCX operations are in flight it
+// polls the worker (full bandwidth); once idle it arms the worker and sleeps in epoll on the worker's
+// wakeup fd, the command eventfd and the nearest deadline. User callbacks (message handlers, put/get
+// completions) run on a second, callback thread, so a slow handler never stalls the wire and a
+// handler may itself block on transport calls. Context-level calls (memory registration) are made
+// from any thread: the context is created with mt_workers_shared for that.
+#include <fmt/format.h>
+#include <netdb.h>
+#include <sodium.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "laminar/transport.h"
+#include "transport/testing.h"
+#include "transport/wire.h"
+
+namespace laminar::internal {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+// The single UCP active-message id laminar registers; every frame travels on it.
+constexpr unsigned kAmId = 0x1a;
+// After the last UCX event, keep polling this long before arming the wakeup fd: a transfer that
+// continues within it never pays a sleep/wake round trip.
+constexpr auto kSpinAfterActivity = std::chrono::microseconds(200);
+// How long shutdown waits for endpoints to close before the worker is destroyed anyway.
+constexpr auto kCloseGrace = milliseconds(1000);
+
+std::string ucs_text(ucs_status_t s) { return ucs_status_string(s); }
+
+std::string sockaddr_text(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = {};
+  std::uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+    return fmt::format("{}:{}", host, port);
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+    return fmt::format("[{}]:{}", host, port);
+  }
+  return "<unknown address>";
+}
+
+// "host:port" or "[v6]:port" -> sockaddr. kInvalidArgument names what is wrong.
+Result<sockaddr_storage> parse_address(std::string_view address) {
+  std::string host;
+  std::string port_text;
+  if (!address.empty() && address.front() == '[') {
+    const auto close = address.find(']');
+    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return invalid_argument(fmt::format("address '{}' is not [ipv6]:port", address));
+    }
+    host = std::string(address.substr(1, close - 1));
+    port_text = std::string(address.substr(close + 2));
+  } else {
+    const auto colon = address.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) {
+      return invalid_argument(fmt::format("address '{}' is not host:port", address));
+    }
+    host = std::string(address.substr(0, colon));
+    port_text = std::string(address.substr(colon + 1));
+  }
+  char* end = nullptr;
+  const long port = port_text.empty() ? -1 : std::strtol(port_text.c_str(), &end, 10);
+  if (port < 1 || port > 65535 || (end != nullptr && *end != '\0')) {
+    return invalid_argument(fmt::format("address '{}': port '{}' is not in 1..65535", address, port_text));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return invalid_argument(fmt::format("address '{}': host '{}' does not resolve ({})", address, host,
+                                        gai_strerror(rc)));
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, found->ai_addr, found->ai_addrlen);
+  freeaddrinfo(found);
+  return ss;
+}
+
+// UCX_TLS value that keeps the user's choice but always includes tcp, without which UCX cannot set
+// up a client/server (sockaddr) connection.
+std::string transports_with_tcp(std::string tls) {
+  if (tls.empty() || tls == "all") return tls;
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  const bool exclude = tls.front() == '^';
+  if (exclude) start = 1;
+  while (start <= tls.size()) {
+    const auto comma = tls.find(',', start);
+    const auto end = comma == std::string::npos ? tls.size() : comma;
+    if (end > start) items.push_back(tls.substr(start, end - start));
+    start = end + 1;
+  }
+  const auto is_tcp = [](const std::string& s) { return s == "tcp"; };
+  const bool has_tcp = std::any_of(items.begin(), items.end(), is_tcp);
+  if (exclude) {
+    items.erase(std::remove_if(items.begin(), items.end(), is_tcp), items.end());
+    if (items.empty()) return "all";
+  } else if (!has_tcp) {
+    items.emplace_back("tcp");
+  }
+  std::string out = exclude ? "^" : "";
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
+  return out;
+}
+
+// Whether a UCX_TLS value (after transports_with_tcp) lets UCX pick a shared-memory transport.
+bool may_use_shared_memory(const std::string& tls) {
+  if (tls.empty() || tls == "all" || tls.front() == '^') return true;
+  for (const char* name : {"sm", "shm", "mm", "posix", "sysv"}) {
+    const std::string n(name);
+    std::size_t at = 0;
+    while ((at = tls.find(n, at)) != std::string::npos) {
+      const bool starts = at == 0 || tls[at - 1] == ',';
+      const bool ends = at + n.size() == tls.size() || tls[at + n.size()] == ',' || tls[at + n.size()] == ':';
+      if (starts && ends) return true;
+      at += n.size();
+    }
+  }
+  return false;
+}
+
+using Key = std::array<unsigned char, crypto_auth_hmacsha256_KEYBYTES>;
+using Nonce = std::array<std::byte, kNonceBytes>;
+
+// HMAC-SHA-256 over role || client nonce || server nonce: each side's proof is bound to this
+// connection's fresh nonces (no replay) and to its role (a proof cannot be reflected back).
+std::vector<std::byte> proof(const Key& key, std::string_view role, const Nonce& client, const Nonce& server) {
+  crypto_auth_hmacsha256_state st;
+  crypto_auth_hmacsha256_init(&st, key.data(), key.size());
+  crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(role.data()), role.size());
+  crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(client.data()), client.size());
+  crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(server.data()), server.size());
+  std::vector<std::byte> mac(crypto_auth_hmacsha256_BYTES);
+  crypto_auth_hmacsha256_final(&st, reinterpret_cast<unsigned char*>(mac.data()));
+  return mac;
+}
+
+bool same_mac(std::span<const std::byte> a, std::span<const std::byte> b) {
+  return a.size() == b.size() && sodium_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+Nonce fresh_nonce() {
+  Nonce n;
+  randombytes_buf(n.data(), n.size());
+  return n;
+}
+
+Nonce to_nonce(std::span<const std::byte> b) {
+  Nonce n{};
+  std::copy_n(b.begin(), std::min(b.size(), n.size()), n.begin());
+  return n;
+}
+
+constexpr std::string_view kServerRole = "laminar-transport-server-v1";
+constexpr std::string_view kClientRole = "laminar-transport-client-v1";
+
+}  // namespace
+
+class RegionState {
+ public:
+  RegionState(std::shared_ptr<TransportCore> core, ucp_mem_h memh, std::byte* data, std::size_t size,
+              std::vector<std::byte> rkey)
+      : core(std::move(core)), memh(memh), data(data), size(size), packed_rkey(std::move(rkey)) {}
+  ~RegionState();
+  RegionState(const RegionState&) = delete;
+  RegionState& operator=(const RegionState&) = delete;
+
+  std::shared_ptr<TransportCore> core;  // keeps the UCP context alive while registered
+  ucp_mem_h memh;
+  std::byte* data;   // [size]
+  std::size_t size;
+  std::vector<std::byte> packed_rkey;
+};
+
+// Handshake and life of one connection, seen from this side.
+enum class Phase {
+  kAwaitHello,      // server: connection accepted, waiting for the client's nonce
+  kAwaitChallenge,  // client: hello sent
+  kAwaitProof,      // server: challenge sent
+  kAwaitWelcome,    // client: proof sent
+  kRefused,         // server: refused the client, waiting for it to hang up
+  kReady,
+  kClosed,
+};
+
+class EndpointState {
+ public:
+  EndpointState(std::shared_ptr<TransportCore> c, std::uint64_t id, std::string peer)
+      : core(std::move(c)), id(id), peer(std::move(peer)) {}
+
+  std::shared_ptr<TransportCore> core;
+  const std::uint64_t id;
+  const std::string peer;
+
+  // Progress thread only.
+  ucp_ep_h ep = nullptr;
+  Phase phase = Phase::kClosed;
+  // Unpacked remote keys by packed bytes. Unpacking attaches the peer's shared-memory segment (a
+  // fresh mapping that faults in page by page), so doing it once per region rather than once per
+  // put/get is what makes repeated transfers run at memory speed. `users` counts operations in
+  // flight on an entry; only unused entries are evicted.
+  struct CachedRkey {
+    ucp_rkey_h handle = nullptr;
+    int users = 0;
+  };
+  std::unordered_map<std::string, CachedRkey> rkeys;
+  Nonce client_nonce{};
+  Nonce server_nonce{};
+  std::uint64_t handshake_op = 0;
+
+  Status status() const {
+    std::lock_guard lock(mu);
+    return error;
+  }
+  std::string info() const {
+    std::lock_guard lock(mu);
+    return ucx_info;
+  }
+  // Keeps the first error.
+  bool set_error(const Status& s) {
+    std::lock_guard lock(mu);
+    if (!error.ok()) return false;
+    error = s;
+    return true;
+  }
+  void set_info(std::string s) {
+    std::lock_guard lock(mu);
+    ucx_info = std::move(s);
+  }
+
+ private:
+  mutable std::mutex mu;
+  Status error;
+  std::string ucx_info;
+};
+
+// One operation waiting for UCX and/or the peer. Owned by TransportCore::ops_ and destroyed only
+// once it is resolved and UCX holds no request pointing at it.
+struct Op {
+  enum class Kind { kSend, kRequest, kRma, kConnect, kHandshake, kReceive };
+  Kind kind = Kind::kSend;
+  std::uint64_t id = 0;
+  std::uint64_t ep_id = 0;
+  TransportCore* core = nullptr;
+  bool resolved = false;
+  int ucx_inflight = 0;
+  bool has_deadline = false;
+  std::set<std::pair<Clock::time_point, std::uint64_t>>::iterator deadline_it;
+  std::string what;  // "request of type 7 to 10.0.0.2:5000", for timeout messages
+  milliseconds timeout{0};
+
+  std::promise<Status> status_promise;            // kSend, kRma
+  std::promise<Result<Message>> reply_promise;    // kRequest
+  std::promise<Result<Endpoint>> connect_promise;  // kConnect
+  CompletionCallback done;                        // kRma
+  std::vector<std::byte> buffer;                  // frame being sent / received
+  std::shared_ptr<RegionState> region;            // kRma: keeps the registration alive
+  std::string rkey_bytes;                         // kRma: entry of the endpoint's rkey cache in use
+  Status rma_error;                               // kRma: first failure of put + flush
+};
+
+class TransportCore : public std::enable_shared_from_this<TransportCore> {
+ public:
+  static Result<std::shared_ptr<TransportCore>> create(TransportOptions options);
+  explicit TransportCore(TransportOptions options) : options_(std::move(options)) {}
+  ~TransportCore();
+  TransportCore(const TransportCore&) = delete;
+  TransportCore& operator=(const TransportCore&) = delete;
+
+  void shutdown();
+  const TransportOptions& options() const { return options_; }
+  ucp_context_h context() const { return context_; }
+
+  Result<std::string> listen(std::string_view host, std::uint16_t port);
+  Result<Endpoint> connect(std::string_view address, milliseconds timeout);
+  Result<Endpoint> accept(milliseconds timeout);
+  void on_message(MessageType type, MessageHandler handler);
+  Result<Incoming> receive(milliseconds timeout);
+  Result<MemoryRegion> map_memory(void* data, std::size_t size, bool allocate);
+
+  std::future<Status> send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame, milliseconds timeout,
+                                 std::string what);
+  std::future<Result<Message>> request(const std::shared_ptr<EndpointState>& ep, const Message& m,
+                                       milliseconds timeout);
+  std::future<Status> rma(const std::shared_ptr<EndpointState>& ep, bool is_put, const MemoryRegion& local,
+                          std::size_t local_offset, const RemoteRegion& remote, std::uint64_t remote_offset,
+                          std::size_t length, milliseconds timeout, CompletionCallback done);
+  void close_endpoint(const std::shared_ptr<EndpointState>& ep);
+
+  milliseconds resolve_timeout(milliseconds t) const {
+    return t == kDefaultTimeout ? options_.operation_timeout : t;
+  }
+  Status check_body(std::size_t bytes) const {
+    if (bytes > options_.max_message_bytes) {
+      return invalid_argument(fmt::format("message body of {} bytes is over max_message_bytes {}", bytes,
+                                          options_.max_message_bytes));
+    }
+    return ok_status();
+  }
+  static Endpoint make_endpoint(std::shared_ptr<EndpointState> s) { return Endpoint(std::move(s)); }
+  static const std::shared_ptr<EndpointState>& state_of(const Endpoint& e) { return e.state_; }
+  std::future<Status> send_wire(const std::shared_ptr<EndpointState>& ep, std::vector<std::byte> wire,
+                                milliseconds timeout, std::string what);
+
+ private:
+  Status start();
+  // Runs fn on the progress thread; false once shutting down (fn is then dropped).
+  bool post(std::function<void()> fn);
+  void post_callback(std::function<void()> fn);
+  void progress_loop();
+  void callback_loop();
+  void run_commands();
+  void expire_deadlines();
+  int epoll_timeout_ms() const;
+  void teardown_on_progress_thread();
+
+  // Progress thread only from here on.
+  Op& new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeout, std::string what);
+  void resolve(Op& op, const Status& s);
+  void resolve_reply(Op& op, Result<Message> r);
+  void maybe_release(Op& op);
+  void sweep();
+  void on_ucx_done(Op& op, ucs_status_t status);
+  void start_send(EndpointState& e, Op& op);
+  void send_internal(EndpointState& e, const Frame& f);
+  void fail_endpoint(EndpointState& e, const Status& s);
+  void handle_frame(EndpointState& e, std::span<const std::byte> wire);
+  void handle_handshake(EndpointState& e, Frame f);
+  void refuse(EndpointState& e, const std::string& why);
+  std::shared_ptr<EndpointState> find(ucp_ep_h ep);
+  std::shared_ptr<EndpointState> find(std::uint64_t id);
+  void on_connection_request(ucp_conn_request_h req);
+  void close_ucp_ep(EndpointState& e);
+  Result<ucp_rkey_h> acquire_rkey(EndpointState& e, Op& op, const std::vector<std::byte>& packed);
+  void release_rkey(Op& op);
+  void destroy_rkeys(EndpointState& e);
+
+  static void am_send_cb(void* request, ucs_status_t status, void* user);
+  static void am_recv_data_cb(void* request, ucs_status_t status, std::size_t length, void* user);
+  static ucs_status_t am_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
+                                 std::size_t length, const ucp_am_recv_param_t* param);
+  static void ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static void conn_cb(ucp_conn_request_h req, void* arg);
+
+  TransportOptions options_;
+  Key key_{};
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int epoll_fd_ = -1;
+  int event_fd_ = -1;
+  int worker_fd_ = -1;
+  std::thread progress_thread_;
+  std::thread callback_thread_;
+  std::atomic<std::uint64_t> next_ep_id_{1};
+
+  std::mutex cmd_mu_;
+  std::vector<std::function<void()>> commands_;
+  bool accepting_commands_ = true;
+  std::atomic<bool> has_commands_{false};
+  std::atomic<bool> stop_{false};
+
+  // Progress thread only.
+  ucp_listener_h listener_ = nullptr;
+  std::unordered_map<std::uint64_t, std::shared_ptr<EndpointState>> endpoints_;
+  std::unordered_map<ucp_ep_h, std::uint64_t> by_handle_;
+  std::unordered_map<std::uint64_t, std::unique_ptr<Op>> ops_;
+  std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_;
+  std::vector<ucp_ep_h> to_close_;        // failed endpoints, closed outside UCX callbacks
+  std::vector<void*> closing_;            // ucp_ep_close_nbx requests in flight
+  std::vector<ucp_rkey_h> dead_rkeys_;    // of closed endpoints; destroyed once UCX is idle
+  std::vector<std::uint64_t> release_candidates_;  // ops that may be finished; see maybe_release
+  std::uint64_t next_op_id_ = 1;
+  int ucx_inflight_ = 0;
+
+  std::mutex cb_mu_;
+  std::condition_variable cb_cv_;
+  std::deque<std::function<void()>> callbacks_;
+  bool cb_stop_ = false;
+
+  std::mutex handlers_mu_;
+  std::unordered_map<MessageType, MessageHandler> handlers_;
+
+  std::mutex queues_mu_;
+  std::condition_variable queues_cv_;
+  std::deque<Incoming> inbox_;
+  std::deque<Endpoint> accepted_;
+  bool shut_down_ = false;
+  bool listening_ = false;  // guarded by cmd_mu_
+};
+
+// ---------------------------------------------------------------------------------------------
+// Setup and teardown
+
+Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions options) {
+  if (options.cluster_token.size() < TransportOptions::kMinTokenBytes) {
+    return invalid_argument(fmt::format("cluster_token of {} bytes is shorter than the minimum {}",
+                                        options.cluster_token.size(), TransportOptions::kMinTokenBytes));
+  }
+  if (options.max_message_bytes == 0) return invalid_argument("max_message_bytes is 0");
+  if (options.connect_timeout.count() <= 0) {
+    return invalid_argument(fmt::format("connect_timeout {} ms is not positive", options.connect_timeout.count()));
+  }
+  if (options.operation_timeout.count() <= 0) {
+    return invalid_argument(
+        fmt::format("operation_timeout {} ms is not positive", options.operation_timeout.count()));
+  }
+  if (sodium_init() < 0) return unavailable("libsodium failed to initialise");
+  auto core = std::make_shared<TransportCore>(std::move(options));
+  Status st = core->start();
+  if (!st.ok()) {
+    core->shutdown();
+    return st;
+  }
+  return core;
+}
+
+Status TransportCore::start() {
+  // The token is hashed into the MAC key so its length and bytes never matter beyond this line.
+  crypto_generichash(key_.data(), key_.size(), reinterpret_cast<const unsigned char*>(options_.cluster_token.data()),
+                     options_.cluster_token.size(), nullptr, 0);
+
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return unavailable("UCX configuration could not be read: " + ucs_text(s));
+  std::string tls = options_.ucx_transports;
+  if (tls.empty()) {
+    const char* env = std::getenv("UCX_TLS");
+    tls = env != nullptr ? env : "";
+  }
+  tls = transports_with_tcp(tls);
+  if (!tls.empty()) s = ucp_config_modify(config, "TLS", tls.c_str());
+  // Endpoints use peer error handling (to learn that a peer vanished). UCX then drops its shared
+  // memory transports unless they are told to support it, silently falling back to tcp. The name
+  // is the mm base table's ("MM_"), which UCX applies to both posix and sysv; "POSIX_..." set this
+  // way is ignored with a warning.
+  if (s == UCS_OK && may_use_shared_memory(tls)) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+  if (s != UCS_OK) {
+    ucp_config_release(config);
+    return invalid_argument(fmt::format("UCX rejected transports '{}': {}", tls, ucs_text(s)));
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;
+  s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (s != UCS_OK) {
+    context_ = nullptr;
+    return unavailable(fmt::format("UCX context with transports '{}' failed: {}", tls, ucs_text(s)));
+  }
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  s = ucp_worker_create(context_, &wp, &worker_);
+  if (s != UCS_OK) {
+    worker_ = nullptr;
+    return unavailable("UCX worker creation failed: " + ucs_text(s));
+  }
+  s = ucp_worker_get_efd(worker_, &worker_fd_);
+  if (s != UCS_OK) return unavailable("UCX worker has no wakeup fd: " + ucs_text(s));
+
+  ucp_am_handler_param_t ap{};
+  ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  ap.id = kAmId;
+  ap.cb = &TransportCore::am_recv_cb;
+  ap.arg = this;
+  s = ucp_worker_set_am_recv_handler(worker_, &ap);
+  if (s != UCS_OK) return unavailable("UCX active-message handler: " + ucs_text(s));
+
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (event_fd_ < 0 || epoll_fd_ < 0) return unavailable(fmt::format("eventfd/epoll: {}", std::strerror(errno)));
+  for (int fd : {event_fd_, worker_fd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return unavailable(fmt::format("epoll_ctl: {}", std::strerror(errno)));
+    }
+  }
+  progress_thread_ = std::thread([this] { progress_loop(); });
+  callback_thread_ = std::thread([this] { callback_loop(); });
+  return ok_status();
+}
+
+void TransportCore::shutdown() {
+  {
+    std::lock_guard lock(cmd_mu_);
+    accepting_commands_ = false;
+  }
+  stop_.store(true);
+  if (event_fd_ >= 0) {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = write(event_fd_, &one, sizeof(one));
+  }
+  if (progress_thread_.joinable()) progress_thread_.join();
+  {
+    std::lock_guard lock(cb_mu_);
+    cb_stop_ = true;
+  }
+  cb_cv_.notify_all();
+  if (callback_thread_.joinable()) callback_thread_.join();
+  {
+    std::lock_guard lock(queues_mu_);
+    shut_down_ = true;
+    inbox_.clear();
+    accepted_.clear();
+  }
+  queues_cv_.notify_all();
+  {
+    std::lock_guard lock(handlers_mu_);
+    handlers_.clear();  // handlers may hold Endpoint handles, which hold this core
+  }
+  if (worker_ != nullptr) {
+    ucp_worker_destroy(worker_);
+    worker_ = nullptr;
+  }
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (event_fd_ >= 0) close(event_fd_);
+  epoll_fd_ = event_fd_ = -1;
+}
+
+TransportCore::~TransportCore() {
+  shutdown();
+  if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+RegionState::~RegionState() { ucp_mem_unmap(core->context(), memh); }
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+bool TransportCore::post(std::function<void()> fn) {
+  {
+    std::lock_guard lock(cmd_mu_);
+    if (!accepting_commands_) return false;
+    commands_.push_back(std::move(fn));
+    has_commands_.store(true, std::memory_order_release);
+  }
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto n = write(event_fd_, &one, sizeof(one));
+  return true;
+}
+
+void TransportCore::post_callback(std::function<void()> fn) {
+  {
+    std::lock_guard lock(cb_mu_);
+    callbacks_.push_back(std::move(fn));
+  }
+  cb_cv_.notify_one();
+}
+
+void TransportCore::callback_loop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock lock(cb_mu_);
+      cb_cv_.wait(lock, [&] { return cb_stop_ || !callbacks_.empty(); });
+      if (callbacks_.empty()) return;  // stopping, and every queued job has run
+      job = std::move(callbacks_.front());
+      callbacks_.pop_front();
+    }
+    try {
+      job();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "laminar transport: a message handler or callback threw: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "laminar transport: a message handler or callback threw\n");
+    }
+  }
+}
+
+void TransportCore::run_commands() {
+  if (!has_commands_.load(std::memory_order_acquire)) return;
+  std::vector<std::function<void()>> batch;
+  {
+    std::lock_guard lock(cmd_mu_);
+    batch.swap(commands_);
+    has_commands_.store(false, std::memory_order_relaxed);
+  }
+  for (auto& fn : batch) fn();
+}
+
+int TransportCore::epoll_timeout_ms() const {
+  constexpr int kMaxSleepMs = 500;
+  if (deadlines_.empty()) return kMaxSleepMs;
+  const auto wait = std::chrono::ceil<milliseconds>(deadlines_.begin()->first - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(wait, 0, kMaxSleepMs));
+}
+
+void TransportCore::progress_loop() {
+  auto last_activity = Clock::now();
+  while (!stop_.load(std::memory_order_acquire)) {
+    run_commands();
+    unsigned progressed = 0;
+    while (unsigned n = ucp_worker_progress(worker_)) progressed += n;
+    for (ucp_ep_h ep : std::exchange(to_close_, {})) {
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* req = ucp_ep_close_nbx(ep, &p);
+      if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+    }
+    closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
+                                  [](void* r) {
+                                    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+                                    ucp_request_free(r);
+                                    return true;
+                                  }),
+                   closing_.end());
+    expire_deadlines();
+    sweep();
+    if (!dead_rkeys_.empty() && closing_.empty() && ucx_inflight_ == 0) {
+      for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+    }
+    const auto now = Clock::now();
+    if (progressed > 0) {
+      last_activity = now;
+      continue;
+    }
+    const bool busy = ucx_inflight_ > 0 || !closing_.empty();
+    if (busy && now - last_activity < kSpinAfterActivity) continue;
+    if (has_commands_.load(std::memory_order_acquire)) continue;
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    epoll_event events[4];
+    // With operations in flight, a transport without reliable wakeups must not stall them: nap 1 ms.
+    const int n = epoll_wait(epoll_fd_, events, 4, busy ? 1 : epoll_timeout_ms());
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == event_fd_) {
+        std::uint64_t v;
+        [[maybe_unused]] auto r = read(event_fd_, &v, sizeof(v));
+      }
+    }
+  }
+  teardown_on_progress_thread();
+}
+
+void TransportCore::teardown_on_progress_thread() {
+  run_commands();
+  {
+    std::lock_guard lock(cmd_mu_);
+    for (auto& fn : commands_) fn();  // posted between the last drain and accepting_commands_=false
+    commands_.clear();
+  }
+  if (listener_ != nullptr) {
+    ucp_listener_destroy(listener_);
+    listener_ = nullptr;
+  }
+  const Status cancelled_st = cancelled("transport shut down");
+  for (auto& [id, op] : ops_) {
+    if (!op->resolved) {
+      if (op->kind == Op::Kind::kRequest) {
+        resolve_reply(*op, cancelled_st);
+      } else {
+        resolve(*op, cancelled_st);
+      }
+    }
+  }
+  for (auto& [id, e] : endpoints_) {
+    e->set_error(cancelled_st);
+    e->phase = Phase::kClosed;
+    destroy_rkeys(*e);
+    if (e->ep != nullptr) to_close_.push_back(e->ep);
+    e->ep = nullptr;
+  }
+  endpoints_.clear();
+  by_handle_.clear();
+  for (ucp_ep_h ep : std::exchange(to_close_, {})) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+  }
+  const auto give_up = Clock::now() + kCloseGrace;
+  while ((!closing_.empty() || ucx_inflight_ > 0) && Clock::now() < give_up) {
+    ucp_worker_progress(worker_);
+    closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
+                                  [](void* r) {
+                                    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+                                    ucp_request_free(r);
+                                    return true;
+                                  }),
+                   closing_.end());
+  }
+  for (void* r : closing_) ucp_request_free(r);
+  closing_.clear();
+  for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+  // Ops UCX never completed keep their buffers until here; the worker is destroyed next.
+  release_candidates_.clear();
+  ops_.clear();
+  deadlines_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operations (progress thread)
+
+Op& TransportCore::new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeout, std::string what) {
+  auto op = std::make_unique<Op>();
+  op->kind = kind;
+  op->id = next_op_id_++;
+  op->ep_id = ep_id;
+  op->core = this;
+  op->what = std::move(what);
+  op->timeout = timeout;
+  if (timeout.count() > 0) {
+    op->deadline_it = deadlines_.emplace(Clock::now() + timeout, op->id).first;
+    op->has_deadline = true;
+  }
+  Op& ref = *op;
+  ops_.emplace(ref.id, std::move(op));
+  return ref;
+}
+
+void TransportCore::maybe_release(Op& op) {
+  // Erased later by sweep(), from the loop's top level: callers up the stack may still use `op`.
+  if (op.resolved && op.ucx_inflight == 0) release_candidates_.push_back(op.id);
+}
+
+void TransportCore::sweep() {
+  for (std::uint64_t id : std::exchange(release_candidates_, {})) {
+    auto it = ops_.find(id);
+    if (it != ops_.end() && it->second->resolved && it->second->ucx_inflight == 0) ops_.erase(it);
+  }
+}
+
+void TransportCore::resolve(Op& op, const Status& s) {
+  if (op.resolved) return;
+  op.resolved = true;
+  if (op.has_deadline) deadlines_.erase(op.deadline_it);
+  op.has_deadline = false;
+  switch (op.kind) {
+    case Op::Kind::kSend:
+      op.status_promise.set_value(s);
+      break;
+    case Op::Kind::kRma:
+      op.status_promise.set_value(s);
+      if (op.done) post_callback([done = std::move(op.done), s] { done(s); });
+      break;
+    case Op::Kind::kConnect:
+      op.connect_promise.set_value(s.ok() ? Result<Endpoint>(internal_error("connect resolved without endpoint"))
+                                          : Result<Endpoint>(s));
+      break;
+    case Op::Kind::kRequest:
+      op.reply_promise.set_value(s.ok() ? Result<Message>(internal_error("request resolved without reply"))
+                                        : Result<Message>(s));
+      break;
+    case Op::Kind::kHandshake:
+    case Op::Kind::kReceive:
+      break;
+  }
+  maybe_release(op);
+}
+
+void TransportCore::resolve_reply(Op& op, Result<Message> r) {
+  if (op.resolved) return;
+  if (!r.ok()) {
+    resolve(op, r.status());
+    return;
+  }
+  op.resolved = true;
+  if (op.has_deadline) deadlines_.erase(op.deadline_it);
+  op.has_deadline = false;
+  op.reply_promise.set_value(std::move(r));
+  maybe_release(op);
+}
+
+void TransportCore::expire_deadlines() {
+  const auto now = Clock::now();
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    const std::uint64_t id = deadlines_.begin()->second;
+    auto it = ops_.find(id);
+    LAMINAR_CHECK(it != ops_.end());
+    Op& op = *it->second;
+    const Status late = deadline_exceeded(fmt::format("{} took longer than {} ms", op.what, op.timeout.count()));
+    auto e = (op.kind == Op::Kind::kConnect || op.kind == Op::Kind::kHandshake) ? find(op.ep_id) : nullptr;
+    if (e != nullptr) {
+      // A half-open connection is useless; failing the endpoint resolves its handshake op too.
+      fail_endpoint(*e, late);
+    }
+    resolve(op, late);
+  }
+}
+
+void TransportCore::on_ucx_done(Op& op, ucs_status_t status) {
+  --op.ucx_inflight;
+  --ucx_inflight_;
+  switch (op.kind) {
+    case Op::Kind::kSend:
+      resolve(op, status == UCS_OK ? ok_status()
+                                   : unavailable(fmt::format("{} failed: {}", op.what, ucs_text(status))));
+      break;
+    case Op::Kind::kRequest:
+    case Op::Kind::kConnect:
+    case Op::Kind::kHandshake:
+      // The frame left; the answer resolves the op. A failed send means the endpoint is failing too.
+      if (status != UCS_OK) {
+        if (op.kind == Op::Kind::kRequest) {
+          resolve(op, unavailable(fmt::format("{} failed: {}", op.what, ucs_text(status))));
+        }
+      }
+      break;
+    case Op::Kind::kRma:
+      if (status != UCS_OK && op.rma_error.ok()) {
+        op.rma_error = unavailable(fmt::format("{} failed: {}", op.what, ucs_text(status)));
+      }
+      if (op.ucx_inflight == 0) {
+        release_rkey(op);
+        resolve(op, op.rma_error);
+      }
+      break;
+    case Op::Kind::kReceive:
+      if (status == UCS_OK) {
+        if (auto e = find(op.ep_id)) handle_frame(*e, op.buffer);
+      } else if (auto e = find(op.ep_id)) {
+        fail_endpoint(*e, unavailable(fmt::format("receiving a message from {} failed: {}", e->peer,
+                                                  ucs_text(status))));
+      }
+      resolve(op, ok_status());
+      break;
+  }
+  maybe_release(op);
+}
+
+void TransportCore::am_send_cb(void* request, ucs_status_t status, void* user) {
+  Op& op = *static_cast<Op*>(user);
+  op.core->on_ucx_done(op, status);
+  ucp_request_free(request);
+}
+
+void TransportCore::am_recv_data_cb(void* request, ucs_status_t status, std::size_t, void* user) {
+  Op& op = *static_cast<Op*>(user);
+  op.core->on_ucx_done(op, status);
+  ucp_request_free(request);
+}
+
+void TransportCore::start_send(EndpointState& e, Op& op) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = &TransportCore::am_send_cb;
+  p.user_data = &op;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  void* req = ucp_am_send_nbx(e.ep, kAmId, nullptr, 0, op.buffer.data(), op.buffer.size(), &p);
+  if (req == nullptr) {
+    if (op.kind == Op::Kind::kSend) resolve(op, ok_status());
+    return;
+  }
+  if (UCS_PTR_IS_ERR(req)) {
+    const Status st = unavailable(fmt::format("{} failed: {}", op.what, ucs_text(UCS_PTR_STATUS(req))));
+    if (op.kind == Op::Kind::kSend || op.kind == Op::Kind::kRequest) {
+      resolve(op, st);
+    } else {
+      fail_endpoint(e, st);
+    }
+    return;
+  }
+  ++op.ucx_inflight;
+  ++ucx_inflight_;
+}
+
+void TransportCore::send_internal(EndpointState& e, const Frame& f) {
+  // Handshake frames: fire and forget. Their op has no deadline; a failure shows as an endpoint error.
+  Op& op = new_op(Op::Kind::kHandshake, e.id, milliseconds(0), fmt::format("handshake with {}", e.peer));
+  op.buffer = encode_frame(f);
+  op.resolved = true;
+  start_send(e, op);
+  maybe_release(op);
+}
+
+std::shared_ptr<EndpointState> TransportCore::find(ucp_ep_h ep) {
+  auto it = by_handle_.find(ep);
+  return it == by_handle_.end() ? nullptr : find(it->second);
+}
+
+std::shared_ptr<EndpointState> TransportCore::find(std::uint64_t id) {
+  auto it = endpoints_.find(id);
+  return it == endpoints_.end() ? nullptr : it->second;
+}
+
+void TransportCore::close_ucp_ep(EndpointState& e) {
+  if (e.ep == nullptr) return;
+  by_handle_.erase(e.ep);
+  // Closed from the loop, never from inside the UCX callback that noticed the failure.
+  to_close_.push_back(e.ep);
+  e.ep = nullptr;
+}
+
+Result<ucp_rkey_h> TransportCore::acquire_rkey(EndpointState& e, Op& op, const std::vector<std::byte>& packed) {
+  constexpr std::size_t kMaxCachedRkeys = 256;
+  std::string key(reinterpret_cast<const char*>(packed.data()), packed.size());
+  auto it = e.rkeys.find(key);
+  if (it == e.rkeys.end()) {
+    if (e.rkeys.size() >= kMaxCachedRkeys) {
+      for (auto c = e.rkeys.begin(); c != e.rkeys.end();) {
+        if (c->second.users == 0) {
+          ucp_rkey_destroy(c->second.handle);
+          c = e.rkeys.erase(c);
+        } else {
+          ++c;
+        }
+      }
+    }
+    ucp_rkey_h handle = nullptr;
+    const ucs_status_t s = ucp_ep_rkey_unpack(e.ep, packed.data(), &handle);
+    if (s != UCS_OK) {
+      // A malformed key is the caller's; a well-formed one that cannot be attached (shared memory of
+      // a peer that died or freed the region) is the peer's state, like any vanished peer.
+      const bool malformed = s == UCS_ERR_INVALID_PARAM || s == UCS_ERR_UNSUPPORTED;
+      const std::string msg = fmt::format("{}: remote region of {} does not attach: {}", op.what, e.peer, ucs_text(s));
+      return malformed ? invalid_argument(msg) : unavailable(msg);
+    }
+    it = e.rkeys.emplace(std::move(key), EndpointState::CachedRkey{handle, 0}).first;
+  }
+  ++it->second.users;
+  op.rkey_bytes = it->first;
+  return it->second.handle;
+}
+
+void TransportCore::release_rkey(Op& op) {
+  if (op.rkey_bytes.empty()) return;
+  if (auto e = find(op.ep_id)) {
+    auto it = e->rkeys.find(op.rkey_bytes);
+    if (it != e->rkeys.end()) --it->second.users;
+  }
+  op.rkey_bytes.clear();
+}
+
+void TransportCore::destroy_rkeys(EndpointState& e) {
+  // UCX requests of this endpoint may still point at these until its close completes.
+  for (auto& [bytes, c] : e.rkeys) dead_rkeys_.push_back(c.handle);
+  e.rkeys.clear();
+}
+
+void TransportCore::fail_endpoint(EndpointState& e, const Status& s) {
+  auto keep = find(e.id);  // e may be erased below
+  e.set_error(s);
+  const Status err = e.status();
+  e.phase = Phase::kClosed;
+  std::vector<Op*> pending;
+  for (auto& [id, op] : ops_) {
+    if (op->ep_id == e.id && !op->resolved) pending.push_back(op.get());
+  }
+  for (Op* op : pending) resolve(*op, err);
+  destroy_rkeys(e);
+  close_ucp_ep(e);
+  endpoints_.erase(e.id);
+}
+
+void TransportCore::refuse(EndpointState& e, const std::string& why) {
+  Frame f;
+  f.kind = FrameKind::kRefused;
+  f.error = why;
+  send_internal(e, f);
+  e.phase = Phase::kRefused;
+  e.set_error(failed_precondition(fmt::format("peer {} refused: {}", e.peer, why)));
+  // The client hangs up on reading the refusal; the handshake deadline closes it otherwise.
+}
+
+void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wire) {
+  if (e.phase == Phase::kClosed || e.phase == Phase::kRefused) return;
+  Result<Frame> decoded = decode_frame(wire, options_.max_message_bytes);
+  if (!decoded.ok()) {
+    if (e.phase == Phase::kAwaitHello || e.phase == Phase::kAwaitProof) {
+      refuse(e, "malformed handshake: " + decoded.status().message());
+      return;
+    }
+    fail_endpoint(e, decoded.status().with_context(fmt::format("message from {}", e.peer)));
+    return;
+  }
+  Frame f = std::move(*decoded);
+  if (e.phase != Phase::kReady) {
+    handle_handshake(e, std::move(f));
+    return;
+  }
+  switch (f.kind) {
+    case FrameKind::kMessage:
+    case FrameKind::kRequest: {
+      Incoming in{make_endpoint(find(e.id)), Message{f.type, std::move(f.body)},
+                  f.kind == FrameKind::kRequest ? f.id : 0};
+      post_callback([this, in = std::move(in)]() mutable {
+        MessageHandler handler;
+        {
+          std::lock_guard lock(handlers_mu_);
+          auto it = handlers_.find(in.message.type);
+          if (it != handlers_.end()) handler = it->second;
+        }
+        if (handler) {
+          handler(std::move(in));
+          return;
+        }
+        {
+          std::lock_guard lock(queues_mu_);
+          if (shut_down_) return;
+          inbox_.push_back(std::move(in));
+        }
+        queues_cv_.notify_all();
+      });
+      return;
+    }
+    case FrameKind::kReply:
+    case FrameKind::kErrorReply: {
+      auto it = ops_.find(f.id);
+      // A reply to a request that already timed out, or an id this side never issued: drop it.
+      if (it == ops_.end() || it->second->kind != Op::Kind::kRequest || it->second->ep_id != e.id) return;
+      if (f.kind == FrameKind::kReply) {
+        resolve_reply(*it->second, Message{f.type, std::move(f.body)});
+      } else {
+        resolve_reply(*it->second, Status(f.code, fmt::format("peer {}: {}", e.peer, f.error)));
+      }
+      return;
+    }
+    default:
+      fail_endpoint(e, data_loss(fmt::format("peer {} sent handshake frame kind {} after authentication",
+                                             e.peer, static_cast<int>(f.kind))));
+  }
+}
+
+void TransportCore::handle_handshake(EndpointState& e, Frame f) {
+  auto op_it = ops_.find(e.handshake_op);
+  Op* hs = op_it == ops_.end() ? nullptr : op_it->second.get();
+  switch (e.phase) {
+    case Phase::kAwaitHello: {
+      if (f.kind != FrameKind::kHello) {
+        refuse(e, fmt::format("expected a hello, got frame kind {}", static_cast<int>(f.kind)));
+        return;
+      }
+      e.client_nonce = to_nonce(f.body);
+      e.server_nonce = fresh_nonce();
+      Frame c;
+      c.kind = FrameKind::kChallenge;
+      c.body.assign(e.server_nonce.begin(), e.server_nonce.end());
+      c.mac = proof(key_, kServerRole, e.client_nonce, e.server_nonce);
+      send_internal(e, c);
+      e.phase = Phase::kAwaitProof;
+      return;
+    }
+    case Phase::kAwaitProof: {
+      if (f.kind != FrameKind::kProof) {
+        refuse(e, fmt::format("expected a proof, got frame kind {}", static_cast<int>(f.kind)));
+        return;
+      }
+      if (!same_mac(f.body, proof(key_, kClientRole, e.client_nonce, e.server_nonce))) {
+        refuse(e, "cluster token does not match");
+        return;
+      }
+      Frame w;
+      w.kind = FrameKind::kWelcome;
+      send_internal(e, w);
+      e.phase = Phase::kReady;
+      if (hs != nullptr) resolve(*hs, ok_status());
+      {
+        std::lock_guard lock(queues_mu_);
+        accepted_.push_back(make_endpoint(find(e.id)));
+      }
+      queues_cv_.notify_all();
+      return;
+    }
+    case Phase::kAwaitChallenge: {
+      if (f.kind == FrameKind::kRefused) {
+        fail_endpoint(e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.error)));
+        return;
+      }
+      if (f.kind != FrameKind::kChallenge) {
+        fail_endpoint(e, data_loss(fmt::format("peer {} answered the hello with frame kind {}", e.peer,
+                                               static_cast<int>(f.kind))));
+        return;
+      }
+      e.server_nonce = to_nonce(f.body);
+      if (!same_mac(f.mac, proof(key_, kServerRole, e.client_nonce, e.server_nonce))) {
+        // Reveal nothing (not even our proof) to a server that cannot prove it holds the token.
+        fail_endpoint(e, failed_precondition(fmt::format(
+                             "peer {} could not prove it holds the cluster token", e.peer)));
+        return;
+      }
+      Frame p;
+      p.kind = FrameKind::kProof;
+      p.body = proof(key_, kClientRole, e.client_nonce, e.server_nonce);
+      send_internal(e, p);
+      e.phase = Phase::kAwaitWelcome;
+      return;
+    }
+    case Phase::kAwaitWelcome: {
+      if (f.kind == FrameKind::kRefused) {
+        fail_endpoint(e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.error)));
+        return;
+      }
+      if (f.kind != FrameKind::kWelcome) {
+        fail_endpoint(e, data_loss(fmt::format("peer {} answered the proof with frame kind {}", e.peer,
+                                               static_cast<int>(f.kind))));
+        return;
+      }
+      e.phase = Phase::kReady;
+      char* text = nullptr;
+      std::size_t len = 0;
+      if (FILE* mem = open_memstream(&text, &len)) {
+        ucp_ep_print_info(e.ep, mem);
+        std::fclose(mem);
+        e.set_info(std::string(text, len));
+        std::free(text);
+      }
+      if (hs != nullptr && !hs->resolved) {
+        hs->resolved = true;
+        if (hs->has_deadline) deadlines_.erase(hs->deadline_it);
+        hs->has_deadline = false;
+        hs->connect_promise.set_value(make_endpoint(find(e.id)));
+        maybe_release(*hs);
+      }
+      return;
+    }
+    case Phase::kReady:
+    case Phase::kRefused:
+    case Phase::kClosed:
+      return;
+  }
+}
+
+ucs_status_t TransportCore::am_recv_cb(void* arg, const void*, std::size_t, void* data, std::size_t length,
+                                       const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<TransportCore*>(arg);
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
+  auto e = self->find(param->reply_ep);
+  if (e == nullptr) return UCS_OK;  // an endpoint already failed or closed
+  const std::size_t limit = self->options_.max_message_bytes + kFrameOverheadBytes;
+  if (length > limit) {
+    const Status st = invalid_argument(fmt::format("peer {} sent a frame of {} bytes, over the limit of {}",
+                                                   e->peer, length, limit));
+    if (e->phase == Phase::kReady) {
+      self->fail_endpoint(*e, st);
+    } else {
+      self->refuse(*e, st.message());
+    }
+    return UCS_OK;
+  }
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    self->handle_frame(*e, {static_cast<const std::byte*>(data), length});
+    return UCS_OK;
+  }
+  Op& op = self->new_op(Op::Kind::kReceive, e->id, milliseconds(0), fmt::format("message from {}", e->peer));
+  op.buffer.resize(length);
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.recv_am = &TransportCore::am_recv_data_cb;
+  p.user_data = &op;
+  void* req = ucp_am_recv_data_nbx(self->worker_, data, op.buffer.data(), length, &p);
+  if (req == nullptr) {
+    self->handle_frame(*e, op.buffer);
+    self->resolve(op, ok_status());
+  } else if (UCS_PTR_IS_ERR(req)) {
+    self->fail_endpoint(*e, unavailable(fmt::format("receiving a message from {} failed: {}", e->peer,
+                                                    ucs_text(UCS_PTR_STATUS(req)))));
+    self->resolve(op, ok_status());
+  } else {
+    ++op.ucx_inflight;
+    ++self->ucx_inflight_;
+  }
+  return UCS_OK;
+}
+
+void TransportCore::ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<TransportCore*>(arg);
+  auto e = self->find(ep);
+  if (e == nullptr) return;
+  const bool connecting = e->phase == Phase::kAwaitChallenge || e->phase == Phase::kAwaitWelcome;
+  self->fail_endpoint(*e, unavailable(connecting ? fmt::format("cannot connect to {}: {}", e->peer, ucs_text(status))
+                                                 : fmt::format("peer {} vanished: {}", e->peer, ucs_text(status))));
+}
+
+void TransportCore::conn_cb(ucp_conn_request_h req, void* arg) { static_cast<TransportCore*>(arg)->on_connection_request(req); }
+
+void TransportCore::on_connection_request(ucp_conn_request_h req) {
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  std::string peer = "<unknown peer>";
+  if (ucp_conn_request_query(req, &attr) == UCS_OK) peer = sockaddr_text(attr.client_address);
+  auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, peer);
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.conn_request = req;
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = &TransportCore::ep_error_cb;
+  ep.err_handler.arg = this;
+  if (ucp_ep_create(worker_, &ep, &e->ep) != UCS_OK) return;  // UCX rejects the request itself
+  e->phase = Phase::kAwaitHello;
+  endpoints_.emplace(e->id, e);
+  by_handle_.emplace(e->ep, e->id);
+  // A client that never completes the handshake is dropped at the deadline.
+  Op& hs = new_op(Op::Kind::kHandshake, e->id, options_.connect_timeout, fmt::format("handshake with {}", peer));
+  e->handshake_op = hs.id;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public operations (any thread -> progress thread)
+
+Result<std::string> TransportCore::listen(std::string_view host, std::uint16_t port) {
+  sockaddr_storage ss{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  const std::string h(host);
+  if (inet_pton(AF_INET, h.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+  } else if (inet_pton(AF_INET6, h.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+  } else {
+    return invalid_argument(fmt::format("listen host '{}' is not an IPv4 or IPv6 address", host));
+  }
+  {
+    std::lock_guard lock(cmd_mu_);
+    if (listening_) return failed_precondition("transport is already listening");
+    listening_ = true;
+  }
+  std::promise<Result<std::string>> promise;
+  auto future = promise.get_future();
+  const bool posted = post([&] {
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    lp.sockaddr.addrlen = ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    lp.conn_handler.cb = &TransportCore::conn_cb;
+    lp.conn_handler.arg = this;
+    ucs_status_t s = ucp_listener_create(worker_, &lp, &listener_);
+    if (s != UCS_OK) {
+      listener_ = nullptr;
+      promise.set_value(unavailable(fmt::format("cannot listen on {}:{}: {}", host, port, ucs_text(s))));
+      return;
+    }
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    s = ucp_listener_query(listener_, &attr);
+    promise.set_value(s == UCS_OK ? Result<std::string>(sockaddr_text(attr.sockaddr))
+                                  : Result<std::string>(unavailable("listener query: " + ucs_text(s))));
+  });
+  if (!posted) return cancelled("transport shut down");
+  Result<std::string> r = future.get();
+  if (!r.ok()) {
+    std::lock_guard lock(cmd_mu_);
+    listening_ = false;
+  }
+  return r;
+}
+
+Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds timeout) {
+  if (timeout == kDefaultTimeout) timeout = options_.connect_timeout;
+  if (timeout.count() <= 0) return invalid_argument(fmt::format("connect timeout {} ms is not positive", timeout.count()));
+  auto ss = parse_address(address);
+  if (!ss.ok()) return ss.status();
+  auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, std::string(address));
+  std::promise<std::future<Result<Endpoint>>> started;
+  auto started_future = started.get_future();
+  const bool posted = post([this, e, addr = *ss, timeout, &started] {
+    Op& op = new_op(Op::Kind::kConnect, e->id, timeout, fmt::format("connecting to {}", e->peer));
+    started.set_value(op.connect_promise.get_future());
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    ep.sockaddr.addrlen = addr.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &TransportCore::ep_error_cb;
+    ep.err_handler.arg = this;
+    const ucs_status_t s = ucp_ep_create(worker_, &ep, &e->ep);
+    if (s != UCS_OK) {
+      e->ep = nullptr;
+      resolve(op, unavailable(fmt::format("cannot connect to {}: {}", e->peer, ucs_text(s))));
+      return;
+    }
+    e->phase = Phase::kAwaitChallenge;
+    e->handshake_op = op.id;
+    e->client_nonce = fresh_nonce();
+    endpoints_.emplace(e->id, e);
+    by_handle_.emplace(e->ep, e->id);
+    Frame hello;
+    hello.kind = FrameKind::kHello;
+    hello.body.assign(e->client_nonce.begin(), e->client_nonce.end());
+    send_internal(*e, hello);
+  });
+  if (!posted) return cancelled("transport shut down");
+  return started_future.get().get();
+}
+
+Result<Endpoint> TransportCore::accept(milliseconds timeout) {
+  std::unique_lock lock(queues_mu_);
+  if (!queues_cv_.wait_for(lock, timeout, [&] { return shut_down_ || !accepted_.empty(); })) {
+    return deadline_exceeded(fmt::format("no peer connected within {} ms", timeout.count()));
+  }
+  if (shut_down_) return cancelled("transport shut down");
+  Endpoint e = std::move(accepted_.front());
+  accepted_.pop_front();
+  return e;
+}
+
+void TransportCore::on_message(MessageType type, MessageHandler handler) {
+  std::lock_guard lock(handlers_mu_);
+  if (handler) {
+    handlers_[type] = std::move(handler);
+  } else {
+    handlers_.erase(type);
+  }
+}
+
+Result<Incoming> TransportCore::receive(milliseconds timeout) {
+  std::unique_lock lock(queues_mu_);
+  if (!queues_cv_.wait_for(lock, timeout, [&] { return shut_down_ || !inbox_.empty(); })) {
+    return deadline_exceeded(fmt::format("no message arrived within {} ms", timeout.count()));
+  }
+  if (shut_down_) return cancelled("transport shut down");
+  Incoming in = std::move(inbox_.front());
+  inbox_.pop_front();
+  return in;
+}
+
+Result<MemoryRegion> TransportCore::map_memory(void* data, std::size_t size, bool allocate) {
+  if (size == 0) return invalid_argument("memory region of 0 bytes");
+  if (!allocate && data == nullptr) return invalid_argument(fmt::format("memory region of {} bytes at null", size));
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = allocate ? nullptr : data;
+  mp.length = size;
+  mp.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
+  if (s != UCS_OK) {
+    return allocate ? resource_exhausted(fmt::format("cannot allocate {} bytes of registered memory: {}", size, ucs_text(s)))
+                    : unavailable(fmt::format("cannot register {} bytes at {}: {}", size, data, ucs_text(s)));
+  }
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  s = ucp_mem_query(memh, &attr);
+  void* packed = nullptr;
+  std::size_t packed_size = 0;
+  if (s == UCS_OK) s = ucp_rkey_pack(context_, memh, &packed, &packed_size);
+  if (s != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return unavailable(fmt::format("cannot describe registered memory of {} bytes: {}", size, ucs_text(s)));
+  }
+  std::vector<std::byte> rkey(static_cast<std::byte*>(packed), static_cast<std::byte*>(packed) + packed_size);
+  ucp_rkey_buffer_release(packed);
+  return MemoryRegion(std::make_shared<RegionState>(shared_from_this(), memh, static_cast<std::byte*>(attr.address),
+                                                    size, std::move(rkey)));
+}
+
+std::future<Status> TransportCore::send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame,
+                                              milliseconds timeout, std::string what) {
+  return send_wire(ep, encode_frame(frame), timeout, std::move(what));
+}
+
+std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState>& ep, std::vector<std::byte> wire,
+                                             milliseconds timeout, std::string what) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto future = promise->get_future();
+  const bool posted = post([this, ep, promise, wire = std::move(wire), timeout, what = std::move(what)]() mutable {
+    auto e = find(ep->id);
+    if (e == nullptr || e->phase != Phase::kReady) {
+      Status st = ep->status();
+      promise->set_value(st.ok() ? unavailable(fmt::format("endpoint to {} is closed", ep->peer)) : st);
+      return;
+    }
+    Op& op = new_op(Op::Kind::kSend, e->id, timeout, std::move(what));
+    op.status_promise = std::move(*promise);
+    op.buffer = std::move(wire);
+    start_send(*e, op);
+  });
+  if (!posted) promise->set_value(cancelled("transport shut down"));
+  return future;
+}
+
+Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire) {
+  const auto& state = TransportCore::state_of(endpoint);
+  if (!state) return failed_precondition("empty Endpoint handle");
+  return state->core->send_wire(state, std::move(wire), state->core->options().operation_timeout, "raw frame")
+      .get();
+}
+
+std::future<Result<Message>> TransportCore::request(const std::shared_ptr<EndpointState>& ep, const Message& m,
+                                                    milliseconds timeout) {
+  auto promise = std::make_shared<std::promise<Result<Message>>>();
+  auto future = promise->get_future();
+  Frame f;
+  f.kind = FrameKind::kRequest;
+  f.type = m.type;
+  f.body = m.body;
+  const bool posted = post([this, ep, promise, f = std::move(f), timeout]() mutable {
+    auto e = find(ep->id);
+    if (e == nullptr || e->phase != Phase::kReady) {
+      Status st = ep->status();
+      promise->set_value(st.ok() ? unavailable(fmt::format("endpoint to {} is closed", ep->peer)) : st);
+      return;
+    }
+    Op& op = new_op(Op::Kind::kRequest, e->id, timeout,
+                    fmt::format("request of type {} to {}", f.type, e->peer));
+    op.reply_promise = std::move(*promise);
+    f.id = op.id;
+    op.buffer = encode_frame(f);
+    start_send(*e, op);
+  });
+  if (!posted) promise->set_value(cancelled("transport shut down"));
+  return future;
+}
+
+std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep, bool is_put,
+                                       const MemoryRegion& local, std::size_t local_offset,
+                                       const RemoteRegion& remote, std::uint64_t remote_offset,
+                                       std::size_t length, milliseconds timeout, CompletionCallback done) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto future = promise->get_future();
+  const auto fail_now = [&](const Status& st) {
+    promise->set_value(st);
+    if (done) post_callback([done = std::move(done), st] { done(st); });
+    return std::move(future);
+  };
+  const char* verb = is_put ? "put" : "get";
+  if (!local.valid()) return fail_now(invalid_argument(fmt::format("{}: local memory region is empty", verb)));
+  const auto& region = local.state_;
+  if (region->core.get() != this) {
+    return fail_now(invalid_argument(fmt::format("{}: local memory region belongs to another transport", verb)));
+  }
+  if (local_offset > region->size || length > region->size - local_offset) {
+    return fail_now(invalid_argument(fmt::format("{}: local range [{}, {}+{}) is outside the region of {} bytes", verb,
+                                                 local_offset, local_offset, length, region->size)));
+  }
+  if (remote_offset > remote.size || length > remote.size - remote_offset) {
+    return fail_now(invalid_argument(fmt::format("{}: remote range [{}, {}+{}) is outside the region of {} bytes",
+                                                 verb, remote_offset, remote_offset, length, remote.size)));
+  }
+  if (remote.rkey.empty()) return fail_now(invalid_argument(fmt::format("{}: remote region has no key", verb)));
+  if (length == 0) return fail_now(ok_status());
+  const bool posted = post([this, ep, promise, is_put, region, local_offset, rkey = remote.rkey,
+                            raddr = remote.address + remote_offset, length, timeout, done, verb]() mutable {
+    auto e = find(ep->id);
+    if (e == nullptr || e->phase != Phase::kReady) {
+      Status st = ep->status();
+      if (st.ok()) st = unavailable(fmt::format("endpoint to {} is closed", ep->peer));
+      promise->set_value(st);
+      if (done) post_callback([done = std::move(done), st] { done(st); });
+      return;
+    }
+    Op& op = new_op(Op::Kind::kRma, e->id, timeout, fmt::format("{} of {} bytes with {}", verb, length, e->peer));
+    op.status_promise = std::move(*promise);
+    op.done = std::move(done);
+    op.region = region;
+    auto rkey_handle = acquire_rkey(*e, op, rkey);
+    if (!rkey_handle.ok()) {
+      resolve(op, rkey_handle.status());
+      return;
+    }
+    std::byte* local_ptr = region->data + local_offset;
+    void* direct = nullptr;
+    if (ucp_rkey_ptr(*rkey_handle, raddr, &direct) == UCS_OK) {
+      // The peer's memory is mapped here (shared memory on one host): one memcpy is the whole
+      // transfer, done and visible when it returns.
+      if (is_put) {
+        std::memcpy(direct, local_ptr, length);
+      } else {
+        std::memcpy(local_ptr, direct, length);
+      }
+      release_rkey(op);
+      resolve(op, ok_status());
+      return;
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+    p.cb.send = &TransportCore::am_send_cb;
+    p.user_data = &op;
+    p.memh = region->memh;
+    void* req = is_put ? ucp_put_nbx(e->ep, local_ptr, length, raddr, *rkey_handle, &p)
+                       : ucp_get_nbx(e->ep, local_ptr, length, raddr, *rkey_handle, &p);
+    const auto track = [&](void* r) {
+      if (UCS_PTR_IS_ERR(r)) {
+        if (op.rma_error.ok()) op.rma_error = unavailable(fmt::format("{} failed: {}", op.what, ucs_text(UCS_PTR_STATUS(r))));
+      } else if (r != nullptr) {
+        ++op.ucx_inflight;
+        ++ucx_inflight_;
+      }
+    };
+    track(req);
+    if (is_put && op.rma_error.ok()) {
+      // A put completes locally; only a flush says the bytes reached the peer's memory.
+      ucp_request_param_t fp{};
+      fp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      fp.cb.send = &TransportCore::am_send_cb;
+      fp.user_data = &op;
+      track(ucp_ep_flush_nbx(e->ep, &fp));
+    }
+    if (op.ucx_inflight == 0) {
+      release_rkey(op);
+      resolve(op, op.rma_error);
+    }
+  });
+  if (!posted) {
+    Status st = cancelled("transport shut down");
+    promise->set_value(st);
+    if (done) post_callback([done = std::move(done), st] { done(st); });
+  }
+  return future;
+}
+
+void TransportCore::close_endpoint(const std::shared_ptr<EndpointState>& ep) {
+  post([this, ep] {
+    auto e = find(ep->id);
+    if (e == nullptr) return;
+    fail_endpoint(*e, cancelled(fmt::format("endpoint to {} closed", e->peer)));
+  });
+}
+
+}  // namespace laminar::internal
+
+// -----------------------------------------------------------------------------------------------
+// Public API
+
+namespace laminar {
+
+using internal::EndpointState;
+using internal::Frame;
+using internal::FrameKind;
+
+namespace {
+Status no_endpoint() { return failed_precondition("empty Endpoint handle"); }
+
+template <class T>
+Result<T> wait_result(std::future<Result<T>> f) {
+  return f.get();
+}
+}  // namespace
+
+Message Message::from_string(MessageType type, std::string_view text) {
+  const auto* p = reinterpret_cast<const std::byte*>(text.data());
+  return Message{type, std::vector<std::byte>(p, p + text.size())};
+}
+
+Message Message::from_bytes(MessageType type, std::span<const std::byte> bytes) {
+  return Message{type, std::vector<std::byte>(bytes.begin(), bytes.end())};
+}
+
+std::byte* MemoryRegion::data() const noexcept { return state_ ? state_->data : nullptr; }
+std::size_t MemoryRegion::size() const noexcept { return state_ ? state_->size : 0; }
+RemoteRegion MemoryRegion::remote() const {
+  if (!state_) return {};
+  return RemoteRegion{reinterpret_cast<std::uint64_t>(state_->data), state_->size, state_->packed_rkey};
+}
+
+std::uint64_t Endpoint::id() const noexcept { return state_ ? state_->id : 0; }
+std::string Endpoint::peer_address() const { return state_ ? state_->peer : std::string(); }
+Status Endpoint::status() const { return state_ ? state_->status() : no_endpoint(); }
+std::string Endpoint::transport_info() const { return state_ ? state_->info() : std::string(); }
+
+Status Endpoint::send(const Message& message, std::chrono::milliseconds timeout) {
+  if (!state_) return no_endpoint();
+  auto& core = *state_->core;
+  LAMINAR_RETURN_IF_ERROR(core.check_body(message.body.size()));
+  Frame f;
+  f.kind = FrameKind::kMessage;
+  f.type = message.type;
+  f.body = message.body;
+  return core
+      .send_frame(state_, std::move(f), core.resolve_timeout(timeout),
+                  fmt::format("message of type {} to {}", message.type, state_->peer))
+      .get();
+}
+
+std::future<Result<Message>> Endpoint::request_async(const Message& message, std::chrono::milliseconds timeout) {
+  if (!state_) {
+    std::promise<Result<Message>> p;
+    p.set_value(no_endpoint());
+    return p.get_future();
+  }
+  auto& core = *state_->core;
+  if (Status st = core.check_body(message.body.size()); !st.ok()) {
+    std::promise<Result<Message>> p;
+    p.set_value(st);
+    return p.get_future();
+  }
+  return core.request(state_, message, core.resolve_timeout(timeout));
+}
+
+Result<Message> Endpoint::request(const Message& message, std::chrono::milliseconds timeout) {
+  return wait_result(request_async(message, timeout));
+}
+
+Status Endpoint::reply(const Incoming& to, const Message& message) {
+  if (!state_) return no_endpoint();
+  if (to.request_id == 0) return invalid_argument("reply to a message that is not a request (request_id 0)");
+  auto& core = *state_->core;
+  LAMINAR_RETURN_IF_ERROR(core.check_body(message.body.size()));
+  Frame f;
+  f.kind = FrameKind::kReply;
+  f.id = to.request_id;
+  f.type = message.type;
+  f.body = message.body;
+  return core
+      .send_frame(state_, std::move(f), core.options().operation_timeout,
+                  fmt::format("reply to request {} from {}", to.request_id, state_->peer))
+      .get();
+}
+
+Status Endpoint::reply_error(const Incoming& to, const Status& error) {
+  if (!state_) return no_endpoint();
+  if (to.request_id == 0) return invalid_argument("reply_error to a message that is not a request (request_id 0)");
+  if (error.ok()) return invalid_argument("reply_error with an OK status");
+  auto& core = *state_->core;
+  Frame f;
+  f.kind = FrameKind::kErrorReply;
+  f.id = to.request_id;
+  f.code = error.code();
+  f.error = error.message();
+  return core
+      .send_frame(state_, std::move(f), core.options().operation_timeout,
+                  fmt::format("error reply to request {} from {}", to.request_id, state_->peer))
+      .get();
+}
+
+std::future<Status> Endpoint::put(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                                  std::uint64_t remote_offset, std::size_t length,
+                                  std::chrono::milliseconds timeout, CompletionCallback done) {
+  if (!state_) {
+    std::promise<Status> p;
+    p.set_value(no_endpoint());
+    return p.get_future();
+  }
+  auto& core = *state_->core;
+  return core.rma(state_, true, local, local_offset, remote, remote_offset, length, core.resolve_timeout(timeout),
+                  std::move(done));
+}
+
+std::future<Status> Endpoint::get(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                                  std::uint64_t remote_offset, std::size_t length,
+                                  std::chrono::milliseconds timeout, CompletionCallback done) {
+  if (!state_) {
+    std::promise<Status> p;
+    p.set_value(no_endpoint());
+    return p.get_future();
+  }
+  auto& core = *state_->core;
+  return core.rma(state_, false, local, local_offset, remote, remote_offset, length, core.resolve_timeout(timeout),
+                  std::move(done));
+}
+
+void Endpoint::close() {
+  if (state_) state_->core->close_endpoint(state_);
+}
+
+Result<Transport> Transport::create(TransportOptions options) {
+  auto core = internal::TransportCore::create(std::move(options));
+  if (!core.ok()) return core.status();
+  return Transport(std::move(*core));
+}
+
+Transport::Transport(std::shared_ptr<internal::TransportCore> core) : core_(std::move(core)) {}
+Transport::Transport(Transport&&) noexcept = default;
+Transport& Transport::operator=(Transport&& other) noexcept {
+  if (this != &other) {
+    if (core_) core_->shutdown();
+    core_ = std::move(other.core_);
+  }
+  return *this;
+}
+Transport::~Transport() {
+  if (core_) core_->shutdown();
+}
+
+Result<std::string> Transport::listen(std::string_view host, std::uint16_t port) { return core_->listen(host, port); }
+Result<Endpoint> Transport::connect(std::string_view address, std::chrono::milliseconds timeout) {
+  return core_->connect(address, timeout);
+}
+Result<Endpoint> Transport::accept(std::chrono::milliseconds timeout) { return core_->accept(timeout); }
+void Transport::on_message(MessageType type, MessageHandler handler) { core_->on_message(type, std::move(handler)); }
+Result<Incoming> Transport::receive(std::chrono::milliseconds timeout) { return core_->receive(timeout); }
+Result<MemoryRegion> Transport::register_memory(void* data, std::size_t size) {
+  return core_->map_memory(data, size, false);
+}
+Result<MemoryRegion> Transport::allocate(std::size_t size) { return core_->map_memory(nullptr, size, true); }
+const TransportOptions& Transport::options() const noexcept { return core_->options(); }
+
+}  // namespace laminar

@@ -1,0 +1,175 @@
+// transport_peer: the other process of transport_multiprocess_test (and a small example of a
+// transport server). The cluster token comes from LAMINAR_TEST_TOKEN (never argv, which `ps` shows).
+//
+//   transport_peer serve <region_bytes> [host]    prints "ADDRESS host:port", serves until told to exit
+//   transport_peer client <address> exchange <k>  echo requests + get/put slice k of the server region
+//   transport_peer client <address> auth          prints "STATUS <code>" of connecting
+//   transport_peer client <address> probe         an echo request every 100 ms: prints "OK" or "ERR <code>"
+//
+// Region contents follow pattern(seed): 64-bit word i holds seed ^ (i * golden ratio constant).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "laminar/transport.h"
+#include "transport_peer_protocol.h"
+
+using namespace std::chrono_literals;
+using namespace laminar;
+using namespace laminar::test_peer;
+
+namespace {
+
+TransportOptions options_from_env() {
+  TransportOptions o;
+  const char* token = std::getenv("LAMINAR_TEST_TOKEN");
+  o.cluster_token = token != nullptr ? token : "";
+  o.connect_timeout = 10s;
+  o.operation_timeout = 10s;
+  return o;
+}
+
+int fail(const char* what, const Status& s) {
+  std::fprintf(stderr, "transport_peer: %s: %s\n", what, s.to_string().c_str());
+  return 2;
+}
+
+int serve(std::size_t region_bytes, const std::string& host) {
+  auto t = Transport::create(options_from_env());
+  if (!t.ok()) return fail("create", t.status());
+  auto region = t->allocate(region_bytes);
+  if (!region.ok()) return fail("allocate", region.status());
+  fill_pattern(region->bytes(), kServerSeed);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool exit_now = false;
+  std::set<std::uint64_t> peers;
+  t->on_message(kEcho, [&](Incoming in) {
+    {
+      std::lock_guard lock(mu);
+      peers.insert(in.from.id());
+    }
+    (void)in.from.reply(in, in.message);
+  });
+  t->on_message(kRegion, [&](Incoming in) {
+    (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize()));
+  });
+  t->on_message(kVerify, [&](Incoming in) {
+    auto v = VerifyRequest::parse(in.message.text());
+    if (!v.ok()) {
+      (void)in.from.reply_error(in, v.status());
+      return;
+    }
+    if (v->offset + v->length > region->size()) {
+      (void)in.from.reply_error(in, invalid_argument("verify range outside the region"));
+      return;
+    }
+    const Status s = check_pattern(region->bytes().subspan(v->offset, v->length), v->seed, v->offset);
+    (void)(s.ok() ? in.from.reply(in, Message::from_string(kVerify, "ok")) : in.from.reply_error(in, s));
+  });
+  t->on_message(kHang, [](Incoming) {});
+  t->on_message(kPeers, [&](Incoming in) {
+    std::size_t n;
+    {
+      std::lock_guard lock(mu);
+      n = peers.size();
+    }
+    (void)in.from.reply(in, Message::from_string(kPeers, std::to_string(n)));
+  });
+  t->on_message(kExit, [&](Incoming in) {
+    (void)in.from.reply(in, Message::from_string(kExit, "bye"));
+    std::lock_guard lock(mu);
+    exit_now = true;
+    cv.notify_all();
+  });
+
+  auto address = t->listen(host, 0);
+  if (!address.ok()) return fail("listen", address.status());
+  std::printf("ADDRESS %s\n", address->c_str());
+  std::fflush(stdout);
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return exit_now; });
+  return 0;
+}
+
+int exchange(Endpoint& ep, Transport& t, int k) {
+  for (int i = 0; i < 100; ++i) {
+    const std::string text = "client " + std::to_string(k) + " message " + std::to_string(i);
+    auto r = ep.request(Message::from_string(kEcho, text));
+    if (!r.ok()) return fail("echo", r.status());
+    if (r->text() != text) return fail("echo", data_loss("echo came back different: " + std::string(r->text())));
+  }
+  auto desc = ep.request(Message::from_string(kRegion, ""));
+  if (!desc.ok()) return fail("region", desc.status());
+  auto remote = RemoteRegion::deserialize(desc->body);
+  if (!remote.ok()) return fail("region", remote.status());
+  const std::size_t slice = kClientSliceBytes;
+  const std::size_t offset = static_cast<std::size_t>(k) * slice;
+  auto local = t.allocate(slice);
+  if (!local.ok()) return fail("allocate", local.status());
+  Status s = ep.get(*local, 0, *remote, offset, slice).get();
+  if (!s.ok()) return fail("get", s);
+  s = check_pattern(local->bytes(), kServerSeed, offset);
+  if (!s.ok()) return fail("get content", s);
+  const std::uint64_t seed = kClientSeedBase + static_cast<std::uint64_t>(k);
+  fill_pattern(local->bytes(), seed, offset);
+  s = ep.put(*local, 0, *remote, offset, slice).get();
+  if (!s.ok()) return fail("put", s);
+  auto verified = ep.request(Message::from_string(kVerify, VerifyRequest{seed, offset, slice}.to_string()));
+  if (!verified.ok()) return fail("verify", verified.status());
+  std::printf("DONE\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+int client(const std::string& address, const std::string& mode, int k) {
+  auto t = Transport::create(options_from_env());
+  if (!t.ok()) return fail("create", t.status());
+  auto ep = t->connect(address);
+  if (mode == "auth") {
+    std::printf("STATUS %s\n", std::string(status_code_name(ep.status().code())).c_str());
+    std::fflush(stdout);
+    return 0;
+  }
+  if (!ep.ok()) return fail("connect", ep.status());
+  if (mode == "exchange") return exchange(*ep, *t, k);
+  if (mode == "probe") {
+    for (int i = 0; i < 600; ++i) {
+      auto r = ep->request(Message::from_string(kEcho, "probe"), 500ms);
+      if (r.ok()) {
+        std::printf("OK\n");
+      } else {
+        std::printf("ERR %s %s\n", std::string(status_code_name(r.status().code())).c_str(),
+                    r.status().message().c_str());
+      }
+      std::fflush(stdout);
+      std::this_thread::sleep_for(100ms);
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "transport_peer: unknown client mode '%s'\n", mode.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() >= 2 && args[0] == "serve") {
+    return serve(std::strtoull(args[1].c_str(), nullptr, 10), args.size() >= 3 ? args[2] : "127.0.0.1");
+  }
+  if (args.size() >= 3 && args[0] == "client") {
+    return client(args[1], args[2], args.size() >= 4 ? std::atoi(args[3].c_str()) : 0);
+  }
+  std::fprintf(stderr, "usage: transport_peer serve <bytes> [host] | client <address> <mode> [k]\n");
+  return 2;
+}

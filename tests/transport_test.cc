@@ -1,0 +1,349 @@
+// Transport: wire codec, option validation, and two real UCX transports in one process (messages,
+// request/reply, put/get, authentication, refused connections, timeouts, malformed frames).
+// Tests across processes, with kills and cut links: transport_multiprocess_test.cc.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "laminar/transport.h"
+#include "transport/testing.h"
+#include "transport/wire.h"
+
+using namespace std::chrono_literals;
+using laminar::Endpoint;
+using laminar::Message;
+using laminar::StatusCode;
+using laminar::Transport;
+using laminar::TransportOptions;
+using laminar::internal::decode_frame;
+using laminar::internal::encode_frame;
+using laminar::internal::Frame;
+using laminar::internal::FrameKind;
+
+namespace {
+
+const std::string kToken = "test-cluster-token-0123456789";
+
+TransportOptions options(std::string token = kToken) {
+  TransportOptions o;
+  o.cluster_token = std::move(token);
+  o.connect_timeout = 5s;
+  o.operation_timeout = 5s;
+  return o;
+}
+
+Transport make(TransportOptions o = options()) {
+  auto t = Transport::create(std::move(o));
+  INFO(t.status().to_string());
+  REQUIRE(t.ok());
+  return std::move(*t);
+}
+
+struct Pair {
+  Transport server = make();
+  Transport client = make();
+  std::string address;
+  Endpoint to_server;
+  Endpoint to_client;
+
+  Pair() {
+    auto a = server.listen("127.0.0.1", 0);
+    REQUIRE(a.ok());
+    address = *a;
+    auto ep = client.connect(address);
+    INFO(ep.status().to_string());
+    REQUIRE(ep.ok());
+    to_server = *ep;
+    auto acc = server.accept(5s);
+    REQUIRE(acc.ok());
+    to_client = *acc;
+  }
+};
+
+std::vector<std::byte> bytes_of(std::string_view s) {
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return {p, p + s.size()};
+}
+
+}  // namespace
+
+TEST_CASE("wire: frames round-trip and every malformed frame is refused", "[transport]") {
+  Frame f;
+  f.kind = FrameKind::kRequest;
+  f.type = 0xfffffffe;
+  f.id = 42;
+  f.body = bytes_of("payload");
+  const auto wire = encode_frame(f);
+  auto back = decode_frame(wire, 1024);
+  REQUIRE(back.ok());
+  CHECK(back->kind == FrameKind::kRequest);
+  CHECK(back->type == 0xfffffffe);
+  CHECK(back->id == 42);
+  CHECK(back->body == f.body);
+
+  // Every truncation is kDataLoss, never a crash or a frame.
+  for (std::size_t n = 0; n < wire.size(); ++n) {
+    auto t = decode_frame(std::span(wire).first(n), 1024);
+    INFO("truncated to " << n);
+    REQUIRE_FALSE(t.ok());
+    CHECK(t.status().code() == StatusCode::kDataLoss);
+  }
+  // A flipped body byte fails the checksum even though the CBOR still parses.
+  auto corrupt = wire;
+  const auto body_at = std::search(corrupt.begin(), corrupt.end(), f.body.begin(), f.body.end());
+  REQUIRE(body_at != corrupt.end());
+  *body_at ^= std::byte{0x01};
+  auto c = decode_frame(corrupt, 1024);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(c.status().message(), Catch::Contains("checksum"));
+  // Over the size limit: kInvalidArgument naming the sizes.
+  f.body.assign(2000, std::byte{7});
+  auto big = decode_frame(encode_frame(f), 1024);
+  REQUIRE_FALSE(big.ok());
+  CHECK(big.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(big.status().message(), Catch::Contains("2000"));
+  // Wrong field types and missing fields name the field.
+  Frame e;
+  e.kind = FrameKind::kErrorReply;
+  e.id = 9;
+  e.code = StatusCode::kNotFound;
+  e.error = "no such tensor";
+  auto er = decode_frame(encode_frame(e), 1024);
+  REQUIRE(er.ok());
+  CHECK(er->code == StatusCode::kNotFound);
+  CHECK(er->error == "no such tensor");
+  auto junk = decode_frame(bytes_of("\xa1\x61v\x02"), 1024);  // {"v": 2}
+  REQUIRE_FALSE(junk.ok());
+  CHECK_THAT(junk.status().message(), Catch::Contains("version 2"));
+}
+
+TEST_CASE("wire: remote region descriptors validate", "[transport]") {
+  laminar::RemoteRegion r{0x1000, 4096, bytes_of("rkey-bytes")};
+  auto back = laminar::RemoteRegion::deserialize(r.serialize());
+  REQUIRE(back.ok());
+  CHECK(back->address == 0x1000);
+  CHECK(back->size == 4096);
+  CHECK(back->rkey == r.rkey);
+  auto wire = r.serialize();
+  wire.resize(wire.size() - 3);
+  auto bad = laminar::RemoteRegion::deserialize(wire);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().code() == StatusCode::kDataLoss);
+  laminar::RemoteRegion overflow{~std::uint64_t{0} - 10, 100, bytes_of("k")};
+  CHECK(laminar::RemoteRegion::deserialize(overflow.serialize()).status().code() == StatusCode::kDataLoss);
+}
+
+TEST_CASE("transport: options and addresses are validated", "[transport]") {
+  auto short_token = Transport::create(options("short"));
+  REQUIRE_FALSE(short_token.ok());
+  CHECK(short_token.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(short_token.status().message(), Catch::Contains("5 bytes"));
+  auto o = options();
+  o.operation_timeout = 0ms;
+  CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
+
+  Transport t = make();
+  CHECK(t.listen("not-an-ip", 0).status().code() == StatusCode::kInvalidArgument);
+  CHECK(t.connect("127.0.0.1").status().code() == StatusCode::kInvalidArgument);
+  CHECK(t.connect("127.0.0.1:99999").status().code() == StatusCode::kInvalidArgument);
+  CHECK(t.connect("[::1:80").status().code() == StatusCode::kInvalidArgument);
+  CHECK(t.register_memory(nullptr, 10).status().code() == StatusCode::kInvalidArgument);
+  CHECK(t.allocate(0).status().code() == StatusCode::kInvalidArgument);
+  REQUIRE(t.listen("127.0.0.1", 0).ok());
+  CHECK(t.listen("127.0.0.1", 0).status().code() == StatusCode::kFailedPrecondition);
+  Endpoint empty;
+  CHECK(empty.send(Message::from_string(1, "x")).code() == StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("transport: messages, requests and error replies between two transports", "[transport]") {
+  Pair p;
+  CHECK(p.to_server.status().ok());
+  CHECK(p.to_client.status().ok());
+  // Shared memory must stay in use although endpoints detect peer failure (UCX drops it otherwise).
+  CHECK_THAT(p.to_server.transport_info(), Catch::Contains("posix") || Catch::Contains("sysv") ||
+                                               Catch::Contains("cma"));
+
+  p.server.on_message(1, [](laminar::Incoming in) {
+    std::string text(in.message.text());
+    std::reverse(text.begin(), text.end());
+    REQUIRE(in.from.reply(in, Message::from_string(2, text)).ok());
+  });
+  p.server.on_message(3, [](laminar::Incoming in) {
+    REQUIRE(in.from.reply_error(in, laminar::not_found("tensor 'w9'")).ok());
+  });
+  for (int i = 0; i < 200; ++i) {
+    const std::string text = "message-" + std::to_string(i);
+    auto r = p.to_server.request(Message::from_string(1, text));
+    REQUIRE(r.ok());
+    CHECK(r->type == 2);
+    CHECK(r->text() == std::string(text.rbegin(), text.rend()));
+  }
+  auto err = p.to_server.request(Message::from_string(3, ""));
+  REQUIRE_FALSE(err.ok());
+  CHECK(err.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(err.status().message(), Catch::Contains("tensor 'w9'"));
+
+  // One-way messages in order, both directions, through receive(); a 4 MiB body goes by rendezvous.
+  for (int i = 0; i < 50; ++i) REQUIRE(p.to_server.send(Message::from_string(10, std::to_string(i))).ok());
+  for (int i = 0; i < 50; ++i) {
+    auto in = p.server.receive(5s);
+    REQUIRE(in.ok());
+    CHECK(in->message.type == 10);
+    CHECK(in->message.text() == std::to_string(i));
+    CHECK(in->request_id == 0);
+    CHECK(in->from.id() == p.to_client.id());
+  }
+  std::vector<std::byte> big(4 << 20);
+  std::mt19937_64 rng(7);
+  for (auto& b : big) b = std::byte(rng());
+  REQUIRE(p.to_client.send(Message::from_bytes(11, big)).ok());
+  auto in = p.client.receive(5s);
+  REQUIRE(in.ok());
+  CHECK(in->message.body == big);
+  CHECK(p.client.receive(50ms).status().code() == StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("transport: put and get move bulk bytes into registered memory", "[transport]") {
+  Pair p;
+  constexpr std::size_t kBytes = 64 << 20;
+  auto remote_mem = p.server.allocate(kBytes);
+  REQUIRE(remote_mem.ok());
+  std::vector<std::uint64_t> local_buf(kBytes / 8);
+  auto local = p.client.register_memory(local_buf.data(), kBytes);
+  REQUIRE(local.ok());
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  auto* words = reinterpret_cast<std::uint64_t*>(remote_mem->data());
+  for (std::size_t i = 0; i < kBytes / 8; ++i) words[i] = seed ^ (i * 0x9e3779b97f4a7c15ull);
+
+  // The descriptor travels as bytes, as it would in a message.
+  auto remote = laminar::RemoteRegion::deserialize(remote_mem->remote().serialize());
+  REQUIRE(remote.ok());
+  REQUIRE(p.to_server.get(*local, 0, *remote, 0, kBytes).get().ok());
+  for (std::size_t i = 0; i < kBytes / 8; ++i) {
+    if (local_buf[i] != (seed ^ (i * 0x9e3779b97f4a7c15ull))) FAIL("get: word " << i << " differs");
+  }
+  for (auto& w : local_buf) w = ~w;
+  std::atomic<int> callbacks{0};
+  auto put = p.to_server.put(*local, 4096, *remote, 8192, kBytes - 8192, laminar::kDefaultTimeout,
+                             [&](laminar::Status s) {
+                               CHECK(s.ok());
+                               ++callbacks;
+                             });
+  REQUIRE(put.get().ok());
+  for (std::size_t i = 0; i < (kBytes - 8192) / 8; ++i) {
+    if (words[1024 + i] != local_buf[512 + i]) FAIL("put: word " << i << " differs");
+  }
+  CHECK(words[0] == (seed ^ 0));  // outside the put range: untouched
+  for (int i = 0; i < 100 && callbacks.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(callbacks.load() == 1);
+
+  // Out-of-range and foreign-region requests are refused before anything moves.
+  auto oob = p.to_server.put(*local, 0, *remote, kBytes - 10, 11).get();
+  CHECK(oob.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(oob.message(), Catch::Contains("remote range"));
+  CHECK(p.to_server.get(*local, kBytes, *remote, 0, 1).get().code() == StatusCode::kInvalidArgument);
+  CHECK(p.to_server.get(*remote_mem, 0, *remote, 0, 8).get().code() == StatusCode::kInvalidArgument);
+  CHECK(p.to_server.get(laminar::MemoryRegion(), 0, *remote, 0, 8).get().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("transport: a wrong token is refused before anything is served", "[transport]") {
+  Transport server = make();
+  auto address = server.listen("127.0.0.1", 0);
+  REQUIRE(address.ok());
+  std::atomic<int> served{0};
+  server.on_message(1, [&](laminar::Incoming) { ++served; });
+
+  Transport intruder = make(options("another-token-entirely-0000"));
+  auto ep = intruder.connect(*address);
+  REQUIRE_FALSE(ep.ok());
+  CHECK(ep.status().code() == StatusCode::kFailedPrecondition);
+  // The client checks the server's proof first, so either side may be the one to notice.
+  CHECK_THAT(ep.status().message(), Catch::Contains("cluster token"));
+  CHECK(server.accept(200ms).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(served.load() == 0);
+
+  // A good client still gets in afterwards.
+  Transport good = make();
+  auto ok = good.connect(*address);
+  REQUIRE(ok.ok());
+  REQUIRE(ok->send(Message::from_string(1, "hi")).ok());
+  REQUIRE(server.accept(5s).ok());
+  for (int i = 0; i < 200 && served.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(served.load() == 1);
+}
+
+TEST_CASE("transport: refused connections and timeouts give clear errors", "[transport]") {
+  Transport client = make();
+  // Nobody listens on this port (taken from a listener that is then closed).
+  std::string address;
+  {
+    Transport tmp = make();
+    address = tmp.listen("127.0.0.1", 0).value();
+  }
+  auto refused = client.connect(address, 3s);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(refused.status().message(), Catch::Contains(address));
+
+  Pair p;
+  p.server.on_message(5, [](laminar::Incoming) {});  // never answers
+  auto late = p.to_server.request(Message::from_string(5, "?"), 200ms);
+  REQUIRE_FALSE(late.ok());
+  CHECK(late.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(late.status().message(), Catch::Contains("200 ms"));
+  // The endpoint stays usable after a timed-out request.
+  p.server.on_message(6, [](laminar::Incoming in) { REQUIRE(in.from.reply(in, in.message).ok()); });
+  CHECK(p.to_server.request(Message::from_string(6, "again")).ok());
+
+  // Oversized bodies are refused locally.
+  auto o = options();
+  o.max_message_bytes = 1024;
+  Transport small = make(o);
+  auto ep = small.connect(p.address);
+  REQUIRE(ep.ok());
+  auto big = ep->send(Message::from_bytes(1, std::vector<std::byte>(1025)));
+  CHECK(big.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(big.message(), Catch::Contains("1025"));
+}
+
+TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[transport]") {
+  Pair p;
+  p.server.on_message(9, [](laminar::Incoming) {});
+  // Two clients: one misbehaves, the other must keep being served.
+  Transport other = make();
+  auto good = other.connect(p.address);
+  REQUIRE(good.ok());
+  auto good_at_server = p.server.accept(5s);
+  REQUIRE(good_at_server.ok());
+  p.server.on_message(1, [](laminar::Incoming in) { REQUIRE(in.from.reply(in, in.message).ok()); });
+
+  // A request waits on the server side... and the misbehaving client has one pending too.
+  p.client.on_message(2, [](laminar::Incoming) {});
+  auto pending = p.to_client.request_async(Message::from_string(2, "never answered"), 10s);
+
+  Frame f;
+  f.kind = FrameKind::kMessage;
+  f.type = 1;
+  f.body = bytes_of("hello");
+  auto wire = encode_frame(f);
+  wire.resize(wire.size() - 2);  // truncated
+  REQUIRE(laminar::internal::send_raw_frame(p.to_server, wire).ok());
+  // The server drops the endpoint with kDataLoss; its pending request fails at once, not at 10 s.
+  auto r = pending.get();
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kDataLoss);
+  CHECK(p.to_client.status().code() == StatusCode::kDataLoss);
+  // The client sees its peer hang up.
+  for (int i = 0; i < 500 && p.to_server.status().ok(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(p.to_server.status().code() == StatusCode::kUnavailable);
+  CHECK(p.to_server.request(Message::from_string(1, "x")).status().code() == StatusCode::kUnavailable);
+
+  auto still = good->request(Message::from_string(1, "still served"));
+  REQUIRE(still.ok());
+  CHECK(still->text() == "still served");
+}
