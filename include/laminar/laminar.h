@@ -3,6 +3,7 @@
 
 #include "laminar/clock.h"
 #include "laminar/kernels/cast.h"
+#include "laminar/remote_trajectory_queue.h"
 #include "laminar/status.h"
 #include "laminar/trajectory_queue.h"
 #include "laminar/transport.h"
