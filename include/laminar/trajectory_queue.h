@@ -278,9 +278,10 @@ class TrajectoryQueue {
   Version newest_version() const noexcept;
 
   // Takes `t` (moved from only on success). Refusals, each leaving `t` untouched:
-  //   kInvalidArgument: validate_trajectory failed, version ahead of newest_version(), id already
-  //     in the queue or recently retired, a group member disagreeing with the group (group_size,
-  //     prompt_id) or repeating a sample_index, or a trajectory larger than capacity_tokens;
+  //   kInvalidArgument: validate_trajectory (with QueueOptions::validate_contents) failed, version
+  //     ahead of newest_version(), id already in the queue or recently retired, a group member
+  //     disagreeing with the group (group_size, prompt_id) or repeating a sample_index, or a
+  //     trajectory larger than capacity_tokens;
   //   kFailedPrecondition: its group was already closed (released, dropped or complete);
   //   kUnavailable (kFailFast) / kDeadlineExceeded (kTimeout): the queue is full;
   //   kCancelled: close() was called;  kDataLoss/kResourceExhausted: the WAL write failed.
