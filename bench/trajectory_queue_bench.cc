@@ -1,0 +1,310 @@
+// trajectory_queue_bench: push + pop throughput of realistic trajectories (1-4k response tokens,
+// 256 prompt tokens, per-token log-probs, a reward, a small JSON metadata object) with N producer
+// and M consumer threads, against moodycamel::ConcurrentQueue moving the very same objects in the
+// same run.
+//
+// Each repeat moves the whole pool once through the queue: producers stamp a fresh id and push
+// their slice; consumers pop and keep what they got; the pool is reassembled (untimed) for the next
+// repeat. Time runs from the start signal to the moment the last trajectory is consumed.
+//
+// TrajectoryQueue runs with every semantic on: validation (lengths, rewards, group fields), version
+// check, unique ids, GRPO groups of 8 released whole, leases acked per batch, staleness
+// keep-and-mark, statistics; a second instance also scans token ids, log-probs and metadata JSON
+// (QueueOptions::validate_contents), reported on its own line. moodycamel moves the objects with producer and consumer
+// tokens and bulk dequeue, its fastest use. Then the same TrajectoryQueue with its write-ahead log
+// on (page cache, no fsync), reported separately.
+//
+//   trajectory_queue_bench [--producers N] [--consumers M] [--pool P] [--repeats R] [--wal-dir DIR]
+//
+// Lines (JSON, one per metric, the headline last):
+//   trajectory_queue_contents_checked vs moodycamel::ConcurrentQueue;
+//   trajectory_queue_wal vs trajectory_queue without WAL;
+//   trajectory_queue_push_pop vs moodycamel::ConcurrentQueue (goal: ratio >= 0.5, value >= 1e6).
+#include <concurrentqueue/concurrentqueue.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "laminar/trajectory_queue.h"
+
+namespace {
+
+using laminar::Trajectory;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint32_t kGroupSize = 8;
+constexpr std::size_t kBatch = 64;
+
+struct Config {
+  int producers = 2;
+  int consumers = 2;
+  std::size_t pool = 8192;
+  int repeats = 15;
+  int wal_repeats = 3;
+  std::string wal_dir = std::filesystem::temp_directory_path().string();
+};
+
+std::vector<Trajectory> make_pool(std::size_t n) {
+  std::mt19937 rng(1234);
+  std::vector<Trajectory> pool(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    Trajectory& t = pool[i];
+    t.prompt_tokens.resize(256);
+    for (auto& tok : t.prompt_tokens) tok = std::int32_t(rng() % 151000);
+    const std::size_t len = 1024 + rng() % 3073;  // 1-4k response tokens
+    t.response_tokens.resize(len);
+    t.logprobs.resize(len);
+    for (std::size_t k = 0; k < len; ++k) {
+      t.response_tokens[k] = std::int32_t(rng() % 151000);
+      t.logprobs[k] = -float(rng() % 1000) / 100.0f;
+    }
+    t.rewards = {float(rng() % 2)};
+    t.finish_reason = laminar::FinishReason::kStop;
+    t.timings = {1000, 2000};
+    t.metadata = R"({"task": "math", "source": "gsm8k"})";
+  }
+  return pool;
+}
+
+// Gives trajectory `i` of repeat `rep` a fresh id and its group (groups never straddle producers:
+// slices are multiples of kGroupSize).
+void stamp(Trajectory& t, std::size_t i, int rep, std::size_t pool) {
+  const std::uint64_t id = std::uint64_t(rep) * pool + i + 1;
+  t.id = laminar::TrajectoryId(id);
+  t.group_size = kGroupSize;
+  t.group_id = (id - 1) / kGroupSize;
+  t.prompt_id = t.group_id;
+  t.sample_index = std::uint32_t((id - 1) % kGroupSize);
+  t.version = laminar::Version(std::uint64_t(rep));
+}
+
+struct Slice {
+  std::size_t begin, end;
+};
+Slice slice_of(int p, int producers, std::size_t pool) {
+  const std::size_t groups = pool / kGroupSize;
+  return {groups * std::size_t(p) / std::size_t(producers) * kGroupSize,
+          groups * std::size_t(p + 1) / std::size_t(producers) * kGroupSize};
+}
+
+// Runs producers and consumers; returns seconds from start to the last trajectory consumed.
+template <class Produce, class Consume>
+double run_threads(const Config& cfg, std::atomic<std::size_t>& consumed, Produce produce, Consume consume) {
+  std::atomic<bool> go{false};
+  std::atomic<Clock::rep> end_ticks{0};
+  consumed = 0;
+  std::vector<std::thread> threads;
+  for (int p = 0; p < cfg.producers; ++p) {
+    threads.emplace_back([&, p] {
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      produce(p);
+    });
+  }
+  for (int c = 0; c < cfg.consumers; ++c) {
+    threads.emplace_back([&, c] {
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      consume(c, [&](std::size_t n) {
+        if (consumed.fetch_add(n) + n == cfg.pool) end_ticks = Clock::now().time_since_epoch().count();
+      });
+    });
+  }
+  const auto start = Clock::now();
+  go.store(true, std::memory_order_release);
+  for (auto& t : threads) t.join();
+  return std::chrono::duration<double>(Clock::duration(end_ticks.load()) - start.time_since_epoch()).count();
+}
+
+laminar::bench::Timing summarize(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], t.front(), t.back(), int(t.size())};
+}
+
+[[noreturn]] void die(const char* what, const laminar::Status& st) {
+  std::fprintf(stderr, "trajectory_queue_bench: %s: %s\n", what, st.to_string().c_str());
+  std::exit(1);
+}
+
+// One repeat through a TrajectoryQueue; the pool comes back in `pool` (order may change).
+double run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<Trajectory>& pool, int rep) {
+  if (laminar::Status st = q.publish_version(laminar::Version(std::uint64_t(rep))); !st.ok()) die("publish", st);
+  std::atomic<std::size_t> consumed{0};
+  std::vector<std::vector<laminar::Batch>> got(std::size_t(cfg.consumers));
+  const double s = run_threads(
+      cfg, consumed,
+      [&](int p) {
+        const Slice sl = slice_of(p, cfg.producers, cfg.pool);
+        for (std::size_t i = sl.begin; i < sl.end; ++i) {
+          stamp(pool[i], i, rep, cfg.pool);
+          if (laminar::Status st = q.push(std::move(pool[i])); !st.ok()) die("push", st);
+        }
+      },
+      [&](int c, auto done) {
+        laminar::BatchSpec spec;
+        spec.max_trajectories = kBatch;
+        spec.wait = std::chrono::milliseconds(1);
+        spec.consumer_version = laminar::Version(std::uint64_t(rep));
+        spec.staleness_rule = laminar::StalenessRule::kKeepAndMark;
+        spec.max_staleness = 4;
+        auto& mine = got[std::size_t(c)];
+        while (consumed.load(std::memory_order_relaxed) < cfg.pool) {
+          laminar::Result<laminar::Batch> b = q.pop_batch(spec);
+          if (!b.ok()) continue;
+          if (laminar::Status st = q.ack(b->id()); !st.ok()) die("ack", st);
+          const std::size_t n = b->size();
+          mine.push_back(std::move(*b));
+          done(n);
+        }
+      });
+  std::size_t k = 0;
+  for (auto& batches : got) {
+    for (auto& b : batches) {
+      for (Trajectory& t : b.release()) pool[k++] = std::move(t);
+    }
+  }
+  if (k != cfg.pool) {
+    std::fprintf(stderr, "trajectory_queue_bench: %zu of %zu trajectories came back\n", k, cfg.pool);
+    std::exit(1);
+  }
+  return s;
+}
+
+double run_moodycamel(const Config& cfg, std::vector<Trajectory>& pool, int rep) {
+  moodycamel::ConcurrentQueue<Trajectory> q;
+  std::atomic<std::size_t> consumed{0};
+  std::vector<std::vector<Trajectory>> got(std::size_t(cfg.consumers));
+  for (auto& g : got) g.reserve(cfg.pool);
+  const double s = run_threads(
+      cfg, consumed,
+      [&](int p) {
+        moodycamel::ProducerToken tok(q);
+        const Slice sl = slice_of(p, cfg.producers, cfg.pool);
+        for (std::size_t i = sl.begin; i < sl.end; ++i) {
+          stamp(pool[i], i, rep, cfg.pool);
+          if (!q.enqueue(tok, std::move(pool[i]))) std::exit(1);
+        }
+      },
+      [&](int c, auto done) {
+        moodycamel::ConsumerToken tok(q);
+        auto& mine = got[std::size_t(c)];
+        while (consumed.load(std::memory_order_relaxed) < cfg.pool) {
+          const std::size_t n = q.try_dequeue_bulk(tok, std::back_inserter(mine), kBatch);
+          if (n == 0) {
+            std::this_thread::yield();
+            continue;
+          }
+          done(n);
+        }
+      });
+  std::size_t k = 0;
+  for (auto& g : got) {
+    for (Trajectory& t : g) pool[k++] = std::move(t);
+  }
+  if (k != cfg.pool) std::exit(1);
+  return s;
+}
+
+Config parse(int argc, char** argv) {
+  Config c;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const char* v = argv[i + 1];
+    if (flag == "--producers") c.producers = std::atoi(v);
+    else if (flag == "--consumers") c.consumers = std::atoi(v);
+    else if (flag == "--pool") c.pool = std::size_t(std::atoll(v));
+    else if (flag == "--repeats") c.repeats = std::atoi(v);
+    else if (flag == "--wal-dir") c.wal_dir = v;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      std::exit(2);
+    }
+  }
+  c.pool -= c.pool % (kGroupSize * std::size_t(std::max(c.producers, 1)));
+  if (c.producers < 1 || c.consumers < 1 || c.pool == 0 || c.repeats < 1) {
+    std::fprintf(stderr, "need producers, consumers, repeats >= 1 and pool >= 8 * producers\n");
+    std::exit(2);
+  }
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Config cfg = parse(argc, argv);
+  std::vector<Trajectory> pool = make_pool(cfg.pool);
+  std::size_t tokens = 0;
+  for (const Trajectory& t : pool) tokens += t.num_tokens();
+  std::printf("# %d producers, %d consumers, %zu trajectories per repeat (%.0f tokens on average)\n",
+              cfg.producers, cfg.consumers, cfg.pool, double(tokens) / double(cfg.pool));
+
+  // The headline runs the O(1) validation the issue asks for (lengths, version, unique ids, group
+  // fields); the "contents checked" run also scans every token id, log-prob and the metadata JSON.
+  laminar::QueueOptions opt;
+  opt.group_timeout = std::chrono::seconds(10);
+  opt.validate_contents = false;
+  auto q = laminar::TrajectoryQueue::open(opt);
+  if (!q.ok()) die("open", q.status());
+  laminar::QueueOptions checked_opt = opt;
+  checked_opt.validate_contents = true;
+  auto qc = laminar::TrajectoryQueue::open(checked_opt);
+  if (!qc.ok()) die("open", qc.status());
+
+  int rep = 0;
+  std::vector<double> ours, checked, base;
+  for (int r = 0; r < 2; ++r) {  // warm-up, all three
+    run_laminar(cfg, **q, pool, rep++);
+    run_laminar(cfg, **qc, pool, rep++);
+    run_moodycamel(cfg, pool, rep++);
+  }
+  // Interleaved so that all three see the same machine load.
+  for (int r = 0; r < cfg.repeats; ++r) {
+    ours.push_back(run_laminar(cfg, **q, pool, rep++));
+    checked.push_back(run_laminar(cfg, **qc, pool, rep++));
+    base.push_back(run_moodycamel(cfg, pool, rep++));
+  }
+  const double checked_rate = double(cfg.pool) / summarize(checked).median_s;
+  const auto t_ours = summarize(ours);
+  const auto t_base = summarize(base);
+  const double ours_rate = double(cfg.pool) / t_ours.median_s;
+  const double base_rate = double(cfg.pool) / t_base.median_s;
+  std::printf("# stats after the last repeat: %s\n", (*q)->stats().to_json().c_str());
+
+  std::vector<double> wal;
+  std::uint64_t wal_bytes = 0;
+  for (int r = 0; r < cfg.wal_repeats; ++r) {
+    laminar::QueueOptions wopt = opt;
+    wopt.wal_path = cfg.wal_dir + "/laminar_tq_bench_" + std::to_string(::getpid()) + ".wal";
+    std::filesystem::remove(wopt.wal_path);
+    auto wq = laminar::TrajectoryQueue::open(wopt);
+    if (!wq.ok()) die("open with WAL", wq.status());
+    wal.push_back(run_laminar(cfg, **wq, pool, rep++));
+    wal_bytes = (*wq)->stats().wal_bytes;
+    wq->reset();
+    std::filesystem::remove(wopt.wal_path);
+  }
+  const auto t_wal = summarize(wal);
+  const double wal_rate = double(cfg.pool) / t_wal.median_s;
+  std::printf("# WAL: %.1f MB per repeat, %.0f MB/s\n", double(wal_bytes) / 1e6,
+              double(wal_bytes) / 1e6 / t_wal.median_s);
+  std::printf("# no WAL: median %.2f ms (min %.2f, max %.2f); moodycamel: median %.2f ms (min %.2f, max %.2f)\n",
+              t_ours.median_s * 1e3, t_ours.min_s * 1e3, t_ours.max_s * 1e3, t_base.median_s * 1e3,
+              t_base.min_s * 1e3, t_base.max_s * 1e3);
+
+  laminar::bench::report_throughput("trajectory_queue_contents_checked", "trajectories/s", checked_rate,
+                                    "moodycamel::ConcurrentQueue", base_rate);
+  laminar::bench::report_throughput("trajectory_queue_wal", "trajectories/s", wal_rate,
+                                    "trajectory_queue_no_wal", ours_rate);
+  laminar::bench::report_throughput("trajectory_queue_push_pop", "trajectories/s", ours_rate,
+                                    "moodycamel::ConcurrentQueue", base_rate);
+  return 0;
+}

@@ -1,0 +1,123 @@
+// clock.h: Clock, the one source of time for every laminar timeout, lease and deadline.
+//
+// Components never read std::chrono clocks directly; they take a Clock. In production that is the
+// steady clock (Clock::steady()). Tests and the cluster simulator pass a ManualClock instead and
+// move time themselves, so a lease expiry or a group timeout happens exactly when they say, in
+// virtual time, with no sleeps. A component that blocks on a condition variable waits through
+// Clock::wait_until and subscribes to the clock, so a jump of virtual time wakes it up.
+//
+//   auto clock = std::make_shared<laminar::ManualClock>();
+//   std::mutex mu;
+//   std::condition_variable cv;
+//   auto sub = clock->subscribe([&] { std::lock_guard<std::mutex> l(mu); cv.notify_all(); });
+//   // waiter: std::unique_lock l(mu); while (clock->now() < t) clock->wait_until(cv, l, t);
+//   auto st = clock->advance(std::chrono::seconds(30));  // the waiter wakes and sees the new time
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "laminar/status.h"
+
+namespace laminar {
+
+class Clock;
+
+// Keeps a wake-up callback registered with a clock; unregisters it on destruction. Once the
+// destructor returns the callback is not running and will not run again.
+class ClockSubscription {
+ public:
+  ClockSubscription() = default;
+  ClockSubscription(const ClockSubscription&) = delete;
+  ClockSubscription& operator=(const ClockSubscription&) = delete;
+  ClockSubscription(ClockSubscription&& o) noexcept : clock_(o.clock_), id_(o.id_) { o.clock_ = nullptr; }
+  ClockSubscription& operator=(ClockSubscription&& o) noexcept;
+  ~ClockSubscription() { reset(); }
+  void reset() noexcept;
+
+ private:
+  friend class Clock;
+  ClockSubscription(Clock* clock, std::uint64_t id) : clock_(clock), id_(id) {}
+  Clock* clock_ = nullptr;
+  std::uint64_t id_ = 0;
+};
+
+class Clock {
+ public:
+  // Time since the clock's own epoch. Durations and instants share this one type.
+  using Duration = std::chrono::nanoseconds;
+  static constexpr Duration kForever = Duration::max();
+
+  virtual ~Clock() = default;
+
+  // Never decreases.
+  virtual Duration now() const noexcept = 0;
+
+  // Preconditions:
+  //   `lock` holds the mutex `cv` is used with.
+  // Blocks until `cv` is notified or now() >= deadline (kForever: no deadline). May return early;
+  // callers re-check their condition and the time in a loop.
+  virtual void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                          Duration deadline) const = 0;
+
+  // Registers `wake`, called after every jump of a virtual clock so that threads blocked in
+  // wait_until re-check (wake typically locks the waiter's mutex and notifies its condition
+  // variables). A real clock never calls it. `wake` must not call back into this clock.
+  [[nodiscard]] virtual ClockSubscription subscribe(std::function<void()> wake);
+
+  // The process-wide steady (monotonic, real-time) clock.
+  static std::shared_ptr<Clock> steady();
+
+ protected:
+  ClockSubscription make_subscription(std::uint64_t id) { return ClockSubscription(this, id); }
+
+ private:
+  friend class ClockSubscription;
+  virtual void unsubscribe(std::uint64_t /*id*/) noexcept {}
+};
+
+// std::chrono::steady_clock behind the Clock interface.
+class SteadyClock final : public Clock {
+ public:
+  Duration now() const noexcept override;
+  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                  Duration deadline) const override;
+};
+
+// Virtual time that only moves when told to. Starts at `start`. Thread-safe: any thread may read
+// it while one thread (the test or the simulator) advances it.
+class ManualClock final : public Clock {
+ public:
+  explicit ManualClock(Duration start = Duration::zero()) : now_ns_(start.count()) {}
+
+  Duration now() const noexcept override { return Duration(now_ns_.load(std::memory_order_acquire)); }
+  // Waits for a notification only: time cannot pass here unless someone advances it, and
+  // advance() wakes every subscriber.
+  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                  Duration deadline) const override;
+  [[nodiscard]] ClockSubscription subscribe(std::function<void()> wake) override;
+
+  // Moves time forward by `d`, then wakes every subscriber. kInvalidArgument for a negative `d`.
+  Status advance(Duration d);
+  // Jumps to `t`. kInvalidArgument when `t` is before now(): time never goes backwards.
+  Status set(Duration t);
+
+ private:
+  void unsubscribe(std::uint64_t id) noexcept override;
+  void wake_all();
+
+  std::atomic<std::int64_t> now_ns_;
+  // Serialises advance() against subscribe/unsubscribe so a callback never runs after its
+  // subscription is gone. Lock order: this mutex, then whatever the callback locks.
+  std::mutex mu_;
+  std::map<std::uint64_t, std::function<void()>> subscribers_;
+  std::uint64_t next_id_ = 1;
+};
+
+}  // namespace laminar

@@ -1,0 +1,321 @@
+// trajectory_queue.h: Trajectory and TrajectoryQueue, the experience buffer between rollouts and
+// the actor.
+//
+// Rollout workers push finished trajectories, each tagged with the policy version that generated
+// it; the actor pops batches by count or token budget on its own schedule. The queue is bounded
+// (producers block, fail fast or time out when it is full), applies a staleness rule relative to
+// the consumer's version, releases GRPO groups only whole (or by a group timeout), and delivers
+// exactly once to the trainer: a popped batch is leased until ack(); nack() or lease expiry puts
+// it back. With a write-ahead log, pushed-but-unacked trajectories survive a process kill and are
+// delivered again after restart. Every timeout reads the injectable Clock (clock.h).
+//
+//   auto q = laminar::TrajectoryQueue::open(laminar::QueueOptions{}).value();
+//   laminar::Trajectory t;
+//   t.id = laminar::TrajectoryId(1);
+//   t.response_tokens = {5, 6};
+//   t.logprobs = {-0.1f, -0.2f};
+//   t.rewards = {1.0f};
+//   laminar::Status st = q->push(std::move(t));
+//   laminar::BatchSpec spec;
+//   spec.max_trajectories = 32;
+//   laminar::Result<laminar::Batch> b = q->pop_batch(spec);   // train on b->trajectories() ...
+//   st = q->ack(b->id());                                      // ... then commit
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "laminar/clock.h"
+#include "laminar/status.h"
+#include "laminar/types.h"
+
+namespace laminar {
+
+enum class FinishReason : std::uint8_t {
+  kStop = 0,    // end-of-sequence or a stop string
+  kLength = 1,  // hit the token limit
+  kAbort = 2,   // cancelled by the rollout side (e.g. a tool call failed)
+  kError = 3,   // the engine failed; rewards are whatever the producer chose to assign
+};
+// "stop", "length", "abort", "error".
+std::string_view finish_reason_name(FinishReason r) noexcept;
+
+// Producer-side wall-clock instants (ns since the Unix epoch, or any epoch the producer uses
+// consistently); the queue only checks that generation did not end before it started.
+struct TrajectoryTimings {
+  std::int64_t generation_start_ns = 0;
+  std::int64_t generation_end_ns = 0;
+  friend bool operator==(const TrajectoryTimings&, const TrajectoryTimings&) = default;
+};
+
+// One finished rollout sample.
+struct Trajectory {
+  TrajectoryId id;               // unique (see QueueOptions::id_dedup_window)
+  std::uint64_t prompt_id = 0;
+  std::uint64_t group_id = 0;    // GRPO group; unused when group_size == 1
+  std::uint32_t group_size = 1;  // samples in the group (n); 1: not grouped
+  std::uint32_t sample_index = 0;  // in [0, group_size), unique within the group
+  Version version;               // policy version that generated every response token
+  std::vector<std::int32_t> prompt_tokens;    // [num_prompt_tokens], token ids >= 0
+  std::vector<std::int32_t> response_tokens;  // [num_response_tokens], token ids >= 0
+  std::vector<float> logprobs;   // [num_response_tokens] behaviour log-prob of each response token
+  std::vector<float> rewards;    // [num_rewards >= 1], finite
+  FinishReason finish_reason = FinishReason::kStop;
+  TrajectoryTimings timings;
+  std::string metadata;          // a JSON object, or empty
+
+  std::size_t num_tokens() const noexcept { return prompt_tokens.size() + response_tokens.size(); }
+  friend bool operator==(const Trajectory&, const Trajectory&) = default;
+};
+
+// The checks push() applies that need no queue state. kInvalidArgument naming the field and the
+// values when: logprobs and response_tokens differ in length; there is no reward or a reward is
+// not finite; group_size is 0 or sample_index >= group_size; generation ends before it starts;
+// finish_reason is not a FinishReason. With `contents` (the default) also, at O(tokens) cost: a
+// token id is negative; a log-prob is not finite or above 1e-3 (a probability above 1, beyond
+// rounding); metadata is not empty and not a JSON object.
+Status validate_trajectory(const Trajectory& t, bool contents = true);
+
+// The binary encoding used by the write-ahead log and by remote producers (little-endian, format
+// 1): an 80-byte fixed header then the token, log-prob, reward and metadata arrays. encode appends
+// to `out`. decode checks the header, that the sizes add up to exactly `bytes.size()` (a truncated
+// or padded buffer is kDataLoss naming both sizes) and then validate_trajectory.
+void encode_trajectory(const Trajectory& t, std::string& out);
+Result<Trajectory> decode_trajectory(std::string_view bytes);
+
+// What push() does when the queue is at capacity.
+enum class PushMode : std::uint8_t {
+  kBlock,     // wait for space (or close())
+  kFailFast,  // return kUnavailable at once
+  kTimeout,   // wait up to PushOptions::timeout, then kDeadlineExceeded
+};
+
+struct PushOptions {
+  PushMode mode = PushMode::kBlock;
+  Clock::Duration timeout{0};  // kTimeout only
+
+  static PushOptions block() { return {}; }
+  static PushOptions fail_fast() { return {PushMode::kFailFast, Clock::Duration(0)}; }
+  static PushOptions with_timeout(Clock::Duration d) { return {PushMode::kTimeout, d}; }
+};
+
+// staleness = consumer_version - trajectory.version (0 when the trajectory is newer).
+enum class StalenessRule : std::uint8_t {
+  kDrop,         // drop units with staleness > max_staleness (counted in stats as "stale")
+  kKeep,         // deliver everything; max_staleness is ignored
+  kKeepAndMark,  // deliver everything; TrajectoryInfo::over_limit marks staleness > max_staleness
+};
+
+// What happens to a GRPO group still incomplete when QueueOptions::group_timeout runs out. Either
+// way the group is then closed: a member arriving later is refused with kFailedPrecondition.
+enum class PartialGroupPolicy : std::uint8_t {
+  kRelease,  // deliver the members present as one unit, marked partial_group
+  kDrop,     // drop them (counted as "group_timeout")
+};
+
+struct QueueOptions {
+  // Bounds on what the queue holds: waiting in groups, ready, and leased out (unacked).
+  std::size_t capacity_trajectories = 1 << 16;
+  std::size_t capacity_tokens = std::size_t(1) << 32;
+  // Null: Clock::steady().
+  std::shared_ptr<Clock> clock;
+  // Lease of a popped batch when BatchSpec::lease is zero.
+  Clock::Duration default_lease = std::chrono::seconds(600);
+  // How long a group may wait for its last member, from its first arrival. kForever: no timeout
+  // (then capacity must cover every group in flight, or producers can block on each other).
+  Clock::Duration group_timeout = Clock::kForever;
+  PartialGroupPolicy partial_group_policy = PartialGroupPolicy::kRelease;
+  // push() scans every token id, log-prob and the metadata JSON (validate_trajectory's `contents`):
+  // about 2 us per 3k-token trajectory on the producer's thread, ten times what the queue itself
+  // costs. Off: only the O(1) checks (lengths, rewards, group fields, version, ids), for producers
+  // that are trusted engines.
+  bool validate_contents = true;
+  // Newest published version at start (a WAL's recorded version wins if higher).
+  Version initial_version{0};
+  // A pushed id is refused while it is in the queue and for the next id_dedup_window ids retired
+  // (acked or dropped) after it; closed groups are remembered for as many group ids.
+  std::size_t id_dedup_window = 1 << 16;
+  // Write-ahead log file; empty: none. Created if absent, replayed if present.
+  std::string wal_path;
+  // fsync after every record: survives power loss, not only a process kill, at disk speed.
+  bool wal_fsync = false;
+  // Rewrite the log with only the live records once it is this large and at least half dead.
+  std::uint64_t wal_compact_bytes = std::uint64_t(256) << 20;
+};
+
+struct BatchSpec {
+  // At least one limit is set. A unit (a group, or one ungrouped trajectory) is never split: the
+  // batch stops before a unit that would break a limit, except that a unit larger than a limit is
+  // delivered alone rather than never.
+  std::size_t max_trajectories = 0;  // 0: no count limit
+  std::size_t max_tokens = 0;        // 0: no token limit; counts prompt + response tokens
+  // Wait until this many trajectories are ready (after staleness drops), up to `wait`.
+  std::size_t min_trajectories = 1;
+  Clock::Duration wait{0};
+  // The consumer's current policy version; not ahead of the newest published one.
+  Version consumer_version;
+  StalenessRule staleness_rule = StalenessRule::kKeep;
+  std::uint64_t max_staleness = 0;
+  Clock::Duration lease{0};  // 0: QueueOptions::default_lease
+};
+
+// Per-trajectory facts attached to a batch, parallel to Batch::trajectories().
+struct TrajectoryInfo {
+  std::uint64_t staleness = 0;
+  bool over_limit = false;     // kKeepAndMark and staleness > max_staleness
+  bool partial_group = false;  // released by the group timeout with members missing
+  std::uint32_t delivery = 1;  // 1 on first delivery, +1 each time a nack or expiry returns it
+};
+
+namespace internal {
+struct BatchData;
+}
+
+// A leased batch. Cheap to copy (shared). Reading it stays valid after ack or expiry.
+class Batch {
+ public:
+  Batch() = default;
+  std::uint64_t id() const noexcept;
+  std::span<const Trajectory> trajectories() const noexcept;
+  std::span<const TrajectoryInfo> info() const noexcept;
+  std::size_t size() const noexcept { return trajectories().size(); }
+  std::size_t num_tokens() const noexcept;
+  Clock::Duration lease_deadline() const noexcept;
+  // Takes the trajectories out: moved when no one else holds them (after ack, and no copy of
+  // this Batch left), copied otherwise. The batch is empty afterwards.
+  std::vector<Trajectory> release();
+
+ private:
+  friend class TrajectoryQueue;
+  explicit Batch(std::shared_ptr<internal::BatchData> d) : d_(std::move(d)) {}
+  std::shared_ptr<internal::BatchData> d_;
+};
+
+// Power-of-two buckets of milliseconds: [0,1), [1,2), [2,4), ... the last one open-ended.
+struct WaitHistogram {
+  static constexpr int kBuckets = 16;
+  std::uint64_t count = 0;
+  double sum_ms = 0;
+  double max_ms = 0;
+  std::uint64_t buckets[kBuckets] = {};
+};
+
+struct QueueStats {
+  // Depth.
+  std::size_t ready = 0;               // trajectories ready to pop
+  std::size_t ready_tokens = 0;
+  std::size_t pending_groups = 0;      // groups waiting for members
+  std::size_t pending_group_trajectories = 0;
+  std::size_t leases = 0;              // batches leased, not yet acked
+  std::size_t leased_trajectories = 0;
+  std::size_t held_tokens = 0;         // all tokens the queue holds, what capacity_tokens bounds
+  std::size_t blocked_producers = 0;   // threads waiting in push() for space
+  std::size_t blocked_consumers = 0;   // threads waiting in pop_batch() for trajectories
+  Version newest_version;
+  // Flow.
+  std::uint64_t pushed = 0;
+  std::uint64_t delivered = 0;         // counted once per delivery, so redeliveries count again
+  std::uint64_t acked = 0;             // trajectories
+  std::uint64_t nacked_batches = 0;
+  std::uint64_t expired_leases = 0;
+  std::uint64_t redelivered = 0;       // trajectories returned by nack or expiry
+  // Refused pushes.
+  std::uint64_t rejected_invalid = 0;
+  std::uint64_t rejected_full = 0;     // fail-fast, timed out, or closed while waiting
+  // Drops by reason.
+  std::uint64_t dropped_stale = 0;
+  std::uint64_t dropped_group_timeout = 0;
+  std::uint64_t dropped_late_for_group = 0;  // refused: the group had already been closed
+  // Staleness of delivered trajectories: [0], [1], ... [kStalenessBuckets-2], and the rest.
+  static constexpr int kStalenessBuckets = 17;
+  std::uint64_t staleness[kStalenessBuckets] = {};
+  // From a group's first member to its release (complete or timed out).
+  WaitHistogram group_wait;
+  // Write-ahead log.
+  bool wal = false;
+  std::uint64_t wal_bytes = 0;
+  std::uint64_t wal_records = 0;
+  std::uint64_t wal_compactions = 0;
+
+  // {"depth": {...}, "flow": {...}, "rejected": {...}, "drops": {"stale": n, "group_timeout": n,
+  //  "late_for_group": n}, "staleness_histogram": {"0": n, ..., "16+": n},
+  //  "group_wait_ms": {"count", "mean", "max", "buckets": [{"lt": 1, "n": k}, ...]}, "wal": {...}}
+  std::string to_json() const;
+};
+
+// What replaying the write-ahead log found.
+struct RecoveryReport {
+  bool replayed = false;           // a log existed
+  std::uint64_t records = 0;       // good records read
+  std::uint64_t recovered = 0;     // trajectories pushed and never acked or dropped: back in the queue
+  std::uint64_t retired = 0;       // trajectories acked or dropped before the restart
+  std::uint64_t discarded_bytes = 0;  // torn or corrupt tail cut off
+  // OK, or kDataLoss naming the file, the offset and what was wrong with the tail that was cut.
+  Status tail;
+};
+
+class TrajectoryQueue {
+ public:
+  // kInvalidArgument for zero capacities, a non-positive default_lease or group_timeout, or a zero
+  // id_dedup_window. With a WAL: kDataLoss if the file is not a laminar WAL or has a corrupt record
+  // followed by good ones (a damaged middle is not silently skipped: records after it could be the
+  // acks that keep delivery exactly-once); a torn or corrupt tail is cut and reported in recovery().
+  static Result<std::unique_ptr<TrajectoryQueue>> open(QueueOptions options);
+  // Preconditions: no thread is inside a call of this queue.
+  ~TrajectoryQueue();
+  TrajectoryQueue(const TrajectoryQueue&) = delete;
+  TrajectoryQueue& operator=(const TrajectoryQueue&) = delete;
+
+  // The actor announces a newly published version. kInvalidArgument if `v` is older than the
+  // newest one (republishing the newest is fine).
+  Status publish_version(Version v);
+  Version newest_version() const noexcept;
+
+  // Takes `t` (moved from only on success). Refusals, each leaving `t` untouched:
+  //   kInvalidArgument: validate_trajectory (with QueueOptions::validate_contents) failed, version
+  //     ahead of newest_version(), id already in the queue or recently retired, a group member
+  //     disagreeing with the group (group_size, prompt_id) or repeating a sample_index, or a
+  //     trajectory larger than capacity_tokens;
+  //   kFailedPrecondition: its group was already closed (released, dropped or complete);
+  //   kUnavailable (kFailFast) / kDeadlineExceeded (kTimeout): the queue is full;
+  //   kCancelled: close() was called;  kDataLoss/kResourceExhausted: the WAL write failed.
+  // Returns once the trajectory is in the queue (and in the WAL's file, when there is one).
+  Status push(Trajectory&& t, PushOptions options = {});
+
+  // Leases a batch. kInvalidArgument for a spec with no limit, min_trajectories above
+  // max_trajectories, or a consumer_version ahead of newest_version(); kUnavailable when fewer than
+  // min_trajectories are ready and spec.wait is zero; kDeadlineExceeded when they did not become
+  // ready within spec.wait; kCancelled after close().
+  Result<Batch> pop_batch(const BatchSpec& spec);
+
+  // Commits a batch: its trajectories are never delivered again. kNotFound for an unknown (or
+  // already acked) id; kAborted when its lease ran out (its trajectories went back to the queue
+  // and may already be with another consumer: do not apply this batch).
+  Status ack(std::uint64_t batch_id);
+  // Gives a batch back for redelivery, ahead of everything else. Same errors as ack().
+  Status nack(std::uint64_t batch_id);
+
+  // Wakes every blocked push and pop with kCancelled; later pushes and pops are refused. Acks and
+  // nacks are still taken, so a consumer can commit what it holds.
+  void close();
+
+  QueueStats stats() const;
+  const RecoveryReport& recovery() const noexcept;
+  // The first error of work no caller was waiting on: writing the log for a lease expiry, a group
+  // timeout, a stale drop, a group's completion, or a compaction. OK when there was none. Such a
+  // failure never loses a trajectory: the log then holds it as live, so a restart redelivers it.
+  Status background_error() const;
+
+ private:
+  struct Impl;
+  explicit TrajectoryQueue(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace laminar

@@ -1,0 +1,277 @@
+#include "trajectory_wal.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+// Inlined: the hash sits on every WAL record and needs no shared library at run time.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace laminar::internal {
+namespace {
+
+constexpr char kFileMagic[8] = {'L', 'A', 'M', 'W', 'A', 'L', '0', '1'};
+constexpr std::uint32_t kFormat = 1;
+constexpr std::uint64_t kFileHeaderBytes = 16;
+constexpr std::uint32_t kRecordMagic = 0x52574D4Cu;  // "LMWR"
+constexpr std::uint64_t kRecordHeaderBytes = 24;
+// A bigger length field is damage, not a trajectory (which the capacity bounds far below this).
+constexpr std::uint64_t kMaxPayload = std::uint64_t(1) << 32;
+
+struct RecordHeader {
+  std::uint32_t magic;
+  std::uint32_t type;
+  std::uint64_t length;
+  std::uint64_t checksum;
+};
+static_assert(sizeof(RecordHeader) == kRecordHeaderBytes);
+
+std::uint64_t record_checksum(std::uint32_t type, std::uint64_t length, std::string_view payload) {
+  XXH64_state_t state;
+  XXH64_reset(&state, 0x6C616D696E6172ull);
+  XXH64_update(&state, &type, sizeof(type));
+  XXH64_update(&state, &length, sizeof(length));
+  XXH64_update(&state, payload.data(), payload.size());
+  return XXH64_digest(&state);
+}
+
+std::string errno_text(int e) { return fmt::format("{} (errno {})", std::strerror(e), e); }
+
+Status io_error(std::string_view what, const std::string& path, int e) {
+  const std::string m = fmt::format("WAL {}: {} failed: {}", path, what, errno_text(e));
+  return e == ENOSPC || e == EDQUOT ? resource_exhausted(m) : data_loss(m);
+}
+
+// 0, or the errno of the failed write.
+int write_all(int fd, const void* data, std::size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    p += w;
+    n -= std::size_t(w);
+  }
+  return 0;
+}
+
+// Status of a good record at `off`, or why not: "" when good.
+std::string check_record(std::string_view file, std::uint64_t off, RecordHeader* out) {
+  if (file.size() - off < kRecordHeaderBytes) {
+    return fmt::format("record header cut short ({} of {} bytes)", file.size() - off,
+                       kRecordHeaderBytes);
+  }
+  RecordHeader h;
+  std::memcpy(&h, file.data() + off, sizeof(h));
+  if (h.magic != kRecordMagic) return fmt::format("bad record magic {:#010x}", h.magic);
+  if (h.type < std::uint32_t(WalRecordType::kPush) || h.type > std::uint32_t(WalRecordType::kVersion)) {
+    return fmt::format("unknown record type {}", h.type);
+  }
+  if (h.length > kMaxPayload) return fmt::format("implausible record length {}", h.length);
+  if (file.size() - off - kRecordHeaderBytes < h.length) {
+    return fmt::format("record payload cut short ({} of {} bytes)",
+                       file.size() - off - kRecordHeaderBytes, h.length);
+  }
+  const std::string_view payload = file.substr(off + kRecordHeaderBytes, h.length);
+  const std::uint64_t sum = record_checksum(h.type, h.length, payload);
+  if (sum != h.checksum) {
+    return fmt::format("checksum mismatch (stored {:#018x}, computed {:#018x})", h.checksum, sum);
+  }
+  *out = h;
+  return {};
+}
+
+Result<std::string> read_file(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return io_error("fstat", path, errno);
+  std::string data(std::size_t(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t r = ::pread(fd, data.data() + got, data.size() - got, off_t(got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return io_error("read", path, errno);
+    }
+    if (r == 0) break;
+    got += std::size_t(r);
+  }
+  data.resize(got);
+  return data;
+}
+
+Status write_file_header(int fd, const std::string& path) {
+  char h[kFileHeaderBytes] = {};
+  std::memcpy(h, kFileMagic, sizeof(kFileMagic));
+  std::memcpy(h + 8, &kFormat, sizeof(kFormat));
+  if (::ftruncate(fd, 0) != 0) return io_error("ftruncate", path, errno);
+  if (::lseek(fd, 0, SEEK_SET) < 0) return io_error("lseek", path, errno);
+  if (const int e = write_all(fd, h, sizeof(h)); e != 0) return io_error("write header", path, e);
+  return ok_status();
+}
+
+Status sync_dir_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.get() < 0) return io_error("open directory", dir, errno);
+  if (::fsync(d.get()) != 0) return io_error("fsync directory", dir, errno);
+  return ok_status();
+}
+
+}  // namespace
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& path, bool fsync_each,
+                                                           const RecordFn& on_record,
+                                                           RecoveryReport& report) {
+  report = RecoveryReport{};
+  if (path.empty()) return invalid_argument("WAL path is empty");
+  Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (fd.get() < 0) {
+    return Status(errno == ENOENT || errno == ENOTDIR || errno == EACCES ? StatusCode::kInvalidArgument
+                                                                          : StatusCode::kUnavailable,
+                  fmt::format("WAL {}: cannot open: {}", path, errno_text(errno)));
+  }
+  Result<std::string> content = read_file(fd.get(), path);
+  if (!content.ok()) return content.status();
+  const std::string_view file = *content;
+
+  std::uint64_t good_end = kFileHeaderBytes;
+  std::uint64_t records = 0;
+  if (file.size() < kFileHeaderBytes) {
+    // Empty, or the header itself was torn while the file was being created: nothing was logged.
+    if (!file.empty()) {
+      report.replayed = true;
+      report.discarded_bytes = file.size();
+      report.tail = data_loss(fmt::format("WAL {}: file header cut short ({} of {} bytes); started afresh",
+                                          path, file.size(), kFileHeaderBytes));
+    }
+    LAMINAR_RETURN_IF_ERROR(write_file_header(fd.get(), path));
+  } else {
+    if (std::memcmp(file.data(), kFileMagic, sizeof(kFileMagic)) != 0) {
+      return data_loss(fmt::format("WAL {}: not a laminar write-ahead log (bad file magic)", path));
+    }
+    std::uint32_t format = 0;
+    std::memcpy(&format, file.data() + 8, sizeof(format));
+    if (format != kFormat) {
+      return data_loss(fmt::format("WAL {}: unsupported format {} (expected {})", path, format, kFormat));
+    }
+    report.replayed = true;
+    std::uint64_t off = kFileHeaderBytes;
+    while (off < file.size()) {
+      RecordHeader h;
+      const std::string why = check_record(file, off, &h);
+      if (!why.empty()) {
+        // A later good record means damage in the middle, not a torn append.
+        for (std::uint64_t scan = off + 1; scan + kRecordHeaderBytes <= file.size(); ++scan) {
+          std::uint32_t magic;
+          std::memcpy(&magic, file.data() + scan, sizeof(magic));
+          RecordHeader later;
+          if (magic == kRecordMagic && check_record(file, scan, &later).empty()) {
+            return data_loss(fmt::format(
+                "WAL {}: record at offset {} is damaged ({}) but a good record follows at offset {}; "
+                "refusing to skip records in the middle of the log",
+                path, off, why, scan));
+          }
+        }
+        report.discarded_bytes = file.size() - off;
+        report.tail = data_loss(fmt::format("WAL {}: torn or corrupt tail at offset {} ({}); {} bytes cut, "
+                                            "{} earlier records kept",
+                                            path, off, why, report.discarded_bytes, records));
+        break;
+      }
+      LAMINAR_RETURN_IF_ERROR(on_record(WalRecordType(h.type),
+                                        file.substr(off + kRecordHeaderBytes, h.length), off));
+      ++records;
+      off += kRecordHeaderBytes + h.length;
+      good_end = off;
+    }
+    if (good_end < file.size()) {
+      if (::ftruncate(fd.get(), off_t(good_end)) != 0) return io_error("ftruncate", path, errno);
+      if (::fsync(fd.get()) != 0) return io_error("fsync", path, errno);
+    }
+  }
+  report.records = records;
+  if (::lseek(fd.get(), off_t(good_end), SEEK_SET) < 0) return io_error("lseek", path, errno);
+  auto wal = std::unique_ptr<TrajectoryWal>(new TrajectoryWal(path, std::move(fd), good_end, fsync_each));
+  wal->records_ = records;
+  return wal;
+}
+
+Status TrajectoryWal::append(WalRecordType type, std::string_view payload) {
+  RecordHeader h{kRecordMagic, std::uint32_t(type), payload.size(), 0};
+  h.checksum = record_checksum(h.type, h.length, payload);
+  iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(payload.data()), payload.size()}};
+  std::size_t total = sizeof(h) + payload.size();
+  std::size_t done = 0;
+  while (done < total) {
+    // Rebuild the vector past what was written (writev may stop early on a signal or a full disk).
+    iovec cur[2];
+    int n = 0;
+    std::size_t skip = done;
+    for (const iovec& v : iov) {
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
+      }
+      cur[n++] = {static_cast<char*>(v.iov_base) + skip, v.iov_len - skip};
+      skip = 0;
+    }
+    const ssize_t w = ::writev(fd_.get(), cur, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      // Cut the partial record so later appends do not sit behind a torn one.
+      if (::ftruncate(fd_.get(), off_t(size_)) == 0) (void)::lseek(fd_.get(), off_t(size_), SEEK_SET);
+      return io_error("append", path_, e);
+    }
+    done += std::size_t(w);
+  }
+  if (fsync_each_ && ::fdatasync(fd_.get()) != 0) return io_error("fdatasync", path_, errno);
+  size_ += total;
+  ++records_;
+  return ok_status();
+}
+
+Status TrajectoryWal::rewrite(const std::function<Status(TrajectoryWal&)>& write_live) {
+  const std::string tmp = path_ + ".compact";
+  Fd fd(::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return io_error("open", tmp, errno);
+  LAMINAR_RETURN_IF_ERROR(write_file_header(fd.get(), tmp));
+  TrajectoryWal fresh(tmp, std::move(fd), kFileHeaderBytes, false);
+  Status st = write_live(fresh);
+  if (st.ok() && ::fsync(fresh.fd_.get()) != 0) st = io_error("fsync", tmp, errno);
+  if (st.ok() && ::rename(tmp.c_str(), path_.c_str()) != 0) st = io_error("rename", tmp, errno);
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  LAMINAR_RETURN_IF_ERROR(sync_dir_of(path_));
+  fd_ = std::move(fresh.fd_);
+  size_ = fresh.size_;
+  records_ = fresh.records_;
+  return ok_status();
+}
+
+}  // namespace laminar::internal

@@ -1,0 +1,79 @@
+// trajectory_wal.h (private to src/): the append-only log behind TrajectoryQueue's durability.
+//
+// File: a 16-byte header ("LAMWAL01", u32 format 1, u32 zero) then records, each a 24-byte
+// header {u32 magic, u32 type, u64 payload length, u64 XXH64 of type, length and payload} and the
+// payload. A record is appended with one write (the kernel keeps it across a kill of this process;
+// fsync, when asked for, across power loss too). Replay stops at the first record that is short
+// or fails its checksum: if no good record follows, that is a torn tail, cut off and reported; if
+// one does, the middle of the log is damaged and open fails rather than skip records.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "laminar/status.h"
+#include "laminar/trajectory_queue.h"
+
+namespace laminar::internal {
+
+enum class WalRecordType : std::uint32_t {
+  kPush = 1,         // payload: encode_trajectory
+  kRetire = 2,       // payload: u8 reason (WalRetireReason), u8[7] zero, u64 count, u64 ids[count]
+  kGroupClosed = 3,  // payload: u64 group id
+  kVersion = 4,      // payload: u64 newest published version
+};
+
+enum class WalRetireReason : std::uint8_t { kAck = 0, kStale = 1, kGroupTimeout = 2, kWindow = 3 };
+
+// An owned file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+  int get() const noexcept { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+class TrajectoryWal {
+ public:
+  using RecordFn = std::function<Status(WalRecordType, std::string_view payload, std::uint64_t offset)>;
+
+  // Opens `path` (creating it), replays every good record through `on_record` in file order and
+  // fills `report`. A non-OK status from on_record fails the open.
+  static Result<std::unique_ptr<TrajectoryWal>> open(const std::string& path, bool fsync_each,
+                                                     const RecordFn& on_record,
+                                                     RecoveryReport& report);
+
+  // Appends one record. On failure the file is cut back to where it was, so a failed append
+  // never leaves a torn record in front of later ones.
+  Status append(WalRecordType type, std::string_view payload);
+
+  // Replaces the log with a fresh one holding what `write_live` appends to it (through
+  // append()), atomically (write aside, fsync, rename).
+  Status rewrite(const std::function<Status(TrajectoryWal&)>& write_live);
+
+  std::uint64_t bytes() const noexcept { return size_; }
+  std::uint64_t records() const noexcept { return records_; }
+
+ private:
+  TrajectoryWal(std::string path, Fd fd, std::uint64_t size, bool fsync_each)
+      : path_(std::move(path)), fd_(std::move(fd)), size_(size), fsync_each_(fsync_each) {}
+
+  std::string path_;
+  Fd fd_;
+  std::uint64_t size_ = 0;
+  std::uint64_t records_ = 0;
+  bool fsync_each_ = false;
+};
+
+}  // namespace laminar::internal

@@ -1,0 +1,923 @@
+#include "laminar/trajectory_queue.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+using laminar::Batch;
+using laminar::BatchSpec;
+using laminar::Clock;
+using laminar::ManualClock;
+using laminar::PartialGroupPolicy;
+using laminar::PushOptions;
+using laminar::QueueOptions;
+using laminar::StalenessRule;
+using laminar::StatusCode;
+using laminar::Trajectory;
+using laminar::TrajectoryId;
+using laminar::TrajectoryQueue;
+using laminar::Version;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Waits (in real time) until `n` threads are blocked in the queue, so that a jump of virtual time
+// is sure to land while they wait.
+void await_blocked(const TrajectoryQueue& q, std::size_t producers, std::size_t consumers) {
+  for (int i = 0; i < 20000; ++i) {
+    auto s = q.stats();
+    if (s.blocked_producers == producers && s.blocked_consumers == consumers) return;
+    std::this_thread::sleep_for(1ms);
+  }
+  FAIL("threads never blocked in the queue");
+}
+
+Trajectory make_traj(std::uint64_t id, std::uint64_t version = 0, std::size_t response = 4,
+                     std::size_t prompt = 2) {
+  Trajectory t;
+  t.id = TrajectoryId(id);
+  t.prompt_id = id;
+  t.version = Version(version);
+  t.prompt_tokens.assign(prompt, 7);
+  for (std::size_t i = 0; i < response; ++i) {
+    t.response_tokens.push_back(std::int32_t(100 + i));
+    t.logprobs.push_back(-0.5f - float(i));
+  }
+  t.rewards = {1.0f};
+  t.timings = {10, 20};
+  return t;
+}
+
+Trajectory make_member(std::uint64_t id, std::uint64_t group, std::uint32_t n, std::uint32_t index,
+                       std::uint64_t version = 0) {
+  Trajectory t = make_traj(id, version);
+  t.prompt_id = group * 1000;
+  t.group_id = group;
+  t.group_size = n;
+  t.sample_index = index;
+  return t;
+}
+
+std::unique_ptr<TrajectoryQueue> open_queue(QueueOptions opt = {}) {
+  auto q = TrajectoryQueue::open(std::move(opt));
+  REQUIRE(q.ok());
+  return std::move(q).value();
+}
+
+BatchSpec count_spec(std::size_t n) {
+  BatchSpec s;
+  s.max_trajectories = n;
+  return s;
+}
+
+std::vector<std::uint64_t> ids_of(const Batch& b) {
+  std::vector<std::uint64_t> ids;
+  for (const Trajectory& t : b.trajectories()) ids.push_back(t.id.value());
+  return ids;
+}
+
+void expect_code(const laminar::Status& st, StatusCode code, const char* needle) {
+  INFO(st.to_string());
+  CHECK(st.code() == code);
+  CHECK_THAT(st.message(), Catch::Contains(needle));
+}
+
+std::string temp_path(const char* name) {
+  return (std::filesystem::temp_directory_path() /
+          (std::string("laminar_tq_") + name + "_" + std::to_string(::getpid())))
+      .string();
+}
+
+}  // namespace
+
+TEST_CASE("the usage example of trajectory_queue.h compiles and runs", "[queue]") {
+  // Verbatim from the header.
+  auto q = laminar::TrajectoryQueue::open(laminar::QueueOptions{}).value();
+  laminar::Trajectory t;
+  t.id = laminar::TrajectoryId(1);
+  t.response_tokens = {5, 6};
+  t.logprobs = {-0.1f, -0.2f};
+  t.rewards = {1.0f};
+  laminar::Status st = q->push(std::move(t));
+  laminar::BatchSpec spec;
+  spec.max_trajectories = 32;
+  laminar::Result<laminar::Batch> b = q->pop_batch(spec);   // train on b->trajectories() ...
+  st = q->ack(b->id());                                      // ... then commit
+  // End of the example.
+  REQUIRE(st.ok());
+  REQUIRE(b->size() == 1);
+  CHECK(b->trajectories()[0].response_tokens == std::vector<std::int32_t>{5, 6});
+  CHECK(q->stats().acked == 1);
+}
+
+TEST_CASE("the usage example of clock.h compiles and wakes a waiter", "[clock]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  std::mutex mu;
+  std::condition_variable cv;
+  auto sub = clock->subscribe([&] { std::lock_guard<std::mutex> l(mu); cv.notify_all(); });
+  const Clock::Duration t = std::chrono::seconds(30);
+  std::thread waiter([&] {
+    std::unique_lock l(mu);
+    while (clock->now() < t) clock->wait_until(cv, l, t);
+  });
+  auto st = clock->advance(std::chrono::seconds(30));  // the waiter wakes and sees the new time
+  waiter.join();
+  REQUIRE(st.ok());
+  CHECK(clock->now() == 30s);
+  expect_code(clock->advance(-1ns), StatusCode::kInvalidArgument, "negative");
+  expect_code(clock->set(10s), StatusCode::kInvalidArgument, "before the current time");
+  CHECK(clock->set(40s).ok());
+}
+
+TEST_CASE("validation names the field and value that are wrong", "[queue][bad-input]") {
+  auto q = open_queue();
+  struct Case {
+    const char* what;
+    void (*mutate)(Trajectory&);
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"logprob count", [](Trajectory& t) { t.logprobs.pop_back(); }, "3 logprobs for 4 response tokens"},
+      {"negative token", [](Trajectory& t) { t.response_tokens[2] = -5; }, "response_tokens[2] = -5"},
+      {"negative prompt token", [](Trajectory& t) { t.prompt_tokens[1] = -1; }, "prompt_tokens[1] = -1"},
+      {"nan logprob", [](Trajectory& t) { t.logprobs[1] = NAN; }, "logprobs[1] = nan"},
+      {"-inf logprob", [](Trajectory& t) { t.logprobs[0] = -INFINITY; }, "logprobs[0] = -inf"},
+      {"positive logprob", [](Trajectory& t) { t.logprobs[3] = 0.5f; }, "logprobs[3] = 0.5"},
+      {"no reward", [](Trajectory& t) { t.rewards.clear(); }, "no reward"},
+      {"inf reward", [](Trajectory& t) { t.rewards = {1, INFINITY}; }, "rewards[1] = inf"},
+      {"group size 0", [](Trajectory& t) { t.group_size = 0; }, "group_size is 0"},
+      {"sample index", [](Trajectory& t) { t.group_size = 4; t.sample_index = 4; }, "sample_index 4"},
+      {"timings", [](Trajectory& t) { t.timings = {50, 40}; }, "ends at 40 ns"},
+      {"finish reason", [](Trajectory& t) { t.finish_reason = laminar::FinishReason(9); }, "finish_reason 9"},
+      {"metadata not json", [](Trajectory& t) { t.metadata = "{oops"; }, "not a JSON object"},
+      {"metadata array", [](Trajectory& t) { t.metadata = "[1,2]"; }, "not a JSON object"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    Trajectory t = make_traj(1);
+    c.mutate(t);
+    std::string before, after;  // compared as bytes: NaN != NaN
+    laminar::encode_trajectory(t, before);
+    expect_code(q->push(std::move(t)), StatusCode::kInvalidArgument, c.needle);
+    laminar::encode_trajectory(t, after);
+    CHECK(before == after);  // a refused trajectory is left with the caller
+  }
+  Trajectory ok = make_traj(1);
+  ok.metadata = R"({"task": "math", "n": [1, 2]})";
+  CHECK(q->push(std::move(ok)).ok());
+  auto s = q->stats();
+  CHECK(s.pushed == 1);
+  CHECK(s.rejected_invalid == std::size(cases));
+}
+
+TEST_CASE("versions: push must not be ahead, publish must not go back", "[queue][bad-input]") {
+  QueueOptions opt;
+  opt.initial_version = Version(3);
+  auto q = open_queue(opt);
+  expect_code(q->push(make_traj(1, 4)), StatusCode::kInvalidArgument,
+              "version 4 is ahead of the newest published version 3");
+  CHECK(q->push(make_traj(1, 3)).ok());
+  expect_code(q->publish_version(Version(2)), StatusCode::kInvalidArgument,
+              "version 2 is older than the newest published 3");
+  CHECK(q->publish_version(Version(3)).ok());
+  CHECK(q->publish_version(Version(5)).ok());
+  CHECK(q->newest_version() == Version(5));
+  CHECK(q->push(make_traj(2, 5)).ok());
+  BatchSpec spec = count_spec(4);
+  spec.consumer_version = Version(6);
+  expect_code(q->pop_batch(spec).status(), StatusCode::kInvalidArgument, "consumer_version 6 is ahead");
+}
+
+TEST_CASE("ids are unique while queued and for a window after ack", "[queue][bad-input]") {
+  QueueOptions opt;
+  opt.id_dedup_window = 2;
+  auto q = open_queue(opt);
+  CHECK(q->push(make_traj(1)).ok());
+  expect_code(q->push(make_traj(1)), StatusCode::kInvalidArgument, "trajectory 1: id already pushed");
+  auto b = q->pop_batch(count_spec(1));
+  REQUIRE(b.ok());
+  REQUIRE(q->ack(b->id()).ok());
+  expect_code(q->push(make_traj(1)), StatusCode::kInvalidArgument, "id already pushed");
+  // Two more retirements push id 1 out of the window of 2.
+  for (std::uint64_t id : {2, 3}) {
+    REQUIRE(q->push(make_traj(id)).ok());
+    auto bb = q->pop_batch(count_spec(1));
+    REQUIRE(bb.ok());
+    REQUIRE(q->ack(bb->id()).ok());
+  }
+  CHECK(q->push(make_traj(1)).ok());
+}
+
+TEST_CASE("options and batch specs are validated", "[queue][bad-input]") {
+  QueueOptions bad;
+  bad.capacity_trajectories = 0;
+  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "capacity_trajectories");
+  bad = {};
+  bad.default_lease = -1s;
+  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "default_lease");
+  bad = {};
+  bad.group_timeout = 0s;
+  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "group_timeout");
+  bad = {};
+  bad.wal_path = "/nonexistent-dir/x/wal";
+  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "cannot open");
+
+  auto q = open_queue();
+  expect_code(q->pop_batch(BatchSpec{}).status(), StatusCode::kInvalidArgument, "neither max_trajectories");
+  BatchSpec s = count_spec(2);
+  s.min_trajectories = 3;
+  expect_code(q->pop_batch(s).status(), StatusCode::kInvalidArgument, "min_trajectories 3 exceeds");
+  expect_code(q->pop_batch(count_spec(2)).status(), StatusCode::kUnavailable, "0 trajectories ready");
+  expect_code(q->ack(42), StatusCode::kNotFound, "batch 42");
+  expect_code(q->nack(42), StatusCode::kNotFound, "batch 42");
+  QueueOptions small;
+  small.capacity_tokens = 10;
+  auto q2 = open_queue(small);
+  expect_code(q2->push(make_traj(1, 0, 20)), StatusCode::kInvalidArgument, "22 tokens exceed");
+}
+
+TEST_CASE("trajectory encoding round-trips and rejects truncated or corrupt bytes", "[encoding][bad-input]") {
+  Trajectory t = make_member(77, 5, 4, 2, 0);
+  t.metadata = R"({"k": "v"})";
+  t.rewards = {0.5f, -1.0f};
+  t.finish_reason = laminar::FinishReason::kLength;
+  std::string bytes;
+  laminar::encode_trajectory(t, bytes);
+  auto back = laminar::decode_trajectory(bytes);
+  REQUIRE(back.ok());
+  CHECK(*back == t);
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    auto r = laminar::decode_trajectory(std::string_view(bytes).substr(0, n));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+  }
+  expect_code(laminar::decode_trajectory(bytes + "x").status(), StatusCode::kDataLoss, "buffer has");
+  std::string bad_format = bytes;
+  bad_format[0] = 9;
+  expect_code(laminar::decode_trajectory(bad_format).status(), StatusCode::kDataLoss, "format 9");
+  // A corrupt length field no longer adds up.
+  std::string bad_len = bytes;
+  bad_len[64] ^= 0x40;  // num_prompt
+  expect_code(laminar::decode_trajectory(bad_len).status(), StatusCode::kDataLoss, "header describes");
+  // A corrupt logprob decodes into a trajectory that fails validation.
+  std::string bad_lp = bytes;
+  const std::size_t lp0 = 80 + 4 * (t.prompt_tokens.size() + t.response_tokens.size());
+  const float nan = NAN;
+  std::memcpy(bad_lp.data() + lp0, &nan, 4);
+  expect_code(laminar::decode_trajectory(bad_lp).status(), StatusCode::kInvalidArgument, "logprobs[0]");
+}
+
+TEST_CASE("pop_batch by count and by token budget, never splitting a unit", "[queue]") {
+  auto q = open_queue();
+  for (std::uint64_t id = 1; id <= 5; ++id) REQUIRE(q->push(make_traj(id, 0, 8 * id)).ok());
+  auto b = q->pop_batch(count_spec(2));
+  REQUIRE(b.ok());
+  CHECK(ids_of(*b) == std::vector<std::uint64_t>{1, 2});
+  BatchSpec tok;
+  tok.max_tokens = 60;  // id 3 has 26 tokens, id 4 has 34, id 5 has 42
+  auto b2 = q->pop_batch(tok);
+  REQUIRE(b2.ok());
+  CHECK(ids_of(*b2) == std::vector<std::uint64_t>{3, 4});
+  CHECK(b2->num_tokens() == 60);
+  tok.max_tokens = 10;  // id 5 alone exceeds the budget: delivered alone rather than never
+  auto b3 = q->pop_batch(tok);
+  REQUIRE(b3.ok());
+  CHECK(ids_of(*b3) == std::vector<std::uint64_t>{5});
+  auto s = q->stats();
+  CHECK(s.leases == 3);
+  CHECK(s.leased_trajectories == 5);
+  CHECK(s.ready == 0);
+}
+
+TEST_CASE("pop_batch waits for min_trajectories in virtual time", "[queue]") {
+  auto clock = std::make_shared<ManualClock>();
+  QueueOptions opt;
+  opt.clock = clock;
+  auto q = open_queue(opt);
+  REQUIRE(q->push(make_traj(1)).ok());
+  BatchSpec s = count_spec(4);
+  s.min_trajectories = 3;
+  s.wait = 5s;
+  laminar::Status result;
+  std::atomic<bool> done{false};
+  std::thread consumer([&] {
+    result = q->pop_batch(s).status();
+    done = true;
+  });
+  await_blocked(*q, 0, 1);
+  REQUIRE(clock->advance(4s).ok());
+  std::this_thread::sleep_for(20ms);
+  CHECK_FALSE(done.load());  // 4 s of the 5 s wait have passed
+  REQUIRE(clock->advance(1s).ok());
+  consumer.join();
+  expect_code(result, StatusCode::kDeadlineExceeded, "only 1 of 3");
+
+  std::vector<std::uint64_t> got;
+  std::thread consumer2([&] {
+    auto b = q->pop_batch(s);
+    if (b.ok()) got = ids_of(*b);
+  });
+  REQUIRE(q->push(make_traj(2)).ok());
+  REQUIRE(q->push(make_traj(3)).ok());
+  consumer2.join();
+  CHECK(got == std::vector<std::uint64_t>{1, 2, 3});
+}
+
+TEST_CASE("push backpressure: fail fast, timeout and block", "[queue]") {
+  auto clock = std::make_shared<ManualClock>();
+  QueueOptions opt;
+  opt.clock = clock;
+  opt.capacity_trajectories = 2;
+  opt.capacity_tokens = 1000;
+  auto q = open_queue(opt);
+  REQUIRE(q->push(make_traj(1)).ok());
+  REQUIRE(q->push(make_traj(2)).ok());
+  Trajectory t3 = make_traj(3);
+  expect_code(q->push(std::move(t3), PushOptions::fail_fast()), StatusCode::kUnavailable,
+              "queue full (2 of 2 trajectories");
+  CHECK(t3.id == TrajectoryId(3));  // still the caller's, to retry
+  CHECK(t3.response_tokens.size() == 4);
+
+  laminar::Status timed;
+  std::thread producer([&] { timed = q->push(make_traj(3), PushOptions::with_timeout(2s)); });
+  await_blocked(*q, 1, 0);
+  REQUIRE(clock->advance(2s).ok());
+  producer.join();
+  expect_code(timed, StatusCode::kDeadlineExceeded, "still full");
+
+  // Leased trajectories still count: only the ack frees space.
+  auto b = q->pop_batch(count_spec(1));
+  REQUIRE(b.ok());
+  std::atomic<bool> pushed{false};
+  laminar::Status blocked;
+  std::thread producer2([&] {
+    blocked = q->push(make_traj(3));
+    pushed = true;
+  });
+  await_blocked(*q, 1, 0);
+  CHECK_FALSE(pushed.load());
+  REQUIRE(q->ack(b->id()).ok());
+  producer2.join();
+  CHECK(blocked.ok());
+
+  // Token capacity binds too.
+  QueueOptions tok;
+  tok.capacity_tokens = 10;
+  auto q2 = open_queue(tok);
+  REQUIRE(q2->push(make_traj(1)).ok());  // 6 tokens
+  expect_code(q2->push(make_traj(2), PushOptions::fail_fast()), StatusCode::kUnavailable, "6 of 10 tokens");
+
+  // close() releases a blocked producer.
+  laminar::Status closed;
+  std::thread producer3([&] { closed = q->push(make_traj(9)); });
+  await_blocked(*q, 1, 0);
+  q->close();
+  producer3.join();
+  expect_code(closed, StatusCode::kCancelled, "closed");
+  expect_code(q->pop_batch(count_spec(1)).status(), StatusCode::kCancelled, "closed");
+}
+
+TEST_CASE("staleness rules: drop, keep, keep and mark", "[queue][staleness]") {
+  QueueOptions opt;
+  opt.initial_version = Version(10);
+  auto fill = [&](TrajectoryQueue& q) {
+    for (std::uint64_t v : {10, 9, 7, 4}) REQUIRE(q.push(make_traj(v, v)).ok());
+  };
+  BatchSpec s = count_spec(10);
+  s.consumer_version = Version(10);
+  s.max_staleness = 2;
+
+  auto q = open_queue(opt);
+  fill(*q);
+  s.staleness_rule = StalenessRule::kDrop;
+  auto b = q->pop_batch(s);
+  REQUIRE(b.ok());
+  CHECK(ids_of(*b) == std::vector<std::uint64_t>{10, 9});
+  CHECK(b->info()[1].staleness == 1);
+  auto st = q->stats();
+  CHECK(st.dropped_stale == 2);
+  CHECK(st.staleness[0] == 1);
+  CHECK(st.staleness[1] == 1);
+  expect_code(q->push(make_traj(7, 7)), StatusCode::kInvalidArgument, "already pushed");  // dropped = retired
+
+  auto q2 = open_queue(opt);
+  fill(*q2);
+  s.staleness_rule = StalenessRule::kKeep;
+  auto b2 = q2->pop_batch(s);
+  REQUIRE(b2.ok());
+  CHECK(b2->size() == 4);
+  for (const auto& info : b2->info()) CHECK_FALSE(info.over_limit);
+  CHECK(b2->info()[3].staleness == 6);
+
+  auto q3 = open_queue(opt);
+  fill(*q3);
+  s.staleness_rule = StalenessRule::kKeepAndMark;
+  auto b3 = q3->pop_batch(s);
+  REQUIRE(b3.ok());
+  REQUIRE(b3->size() == 4);
+  std::vector<bool> marks;
+  for (const auto& info : b3->info()) marks.push_back(info.over_limit);
+  CHECK(marks == std::vector<bool>{false, false, true, true});
+  CHECK(b3->info()[2].staleness == 3);
+  CHECK(q3->stats().staleness[6] == 1);
+
+  // Drop leaves too few for min_trajectories: the fresh ones wait for company.
+  auto q4 = open_queue(opt);
+  fill(*q4);
+  s.staleness_rule = StalenessRule::kDrop;
+  s.min_trajectories = 3;
+  expect_code(q4->pop_batch(s).status(), StatusCode::kUnavailable, "2 trajectories ready, 3 wanted");
+  REQUIRE(q4->push(make_traj(11, 10)).ok());
+  auto b4 = q4->pop_batch(s);
+  REQUIRE(b4.ok());
+  CHECK(ids_of(*b4) == std::vector<std::uint64_t>{10, 9, 11});
+}
+
+TEST_CASE("GRPO groups are released only whole", "[queue][groups]") {
+  auto q = open_queue();
+  REQUIRE(q->push(make_member(1, 7, 3, 2)).ok());
+  REQUIRE(q->push(make_traj(100)).ok());
+  REQUIRE(q->push(make_member(2, 7, 3, 0)).ok());
+  expect_code(q->push(make_member(9, 7, 3, 0)), StatusCode::kInvalidArgument, "already has sample_index 0");
+  expect_code(q->push(make_member(9, 7, 4, 1)), StatusCode::kInvalidArgument, "group 7 has group_size 3");
+  auto st = q->stats();
+  CHECK(st.pending_groups == 1);
+  CHECK(st.pending_group_trajectories == 2);
+  auto b = q->pop_batch(count_spec(10));
+  REQUIRE(b.ok());
+  CHECK(ids_of(*b) == std::vector<std::uint64_t>{100});
+  REQUIRE(q->push(make_member(3, 7, 3, 1)).ok());
+  // A batch with room for 2 does not take part of the group of 3 ... unless it is empty.
+  auto g = q->pop_batch(count_spec(2));
+  REQUIRE(g.ok());
+  CHECK(ids_of(*g) == std::vector<std::uint64_t>{2, 3, 1});  // sample order
+  for (const auto& info : g->info()) CHECK_FALSE(info.partial_group);
+  expect_code(q->push(make_member(4, 7, 3, 1)), StatusCode::kFailedPrecondition, "group 7 is already closed");
+  CHECK(q->stats().group_wait.count == 1);
+  CHECK(q->stats().dropped_late_for_group == 1);
+
+  // Two groups of 2 and a batch limit of 3: the second group waits for the next batch.
+  REQUIRE(q->push(make_member(10, 8, 2, 0)).ok());
+  REQUIRE(q->push(make_member(11, 8, 2, 1)).ok());
+  REQUIRE(q->push(make_member(12, 9, 2, 1)).ok());
+  REQUIRE(q->push(make_member(13, 9, 2, 0)).ok());
+  auto b1 = q->pop_batch(count_spec(3));
+  REQUIRE(b1.ok());
+  CHECK(ids_of(*b1) == std::vector<std::uint64_t>{10, 11});
+  auto b2 = q->pop_batch(count_spec(3));
+  REQUIRE(b2.ok());
+  CHECK(ids_of(*b2) == std::vector<std::uint64_t>{13, 12});
+}
+
+TEST_CASE("group timeout releases or drops a partial group", "[queue][groups]") {
+  for (auto policy : {PartialGroupPolicy::kRelease, PartialGroupPolicy::kDrop}) {
+    INFO((policy == PartialGroupPolicy::kRelease ? "release" : "drop"));
+    auto clock = std::make_shared<ManualClock>();
+    QueueOptions opt;
+    opt.clock = clock;
+    opt.group_timeout = 10s;
+    opt.partial_group_policy = policy;
+    auto q = open_queue(opt);
+    REQUIRE(q->push(make_member(1, 5, 4, 0)).ok());
+    REQUIRE(clock->advance(6s).ok());
+    REQUIRE(q->push(make_member(2, 5, 4, 3)).ok());
+    expect_code(q->pop_batch(count_spec(8)).status(), StatusCode::kUnavailable, "0 trajectories");
+    REQUIRE(clock->advance(4s).ok());  // 10 s after the first member
+    auto b = q->pop_batch(count_spec(8));
+    auto st = q->stats();
+    CHECK(st.group_wait.count == 1);
+    CHECK(st.group_wait.max_ms == Approx(10000));
+    if (policy == PartialGroupPolicy::kRelease) {
+      REQUIRE(b.ok());
+      CHECK(ids_of(*b) == std::vector<std::uint64_t>{1, 2});
+      CHECK(b->info()[0].partial_group);
+      CHECK(b->info()[1].partial_group);
+    } else {
+      CHECK(b.status().code() == StatusCode::kUnavailable);
+      CHECK(st.dropped_group_timeout == 2);
+      CHECK(st.held_tokens == 0);
+    }
+    expect_code(q->push(make_member(3, 5, 4, 1)), StatusCode::kFailedPrecondition, "group 5 is already closed");
+  }
+}
+
+TEST_CASE("leases: ack commits, nack and expiry redeliver, late ack is refused", "[queue][lease]") {
+  auto clock = std::make_shared<ManualClock>();
+  QueueOptions opt;
+  opt.clock = clock;
+  opt.default_lease = 30s;
+  auto q = open_queue(opt);
+  for (std::uint64_t id = 1; id <= 6; ++id) REQUIRE(q->push(make_traj(id)).ok());
+  auto a = q->pop_batch(count_spec(2));
+  auto b = q->pop_batch(count_spec(2));
+  REQUIRE((a.ok() && b.ok()));
+  REQUIRE(q->ack(a->id()).ok());
+  expect_code(q->ack(a->id()), StatusCode::kNotFound, "already acked");
+  REQUIRE(q->nack(b->id()).ok());
+  // nacked ones come back first, marked as a second delivery
+  auto c = q->pop_batch(count_spec(3));
+  REQUIRE(c.ok());
+  CHECK(ids_of(*c) == std::vector<std::uint64_t>{3, 4, 5});
+  CHECK(c->info()[0].delivery == 2);
+  CHECK(c->info()[2].delivery == 1);
+  REQUIRE(clock->advance(29s).ok());
+  BatchSpec longer = count_spec(1);
+  longer.lease = 100s;
+  auto d = q->pop_batch(longer);
+  REQUIRE(d.ok());
+  CHECK(ids_of(*d) == std::vector<std::uint64_t>{6});
+  REQUIRE(clock->advance(1s).ok());  // c's lease runs out; d's does not
+  expect_code(q->ack(c->id()), StatusCode::kAborted, "expired");
+  auto e = q->pop_batch(count_spec(10));
+  REQUIRE(e.ok());
+  CHECK(ids_of(*e) == std::vector<std::uint64_t>{3, 4, 5});
+  CHECK(e->info()[0].delivery == 3);
+  REQUIRE(q->ack(e->id()).ok());
+  REQUIRE(q->ack(d->id()).ok());
+  auto st = q->stats();
+  CHECK(st.acked == 6);
+  CHECK(st.expired_leases == 1);
+  CHECK(st.nacked_batches == 1);
+  CHECK(st.redelivered == 5);
+  CHECK(st.held_tokens == 0);
+  // The consumer still reads an acked batch, and takes it over.
+  std::vector<Trajectory> taken = e->release();
+  CHECK(taken.size() == 3);
+  CHECK(e->size() == 0);
+}
+
+TEST_CASE("statistics come out as JSON", "[queue][stats]") {
+  auto clock = std::make_shared<ManualClock>();
+  QueueOptions opt;
+  opt.clock = clock;
+  opt.initial_version = Version(3);
+  auto q = open_queue(opt);
+  REQUIRE(q->push(make_traj(1, 1)).ok());
+  REQUIRE(q->push(make_member(2, 4, 2, 0, 3)).ok());
+  REQUIRE(clock->advance(3ms).ok());
+  REQUIRE(q->push(make_member(3, 4, 2, 1, 3)).ok());
+  REQUIRE(q->push(make_member(5, 6, 2, 1, 3)).ok());
+  BatchSpec s = count_spec(1);
+  s.consumer_version = Version(3);
+  auto b = q->pop_batch(s);
+  REQUIRE(b.ok());
+  auto j = nlohmann::json::parse(q->stats().to_json());
+  CHECK(j["depth"]["ready"] == 2);
+  CHECK(j["depth"]["pending_groups"] == 1);
+  CHECK(j["depth"]["leased_trajectories"] == 1);
+  CHECK(j["depth"]["newest_version"] == 3);
+  CHECK(j["flow"]["pushed"] == 4);
+  CHECK(j["staleness_histogram"]["2"] == 1);
+  CHECK(j["staleness_histogram"]["16+"] == 0);
+  CHECK(j["drops"]["stale"] == 0);
+  CHECK(j["group_wait_ms"]["count"] == 1);
+  CHECK(j["group_wait_ms"]["max"] == Approx(3.0));
+  CHECK(j["group_wait_ms"]["buckets"][2]["n"] == 1);  // [2, 4) ms
+  CHECK(j["wal"]["enabled"] == false);
+}
+
+TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue][stress]") {
+  const unsigned seed = std::random_device{}();
+  std::printf("stress seed %u\n", seed);
+  constexpr int kProducers = 4, kConsumers = 3, kPerProducer = 3000;
+  QueueOptions opt;
+  opt.capacity_trajectories = 64;  // small, so producers block and wake a lot
+  opt.group_timeout = 50ms;
+  auto q = open_queue(opt);
+  std::atomic<int> producers_left{kProducers};
+  std::vector<std::vector<std::uint64_t>> acked(kConsumers);
+  std::vector<int> errors(kProducers + kConsumers, 0);
+  std::vector<std::thread> threads;
+  for (int p = 0; p < kProducers; ++p) {
+    threads.emplace_back([&, p] {
+      std::mt19937 rng(seed + unsigned(p));
+      for (int i = 0; i < kPerProducer; ++i) {
+        const std::uint64_t id = std::uint64_t(p) * kPerProducer + std::uint64_t(i) + 1;
+        // Every 4 consecutive ids of a producer form a group (the last may be cut by the timeout).
+        Trajectory t = make_traj(id, 0, 1 + rng() % 16);
+        if ((i / 4) % 2) {
+          t.group_id = (std::uint64_t(p) << 32) | std::uint64_t(i / 4);
+          t.prompt_id = t.group_id;
+          t.group_size = 4;
+          t.sample_index = std::uint32_t(i % 4);
+        }
+        laminar::Status st = rng() % 3 ? q->push(std::move(t))
+                                       : q->push(std::move(t), PushOptions::with_timeout(10s));
+        if (!st.ok()) ++errors[std::size_t(p)];
+      }
+      --producers_left;
+    });
+  }
+  for (int c = 0; c < kConsumers; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(seed * 7 + unsigned(c));
+      for (;;) {
+        BatchSpec s = count_spec(1 + rng() % 32);
+        s.wait = 20ms;
+        auto b = q->pop_batch(s);
+        if (!b.ok()) {
+          if (producers_left == 0 && q->stats().held_tokens == 0) return;
+          continue;
+        }
+        if (rng() % 10 == 0) {
+          if (!q->nack(b->id()).ok()) ++errors[std::size_t(kProducers + c)];
+          continue;
+        }
+        if (!q->ack(b->id()).ok()) {
+          ++errors[std::size_t(kProducers + c)];
+          continue;
+        }
+        for (const Trajectory& t : b->trajectories()) acked[std::size_t(c)].push_back(t.id.value());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int e : errors) CHECK(e == 0);
+  std::vector<std::uint64_t> all;
+  for (auto& v : acked) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  REQUIRE(all.size() == std::size_t(kProducers * kPerProducer));
+  for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == i + 1);
+  auto st = q->stats();
+  CHECK(st.acked == std::uint64_t(kProducers * kPerProducer));
+  CHECK(st.leases == 0);
+  CHECK(q->background_error().ok());
+}
+
+TEST_CASE("exactly-once under random consumer death", "[queue][stress][lease]") {
+  const unsigned seed = std::random_device{}();
+  std::printf("consumer-death seed %u\n", seed);
+  constexpr std::uint64_t kTotal = 4000;
+  constexpr int kConsumers = 4;
+  auto clock = std::make_shared<ManualClock>();
+  QueueOptions opt;
+  opt.clock = clock;
+  opt.default_lease = 5s;
+  auto q = open_queue(opt);
+  for (std::uint64_t id = 1; id <= kTotal; ++id) REQUIRE(q->push(make_traj(id)).ok());
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> finished{0};
+  std::vector<std::vector<std::uint64_t>> acked(kConsumers);
+  std::vector<int> unexpected(kConsumers, 0);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kConsumers; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(seed + unsigned(c));
+      while (!stop) {
+        BatchSpec s = count_spec(1 + rng() % 16);
+        s.wait = 1s;  // virtual: the clock driver below moves time
+        auto b = q->pop_batch(s);
+        if (!b.ok()) continue;
+        const unsigned fate = rng() % 8;
+        if (fate == 0) continue;  // dies holding the lease: expiry must bring the batch back
+        if (fate == 1) {
+          // dies after its lease ran out, then tries to commit: must be refused
+          while (!stop && clock->now() < b->lease_deadline()) std::this_thread::yield();
+          laminar::Status st = q->ack(b->id());
+          if (st.code() != StatusCode::kAborted && !stop) ++unexpected[std::size_t(c)];
+          continue;
+        }
+        laminar::Status st = q->ack(b->id());
+        if (st.ok()) {
+          for (const Trajectory& t : b->trajectories()) acked[std::size_t(c)].push_back(t.id.value());
+        } else if (st.code() != StatusCode::kAborted) {
+          ++unexpected[std::size_t(c)];
+        }
+      }
+      ++finished;
+    });
+  }
+  // Drive virtual time until everything is acked.
+  for (int step = 0; step < 200000 && q->stats().acked < kTotal; ++step) {
+    REQUIRE(clock->advance(100ms).ok());
+    std::this_thread::yield();
+  }
+  stop = true;
+  // Keep time moving until every consumer has seen `stop` (one may be about to wait in virtual time).
+  while (finished < kConsumers) {
+    REQUIRE(clock->advance(1s).ok());
+    std::this_thread::sleep_for(1ms);
+  }
+  for (auto& t : threads) t.join();
+  for (int u : unexpected) CHECK(u == 0);
+  std::vector<std::uint64_t> all;
+  for (auto& v : acked) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  REQUIRE(all.size() == kTotal);
+  for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == i + 1);
+  auto st = q->stats();
+  CHECK(st.acked == kTotal);
+  CHECK(st.expired_leases > 0);
+  CHECK(st.delivered > kTotal);
+}
+
+TEST_CASE("WAL: a reopened queue redelivers exactly the unacked trajectories", "[queue][wal]") {
+  const std::string path = temp_path("reopen");
+  std::filesystem::remove(path);
+  QueueOptions opt;
+  opt.wal_path = path;
+  opt.group_timeout = 1h;
+  {
+    auto q = open_queue(opt);
+    CHECK_FALSE(q->recovery().replayed);
+    REQUIRE(q->publish_version(Version(4)).ok());
+    for (std::uint64_t id = 1; id <= 10; ++id) REQUIRE(q->push(make_traj(id, id % 5)).ok());
+    REQUIRE(q->push(make_member(20, 3, 3, 0)).ok());  // a pending group of 3 ...
+    REQUIRE(q->push(make_member(21, 3, 3, 2)).ok());
+    REQUIRE(q->push(make_member(30, 4, 2, 0)).ok());  // ... and a complete one
+    REQUIRE(q->push(make_member(31, 4, 2, 1)).ok());
+    auto a = q->pop_batch(count_spec(4));  // 1..4 acked
+    REQUIRE(a.ok());
+    REQUIRE(q->ack(a->id()).ok());
+    auto leased = q->pop_batch(count_spec(2));  // 5, 6 leased, never acked
+    REQUIRE(leased.ok());
+    BatchSpec drop = count_spec(1);
+    drop.consumer_version = Version(4);
+    drop.staleness_rule = StalenessRule::kDrop;
+    drop.max_staleness = 3;
+    auto d = q->pop_batch(drop);  // drops 10 (version 0, staleness 4), leases 7
+    REQUIRE(d.ok());
+    CHECK(ids_of(*d) == std::vector<std::uint64_t>{7});
+  }
+  auto q = open_queue(opt);
+  const auto& r = q->recovery();
+  CHECK(r.replayed);
+  CHECK(r.tail.ok());
+  CHECK(r.retired == 4);  // 1..4 acked; 10 was not dropped: 7 sat in front of it
+  CHECK(q->newest_version() == Version(4));
+  CHECK(r.recovered == 6 + 2 + 2);
+  auto b = q->pop_batch(count_spec(100));
+  REQUIRE(b.ok());
+  CHECK(ids_of(*b) == std::vector<std::uint64_t>{5, 6, 7, 8, 9, 10, 30, 31});
+  CHECK(q->stats().pending_groups == 1);
+  expect_code(q->push(make_traj(2)), StatusCode::kInvalidArgument, "already pushed");  // acked before restart
+  expect_code(q->push(make_member(32, 4, 2, 0)), StatusCode::kFailedPrecondition, "already closed");
+  REQUIRE(q->push(make_member(22, 3, 3, 1)).ok());
+  auto g = q->pop_batch(count_spec(100));
+  REQUIRE(g.ok());
+  CHECK(ids_of(*g) == std::vector<std::uint64_t>{20, 22, 21});
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle refuses to open",
+          "[queue][wal][bad-input]") {
+  const std::string path = temp_path("torn");
+  QueueOptions opt;
+  opt.wal_path = path;
+  auto write_log = [&] {
+    std::filesystem::remove(path);
+    auto q = open_queue(opt);
+    for (std::uint64_t id = 1; id <= 5; ++id) REQUIRE(q->push(make_traj(id)).ok());
+  };
+  const std::uintmax_t record = 24 + 80 + 4 * (2 + 4 + 4) + 4;  // one push record
+  write_log();
+  const std::uintmax_t full = std::filesystem::file_size(path);
+  REQUIRE(full == 16 + 5 * record);
+
+  SECTION("torn in the last record's payload") {
+    std::filesystem::resize_file(path, full - 7);
+    auto q = open_queue(opt);
+    expect_code(q->recovery().tail, StatusCode::kDataLoss, "payload cut short");
+    CHECK(q->recovery().recovered == 4);
+    CHECK(q->recovery().discarded_bytes == record - 7);
+    CHECK(std::filesystem::file_size(path) == 16 + 4 * record);
+    REQUIRE(q->push(make_traj(6)).ok());  // appends after the good prefix
+  }
+  SECTION("torn in the last record's header") {
+    std::filesystem::resize_file(path, 16 + 4 * record + 10);
+    auto q = open_queue(opt);
+    expect_code(q->recovery().tail, StatusCode::kDataLoss, "header cut short");
+    CHECK(q->recovery().recovered == 4);
+  }
+  SECTION("checksum mismatch in the last record") {
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff(full - 3));
+      f.put('\x5a');
+    }
+    auto q = open_queue(opt);
+    expect_code(q->recovery().tail, StatusCode::kDataLoss, "checksum mismatch");
+    CHECK(q->recovery().recovered == 4);
+    auto b = q->pop_batch(count_spec(10));
+    REQUIRE(b.ok());
+    CHECK(ids_of(*b) == std::vector<std::uint64_t>{1, 2, 3, 4});
+  }
+  SECTION("damage in the middle") {
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff(16 + record + 60));
+      f.put('\x5a');
+    }
+    expect_code(TrajectoryQueue::open(opt).status(), StatusCode::kDataLoss, "a good record follows");
+  }
+  SECTION("not a WAL") {
+    std::ofstream(path, std::ios::trunc) << "this is not a log at all";
+    expect_code(TrajectoryQueue::open(opt).status(), StatusCode::kDataLoss, "not a laminar write-ahead log");
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("WAL: compaction keeps the log small and the state intact", "[queue][wal]") {
+  const std::string path = temp_path("compact");
+  std::filesystem::remove(path);
+  QueueOptions opt;
+  opt.wal_path = path;
+  opt.wal_compact_bytes = 64 << 10;
+  {
+    auto q = open_queue(opt);
+    for (std::uint64_t id = 1; id <= 2000; ++id) {
+      REQUIRE(q->push(make_traj(id, 0, 32)).ok());
+      if (id % 10 != 0) {
+        auto b = q->pop_batch(count_spec(1));
+        REQUIRE(b.ok());
+        REQUIRE(q->ack(b->id()).ok());
+      }
+    }
+    auto st = q->stats();
+    CHECK(st.wal_compactions > 0);
+    CHECK(st.wal_bytes < 3 * (64u << 10));
+    CHECK(q->background_error().ok());
+  }
+  auto q = open_queue(opt);
+  CHECK(q->recovery().tail.ok());
+  CHECK(q->recovery().recovered == 200);
+  expect_code(q->push(make_traj(5)), StatusCode::kInvalidArgument, "already pushed");  // acked
+  auto b = q->pop_batch(count_spec(1000));
+  REQUIRE(b.ok());
+  std::vector<std::uint64_t> want;
+  for (std::uint64_t id = 1801; id <= 2000; ++id) want.push_back(id);  // FIFO: the last 200 stay
+  CHECK(ids_of(*b) == want);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("validate_contents off keeps the O(1) checks only", "[queue][bad-input]") {
+  QueueOptions opt;
+  opt.validate_contents = false;
+  auto q = open_queue(opt);
+  Trajectory odd = make_traj(1);
+  odd.response_tokens[0] = -3;  // not scanned
+  CHECK(q->push(std::move(odd)).ok());
+  Trajectory short_lp = make_traj(2);
+  short_lp.logprobs.pop_back();  // lengths are still checked
+  expect_code(q->push(std::move(short_lp)), StatusCode::kInvalidArgument, "3 logprobs for 4 response tokens");
+  expect_code(q->push(make_traj(3, 1)), StatusCode::kInvalidArgument, "ahead of the newest");
+  CHECK(laminar::validate_trajectory(make_traj(4), false).ok());
+}
+
+TEST_CASE("Batch::release copies while the queue still holds the lease", "[queue][lease]") {
+  auto q = open_queue();
+  REQUIRE(q->push(make_traj(1)).ok());
+  auto b = q->pop_batch(count_spec(1));
+  REQUIRE(b.ok());
+  Batch copy = *b;
+  std::vector<Trajectory> taken = copy.release();  // leased: the queue keeps its own
+  REQUIRE(taken.size() == 1);
+  REQUIRE(q->nack(b->id()).ok());
+  auto again = q->pop_batch(count_spec(1));
+  REQUIRE(again.ok());
+  CHECK(again->trajectories()[0] == taken[0]);
+  CHECK(again->info()[0].delivery == 2);
+}
+
+TEST_CASE("the id dedup window stays exact through heavy churn", "[queue][bad-input]") {
+  const unsigned seed = std::random_device{}();
+  std::printf("dedup seed %u\n", seed);
+  std::mt19937_64 rng(seed);
+  QueueOptions opt;
+  opt.id_dedup_window = 97;
+  auto q = open_queue(opt);
+  std::deque<std::uint64_t> window;  // model: the last 97 retired ids
+  for (int i = 0; i < 5000; ++i) {
+    // Random ids collide in the hash table's probe runs; some are retired ids coming back.
+    std::uint64_t id = rng() % 4 == 0 && !window.empty() ? window[rng() % window.size()] : rng() % 100000;
+    const bool in_window = std::find(window.begin(), window.end(), id) != window.end();
+    laminar::Status st = q->push(make_traj(id));
+    if (in_window) {
+      REQUIRE(st.code() == StatusCode::kInvalidArgument);
+      continue;
+    }
+    REQUIRE(st.ok());
+    auto b = q->pop_batch(count_spec(1));
+    REQUIRE(b.ok());
+    REQUIRE(q->ack(b->id()).ok());
+    window.push_back(id);
+    if (window.size() > 97) window.pop_front();
+  }
+}
