@@ -1,24 +1,13 @@
 // Runs the cast kernel on a real GPU and compares it with the host path; exits with the skip code
 // when there is no CUDA device.
-#define CATCH_CONFIG_RUNNER
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "laminar/kernels/cast.h"
-
-int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device: skipping\n");
-    return LAMINAR_SKIP_CODE;
-  }
-  return Catch::Session().run(argc, argv);
-}
 
 TEST_CASE("CUDA cast equals the host cast bit for bit", "[cast][gpu]") {
   using laminar::DType;

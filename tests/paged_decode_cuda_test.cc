@@ -1,12 +1,10 @@
 // Runs paged decode and prefill on a real GPU and compares them with the CPU kernel bit for bit;
 // exits with the skip code when there is no CUDA device.
-#define CATCH_CONFIG_RUNNER
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -14,15 +12,6 @@
 
 #include "laminar/internal/numerics.h"
 #include "laminar/kernels/paged_decode.h"
-
-int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device: skipping\n");
-    return LAMINAR_SKIP_CODE;
-  }
-  return Catch::Session().run(argc, argv);
-}
 
 namespace {
 

@@ -1,24 +1,13 @@
 // The relay tier's device path on a real GPU: publish from device memory, pull into device memory
 // (double-buffered through bounce buffers when the relay's memory is not page-locked), every byte
 // compared. Exits with the skip code when there is no CUDA device.
-#define CATCH_CONFIG_RUNNER
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <vector>
 
 #include "laminar/weight_puller.h"
 #include "relay_test_util.h"
-
-int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device: skipping\n");
-    return LAMINAR_SKIP_CODE;
-  }
-  return Catch::Session().run(argc, argv);
-}
 
 namespace {
 
