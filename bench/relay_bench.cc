@@ -7,14 +7,12 @@
 //     pipelined chain, vs the same version sent over one link to one relay. Each relay is a
 //     RelayNode in its own process (this binary re-executed as `relay_bench relay UPSTREAM`).
 // Usage: relay_bench [--mib N] [--chain-mib N] [--chunk-kib K]  (sizes, default 1024, 64, 4096)
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +24,7 @@
 #include "laminar/relay_chain.h"
 #include "laminar/relay_store.h"
 #include "laminar/weight_puller.h"
+#include "process.h"
 
 namespace {
 
@@ -83,47 +82,25 @@ const char* const kToken = "relay-bench-token-0123456789";
 class Peer {
  public:
   explicit Peer(const std::string& upstream) {
-    int fds[2];
-    if (pipe(fds) != 0) std::exit(1);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::vector<std::string> argv{"/proc/self/exe", "relay", upstream};
-    std::vector<char*> c;
-    for (auto& a : argv) c.push_back(a.data());
-    c.push_back(nullptr);
-    if (posix_spawn(&pid_, "/proc/self/exe", &actions, nullptr, c.data(), environ) != 0) std::exit(1);
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
+    laminar::testing::ChildOptions spawn_options;
+    spawn_options.program = "/proc/self/exe";
+    spawn_options.args = {"relay", upstream};
+    auto child = laminar::testing::ChildProcess::spawn(std::move(spawn_options));
+    check(child.status(), "starting a relay");
+    child_.emplace(std::move(child).value());
   }
-  ~Peer() {
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    std::fclose(out_);
-  }
-  Peer(const Peer&) = delete;
-  Peer& operator=(const Peer&) = delete;
 
   // The rest of the next line starting with `prefix`.
   std::string expect(const std::string& prefix) {
-    char buf[256];
     for (;;) {
-      if (std::fgets(buf, sizeof(buf), out_) == nullptr) {
-        std::fprintf(stderr, "relay_bench: relay %d exited\n", int(pid_));
-        std::exit(1);
-      }
-      std::string s(buf);
-      if (!s.empty() && s.back() == '\n') s.pop_back();
-      if (s.rfind(prefix, 0) == 0) return s.substr(prefix.size());
+      auto line = child_->read_line(std::chrono::seconds(120));
+      check(line.status(), "reading a relay's output");
+      if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
     }
   }
 
  private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
+  std::optional<laminar::testing::ChildProcess> child_;
 };
 
 int run_relay(const std::string& upstream) {

@@ -11,9 +11,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,16 +20,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness.h"
 #include "laminar/transport.h"
+#include "process.h"
 
 using namespace std::chrono_literals;
 using namespace laminar;
 
-extern char** environ;
 
 namespace {
 
@@ -52,46 +51,27 @@ TransportOptions options(const std::string& tls) {
   std::exit(1);
 }
 
-// A child process of this binary, its stdout read line by line; killed and reaped on destruction.
+// A child process of this binary (tests/support/process.h), its stdout read line by line; killed and
+// reaped on destruction.
 class Peer {
  public:
   explicit Peer(const std::vector<std::string>& args) {
-    int fds[2];
-    if (pipe(fds) != 0) die("pipe failed");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::vector<std::string> argv{"/proc/self/exe"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> c;
-    for (auto& a : argv) c.push_back(a.data());
-    c.push_back(nullptr);
-    if (posix_spawn(&pid_, "/proc/self/exe", &actions, nullptr, c.data(), environ) != 0) die("spawn failed");
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
+    laminar::testing::ChildOptions spawn_options;
+    spawn_options.program = "/proc/self/exe";
+    spawn_options.args = args;
+    auto child = laminar::testing::ChildProcess::spawn(std::move(spawn_options));
+    if (!child.ok()) die(child.status().to_string());
+    child_.emplace(std::move(child).value());
   }
-  ~Peer() {
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    std::fclose(out_);
-  }
-  Peer(const Peer&) = delete;
-  Peer& operator=(const Peer&) = delete;
 
   std::string line() {
-    char buf[256];
-    if (std::fgets(buf, sizeof(buf), out_) == nullptr) die("peer exited before answering");
-    std::string s(buf);
-    if (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
+    auto l = child_->read_line(60s);
+    if (!l.ok()) die("peer did not answer: " + l.status().to_string());
+    return *l;
   }
 
  private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
+  std::optional<laminar::testing::ChildProcess> child_;
 };
 
 int serve(const std::string& tls, std::size_t bytes) {
