@@ -24,7 +24,7 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-token="demo-$$-$RANDOM"
+token="laminar-demo-cluster-token-$$-$RANDOM"
 
 # start NAME ARGS...: runs relay_server in the background, its output in $dir/NAME.
 start() {
@@ -48,9 +48,9 @@ address() {
 
 start actor --actor --mib 64 --versions 3 --interval-ms 500
 actor=$(address actor)
-start relay_a --upstream "$actor" --exit-after-version 3
+start relay_a --upstream "$actor"
 relay_a=$(address relay_a)
-start relay_b --upstream "$relay_a" --upstream "$actor" --exit-after-version 3
+start relay_b --upstream "$relay_a" --upstream "$actor"
 relay_b=$(address relay_b)
 start rollout --pull --mib 64 --upstream "$relay_b" --upstream "$relay_a" --exit-after-version 3
 rollout_pid=${pids[-1]}
