@@ -362,6 +362,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void fail_endpoint(EndpointState& e, const Status& s);
   void handle_frame(EndpointState& e, std::span<const std::byte> wire);
   void handle_handshake(EndpointState& e, Frame f);
+  bool expect_handshake_frame(EndpointState& e, const Frame& f, FrameKind want, const char* answered);
   void refuse(EndpointState& e, const std::string& why);
   std::shared_ptr<EndpointState> find(ucp_ep_h ep);
   std::shared_ptr<EndpointState> find(std::uint64_t id);
@@ -1075,6 +1076,22 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
   }
 }
 
+// The client's next handshake step needs frame `want`; a refusal or any other frame fails the
+// endpoint (false), naming what the peer answered our `answered` with.
+bool TransportCore::expect_handshake_frame(EndpointState& e, const Frame& f, FrameKind want,
+                                           const char* answered) {
+  if (f.kind == FrameKind::kRefused) {
+    fail_endpoint(e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.error)));
+    return false;
+  }
+  if (f.kind != want) {
+    fail_endpoint(e, data_loss(fmt::format("peer {} answered the {} with frame kind {}", e.peer, answered,
+                                           static_cast<int>(f.kind))));
+    return false;
+  }
+  return true;
+}
+
 void TransportCore::handle_handshake(EndpointState& e, Frame f) {
   auto op_it = ops_.find(e.handshake_op);
   Op* hs = op_it == ops_.end() ? nullptr : op_it->second.get();
@@ -1116,16 +1133,7 @@ void TransportCore::handle_handshake(EndpointState& e, Frame f) {
       return;
     }
     case Phase::kAwaitChallenge: {
-      if (f.kind == FrameKind::kRefused) {
-        fail_endpoint(
-            e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.error)));
-        return;
-      }
-      if (f.kind != FrameKind::kChallenge) {
-        fail_endpoint(e, data_loss(fmt::format("peer {} answered the hello with frame kind {}", e.peer,
-                                               static_cast<int>(f.kind))));
-        return;
-      }
+      if (!expect_handshake_frame(e, f, FrameKind::kChallenge, "hello")) return;
       e.server_nonce = to_nonce(f.body);
       if (!same_mac(f.mac, proof(key_, kServerRole, e.client_nonce, e.server_nonce))) {
         // Reveal nothing (not even our proof) to a server that cannot prove it holds the token.
@@ -1141,16 +1149,7 @@ void TransportCore::handle_handshake(EndpointState& e, Frame f) {
       return;
     }
     case Phase::kAwaitWelcome: {
-      if (f.kind == FrameKind::kRefused) {
-        fail_endpoint(
-            e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.error)));
-        return;
-      }
-      if (f.kind != FrameKind::kWelcome) {
-        fail_endpoint(e, data_loss(fmt::format("peer {} answered the proof with frame kind {}", e.peer,
-                                               static_cast<int>(f.kind))));
-        return;
-      }
+      if (!expect_handshake_frame(e, f, FrameKind::kWelcome, "proof")) return;
       e.phase = Phase::kReady;
       char* text = nullptr;
       std::size_t len = 0;
