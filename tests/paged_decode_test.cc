@@ -18,6 +18,7 @@
 #include "laminar/internal/numerics.h"
 #include "laminar/kernels/paged_decode.h"
 #include "laminar/ref/paged_decode.h"
+#include "kernels/paged_decode_args.h"
 
 namespace {
 
@@ -184,29 +185,9 @@ Status emulate_kernels(const cd::DecodeArgs& a, int rows, std::uint64_t seed) {
 Result run_emulated(Problem& pb, std::uint64_t seed) {
   poison(pb);
   const PagedDecodeParams p = pb.params();
-  const int max_splits = cd::num_splits(p.max_kv_len);
-  const std::size_t n = std::size_t(pb.num_rows) * pb.qo_heads() * max_splits;
-  std::vector<float> ws(n * std::size_t(pb.s.head_dim + 2), std::numeric_limits<float>::quiet_NaN());
-  cd::DecodeArgs a{};
-  a.q = p.q;
-  a.out = p.out;
-  a.lse = p.lse;
-  a.k_pages = p.kv.k_pages;
-  a.v_pages = p.kv.v_pages;
-  a.indptr = p.table.indptr;
-  a.indices = p.table.indices;
-  a.last_page_len = p.table.last_page_len;
-  a.qo_indptr = p.qo_indptr;
-  a.ws_o = ws.data();
-  a.ws_m = ws.data() + n * std::size_t(pb.s.head_dim);
-  a.ws_l = a.ws_m + n;
-  a.batch = p.table.batch;
-  a.row_begin = 0;
-  a.num_qo_heads = p.num_qo_heads;
-  a.num_kv_heads = pb.s.num_kv_heads;
-  a.page_size = pb.s.page_size;
-  a.max_splits = max_splits;
-  a.sm_scale = p.sm_scale;
+  // NaN-filled, so a partial the kernels read without writing shows up in the results.
+  std::vector<float> ws(cd::decode_row_floats(p) * std::size_t(pb.num_rows), std::numeric_limits<float>::quiet_NaN());
+  const cd::DecodeArgs a = cd::make_decode_args(p, ws.data(), pb.num_rows);
   const bool d64 = pb.s.head_dim == 64;
   Status st;
   switch (pb.s.dtype) {

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "paged_decode_args.h"
 #include "paged_decode_cpu.h"
 
 namespace laminar::kernels {
@@ -32,42 +33,15 @@ constexpr std::size_t kCpuWorkspaceBudget = std::size_t(16) << 20;
 
 KvKind kind_of(DType t) { return t == DType::kF32 ? KvKind::kF32 : t == DType::kF16 ? KvKind::kF16 : KvKind::kBF16; }
 
-std::int32_t max_splits(const PagedDecodeParams& p) { return cuda_detail::num_splits(std::max(p.max_kv_len, 1)); }
-
-// Workspace floats of one row: o, m and l of every (query head, split).
-std::size_t row_floats(const PagedDecodeParams& p) {
-  return std::size_t(p.num_qo_heads) * std::size_t(max_splits(p)) * std::size_t(p.kv.layout.head_dim + 2);
-}
+using cuda_detail::decode_max_splits;
+using cuda_detail::decode_row_floats;
+using cuda_detail::make_decode_args;
 
 std::int32_t chunk_rows(const PagedDecodeParams& p, std::size_t budget_bytes) {
-  const std::size_t per_row = row_floats(p) * sizeof(float);
+  const std::size_t per_row = decode_row_floats(p) * sizeof(float);
   return std::int32_t(std::clamp<std::size_t>(budget_bytes / per_row, 1, std::size_t(std::max(p.num_rows, 1))));
 }
 
-DecodeArgs make_args(const PagedDecodeParams& p, float* ws, std::int32_t rows) {
-  DecodeArgs a{};
-  a.q = p.q;
-  a.out = p.out;
-  a.lse = p.lse;
-  a.k_pages = p.kv.k_pages;
-  a.v_pages = p.kv.v_pages;
-  a.indptr = p.table.indptr;
-  a.indices = p.table.indices;
-  a.last_page_len = p.table.last_page_len;
-  a.qo_indptr = p.qo_indptr;
-  const std::size_t per_split = std::size_t(rows) * std::size_t(p.num_qo_heads) * std::size_t(max_splits(p));
-  a.ws_o = ws;
-  a.ws_m = ws + per_split * std::size_t(p.kv.layout.head_dim);
-  a.ws_l = a.ws_m + per_split;
-  a.batch = p.table.batch;
-  a.row_begin = 0;
-  a.num_qo_heads = p.num_qo_heads;
-  a.num_kv_heads = p.kv.layout.num_kv_heads;
-  a.page_size = p.kv.layout.page_size;
-  a.max_splits = max_splits(p);
-  a.sm_scale = p.sm_scale;
-  return a;
-}
 
 // Runs task(i) for i in [0, n) on `threads` threads (the caller is one of them).
 template <class F>
@@ -119,8 +93,8 @@ Status run_host(const PagedDecodeParams& p) {
   // a fresh buffer each decode step would cost its page faults every step. Every slot a merge reads
   // is written by a split task of the same call first.
   thread_local std::vector<float> ws;
-  if (ws.size() < row_floats(p) * std::size_t(rows)) ws.resize(row_floats(p) * std::size_t(rows));
-  DecodeArgs a = make_args(p, ws.data(), rows);
+  if (ws.size() < decode_row_floats(p) * std::size_t(rows)) ws.resize(decode_row_floats(p) * std::size_t(rows));
+  DecodeArgs a = make_decode_args(p, ws.data(), rows);
   const KvKind kind = kind_of(p.kv.layout.dtype);
   const int head_dim = p.kv.layout.head_dim;
   const std::int32_t splits = a.max_splits;
@@ -154,7 +128,7 @@ Status run_host(const PagedDecodeParams& p) {
 
 std::size_t workspace_bytes(const PagedDecodeParams& p) {
   if (p.num_rows <= 0 || p.num_qo_heads <= 0 || p.kv.layout.head_dim <= 0) return 0;
-  return row_floats(p) * sizeof(float) * std::size_t(chunk_rows(p, kCudaWorkspaceBudget));
+  return decode_row_floats(p) * sizeof(float) * std::size_t(chunk_rows(p, kCudaWorkspaceBudget));
 }
 
 Status can_implement(const PagedDecodeParams& p, Stream stream) {
@@ -183,7 +157,7 @@ Status can_implement(const PagedDecodeParams& p, Stream stream) {
     return invalid_argument(
         fmt::format("paged_decode: decode needs num_rows == batch, got {} and {}", p.num_rows, p.table.batch));
   }
-  if (std::int64_t(max_splits(p)) > 65535) {
+  if (std::int64_t(decode_max_splits(p)) > 65535) {
     return invalid_argument(fmt::format("paged_decode: max_kv_len {} is beyond {} splits", p.max_kv_len, 65535));
   }
   if (p.num_rows > 0 && (p.q == nullptr || p.out == nullptr)) {
@@ -215,7 +189,7 @@ Status run(const PagedDecodeParams& p, Stream stream) {
 #if defined(LAMINAR_HAVE_CUDA)
     if (p.num_rows == 0) return ok_status();
     const std::int32_t rows = chunk_rows(p, kCudaWorkspaceBudget);
-    DecodeArgs a = make_args(p, static_cast<float*>(p.workspace), rows);
+    DecodeArgs a = make_decode_args(p, static_cast<float*>(p.workspace), rows);
     for (std::int32_t begin = 0; begin < p.num_rows; begin += rows) {
       a.row_begin = begin;
       LAMINAR_RETURN_IF_ERROR(cuda_detail::launch_paged_decode(a, kind_of(p.kv.layout.dtype), p.kv.layout.head_dim,
