@@ -288,14 +288,17 @@ TEST_CASE("paged decode: CPU kernel and the CUDA kernels under emulation agree b
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed + 1);
   for (int trial = 0; trial < 10; ++trial) {
-    const Shape s = random_shape(rng);
+    Shape s = random_shape(rng);
     std::vector<std::int32_t> lengths(1 + rng() % 3);
     for (auto& len : lengths) len = 1 + std::int32_t(rng() % 700);
     if (trial == 0) lengths = {1, 256, 257, 0, 512};  // split edges and an empty sequence
     if (trial == 1) lengths = {3000};
+    // More query heads than one CPU task takes (32): the heads of a split go to several tasks.
+    if (trial == 2) s.num_kv_heads = 12, s.group = 4, lengths = {600, 300, 40};
+    if (trial == 3) s.num_kv_heads = 40, s.group = 1, lengths = {520, 7};
     Problem pb = make_problem(s, lengths, rng());
-    INFO("trial " << trial << " " << name(s.dtype) << " D" << s.head_dim << " group " << s.group << " page "
-                  << s.page_size);
+    INFO("trial " << trial << " " << name(s.dtype) << " D" << s.head_dim << " group " << s.group << " kv heads "
+                  << s.num_kv_heads << " page " << s.page_size);
     const Result cpu = run_cpu(pb);
     const Result emu = run_emulated(pb, rng());
     require_same_bits(cpu, emu);

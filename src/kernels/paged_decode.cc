@@ -97,25 +97,36 @@ Status run_host(const PagedDecodeParams& p) {
   DecodeArgs a = make_decode_args(p, ws.data(), rows);
   const KvKind kind = kind_of(p.kv.layout.dtype);
   const int head_dim = p.kv.layout.head_dim;
-  const std::int32_t splits = a.max_splits;
   for (std::int32_t begin = 0; begin < p.num_rows; begin += rows) {
     const std::int32_t count = std::min(rows, p.num_rows - begin);
     a.row_begin = begin;
-    // Only the splits each row really has become tasks, the KV heads of one split next to each
-    // other: a page holds all heads of a token side by side, so consecutive tasks read neighbouring
-    // cache lines and the hardware prefetchers see a stream.
-    std::vector<std::int64_t> tasks;
+    // Only the splits each row really has become tasks. A task takes as many KV heads of its split
+    // as fit (kCpuQoHeadsPerTask query heads), unless that leaves fewer tasks than threads to
+    // share: then one head each.
+    struct SplitWork {
+      std::int32_t row, split, h_begin, heads;
+    };
+    std::vector<std::int32_t> row_splits(static_cast<std::size_t>(count));
+    std::int64_t total_splits = 0;
     for (std::int32_t r = 0; r < count; ++r) {
       const auto info = cuda_detail::row_info(a.indptr, a.last_page_len, a.qo_indptr, a.batch, a.page_size, begin + r);
-      const std::int32_t n = cuda_detail::num_splits(info.kv_len);
-      for (std::int32_t s = 0; s < n; ++s) {
-        for (std::int32_t h = 0; h < a.num_kv_heads; ++h) tasks.push_back((std::int64_t(r) * splits + s) * a.num_kv_heads + h);
+      row_splits[std::size_t(r)] = cuda_detail::num_splits(info.kv_len);
+      total_splits += row_splits[std::size_t(r)];
+    }
+    const std::int32_t group = a.num_qo_heads / a.num_kv_heads;
+    const std::int32_t heads_per_task =
+        total_splits >= 2 * threads ? std::min(a.num_kv_heads, cpu_detail::kCpuQoHeadsPerTask / group) : 1;
+    std::vector<SplitWork> tasks;
+    for (std::int32_t r = 0; r < count; ++r) {
+      for (std::int32_t s = 0; s < row_splits[std::size_t(r)]; ++s) {
+        for (std::int32_t h = 0; h < a.num_kv_heads; h += heads_per_task) {
+          tasks.push_back({r, s, h, std::min(heads_per_task, a.num_kv_heads - h)});
+        }
       }
     }
     parallel_for(std::int64_t(tasks.size()), threads, [&](std::int64_t i) {
-      const std::int64_t t = tasks[std::size_t(i)];
-      const std::int64_t rs = t / a.num_kv_heads;
-      cpu_detail::split_task(a, kind, head_dim, int(rs / splits), int(t % a.num_kv_heads), int(rs % splits));
+      const SplitWork& w = tasks[std::size_t(i)];
+      cpu_detail::split_task(a, kind, head_dim, w.row, w.split, w.h_begin, w.heads);
     });
     parallel_for(std::int64_t(count) * p.num_qo_heads, threads, [&](std::int64_t i) {
       cpu_detail::merge_task(a, kind, head_dim, int(i / p.num_qo_heads), int(i % p.num_qo_heads));

@@ -1,11 +1,12 @@
 // Highway implementation of the paged decode tasks. Compiled once per SIMD target by
 // foreach_target.h. On AVX2 and AVX-512 a "pack" is an 8-lane f32 vector, and its lanes are exactly
-// the 8 partial sums / 8 head-dim elements of the reduction order in cuda/paged_decode.cuh (fused
-// multiply-add is native there). On older targets a pack is 8 scalars run through numerics.h, the
-// same arithmetic without vectors.
+// the 8 partial sums of the reduction order in cuda/paged_decode.cuh (fused multiply-add is native
+// there); the weighted V pass, where every head-dim element is its own chain, uses the widest
+// vectors ("wide", 16 lanes on AVX-512). On older targets both are 8 scalars run through
+// numerics.h, the same arithmetic without vectors.
 
 // Targets between the baseline and AVX2 (no native fma) and the newer AVX-512 flavours add
-// compile time, not speed, to a kernel that uses 8-lane vectors.
+// compile time, not speed.
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4 | HWY_AVX3_DL)
 #endif
@@ -25,7 +26,6 @@ namespace HWY_NAMESPACE {
 using cuda_detail::DecodeArgs;
 using cuda_detail::KvElemT;
 using cuda_detail::KvKind;
-using cuda_detail::kMaxGroup;
 using cuda_detail::kSplit;
 using cuda_detail::RowInfo;
 
@@ -41,6 +41,8 @@ HWY_INLINE Pack pload(const float* p) { return hn::LoadU(D8(), p); }
 HWY_INLINE void pstore(Pack v, float* p) { hn::StoreU(v, D8(), p); }
 HWY_INLINE Pack pfma(Pack a, Pack b, Pack c) { return hn::MulAdd(a, b, c); }
 HWY_INLINE Pack psub(Pack a, Pack b) { return hn::Sub(a, b); }
+HWY_INLINE Pack padd(Pack a, Pack b) { return hn::Add(a, b); }
+HWY_INLINE Pack pmax(Pack a, Pack b) { return hn::IfThenElse(hn::Gt(a, b), a, b); }  // max_f32, lane by lane
 HWY_INLINE Pack pdiv(Pack a, Pack b) { return hn::Div(a, b); }
 
 template <KvKind K>
@@ -56,13 +58,43 @@ HWY_INLINE Pack pload_kv(const KvElemT<K>* p) {
   }
 }
 
-// The fixed tree of step 1: (p0+p4, p1+p5, p2+p6, p3+p7), then (a0+a2, a1+a3), then the sum.
-HWY_INLINE float ptree(Pack v) {
-  const hn::Half<D8> d4;
-  const auto a = hn::Add(hn::LowerHalf(d4, v), hn::UpperHalf(d4, v));
-  const auto b = hn::Add(a, hn::Shuffle1032(a));
-  const auto c = hn::Add(b, hn::Shuffle2301(b));
-  return hn::GetLane(c);
+// The fixed tree of step 1 for eight packs at once, by a transposition: out[k] is v[k]'s
+// (p0+p4, p1+p5, p2+p6, p3+p7), then (a0+a2, a1+a3), then their sum, times scale; each addition
+// the tree makes runs in its own lane.
+HWY_INLINE void ptree8_scaled(const Pack* v, float scale, float* out) {
+  const auto half_sums = [&](int k, int m) {  // [v_k lo + v_k hi | v_m lo + v_m hi]
+    return _mm256_add_ps(_mm256_permute2f128_ps(v[k].raw, v[m].raw, 0x20), _mm256_permute2f128_ps(v[k].raw, v[m].raw, 0x31));
+  };
+  const __m256 b01 = half_sums(0, 1), b23 = half_sums(2, 3), b45 = half_sums(4, 5), b67 = half_sums(6, 7);
+  const __m256 c0123 = _mm256_add_ps(_mm256_shuffle_ps(b01, b23, 0x44), _mm256_shuffle_ps(b01, b23, 0xee));
+  const __m256 c4567 = _mm256_add_ps(_mm256_shuffle_ps(b45, b67, 0x44), _mm256_shuffle_ps(b45, b67, 0xee));
+  const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(c0123, c4567, 0x88), _mm256_shuffle_ps(c0123, c4567, 0xdd));
+  alignas(32) float r[8];  // sums of packs 0, 2, 4, 6, 1, 3, 5, 7
+  _mm256_store_ps(r, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+  for (int k = 0; k < 4; ++k) out[2 * k] = r[k], out[2 * k + 1] = r[4 + k];
+}
+
+// The weighted V pass accumulates each head-dim element on its own, so it may use the widest
+// vectors there are (16 lanes with AVX-512).
+using DW = hn::CappedTag<float, 16>;
+using Wide = hn::Vec<DW>;
+constexpr int kWide = int(hn::MaxLanes(DW()));
+HWY_INLINE Wide wzero() { return hn::Zero(DW()); }
+HWY_INLINE Wide wset(float x) { return hn::Set(DW(), x); }
+HWY_INLINE Wide wload(const float* p) { return hn::LoadU(DW(), p); }
+HWY_INLINE void wstore(Wide v, float* p) { hn::StoreU(v, DW(), p); }
+HWY_INLINE Wide wfma(Wide a, Wide b, Wide c) { return hn::MulAdd(a, b, c); }
+template <KvKind K>
+HWY_INLINE Wide wload_kv(const KvElemT<K>* p) {
+  if constexpr (K == KvKind::kF32) {
+    return hn::LoadU(DW(), p);
+  } else if constexpr (K == KvKind::kF16) {
+    const hn::Rebind<hwy::float16_t, DW> dh;
+    return hn::PromoteTo(DW(), hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, DW> db;
+    return hn::PromoteTo(DW(), hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(p)));
+  }
 }
 
 // numerics.h's exp_f32, lane by lane, with the same operations in the same order.
@@ -113,6 +145,14 @@ inline Pack psub(Pack a, Pack b) {
   for (int i = 0; i < 8; ++i) a.v[i] = internal::sub_rn(a.v[i], b.v[i]);
   return a;
 }
+inline Pack padd(Pack a, Pack b) {
+  for (int i = 0; i < 8; ++i) a.v[i] = internal::add_rn(a.v[i], b.v[i]);
+  return a;
+}
+inline Pack pmax(Pack a, Pack b) {
+  for (int i = 0; i < 8; ++i) a.v[i] = cuda_detail::max_f32(a.v[i], b.v[i]);
+  return a;
+}
 inline Pack pdiv(Pack a, Pack b) {
   for (int i = 0; i < 8; ++i) a.v[i] = internal::div_rn(a.v[i], b.v[i]);
   return a;
@@ -123,140 +163,199 @@ inline Pack pload_kv(const KvElemT<K>* p) {
   for (int i = 0; i < 8; ++i) r.v[i] = cuda_detail::to_f32<K>(p[i]);
   return r;
 }
-inline float ptree(Pack v) { return cuda_detail::tree8(v.v); }
+inline void ptree8_scaled(const Pack* v, float scale, float* out) {
+  for (int k = 0; k < 8; ++k) out[k] = internal::mul_rn(cuda_detail::tree8(v[k].v), scale);
+}
+using Wide = Pack;
+constexpr int kWide = 8;
+inline Wide wzero() { return pzero(); }
+inline Wide wset(float x) { return pset(x); }
+inline Wide wload(const float* p) { return pload(p); }
+inline void wstore(Wide v, float* p) { pstore(v, p); }
+inline Wide wfma(Wide a, Wide b, Wide c) { return pfma(a, b, c); }
+template <KvKind K>
+inline Wide wload_kv(const KvElemT<K>* p) {
+  return pload_kv<K>(p);
+}
 inline Pack pexp(Pack x) {
   for (int i = 0; i < 8; ++i) x.v[i] = internal::exp_f32(x.v[i]);
   return x;
 }
 #endif
 
-// Step 1 for a whole split: scores of every token against the G query heads of the group. Tiles of
-// 8 / G tokens keep 8 independent fma chains in flight (one per (token, head)); each chain is still
-// exactly the lane-strided sum of the reduction order.
-// Pages are scattered and a token's row for one KV head is only Dh elements, so the hardware
-// prefetchers see no stream: fetch the K and V rows this many tokens ahead (V then waits in L2 for
-// step 2).
-constexpr int kPrefetchTokens = 16;
+// A task covers KV heads [h_begin, h_begin + heads) of one (row, split) and walks the split token
+// by token, every head of a token before the next token: a page keeps all heads of a token side
+// by side, so the reads run through each page in address order, which the hardware streamer
+// follows (one head at a time would jump by a token's stride and wait on memory latency).
+// Tokens this far ahead are requested explicitly, since pages are scattered.
+constexpr int kPrefetchTokens = 2;
 
-template <KvKind K, int Dh>
-HWY_INLINE void PrefetchRow(const KvElemT<K>* row) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (std::size_t b = 0; b < Dh * sizeof(KvElemT<K>); b += 64) hwy::Prefetch(p + b);
+template <class Elem>
+HWY_INLINE void PrefetchToken(const Elem* const* tok, int j, int n, std::size_t bytes) {
+  if (j >= n) return;
+  const char* p = reinterpret_cast<const char*>(tok[j]);
+  for (std::size_t b = 0; b < bytes; b += 64) hwy::Prefetch(p + b);
 }
 
+// Step 1: scores of every token against the query heads. Tiles of 8 / G tokens keep 8 independent
+// fma chains in flight (one per (token, query head)); each chain is still exactly the
+// lane-strided sum of the reduction order.
 template <KvKind K, int Dh, int G>
-void ScoresT(const float* q_f, const KvElemT<K>* const* krow, const KvElemT<K>* const* vrow, int n, float scale,
-             float* p_s) {
+void ScoresT(const float* q_f, const KvElemT<K>* const* ktok, int n, int heads, float scale, float* p_t, int ld) {
   constexpr int kTile = G >= 8 ? 1 : 8 / G;
-  for (int j = 0; j < kPrefetchTokens && j < n; ++j) {
-    PrefetchRow<K, Dh>(krow[j]);
-    PrefetchRow<K, Dh>(vrow[j]);
-  }
+  static_assert(kTile * G == 8, "a tile is eight fma chains");
+  const std::size_t row_bytes = std::size_t(heads) * Dh * sizeof(KvElemT<K>);
+  for (int j = 0; j < kPrefetchTokens; ++j) PrefetchToken(ktok, j, n, row_bytes);
   for (int j0 = 0; j0 < n; j0 += kTile) {
-    for (int t = 0; t < kTile && j0 + kPrefetchTokens + t < n; ++t) {
-      PrefetchRow<K, Dh>(krow[j0 + kPrefetchTokens + t]);
-      PrefetchRow<K, Dh>(vrow[j0 + kPrefetchTokens + t]);
-    }
-    // A short last tile repeats its last token; those extra results are not stored.
-    const KvElemT<K>* k[kTile];
-    for (int t = 0; t < kTile; ++t) k[t] = krow[j0 + t < n ? j0 + t : n - 1];
-    Pack acc[kTile * G];
-    for (auto& x : acc) x = pzero();
-    for (int i = 0; i < Dh; i += 8) {
-      Pack kp[kTile];
-      for (int t = 0; t < kTile; ++t) kp[t] = pload_kv<K>(k[t] + i);
-      for (int g = 0; g < G; ++g) {
-        const Pack qp = pload(q_f + g * Dh + i);
-        for (int t = 0; t < kTile; ++t) acc[t * G + g] = pfma(qp, kp[t], acc[t * G + g]);
+    for (int t = 0; t < kTile; ++t) PrefetchToken(ktok, j0 + kPrefetchTokens + t, n, row_bytes);
+    for (int h = 0; h < heads; ++h) {
+      // A short last tile repeats its last token; those extra results are not stored.
+      const KvElemT<K>* k[kTile];
+      for (int t = 0; t < kTile; ++t) k[t] = ktok[j0 + t < n ? j0 + t : n - 1] + h * Dh;
+      const float* q = q_f + h * G * Dh;
+      Pack acc[kTile * G];
+      for (auto& x : acc) x = pzero();
+      for (int i = 0; i < Dh; i += 8) {
+        Pack kp[kTile];
+        for (int t = 0; t < kTile; ++t) kp[t] = pload_kv<K>(k[t] + i);
+        for (int g = 0; g < G; ++g) {
+          const Pack qp = pload(q + g * Dh + i);
+          for (int t = 0; t < kTile; ++t) acc[t * G + g] = pfma(qp, kp[t], acc[t * G + g]);
+        }
       }
-    }
-    for (int t = 0; t < kTile && j0 + t < n; ++t) {
-      for (int g = 0; g < G; ++g) p_s[g * kSplit + j0 + t] = internal::mul_rn(ptree(acc[t * G + g]), scale);
+      float sc[8];
+      ptree8_scaled(acc, scale, sc);
+      for (int t = 0; t < kTile && j0 + t < n; ++t) {
+        for (int g = 0; g < G; ++g) p_t[(j0 + t) * ld + h * G + g] = sc[t * G + g];
+      }
     }
   }
 }
 
-// Step 2's weighted V for all G heads at once: blocks of 128 / G head-dim elements, so 16 packs
-// accumulate per pass and every V element is widened once. Each (head, element) is still one
-// fma chain in increasing token order.
-template <KvKind K, int Dh, int G>
-void WeightedValuesT(const float* p_s, const KvElemT<K>* const* vrow, int n, float* o, std::int64_t head_stride) {
-  constexpr int kBlock = (128 / G) < Dh ? (128 / G) : Dh;
-  constexpr int kPacks = kBlock / 8;
-  for (int db = 0; db < Dh; db += kBlock) {
-    Pack acc[G * kPacks];
-    for (auto& x : acc) x = pzero();
-    for (int j = 0; j < n; ++j) {
-      Pack v[kPacks];
-      for (int c = 0; c < kPacks; ++c) v[c] = pload_kv<K>(vrow[j] + db + 8 * c);
-      for (int g = 0; g < G; ++g) {
-        const Pack pj = pset(p_s[g * kSplit + j]);
-        for (int c = 0; c < kPacks; ++c) acc[g * kPacks + c] = pfma(pj, v[c], acc[g * kPacks + c]);
-      }
+// Max, probabilities and their sum per query head: each is a sequential chain over the tokens in
+// increasing order, and the scores sit token-major (p_t [n, kPacks * 8]), so pack q runs the
+// chains of query heads [8q, 8q + 8) side by side and the kPacks packs interleave. Padding lanes
+// hold zeros.
+template <int kPacks>
+void SoftmaxRowsT(float* p_t, int n, float* m_out, float* l_out) {
+  constexpr int ld = kPacks * 8;
+  Pack m[kPacks], l[kPacks];
+  for (int q = 0; q < kPacks; ++q) m[q] = pload(p_t + 8 * q), l[q] = pzero();
+  for (int j = 1; j < n; ++j) {
+    for (int q = 0; q < kPacks; ++q) m[q] = pmax(m[q], pload(p_t + j * ld + 8 * q));
+  }
+  for (int j = 0; j < n; ++j) {
+    for (int q = 0; q < kPacks; ++q) {
+      const Pack p = pexp(psub(pload(p_t + j * ld + 8 * q), m[q]));
+      pstore(p, p_t + j * ld + 8 * q);
+      l[q] = padd(l[q], p);
     }
+  }
+  for (int q = 0; q < kPacks; ++q) pstore(m[q], m_out + 8 * q), pstore(l[q], l_out + 8 * q);
+}
+
+void SoftmaxRows(float* p_t, int ld, int n, float* m_out, float* l_out) {
+  static_assert(kCpuQoHeadsPerTask == 32, "one case per pack count");
+  switch (ld / 8) {
+    case 1: return SoftmaxRowsT<1>(p_t, n, m_out, l_out);
+    case 2: return SoftmaxRowsT<2>(p_t, n, m_out, l_out);
+    case 3: return SoftmaxRowsT<3>(p_t, n, m_out, l_out);
+    default: return SoftmaxRowsT<4>(p_t, n, m_out, l_out);
+  }
+}
+
+// Step 2's weighted V, accumulated in acc [heads * G, Dh] (L1-resident). Tiles of T tokens read
+// and write each accumulator once per T fma, their probabilities held in registers; each (query
+// head, element) is still one fma chain in increasing token order.
+template <KvKind K, int Dh, int G, int T>
+HWY_INLINE void WeightedTile(const float* p_t, int ld, const KvElemT<K>* const* vtok, int j0, int heads, float* acc) {
+  for (int h = 0; h < heads; ++h) {
+    Wide pv[G * T];
     for (int g = 0; g < G; ++g) {
-      for (int c = 0; c < kPacks; ++c) pstore(acc[g * kPacks + c], o + g * head_stride + db + 8 * c);
+      for (int t = 0; t < T; ++t) pv[g * T + t] = wset(p_t[(j0 + t) * ld + h * G + g]);
+    }
+    const KvElemT<K>* v[T];
+    for (int t = 0; t < T; ++t) v[t] = vtok[j0 + t] + h * Dh;
+    float* a = acc + h * G * Dh;
+    for (int c = 0; c < Dh; c += kWide) {
+      Wide vp[T];
+      for (int t = 0; t < T; ++t) vp[t] = wload_kv<K>(v[t] + c);
+      for (int g = 0; g < G; ++g) {
+        Wide x = wload(a + g * Dh + c);
+        for (int t = 0; t < T; ++t) x = wfma(pv[g * T + t], vp[t], x);
+        wstore(x, a + g * Dh + c);
+      }
     }
   }
 }
 
-template <KvKind K, int Dh>
-void SplitTaskT(const DecodeArgs& a, int local_row, int h, int split) {
+template <KvKind K, int Dh, int G>
+void WeightedValuesT(const float* p_t, int ld, const KvElemT<K>* const* vtok, int n, int heads, float* acc) {
+  constexpr int T = G >= 8 ? 1 : 8 / G;
+  for (int i = 0; i < heads * G * Dh; i += kWide) wstore(wzero(), acc + i);
+  const std::size_t row_bytes = std::size_t(heads) * Dh * sizeof(KvElemT<K>);
+  for (int j = 0; j < kPrefetchTokens; ++j) PrefetchToken(vtok, j, n, row_bytes);
+  int j = 0;
+  for (; j + T <= n; j += T) {
+    for (int t = 0; t < T; ++t) PrefetchToken(vtok, j + kPrefetchTokens + t, n, row_bytes);
+    WeightedTile<K, Dh, G, T>(p_t, ld, vtok, j, heads, acc);
+  }
+  for (; j < n; ++j) WeightedTile<K, Dh, G, 1>(p_t, ld, vtok, j, heads, acc);
+}
+
+template <KvKind K, int Dh, int G>
+void SplitTaskG(const DecodeArgs& a, int local_row, int split, int h_begin, int heads) {
   using Elem = KvElemT<K>;
   const int row = a.row_begin + local_row;
   const RowInfo r = cuda_detail::row_info(a.indptr, a.last_page_len, a.qo_indptr, a.batch, a.page_size, row);
   const int start = split * kSplit;
   if (start >= r.kv_len) return;
   const int n = r.kv_len - start < kSplit ? r.kv_len - start : kSplit;
-  const int group = a.num_qo_heads / a.num_kv_heads;
+  const int nq = heads * G;
+  const int hq0 = h_begin * G;
 
-  alignas(64) float q_f[kMaxGroup * Dh];
-  alignas(64) float p_s[kMaxGroup * kSplit];
-  const Elem* krow[kSplit];
-  const Elem* vrow[kSplit];
+  alignas(64) float q_f[kCpuQoHeadsPerTask * Dh];    // then the weighted-V accumulators
+  alignas(64) float p_t[kSplit * kCpuQoHeadsPerTask];  // scores, then probabilities [n, ld]
+  alignas(64) float m[kCpuQoHeadsPerTask], l[kCpuQoHeadsPerTask];
+  const int ld = (nq + 7) / 8 * 8;
+  const Elem* ktok[kSplit];  // token j's row of the task's first KV head; the next heads follow it
+  const Elem* vtok[kSplit];
 
-  const Elem* q = static_cast<const Elem*>(a.q) + (std::int64_t(row) * a.num_qo_heads + std::int64_t(h) * group) * Dh;
-  for (int i = 0; i < group * Dh; ++i) q_f[i] = cuda_detail::to_f32<K>(q[i]);
-
+  const Elem* q = static_cast<const Elem*>(a.q) + (std::int64_t(row) * a.num_qo_heads + hq0) * Dh;
+  for (int i = 0; i < nq * Dh; ++i) q_f[i] = cuda_detail::to_f32<K>(q[i]);
   const std::int64_t token_stride = std::int64_t(a.num_kv_heads) * Dh;
   const std::int32_t* pages = a.indices + a.indptr[r.seq];
   for (int j = 0; j < n; ++j) {
     const int t = start + j;
     const std::int64_t off =
-        (std::int64_t(pages[t / a.page_size]) * a.page_size + t % a.page_size) * token_stride + std::int64_t(h) * Dh;
-    krow[j] = static_cast<const Elem*>(a.k_pages) + off;
-    vrow[j] = static_cast<const Elem*>(a.v_pages) + off;
+        (std::int64_t(pages[t / a.page_size]) * a.page_size + t % a.page_size) * token_stride + std::int64_t(h_begin) * Dh;
+    ktok[j] = static_cast<const Elem*>(a.k_pages) + off;
+    vtok[j] = static_cast<const Elem*>(a.v_pages) + off;
   }
+  for (int j = 0; j < n; ++j) {
+    for (int i = nq; i < ld; ++i) p_t[j * ld + i] = 0.0f;
+  }
+  ScoresT<K, Dh, G>(q_f, ktok, n, heads, a.sm_scale, p_t, ld);
+  SoftmaxRows(p_t, ld, n, m, l);
+  float* acc = q_f;
+  WeightedValuesT<K, Dh, G>(p_t, ld, vtok, n, heads, acc);
 
-  switch (group) {
-    case 1: ScoresT<K, Dh, 1>(q_f, krow, vrow, n, a.sm_scale, p_s); break;
-    case 2: ScoresT<K, Dh, 2>(q_f, krow, vrow, n, a.sm_scale, p_s); break;
-    case 4: ScoresT<K, Dh, 4>(q_f, krow, vrow, n, a.sm_scale, p_s); break;
-    default: ScoresT<K, Dh, 8>(q_f, krow, vrow, n, a.sm_scale, p_s); break;
+  const std::int64_t ws_row = (std::int64_t(local_row) * a.num_qo_heads + hq0) * a.max_splits + split;
+  for (int i = 0; i < nq; ++i) {
+    a.ws_l[ws_row + std::int64_t(i) * a.max_splits] = l[i];
+    a.ws_m[ws_row + std::int64_t(i) * a.max_splits] = m[i];
+    float* o = a.ws_o + (ws_row + std::int64_t(i) * a.max_splits) * Dh;
+    for (int d = 0; d < Dh; d += 8) pstore(pload(acc + i * Dh + d), o + d);
   }
+}
 
-  // Step 2: max, probabilities, their sum, and the probability-weighted V.
-  const std::int64_t ws_row = (std::int64_t(local_row) * a.num_qo_heads + std::int64_t(h) * group) * a.max_splits + split;
-  for (int g = 0; g < group; ++g) {
-    float* p = p_s + g * kSplit;
-    float m = p[0];
-    for (int j = 1; j < n; ++j) m = cuda_detail::max_f32(m, p[j]);
-    const Pack mv = pset(m);
-    int j = 0;
-    for (; j + 8 <= n; j += 8) pstore(pexp(psub(pload(p + j), mv)), p + j);
-    for (; j < n; ++j) p[j] = internal::exp_f32(internal::sub_rn(p[j], m));
-    float l = 0.0f;
-    for (j = 0; j < n; ++j) l = internal::add_rn(l, p[j]);
-    a.ws_l[ws_row + std::int64_t(g) * a.max_splits] = l;
-    a.ws_m[ws_row + std::int64_t(g) * a.max_splits] = m;
-  }
-  float* o = a.ws_o + ws_row * Dh;
-  const std::int64_t head_stride = std::int64_t(a.max_splits) * Dh;
-  switch (group) {
-    case 1: WeightedValuesT<K, Dh, 1>(p_s, vrow, n, o, head_stride); break;
-    case 2: WeightedValuesT<K, Dh, 2>(p_s, vrow, n, o, head_stride); break;
-    case 4: WeightedValuesT<K, Dh, 4>(p_s, vrow, n, o, head_stride); break;
-    default: WeightedValuesT<K, Dh, 8>(p_s, vrow, n, o, head_stride); break;
+template <KvKind K, int Dh>
+void SplitTaskT(const DecodeArgs& a, int local_row, int split, int h_begin, int heads) {
+  switch (a.num_qo_heads / a.num_kv_heads) {
+    case 1: return SplitTaskG<K, Dh, 1>(a, local_row, split, h_begin, heads);
+    case 2: return SplitTaskG<K, Dh, 2>(a, local_row, split, h_begin, heads);
+    case 4: return SplitTaskG<K, Dh, 4>(a, local_row, split, h_begin, heads);
+    default: return SplitTaskG<K, Dh, 8>(a, local_row, split, h_begin, heads);
   }
 }
 
@@ -293,15 +392,18 @@ void MergeTaskT(const DecodeArgs& a, int local_row, int hq) {
 }
 
 // The one place where the runtime dtype and head_dim become template arguments on the host.
-void SplitTask(const DecodeArgs& a, int kind, int head_dim, int local_row, int h, int split) {
+void SplitTask(const DecodeArgs& a, int kind, int head_dim, int local_row, int split, int h_begin, int heads) {
   const bool d64 = head_dim == 64;
   switch (KvKind(kind)) {
     case KvKind::kF32:
-      return d64 ? SplitTaskT<KvKind::kF32, 64>(a, local_row, h, split) : SplitTaskT<KvKind::kF32, 128>(a, local_row, h, split);
+      return d64 ? SplitTaskT<KvKind::kF32, 64>(a, local_row, split, h_begin, heads)
+                 : SplitTaskT<KvKind::kF32, 128>(a, local_row, split, h_begin, heads);
     case KvKind::kF16:
-      return d64 ? SplitTaskT<KvKind::kF16, 64>(a, local_row, h, split) : SplitTaskT<KvKind::kF16, 128>(a, local_row, h, split);
+      return d64 ? SplitTaskT<KvKind::kF16, 64>(a, local_row, split, h_begin, heads)
+                 : SplitTaskT<KvKind::kF16, 128>(a, local_row, split, h_begin, heads);
     case KvKind::kBF16:
-      return d64 ? SplitTaskT<KvKind::kBF16, 64>(a, local_row, h, split) : SplitTaskT<KvKind::kBF16, 128>(a, local_row, h, split);
+      return d64 ? SplitTaskT<KvKind::kBF16, 64>(a, local_row, split, h_begin, heads)
+                 : SplitTaskT<KvKind::kBF16, 128>(a, local_row, split, h_begin, heads);
   }
 }
 
@@ -327,9 +429,9 @@ namespace laminar::kernels::cpu_detail {
 HWY_EXPORT(SplitTask);
 HWY_EXPORT(MergeTask);
 
-void split_task(const cuda_detail::DecodeArgs& a, cuda_detail::KvKind kind, int head_dim, int local_row, int h,
-                int split) {
-  HWY_DYNAMIC_DISPATCH(SplitTask)(a, int(kind), head_dim, local_row, h, split);
+void split_task(const cuda_detail::DecodeArgs& a, cuda_detail::KvKind kind, int head_dim, int local_row, int split,
+                int h_begin, int heads) {
+  HWY_DYNAMIC_DISPATCH(SplitTask)(a, int(kind), head_dim, local_row, split, h_begin, heads);
 }
 
 void merge_task(const cuda_detail::DecodeArgs& a, cuda_detail::KvKind kind, int head_dim, int local_row, int hq) {

@@ -7,9 +7,13 @@
 
 namespace laminar::kernels::cpu_detail {
 
-// What one split block of the CUDA kernel computes: partials of (local_row, kv head h, split).
-void split_task(const cuda_detail::DecodeArgs& a, cuda_detail::KvKind kind, int head_dim, int local_row, int h,
-                int split);
+// Query heads one split task covers at most: its q, scores and accumulators stay in L1 / L2.
+inline constexpr int kCpuQoHeadsPerTask = 32;
+
+// What the split blocks of the CUDA kernel for KV heads [h_begin, h_begin + heads) compute:
+// partials of (local_row, split) for those heads. Preconditions: heads * group <= kCpuQoHeadsPerTask.
+void split_task(const cuda_detail::DecodeArgs& a, cuda_detail::KvKind kind, int head_dim, int local_row, int split,
+                int h_begin, int heads);
 // What one merge block computes: out and lse of (local_row, query head hq).
 void merge_task(const cuda_detail::DecodeArgs& a, cuda_detail::KvKind kind, int head_dim, int local_row, int hq);
 
