@@ -2,6 +2,7 @@
 // memory behave as on a GPU, and kernels with a missing or divergent barrier fail.
 #include "emulation/emulation.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <numeric>
@@ -39,6 +40,22 @@ __global__ void tree_sum_kernel(const int* in, int* out) {
     if constexpr (kWithBarrier) __syncthreads();
   }
   if (t == 0) out[blockIdx.x] = s[0];
+}
+
+// Warp 0 fills shared memory and warp 1 sums it, each after a shuffle of its own. A shuffle orders
+// nothing between warps: without the barrier warp 1 may read before warp 0 has written.
+template <bool kWithBarrier>
+__global__ void cross_warp_kernel(const int* in, int* out) {
+  LAMINAR_SHARED(int[32], s);
+  const unsigned t = threadIdx.x, lane = t % 32;
+  if (t < 32) s[lane] = in[lane];
+  if constexpr (kWithBarrier) __syncthreads();
+  const int partner = __shfl_xor_sync(kFull, int(lane), 1);
+  if (t >= 32) {
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) sum += s[i];
+    out[lane] = sum + (partner ^ 1) - int(lane);
+  }
 }
 
 __global__ void warp_ops_kernel(const int* in, int* out) {
@@ -137,6 +154,25 @@ TEST_CASE("a removed barrier is caught", "[cuda_emulation]") {
     INFO("seed " << s);
     CHECK(bad_sum != expect);
   }
+}
+
+TEST_CASE("a barrier missing between warps is caught although each warp meets at a shuffle", "[cuda_emulation]") {
+  const std::uint64_t seed = laminar::emu::test_seed();
+  const auto in = random_ints(32, seed);
+  const int expect = std::accumulate(in.begin(), in.end(), 0);
+  std::vector<int> out(32, 0);
+  REQUIRE(laminar::emu::launch(dim3(1), dim3(64), 0, seed, cross_warp_kernel<true>, in.data(), out.data()).ok());
+  for (int x : out) REQUIRE(x == expect);
+  // Warp 1 passes its shuffle as soon as its own 32 lanes have run once. In about half the
+  // schedules (the last lane to run for the first time is one of warp 0's) warp 0 has not written
+  // everything by then; with the shuffle as a block-wide wait no schedule would show it.
+  int caught = 0;
+  for (std::uint64_t s = seed; s < seed + 20; ++s) {
+    REQUIRE(laminar::emu::launch(dim3(1), dim3(64), 0, s, cross_warp_kernel<false>, in.data(), out.data()).ok());
+    caught += std::any_of(out.begin(), out.end(), [&](int x) { return x != expect; });
+  }
+  INFO(caught << " of 20 seeds caught it");
+  CHECK(caught > 0);
 }
 
 TEST_CASE("emulated warp shuffles and votes follow CUDA's definitions", "[cuda_emulation]") {

@@ -186,65 +186,71 @@ std::string where(const Fiber& f) {
          std::to_string(c.thread_idx.y) + "," + std::to_string(c.thread_idx.z) + ")";
 }
 
-// All fibers are parked: release a complete warp collective or block barrier, or report why none
-// can complete. Returns the fibers to run next (empty with l.error set on failure, empty without
-// error when every fiber is done).
+// Releases warp w's collective as soon as every lane its mask names waits at it, while the other
+// warps keep running: a warp does not wait for its block at a shuffle, so a barrier missing
+// between warps is not hidden by one. Appends the released lanes to `ready`. Returns false with
+// l.error set when lanes of the warp meet at different collectives or the mask names a lane that
+// has returned.
+bool release_warp(Launch& l, unsigned w, std::vector<Fiber*>& ready) {
+  const unsigned n = unsigned(l.fibers.size());
+  const unsigned first = w * kWarpSize;
+  const unsigned last = std::min(n, first + kWarpSize);
+  Fiber* leader = nullptr;
+  for (unsigned i = first; i < last; ++i) {
+    if (l.fibers[i].wait == Wait::kWarp) {
+      leader = &l.fibers[i];
+      break;
+    }
+  }
+  if (leader == nullptr) return true;
+  const unsigned mask = leader->warp_mask;
+  bool complete = true;
+  for (unsigned i = first; i < last; ++i) {
+    const Fiber& f = l.fibers[i];
+    const bool in_mask = (mask >> (i - first)) & 1u;
+    if (!in_mask) continue;
+    if (f.wait == Wait::kDone) {
+      l.error = std::string(leader->warp_kind) + " at " + where(*leader) + " names lane " +
+                std::to_string(i - first) + " in its mask, which has already returned";
+      return false;
+    }
+    if (f.wait != Wait::kWarp) {
+      complete = false;
+      continue;
+    }
+    if (f.warp_mask != mask || std::strcmp(f.warp_kind, leader->warp_kind) != 0) {
+      l.error = "lanes of one warp meet at different collectives: " + std::string(leader->warp_kind) +
+                " (mask " + std::to_string(mask) + ") at " + where(*leader) + " vs " + f.warp_kind +
+                " (mask " + std::to_string(f.warp_mask) + ") at " + where(f);
+      return false;
+    }
+  }
+  if (last - first < unsigned(kWarpSize) && (mask >> (last - first)) != 0) {
+    l.error = std::string(leader->warp_kind) + " mask names lanes beyond the block's last warp";
+    return false;
+  }
+  if (!complete) return true;
+  Warp& warp = l.warps[w];
+  const unsigned slot = warp.generation & 1u;
+  for (unsigned i = first; i < last; ++i) {
+    Fiber& f = l.fibers[i];
+    if (!((mask >> (i - first)) & 1u)) continue;
+    const int src = f.src_lane;
+    const bool src_ok = src >= 0 && src < int(last - first) && ((mask >> src) & 1u);
+    f.result = src_ok ? warp.slots[slot][src] : warp.slots[slot][i - first];
+    f.wait = Wait::kNone;
+    ready.push_back(&f);
+  }
+  ++warp.generation;
+  return true;
+}
+
+// All fibers are parked and no warp collective is complete: release the block barrier, or report
+// why nothing can go on. Returns the fibers to run next (empty with l.error set on failure, empty
+// without error when every fiber is done).
 std::vector<Fiber*> release(Launch& l) {
   std::vector<Fiber*> ready;
   const unsigned n = unsigned(l.fibers.size());
-  // Warp collectives first: a warp whose lanes in the mask all wait at the same collective.
-  for (unsigned w = 0; w < l.warps.size(); ++w) {
-    const unsigned first = w * kWarpSize;
-    const unsigned last = std::min(n, first + kWarpSize);
-    Fiber* leader = nullptr;
-    for (unsigned i = first; i < last; ++i) {
-      if (l.fibers[i].wait == Wait::kWarp) {
-        leader = &l.fibers[i];
-        break;
-      }
-    }
-    if (leader == nullptr) continue;
-    const unsigned mask = leader->warp_mask;
-    bool complete = true;
-    for (unsigned i = first; i < last; ++i) {
-      const Fiber& f = l.fibers[i];
-      const bool in_mask = (mask >> (i - first)) & 1u;
-      if (!in_mask) continue;
-      if (f.wait == Wait::kDone) {
-        l.error = std::string(leader->warp_kind) + " at " + where(*leader) + " names lane " +
-                  std::to_string(i - first) + " in its mask, which has already returned";
-        return {};
-      }
-      if (f.wait != Wait::kWarp) {
-        complete = false;
-        continue;
-      }
-      if (f.warp_mask != mask || std::strcmp(f.warp_kind, leader->warp_kind) != 0) {
-        l.error = "lanes of one warp meet at different collectives: " + std::string(leader->warp_kind) +
-                  " (mask " + std::to_string(mask) + ") at " + where(*leader) + " vs " + f.warp_kind +
-                  " (mask " + std::to_string(f.warp_mask) + ") at " + where(f);
-        return {};
-      }
-    }
-    if (last - first < unsigned(kWarpSize) && (mask >> (last - first)) != 0) {
-      l.error = std::string(leader->warp_kind) + " mask names lanes beyond the block's last warp";
-      return {};
-    }
-    if (!complete) continue;
-    Warp& warp = l.warps[w];
-    const unsigned slot = warp.generation & 1u;
-    for (unsigned i = first; i < last; ++i) {
-      Fiber& f = l.fibers[i];
-      if (!((mask >> (i - first)) & 1u)) continue;
-      const int src = f.src_lane;
-      const bool src_ok = src >= 0 && src < int(last - first) && ((mask >> src) & 1u);
-      f.result = src_ok ? warp.slots[slot][src] : warp.slots[slot][i - first];
-      f.wait = Wait::kNone;
-      ready.push_back(&f);
-    }
-    ++warp.generation;
-  }
-  if (!ready.empty()) return ready;
   // Block barrier: every fiber must be there.
   unsigned at_barrier = 0, done = 0;
   const Fiber* waiting = nullptr;
@@ -422,16 +428,20 @@ Status launch_body(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, std:
 #endif
       init_context(f);
     }
+    // Runnable fibers; each step runs one drawn at random until it parks.
     std::vector<Fiber*> ready;
     for (auto& f : l.fibers) ready.push_back(&f);
-    while (!ready.empty() && l.error.empty()) {
-      std::shuffle(ready.begin(), ready.end(), rng);
-      for (Fiber* f : ready) {
-        switch_to_fiber(l, *f);
-        if (!l.error.empty()) break;
+    while (l.error.empty()) {
+      if (ready.empty()) {
+        ready = release(l);
+        if (ready.empty()) break;
       }
-      if (!l.error.empty()) break;
-      ready = release(l);
+      const std::size_t pick = std::size_t(rng() % ready.size());
+      Fiber* f = ready[pick];
+      ready[pick] = ready.back();
+      ready.pop_back();
+      switch_to_fiber(l, *f);
+      if (l.error.empty() && f->wait == Wait::kWarp) release_warp(l, warp_of(*f), ready);
     }
     if (!l.error.empty()) break;
   }

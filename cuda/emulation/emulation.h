@@ -8,12 +8,13 @@
 //     a shuffled order;
 //   - __syncthreads() parks the fiber until every thread of the block has arrived (a thread that
 //     returned before a barrier its block mates wait at is reported as an error, not skipped);
-//   - warp shuffles, votes and __syncwarp wait for all lanes named in the mask, exchanging values
-//     through per-warp slots; lanes that meet at different collectives are reported;
+//   - warp shuffles, votes and __syncwarp wait for all lanes named in the mask (only those: the
+//     other warps run on), exchanging values through per-warp slots; lanes that meet at different
+//     collectives are reported;
 //   - shared memory is one arena per block, refilled with 0xff bytes (float NaN, int -1) before
 //     each block, so reading what no thread wrote shows up;
-//   - whenever all fibers are parked, they are released in an order drawn from a seeded RNG, so a
-//     missing barrier makes readers run before writers. Failures name the seed to replay.
+//   - the next fiber to run is drawn from a seeded RNG each time one parks, so a missing barrier
+//     makes readers run before writers. Failures name the seed to replay.
 //
 // Writing a kernel that works under both (see cuda/paged_decode.cuh):
 //   1. include "emulation/kernel_compat.h" and wrap __global__ functions in `#if LAMINAR_KERNELS`;
