@@ -291,7 +291,10 @@ HWY_INLINE void WeightedTile(const float* p_t, int ld, const KvElemT<K>* const* 
 
 template <KvKind K, int Dh, int G>
 void WeightedValuesT(const float* p_t, int ld, const KvElemT<K>* const* vtok, int n, int heads, float* acc) {
-  constexpr int T = G >= 8 ? 1 : 8 / G;
+  // Tokens per tile: its G * T probabilities and T rows of V stay in registers (twice as many
+  // with AVX-512's 32).
+  constexpr int kHeld = kWide == 16 ? 16 : 8;
+  constexpr int T = kHeld / G < 8 ? kHeld / G : 8;
   for (int i = 0; i < heads * G * Dh; i += kWide) wstore(wzero(), acc + i);
   const std::size_t row_bytes = std::size_t(heads) * Dh * sizeof(KvElemT<K>);
   for (int j = 0; j < kPrefetchTokens; ++j) PrefetchToken(vtok, j, n, row_bytes);
