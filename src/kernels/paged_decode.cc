@@ -43,14 +43,21 @@ std::int32_t chunk_rows(const PagedDecodeParams& p, std::size_t budget_bytes) {
 }
 
 
-// Runs task(i) for i in [0, n) on `threads` threads (the caller is one of them).
+// Runs task(i, next) for i in [0, n) on `threads` threads (the caller is one of them); `next` is
+// the index the same thread runs afterwards (-1 when none), claimed before task i starts so the
+// task can fetch its data meanwhile.
 template <class F>
 void parallel_for(std::int64_t n, int threads, const F& task) {
   if (n <= 0) return;
   threads = int(std::min<std::int64_t>(threads, n));
   std::atomic<std::int64_t> next{0};
   auto worker = [&] {
-    for (std::int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) task(i);
+    std::int64_t i = next.fetch_add(1);
+    while (i < n) {
+      const std::int64_t after = next.fetch_add(1);
+      task(i, after < n ? after : -1);
+      i = after;
+    }
   };
   std::vector<std::thread> pool;
   pool.reserve(std::size_t(threads - 1));
@@ -103,9 +110,6 @@ Status run_host(const PagedDecodeParams& p) {
     // Only the splits each row really has become tasks. A task takes as many KV heads of its split
     // as fit (kCpuQoHeadsPerTask query heads), unless that leaves fewer tasks than threads to
     // share: then one head each.
-    struct SplitWork {
-      std::int32_t row, split, h_begin, heads;
-    };
     std::vector<std::int32_t> row_splits(static_cast<std::size_t>(count));
     std::int64_t total_splits = 0;
     for (std::int32_t r = 0; r < count; ++r) {
@@ -116,7 +120,7 @@ Status run_host(const PagedDecodeParams& p) {
     const std::int32_t group = a.num_qo_heads / a.num_kv_heads;
     const std::int32_t heads_per_task =
         total_splits >= 2 * threads ? std::min(a.num_kv_heads, cpu_detail::kCpuQoHeadsPerTask / group) : 1;
-    std::vector<SplitWork> tasks;
+    std::vector<cpu_detail::SplitWork> tasks;
     for (std::int32_t r = 0; r < count; ++r) {
       for (std::int32_t s = 0; s < row_splits[std::size_t(r)]; ++s) {
         for (std::int32_t h = 0; h < a.num_kv_heads; h += heads_per_task) {
@@ -124,11 +128,10 @@ Status run_host(const PagedDecodeParams& p) {
         }
       }
     }
-    parallel_for(std::int64_t(tasks.size()), threads, [&](std::int64_t i) {
-      const SplitWork& w = tasks[std::size_t(i)];
-      cpu_detail::split_task(a, kind, head_dim, w.row, w.split, w.h_begin, w.heads);
+    parallel_for(std::int64_t(tasks.size()), threads, [&](std::int64_t i, std::int64_t after) {
+      cpu_detail::split_task(a, kind, head_dim, tasks[std::size_t(i)], after >= 0 ? &tasks[std::size_t(after)] : nullptr);
     });
-    parallel_for(std::int64_t(count) * p.num_qo_heads, threads, [&](std::int64_t i) {
+    parallel_for(std::int64_t(count) * p.num_qo_heads, threads, [&](std::int64_t i, std::int64_t) {
       cpu_detail::merge_task(a, kind, head_dim, int(i / p.num_qo_heads), int(i % p.num_qo_heads));
     });
   }

@@ -14,7 +14,6 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/paged_decode_cpu.cc"  // relative to src/, re-included per target
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
-#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "paged_decode_cpu.h"
@@ -185,33 +184,61 @@ inline Pack pexp(Pack x) {
 
 // A task covers KV heads [h_begin, h_begin + heads) of one (row, split) and walks the split token
 // by token, every head of a token before the next token: a page keeps all heads of a token side
-// by side, so the reads run through each page in address order, which the hardware streamer
-// follows (one head at a time would jump by a token's stride and wait on memory latency).
-// Tokens this far ahead are requested explicitly, since pages are scattered.
-constexpr int kPrefetchTokens = 2;
+// by side, so the reads run through each page in address order (one head at a time would jump by
+// a token's stride). Pages are scattered, so memory is asked for explicitly and evenly over the
+// work, which keeps it busy while the cores compute: the scores pass fetches the task's V rows a
+// few tokens ahead into L2, the weighted V pass the next task's K rows.
+constexpr int kPrefetchTokens = 4;
 
+// The task's token rows: token j's row of its first KV head, the next heads following it.
 template <class Elem>
-HWY_INLINE void PrefetchToken(const Elem* const* tok, int j, int n, std::size_t bytes) {
-  if (j >= n) return;
-  const char* p = reinterpret_cast<const char*>(tok[j]);
-  for (std::size_t b = 0; b < bytes; b += 64) hwy::Prefetch(p + b);
+struct TaskRows {
+  int n = 0;  // tokens of the split
+  const Elem* k[kSplit];
+  const Elem* v[kSplit];
+};
+
+template <class Elem, int Dh>
+void GetTaskRows(const DecodeArgs& a, const SplitWork& w, TaskRows<Elem>& rows) {
+  const RowInfo r = cuda_detail::row_info(a.indptr, a.last_page_len, a.qo_indptr, a.batch, a.page_size,
+                                          a.row_begin + w.local_row);
+  const int start = w.split * kSplit;
+  rows.n = start >= r.kv_len ? 0 : r.kv_len - start < kSplit ? r.kv_len - start : kSplit;
+  const std::int64_t token_stride = std::int64_t(a.num_kv_heads) * Dh;
+  const std::int32_t* pages = a.indices + a.indptr[r.seq];
+  for (int j = 0; j < rows.n; ++j) {
+    const int t = start + j;
+    const std::int64_t off = (std::int64_t(pages[t / a.page_size]) * a.page_size + t % a.page_size) * token_stride +
+                             std::int64_t(w.h_begin) * Dh;
+    rows.k[j] = static_cast<const Elem*>(a.k_pages) + off;
+    rows.v[j] = static_cast<const Elem*>(a.v_pages) + off;
+  }
+}
+
+// Asks for `bytes` from p on into L2 (locality 2: not L1, which holds the task's q, scores and
+// accumulators).
+HWY_INLINE void PrefetchL2(const void* p, std::size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
 }
 
 // Step 1: scores of every token against the query heads. Tiles of 8 / G tokens keep 8 independent
 // fma chains in flight (one per (token, query head)); each chain is still exactly the
 // lane-strided sum of the reduction order.
 template <KvKind K, int Dh, int G>
-void ScoresT(const float* q_f, const KvElemT<K>* const* ktok, int n, int heads, float scale, float* p_t, int ld) {
+void ScoresT(const float* q_f, const TaskRows<KvElemT<K>>& rows, int heads, float scale, float* p_t, int ld) {
   constexpr int kTile = G >= 8 ? 1 : 8 / G;
   static_assert(kTile * G == 8, "a tile is eight fma chains");
-  const std::size_t row_bytes = std::size_t(heads) * Dh * sizeof(KvElemT<K>);
-  for (int j = 0; j < kPrefetchTokens; ++j) PrefetchToken(ktok, j, n, row_bytes);
+  const int n = rows.n;
   for (int j0 = 0; j0 < n; j0 += kTile) {
-    for (int t = 0; t < kTile; ++t) PrefetchToken(ktok, j0 + kPrefetchTokens + t, n, row_bytes);
     for (int h = 0; h < heads; ++h) {
+      for (int t = j0 + kPrefetchTokens; t < j0 + kPrefetchTokens + kTile && t < n; ++t) {
+        PrefetchL2(rows.k[t] + h * Dh, Dh * sizeof(KvElemT<K>));  // in L2 already, unless the first task
+        PrefetchL2(rows.v[t] + h * Dh, Dh * sizeof(KvElemT<K>));
+      }
       // A short last tile repeats its last token; those extra results are not stored.
       const KvElemT<K>* k[kTile];
-      for (int t = 0; t < kTile; ++t) k[t] = ktok[j0 + t < n ? j0 + t : n - 1] + h * Dh;
+      for (int t = 0; t < kTile; ++t) k[t] = rows.k[j0 + t < n ? j0 + t : n - 1] + h * Dh;
       const float* q = q_f + h * G * Dh;
       Pack acc[kTile * G];
       for (auto& x : acc) x = pzero();
@@ -290,60 +317,61 @@ HWY_INLINE void WeightedTile(const float* p_t, int ld, const KvElemT<K>* const* 
 }
 
 template <KvKind K, int Dh, int G>
-void WeightedValuesT(const float* p_t, int ld, const KvElemT<K>* const* vtok, int n, int heads, float* acc) {
+void WeightedValuesT(const float* p_t, int ld, const TaskRows<KvElemT<K>>& rows, int heads, float* acc,
+                     const TaskRows<KvElemT<K>>* next, int next_heads) {
   // Tokens per tile: its G * T probabilities and T rows of V stay in registers (twice as many
   // with AVX-512's 32).
   constexpr int kHeld = kWide == 16 ? 16 : 8;
   constexpr int T = kHeld / G < 8 ? kHeld / G : 8;
+  const int n = rows.n;
   for (int i = 0; i < heads * G * Dh; i += kWide) wstore(wzero(), acc + i);
-  const std::size_t row_bytes = std::size_t(heads) * Dh * sizeof(KvElemT<K>);
-  for (int j = 0; j < kPrefetchTokens; ++j) PrefetchToken(vtok, j, n, row_bytes);
+  // The next task's K rows, spread over this pass's tiles.
+  const int next_n = next != nullptr ? next->n : 0;
+  const int tiles = (n + T - 1) / T;
+  const int per_tile = (next_n + tiles - 1) / tiles;
+  const std::size_t next_bytes = std::size_t(next_heads) * Dh * sizeof(KvElemT<K>);
+  int fetched = 0;
   int j = 0;
   for (; j + T <= n; j += T) {
-    for (int t = 0; t < T; ++t) PrefetchToken(vtok, j + kPrefetchTokens + t, n, row_bytes);
-    WeightedTile<K, Dh, G, T>(p_t, ld, vtok, j, heads, acc);
+    for (int e = 0; e < per_tile && fetched < next_n; ++e) PrefetchL2(next->k[fetched++], next_bytes);
+    WeightedTile<K, Dh, G, T>(p_t, ld, rows.v, j, heads, acc);
   }
-  for (; j < n; ++j) WeightedTile<K, Dh, G, 1>(p_t, ld, vtok, j, heads, acc);
+  for (; j < n; ++j) {
+    for (int e = 0; e < per_tile && fetched < next_n; ++e) PrefetchL2(next->k[fetched++], next_bytes);
+    WeightedTile<K, Dh, G, 1>(p_t, ld, rows.v, j, heads, acc);
+  }
 }
 
 template <KvKind K, int Dh, int G>
-void SplitTaskG(const DecodeArgs& a, int local_row, int split, int h_begin, int heads) {
+void SplitTaskG(const DecodeArgs& a, const SplitWork& w, const SplitWork* next) {
   using Elem = KvElemT<K>;
-  const int row = a.row_begin + local_row;
-  const RowInfo r = cuda_detail::row_info(a.indptr, a.last_page_len, a.qo_indptr, a.batch, a.page_size, row);
-  const int start = split * kSplit;
-  if (start >= r.kv_len) return;
-  const int n = r.kv_len - start < kSplit ? r.kv_len - start : kSplit;
-  const int nq = heads * G;
-  const int hq0 = h_begin * G;
+  TaskRows<Elem> rows;
+  GetTaskRows<Elem, Dh>(a, w, rows);
+  const int n = rows.n;
+  if (n == 0) return;
+  const int row = a.row_begin + w.local_row;
+  const int nq = w.heads * G;
+  const int hq0 = w.h_begin * G;
 
   alignas(64) float q_f[kCpuQoHeadsPerTask * Dh];    // then the weighted-V accumulators
   alignas(64) float p_t[kSplit * kCpuQoHeadsPerTask];  // scores, then probabilities [n, ld]
   alignas(64) float m[kCpuQoHeadsPerTask], l[kCpuQoHeadsPerTask];
   const int ld = (nq + 7) / 8 * 8;
-  const Elem* ktok[kSplit];  // token j's row of the task's first KV head; the next heads follow it
-  const Elem* vtok[kSplit];
 
   const Elem* q = static_cast<const Elem*>(a.q) + (std::int64_t(row) * a.num_qo_heads + hq0) * Dh;
   for (int i = 0; i < nq * Dh; ++i) q_f[i] = cuda_detail::to_f32<K>(q[i]);
-  const std::int64_t token_stride = std::int64_t(a.num_kv_heads) * Dh;
-  const std::int32_t* pages = a.indices + a.indptr[r.seq];
-  for (int j = 0; j < n; ++j) {
-    const int t = start + j;
-    const std::int64_t off =
-        (std::int64_t(pages[t / a.page_size]) * a.page_size + t % a.page_size) * token_stride + std::int64_t(h_begin) * Dh;
-    ktok[j] = static_cast<const Elem*>(a.k_pages) + off;
-    vtok[j] = static_cast<const Elem*>(a.v_pages) + off;
-  }
   for (int j = 0; j < n; ++j) {
     for (int i = nq; i < ld; ++i) p_t[j * ld + i] = 0.0f;
   }
-  ScoresT<K, Dh, G>(q_f, ktok, n, heads, a.sm_scale, p_t, ld);
+  ScoresT<K, Dh, G>(q_f, rows, w.heads, a.sm_scale, p_t, ld);
   SoftmaxRows(p_t, ld, n, m, l);
+  TaskRows<Elem> next_rows;
+  if (next != nullptr) GetTaskRows<Elem, Dh>(a, *next, next_rows);
   float* acc = q_f;
-  WeightedValuesT<K, Dh, G>(p_t, ld, vtok, n, heads, acc);
+  WeightedValuesT<K, Dh, G>(p_t, ld, rows, w.heads, acc, next != nullptr ? &next_rows : nullptr,
+                            next != nullptr ? next->heads : 0);
 
-  const std::int64_t ws_row = (std::int64_t(local_row) * a.num_qo_heads + hq0) * a.max_splits + split;
+  const std::int64_t ws_row = (std::int64_t(w.local_row) * a.num_qo_heads + hq0) * a.max_splits + w.split;
   for (int i = 0; i < nq; ++i) {
     a.ws_l[ws_row + std::int64_t(i) * a.max_splits] = l[i];
     a.ws_m[ws_row + std::int64_t(i) * a.max_splits] = m[i];
@@ -353,12 +381,12 @@ void SplitTaskG(const DecodeArgs& a, int local_row, int split, int h_begin, int 
 }
 
 template <KvKind K, int Dh>
-void SplitTaskT(const DecodeArgs& a, int local_row, int split, int h_begin, int heads) {
+void SplitTaskT(const DecodeArgs& a, const SplitWork& w, const SplitWork* next) {
   switch (a.num_qo_heads / a.num_kv_heads) {
-    case 1: return SplitTaskG<K, Dh, 1>(a, local_row, split, h_begin, heads);
-    case 2: return SplitTaskG<K, Dh, 2>(a, local_row, split, h_begin, heads);
-    case 4: return SplitTaskG<K, Dh, 4>(a, local_row, split, h_begin, heads);
-    default: return SplitTaskG<K, Dh, 8>(a, local_row, split, h_begin, heads);
+    case 1: return SplitTaskG<K, Dh, 1>(a, w, next);
+    case 2: return SplitTaskG<K, Dh, 2>(a, w, next);
+    case 4: return SplitTaskG<K, Dh, 4>(a, w, next);
+    default: return SplitTaskG<K, Dh, 8>(a, w, next);
   }
 }
 
@@ -395,18 +423,15 @@ void MergeTaskT(const DecodeArgs& a, int local_row, int hq) {
 }
 
 // The one place where the runtime dtype and head_dim become template arguments on the host.
-void SplitTask(const DecodeArgs& a, int kind, int head_dim, int local_row, int split, int h_begin, int heads) {
+void SplitTask(const DecodeArgs& a, int kind, int head_dim, const SplitWork& w, const SplitWork* next) {
   const bool d64 = head_dim == 64;
   switch (KvKind(kind)) {
     case KvKind::kF32:
-      return d64 ? SplitTaskT<KvKind::kF32, 64>(a, local_row, split, h_begin, heads)
-                 : SplitTaskT<KvKind::kF32, 128>(a, local_row, split, h_begin, heads);
+      return d64 ? SplitTaskT<KvKind::kF32, 64>(a, w, next) : SplitTaskT<KvKind::kF32, 128>(a, w, next);
     case KvKind::kF16:
-      return d64 ? SplitTaskT<KvKind::kF16, 64>(a, local_row, split, h_begin, heads)
-                 : SplitTaskT<KvKind::kF16, 128>(a, local_row, split, h_begin, heads);
+      return d64 ? SplitTaskT<KvKind::kF16, 64>(a, w, next) : SplitTaskT<KvKind::kF16, 128>(a, w, next);
     case KvKind::kBF16:
-      return d64 ? SplitTaskT<KvKind::kBF16, 64>(a, local_row, split, h_begin, heads)
-                 : SplitTaskT<KvKind::kBF16, 128>(a, local_row, split, h_begin, heads);
+      return d64 ? SplitTaskT<KvKind::kBF16, 64>(a, w, next) : SplitTaskT<KvKind::kBF16, 128>(a, w, next);
   }
 }
 
@@ -432,9 +457,9 @@ namespace laminar::kernels::cpu_detail {
 HWY_EXPORT(SplitTask);
 HWY_EXPORT(MergeTask);
 
-void split_task(const cuda_detail::DecodeArgs& a, cuda_detail::KvKind kind, int head_dim, int local_row, int split,
-                int h_begin, int heads) {
-  HWY_DYNAMIC_DISPATCH(SplitTask)(a, int(kind), head_dim, local_row, split, h_begin, heads);
+void split_task(const cuda_detail::DecodeArgs& a, cuda_detail::KvKind kind, int head_dim, const SplitWork& w,
+                const SplitWork* next) {
+  HWY_DYNAMIC_DISPATCH(SplitTask)(a, int(kind), head_dim, w, next);
 }
 
 void merge_task(const cuda_detail::DecodeArgs& a, cuda_detail::KvKind kind, int head_dim, int local_row, int hq) {
