@@ -44,17 +44,22 @@ HWY_INLINE Pack padd(Pack a, Pack b) { return hn::Add(a, b); }
 HWY_INLINE Pack pmax(Pack a, Pack b) { return hn::IfThenElse(hn::Gt(a, b), a, b); }  // max_f32, lane by lane
 HWY_INLINE Pack pdiv(Pack a, Pack b) { return hn::Div(a, b); }
 
+// Lanes(d) KV elements widened to f32.
+template <KvKind K, class D>
+HWY_INLINE hn::Vec<D> load_kv(D d, const KvElemT<K>* p) {
+  if constexpr (K == KvKind::kF32) {
+    return hn::LoadU(d, p);
+  } else if constexpr (K == KvKind::kF16) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+  } else {
+    const hn::Rebind<hwy::bfloat16_t, D> db;
+    return hn::PromoteTo(d, hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(p)));
+  }
+}
 template <KvKind K>
 HWY_INLINE Pack pload_kv(const KvElemT<K>* p) {
-  if constexpr (K == KvKind::kF32) {
-    return hn::LoadU(D8(), p);
-  } else if constexpr (K == KvKind::kF16) {
-    const hn::Rebind<hwy::float16_t, D8> dh;
-    return hn::PromoteTo(D8(), hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
-  } else {
-    const hn::Rebind<hwy::bfloat16_t, D8> db;
-    return hn::PromoteTo(D8(), hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(p)));
-  }
+  return load_kv<K>(D8(), p);
 }
 
 // The fixed tree of step 1 for eight packs at once, by a transposition: out[k] is v[k]'s
@@ -85,15 +90,7 @@ HWY_INLINE void wstore(Wide v, float* p) { hn::StoreU(v, DW(), p); }
 HWY_INLINE Wide wfma(Wide a, Wide b, Wide c) { return hn::MulAdd(a, b, c); }
 template <KvKind K>
 HWY_INLINE Wide wload_kv(const KvElemT<K>* p) {
-  if constexpr (K == KvKind::kF32) {
-    return hn::LoadU(DW(), p);
-  } else if constexpr (K == KvKind::kF16) {
-    const hn::Rebind<hwy::float16_t, DW> dh;
-    return hn::PromoteTo(DW(), hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
-  } else {
-    const hn::Rebind<hwy::bfloat16_t, DW> db;
-    return hn::PromoteTo(DW(), hn::LoadU(db, reinterpret_cast<const hwy::bfloat16_t*>(p)));
-  }
+  return load_kv<K>(DW(), p);
 }
 
 // numerics.h's exp_f32, lane by lane, with the same operations in the same order.
