@@ -86,6 +86,10 @@ class ReadHandle {
   bool pinned() const noexcept;
   // The whole flat buffer [plan().total_bytes()], laid out as the manifest says.
   std::span<const std::byte> bytes() const noexcept;
+  // The sealed memfd holding bytes() from offset 0 (at least that long; writable only through the
+  // store's own mapping), for handing the version to a reader in another process
+  // (LocalRelayServer). Valid while the handle lives.
+  int shared_fd() const noexcept;
   // Chunk i [plan().chunk_size(i)] and its xxh3 checksum. kOutOfRange for i >= num_chunks.
   Result<std::span<const std::byte>> chunk(std::uint32_t i) const;
   Result<std::uint64_t> checksum(std::uint32_t i) const;

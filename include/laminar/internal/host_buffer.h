@@ -24,7 +24,8 @@ class HostBuffer {
   HostBuffer& operator=(HostBuffer&& o) noexcept;
   ~HostBuffer();
 
-  // Maps `bytes` of zeroed, pre-faulted memory (so the first publish into it does not pay page
+  // Maps `bytes` of zeroed, pre-faulted memory, backed by a sealed memfd (fd()) that other processes
+  // may map read-only (so the first publish into it does not pay page
   // faults on the actor's time). With pin, registers it with CUDA when a device is present; pinned()
   // says whether that happened. kInvalidArgument for 0 bytes, kResourceExhausted when the mapping
   // fails.
@@ -33,6 +34,8 @@ class HostBuffer {
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   bool pinned() const noexcept { return pinned_; }
+  // The memfd behind data(): fixed size, writable only through data().
+  int fd() const noexcept { return fd_; }
 
  private:
   void reset() noexcept;
@@ -40,6 +43,7 @@ class HostBuffer {
   std::byte* data_ = nullptr;  // [size_]
   std::size_t size_ = 0;
   bool pinned_ = false;
+  int fd_ = -1;
 };
 
 // Whether a CUDA device can be used by this process: kUnimplemented in a build without CUDA,
