@@ -177,7 +177,7 @@ void UniqueFd::reset() noexcept {
   fd_ = -1;
 }
 
-Result<std::unique_ptr<SharedMapping>> SharedMapping::map(int fd, std::uint64_t bytes) {
+Result<SharedMapping::FileId> SharedMapping::check(int fd, std::uint64_t bytes) {
   if (bytes == 0) return data_loss("shared memory: the relay granted an empty version");
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
@@ -196,12 +196,16 @@ Result<std::unique_ptr<SharedMapping>> SharedMapping::map(int fd, std::uint64_t 
     return data_loss(fmt::format("shared memory: the relay's memfd holds {} bytes, the version needs {}",
                                  std::uint64_t(st.st_size), bytes));
   }
+  return FileId{st.st_dev, st.st_ino};
+}
+
+Result<std::shared_ptr<SharedMapping>> SharedMapping::map(int fd, std::uint64_t bytes, FileId id) {
   // Populated up front: one pass over the page tables is cheaper than a fault per page mid-copy.
   void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     return resource_exhausted(fmt::format("shared memory: mapping {} bytes failed: {}", bytes, std::strerror(errno)));
   }
-  return std::unique_ptr<SharedMapping>(new SharedMapping(static_cast<const std::byte*>(p), bytes));
+  return std::shared_ptr<SharedMapping>(new SharedMapping(static_cast<const std::byte*>(p), bytes, id));
 }
 
 SharedMapping::~SharedMapping() { munmap(const_cast<std::byte*>(data_), size_); }

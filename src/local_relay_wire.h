@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+
 #include "laminar/relay_versions.h"
 #include "laminar/status.h"
 #include "laminar/types.h"
@@ -63,19 +65,29 @@ class UniqueFd {
 // A read-only shared mapping of [bytes] of a sealed memfd, unmapped on destruction.
 class SharedMapping {
  public:
+  // Which file a descriptor opens: the same memfd reached through two descriptors has one id (the
+  // relay reuses a buffer's memfd for later versions).
+  struct FileId {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    friend bool operator==(const FileId&, const FileId&) = default;
+  };
   // Checks that fd is a memfd sealed against shrinking and writes by others and at least `bytes`
-  // long, then maps it. kDataLoss naming what was wrong with the descriptor, kResourceExhausted
-  // when the mapping fails.
-  static Result<std::unique_ptr<SharedMapping>> map(int fd, std::uint64_t bytes);
+  // long: kDataLoss naming what is wrong with it.
+  static Result<FileId> check(int fd, std::uint64_t bytes);
+  // Maps [bytes] of a checked fd. kResourceExhausted when the mapping fails.
+  static Result<std::shared_ptr<SharedMapping>> map(int fd, std::uint64_t bytes, FileId id);
   ~SharedMapping();
   SharedMapping(const SharedMapping&) = delete;
   SharedMapping& operator=(const SharedMapping&) = delete;
   std::span<const std::byte> bytes() const noexcept { return {data_, size_}; }
+  FileId id() const noexcept { return id_; }
 
  private:
-  SharedMapping(const std::byte* data, std::size_t size) : data_(data), size_(size) {}
+  SharedMapping(const std::byte* data, std::size_t size, FileId id) : data_(data), size_(size), id_(id) {}
   const std::byte* data_;  // [size_]
   std::size_t size_;
+  FileId id_;
 };
 
 // One version a local relay granted: its layout and checksums, and its memory.

@@ -68,7 +68,7 @@ class StoreSource final : public PullSource {
 
 // A lease on a local relay's version and the mapping of its memory: unmapped, then released.
 struct LocalLease {
-  std::unique_ptr<SharedMapping> mapping;
+  std::shared_ptr<SharedMapping> mapping;
   std::shared_ptr<LocalRelayConnection> connection;
   std::uint64_t lease = 0;
   ~LocalLease() {
@@ -95,7 +95,7 @@ class LocalSource final : public PullSource {
         [&](LocalRelayConnection& c) -> Result<std::shared_ptr<PulledVersion>> {
           auto g = c.acquire(v, timeout_);
           LAMINAR_RETURN_IF_ERROR(g.status());
-          auto m = SharedMapping::map(g->fd.get(), g->plan.total_bytes());
+          auto m = mapping_for(g->fd.get(), g->plan.total_bytes());
           if (!m.ok()) {
             // A relay that hands out memory we cannot trust is treated as gone; closing the
             // connection ends its lease.
@@ -104,6 +104,7 @@ class LocalSource final : public PullSource {
           }
           auto lease = std::make_shared<LocalLease>();
           lease->mapping = std::move(*m);
+          const std::size_t size = std::size_t(g->plan.total_bytes());
           lease->connection = conn_;
           lease->lease = g->lease;
           auto out = std::make_shared<PulledVersion>();
@@ -111,7 +112,7 @@ class LocalSource final : public PullSource {
           out->manifest = std::move(g->manifest);
           out->plan = g->plan;
           out->checksums = std::move(g->checksums);
-          out->bytes = lease->mapping->bytes();
+          out->bytes = lease->mapping->bytes().first(size);
           out->keep = std::move(lease);
           return out;
         });
@@ -120,6 +121,29 @@ class LocalSource final : public PullSource {
   std::string name() const override { return paths_[current_]; }
 
  private:
+  // Mappings of the relay buffers read last. A relay writes later versions into the buffers of
+  // freed ones, so in steady state a grant names a memfd mapped already and the pull skips the
+  // mapping (populating page tables costs about half as much as the copy itself). The cost: these
+  // buffers' pages stay allocated while mapped here, even once the relay drops them.
+  static constexpr std::size_t kCachedMappings = 3;
+
+  // A read-only mapping of the granted memfd, reused when it is one of the cached ones.
+  Result<std::shared_ptr<SharedMapping>> mapping_for(int fd, std::uint64_t bytes) {
+    auto id = SharedMapping::check(fd, bytes);
+    LAMINAR_RETURN_IF_ERROR(id.status());
+    for (std::size_t i = 0; i < mappings_.size(); ++i) {
+      if (mappings_[i]->id() == *id && mappings_[i]->bytes().size() >= bytes) {
+        std::rotate(mappings_.begin(), mappings_.begin() + std::ptrdiff_t(i), mappings_.begin() + std::ptrdiff_t(i) + 1);
+        return mappings_.front();
+      }
+    }
+    auto m = SharedMapping::map(fd, bytes, *id);
+    LAMINAR_RETURN_IF_ERROR(m.status());
+    mappings_.insert(mappings_.begin(), *m);
+    if (mappings_.size() > kCachedMappings) mappings_.pop_back();
+    return m;
+  }
+
   // Runs f against the current relay, moving on to the next (once round the list) while the
   // connection fails; an answer from a relay, error or not, is final.
   template <class T, class F>
@@ -150,6 +174,7 @@ class LocalSource final : public PullSource {
   std::chrono::milliseconds timeout_;
   std::size_t current_ = 0;
   std::shared_ptr<LocalRelayConnection> conn_;
+  std::vector<std::shared_ptr<SharedMapping>> mappings_;  // most recently used first
 };
 
 std::uint64_t fingerprint(const PulledVersion& h) {
