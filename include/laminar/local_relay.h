@@ -75,9 +75,8 @@ class LocalRelayServer {
   const std::string& socket_path() const noexcept;
   LocalRelayServerStats stats() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   explicit LocalRelayServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -10,6 +10,8 @@
 // resume_point() tells a cut transfer where to restart. Readers (WeightPuller, a downstream
 // relay) acquire() the newest committed version, or a given one, as a ref-counted ReadHandle; a
 // version no handle holds is freed as soon as a newer one commits, within memory_budget_bytes.
+// Version buffers are sealed memfds, so a LocalRelayServer (local_relay.h) can hand a committed
+// version to pullers in other processes on this host, which read it in place.
 //
 //   auto store = laminar::RelayStore::create({}).value();
 //   laminar::NamedTensor w{"w", view};                          // view: f32[1024, 1024]
