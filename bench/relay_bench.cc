@@ -146,7 +146,9 @@ std::atomic<bool> g_publish{false};
 
 int run_shm_relay(const std::string& socket, std::size_t mib) {
   std::signal(SIGUSR1, [](int) { g_publish = true; });
-  auto store = laminar::RelayStore::create({}).value();
+  laminar::RelayStoreOptions so;
+  so.shareable = true;
+  auto store = laminar::RelayStore::create(so).value();
   auto server = laminar::LocalRelayServer::start(store, socket);
   check(server.status(), "local relay server");
   std::printf("serving %s\n", socket.c_str());

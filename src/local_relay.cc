@@ -586,6 +586,11 @@ Result<std::unique_ptr<LocalRelayServer>> LocalRelayServer::start(std::shared_pt
                                                                   std::string socket_path,
                                                                   LocalRelayServerOptions options) {
   if (!store) return invalid_argument("local relay server: the store is null");
+  if (!store->options().shareable) {
+    return failed_precondition(
+        "local relay server: the store was created without RelayStoreOptions::shareable, so other processes "
+        "cannot map its versions");
+  }
   if (options.max_clients == 0 || options.max_leases_per_client == 0) {
     return invalid_argument(fmt::format("local relay server: max_clients {} and max_leases_per_client {} must be "
                                         "above 0", options.max_clients, options.max_leases_per_client));

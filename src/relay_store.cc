@@ -371,7 +371,7 @@ Result<std::shared_ptr<VersionSlot>> RelayStore::begin_slot(Version v, const Wei
   }
   internal::HostBuffer buf = core_->pool->take(plan.total_bytes());
   if (buf.data() == nullptr) {
-    auto fresh = internal::HostBuffer::allocate(plan.total_bytes(), options_.pin_memory);
+    auto fresh = internal::HostBuffer::allocate(plan.total_bytes(), options_.pin_memory, options_.shareable);
     if (!fresh.ok()) {
       std::lock_guard lock(core_->mu);
       (void)core_->ledger.abandon(v);

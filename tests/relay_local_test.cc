@@ -687,7 +687,13 @@ TEST_CASE("local relay: bad socket paths and options are refused up front", "[re
   CHECK(pst.code() == StatusCode::kUnavailable);
   CHECK_THAT(pst.message(), Catch::Contains("/tmp/laminar-no-such-relay.sock"));
 
-  auto store = laminar::RelayStore::create({}).value();
+  auto plain = laminar::RelayStore::create({}).value();
+  auto refused = laminar::LocalRelayServer::start(plain, "/tmp/x.sock").status();
+  CHECK(refused.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(refused.message(), Catch::Contains("shareable"));
+  laminar::RelayStoreOptions so;
+  so.shareable = true;
+  auto store = laminar::RelayStore::create(so).value();
   CHECK(laminar::LocalRelayServer::start(nullptr, "/tmp/x.sock").status().code() == StatusCode::kInvalidArgument);
   CHECK(laminar::LocalRelayServer::start(store, std::string(200, 'y')).status().code() ==
         StatusCode::kInvalidArgument);

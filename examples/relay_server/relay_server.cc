@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "relay_server: give --actor or at least one --upstream, not both\n");
     return usage();
   }
+  so.shareable = !shm.empty();
   auto store = laminar::RelayStore::create(so);
   if (!store.ok()) {
     std::fprintf(stderr, "relay_server: %s\n", store.status().to_string().c_str());

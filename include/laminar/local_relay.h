@@ -1,7 +1,7 @@
 // local_relay.h: LocalRelayServer, which lets rollout processes on the same host read a relay's
 // versions in place, through shared memory.
 //
-// Every version a RelayStore holds lives in a sealed memfd (fixed size; only the store's own mapping
+// Every version a shareable RelayStore (RelayStoreOptions::shareable) holds lives in a sealed memfd (fixed size; only the store's own mapping
 // writes to it). The server listens on a Unix domain socket; a client (WeightPuller::connect_local)
 // asks for the newest or a given committed version and receives its manifest, chunk plan and
 // checksums plus the memfd itself (SCM_RIGHTS). It maps the memfd read-only and copies straight into
@@ -9,7 +9,9 @@
 // version the server keeps a ReadHandle on it, so the store neither frees nor recycles its memory;
 // the lease ends when the client releases it or its connection closes (the client exited or died).
 //
-//   auto store = laminar::RelayStore::create({}).value();
+//   laminar::RelayStoreOptions so;
+//   so.shareable = true;
+//   auto store = laminar::RelayStore::create(so).value();
 //   auto server = laminar::LocalRelayServer::start(store, "/run/laminar/relay0.sock").value();
 //   // in a rollout process:
 //   auto puller = laminar::WeightPuller::connect_local({"/run/laminar/relay0.sock"}).value();
@@ -62,7 +64,7 @@ class LocalRelayServer {
  public:
   // Listens on `socket_path` and serves `store` on a thread of its own. A stale socket file (nothing
   // accepts on it) is replaced. kInvalidArgument for a null store, an empty path or one longer than
-  // a socket address holds, or zero limits; kAlreadyExists when a live server owns the path;
+  // a socket address holds, or zero limits; kFailedPrecondition for a store that is not shareable; kAlreadyExists when a live server owns the path;
   // kUnavailable when the socket cannot be created or bound.
   static Result<std::unique_ptr<LocalRelayServer>> start(std::shared_ptr<RelayStore> store,
                                                          std::string socket_path,
