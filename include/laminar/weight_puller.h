@@ -11,7 +11,8 @@
 //     relay keeps the version) until the pull ends. Given several sockets, a relay that is gone,
 //     silent or sends a malformed answer is dropped for the next one; a pull stopped half way
 //     resumes on whichever relay serves the same version with the same checksums. A relay that
-//     dies during a copy does not disturb it: the mapping keeps the pages alive.
+//     dies during a copy does not disturb it: the mapping keeps the pages alive. The mapping is
+//     not page-locked, so device destinations are fed through the page-locked bounce buffers.
 //   - relays in other processes on other hosts: run a RelayNode (relay_chain.h) that feeds a
 //     store here from them, chunk by chunk, checked, failing over (and resuming) when one dies.
 // Laminar's default policy is enforced: a pull happens only when the caller says the worker has no
