@@ -66,7 +66,8 @@ class StoreSource final : public PullSource {
   std::shared_ptr<RelayStore> store_;
 };
 
-// A lease on a local relay's version and the mapping of its memory: unmapped, then released.
+// A lease on a local relay's version and the mapping of its memory, released once the pull is done
+// with it (the mapping may live on in LocalSource's cache).
 struct LocalLease {
   std::shared_ptr<SharedMapping> mapping;
   std::shared_ptr<LocalRelayConnection> connection;
