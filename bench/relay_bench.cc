@@ -280,6 +280,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  unlink(socket.c_str());  // the relay was killed, so its server did not remove it
   rmdir(dir_template);
   for (std::size_t i = 0; i < dst.data.size(); ++i) {
     if (std::memcmp(dst.data[i].data(), w.data[i].data(), dst.data[i].size() * 4) != 0) {
