@@ -1,7 +1,10 @@
 // relay_bench: the relay tier against plain memory copies of the same bytes, in the same run.
 //   relay_publish_stall: time publish() keeps the actor (copy out of its memory; hashing and commit
 //     happen behind it) vs memcpy of the weight set into an already-touched buffer.
-//   relay_pull_host: WeightPuller::pull from a same-process relay into host destinations vs memcpy.
+//   relay_pull_host_cross_process: WeightPuller::pull (connect_local) from a relay in another process
+//     on this host, through its LocalRelayServer and shared memory, into host destinations, vs
+//     memcpy of the same bytes. Each pull pays the whole path: request, grant, mapping, copy,
+//     unmapping and release.
 //   relay_star_4_relays / relay_chain_4_relays (headline, last): time from publish until the last of
 //     4 relays has committed the version, the head sending to each relay itself (star) or down a
 //     pipelined chain, vs the same version sent over one link to one relay. Each relay is a
@@ -10,7 +13,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <mutex>
 #include <optional>
 #include <cstdio>
@@ -21,6 +26,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "laminar/local_relay.h"
 #include "laminar/relay_chain.h"
 #include "laminar/relay_store.h"
 #include "laminar/weight_puller.h"
@@ -59,6 +65,11 @@ struct Weights {
     for (std::size_t i = 0; i < views.size(); ++i) named.push_back({manifest.entries()[i].name, views[i]});
   }
 
+  // Makes the bytes differ from version to version: the first element of each tensor is v.
+  void tag_version(std::uint64_t v) {
+    for (auto& d : data) d[0] = float(v);
+  }
+
   // The same bytes packed back to back, as a memcpy baseline would see them.
   void copy_to(std::byte* dst) const {
     for (std::size_t i = 0; i < data.size(); ++i) {
@@ -76,21 +87,25 @@ void check(const laminar::Status& s, const char* what) {
 
 const char* const kToken = "relay-bench-token-0123456789";
 
-// A relay in a child process of this binary (`relay_bench relay UPSTREAM`), its stdout read line by
-// line; killed and reaped on destruction. It prints "listening ADDR", "upstream ADDR" once
-// subscribed, and "committed V" for every version it completes.
+// A relay in a child process of this binary, its stdout read line by line; killed and reaped on
+// destruction. `relay_bench relay UPSTREAM` prints "listening ADDR", "upstream ADDR" once
+// subscribed, and "committed V" for every version it completes; `relay_bench shm-relay SOCKET MIB`
+// serves a store of Weights(MIB) versions on SOCKET ("serving SOCKET") and publishes the next
+// version, tagged by tag_version, on every SIGUSR1 ("published V").
 class Peer {
  public:
-  explicit Peer(const std::string& upstream) {
+  explicit Peer(std::vector<std::string> args) {
     laminar::testing::ChildOptions spawn_options;
     spawn_options.program = "/proc/self/exe";
-    spawn_options.args = {"relay", upstream};
+    spawn_options.args = std::move(args);
     auto child = laminar::testing::ChildProcess::spawn(std::move(spawn_options));
     check(child.status(), "starting a relay");
     child_.emplace(std::move(child).value());
   }
 
   // The rest of the next line starting with `prefix`.
+  void signal(int sig) { child_->kill(sig); }
+
   std::string expect(const std::string& prefix) {
     for (;;) {
       auto line = child_->read_line(std::chrono::seconds(120));
@@ -127,6 +142,31 @@ int run_relay(const std::string& upstream) {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+std::atomic<bool> g_publish{false};
+
+int run_shm_relay(const std::string& socket, std::size_t mib) {
+  std::signal(SIGUSR1, [](int) { g_publish = true; });
+  laminar::RelayStoreOptions so;
+  so.shareable = true;
+  auto store = laminar::RelayStore::create(so).value();
+  auto server = laminar::LocalRelayServer::start(store, socket);
+  check(server.status(), "local relay server");
+  std::printf("serving %s\n", socket.c_str());
+  std::fflush(stdout);
+  Weights w(mib);
+  for (std::uint64_t v = 1;;) {
+    if (!g_publish.exchange(false)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    w.tag_version(v);
+    check(store->publish(laminar::Version(v), w.manifest, w.named), "publish");
+    check(store->wait_for_version(laminar::Version(v), std::chrono::seconds(60)), "commit");
+    std::printf("published %llu\n", static_cast<unsigned long long>(v++));
+    std::fflush(stdout);
+  }
+}
+
 enum class Shape { kOneLink, kStar, kChain };
 
 // Median seconds from publish until every relay of the shape (each its own process) has committed
@@ -143,7 +183,7 @@ double broadcast_seconds(const Weights& w, Shape shape, int repeats, std::uint64
   std::vector<std::unique_ptr<Peer>> peers;
   std::string up = (*head)->address();
   for (int k = 0; k < relays; ++k) {
-    peers.push_back(std::make_unique<Peer>(up));
+    peers.push_back(std::make_unique<Peer>(std::vector<std::string>{"relay", up}));
     const std::string addr = peers.back()->expect("listening ");
     peers.back()->expect("upstream ");
     if (shape == Shape::kChain) up = addr;
@@ -167,6 +207,9 @@ double broadcast_seconds(const Weights& w, Shape shape, int repeats, std::uint64
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "relay") == 0) return run_relay(argv[2]);
+  if (argc == 4 && std::strcmp(argv[1], "shm-relay") == 0) {
+    return run_shm_relay(argv[2], std::strtoull(argv[3], nullptr, 10));
+  }
   std::size_t mib = 1024, chain_mib = 64, chunk_kib = 4096;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--chunk-kib") == 0 && i + 1 < argc) chunk_kib = std::strtoull(argv[++i], nullptr, 10);
@@ -201,27 +244,51 @@ int main(int argc, char** argv) {
   laminar::bench::report_time("relay_publish_stall_" + std::to_string(mib) + "MiB", "s", median(publish_s),
                               "memcpy", median(memcpy_s));
 
-  // Pull into host destinations, the engine's weight buffers.
-  Weights dst(mib);
-  auto puller = laminar::WeightPuller::create(store).value();
-  std::vector<double> pull_s, copy_s;
-  for (int r = 0; r < kRepeats + 1; ++r) {
-    const auto t0 = Clock::now();
-    check(puller->pull(laminar::Version(version), dst.named, false), "pull");
-    const double ours = seconds_since(t0);
-    const auto t1 = Clock::now();
-    w.copy_to(scratch.data());
-    const double base = seconds_since(t1);
-    if (r >= 1) {
-      pull_s.push_back(ours);
-      copy_s.push_back(base);
-    }
-  }
-  if (std::memcmp(dst.data[3].data(), w.data[3].data(), dst.data[3].size() * 4) != 0) {
-    std::fprintf(stderr, "relay_bench: pulled bytes differ\n");
+  store.reset();  // its buffers would only crowd the pull's memory
+
+  // Pull into host destinations, the engine's weight buffers, from a relay process on this host.
+  char dir_template[] = "/tmp/relay-bench-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    std::perror("relay_bench: mkdtemp");
     return 1;
   }
-  laminar::bench::report_throughput("relay_pull_host_same_process_" + std::to_string(mib) + "MiB", "GB/s",
+  const std::string socket = std::string(dir_template) + "/relay.sock";
+  Weights dst(mib);
+  std::vector<double> pull_s, copy_s;
+  {
+    Peer relay({"shm-relay", socket, std::to_string(mib)});
+    relay.expect("serving ");
+    auto puller = laminar::WeightPuller::connect_local({socket}).value();
+    // A fresh version every round, published (outside the timing) while no pull runs, as a relay
+    // does between a rollout's pulls. Two warm-up rounds: afterwards the relay writes each version
+    // into the buffer of a freed one, as in steady state.
+    for (int r = 0; r < kRepeats + 2; ++r) {
+      const std::uint64_t v = std::uint64_t(r) + 1;
+      relay.signal(SIGUSR1);
+      while (std::strtoull(relay.expect("published ").c_str(), nullptr, 10) < v) {
+      }
+      w.tag_version(v);
+      const auto t0 = Clock::now();
+      check(puller->pull(laminar::Version(v), dst.named, false), "pull");
+      const double ours = seconds_since(t0);
+      const auto t1 = Clock::now();
+      w.copy_to(scratch.data());
+      const double base = seconds_since(t1);
+      if (r >= 2) {
+        pull_s.push_back(ours);
+        copy_s.push_back(base);
+      }
+    }
+  }
+  unlink(socket.c_str());  // the relay was killed, so its server did not remove it
+  rmdir(dir_template);
+  for (std::size_t i = 0; i < dst.data.size(); ++i) {
+    if (std::memcmp(dst.data[i].data(), w.data[i].data(), dst.data[i].size() * 4) != 0) {
+      std::fprintf(stderr, "relay_bench: pulled bytes of tensor %zu differ\n", i);
+      return 1;
+    }
+  }
+  laminar::bench::report_throughput("relay_pull_host_cross_process_" + std::to_string(mib) + "MiB", "GB/s",
                                     double(bytes) / median(pull_s) / 1e9, "memcpy",
                                     double(bytes) / median(copy_s) / 1e9);
 

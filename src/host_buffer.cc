@@ -1,7 +1,9 @@
 #include "laminar/internal/host_buffer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -17,7 +19,8 @@ namespace laminar::internal {
 HostBuffer::HostBuffer(HostBuffer&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),
       size_(std::exchange(o.size_, 0)),
-      pinned_(std::exchange(o.pinned_, false)) {}
+      pinned_(std::exchange(o.pinned_, false)),
+      fd_(std::exchange(o.fd_, -1)) {}
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
   if (this != &o) {
@@ -25,6 +28,7 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     pinned_ = std::exchange(o.pinned_, false);
+    fd_ = std::exchange(o.fd_, -1);
   }
   return *this;
 }
@@ -37,25 +41,70 @@ void HostBuffer::reset() noexcept {
   if (pinned_) cudaHostUnregister(data_);
 #endif
   munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
   data_ = nullptr;
   size_ = 0;
   pinned_ = false;
 }
 
-Result<HostBuffer> HostBuffer::allocate(std::size_t bytes, bool pin) {
-  if (bytes == 0) return invalid_argument("host buffer: 0 bytes requested");
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    return resource_exhausted(fmt::format("host buffer: mapping {} bytes failed: {}", bytes, std::strerror(errno)));
+namespace {
+
+// Maps `bytes` of a fresh memfd read-write and seals it; the descriptor goes to *fd.
+Result<void*> map_memfd(std::size_t bytes, int* fd_out) {
+  const int fd = memfd_create("laminar-relay-version", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return resource_exhausted(fmt::format("host buffer: memfd_create failed: {}", std::strerror(errno)));
+  if (ftruncate(fd, off_t(bytes)) != 0) {
+    const int err = errno;
+    close(fd);
+    return resource_exhausted(fmt::format("host buffer: sizing a memfd to {} bytes failed: {}", bytes,
+                                          std::strerror(err)));
   }
-  // Weight buffers are large and read front to back: huge pages cut TLB misses on every copy. Only
-  // a hint; the kernel may say no.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return resource_exhausted(fmt::format("host buffer: mapping {} bytes failed: {}", bytes, std::strerror(err)));
+  }
+  // The size can never change (a reader's mapping cannot fault past the end: no SIGBUS) and nobody
+  // else can write: later writable mappings and write() through any copy of the descriptor are
+  // refused; only this mapping, made before the seal, writes.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    munmap(p, bytes);
+    close(fd);
+    return resource_exhausted(fmt::format("host buffer: sealing a memfd failed: {}", std::strerror(err)));
+  }
+  *fd_out = fd;
+  return p;
+}
+
+}  // namespace
+
+Result<HostBuffer> HostBuffer::allocate(std::size_t bytes, bool pin, bool shareable) {
+  if (bytes == 0) return invalid_argument("host buffer: 0 bytes requested");
+  void* p = nullptr;
+  int fd = -1;
+  if (shareable) {
+    auto m = map_memfd(bytes, &fd);
+    LAMINAR_RETURN_IF_ERROR(m.status());
+    p = *m;
+  } else {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return resource_exhausted(fmt::format("host buffer: mapping {} bytes failed: {}", bytes, std::strerror(errno)));
+    }
+  }
+  // Weight buffers are large and read front to back: huge pages cut TLB misses on every copy (and
+  // page pinning in UCX's shared-memory copies). Only a hint; the kernel may say no (for a memfd it
+  // does unless shmem huge pages are enabled).
   (void)madvise(p, bytes, MADV_HUGEPAGE);
   // Fault every page in now, at allocation, not during the first publish into it.
   for (std::size_t off = 0; off < bytes; off += 4096) static_cast<volatile char*>(p)[off] = 0;
   HostBuffer b;
   b.data_ = static_cast<std::byte*>(p);
   b.size_ = bytes;
+  b.fd_ = fd;
 #if defined(LAMINAR_HAVE_CUDA)
   if (pin && cuda_device_usable().ok()) {
     b.pinned_ = cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess;

@@ -211,6 +211,8 @@ std::span<const std::byte> ReadHandle::bytes() const noexcept {
   return {slot_->buffer.data(), std::size_t(slot_->plan.total_bytes())};
 }
 
+int ReadHandle::shared_fd() const noexcept { return slot_->buffer.fd(); }
+
 Result<std::span<const std::byte>> ReadHandle::chunk(std::uint32_t i) const {
   if (i >= slot_->plan.num_chunks()) {
     return out_of_range(fmt::format("version {}: chunk {} does not exist (it has {})", slot_->version.value(), i,
@@ -369,7 +371,7 @@ Result<std::shared_ptr<VersionSlot>> RelayStore::begin_slot(Version v, const Wei
   }
   internal::HostBuffer buf = core_->pool->take(plan.total_bytes());
   if (buf.data() == nullptr) {
-    auto fresh = internal::HostBuffer::allocate(plan.total_bytes(), options_.pin_memory);
+    auto fresh = internal::HostBuffer::allocate(plan.total_bytes(), options_.pin_memory, options_.shareable);
     if (!fresh.ok()) {
       std::lock_guard lock(core_->mu);
       (void)core_->ledger.abandon(v);

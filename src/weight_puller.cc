@@ -6,25 +6,234 @@
 #include <cstring>
 #include <unordered_set>
 
+#include <sys/un.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "laminar/internal/host_buffer.h"
+#include "local_relay_wire.h"
 
 namespace laminar {
 
-Result<std::unique_ptr<WeightPuller>> WeightPuller::create(std::shared_ptr<RelayStore> relay,
-                                                           WeightPullerOptions options) {
-  if (!relay) return invalid_argument("weight puller: the relay is null");
+namespace internal {
+
+// One version a pull reads: its layout, checksums and bytes, held (the relay keeps it) while this
+// lives.
+struct PulledVersion {
+  Version version;
+  WeightManifest manifest;
+  ChunkPlan plan;
+  std::vector<std::uint64_t> checksums;  // [plan.num_chunks()]
+  std::span<const std::byte> bytes;      // [plan.total_bytes()]
+  bool pinned = false;
+  std::shared_ptr<void> keep;
+};
+
+// Where a puller's versions come from.
+class PullSource {
+ public:
+  virtual ~PullSource() = default;
+  virtual std::optional<Version> latest() = 0;
+  virtual Result<std::shared_ptr<PulledVersion>> acquire(Version v) = 0;
+  virtual std::string name() const = 0;
+};
+
+namespace {
+
+// A RelayStore in this process: the handle is the lease.
+class StoreSource final : public PullSource {
+ public:
+  explicit StoreSource(std::shared_ptr<RelayStore> store) : store_(std::move(store)) {}
+  std::optional<Version> latest() override { return store_->latest_version(); }
+  Result<std::shared_ptr<PulledVersion>> acquire(Version v) override {
+    auto h = store_->acquire(v);
+    LAMINAR_RETURN_IF_ERROR(h.status());
+    auto out = std::make_shared<PulledVersion>();
+    out->version = v;
+    out->manifest = h->manifest();
+    out->plan = h->plan();
+    out->checksums.resize(out->plan.num_chunks());
+    for (std::uint32_t i = 0; i < out->plan.num_chunks(); ++i) out->checksums[i] = h->checksum(i).value();
+    out->bytes = h->bytes();
+    out->pinned = h->pinned();
+    out->keep = std::make_shared<ReadHandle>(std::move(*h));
+    return out;
+  }
+  std::string name() const override { return "this process"; }
+
+ private:
+  std::shared_ptr<RelayStore> store_;
+};
+
+// A lease on a local relay's version and the mapping of its memory, released once the pull is done
+// with it (the mapping may live on in LocalSource's cache).
+struct LocalLease {
+  std::shared_ptr<SharedMapping> mapping;
+  std::shared_ptr<LocalRelayConnection> connection;
+  std::uint64_t lease = 0;
+  ~LocalLease() {
+    mapping.reset();
+    connection->release(lease);
+  }
+};
+
+// Relays in other processes on this host, over their LocalRelayServer sockets, in order of
+// preference; a relay that fails is left for the next.
+class LocalSource final : public PullSource {
+ public:
+  LocalSource(std::vector<std::string> paths, std::chrono::milliseconds timeout)
+      : paths_(std::move(paths)), timeout_(timeout) {}
+
+  std::optional<Version> latest() override {
+    auto r = with_relay<std::optional<Version>>(
+        [&](LocalRelayConnection& c) { return c.latest(timeout_); });
+    return r.ok() ? *r : std::nullopt;
+  }
+
+  Result<std::shared_ptr<PulledVersion>> acquire(Version v) override {
+    return with_relay<std::shared_ptr<PulledVersion>>(
+        [&](LocalRelayConnection& c) -> Result<std::shared_ptr<PulledVersion>> {
+          auto g = c.acquire(v, timeout_);
+          LAMINAR_RETURN_IF_ERROR(g.status());
+          auto m = mapping_for(g->fd.get(), g->plan.total_bytes());
+          if (!m.ok()) {
+            // A relay that hands out memory we cannot trust is treated as gone; closing the
+            // connection ends its lease.
+            c.mark_broken();
+            return m.status().with_context(fmt::format("local relay '{}', version {}", c.path(), v.value()));
+          }
+          auto lease = std::make_shared<LocalLease>();
+          lease->mapping = std::move(*m);
+          const std::size_t size = std::size_t(g->plan.total_bytes());
+          lease->connection = conn_;
+          lease->lease = g->lease;
+          auto out = std::make_shared<PulledVersion>();
+          out->version = g->version;
+          out->manifest = std::move(g->manifest);
+          out->plan = g->plan;
+          out->checksums = std::move(g->checksums);
+          out->bytes = lease->mapping->bytes().first(size);
+          out->keep = std::move(lease);
+          return out;
+        });
+  }
+
+  std::string name() const override { return paths_[current_]; }
+
+ private:
+  // Mappings of the relay buffers read last. A relay writes later versions into the buffers of
+  // freed ones, so in steady state a grant names a memfd mapped already and the pull skips the
+  // mapping (populating page tables costs about half as much as the copy itself). The cost: these
+  // buffers' pages stay allocated while mapped here, even once the relay drops them.
+  static constexpr std::size_t kCachedMappings = 3;
+
+  // A read-only mapping of the granted memfd, reused when it is one of the cached ones.
+  Result<std::shared_ptr<SharedMapping>> mapping_for(int fd, std::uint64_t bytes) {
+    auto id = SharedMapping::check(fd, bytes);
+    LAMINAR_RETURN_IF_ERROR(id.status());
+    for (std::size_t i = 0; i < mappings_.size(); ++i) {
+      if (mappings_[i]->id() == *id && mappings_[i]->bytes().size() >= bytes) {
+        std::rotate(mappings_.begin(), mappings_.begin() + std::ptrdiff_t(i), mappings_.begin() + std::ptrdiff_t(i) + 1);
+        return mappings_.front();
+      }
+    }
+    auto m = SharedMapping::map(fd, bytes, *id);
+    LAMINAR_RETURN_IF_ERROR(m.status());
+    mappings_.insert(mappings_.begin(), *m);
+    if (mappings_.size() > kCachedMappings) mappings_.pop_back();
+    return m;
+  }
+
+  // Runs f against the current relay, moving on to the next (once round the list) while the
+  // connection fails; an answer from a relay, error or not, is final.
+  template <class T, class F>
+  Result<T> with_relay(F&& f) {
+    std::string why;
+    StatusCode code = StatusCode::kUnavailable;
+    for (std::size_t attempt = 0; attempt < paths_.size(); ++attempt) {
+      if (!conn_) {
+        auto c = LocalRelayConnection::connect(paths_[current_]);
+        if (!c.ok()) {
+          why += fmt::format("{}{}", why.empty() ? "" : "; ", c.status().message());
+          current_ = (current_ + 1) % paths_.size();
+          continue;
+        }
+        conn_ = std::move(*c);
+      }
+      Result<T> r = f(*conn_);
+      if (r.ok() || !conn_->broken()) return r;
+      why += fmt::format("{}{}", why.empty() ? "" : "; ", r.status().message());
+      code = r.status().code();
+      conn_.reset();
+      current_ = (current_ + 1) % paths_.size();
+    }
+    return Status(code, fmt::format("no local relay answered: {}", why));
+  }
+
+  std::vector<std::string> paths_;
+  std::chrono::milliseconds timeout_;
+  std::size_t current_ = 0;
+  std::shared_ptr<LocalRelayConnection> conn_;
+  std::vector<std::shared_ptr<SharedMapping>> mappings_;  // most recently used first
+};
+
+std::uint64_t fingerprint(const PulledVersion& h) {
+  return XXH3_64bits(h.checksums.data(), h.checksums.size() * sizeof(std::uint64_t)) ^ h.plan.total_bytes();
+}
+
+}  // namespace
+
+}  // namespace internal
+
+using internal::PulledVersion;
+
+WeightPuller::WeightPuller(std::unique_ptr<internal::PullSource> source, WeightPullerOptions options)
+    : source_(std::move(source)), options_(options) {}
+
+WeightPuller::~WeightPuller() = default;
+
+Status WeightPuller::check_options(const WeightPullerOptions& options) {
   if (options.copy_chunk_bytes < ChunkPlan::kMinChunkBytes) {
     return invalid_argument(fmt::format("weight puller: copy_chunk_bytes is {}, at least {} is needed",
                                         options.copy_chunk_bytes, ChunkPlan::kMinChunkBytes));
   }
-  return std::unique_ptr<WeightPuller>(new WeightPuller(std::move(relay), options));
+  return ok_status();
 }
 
-std::optional<Version> WeightPuller::latest_version() const { return relay_->latest_version(); }
+Result<std::unique_ptr<WeightPuller>> WeightPuller::create(std::shared_ptr<RelayStore> relay,
+                                                           WeightPullerOptions options) {
+  if (!relay) return invalid_argument("weight puller: the relay is null");
+  LAMINAR_RETURN_IF_ERROR(check_options(options));
+  return std::unique_ptr<WeightPuller>(
+      new WeightPuller(std::make_unique<internal::StoreSource>(std::move(relay)), options));
+}
+
+Result<std::unique_ptr<WeightPuller>> WeightPuller::connect_local(std::vector<std::string> socket_paths,
+                                                                  WeightPullerOptions options) {
+  if (socket_paths.empty()) return invalid_argument("weight puller: no local relay socket given");
+  for (const std::string& p : socket_paths) {
+    sockaddr_un addr;
+    if (p.empty() || p.size() >= sizeof(addr.sun_path) || p.find('\0') != std::string::npos) {
+      return invalid_argument(fmt::format("weight puller: local relay socket '{}' is not a usable socket path "
+                                          "(1 to {} bytes, no NUL)", p, sizeof(addr.sun_path) - 1));
+    }
+  }
+  if (options.relay_timeout.count() <= 0) {
+    return invalid_argument(fmt::format("weight puller: relay_timeout is {} ms", options.relay_timeout.count()));
+  }
+  LAMINAR_RETURN_IF_ERROR(check_options(options));
+  return std::unique_ptr<WeightPuller>(new WeightPuller(
+      std::make_unique<internal::LocalSource>(std::move(socket_paths), options.relay_timeout), options));
+}
+
+std::optional<Version> WeightPuller::latest_version() const { return source_->latest(); }
+
+std::string WeightPuller::relay() const { return source_->name(); }
 
 std::optional<Version> WeightPuller::prefetched_version() const {
-  if (!prefetched_.valid()) return std::nullopt;
-  return prefetched_.version();
+  if (!prefetched_) return std::nullopt;
+  return prefetched_->version;
 }
 
 std::optional<WeightPuller::StoppedPull> WeightPuller::stopped_pull() const {
@@ -37,8 +246,8 @@ PullDecision WeightPuller::next_action(bool has_live_trajectory) const {
 }
 
 Result<std::vector<WeightPuller::Target>> WeightPuller::check_destinations(
-    const ReadHandle& h, std::span<const NamedTensor> destinations) const {
-  const Version v = h.version();
+    const PulledVersion& h, std::span<const NamedTensor> destinations) const {
+  const Version v = h.version;
   if (destinations.empty()) {
     return invalid_argument(fmt::format("pull of version {}: no destination tensors given", v.value()));
   }
@@ -48,9 +257,9 @@ Result<std::vector<WeightPuller::Target>> WeightPuller::check_destinations(
     if (!seen.insert(d.name).second) {
       return invalid_argument(fmt::format("pull of version {}: destination '{}' is given twice", v.value(), d.name));
     }
-    auto e = h.manifest().find(d.name);
+    auto e = h.manifest.find(d.name);
     if (!e.ok()) return e.status().with_context(fmt::format("pull of version {}", v.value()));
-    LAMINAR_RETURN_IF_ERROR(h.manifest().check_view(d.name, d.view).with_context(
+    LAMINAR_RETURN_IF_ERROR(h.manifest.check_view(d.name, d.view).with_context(
         fmt::format("pull of version {}: destination does not match the relay's manifest", v.value())));
     if (!d.view.is_contiguous()) {
       return invalid_argument(fmt::format("pull of version {}: destination '{}' is not dense row-major ({})",
@@ -66,23 +275,30 @@ Result<std::vector<WeightPuller::Target>> WeightPuller::check_destinations(
   return out;
 }
 
-Status WeightPuller::verify(const ReadHandle& h, const std::vector<Target>& targets) const {
+Status WeightPuller::verify(const PulledVersion& h, const std::vector<Target>& targets) const {
   if (!options_.verify_checksums) return ok_status();
   for (const Target& t : targets) {
-    auto [first, last] = h.plan().chunks_covering(t.entry->offset, t.entry->nbytes);
-    LAMINAR_RETURN_IF_ERROR(h.verify(first, last).with_context(
-        fmt::format("pull of tensor '{}'", t.entry->name)));
+    auto [first, last] = h.plan.chunks_covering(t.entry->offset, t.entry->nbytes);
+    for (std::uint32_t i = first; i < last; ++i) {
+      const std::uint64_t got = XXH3_64bits(h.bytes.data() + h.plan.chunk_offset(i), h.plan.chunk_size(i));
+      if (got != h.checksums[i]) {
+        return data_loss(fmt::format("pull of tensor '{}': version {}: chunk {} hashes to {:016x}, its checksum is "
+                                     "{:016x}", t.entry->name, h.version.value(), i, got, h.checksums[i]));
+      }
+    }
   }
   return ok_status();
 }
 
-Status WeightPuller::copy_into(const ReadHandle& h, std::span<const NamedTensor> destinations,
+Status WeightPuller::copy_into(const PulledVersion& h, std::span<const NamedTensor> destinations,
                                const std::vector<Target>& targets) {
   std::vector<std::pair<std::string, void*>> dst_ids;
   for (const NamedTensor& d : destinations) dst_ids.emplace_back(std::string(d.name), d.view.data());
   std::size_t start_target = 0;
   std::uint64_t start_offset = 0;
-  if (progress_ && progress_->version == h.version() && progress_->destinations == dst_ids) {
+  const std::uint64_t print = internal::fingerprint(h);
+  if (progress_ && progress_->version == h.version && progress_->fingerprint == print &&
+      progress_->destinations == dst_ids) {
     start_target = progress_->target;
     start_offset = progress_->offset;
   }
@@ -95,18 +311,18 @@ Status WeightPuller::copy_into(const ReadHandle& h, std::span<const NamedTensor>
   const std::uint64_t step = options_.copy_chunk_bytes;
   for (std::size_t k = start_target; k < targets.size(); ++k) {
     const Target& t = targets[k];
-    const std::byte* src = h.bytes().data() + t.entry->offset;
+    const std::byte* src = h.bytes.data() + t.entry->offset;
     auto* dst = static_cast<std::byte*>(t.view.data());
     std::uint64_t off = k == start_target ? start_offset : 0;
     const auto stop_here = [&] {
-      progress_ = Progress{h.version(), std::move(dst_ids), k, off, done_before + off};
+      progress_ = Progress{h.version, print, std::move(dst_ids), k, off, done_before + off};
       return cancelled(fmt::format("pull of version {} stopped at tensor '{}' byte {}; pull again to resume",
-                                   h.version().value(), t.entry->name, off));
+                                   h.version.value(), t.entry->name, off));
     };
     if (!t.view.device().is_host()) {
       if (cancel_requested_.exchange(false)) return stop_here();
       // One call per tensor so consecutive chunks overlap in the double-buffered device copy.
-      LAMINAR_RETURN_IF_ERROR(internal::copy_host_to_device(dst + off, src + off, t.entry->nbytes - off, h.pinned(),
+      LAMINAR_RETURN_IF_ERROR(internal::copy_host_to_device(dst + off, src + off, t.entry->nbytes - off, h.pinned,
                                                             options_.device_stream, step)
                                   .with_context(fmt::format("pull of tensor '{}' into {}", t.entry->name,
                                                             to_string(t.view.device()))));
@@ -119,7 +335,7 @@ Status WeightPuller::copy_into(const ReadHandle& h, std::span<const NamedTensor>
     }
     done_before += t.entry->nbytes;
   }
-  current_ = h.version();
+  current_ = h.version;
   return ok_status();
 }
 
@@ -130,12 +346,12 @@ Status WeightPuller::pull(Version v, std::span<const NamedTensor> destinations, 
         "trajectory is generated by one version",
         v.value(), current_ ? std::to_string(current_->value()) : "none"));
   }
-  auto h = relay_->acquire(v);
+  auto h = source_->acquire(v);
   LAMINAR_RETURN_IF_ERROR(h.status().with_context("pull"));
-  auto targets = check_destinations(*h, destinations);
+  auto targets = check_destinations(**h, destinations);
   LAMINAR_RETURN_IF_ERROR(targets.status());
-  LAMINAR_RETURN_IF_ERROR(verify(*h, *targets));
-  return copy_into(*h, destinations, *targets);
+  LAMINAR_RETURN_IF_ERROR(verify(**h, *targets));
+  return copy_into(**h, destinations, *targets);
 }
 
 Status WeightPuller::prefetch(Version v) {
@@ -143,23 +359,27 @@ Status WeightPuller::prefetch(Version v) {
     return failed_precondition(fmt::format("prefetch of version {}: the puller's policy is pull-when-idle",
                                            v.value()));
   }
-  auto h = relay_->acquire(v);
+  auto h = source_->acquire(v);
   LAMINAR_RETURN_IF_ERROR(h.status().with_context("prefetch"));
-  if (options_.verify_checksums) LAMINAR_RETURN_IF_ERROR(h->verify(0, h->plan().num_chunks()));
+  if (options_.verify_checksums) {
+    std::vector<Target> all;
+    for (const auto& e : (*h)->manifest.entries()) all.push_back({&e, TensorView()});
+    LAMINAR_RETURN_IF_ERROR(verify(**h, all).with_context("prefetch"));
+  }
   prefetched_ = std::move(*h);
   return ok_status();
 }
 
 Status WeightPuller::swap(std::span<const NamedTensor> destinations, bool has_live_trajectory) {
-  if (!prefetched_.valid()) return failed_precondition("swap: no version is prefetched");
+  if (!prefetched_) return failed_precondition("swap: no version is prefetched");
   if (has_live_trajectory) {
     return failed_precondition(fmt::format("swap to version {}: the worker has a live trajectory; swap only when idle",
-                                           prefetched_.version().value()));
+                                           prefetched_->version.value()));
   }
-  auto targets = check_destinations(prefetched_, destinations);
+  auto targets = check_destinations(*prefetched_, destinations);
   LAMINAR_RETURN_IF_ERROR(targets.status());
-  LAMINAR_RETURN_IF_ERROR(copy_into(prefetched_, destinations, *targets));
-  prefetched_ = ReadHandle();
+  LAMINAR_RETURN_IF_ERROR(copy_into(*prefetched_, destinations, *targets));
+  prefetched_.reset();
   return ok_status();
 }
 

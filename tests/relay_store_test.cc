@@ -2,9 +2,14 @@
 // chunk ingest with corrupt chunks and resume, bad input.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <random>
 #include <set>
@@ -349,5 +354,35 @@ TEST_CASE("handles outlive the store that made them", "[relay_store]") {
     publish_and_wait(*s, 1);
     h = s->acquire().value();
   }
+  check_version(h, 1);
+}
+
+TEST_CASE("a shareable store keeps each version in a sealed memfd others can only read", "[relay_store]") {
+  auto plain = make_store();
+  publish_and_wait(*plain, 1);
+  CHECK(plain->acquire().value().shared_fd() == -1);
+
+  laminar::RelayStoreOptions o;
+  o.chunk_bytes = 4096;
+  o.shareable = true;
+  auto store = RelayStore::create(o).value();
+  publish_and_wait(*store, 1);
+  const ReadHandle h = store->acquire().value();
+  const int fd = h.shared_fd();
+  REQUIRE(fd >= 0);
+  const int seals = fcntl(fd, F_GET_SEALS);
+  CHECK((seals & F_SEAL_SHRINK) != 0);
+  CHECK((seals & F_SEAL_GROW) != 0);
+  CHECK((seals & F_SEAL_FUTURE_WRITE) != 0);
+  CHECK((seals & F_SEAL_SEAL) != 0);
+  // A second, read-only view of the same pages holds the version's bytes; writing is refused.
+  const std::size_t n = h.bytes().size();
+  void* p = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
+  REQUIRE(p != MAP_FAILED);
+  CHECK(std::memcmp(p, h.bytes().data(), n) == 0);
+  munmap(p, n);
+  CHECK(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED);
+  CHECK(write(fd, "x", 1) == -1);
+  CHECK(ftruncate(fd, 0) == -1);
   check_version(h, 1);
 }

@@ -4,12 +4,21 @@
 //   relay_server --token T --actor --mib 64 --versions 3          # head: publishes v1..v3
 //   relay_server --token T --upstream 127.0.0.1:4000              # a relay below it
 //   relay_server --token T --pull --mib 64 --upstream 127.0.0.1:4001 --upstream 127.0.0.1:4000
+//   relay_server --token T --actor --mib 64 --shm /tmp/relay0.sock     # also serves same-host pullers
+//   relay_server --pull --mib 64 --local /tmp/relay0.sock --local /tmp/relay1.sock   # such a puller
 //
 // Lines: "listening ADDR", "published V DIGEST", "committed V DIGEST", "pulled V ok|MISMATCH ...",
 // "upstream ADDR", "lost ADDR", "rejected V CHUNK", and at exit "stats received N sent N resent N
 // failovers N" (chunks stored from upstream, accepted by subscribers, resent after a refusal). DIGEST is the xxh3 of the version's whole
 // buffer, so every process's bytes can be compared with the actor's. Ends on SIGTERM / SIGINT, or
 // after --exit-after-version V is committed (relays) or pulled (rollouts).
+//
+// With --shm PATH a LocalRelayServer serves the store on that socket too, printing "serving PATH",
+// "lease V PID", "released V PID HOW held N" (HOW: released or disconnected; N: versions the store
+// holds afterwards) and "refused PID WHY". An actor given --publish-on-usr1 publishes one more
+// version on every SIGUSR1. A --local puller (no UCX, no --token needed) prints "pulled V ok|..."
+// and "relay PATH" for the relay it read from; with --hold it instead prefetches the newest version,
+// prints "holding V" and keeps the lease until it is stopped.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -24,12 +33,14 @@
 #include <thread>
 #include <vector>
 
+#include "laminar/local_relay.h"
 #include "laminar/relay_chain.h"
 #include "laminar/weight_puller.h"
 
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_publish{false};
 std::mutex g_out;
 
 void say(const std::string& line) {
@@ -88,11 +99,64 @@ std::string digest(const laminar::ReadHandle& h) {
   return buf;
 }
 
+// "ok", or where the pulled bytes first differ from (seed, version).
+std::string check_pulled(const Buffers& b, std::uint64_t seed, std::uint64_t version) {
+  for (std::size_t k = 0; k < b.data.size(); ++k) {
+    for (std::size_t i = 0; i < b.data[k].size(); ++i) {
+      if (b.data[k][i] != std::uint32_t(element(seed, version, k, i))) {
+        return "MISMATCH tensor " + std::to_string(k) + " element " + std::to_string(i);
+      }
+    }
+  }
+  return "ok";
+}
+
+// A rollout on the same host as its relays, reading them through shared memory.
+int run_local_puller(std::vector<std::string> paths, std::size_t mib, std::uint64_t seed, std::uint64_t exit_after,
+                     bool hold) {
+  laminar::WeightPullerOptions po;
+  if (hold) po.policy = laminar::PullPolicy::kPrefetchThenSwap;
+  auto puller = laminar::WeightPuller::connect_local(std::move(paths), po);
+  if (!puller.ok()) {
+    std::fprintf(stderr, "relay_server: %s\n", puller.status().to_string().c_str());
+    return 1;
+  }
+  const laminar::WeightManifest manifest = make_manifest(mib);
+  Buffers engine(manifest);
+  bool held = false;
+  while (!g_stop) {
+    const std::optional<laminar::Version> latest = (*puller)->latest_version();
+    if (hold && !held && latest) {
+      laminar::Status st = (*puller)->prefetch(*latest);
+      if (!st.ok()) {
+        say("prefetch " + std::to_string(latest->value()) + " failed: " + st.to_string());
+        return 1;
+      }
+      held = true;
+      say("holding " + std::to_string(latest->value()));
+    }
+    if (!hold && latest && (!(*puller)->current_version() || *(*puller)->current_version() < *latest)) {
+      laminar::Status st = (*puller)->pull(*latest, engine.named, false);
+      if (!st.ok()) {
+        say("pull " + std::to_string(latest->value()) + " failed: " + st.to_string());
+      } else {
+        say("relay " + (*puller)->relay());
+        say("pulled " + std::to_string(latest->value()) + " " + check_pulled(engine, seed, latest->value()));
+        if (exit_after != 0 && latest->value() >= exit_after) break;
+      }
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 0;
+}
+
 int usage() {
   std::fprintf(stderr,
                "usage: relay_server --token T [--port P] [--upstream ADDR]... [--chunk-kib K]\n"
-               "  [--actor --versions N --interval-ms T] [--pull] [--mib M] [--seed S]\n"
-               "  [--exit-after-version V] [--corrupt V:CHUNK] [--stall-after CHUNKS]\n");
+               "  [--actor --versions N --interval-ms T [--publish-on-usr1]] [--pull] [--mib M] [--seed S]\n"
+               "  [--exit-after-version V] [--corrupt V:CHUNK] [--stall-after CHUNKS] [--shm PATH]\n"
+               "   or: relay_server --pull --local PATH... [--hold] [--mib M] [--seed S] [--exit-after-version V]\n");
   return 2;
 }
 
@@ -101,7 +165,9 @@ int usage() {
 int main(int argc, char** argv) {
   laminar::RelayChainOptions o;
   laminar::RelayStoreOptions so;
-  bool actor = false, pull = false;
+  bool actor = false, pull = false, hold = false, publish_on_usr1 = false;
+  std::string shm;
+  std::vector<std::string> local;
   std::size_t mib = 16;
   std::uint64_t versions = 1, interval_ms = 0, seed = 1, exit_after = 0;
   for (int i = 1; i < argc; ++i) {
@@ -110,6 +176,10 @@ int main(int argc, char** argv) {
     const char* v = nullptr;
     if (a == "--actor") actor = true;
     else if (a == "--pull") pull = true;
+    else if (a == "--hold") hold = true;
+    else if (a == "--publish-on-usr1") publish_on_usr1 = true;
+    else if ((a == "--shm") && (v = next())) shm = v;
+    else if ((a == "--local") && (v = next())) local.push_back(v);
     else if ((a == "--token") && (v = next())) o.transport.cluster_token = v;
     else if ((a == "--port") && (v = next())) o.listen_port = std::uint16_t(std::atoi(v));
     else if ((a == "--upstream") && (v = next())) o.upstreams.push_back(v);
@@ -128,13 +198,21 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
+  std::signal(SIGTERM, [](int) { g_stop = true; });
+  std::signal(SIGINT, [](int) { g_stop = true; });
+  std::signal(SIGUSR1, [](int) { g_publish = true; });
+  if (!local.empty()) {
+    if (!pull || actor || !o.upstreams.empty() || !shm.empty()) {
+      std::fprintf(stderr, "relay_server: --local goes with --pull only\n");
+      return usage();
+    }
+    return run_local_puller(local, mib, seed, exit_after, hold);
+  }
   if (actor == !o.upstreams.empty()) {
     std::fprintf(stderr, "relay_server: give --actor or at least one --upstream, not both\n");
     return usage();
   }
-  std::signal(SIGTERM, [](int) { g_stop = true; });
-  std::signal(SIGINT, [](int) { g_stop = true; });
-
+  so.shareable = !shm.empty();
   auto store = laminar::RelayStore::create(so);
   if (!store.ok()) {
     std::fprintf(stderr, "relay_server: %s\n", store.status().to_string().c_str());
@@ -164,20 +242,52 @@ int main(int argc, char** argv) {
   }
   say("listening " + (*node)->address());
 
-  const laminar::WeightManifest manifest = make_manifest(mib);
-  if (actor) {
-    Buffers w(manifest);
-    for (std::uint64_t v = 1; v <= versions && !g_stop; ++v) {
-      fill(w.data, seed, v);
-      laminar::Status st = (*store)->publish(laminar::Version(v), manifest, w.named);
-      if (st.ok()) st = (*store)->wait_for_version(laminar::Version(v), std::chrono::seconds(60));
-      if (!st.ok()) {
-        std::fprintf(stderr, "relay_server: publish %llu: %s\n", static_cast<unsigned long long>(v),
-                     st.to_string().c_str());
-        return 1;
+  std::unique_ptr<laminar::LocalRelayServer> local_server;
+  if (!shm.empty()) {
+    laminar::LocalRelayServerOptions lo;
+    lo.on_event = [&](const laminar::LocalRelayEvent& e) {
+      using K = laminar::LocalRelayEvent::Kind;
+      const std::string pid = std::to_string(e.client_pid);
+      switch (e.kind) {
+        case K::kGranted: say("lease " + std::to_string(e.version.value()) + " " + pid); break;
+        case K::kReleased:
+          say("released " + std::to_string(e.version.value()) + " " + pid +
+              (e.disconnected ? " disconnected" : " released") + " held " +
+              std::to_string((*store)->stats().versions_held));
+          break;
+        case K::kRefused: say("refused " + pid + " " + e.detail); break;
       }
-      say("published " + std::to_string(v) + " " + digest((*store)->acquire(laminar::Version(v)).value()));
-      committed = v;
+    };
+    auto server = laminar::LocalRelayServer::start(*store, shm, lo);
+    if (!server.ok()) {
+      std::fprintf(stderr, "relay_server: %s\n", server.status().to_string().c_str());
+      return 1;
+    }
+    local_server = std::move(*server);
+    say("serving " + shm);
+  }
+
+  const laminar::WeightManifest manifest = make_manifest(mib);
+  std::unique_ptr<Buffers> weights;
+  std::uint64_t published = 0;
+  const auto publish_next = [&]() -> bool {
+    const std::uint64_t v = ++published;
+    fill(weights->data, seed, v);
+    laminar::Status st = (*store)->publish(laminar::Version(v), manifest, weights->named);
+    if (st.ok()) st = (*store)->wait_for_version(laminar::Version(v), std::chrono::seconds(60));
+    if (!st.ok()) {
+      std::fprintf(stderr, "relay_server: publish %llu: %s\n", static_cast<unsigned long long>(v),
+                   st.to_string().c_str());
+      return false;
+    }
+    say("published " + std::to_string(v) + " " + digest((*store)->acquire(laminar::Version(v)).value()));
+    committed = v;
+    return true;
+  };
+  if (actor) {
+    weights = std::make_unique<Buffers>(manifest);
+    for (std::uint64_t v = 1; v <= versions && !g_stop; ++v) {
+      if (!publish_next()) return 1;
       std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
     }
   }
@@ -189,6 +299,10 @@ int main(int argc, char** argv) {
     engine = std::make_unique<Buffers>(manifest);
   }
   while (!g_stop) {
+    if (actor && publish_on_usr1 && g_publish.exchange(false)) {
+      if (!publish_next()) return 1;
+      continue;
+    }
     if (pull) {
       auto d = puller->next_action(/*has_live_trajectory=*/false);
       if (d.action == laminar::PullAction::kPull) {
@@ -196,16 +310,7 @@ int main(int argc, char** argv) {
         if (!st.ok()) {
           say("pull " + std::to_string(d.version.value()) + " failed: " + st.to_string());
         } else {
-          std::string verdict = "ok";
-          for (std::size_t k = 0; k < engine->data.size() && verdict == "ok"; ++k) {
-            for (std::size_t i = 0; i < engine->data[k].size(); ++i) {
-              if (engine->data[k][i] != std::uint32_t(element(seed, d.version.value(), k, i))) {
-                verdict = "MISMATCH tensor " + std::to_string(k) + " element " + std::to_string(i);
-                break;
-              }
-            }
-          }
-          say("pulled " + std::to_string(d.version.value()) + " " + verdict);
+          say("pulled " + std::to_string(d.version.value()) + " " + check_pulled(*engine, seed, d.version.value()));
           if (exit_after != 0 && d.version.value() >= exit_after) break;
         }
         continue;

@@ -2,7 +2,7 @@
 // a device is present (so device copies from it run at full speed), plus the host<->device copies
 // the relay tier needs. Not part of the public API.
 //
-//   auto buf = laminar::internal::HostBuffer::allocate(1 << 20, /*pin=*/true);
+//   auto buf = laminar::internal::HostBuffer::allocate(1 << 20, /*pin=*/true, /*shareable=*/false);
 //   std::memcpy(buf->data(), src, 1 << 20);
 //   bool fast = buf->pinned();  // false on a machine without CUDA
 #pragma once
@@ -24,15 +24,18 @@ class HostBuffer {
   HostBuffer& operator=(HostBuffer&& o) noexcept;
   ~HostBuffer();
 
-  // Maps `bytes` of zeroed, pre-faulted memory (so the first publish into it does not pay page
+  // Maps `bytes` of zeroed, pre-faulted memory; with shareable, backed by a sealed memfd (fd()) that
+  // other processes may map read-only, otherwise anonymous (where huge pages are more often granted) (so the first publish into it does not pay page
   // faults on the actor's time). With pin, registers it with CUDA when a device is present; pinned()
   // says whether that happened. kInvalidArgument for 0 bytes, kResourceExhausted when the mapping
   // fails.
-  static Result<HostBuffer> allocate(std::size_t bytes, bool pin);
+  static Result<HostBuffer> allocate(std::size_t bytes, bool pin, bool shareable);
 
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   bool pinned() const noexcept { return pinned_; }
+  // The memfd behind data() (fixed size, writable only through data()), or -1 when not shareable.
+  int fd() const noexcept { return fd_; }
 
  private:
   void reset() noexcept;
@@ -40,6 +43,7 @@ class HostBuffer {
   std::byte* data_ = nullptr;  // [size_]
   std::size_t size_ = 0;
   bool pinned_ = false;
+  int fd_ = -1;
 };
 
 // Whether a CUDA device can be used by this process: kUnimplemented in a build without CUDA,

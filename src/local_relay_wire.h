@@ -1,0 +1,137 @@
+// local_relay_wire.h (internal): what a LocalRelayServer and its clients (WeightPuller::connect_local)
+// say over their Unix domain stream socket, and the client side of it.
+//
+// Requests are fixed 24-byte frames {magic, type, a, b} (little-endian, as the host: both ends are
+// on the same machine). Replies are a 16-byte header {magic, type, payload bytes} and a payload; a
+// grant carries the version's memfd as SCM_RIGHTS ancillary data on its first byte.
+//
+//   request kLatest                      -> kLatestIs {u64 has, u64 version}
+//   request kAcquire {a: 1 = version b,  -> kGrant {u64 lease, version, total_bytes, chunk_bytes,
+//                     0 = newest}              num_chunks, json_bytes, u64 checksums[num_chunks],
+//                                              manifest JSON} + fd
+//   request kRelease {a: lease}          -> no reply
+//   any request                          -> kError {u32 status code, message} instead
+//
+// The client validates everything (sizes, codes, the fd's seals and size) and never trusts a length
+// before checking it against what it can hold.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "laminar/relay_versions.h"
+#include "laminar/status.h"
+#include "laminar/types.h"
+#include "laminar/weight_manifest.h"
+
+namespace laminar::internal {
+
+inline constexpr std::uint32_t kLocalRelayMagic = 0x3152'4d4c;  // "LMR1"
+inline constexpr std::size_t kLocalRequestBytes = 24;
+inline constexpr std::size_t kLocalReplyHeaderBytes = 16;
+// Largest reply payload a client accepts: a manifest of many thousands of tensors fits easily.
+inline constexpr std::uint64_t kLocalMaxPayloadBytes = 64ull << 20;
+inline constexpr std::size_t kLocalMaxErrorTextBytes = 1024;
+
+enum class LocalRequest : std::uint32_t { kLatest = 1, kAcquire = 2, kRelease = 3 };
+enum class LocalReply : std::uint32_t { kLatestIs = 11, kGrant = 12, kError = 13 };
+
+// A file descriptor closed on destruction.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+  int get() const noexcept { return fd_; }
+  int release() noexcept;
+  void reset() noexcept;
+
+ private:
+  int fd_ = -1;
+};
+
+// A read-only shared mapping of [bytes] of a sealed memfd, unmapped on destruction.
+class SharedMapping {
+ public:
+  // Which file a descriptor opens: the same memfd reached through two descriptors has one id (the
+  // relay reuses a buffer's memfd for later versions).
+  struct FileId {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    friend bool operator==(const FileId&, const FileId&) = default;
+  };
+  // Checks that fd is a memfd sealed against shrinking and writes by others and at least `bytes`
+  // long: kDataLoss naming what is wrong with it.
+  static Result<FileId> check(int fd, std::uint64_t bytes);
+  // Maps [bytes] of a checked fd. kResourceExhausted when the mapping fails.
+  static Result<std::shared_ptr<SharedMapping>> map(int fd, std::uint64_t bytes, FileId id);
+  ~SharedMapping();
+  SharedMapping(const SharedMapping&) = delete;
+  SharedMapping& operator=(const SharedMapping&) = delete;
+  std::span<const std::byte> bytes() const noexcept { return {data_, size_}; }
+  FileId id() const noexcept { return id_; }
+
+ private:
+  SharedMapping(const std::byte* data, std::size_t size, FileId id) : data_(data), size_(size), id_(id) {}
+  const std::byte* data_;  // [size_]
+  std::size_t size_;
+  FileId id_;
+};
+
+// One version a local relay granted: its layout and checksums, and its memory.
+struct LocalGrant {
+  std::uint64_t lease = 0;
+  Version version;
+  WeightManifest manifest;
+  ChunkPlan plan;
+  std::vector<std::uint64_t> checksums;  // [plan.num_chunks()]
+  UniqueFd fd;
+};
+
+// The client end of one connection to a LocalRelayServer. Not thread-safe. Any failure of the
+// socket or of a reply's format marks it broken(); errors the relay sent back do not.
+class LocalRelayConnection {
+ public:
+  // kInvalidArgument for a path that does not fit a socket address, kUnavailable when nothing
+  // accepts on it.
+  static Result<std::shared_ptr<LocalRelayConnection>> connect(const std::string& path);
+
+  const std::string& path() const noexcept { return path_; }
+  bool broken() const noexcept { return broken_; }
+  // Closes the connection (the relay then drops every lease it gave on it).
+  void mark_broken() noexcept;
+
+  // Newest committed version of the relay (nullopt: none yet).
+  Result<std::optional<Version>> latest(std::chrono::milliseconds timeout);
+  // Version v (newest when nullopt). The relay's error when it refuses (e.g. kNotFound); kUnavailable
+  // / kDeadlineExceeded when the relay is gone or silent, kDataLoss for a malformed reply.
+  Result<LocalGrant> acquire(std::optional<Version> v, std::chrono::milliseconds timeout);
+  // Drops a lease. Best effort: a connection that is gone has dropped every lease already.
+  void release(std::uint64_t lease) noexcept;
+
+ private:
+  LocalRelayConnection(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
+  Status send_request(LocalRequest type, std::uint64_t a, std::uint64_t b);
+  // Reads one reply: its type, payload, and the descriptor that came with it (if any).
+  Status read_reply(std::chrono::milliseconds timeout, LocalReply* type, std::vector<std::byte>* payload,
+                    UniqueFd* fd);
+  Status fail(Status why);
+
+  UniqueFd fd_;
+  std::string path_;
+  bool broken_ = false;
+};
+
+}  // namespace laminar::internal

@@ -1,0 +1,707 @@
+// Same-host pulls through shared memory across real processes: relays are examples/relay_server
+// with --shm (a LocalRelayServer), the puller is WeightPuller::connect_local in this process, or a
+// relay_server --local child where the test needs a puller it can kill. Every pulled byte is checked
+// against the relay's workload; fault cases: a relay killed mid-pull and after a stopped pull
+// (failover, resume), a client killed holding a lease, malformed requests, and a fake relay in this
+// process that answers with truncated, corrupt or unsafe replies (no descriptor or mapping may leak).
+#include <catch2/catch.hpp>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "laminar/local_relay.h"
+#include "laminar/weight_puller.h"
+#include "local_relay_wire.h"
+#include "process.h"
+
+using namespace std::chrono_literals;
+using laminar::NamedTensor;
+using laminar::StatusCode;
+using laminar::Version;
+using laminar::WeightPuller;
+using laminar::WeightPullerOptions;
+using laminar::testing::ChildOptions;
+using laminar::testing::ChildProcess;
+
+namespace {
+
+const std::string kToken = "relay-local-test-token-0123456789";
+constexpr int kMib = 32;
+constexpr std::uint64_t kSeed = 1;  // relay_server's default
+
+// relay_server's workload (make_manifest / element in examples/relay_server/relay_server.cc).
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint32_t element(std::uint64_t version, std::size_t tensor, std::size_t i) {
+  return std::uint32_t(mix(kSeed ^ mix(version * 1000003 + tensor) ^ i));
+}
+
+laminar::WeightManifest make_manifest(std::size_t mib) {
+  laminar::WeightManifest m;
+  const std::int64_t rows = std::int64_t(mib) * (1 << 20) / 8 / 4 / 1024;
+  for (int i = 0; i < 8; ++i) REQUIRE(m.add("layer" + std::to_string(i) + ".w", laminar::DType::kF32, {rows, 1024}).ok());
+  REQUIRE(m.add("norm.b", laminar::DType::kF32, {37}).ok());
+  return m;
+}
+
+// Engine-side buffers for relay_server's workload.
+struct Engine {
+  laminar::WeightManifest manifest = make_manifest(kMib);
+  std::vector<std::vector<std::uint32_t>> data;
+  std::vector<laminar::TensorView> views;
+  std::vector<NamedTensor> named;
+
+  Engine() {
+    for (const auto& e : manifest.entries()) data.emplace_back(e.nbytes / 4, 0xABABABABu);
+    for (std::size_t k = 0; k < data.size(); ++k) {
+      const auto& e = manifest.entries()[k];
+      views.push_back(laminar::TensorView::contiguous(data[k].data(), e.dtype, e.shape).value());
+      named.push_back({e.name, views.back()});
+    }
+  }
+
+  // Index of the first element of tensor k that is not version v's, or -1.
+  std::int64_t mismatch(std::size_t k, std::uint64_t v, std::size_t from = 0) const {
+    for (std::size_t i = from; i < data[k].size(); ++i) {
+      if (data[k][i] != element(v, k, i)) return std::int64_t(i);
+    }
+    return -1;
+  }
+
+  bool holds(std::uint64_t v) const {
+    for (std::size_t k = 0; k < data.size(); ++k) {
+      if (mismatch(k, v) != -1) return false;
+    }
+    return true;
+  }
+};
+
+// A private directory for the sockets, removed with everything in it.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/laminar-relay-local-XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    if (DIR* d = opendir(path.c_str())) {
+      while (dirent* e = readdir(d)) {
+        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+          unlink((path + "/" + e->d_name).c_str());
+        }
+      }
+      closedir(d);
+    }
+    rmdir(path.c_str());
+  }
+  std::string socket(const std::string& name) const { return path + "/" + name + ".sock"; }
+};
+
+ChildProcess start(std::vector<std::string> args) {
+  ChildOptions o;
+  o.program = LAMINAR_RELAY_SERVER;
+  o.args = {"--mib", std::to_string(kMib)};
+  o.args.insert(o.args.end(), args.begin(), args.end());
+  auto child = ChildProcess::spawn(std::move(o));
+  INFO(child.status().to_string());
+  REQUIRE(child.ok());
+  return std::move(*child);
+}
+
+std::string expect_line(ChildProcess& child, const std::string& prefix, std::chrono::milliseconds timeout = 60s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto line = child.read_line(std::max(left, 1ms));
+    INFO("pid " << child.pid() << " waiting for '" << prefix << "': " << line.status().to_string());
+    REQUIRE(line.ok());
+    if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
+  }
+}
+
+// A relay process that publishes `versions` versions and serves them on `socket`.
+ChildProcess start_relay(const std::string& socket, int versions, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--token", kToken, "--actor", "--versions", std::to_string(versions), "--shm",
+                                   socket};
+  args.insert(args.end(), extra.begin(), extra.end());
+  ChildProcess r = start(args);
+  expect_line(r, "serving ");
+  for (int v = 1; v <= versions; ++v) expect_line(r, "published " + std::to_string(v) + " ");
+  return r;
+}
+
+void stop(ChildProcess& c) {
+  c.kill(SIGTERM);
+  auto code = c.wait(20s);
+  REQUIRE(code.ok());
+  CHECK(*code == 0);
+}
+
+std::size_t open_fds() {
+  std::size_t n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  REQUIRE(d != nullptr);
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+std::size_t memfd_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("/memfd:") != std::string::npos;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("local relay: a puller in another process gets every byte through shared memory", "[relay_local]") {
+  TempDir dir;
+  const std::string sock = dir.socket("r");
+  ChildProcess relay = start_relay(sock, 2);
+  WeightPullerOptions o;
+  o.verify_checksums = true;
+  auto puller = WeightPuller::connect_local({sock}, o).value();
+  CHECK(puller->latest_version() == Version(2));
+  auto d = puller->next_action(false);
+  REQUIRE(d.action == laminar::PullAction::kPull);
+  CHECK(d.version == Version(2));
+  Engine engine;
+  REQUIRE(puller->pull(Version(2), engine.named, false).ok());
+  CHECK(expect_line(relay, "lease 2 ") == std::to_string(getpid()));
+  CHECK(expect_line(relay, "released 2 ") == std::to_string(getpid()) + " released held 1");
+  CHECK(puller->current_version() == Version(2));
+  CHECK(puller->relay() == sock);
+  for (std::size_t k = 0; k < engine.data.size(); ++k) CHECK(engine.mismatch(k, 2) == -1);
+  CHECK(puller->next_action(false).action == laminar::PullAction::kNone);
+
+  // v1 was freed when v2 committed: the relay's own error comes back.
+  auto st = puller->pull(Version(1), engine.named, false);
+  CHECK(st.code() == StatusCode::kNotFound);
+  CHECK_THAT(st.message(), Catch::Contains("version 1"));
+  // Destinations are checked against the relay's manifest.
+  std::vector<NamedTensor> bad = {engine.named[0], engine.named[0]};
+  CHECK(puller->pull(Version(2), bad, false).code() == StatusCode::kInvalidArgument);
+  CHECK(puller->pull(Version(2), engine.named, true).code() == StatusCode::kFailedPrecondition);
+
+  // A shard: only its tensor changes.
+  Engine shard;
+  std::vector<NamedTensor> one = {shard.named[3]};
+  REQUIRE(puller->pull(Version(2), one, false).ok());
+  CHECK(shard.mismatch(3, 2) == -1);
+  CHECK(shard.data[2][0] == 0xABABABABu);
+  stop(relay);
+}
+
+TEST_CASE("local relay: successive versions, written into recycled relay buffers, arrive intact", "[relay_local]") {
+  TempDir dir;
+  const std::string sock = dir.socket("r");
+  ChildProcess relay = start_relay(sock, 1, {"--publish-on-usr1"});
+  auto puller = WeightPuller::connect_local({sock}).value();
+  Engine engine;
+  const std::size_t maps_before = memfd_mappings();
+  for (std::uint64_t v = 1; v <= 5; ++v) {
+    if (v > 1) {
+      relay.kill(SIGUSR1);
+      expect_line(relay, "published " + std::to_string(v) + " ");
+    }
+    REQUIRE(puller->pull(Version(v), engine.named, false).ok());
+    INFO("version " << v);
+    CHECK(engine.holds(v));
+  }
+  // The puller keeps a few relay buffers mapped for reuse, not one per version.
+  CHECK(memfd_mappings() - maps_before <= 3);
+  stop(relay);
+}
+
+TEST_CASE("local relay: prefetch holds a lease across newer versions and swap releases it", "[relay_local]") {
+  TempDir dir;
+  const std::string sock = dir.socket("r");
+  ChildProcess relay = start_relay(sock, 1, {"--publish-on-usr1"});
+  WeightPullerOptions o;
+  o.policy = laminar::PullPolicy::kPrefetchThenSwap;
+  auto puller = WeightPuller::connect_local({sock}, o).value();
+  auto d = puller->next_action(/*has_live_trajectory=*/true);
+  REQUIRE(d.action == laminar::PullAction::kPrefetch);
+  REQUIRE(puller->prefetch(d.version).ok());
+  expect_line(relay, "lease 1 ");
+  relay.kill(SIGUSR1);
+  expect_line(relay, "published 2 ");
+  Engine engine;
+  REQUIRE(puller->swap(engine.named, false).ok());
+  // The relay kept v1 for the lease until now: two versions held before, one after.
+  CHECK(expect_line(relay, "released 1 ") == std::to_string(getpid()) + " released held 1");
+  CHECK(engine.holds(1));
+  CHECK(puller->current_version() == Version(1));
+  CHECK(puller->next_action(false).version == Version(2));
+  stop(relay);
+}
+
+TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail over, a stopped pull resumes there",
+          "[relay_local]") {
+  TempDir dir;
+  const std::string s1 = dir.socket("r1"), s2 = dir.socket("r2"), s3 = dir.socket("r3");
+  ChildProcess r1 = start_relay(s1, 1);
+  ChildProcess r2 = start_relay(s2, 1);
+  ChildProcess r3 = start_relay(s3, 1);
+  WeightPullerOptions o;
+  o.copy_chunk_bytes = 4096;  // many chunk boundaries where a cancel can land
+  auto puller = WeightPuller::connect_local({s1, s2, s3}, o).value();
+
+  // The relay dies once it has granted the lease, while its memory is being copied: the mapping
+  // keeps the pages, so the pull still delivers every byte.
+  {
+    Engine engine;
+    laminar::Status st;
+    std::thread t([&] { st = puller->pull(Version(1), engine.named, false); });
+    expect_line(r1, "lease 1 ");
+    r1.kill(SIGKILL);
+    t.join();
+    REQUIRE(st.ok());
+    CHECK(engine.holds(1));
+    CHECK(r1.wait(10s).ok());
+  }
+  CHECK(puller->latest_version() == Version(1));
+  CHECK(puller->relay() == s2);
+
+  // A pull stopped half way, then its relay dies: pulling again resumes on the next relay at the
+  // byte it stopped at (bytes already copied are marked, and must stay marked).
+  const std::uint64_t seed = std::random_device{}();
+  std::printf("relay_local_test cancel seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937 rng(std::uint32_t(seed & 0xffffffffu));
+  Engine engine;
+  std::optional<WeightPuller::StoppedPull> stopped;
+  for (int attempt = 0; attempt < 200 && !stopped; ++attempt) {
+    laminar::Status st;
+    std::thread t([&] { st = puller->pull(Version(1), engine.named, false); });
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
+    puller->cancel();
+    t.join();
+    if (st.code() == StatusCode::kCancelled) {
+      stopped = puller->stopped_pull();
+      REQUIRE(stopped);
+      if (stopped->bytes_done == 0) stopped.reset();
+    } else {
+      REQUIRE(st.ok());
+    }
+  }
+  REQUIRE(stopped);
+  std::uint64_t left = stopped->bytes_done;
+  for (auto& t : engine.data) {
+    const std::uint64_t k = std::min<std::uint64_t>(left, t.size() * 4) / 4;
+    std::fill(t.begin(), t.begin() + std::ptrdiff_t(k), 0xCDCDCDCDu);
+    left -= std::min<std::uint64_t>(left, t.size() * 4);
+  }
+  r2.kill(SIGKILL);
+  CHECK(r2.wait(10s).ok());
+  REQUIRE(puller->pull(Version(1), engine.named, false).ok());
+  CHECK(puller->relay() == s3);
+  left = stopped->bytes_done;
+  for (std::size_t k = 0; k < engine.data.size(); ++k) {
+    const std::uint64_t done = std::min<std::uint64_t>(left, engine.data[k].size() * 4) / 4;
+    left -= std::min<std::uint64_t>(left, engine.data[k].size() * 4);
+    CHECK(std::all_of(engine.data[k].begin(), engine.data[k].begin() + std::ptrdiff_t(done),
+                      [](std::uint32_t x) { return x == 0xCDCDCDCDu; }));
+    CHECK(engine.mismatch(k, 1, done) == -1);
+  }
+  stop(r3);
+  // No relay left: a clear error naming each one.
+  auto st = puller->pull(Version(1), engine.named, false);
+  CHECK(st.code() == StatusCode::kUnavailable);
+  CHECK_THAT(st.message(), Catch::Contains(s1) && Catch::Contains(s3));
+  CHECK_FALSE(puller->latest_version());
+}
+
+TEST_CASE("local relay: a client killed while holding a lease has it released and the version freed",
+          "[relay_local]") {
+  TempDir dir;
+  const std::string sock = dir.socket("r");
+  ChildProcess relay = start_relay(sock, 1, {"--publish-on-usr1"});
+  ChildProcess client = start({"--pull", "--local", sock, "--hold"});
+  CHECK(expect_line(client, "holding ") == "1");
+  CHECK(expect_line(relay, "lease 1 ") == std::to_string(client.pid()));
+  relay.kill(SIGUSR1);
+  expect_line(relay, "published 2 ");
+  // v1 is still held for the client, so a pull of it works.
+  Engine engine;
+  auto puller = WeightPuller::connect_local({sock}).value();
+  REQUIRE(puller->pull(Version(1), engine.named, false).ok());
+  CHECK(engine.holds(1));
+  CHECK_THAT(expect_line(relay, "released 1 "), Catch::EndsWith("released held 2"));
+  client.kill(SIGKILL);
+  CHECK(client.wait(10s).ok());
+  CHECK(expect_line(relay, "released 1 ") == std::to_string(client.pid()) + " disconnected held 1");
+  CHECK(puller->pull(Version(1), engine.named, false).code() == StatusCode::kNotFound);
+  stop(relay);
+}
+
+namespace {
+
+// A raw client of a LocalRelayServer: sends bytes, reads whatever comes back until EOF.
+struct RawClient {
+  int fd = -1;
+  explicit RawClient(const std::string& path) {
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.c_str(), path.size());
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  ~RawClient() { close(fd); }
+  void send_words(std::uint32_t magic, std::uint32_t type, std::uint64_t a, std::uint64_t b) {
+    char buf[24];
+    std::memcpy(buf, &magic, 4);
+    std::memcpy(buf + 4, &type, 4);
+    std::memcpy(buf + 8, &a, 8);
+    std::memcpy(buf + 16, &b, 8);
+    REQUIRE(send(fd, buf, sizeof buf, MSG_NOSIGNAL) == 24);
+  }
+  // Everything the server sends until it closes the connection.
+  std::string read_to_eof() {
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, std::size_t(n));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("local relay: malformed requests are refused and the relay keeps serving", "[relay_local]") {
+  using laminar::internal::kLocalRelayMagic;
+  TempDir dir;
+  const std::string sock = dir.socket("r");
+  ChildProcess relay = start_relay(sock, 1);
+  {
+    RawClient c(sock);
+    c.send_words(0xdeadbeef, 1, 0, 0);
+    const std::string reply = c.read_to_eof();
+    REQUIRE(reply.size() > 20);
+    std::uint32_t code = 0;
+    std::memcpy(&code, reply.data() + 16, 4);
+    CHECK(code == std::uint32_t(StatusCode::kInvalidArgument));
+    CHECK_THAT(reply, Catch::Contains("0xdeadbeef"));
+    CHECK_THAT(expect_line(relay, "refused "), Catch::Contains("0xdeadbeef"));
+  }
+  {
+    RawClient c(sock);
+    c.send_words(kLocalRelayMagic, 99, 0, 0);
+    CHECK_THAT(c.read_to_eof(), Catch::Contains("unknown type 99"));
+    CHECK_THAT(expect_line(relay, "refused "), Catch::Contains("unknown type 99"));
+  }
+  {
+    RawClient c(sock);
+    c.send_words(kLocalRelayMagic, std::uint32_t(laminar::internal::LocalRequest::kRelease), 12345, 0);
+    CHECK_THAT(c.read_to_eof(), Catch::Contains("lease 12345"));
+    CHECK_THAT(expect_line(relay, "refused "), Catch::Contains("lease 12345"));
+  }
+  {
+    RawClient c(sock);
+    c.send_words(kLocalRelayMagic, std::uint32_t(laminar::internal::LocalRequest::kAcquire), 7, 1);
+    CHECK_THAT(c.read_to_eof(), Catch::Contains("flag 7"));
+    expect_line(relay, "refused ");
+  }
+  {
+    // Half a request, then gone; and a lease taken by a raw client that then hangs up.
+    RawClient c(sock);
+    REQUIRE(send(c.fd, "LMR1", 4, MSG_NOSIGNAL) == 4);
+  }
+  CHECK_THAT(expect_line(relay, "refused "), Catch::Contains("mid-request"));
+  {
+    RawClient c(sock);
+    c.send_words(kLocalRelayMagic, std::uint32_t(laminar::internal::LocalRequest::kAcquire), 0, 0);
+    expect_line(relay, "lease 1 ");
+  }
+  CHECK_THAT(expect_line(relay, "released 1 "), Catch::Contains("disconnected"));
+  // Still serving.
+  Engine engine;
+  auto puller = WeightPuller::connect_local({sock}).value();
+  REQUIRE(puller->pull(Version(1), engine.named, false).ok());
+  CHECK(engine.holds(1));
+  stop(relay);
+}
+
+namespace {
+
+// A fake relay in this process: accepts one connection, reads one request, answers with `reply`,
+// then closes.
+class FakeRelay {
+ public:
+  using Reply = std::function<void(int client)>;
+  FakeRelay(const std::string& path, Reply reply) {
+    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.c_str(), path.size());
+    REQUIRE(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(listen(fd_, 4) == 0);
+    path_ = path;
+    thread_ = std::thread([this, reply = std::move(reply)] {
+      const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) return;
+      char req[24];
+      std::size_t got = 0;
+      while (got < sizeof req) {
+        const ssize_t n = recv(c, req + got, sizeof req - got, 0);
+        if (n <= 0) break;
+        got += std::size_t(n);
+      }
+      reply(c);
+      close(c);
+    });
+  }
+  ~FakeRelay() {
+    thread_.join();
+    close(fd_);
+    unlink(path_.c_str());
+  }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  std::thread thread_;
+};
+
+void put64(std::string& s, std::uint64_t x) { s.append(reinterpret_cast<const char*>(&x), 8); }
+void put32(std::string& s, std::uint32_t x) { s.append(reinterpret_cast<const char*>(&x), 4); }
+
+std::string header(laminar::internal::LocalReply type, std::uint64_t len,
+                   std::uint32_t magic = laminar::internal::kLocalRelayMagic) {
+  std::string s;
+  put32(s, magic);
+  put32(s, std::uint32_t(type));
+  put64(s, len);
+  return s;
+}
+
+// A well-formed grant payload for `m` in chunks of 64 KiB (checksums all zero).
+std::string grant_payload(const laminar::WeightManifest& m, std::uint64_t version = 1) {
+  const std::uint64_t chunk = 64 << 10;
+  const std::uint64_t n = (m.total_bytes() + chunk - 1) / chunk;
+  const std::string json = m.to_json();
+  std::string p;
+  put64(p, 7);
+  put64(p, version);
+  put64(p, m.total_bytes());
+  put64(p, chunk);
+  put64(p, n);
+  put64(p, json.size());
+  for (std::uint64_t i = 0; i < n; ++i) put64(p, 0);
+  return p + json;
+}
+
+void send_with_fd(int sock, const std::string& bytes, int fd) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  (void)sendmsg(sock, &msg, MSG_NOSIGNAL);
+}
+
+// A memfd of `bytes`, with the given seals.
+int make_memfd(std::uint64_t bytes, int seals) {
+  const int fd = memfd_create("fake-relay", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, off_t(bytes)) == 0);
+  if (seals != 0) REQUIRE(fcntl(fd, F_ADD_SEALS, seals) == 0);
+  return fd;
+}
+
+}  // namespace
+
+TEST_CASE("local relay: truncated, corrupt or unsafe replies are clear errors and leak nothing", "[relay_local]") {
+  using laminar::internal::LocalReply;
+  TempDir dir;
+  const std::string sock = dir.socket("fake");
+  Engine engine;
+  const std::string grant = grant_payload(engine.manifest);
+  const int full_seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+  struct Case {
+    const char* what;
+    FakeRelay::Reply reply;
+    StatusCode code;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"hangs up at once", [](int) {}, StatusCode::kUnavailable, "closed the connection"},
+      {"half a header", [](int c) { (void)send(c, "LMR1\x0c", 5, MSG_NOSIGNAL); }, StatusCode::kUnavailable,
+       "5 of 16 bytes"},
+      {"bad magic", [](int c) { auto h = header(LocalReply::kGrant, 0, 0x12345678); (void)send(c, h.data(), h.size(), MSG_NOSIGNAL); },
+       StatusCode::kDataLoss, "magic"},
+      {"unknown reply type",
+       [](int c) { auto h = header(LocalReply(77), 0); (void)send(c, h.data(), h.size(), MSG_NOSIGNAL); },
+       StatusCode::kDataLoss, "unknown type 77"},
+      {"huge payload",
+       [](int c) { auto h = header(LocalReply::kGrant, 1ull << 40); (void)send(c, h.data(), h.size(), MSG_NOSIGNAL); },
+       StatusCode::kDataLoss, "over the limit"},
+      {"truncated grant",
+       [&](int c) {
+         const int fd = make_memfd(engine.manifest.total_bytes(), full_seals);
+         send_with_fd(c, header(LocalReply::kGrant, grant.size()) + grant.substr(0, 40), fd);
+         close(fd);
+       },
+       StatusCode::kUnavailable, "closed the connection"},
+      {"grant without a descriptor",
+       [&](int c) { send_with_fd(c, header(LocalReply::kGrant, grant.size()) + grant, -1); }, StatusCode::kDataLoss,
+       "0 descriptors"},
+      {"grant whose counts do not add up",
+       [&](int c) {
+         std::string g = grant;
+         const std::uint64_t bad = 3;
+         std::memcpy(g.data() + 32, &bad, 8);
+         const int fd = make_memfd(engine.manifest.total_bytes(), full_seals);
+         send_with_fd(c, header(LocalReply::kGrant, g.size()) + g, fd);
+         close(fd);
+       },
+       StatusCode::kDataLoss, "3 checksums"},
+      {"grant with a corrupt manifest",
+       [&](int c) {
+         std::string g = grant;
+         g[g.size() - 2] = '#';
+         const int fd = make_memfd(engine.manifest.total_bytes(), full_seals);
+         send_with_fd(c, header(LocalReply::kGrant, g.size()) + g, fd);
+         close(fd);
+       },
+       StatusCode::kDataLoss, "manifest"},
+      {"grant for another version",
+       [&](int c) {
+         const std::string g = grant_payload(engine.manifest, 9);
+         const int fd = make_memfd(engine.manifest.total_bytes(), full_seals);
+         send_with_fd(c, header(LocalReply::kGrant, g.size()) + g, fd);
+         close(fd);
+       },
+       StatusCode::kDataLoss, "version 9"},
+      {"a pipe instead of a memfd",
+       [&](int c) {
+         int p[2];
+         REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+         send_with_fd(c, header(LocalReply::kGrant, grant.size()) + grant, p[0]);
+         close(p[0]);
+         close(p[1]);
+       },
+       StatusCode::kDataLoss, "not a sealable memfd"},
+      {"an unsealed memfd",
+       [&](int c) {
+         const int fd = make_memfd(engine.manifest.total_bytes(), 0);
+         send_with_fd(c, header(LocalReply::kGrant, grant.size()) + grant, fd);
+         close(fd);
+       },
+       StatusCode::kDataLoss, "seals"},
+      {"a memfd shorter than the version",
+       [&](int c) {
+         const int fd = make_memfd(4096, full_seals);
+         send_with_fd(c, header(LocalReply::kGrant, grant.size()) + grant, fd);
+         close(fd);
+       },
+       StatusCode::kDataLoss, "holds 4096 bytes"},
+      {"an error reply with an unknown code",
+       [](int c) {
+         std::string p;
+         put32(p, 200);
+         p += "bogus";
+         const std::string h = header(LocalReply::kError, p.size()) + p;
+         (void)send(c, h.data(), h.size(), MSG_NOSIGNAL);
+       },
+       StatusCode::kDataLoss, "unknown status code 200"},
+      {"silence", [](int) { std::this_thread::sleep_for(1500ms); }, StatusCode::kDeadlineExceeded, "in time"},
+  };
+  WeightPullerOptions o;
+  o.relay_timeout = 500ms;
+  for (const Case& k : cases) {
+    SECTION(k.what) {
+      const std::size_t fds_before = open_fds();
+      const std::size_t maps_before = memfd_mappings();
+      {
+        auto puller = WeightPuller::connect_local({sock}, o).value();
+        laminar::Status st;
+        {
+          FakeRelay fake(sock, k.reply);
+          st = puller->pull(Version(1), engine.named, false);
+        }
+        INFO(st.to_string());
+        CHECK(st.code() == k.code);
+        CHECK_THAT(st.message(), Catch::Contains(k.needle) && Catch::Contains(sock));
+        CHECK_FALSE(puller->current_version());
+      }
+      CHECK(open_fds() == fds_before);
+      CHECK(memfd_mappings() == maps_before);
+      for (const auto& t : engine.data) CHECK(t[0] == 0xABABABABu);
+    }
+  }
+}
+
+TEST_CASE("local relay: bad socket paths and options are refused up front", "[relay_local]") {
+  CHECK(WeightPuller::connect_local({}).status().code() == StatusCode::kInvalidArgument);
+  CHECK(WeightPuller::connect_local({""}).status().code() == StatusCode::kInvalidArgument);
+  auto st = WeightPuller::connect_local({std::string(200, 'x')}).status();
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(st.message(), Catch::Contains("socket path"));
+  WeightPullerOptions o;
+  o.relay_timeout = 0ms;
+  CHECK(WeightPuller::connect_local({"/tmp/x.sock"}, o).status().code() == StatusCode::kInvalidArgument);
+  // Nothing listens: a clear error on use, not at creation.
+  auto puller = WeightPuller::connect_local({"/tmp/laminar-no-such-relay.sock"}).value();
+  CHECK_FALSE(puller->latest_version());
+  Engine engine;
+  auto pst = puller->pull(Version(1), engine.named, false);
+  CHECK(pst.code() == StatusCode::kUnavailable);
+  CHECK_THAT(pst.message(), Catch::Contains("/tmp/laminar-no-such-relay.sock"));
+
+  auto plain = laminar::RelayStore::create({}).value();
+  auto refused = laminar::LocalRelayServer::start(plain, "/tmp/x.sock").status();
+  CHECK(refused.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(refused.message(), Catch::Contains("shareable"));
+  laminar::RelayStoreOptions so;
+  so.shareable = true;
+  auto store = laminar::RelayStore::create(so).value();
+  CHECK(laminar::LocalRelayServer::start(nullptr, "/tmp/x.sock").status().code() == StatusCode::kInvalidArgument);
+  CHECK(laminar::LocalRelayServer::start(store, std::string(200, 'y')).status().code() ==
+        StatusCode::kInvalidArgument);
+  TempDir dir;
+  const std::string sock = dir.socket("s");
+  auto server = laminar::LocalRelayServer::start(store, sock).value();
+  auto again = laminar::LocalRelayServer::start(store, sock);
+  CHECK(again.status().code() == StatusCode::kAlreadyExists);
+  server.reset();
+  CHECK(access(sock.c_str(), F_OK) != 0);  // removed on stop
+}
