@@ -5,11 +5,17 @@
 //     on this host, through its LocalRelayServer and shared memory, into host destinations, vs
 //     memcpy of the same bytes. Each pull pays the whole path: request, grant, mapping, copy,
 //     unmapping and release.
-//   relay_star_4_relays / relay_chain_4_relays (headline, last): time from publish until the last of
-//     4 relays has committed the version, the head sending to each relay itself (star) or down a
-//     pipelined chain, vs the same version sent over one link to one relay. Each relay is a
-//     RelayNode in its own process (this binary re-executed as `relay_bench relay UPSTREAM`).
-// Usage: relay_bench [--mib N] [--chain-mib N] [--chunk-kib K]  (sizes, default 1024, 64, 4096)
+//   relay_star_4_relays / relay_chain_4_relays: time from the head's publish until the last of 4
+//     relays has committed the version, the head sending to each relay itself (star) or down a
+//     pipelined chain, vs the same version sent over one link to one relay. The head and each relay
+//     are RelayNodes in processes of their own (this binary re-executed as `relay_bench head ...` /
+//     `relay_bench relay UPSTREAM [HOST]`). Twice: `_same_host` (UCX shared memory; five processes on
+//     this machine's cores, so CPU-bound, reported) and, the headline and last line, `_Mbit_links`:
+//     every process in its own network namespace on a bridge, each behind a link limited to
+//     --link-mbit each way (tc tbf, UCX over tcp), the regime of a cluster where the network, not
+//     the copies, bounds a transfer. Needs root; without it that pair is left out (said on stderr).
+// Usage: relay_bench [--mib N] [--chain-mib N] [--net-mib N] [--link-mbit M] [--chunk-kib K]
+//   (defaults 1024, 64, 128, 1000, 4096)
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,10 +100,12 @@ const char* const kToken = "relay-bench-token-0123456789";
 // version, tagged by tag_version, on every SIGUSR1 ("published V").
 class Peer {
  public:
-  explicit Peer(std::vector<std::string> args) {
+  explicit Peer(std::vector<std::string> args, std::string netns = {}) {
     laminar::testing::ChildOptions spawn_options;
     spawn_options.program = "/proc/self/exe";
     spawn_options.args = std::move(args);
+    spawn_options.force_tcp = !netns.empty();
+    spawn_options.netns = std::move(netns);
     auto child = laminar::testing::ChildProcess::spawn(std::move(spawn_options));
     check(child.status(), "starting a relay");
     child_.emplace(std::move(child).value());
@@ -118,12 +126,17 @@ class Peer {
   std::optional<laminar::testing::ChildProcess> child_;
 };
 
-int run_relay(const std::string& upstream) {
+// `listen_host` non-empty: this relay is a host of a NetnsSwitch, reached over its link (tcp only).
+int run_relay(const std::string& upstream, const std::string& listen_host) {
   auto store = laminar::RelayStore::create({}).value();
   std::mutex out;
   laminar::RelayChainOptions o;
   o.transport.cluster_token = kToken;
   o.upstreams = {upstream};
+  if (!listen_host.empty()) {
+    o.listen_host = listen_host;
+    o.transport.ucx_transports = "tcp";
+  }
   o.on_event = [&](const laminar::RelayEvent& e) {
     std::lock_guard lock(out);
     if (e.kind == laminar::RelayEvent::Kind::kUpstream) std::printf("upstream %s\n", e.upstream.c_str());
@@ -144,15 +157,10 @@ int run_relay(const std::string& upstream) {
 
 std::atomic<bool> g_publish{false};
 
-int run_shm_relay(const std::string& socket, std::size_t mib) {
-  std::signal(SIGUSR1, [](int) { g_publish = true; });
-  laminar::RelayStoreOptions so;
-  so.shareable = true;
-  auto store = laminar::RelayStore::create(so).value();
-  auto server = laminar::LocalRelayServer::start(store, socket);
-  check(server.status(), "local relay server");
-  std::printf("serving %s\n", socket.c_str());
-  std::fflush(stdout);
+// Publishes the next version of a Weights(mib) set, tagged by tag_version, on every SIGUSR1 and
+// prints "published V" once it is committed here. main() sets the handler before the process
+// announces itself: the default action of SIGUSR1 would kill it.
+[[noreturn]] void publish_on_signal(laminar::RelayStore& store, std::size_t mib) {
   Weights w(mib);
   for (std::uint64_t v = 1;;) {
     if (!g_publish.exchange(false)) {
@@ -160,30 +168,58 @@ int run_shm_relay(const std::string& socket, std::size_t mib) {
       continue;
     }
     w.tag_version(v);
-    check(store->publish(laminar::Version(v), w.manifest, w.named), "publish");
-    check(store->wait_for_version(laminar::Version(v), std::chrono::seconds(60)), "commit");
+    check(store.publish(laminar::Version(v), w.manifest, w.named), "publish");
+    check(store.wait_for_version(laminar::Version(v), std::chrono::seconds(60)), "commit");
     std::printf("published %llu\n", static_cast<unsigned long long>(v++));
     std::fflush(stdout);
   }
 }
 
-enum class Shape { kOneLink, kStar, kChain };
-
-// Median seconds from publish until every relay of the shape (each its own process) has committed
-// the version.
-double broadcast_seconds(const Weights& w, Shape shape, int repeats, std::uint64_t chunk_bytes) {
-  const int relays = shape == Shape::kOneLink ? 1 : 4;
-  laminar::RelayChainOptions base;
-  base.transport.cluster_token = kToken;
+// The head of a chain: the actor's node, serving its store on `listen_host` (tcp only when that is a
+// NetnsSwitch host, not 127.0.0.1) and publishing on SIGUSR1.
+int run_head(const std::string& listen_host, std::size_t mib, std::uint64_t chunk_bytes) {
   laminar::RelayStoreOptions so;
   so.chunk_bytes = chunk_bytes;
-  auto head_store = laminar::RelayStore::create(so).value();
-  auto head = laminar::RelayNode::start(head_store, base);
-  check(head.status(), "head node");
+  auto store = laminar::RelayStore::create(so).value();
+  laminar::RelayChainOptions o;
+  o.transport.cluster_token = kToken;
+  o.listen_host = listen_host;
+  if (listen_host != "127.0.0.1") o.transport.ucx_transports = "tcp";
+  auto node = laminar::RelayNode::start(store, o);
+  check(node.status(), "head node");
+  std::printf("listening %s\n", (*node)->address().c_str());
+  std::fflush(stdout);
+  publish_on_signal(*store, mib);
+}
+
+int run_shm_relay(const std::string& socket, std::size_t mib) {
+  laminar::RelayStoreOptions so;
+  so.shareable = true;
+  auto store = laminar::RelayStore::create(so).value();
+  auto server = laminar::LocalRelayServer::start(store, socket);
+  check(server.status(), "local relay server");
+  std::printf("serving %s\n", socket.c_str());
+  std::fflush(stdout);
+  publish_on_signal(*store, mib);
+}
+
+enum class Shape { kOneLink, kStar, kChain };
+
+// Median seconds from the head's publish until every relay of the shape (each its own process) has
+// committed the version. With `net`, the head and the relays are its hosts 0..4, every transfer
+// crosses their rate-limited links; otherwise they share this host (UCX over shared memory).
+double broadcast_seconds(std::size_t mib, Shape shape, int repeats, std::uint64_t chunk_bytes,
+                         const laminar::testing::NetnsSwitch* net) {
+  const int relays = shape == Shape::kOneLink ? 1 : 4;
+  auto host = [&](int h) { return net != nullptr ? net->address(h) : std::string("127.0.0.1"); };
+  auto netns = [&](int h) { return net != nullptr ? net->name(h) : std::string(); };
+  Peer head({"head", host(0), std::to_string(mib), std::to_string(chunk_bytes)}, netns(0));
   std::vector<std::unique_ptr<Peer>> peers;
-  std::string up = (*head)->address();
+  std::string up = head.expect("listening ");
   for (int k = 0; k < relays; ++k) {
-    peers.push_back(std::make_unique<Peer>(std::vector<std::string>{"relay", up}));
+    std::vector<std::string> args{"relay", up};
+    if (net != nullptr) args.push_back(host(k + 1));
+    peers.push_back(std::make_unique<Peer>(std::move(args), netns(k + 1)));
     const std::string addr = peers.back()->expect("listening ");
     peers.back()->expect("upstream ");
     if (shape == Shape::kChain) up = addr;
@@ -193,7 +229,7 @@ double broadcast_seconds(const Weights& w, Shape shape, int repeats, std::uint64
   for (int r = 0; r < repeats + 2; ++r) {
     const std::uint64_t v = std::uint64_t(r) + 1;
     const auto t0 = Clock::now();
-    check(head_store->publish(laminar::Version(v), w.manifest, w.named), "publish");
+    head.signal(SIGUSR1);
     for (auto& p : peers) {
       while (std::strtoull(p->expect("committed ").c_str(), nullptr, 10) < v) {
       }
@@ -206,18 +242,27 @@ double broadcast_seconds(const Weights& w, Shape shape, int repeats, std::uint64
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::strcmp(argv[1], "relay") == 0) return run_relay(argv[2]);
+  if ((argc == 3 || argc == 4) && std::strcmp(argv[1], "relay") == 0) return run_relay(argv[2], argc == 4 ? argv[3] : "");
+  std::signal(SIGUSR1, [](int) { g_publish = true; });
+  if (argc == 5 && std::strcmp(argv[1], "head") == 0) {
+    return run_head(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
+  }
   if (argc == 4 && std::strcmp(argv[1], "shm-relay") == 0) {
     return run_shm_relay(argv[2], std::strtoull(argv[3], nullptr, 10));
   }
-  std::size_t mib = 1024, chain_mib = 64, chunk_kib = 4096;
+  std::size_t mib = 1024, chain_mib = 64, net_mib = 128, chunk_kib = 4096;
+  std::uint32_t link_mbit = 1000;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--chunk-kib") == 0 && i + 1 < argc) chunk_kib = std::strtoull(argv[++i], nullptr, 10);
     if (std::strcmp(argv[i], "--mib") == 0 && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
     if (std::strcmp(argv[i], "--chain-mib") == 0 && i + 1 < argc) chain_mib = std::strtoull(argv[++i], nullptr, 10);
+    if (std::strcmp(argv[i], "--net-mib") == 0 && i + 1 < argc) net_mib = std::strtoull(argv[++i], nullptr, 10);
+    if (std::strcmp(argv[i], "--link-mbit") == 0 && i + 1 < argc) link_mbit = std::strtoul(argv[++i], nullptr, 10);
   }
   mib = std::max<std::size_t>(mib, 16);
   chain_mib = std::max<std::size_t>(chain_mib, 16);
+  net_mib = std::max<std::size_t>(net_mib, 16);
+  link_mbit = std::max<std::uint32_t>(link_mbit, 10);
   constexpr int kRepeats = 7;
   Weights w(mib);
   const std::size_t bytes = w.manifest.total_bytes();
@@ -292,11 +337,28 @@ int main(int argc, char** argv) {
                                     double(bytes) / median(pull_s) / 1e9, "memcpy",
                                     double(bytes) / median(copy_s) / 1e9);
 
-  const Weights cw(chain_mib);
-  const double one_link = broadcast_seconds(cw, Shape::kOneLink, 3, chunk_kib << 10);
-  const double star = broadcast_seconds(cw, Shape::kStar, 3, chunk_kib << 10);
-  const double chain = broadcast_seconds(cw, Shape::kChain, 3, chunk_kib << 10);
-  const std::string suffix = "_" + std::to_string(chain_mib) + "MiB";
+  // Four relays on this host: five busy processes on this machine's cores, so the copies, not the
+  // links, bound it (reported). The headline runs the same shapes across namespaces whose links
+  // carry `link_mbit` each way, where, as in a cluster, the links bound a transfer.
+  const std::uint64_t chunk_bytes = std::uint64_t(chunk_kib) << 10;
+  {
+    const double one_link = broadcast_seconds(chain_mib, Shape::kOneLink, 3, chunk_bytes, nullptr);
+    const double star = broadcast_seconds(chain_mib, Shape::kStar, 3, chunk_bytes, nullptr);
+    const double chain = broadcast_seconds(chain_mib, Shape::kChain, 3, chunk_bytes, nullptr);
+    const std::string suffix = "_" + std::to_string(chain_mib) + "MiB_same_host";
+    laminar::bench::report_time("relay_star_4_relays" + suffix, "s", star, "one_link_transfer", one_link);
+    laminar::bench::report_time("relay_chain_4_relays" + suffix, "s", chain, "one_link_transfer", one_link);
+  }
+  auto net = laminar::testing::NetnsSwitch::create("lmrb", 5, link_mbit);
+  if (!net.ok()) {
+    std::fprintf(stderr, "relay_bench: no rate-limited links (%s); chain over links not measured\n",
+                 net.status().to_string().c_str());
+    return 0;
+  }
+  const double one_link = broadcast_seconds(net_mib, Shape::kOneLink, 3, chunk_bytes, &*net);
+  const double star = broadcast_seconds(net_mib, Shape::kStar, 3, chunk_bytes, &*net);
+  const double chain = broadcast_seconds(net_mib, Shape::kChain, 3, chunk_bytes, &*net);
+  const std::string suffix = "_" + std::to_string(net_mib) + "MiB_" + std::to_string(link_mbit) + "Mbit_links";
   laminar::bench::report_time("relay_star_4_relays" + suffix, "s", star, "one_link_transfer", one_link);
   laminar::bench::report_time("relay_chain_4_relays" + suffix, "s", chain, "one_link_transfer", one_link);
   return 0;

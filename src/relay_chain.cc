@@ -206,7 +206,11 @@ struct RelayNode::Impl {
         if (!settle_confirm()) return false;
         continue;
       }
-      if (!puts.empty() && (puts.size() >= options.window || todo.empty())) {
+      // One put in flight: its completion is a flush of the endpoint, which waits for every put
+      // issued before it lands, so with more in flight chunk i would be confirmed (and forwarded
+      // by the subscriber) only once the later ones had landed too: a lag of the whole window at
+      // every relay of the chain. Confirms, small messages, still overlap up to `window`.
+      if (!puts.empty()) {
         if (!settle_put()) return false;
         continue;
       }

@@ -55,7 +55,8 @@ struct RelayChainOptions {
   std::uint16_t listen_port = 0;
   // Upstream relays in order of preference; empty for the head of the chain.
   std::vector<std::string> upstreams;
-  // Chunks in flight to each subscriber.
+  // Chunks sent to each subscriber and not yet confirmed checked by it (the bytes of one chunk are
+  // in flight at a time; see relay_chain.cc).
   std::uint32_t window = 4;
   // How long a subscriber waits to connect before trying the next upstream.
   std::chrono::milliseconds connect_timeout{2000};

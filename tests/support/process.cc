@@ -65,6 +65,18 @@ Status run_ip(std::vector<std::string> args) {
   return ok_status();
 }
 
+// True when `dev` in namespace `ns` reports carrier (LOWER_UP).
+bool has_carrier(const std::string& ns, const std::string& dev) {
+  const std::string cmd = fmt::format("ip -n {} -o link show dev {} 2>/dev/null", ns, dev);
+  std::string out;
+  if (FILE* f = popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof(buf), f) != nullptr) out += buf;
+    pclose(f);
+  }
+  return out.find("LOWER_UP") != std::string::npos;
+}
+
 }  // namespace
 
 Result<ChildProcess> ChildProcess::spawn(ChildOptions options) {
@@ -317,17 +329,7 @@ Status NetnsPair::wait_for_carrier(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     bool up = true;
-    for (int side = 0; side < 2; ++side) {
-      const std::string cmd =
-          fmt::format("ip -n {} -o link show dev {} 2>/dev/null", names_[side], veth_[side]);
-      std::string out;
-      if (FILE* f = popen(cmd.c_str(), "r")) {
-        char buf[512];
-        while (std::fgets(buf, sizeof(buf), f) != nullptr) out += buf;
-        pclose(f);
-      }
-      up = up && out.find("LOWER_UP") != std::string::npos;
-    }
+    for (int side = 0; side < 2; ++side) up = up && has_carrier(names_[side], veth_[side]);
     if (up) return ok_status();
     if (Clock::now() >= deadline) {
       return unavailable(
@@ -342,6 +344,75 @@ Status NetnsPair::link_up() {
   LAMINAR_RETURN_IF_ERROR(run_ip({"-n", names_[0], "link", "set", veth_[0], "up"}));
   return wait_for_carrier(std::chrono::seconds(5));
 }
+
+Result<NetnsSwitch> NetnsSwitch::create(const std::string& prefix, int hosts, std::uint32_t mbit_per_s) {
+  if (geteuid() != 0) return unavailable("network namespaces need root");
+  if (prefix.empty() || prefix.size() > 4) {
+    return invalid_argument(fmt::format("netns prefix '{}' must be 1..4 characters (veth names are short)", prefix));
+  }
+  if (hosts < 1 || hosts > 9) return invalid_argument(fmt::format("NetnsSwitch: {} hosts, want 1..9", hosts));
+  const int id = static_cast<int>(getpid()) % 100000;
+  NetnsSwitch net;
+  net.switch_ = fmt::format("{}-s-{}", prefix, id);
+  LAMINAR_RETURN_IF_ERROR(run_ip({"netns", "add", net.switch_}));
+  LAMINAR_RETURN_IF_ERROR(run_ip({"-n", net.switch_, "link", "add", "br0", "type", "bridge"}));
+  LAMINAR_RETURN_IF_ERROR(run_ip({"-n", net.switch_, "link", "set", "br0", "up"}));
+  // tbf's burst must hold at least one full-size segment burst at this rate; latency bounds its queue.
+  const std::string rate = fmt::format("{}mbit", mbit_per_s);
+  auto limit = [&](const std::string& ns, const std::string& dev) -> Status {
+    if (mbit_per_s == 0) return ok_status();
+    const int rc = run_quiet({"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst",
+                              "256kb", "latency", "20ms"});
+    if (rc != 0) return unavailable(fmt::format("tc tbf on {} in {} exited with {}", dev, ns, rc));
+    return ok_status();
+  };
+  for (int h = 0; h < hosts; ++h) {
+    const std::string ns = fmt::format("{}-{}-{}", prefix, h, id);
+    const std::string host_end = fmt::format("{}{}h{}", prefix, h, id);
+    const std::string switch_end = fmt::format("{}{}s{}", prefix, h, id);
+    LAMINAR_RETURN_IF_ERROR(run_ip({"netns", "add", ns}));
+    net.hosts_.push_back(ns);
+    LAMINAR_RETURN_IF_ERROR(run_ip({"link", "add", host_end, "netns", ns, "type", "veth", "peer", "name",
+                                    switch_end, "netns", net.switch_}));
+    LAMINAR_RETURN_IF_ERROR(run_ip({"-n", ns, "addr", "add", net.address(h) + "/24", "dev", host_end}));
+    LAMINAR_RETURN_IF_ERROR(run_ip({"-n", ns, "link", "set", "lo", "up"}));
+    LAMINAR_RETURN_IF_ERROR(run_ip({"-n", ns, "link", "set", host_end, "up"}));
+    LAMINAR_RETURN_IF_ERROR(run_ip({"-n", net.switch_, "link", "set", switch_end, "master", "br0"}));
+    LAMINAR_RETURN_IF_ERROR(run_ip({"-n", net.switch_, "link", "set", switch_end, "up"}));
+    LAMINAR_RETURN_IF_ERROR(limit(ns, host_end));
+    LAMINAR_RETURN_IF_ERROR(limit(net.switch_, switch_end));
+  }
+  // A veth end reports carrier a moment after both ends are up; connecting before then fails.
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  for (int h = 0; h < hosts; ++h) {
+    const std::string host_end = fmt::format("{}{}h{}", prefix, h, id);
+    while (!has_carrier(net.hosts_[h], host_end)) {
+      if (Clock::now() >= deadline) return unavailable(fmt::format("veth {} has no carrier after 5 s", host_end));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  return net;
+}
+
+NetnsSwitch& NetnsSwitch::operator=(NetnsSwitch&& other) noexcept {
+  if (this != &other) {
+    destroy();
+    switch_ = std::exchange(other.switch_, {});
+    hosts_ = std::exchange(other.hosts_, {});
+  }
+  return *this;
+}
+
+NetnsSwitch::~NetnsSwitch() { destroy(); }
+
+void NetnsSwitch::destroy() noexcept {
+  for (const auto& name : hosts_) run_quiet({"ip", "netns", "del", name});
+  hosts_.clear();
+  if (!switch_.empty()) run_quiet({"ip", "netns", "del", switch_});
+  switch_.clear();
+}
+
+std::string NetnsSwitch::address(int host) const { return fmt::format("10.78.0.{}", host + 1); }
 
 bool can_use_netns() {
   if (geteuid() != 0) return false;

@@ -23,6 +23,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,6 +108,36 @@ class NetnsPair {
   std::string names_[2];
   std::string addresses_[2];
   std::string veth_[2];
+};
+
+// NetnsSwitch puts `hosts` network namespaces on one switch (a bridge in a namespace of its own), one
+// IPv4 address each (10.78.0.1, .2, ...), each host behind a link that carries at most `mbit_per_s`
+// each way (tbf on both veth ends; 0 = unlimited): hosts with one network card each, on a
+// non-blocking switch. Benchmarks use it where the links, not this machine's two cores, should
+// bound a transfer. Same requirements and failure modes as NetnsPair.
+//
+//   auto net = laminar::testing::NetnsSwitch::create("lmrb", 5, 1000).value();
+//   ChildProcess::spawn({.program = exe, .args = {net.address(2)}, .netns = net.name(2), .force_tcp = true});
+class NetnsSwitch {
+ public:
+  // kInvalidArgument for a prefix of 0 or more than 4 characters or hosts outside 1..9.
+  static Result<NetnsSwitch> create(const std::string& prefix, int hosts, std::uint32_t mbit_per_s);
+
+  NetnsSwitch(NetnsSwitch&& other) noexcept = default;
+  NetnsSwitch& operator=(NetnsSwitch&& other) noexcept;
+  NetnsSwitch(const NetnsSwitch&) = delete;
+  NetnsSwitch& operator=(const NetnsSwitch&) = delete;
+  ~NetnsSwitch();  // deletes every namespace (and so the veths and the bridge)
+
+  int hosts() const noexcept { return static_cast<int>(hosts_.size()); }
+  const std::string& name(int host) const { return hosts_[host]; }
+  std::string address(int host) const;
+
+ private:
+  NetnsSwitch() = default;
+  void destroy() noexcept;
+  std::string switch_;
+  std::vector<std::string> hosts_;
 };
 
 // True when this process may create network namespaces (root and `ip netns` works).
