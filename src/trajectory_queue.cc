@@ -1035,11 +1035,14 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   }
   const std::size_t tokens = t.num_tokens();
   const std::uint64_t id = t.id.value();
-  // Encoded outside the lock: it is the costly part of logging.
+  // Encoded and checksummed outside the lock: they are the costly part of logging, after the
+  // write itself.
   thread_local std::string encoded;
+  std::uint64_t checksum = 0;
   if (q.wal) {
     encoded.clear();
     encode_trajectory(t, encoded);
+    checksum = internal::TrajectoryWal::checksum(internal::WalRecordType::kPush, encoded);
   }
 
   Clock::Duration now = q.clock->now();
@@ -1126,7 +1129,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   }
 
   if (q.wal) {
-    if (Status s = q.wal->append(internal::WalRecordType::kPush, encoded); !s.ok()) return finish(std::move(s));
+    if (Status s = q.wal->append(internal::WalRecordType::kPush, encoded, checksum); !s.ok()) return finish(std::move(s));
     q.wal_live_bytes += wal_record_bytes(t);
   }
   q.known_ids.insert(id);
