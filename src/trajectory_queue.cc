@@ -94,23 +94,7 @@ Status validate_contents(const Trajectory& t) {
 
 }  // namespace
 
-namespace {
-
-// The reward values sit in an allocation of their own, a cache miss of their own: push()
-// prefetches them and checks them last, under its lock, so the miss overlaps the lock and the
-// state checks instead of stalling the producer.
-Status check_rewards(const Trajectory& t) {
-  for (std::size_t i = 0; i < t.rewards.size(); ++i) {
-    if (!std::isfinite(t.rewards[i])) {
-      return invalid_argument(fmt::format("trajectory {}: rewards[{}] = {} is not finite", t.id.value(), i,
-                                          t.rewards[i]));
-    }
-  }
-  return ok_status();
-}
-
-// validate_trajectory but for the reward values.
-Status validate_fields(const Trajectory& t, bool contents) {
+Status validate_trajectory(const Trajectory& t, bool contents) {
   const std::uint64_t id = t.id.value();
   if (t.logprobs.size() != t.response_tokens.size()) {
     return invalid_argument(fmt::format("trajectory {}: {} logprobs for {} response tokens", id,
@@ -118,6 +102,12 @@ Status validate_fields(const Trajectory& t, bool contents) {
   }
   if (contents) LAMINAR_RETURN_IF_ERROR(validate_contents(t));
   if (t.rewards.empty()) return invalid_argument(fmt::format("trajectory {}: no reward", id));
+  for (std::size_t i = 0; i < t.rewards.size(); ++i) {
+    if (!std::isfinite(t.rewards[i])) {
+      return invalid_argument(fmt::format("trajectory {}: rewards[{}] = {} is not finite", id, i,
+                                          t.rewards[i]));
+    }
+  }
   if (t.group_size == 0) return invalid_argument(fmt::format("trajectory {}: group_size is 0", id));
   if (t.sample_index >= t.group_size) {
     return invalid_argument(fmt::format("trajectory {}: sample_index {} is not below group_size {}", id,
@@ -133,13 +123,6 @@ Status validate_fields(const Trajectory& t, bool contents) {
                                         int(t.finish_reason)));
   }
   return ok_status();
-}
-
-}  // namespace
-
-Status validate_trajectory(const Trajectory& t, bool contents) {
-  LAMINAR_RETURN_IF_ERROR(validate_fields(t, contents));
-  return check_rewards(t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1024,8 +1007,7 @@ Version TrajectoryQueue::newest_version() const noexcept {
 
 Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   Impl& q = *impl_;
-  __builtin_prefetch(t.rewards.data());
-  if (Status s = validate_fields(t, q.opt.validate_contents); !s.ok()) {
+  if (Status s = validate_trajectory(t, q.opt.validate_contents); !s.ok()) {
     std::lock_guard<std::mutex> l(q.pmu);
     ++q.st.rejected_invalid;
     return s;
@@ -1102,10 +1084,6 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
                                             t.group_id, t.sample_index));
         }
       }
-    }
-    if (Status s = check_rewards(t); !s.ok()) {
-      ++q.st.rejected_invalid;
-      return finish(std::move(s));
     }
     if (q.held_count + 1 <= q.opt.capacity_trajectories && q.held_tokens + tokens <= q.opt.capacity_tokens) {
       break;
