@@ -518,8 +518,9 @@ struct Wake {
 //   pmu, the producer side: ids and their dedup window, groups and their timeouts, capacity,
 //     the write-ahead log, background errors;
 //   mu, the consumer side: the ready queue, leases and their expiry.
-// Order: pmu before mu. A push takes mu only to hand over a finished unit; an ack takes pmu only
-// after letting go of mu (with a WAL it holds both, so the log and the state move together).
+// Order: pmu before mu. A push takes mu only to hand over a finished unit, and an ack takes pmu
+// only after letting go of mu, each without holding the other lock; with a WAL both hold both, so
+// the log and the state move together.
 // Counters in `st` are each written under the lock of the side that changes them; stats() takes
 // both.
 struct TrajectoryQueue::Impl {
@@ -657,7 +658,10 @@ struct TrajectoryQueue::Impl {
   }
 
   // Moves a group's members to the ready queue as one unit, in sample order.
-  void release_group(PendingGroup& g, bool partial, Wake& w) {
+  void release_group(PendingGroup& g, bool partial, Wake& w) { publish(close_group(g, partial), w); }
+
+  // Takes a group's members out as one unit, in sample order.
+  Unit close_group(PendingGroup& g, bool partial) {
     auto by_index = [](const Trajectory& a, const Trajectory& b) { return a.sample_index < b.sample_index; };
     // Members mostly arrive in order; sorting sorted input would still move every one twice.
     if (!std::is_sorted(g.unit.items.begin(), g.unit.items.end(), by_index)) {
@@ -665,7 +669,7 @@ struct TrajectoryQueue::Impl {
     }
     g.unit.partial_group = partial;
     pending_trajectories -= g.unit.items.size();
-    publish(std::move(g.unit), w);
+    return std::move(g.unit);
   }
 
   Status time_out_group(std::unordered_map<std::uint64_t, PendingGroup>::iterator it, Clock::Duration now,
@@ -1114,12 +1118,24 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   q.held_count += 1;
   q.held_tokens += tokens;
   ++q.st.pushed;
+  // A finished unit goes to the consumers after pmu is let go, so the other producers need not
+  // wait while this one queues for mu. With a WAL it goes before: a compaction (under both locks)
+  // must find every live trajectory.
+  auto hand_over = [&](Unit&& u) {
+    if (q.wal) {
+      q.publish(std::move(u), w);
+      return finish(ok_status());
+    }
+    l.unlock();
+    q.publish(std::move(u), w);
+    q.wake(w);
+    return ok_status();
+  };
   if (t.group_size == 1) {
     Unit u;
     u.items.reserve(1);
     u.add(std::move(t));
-    q.publish(std::move(u), w);
-    return finish(ok_status());
+    return hand_over(std::move(u));
   }
   const std::uint64_t gid = t.group_id;
   auto [it, fresh] = q.groups.try_emplace(gid);
@@ -1144,8 +1160,9 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     // The trajectory is in the queue either way; a failed group record only means a late duplicate
     // member could be accepted after a restart, so it is reported, not undone.
     q.note_bg(q.wal_u64(internal::WalRecordType::kGroupClosed, gid));
-    q.release_group(g, /*partial=*/false, w);
+    Unit u = q.close_group(g, /*partial=*/false);
     q.groups.erase(it);
+    return hand_over(std::move(u));
   }
   return finish(ok_status());
 }
