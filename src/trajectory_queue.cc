@@ -1048,6 +1048,8 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     ++q.st.rejected_invalid;
     return finish(invalid_argument(std::move(m)));
   };
+  // The member's group as of the last check (pmu is held from there on, so it stays valid).
+  auto group = q.groups.end();
   for (;;) {
     if (q.closed) {
       ++q.st.rejected_full;
@@ -1075,9 +1077,9 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
         return finish(failed_precondition(fmt::format(
             "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id)));
       }
-      auto it = q.groups.find(t.group_id);
-      if (it != q.groups.end()) {
-        const PendingGroup& g = it->second;
+      group = q.groups.find(t.group_id);
+      if (group != q.groups.end()) {
+        const PendingGroup& g = group->second;
         if (g.group_size != t.group_size || g.prompt_id != t.prompt_id) {
           return reject_invalid(fmt::format(
               "trajectory {}: group {} has group_size {} and prompt {}, this member says {} and {}", id,
@@ -1138,8 +1140,9 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     return hand_over(std::move(u));
   }
   const std::uint64_t gid = t.group_id;
-  auto [it, fresh] = q.groups.try_emplace(gid);
-  PendingGroup& g = it->second;
+  const bool fresh = group == q.groups.end();
+  if (fresh) group = q.groups.try_emplace(gid).first;
+  PendingGroup& g = group->second;
   if (fresh) {
     g.group_size = t.group_size;
     g.prompt_id = t.prompt_id;
@@ -1161,7 +1164,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     // member could be accepted after a restart, so it is reported, not undone.
     q.note_bg(q.wal_u64(internal::WalRecordType::kGroupClosed, gid));
     Unit u = q.close_group(g, /*partial=*/false);
-    q.groups.erase(it);
+    q.groups.erase(group);
     return hand_over(std::move(u));
   }
   return finish(ok_status());
