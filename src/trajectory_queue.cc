@@ -463,18 +463,28 @@ class RecentSet {
   std::deque<std::uint64_t> order_;
 };
 
-struct Entry {
-  Trajectory t;
-  std::uint32_t unit_len = 0;  // > 0 at a unit's first entry
+// What pop_batch hands out whole: a group (complete, or partial after its timeout) in sample
+// order, or one ungrouped trajectory. Moved as one vector from group to ready queue, so a
+// trajectory is moved only twice on its way through (into the queue, into the batch).
+struct Unit {
+  std::vector<Trajectory> items;
+  std::size_t tokens = 0;
+  std::uint64_t min_version = UINT64_MAX;  // the stalest member judges the unit's staleness
+  std::uint32_t deliveries = 0;            // times delivered before
   bool partial_group = false;
-  std::uint32_t deliveries = 0;
+
+  void add(Trajectory&& t) {
+    tokens += t.num_tokens();
+    min_version = std::min(min_version, t.version.value());
+    items.push_back(std::move(t));
+  }
 };
 
 struct PendingGroup {
   std::uint32_t group_size = 0;
   std::uint64_t prompt_id = 0;
   Clock::Duration first_arrival{0};
-  std::vector<Trajectory> members;
+  Unit unit;
   std::vector<bool> seen;  // [group_size]
 };
 
@@ -495,8 +505,24 @@ std::unique_lock<std::mutex> lock_spinning(std::mutex& mu) {
   return std::unique_lock<std::mutex>(mu);
 }
 
+// Condition variables to notify once the locks are released: a thread woken while the notifier
+// still holds the lock would only block on it again.
+struct Wake {
+  bool data = false;
+  bool space = false;
+};
+
 }  // namespace
 
+// Two locks, so producers and consumers mostly run side by side:
+//   pmu, the producer side: ids and their dedup window, groups and their timeouts, capacity,
+//     the write-ahead log, background errors;
+//   mu, the consumer side: the ready queue, leases and their expiry.
+// Order: pmu before mu. A push takes mu only to hand over a finished unit, and an ack takes pmu
+// only after letting go of mu, each without holding the other lock; with a WAL both hold both, so
+// the log and the state move together.
+// Counters in `st` are each written under the lock of the side that changes them; stats() takes
+// both.
 struct TrajectoryQueue::Impl {
   explicit Impl(QueueOptions o)
       : opt(std::move(o)),
@@ -508,63 +534,64 @@ struct TrajectoryQueue::Impl {
   QueueOptions opt;
   std::shared_ptr<Clock> clock;
 
-  mutable std::mutex mu;
-  std::condition_variable data_cv;   // consumers wait for ready trajectories
-  std::condition_variable space_cv;  // producers wait for capacity
-  int data_waiters = 0;
-  int space_waiters = 0;
+  // Written under both locks, so either one is enough to read them.
   bool closed = false;
-
-  std::atomic<std::uint64_t> newest_atomic{0};
   Version newest;
+  std::atomic<std::uint64_t> newest_atomic{0};
 
+  // --- producer side, under pmu ---
+  mutable std::mutex pmu;
+  std::condition_variable space_cv;  // producers wait for capacity
+  int space_waiters = 0;
   // Ids refused on push: those in the queue (pending, ready or leased) and the last
   // id_dedup_window retired, which `retired` lists oldest first.
   IdSet known_ids;
   std::deque<std::uint64_t> retired;
   RecentSet closed_groups;
-  RecentSet expired_batches;
+  std::unordered_map<std::uint64_t, PendingGroup> groups;
+  std::size_t pending_trajectories = 0;
+  using Deadline = std::pair<Clock::Duration, std::uint64_t>;
+  std::deque<Deadline> group_deadlines;  // FIFO: one timeout for all
+  // group_deadlines.front() (or kForever), read without pmu by consumers deciding whether to run
+  // the group timers.
+  std::atomic<Clock::Duration::rep> next_group_deadline{Clock::kForever.count()};
+  std::size_t held_count = 0;
+  std::size_t held_tokens = 0;
+  std::unique_ptr<internal::TrajectoryWal> wal;
+  std::uint64_t wal_live_bytes = 0;
+  std::string wal_buf;
+  RecoveryReport recovery;
+  Status bg_error;
 
-  Ring<Entry> ready;
+  // --- consumer side, under mu ---
+  mutable std::mutex mu;
+  std::condition_variable data_cv;  // consumers wait for ready trajectories
+  int data_waiters = 0;
+  Ring<Unit> ready;
   std::size_t ready_count = 0;
   // ready_count as of the last change, read without the lock by consumers spinning before they
   // sleep (sleeping and waking costs more than a whole push).
   std::atomic<std::size_t> ready_hint{0};
   std::size_t ready_tokens = 0;
-  std::unordered_map<std::uint64_t, PendingGroup> groups;
-  std::size_t pending_trajectories = 0;
-  std::deque<std::pair<Clock::Duration, std::uint64_t>> group_deadlines;  // FIFO: one timeout for all
-
   std::unordered_map<std::uint64_t, std::shared_ptr<internal::BatchData>> leases;
   std::size_t leased_trajectories = 0;
-  using Deadline = std::pair<Clock::Duration, std::uint64_t>;
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines;
   std::uint64_t next_batch_id = 1;
-
-  std::size_t held_count = 0;
-  std::size_t held_tokens = 0;
-
-  std::unique_ptr<internal::TrajectoryWal> wal;
-  std::uint64_t wal_live_bytes = 0;
-  std::string wal_buf;
-  RecoveryReport recovery;
+  RecentSet expired_batches;
 
   QueueStats st;  // counters only; depth is filled in by stats()
-  Status bg_error;
+
+  ClockSubscription clock_sub;
+
+  void wake(const Wake& w) {
+    if (w.data) data_cv.notify_all();
+    if (w.space) space_cv.notify_all();
+  }
+
+  // --- producer side, with pmu held ---
 
   void note_bg(Status s) {
     if (!s.ok() && bg_error.ok()) bg_error = std::move(s);
-  }
-  ClockSubscription clock_sub;
-
-  // --- helpers, all called with `mu` held ---
-
-  void notify_data() {
-    ready_hint.store(ready_count, std::memory_order_relaxed);
-    if (data_waiters > 0) data_cv.notify_all();
-  }
-  void notify_space() {
-    if (space_waiters > 0) space_cv.notify_all();
   }
 
   Status wal_retire(internal::WalRetireReason reason, const std::vector<std::uint64_t>& ids) {
@@ -599,6 +626,10 @@ struct TrajectoryQueue::Impl {
     if (wal) wal_live_bytes -= wal_record_bytes(t);
   }
 
+  void space_freed(Wake& w) const {
+    if (space_waiters > 0) w.space = true;
+  }
+
   void record_group_wait(Clock::Duration waited) {
     const double ms = std::chrono::duration<double, std::milli>(waited).count();
     auto& h = st.group_wait;
@@ -610,22 +641,138 @@ struct TrajectoryQueue::Impl {
     ++h.buckets[b];
   }
 
-  // Moves a group's members to the ready queue as one unit, in sample order.
-  void release_group(PendingGroup& g, bool partial) {
-    std::sort(g.members.begin(), g.members.end(),
-              [](const Trajectory& a, const Trajectory& b) { return a.sample_index < b.sample_index; });
-    const auto n = std::uint32_t(g.members.size());
-    for (std::uint32_t i = 0; i < n; ++i) {
-      ready_tokens += g.members[i].num_tokens();
-      ready.push_back(Entry{std::move(g.members[i]), i == 0 ? n : 0u, partial, 0});
-    }
-    ready_count += n;
-    pending_trajectories -= n;
-    notify_data();
+  void set_group_deadline_hint() {
+    next_group_deadline.store(group_deadlines.empty() ? Clock::kForever.count()
+                                                      : group_deadlines.front().first.count(),
+                              std::memory_order_release);
   }
 
-  // Lease expiry and group timeouts due by `now`.
-  void process_timers(Clock::Duration now) {
+  // Hands a unit to the consumers; takes mu.
+  void publish(Unit&& u, Wake& w) {
+    std::unique_lock<std::mutex> l = lock_spinning(mu);
+    ready_count += u.items.size();
+    ready_tokens += u.tokens;
+    ready.push_back(std::move(u));
+    ready_hint.store(ready_count, std::memory_order_relaxed);
+    if (data_waiters > 0) w.data = true;
+  }
+
+  // Moves a group's members to the ready queue as one unit, in sample order.
+  void release_group(PendingGroup& g, bool partial, Wake& w) { publish(close_group(g, partial), w); }
+
+  // Takes a group's members out as one unit, in sample order.
+  Unit close_group(PendingGroup& g, bool partial) {
+    auto by_index = [](const Trajectory& a, const Trajectory& b) { return a.sample_index < b.sample_index; };
+    // Members mostly arrive in order; sorting sorted input would still move every one twice.
+    if (!std::is_sorted(g.unit.items.begin(), g.unit.items.end(), by_index)) {
+      std::sort(g.unit.items.begin(), g.unit.items.end(), by_index);
+    }
+    g.unit.partial_group = partial;
+    pending_trajectories -= g.unit.items.size();
+    return std::move(g.unit);
+  }
+
+  Status time_out_group(std::unordered_map<std::uint64_t, PendingGroup>::iterator it, Clock::Duration now,
+                        Wake& w) {
+    PendingGroup& g = it->second;
+    const std::uint64_t gid = it->first;
+    record_group_wait(now - g.first_arrival);
+    closed_groups.add(gid);
+    Status s = wal_u64(internal::WalRecordType::kGroupClosed, gid);
+    if (opt.partial_group_policy == PartialGroupPolicy::kRelease) {
+      release_group(g, /*partial=*/true, w);
+    } else {
+      std::vector<std::uint64_t> ids;
+      for (const Trajectory& t : g.unit.items) ids.push_back(t.id.value());
+      Status wr = wal_retire(internal::WalRetireReason::kGroupTimeout, ids);
+      if (s.ok()) s = wr;
+      for (const Trajectory& t : g.unit.items) retire(t);
+      st.dropped_group_timeout += g.unit.items.size();
+      pending_trajectories -= g.unit.items.size();
+      space_freed(w);
+    }
+    groups.erase(it);
+    return s;
+  }
+
+  // Group timeouts due by `now`.
+  void process_group_timers(Clock::Duration now, Wake& w) {
+    if (next_group_deadline.load(std::memory_order_relaxed) > now.count()) return;
+    while (!group_deadlines.empty() && group_deadlines.front().first <= now) {
+      const auto [deadline, gid] = group_deadlines.front();
+      group_deadlines.pop_front();
+      auto it = groups.find(gid);
+      if (it == groups.end() || it->second.first_arrival + opt.group_timeout != deadline) continue;
+      note_bg(time_out_group(it, now, w));
+    }
+    set_group_deadline_hint();
+  }
+
+  // From the consumer side, with no lock held: group timeouts live with the producers, but must
+  // fire while no producer pushes.
+  void run_group_timers_if_due(Clock::Duration now) {
+    if (next_group_deadline.load(std::memory_order_acquire) > now.count()) return;
+    Wake w;
+    {
+      std::unique_lock<std::mutex> pl = lock_spinning(pmu);
+      process_group_timers(now, w);
+    }
+    wake(w);
+  }
+
+  // Retires units pop_batch dropped as stale; takes pmu (called with no lock held).
+  void retire_stale(std::vector<Unit>& dropped) {
+    Wake w;
+    {
+      std::unique_lock<std::mutex> pl = lock_spinning(pmu);
+      std::vector<std::uint64_t> ids;
+      for (const Unit& u : dropped) {
+        for (const Trajectory& t : u.items) {
+          if (wal) ids.push_back(t.id.value());
+          retire(t);
+          ++st.dropped_stale;
+        }
+      }
+      note_bg(wal_retire(internal::WalRetireReason::kStale, ids));
+      space_freed(w);
+    }
+    dropped.clear();
+    wake(w);
+  }
+
+  // --- consumer side, with mu held ---
+
+  // Puts a batch's units back at the front of the ready queue, in their original order. `move`:
+  // nobody else holds the items.
+  void unpop(internal::BatchData& d, bool move, std::uint32_t deliveries_back) {
+    std::size_t end = d.items.size();
+    for (std::size_t i = end; i-- > 0;) {
+      if (d.unit_len[i] == 0) continue;
+      Unit u;
+      u.items.reserve(end - i);
+      for (std::size_t k = i; k < end; ++k) u.add(move ? std::move(d.items[k]) : Trajectory(d.items[k]));
+      u.partial_group = d.info[i].partial_group;
+      u.deliveries = d.info[i].delivery - deliveries_back;
+      ready_count += u.items.size();
+      ready_tokens += u.tokens;
+      ready.push_front(std::move(u));
+      end = i;
+    }
+    ready_hint.store(ready_count, std::memory_order_relaxed);
+  }
+
+  // Returns a leased batch to the ready queue (nack or expiry).
+  void requeue(std::unordered_map<std::uint64_t, std::shared_ptr<internal::BatchData>>::iterator it, Wake& w) {
+    std::shared_ptr<internal::BatchData> d = std::move(it->second);
+    leases.erase(it);
+    const bool sole = d.use_count() == 1;  // the consumer let go: move instead of copy
+    leased_trajectories -= d->items.size();
+    st.redelivered += d->items.size();
+    unpop(*d, sole, 0);
+    if (data_waiters > 0) w.data = true;
+  }
+
+  void process_lease_timers(Clock::Duration now, Wake& w) {
     while (!lease_deadlines.empty() && lease_deadlines.top().first <= now) {
       const auto [deadline, id] = lease_deadlines.top();
       lease_deadlines.pop();
@@ -633,65 +780,17 @@ struct TrajectoryQueue::Impl {
       if (it == leases.end() || it->second->deadline != deadline) continue;
       ++st.expired_leases;
       expired_batches.add(id);
-      requeue(it);
-    }
-    while (!group_deadlines.empty() && group_deadlines.front().first <= now) {
-      const auto [deadline, gid] = group_deadlines.front();
-      group_deadlines.pop_front();
-      auto it = groups.find(gid);
-      if (it == groups.end() || it->second.first_arrival + opt.group_timeout != deadline) continue;
-      note_bg(time_out_group(it, now));
+      requeue(it, w);
     }
   }
 
-  Status time_out_group(std::unordered_map<std::uint64_t, PendingGroup>::iterator it,
-                        Clock::Duration now) {
-    PendingGroup& g = it->second;
-    const std::uint64_t gid = it->first;
-    record_group_wait(now - g.first_arrival);
-    closed_groups.add(gid);
-    Status s = wal_u64(internal::WalRecordType::kGroupClosed, gid);
-    if (opt.partial_group_policy == PartialGroupPolicy::kRelease) {
-      release_group(g, /*partial=*/true);
-    } else {
-      std::vector<std::uint64_t> ids;
-      for (const Trajectory& t : g.members) ids.push_back(t.id.value());
-      Status w = wal_retire(internal::WalRetireReason::kGroupTimeout, ids);
-      if (s.ok()) s = w;
-      for (const Trajectory& t : g.members) retire(t);
-      st.dropped_group_timeout += g.members.size();
-      pending_trajectories -= g.members.size();
-      notify_space();
-    }
-    groups.erase(it);
-    return s;
-  }
-
-  // Puts a leased batch back at the front of the ready queue, in its original order.
-  void requeue(std::unordered_map<std::uint64_t, std::shared_ptr<internal::BatchData>>::iterator it) {
-    std::shared_ptr<internal::BatchData> d = std::move(it->second);
-    leases.erase(it);
-    const bool sole = d.use_count() == 1;  // the consumer let go: move instead of copy
-    const std::size_t n = d->items.size();
-    leased_trajectories -= n;
-    st.redelivered += n;
-    for (std::size_t i = n; i-- > 0;) {
-      Entry e{sole ? std::move(d->items[i]) : d->items[i], d->unit_len[i], d->info[i].partial_group,
-              d->info[i].delivery};
-      ready_tokens += e.t.num_tokens();
-      ready.push_front(std::move(e));
-    }
-    ready_count += n;
-    notify_data();
-  }
-
-  Clock::Duration next_timer() const {
-    Clock::Duration t = Clock::kForever;
+  Clock::Duration next_consumer_timer() const {
+    Clock::Duration t = Clock::Duration(next_group_deadline.load(std::memory_order_acquire));
     if (!lease_deadlines.empty()) t = std::min(t, lease_deadlines.top().first);
-    if (!group_deadlines.empty()) t = std::min(t, group_deadlines.front().first);
     return t;
   }
 
+  // With both locks held.
   Status maybe_compact() {
     if (!wal || wal->bytes() < opt.wal_compact_bytes || wal_live_bytes * 2 > wal->bytes()) {
       return ok_status();
@@ -717,12 +816,14 @@ struct TrajectoryQueue::Impl {
         encode_trajectory(t, buf);
         return w.append(internal::WalRecordType::kPush, buf);
       };
-      for (std::size_t i = 0; i < ready.size(); ++i) LAMINAR_RETURN_IF_ERROR(put(ready[i].t));
+      for (std::size_t i = 0; i < ready.size(); ++i) {
+        for (const Trajectory& t : ready[i].items) LAMINAR_RETURN_IF_ERROR(put(t));
+      }
       for (const auto& [id, d] : leases) {
         for (const Trajectory& t : d->items) LAMINAR_RETURN_IF_ERROR(put(t));
       }
       for (const auto& [gid, g] : groups) {
-        for (const Trajectory& t : g.members) LAMINAR_RETURN_IF_ERROR(put(t));
+        for (const Trajectory& t : g.unit.items) LAMINAR_RETURN_IF_ERROR(put(t));
       }
       return ok_status();
     });
@@ -804,6 +905,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
 
   const Clock::Duration now = clock->now();
   std::vector<std::uint64_t> group_order;
+  Wake ignored;  // no thread waits yet
   for (std::optional<Trajectory>& slot : order) {
     if (!slot) continue;
     Trajectory t = std::move(*slot);
@@ -813,9 +915,9 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
     held_tokens += t.num_tokens();
     wal_live_bytes += wal_record_bytes(t);
     if (t.group_size == 1) {
-      ready_tokens += t.num_tokens();
-      ready.push_back(Entry{std::move(t), 1, false, 0});
-      ++ready_count;
+      Unit u;
+      u.add(std::move(t));
+      publish(std::move(u), ignored);
       continue;
     }
     auto [it, fresh] = groups.try_emplace(t.group_id);
@@ -832,22 +934,23 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
                                    t.group_id));
     }
     g.seen[t.sample_index] = true;
-    g.members.push_back(std::move(t));
+    g.unit.add(std::move(t));
     ++pending_trajectories;
   }
   for (std::uint64_t gid : group_order) {
     auto it = groups.find(gid);
     PendingGroup& g = it->second;
-    const bool complete = g.members.size() == g.group_size;
+    const bool complete = g.unit.items.size() == g.group_size;
     if (complete || closed_in_log.count(gid) != 0) {
       closed_groups.add(gid);
-      release_group(g, /*partial=*/!complete);
+      release_group(g, /*partial=*/!complete, ignored);
       groups.erase(it);
     } else if (opt.group_timeout != Clock::kForever) {
       // The timer restarts: how long the group waited before the restart is not in the log.
       group_deadlines.emplace_back(now + opt.group_timeout, gid);
     }
   }
+  set_group_deadline_hint();
   return ok_status();
 }
 
@@ -877,22 +980,26 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::open(QueueOptions opti
   }
   Impl* raw = impl.get();
   impl->clock_sub = impl->clock->subscribe([raw] {
+    {
+      std::lock_guard<std::mutex> l(raw->pmu);
+      raw->space_cv.notify_all();
+    }
     std::lock_guard<std::mutex> l(raw->mu);
     raw->data_cv.notify_all();
-    raw->space_cv.notify_all();
   });
   return std::unique_ptr<TrajectoryQueue>(new TrajectoryQueue(std::move(impl)));
 }
 
 Status TrajectoryQueue::publish_version(Version v) {
   Impl& q = *impl_;
-  std::lock_guard<std::mutex> l(q.mu);
+  std::lock_guard<std::mutex> pl(q.pmu);
   if (v < q.newest) {
     return invalid_argument(fmt::format("publish_version: version {} is older than the newest published {}",
                                         v.value(), q.newest.value()));
   }
   if (v == q.newest) return ok_status();
   LAMINAR_RETURN_IF_ERROR(q.wal_u64(internal::WalRecordType::kVersion, v.value()));
+  std::lock_guard<std::mutex> l(q.mu);
   q.newest = v;
   q.newest_atomic.store(v.value(), std::memory_order_release);
   return ok_status();
@@ -905,7 +1012,7 @@ Version TrajectoryQueue::newest_version() const noexcept {
 Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   Impl& q = *impl_;
   if (Status s = validate_trajectory(t, q.opt.validate_contents); !s.ok()) {
-    std::lock_guard<std::mutex> l(q.mu);
+    std::lock_guard<std::mutex> l(q.pmu);
     ++q.st.rejected_invalid;
     return s;
   }
@@ -914,31 +1021,41 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   }
   const std::size_t tokens = t.num_tokens();
   const std::uint64_t id = t.id.value();
-  // Encoded outside the lock: it is the costly part of logging.
+  // Encoded and checksummed outside the lock: they are the costly part of logging, after the
+  // write itself.
   thread_local std::string encoded;
+  std::uint64_t checksum = 0;
   if (q.wal) {
     encoded.clear();
     encode_trajectory(t, encoded);
+    checksum = internal::TrajectoryWal::checksum(internal::WalRecordType::kPush, encoded);
   }
 
-  std::unique_lock<std::mutex> l = lock_spinning(q.mu);
+  Clock::Duration now = q.clock->now();
+  Wake w;
+  std::unique_lock<std::mutex> l = lock_spinning(q.pmu);
   Clock::Duration deadline = Clock::kForever;
   if (options.mode == PushMode::kTimeout) {
-    const Clock::Duration now = q.clock->now();
     deadline = options.timeout >= Clock::kForever - now ? Clock::kForever : now + options.timeout;
   }
+  // Every exit wakes whoever this push (or the group timers it ran) made data or space for.
+  auto finish = [&](Status s) {
+    l.unlock();
+    q.wake(w);
+    return s;
+  };
   auto reject_invalid = [&](std::string m) {
     ++q.st.rejected_invalid;
-    return invalid_argument(std::move(m));
+    return finish(invalid_argument(std::move(m)));
   };
-  Clock::Duration now{0};
+  // The member's group as of the last check (pmu is held from there on, so it stays valid).
+  auto group = q.groups.end();
   for (;;) {
     if (q.closed) {
       ++q.st.rejected_full;
-      return cancelled(fmt::format("push of trajectory {}: the queue is closed", id));
+      return finish(cancelled(fmt::format("push of trajectory {}: the queue is closed", id)));
     }
-    now = q.clock->now();
-    q.process_timers(now);
+    q.process_group_timers(now, w);
     if (t.version > q.newest) {
       return reject_invalid(fmt::format("trajectory {}: version {} is ahead of the newest published version {}",
                                         id, t.version.value(), q.newest.value()));
@@ -957,12 +1074,12 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       }
       if (q.closed_groups.contains(t.group_id)) {
         ++q.st.dropped_late_for_group;
-        return failed_precondition(fmt::format(
-            "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id));
+        return finish(failed_precondition(fmt::format(
+            "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id)));
       }
-      auto it = q.groups.find(t.group_id);
-      if (it != q.groups.end()) {
-        const PendingGroup& g = it->second;
+      group = q.groups.find(t.group_id);
+      if (group != q.groups.end()) {
+        const PendingGroup& g = group->second;
         if (g.group_size != t.group_size || g.prompt_id != t.prompt_id) {
           return reject_invalid(fmt::format(
               "trajectory {}: group {} has group_size {} and prompt {}, this member says {} and {}", id,
@@ -979,61 +1096,78 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     }
     if (options.mode == PushMode::kFailFast) {
       ++q.st.rejected_full;
-      return unavailable(fmt::format("push of trajectory {}: queue full ({} of {} trajectories, {} of {} tokens)",
-                                     id, q.held_count, q.opt.capacity_trajectories, q.held_tokens,
-                                     q.opt.capacity_tokens));
+      return finish(unavailable(fmt::format(
+          "push of trajectory {}: queue full ({} of {} trajectories, {} of {} tokens)", id, q.held_count,
+          q.opt.capacity_trajectories, q.held_tokens, q.opt.capacity_tokens)));
     }
     if (now >= deadline) {
       ++q.st.rejected_full;
-      return deadline_exceeded(fmt::format("push of trajectory {}: queue still full after {} ns", id,
-                                           options.timeout.count()));
+      return finish(deadline_exceeded(fmt::format("push of trajectory {}: queue still full after {} ns", id,
+                                                  options.timeout.count())));
     }
     ++q.space_waiters;
-    q.clock->wait_until(q.space_cv, l, std::min(deadline, q.next_timer()));
+    q.clock->wait_until(q.space_cv, l,
+                        std::min(deadline, Clock::Duration(q.next_group_deadline.load(std::memory_order_relaxed))));
     --q.space_waiters;
+    now = q.clock->now();
   }
 
   if (q.wal) {
-    LAMINAR_RETURN_IF_ERROR(q.wal->append(internal::WalRecordType::kPush, encoded));
+    if (Status s = q.wal->append(internal::WalRecordType::kPush, encoded, checksum); !s.ok()) return finish(std::move(s));
     q.wal_live_bytes += wal_record_bytes(t);
   }
   q.known_ids.insert(id);
   q.held_count += 1;
   q.held_tokens += tokens;
   ++q.st.pushed;
-  if (t.group_size == 1) {
-    q.ready.push_back(Entry{std::move(t), 1, false, 0});
-    ++q.ready_count;
-    q.ready_tokens += tokens;
-    q.notify_data();
+  // A finished unit goes to the consumers after pmu is let go, so the other producers need not
+  // wait while this one queues for mu. With a WAL it goes before: a compaction (under both locks)
+  // must find every live trajectory.
+  auto hand_over = [&](Unit&& u) {
+    if (q.wal) {
+      q.publish(std::move(u), w);
+      return finish(ok_status());
+    }
+    l.unlock();
+    q.publish(std::move(u), w);
+    q.wake(w);
     return ok_status();
+  };
+  if (t.group_size == 1) {
+    Unit u;
+    u.items.reserve(1);
+    u.add(std::move(t));
+    return hand_over(std::move(u));
   }
   const std::uint64_t gid = t.group_id;
-  auto [it, fresh] = q.groups.try_emplace(gid);
-  PendingGroup& g = it->second;
+  const bool fresh = group == q.groups.end();
+  if (fresh) group = q.groups.try_emplace(gid).first;
+  PendingGroup& g = group->second;
   if (fresh) {
     g.group_size = t.group_size;
     g.prompt_id = t.prompt_id;
     g.first_arrival = now;
     g.seen.assign(t.group_size, false);
-    g.members.reserve(t.group_size);
+    g.unit.items.reserve(t.group_size);
     if (q.opt.group_timeout != Clock::kForever) {
       q.group_deadlines.emplace_back(g.first_arrival + q.opt.group_timeout, gid);
+      if (q.group_deadlines.size() == 1) q.set_group_deadline_hint();
     }
   }
   g.seen[t.sample_index] = true;
-  g.members.push_back(std::move(t));
+  g.unit.add(std::move(t));
   ++q.pending_trajectories;
-  if (g.members.size() == g.group_size) {
+  if (g.unit.items.size() == g.group_size) {
     q.record_group_wait(now - g.first_arrival);
     q.closed_groups.add(gid);
     // The trajectory is in the queue either way; a failed group record only means a late duplicate
     // member could be accepted after a restart, so it is reported, not undone.
     q.note_bg(q.wal_u64(internal::WalRecordType::kGroupClosed, gid));
-    q.release_group(g, /*partial=*/false);
-    q.groups.erase(it);
+    Unit u = q.close_group(g, /*partial=*/false);
+    q.groups.erase(group);
+    return hand_over(std::move(u));
   }
-  return ok_status();
+  return finish(ok_status());
 }
 
 Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
@@ -1053,23 +1187,32 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
   const std::size_t max_tokens = spec.max_tokens ? spec.max_tokens : SIZE_MAX;
   const std::size_t min_count = std::max<std::size_t>(spec.min_trajectories, 1);
   const Clock::Duration lease = spec.lease > Clock::Duration::zero() ? spec.lease : q.opt.default_lease;
+  const bool drop_stale = spec.staleness_rule == StalenessRule::kDrop;
+  const bool mark_stale = spec.staleness_rule == StalenessRule::kKeepAndMark;
+  const std::uint64_t consumer_version = spec.consumer_version.value();
 
-  std::unique_lock<std::mutex> l = lock_spinning(q.mu);
-  if (spec.consumer_version > q.newest) {
-    return invalid_argument(fmt::format("BatchSpec: consumer_version {} is ahead of the newest published {}",
-                                        spec.consumer_version.value(), q.newest.value()));
-  }
   const Clock::Duration start = q.clock->now();
-  const Clock::Duration deadline = spec.wait >= Clock::kForever - start ? Clock::kForever : start + spec.wait;
-  auto staleness_of = [&](const Trajectory& t) -> std::uint64_t {
-    return spec.consumer_version > t.version ? spec.consumer_version.value() - t.version.value() : 0;
+  q.run_group_timers_if_due(start);
+  Wake w;
+  std::unique_lock<std::mutex> l = lock_spinning(q.mu);
+  // Every exit wakes whoever expired leases made data for.
+  auto leave = [&](auto result) {
+    l.unlock();
+    q.wake(w);
+    return result;
   };
+  if (spec.consumer_version > q.newest) {
+    return leave(Result<Batch>(invalid_argument(fmt::format(
+        "BatchSpec: consumer_version {} is ahead of the newest published {}", consumer_version,
+        q.newest.value()))));
+  }
+  const Clock::Duration deadline = spec.wait >= Clock::kForever - start ? Clock::kForever : start + spec.wait;
   auto d = std::make_shared<internal::BatchData>();
-  std::vector<std::uint64_t> dropped;
+  std::vector<Unit> dropped;
+  Clock::Duration now = start;
   for (;;) {
-    if (q.closed) return cancelled("pop_batch: the queue is closed");
-    const Clock::Duration now = q.clock->now();
-    q.process_timers(now);
+    if (q.closed) return leave(Result<Batch>(cancelled("pop_batch: the queue is closed")));
+    q.process_lease_timers(now, w);
     if (q.ready_count >= min_count) {
       const std::size_t expect = std::min(q.ready_count, max_count);
       d->items.reserve(expect);
@@ -1077,53 +1220,38 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
       d->unit_len.reserve(expect);
       std::size_t tokens = 0;
       bool full = false;
-      dropped.clear();
       while (!q.ready.empty()) {
-        const std::uint32_t len = q.ready.front().unit_len;
-        LAMINAR_CHECK(len > 0 && len <= q.ready.size());
-        std::size_t unit_tokens = 0;
-        std::uint64_t unit_staleness = 0;
-        for (std::uint32_t i = 0; i < len; ++i) {
-          unit_tokens += q.ready[i].t.num_tokens();
-          unit_staleness = std::max(unit_staleness, staleness_of(q.ready[i].t));
-        }
-        if (spec.staleness_rule == StalenessRule::kDrop && unit_staleness > spec.max_staleness) {
+        Unit& u = q.ready.front();
+        const std::size_t len = u.items.size();
+        const std::uint64_t unit_staleness = consumer_version > u.min_version ? consumer_version - u.min_version : 0;
+        if (drop_stale && unit_staleness > spec.max_staleness) {
           // A group is judged by its stalest member and dropped whole: a partial GRPO group
           // would bias the advantage baseline.
-          for (std::uint32_t i = 0; i < len; ++i) {
-            Entry e = q.ready.pop_front();
-            dropped.push_back(e.t.id.value());
-            q.retire(e.t);
-          }
           q.ready_count -= len;
-          q.ready_tokens -= unit_tokens;
-          q.st.dropped_stale += len;
+          q.ready_tokens -= u.tokens;
+          dropped.push_back(q.ready.pop_front());
           continue;
         }
-        if (!d->items.empty() && (d->items.size() + len > max_count || tokens + unit_tokens > max_tokens)) {
+        if (!d->items.empty() && (d->items.size() + len > max_count || tokens + u.tokens > max_tokens)) {
           full = true;
           break;
         }
-        for (std::uint32_t i = 0; i < len; ++i) {
-          Entry e = q.ready.pop_front();
-          const std::uint64_t s = staleness_of(e.t);
-          d->info.push_back(TrajectoryInfo{
-              s, spec.staleness_rule == StalenessRule::kKeepAndMark && s > spec.max_staleness,
-              e.partial_group, e.deliveries + 1});
-          d->unit_len.push_back(e.unit_len);
-          d->items.push_back(std::move(e.t));
+        for (std::size_t i = 0; i < len; ++i) {
+          Trajectory& t = u.items[i];
+          const std::uint64_t s = consumer_version > t.version.value() ? consumer_version - t.version.value() : 0;
+          d->info.push_back(TrajectoryInfo{s, mark_stale && s > spec.max_staleness, u.partial_group,
+                                           u.deliveries + 1});
+          d->unit_len.push_back(i == 0 ? std::uint32_t(len) : 0u);
+          d->items.push_back(std::move(t));
         }
         q.ready_count -= len;
-        q.ready_tokens -= unit_tokens;
-        tokens += unit_tokens;
+        q.ready_tokens -= u.tokens;
+        tokens += u.tokens;
+        q.ready.pop_front();
         if (d->items.size() >= max_count || tokens >= max_tokens) {
           full = true;
           break;
         }
-      }
-      if (!dropped.empty()) {
-        q.notify_space();
-        q.note_bg(q.wal_retire(internal::WalRetireReason::kStale, dropped));
       }
       if (d->items.size() >= min_count || (full && !d->items.empty())) {
         q.ready_hint.store(q.ready_count, std::memory_order_relaxed);
@@ -1138,94 +1266,139 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
         }
         if (d->deadline != Clock::kForever) q.lease_deadlines.emplace(d->deadline, d->id);
         q.leases.emplace(d->id, d);
+        l.unlock();
+        q.wake(w);
+        if (!dropped.empty()) q.retire_stale(dropped);
         return Batch(std::move(d));
       }
       // Too few left after dropping stale ones: put back what was taken and wait for more.
-      for (std::size_t i = d->items.size(); i-- > 0;) {
-        q.ready_tokens += d->items[i].num_tokens();
-        q.ready.push_front(
-            Entry{std::move(d->items[i]), d->unit_len[i], d->info[i].partial_group, d->info[i].delivery - 1});
-      }
-      q.ready_count += d->items.size();
-      q.ready_hint.store(q.ready_count, std::memory_order_relaxed);
+      q.unpop(*d, /*move=*/true, /*deliveries_back=*/1);
       d->items.clear();
       d->info.clear();
       d->unit_len.clear();
     }
+    if (!dropped.empty()) {
+      l.unlock();
+      q.retire_stale(dropped);
+      l.lock();
+      continue;
+    }
     if (spec.wait == Clock::Duration::zero()) {
-      return unavailable(fmt::format("pop_batch: {} trajectories ready, {} wanted", q.ready_count, min_count));
+      return leave(Result<Batch>(
+          unavailable(fmt::format("pop_batch: {} trajectories ready, {} wanted", q.ready_count, min_count))));
     }
     if (now >= deadline) {
-      return deadline_exceeded(fmt::format("pop_batch: only {} of {} trajectories ready after {} ns",
-                                           q.ready_count, min_count, spec.wait.count()));
+      return leave(Result<Batch>(deadline_exceeded(fmt::format(
+          "pop_batch: only {} of {} trajectories ready after {} ns", q.ready_count, min_count,
+          spec.wait.count()))));
     }
     // Spin a little first: a producer is usually about to push.
     bool arrived = false;
     l.unlock();
+    q.wake(w);
+    w = Wake{};
     for (int i = 0; i < kSpinRounds && !arrived; ++i) {
       std::this_thread::yield();
       arrived = q.ready_hint.load(std::memory_order_relaxed) >= min_count;
     }
     l.lock();
-    if (q.ready_count >= min_count || q.closed) continue;
-    ++q.data_waiters;
-    q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_timer()));
-    --q.data_waiters;
+    if (q.ready_count < min_count && !q.closed) {
+      ++q.data_waiters;
+      q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_consumer_timer()));
+      --q.data_waiters;
+    }
+    now = q.clock->now();
+    if (Clock::Duration(q.next_group_deadline.load(std::memory_order_acquire)) <= now) {
+      l.unlock();
+      q.run_group_timers_if_due(now);
+      l.lock();
+    }
   }
 }
 
 Status TrajectoryQueue::ack(std::uint64_t batch_id) {
   Impl& q = *impl_;
+  Wake w;
+  // With a WAL both locks are held throughout, so the ack record, the retired ids and a
+  // compaction see one state.
+  std::unique_lock<std::mutex> pl;
+  if (q.wal) pl = lock_spinning(q.pmu);
   std::unique_lock<std::mutex> l = lock_spinning(q.mu);
-  q.process_timers(q.clock->now());
+  q.process_lease_timers(q.clock->now(), w);
+  auto leave = [&](Status s) {
+    if (l.owns_lock()) l.unlock();
+    if (pl.owns_lock()) pl.unlock();
+    q.wake(w);
+    return s;
+  };
   auto it = q.leases.find(batch_id);
   if (it == q.leases.end()) {
     if (q.expired_batches.contains(batch_id)) {
-      return aborted(fmt::format("ack: the lease of batch {} expired; its trajectories were requeued", batch_id));
+      return leave(aborted(
+          fmt::format("ack: the lease of batch {} expired; its trajectories were requeued", batch_id)));
     }
-    return not_found(fmt::format("ack: batch {} is not leased (unknown or already acked)", batch_id));
+    return leave(not_found(fmt::format("ack: batch {} is not leased (unknown or already acked)", batch_id)));
   }
-  const internal::BatchData& d = *it->second;
-  std::vector<std::uint64_t> ids;
-  ids.reserve(d.items.size());
-  for (const Trajectory& t : d.items) ids.push_back(t.id.value());
-  // Logged first: if the log cannot take the ack, the batch stays leased and may be acked again.
-  LAMINAR_RETURN_IF_ERROR(q.wal_retire(internal::WalRetireReason::kAck, ids));
-  for (const Trajectory& t : d.items) q.retire(t);
-  q.leased_trajectories -= d.items.size();
-  q.st.acked += d.items.size();
+  std::shared_ptr<internal::BatchData> d = it->second;
+  if (q.wal) {
+    std::vector<std::uint64_t> ids;
+    ids.reserve(d->items.size());
+    for (const Trajectory& t : d->items) ids.push_back(t.id.value());
+    // Logged first: if the log cannot take the ack, the batch stays leased and may be acked again.
+    if (Status s = q.wal_retire(internal::WalRetireReason::kAck, ids); !s.ok()) return leave(std::move(s));
+  }
+  q.leased_trajectories -= d->items.size();
+  q.st.acked += d->items.size();
   q.leases.erase(it);
-  q.notify_space();
-  q.note_bg(q.maybe_compact());
-  return ok_status();
+  if (!pl.owns_lock()) {
+    // Gone from the leases, so no one else reaches these trajectories: retiring them can wait
+    // for pmu without holding up the consumers.
+    l.unlock();
+    pl = lock_spinning(q.pmu);
+  }
+  for (const Trajectory& t : d->items) q.retire(t);
+  q.space_freed(w);
+  if (q.wal) q.note_bg(q.maybe_compact());
+  return leave(ok_status());
 }
 
 Status TrajectoryQueue::nack(std::uint64_t batch_id) {
   Impl& q = *impl_;
-  std::lock_guard<std::mutex> l(q.mu);
-  q.process_timers(q.clock->now());
+  Wake w;
+  std::unique_lock<std::mutex> l = lock_spinning(q.mu);
+  q.process_lease_timers(q.clock->now(), w);
+  auto leave = [&](Status s) {
+    l.unlock();
+    q.wake(w);
+    return s;
+  };
   auto it = q.leases.find(batch_id);
   if (it == q.leases.end()) {
     if (q.expired_batches.contains(batch_id)) {
-      return aborted(fmt::format("nack: the lease of batch {} expired; its trajectories were requeued", batch_id));
+      return leave(aborted(
+          fmt::format("nack: the lease of batch {} expired; its trajectories were requeued", batch_id)));
     }
-    return not_found(fmt::format("nack: batch {} is not leased (unknown or already acked)", batch_id));
+    return leave(not_found(fmt::format("nack: batch {} is not leased (unknown or already acked)", batch_id)));
   }
   ++q.st.nacked_batches;
-  q.requeue(it);
-  return ok_status();
+  q.requeue(it, w);
+  return leave(ok_status());
 }
 
 void TrajectoryQueue::close() {
   Impl& q = *impl_;
-  std::lock_guard<std::mutex> l(q.mu);
-  q.closed = true;
+  {
+    std::lock_guard<std::mutex> pl(q.pmu);
+    std::lock_guard<std::mutex> l(q.mu);
+    q.closed = true;
+  }
   q.data_cv.notify_all();
   q.space_cv.notify_all();
 }
 
 QueueStats TrajectoryQueue::stats() const {
   Impl& q = *impl_;
+  std::lock_guard<std::mutex> pl(q.pmu);
   std::lock_guard<std::mutex> l(q.mu);
   QueueStats s = q.st;
   s.ready = q.ready_count;
@@ -1249,7 +1422,7 @@ QueueStats TrajectoryQueue::stats() const {
 const RecoveryReport& TrajectoryQueue::recovery() const noexcept { return impl_->recovery; }
 
 Status TrajectoryQueue::background_error() const {
-  std::lock_guard<std::mutex> l(impl_->mu);
+  std::lock_guard<std::mutex> l(impl_->pmu);
   return impl_->bg_error;
 }
 

@@ -219,9 +219,16 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
   return wal;
 }
 
+std::uint64_t TrajectoryWal::checksum(WalRecordType type, std::string_view payload) {
+  return record_checksum(std::uint32_t(type), payload.size(), payload);
+}
+
 Status TrajectoryWal::append(WalRecordType type, std::string_view payload) {
-  RecordHeader h{kRecordMagic, std::uint32_t(type), payload.size(), 0};
-  h.checksum = record_checksum(h.type, h.length, payload);
+  return append(type, payload, checksum(type, payload));
+}
+
+Status TrajectoryWal::append(WalRecordType type, std::string_view payload, std::uint64_t checksum) {
+  RecordHeader h{kRecordMagic, std::uint32_t(type), payload.size(), checksum};
   iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(payload.data()), payload.size()}};
   std::size_t total = sizeof(h) + payload.size();
   std::size_t done = 0;

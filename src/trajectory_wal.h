@@ -57,6 +57,10 @@ class TrajectoryWal {
   // Appends one record. On failure the file is cut back to where it was, so a failed append
   // never leaves a torn record in front of later ones.
   Status append(WalRecordType type, std::string_view payload);
+  // The same with the record's checksum (checksum()) computed beforehand: it reads the whole
+  // payload, so a writer computes it before taking the lock that serialises appends.
+  Status append(WalRecordType type, std::string_view payload, std::uint64_t checksum);
+  static std::uint64_t checksum(WalRecordType type, std::string_view payload);
 
   // Replaces the log with a fresh one holding what `write_live` appends to it (through
   // append()), atomically (write aside, fsync, rename).
