@@ -451,7 +451,8 @@ class IdSet {
     publish_slots();
   }
   std::vector<std::uint64_t> slots_;
-  std::atomic<const std::uint64_t*> slots_base_{nullptr};
+  // On a line of their own: read by prefetch() without the lock while size_ changes.
+  alignas(64) std::atomic<const std::uint64_t*> slots_base_{nullptr};
   std::atomic<std::size_t> slots_mask_{0};
   std::size_t size_ = 0;
   bool has_empty_key_ = false;
@@ -549,6 +550,8 @@ struct TrajectoryQueue::Impl {
 
   QueueOptions opt;
   std::shared_ptr<Clock> clock;
+  // Set by open() (the pointer; appends are under pmu), so pushes test it before locking.
+  std::unique_ptr<internal::TrajectoryWal> wal;
 
   // Written under both locks, so either one is enough to read them.
   bool closed = false;
@@ -556,7 +559,9 @@ struct TrajectoryQueue::Impl {
   std::atomic<std::uint64_t> newest_atomic{0};
 
   // --- producer side, under pmu ---
-  mutable std::mutex pmu;
+  // Each side on cache lines of its own: fields read without a lock (opt, clock, wal) must not
+  // share a line with a mutex or counters that other threads write on every push or pop.
+  alignas(64) mutable std::mutex pmu;
   std::condition_variable space_cv;  // producers wait for capacity
   int space_waiters = 0;
   // Ids refused on push: those in the queue (pending, ready or leased) and the last
@@ -573,14 +578,13 @@ struct TrajectoryQueue::Impl {
   std::atomic<Clock::Duration::rep> next_group_deadline{Clock::kForever.count()};
   std::size_t held_count = 0;
   std::size_t held_tokens = 0;
-  std::unique_ptr<internal::TrajectoryWal> wal;
   std::uint64_t wal_live_bytes = 0;
   std::string wal_buf;
   RecoveryReport recovery;
   Status bg_error;
 
   // --- consumer side, under mu ---
-  mutable std::mutex mu;
+  alignas(64) mutable std::mutex mu;
   std::condition_variable data_cv;  // consumers wait for ready trajectories
   int data_waiters = 0;
   Ring<Unit> ready;
