@@ -372,7 +372,15 @@ class Ring {
 // which the dedup window of 65k ids would otherwise allocate and free on every push and ack.
 class IdSet {
  public:
-  IdSet() : slots_(64, kEmpty) {}
+  IdSet() : slots_(64, kEmpty) { publish_slots(); }
+  // Starts loading the slot where a lookup of `id` begins; safe without the lock that guards the
+  // set (a prefetch of a stale address, during a grow, is harmless), so the miss can be taken
+  // before the lock rather than while holding it.
+  void prefetch(std::uint64_t id) const {
+    const std::uint64_t* base = slots_base_.load(std::memory_order_relaxed);
+    const std::size_t mask = slots_mask_.load(std::memory_order_relaxed);
+    __builtin_prefetch(base + (home(id, mask)));
+  }
   bool contains(std::uint64_t id) const {
     if (id == kEmpty) return has_empty_key_;
     for (std::size_t i = home(id);; i = (i + 1) & mask()) {
@@ -421,12 +429,17 @@ class IdSet {
   // mostly touches the line the previous push just used; a full mix costs a miss per push once the
   // window outgrows the cache), while the runs themselves are scattered, so probe runs stay short
   // (mapping every id to its own slot in order would make one long run that each erase walks).
-  std::size_t home(std::uint64_t x) const {
+  std::size_t home(std::uint64_t x) const { return home(x, mask()); }
+  static std::size_t home(std::uint64_t x, std::size_t mask) {
     std::uint64_t run = x >> 3;
     run ^= run >> 33;
     run *= 0xff51afd7ed558ccdull;
     run ^= run >> 33;
-    return std::size_t((run << 3) | (x & 7)) & mask();
+    return std::size_t((run << 3) | (x & 7)) & mask;
+  }
+  void publish_slots() {
+    slots_base_.store(slots_.data(), std::memory_order_relaxed);
+    slots_mask_.store(mask(), std::memory_order_relaxed);
   }
   void grow() {
     std::vector<std::uint64_t> old(slots_.size() * 2, kEmpty);
@@ -435,8 +448,12 @@ class IdSet {
     for (std::uint64_t id : old) {
       if (id != kEmpty) insert(id);
     }
+    publish_slots();
   }
   std::vector<std::uint64_t> slots_;
+  // On a line of their own: read by prefetch() without the lock while size_ changes.
+  alignas(64) std::atomic<const std::uint64_t*> slots_base_{nullptr};
+  std::atomic<std::size_t> slots_mask_{0};
   std::size_t size_ = 0;
   bool has_empty_key_ = false;
 };
@@ -533,6 +550,8 @@ struct TrajectoryQueue::Impl {
 
   QueueOptions opt;
   std::shared_ptr<Clock> clock;
+  // Set by open() (the pointer; appends are under pmu), so pushes test it before locking.
+  std::unique_ptr<internal::TrajectoryWal> wal;
 
   // Written under both locks, so either one is enough to read them.
   bool closed = false;
@@ -540,7 +559,9 @@ struct TrajectoryQueue::Impl {
   std::atomic<std::uint64_t> newest_atomic{0};
 
   // --- producer side, under pmu ---
-  mutable std::mutex pmu;
+  // Each side on cache lines of its own: fields read without a lock (opt, clock, wal) must not
+  // share a line with a mutex or counters that other threads write on every push or pop.
+  alignas(64) mutable std::mutex pmu;
   std::condition_variable space_cv;  // producers wait for capacity
   int space_waiters = 0;
   // Ids refused on push: those in the queue (pending, ready or leased) and the last
@@ -557,14 +578,13 @@ struct TrajectoryQueue::Impl {
   std::atomic<Clock::Duration::rep> next_group_deadline{Clock::kForever.count()};
   std::size_t held_count = 0;
   std::size_t held_tokens = 0;
-  std::unique_ptr<internal::TrajectoryWal> wal;
   std::uint64_t wal_live_bytes = 0;
   std::string wal_buf;
   RecoveryReport recovery;
   Status bg_error;
 
   // --- consumer side, under mu ---
-  mutable std::mutex mu;
+  alignas(64) mutable std::mutex mu;
   std::condition_variable data_cv;  // consumers wait for ready trajectories
   int data_waiters = 0;
   Ring<Unit> ready;
@@ -1011,6 +1031,9 @@ Version TrajectoryQueue::newest_version() const noexcept {
 
 Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   Impl& q = *impl_;
+  // The id's slot is a cache miss; loaded now, it overlaps validation's own misses instead of
+  // stalling under pmu.
+  q.known_ids.prefetch(t.id.value());
   if (Status s = validate_trajectory(t, q.opt.validate_contents); !s.ok()) {
     std::lock_guard<std::mutex> l(q.pmu);
     ++q.st.rejected_invalid;
