@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "laminar/internal/host_buffer.h"
+#include "relay_chunks.h"
 
 namespace laminar {
 
@@ -132,7 +133,7 @@ struct RelayCore {
       }
       VersionSlot& s = *task.first;
       const std::uint32_t i = task.second;
-      const std::uint64_t h = XXH3_64bits(s.buffer.data() + s.plan.chunk_offset(i), s.plan.chunk_size(i));
+      const std::uint64_t h = internal::chunk_checksum(s.plan, s.buffer.data(), i);
       std::lock_guard lock(mu);
       // An abandoned version (its publish failed half way) has nothing left to commit.
       (void)seal(s, i, h);
@@ -250,20 +251,32 @@ Result<std::vector<ReadHandle::TensorBytes>> ReadHandle::shard(std::span<const s
   return out;
 }
 
+namespace internal {
+
+std::uint64_t chunk_checksum(const ChunkPlan& plan, const std::byte* buffer, std::uint32_t i) {
+  return XXH3_64bits(buffer + plan.chunk_offset(i), plan.chunk_size(i));
+}
+
+Status verify_chunks(Version v, const ChunkPlan& plan, const std::byte* buffer,
+                     std::span<const std::uint64_t> checksums, std::uint32_t first, std::uint32_t last) {
+  for (std::uint32_t i = first; i < last; ++i) {
+    const std::uint64_t h = chunk_checksum(plan, buffer, i);
+    if (h != checksums[i]) {
+      return data_loss(
+          fmt::format("version {}: chunk {} hashes to {:016x}, its checksum is {:016x}", v.value(), i, h, checksums[i]));
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace internal
+
 Status ReadHandle::verify(std::uint32_t first, std::uint32_t last) const {
   if (first > last || last > slot_->plan.num_chunks()) {
     return out_of_range(fmt::format("version {}: chunk range [{}, {}) is not within [0, {})",
                                     slot_->version.value(), first, last, slot_->plan.num_chunks()));
   }
-  for (std::uint32_t i = first; i < last; ++i) {
-    const std::uint64_t h =
-        XXH3_64bits(slot_->buffer.data() + slot_->plan.chunk_offset(i), slot_->plan.chunk_size(i));
-    if (h != slot_->checksums[i]) {
-      return data_loss(fmt::format("version {}: chunk {} hashes to {:016x}, its checksum is {:016x}",
-                                   slot_->version.value(), i, h, slot_->checksums[i]));
-    }
-  }
-  return ok_status();
+  return internal::verify_chunks(slot_->version, slot_->plan, slot_->buffer.data(), slot_->checksums, first, last);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -433,7 +446,7 @@ Result<std::shared_ptr<VersionSlot>> RelayStore::claim_chunk(Version v, std::uin
 
 Status RelayStore::finish_chunk(VersionSlot& slot, std::uint32_t i, std::uint64_t checksum) {
   // Hash what was stored, not what was handed in, so the check also covers the copy.
-  const std::uint64_t h = XXH3_64bits(slot.buffer.data() + slot.plan.chunk_offset(i), slot.plan.chunk_size(i));
+  const std::uint64_t h = internal::chunk_checksum(slot.plan, slot.buffer.data(), i);
   std::lock_guard lock(core_->mu);
   if (h != checksum) {
     slot.state[i] = VersionSlot::ChunkState::kMissing;

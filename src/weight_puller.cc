@@ -13,6 +13,7 @@
 
 #include "laminar/internal/host_buffer.h"
 #include "local_relay_wire.h"
+#include "relay_chunks.h"
 
 namespace laminar {
 
@@ -279,13 +280,8 @@ Status WeightPuller::verify(const PulledVersion& h, const std::vector<Target>& t
   if (!options_.verify_checksums) return ok_status();
   for (const Target& t : targets) {
     auto [first, last] = h.plan.chunks_covering(t.entry->offset, t.entry->nbytes);
-    for (std::uint32_t i = first; i < last; ++i) {
-      const std::uint64_t got = XXH3_64bits(h.bytes.data() + h.plan.chunk_offset(i), h.plan.chunk_size(i));
-      if (got != h.checksums[i]) {
-        return data_loss(fmt::format("pull of tensor '{}': version {}: chunk {} hashes to {:016x}, its checksum is "
-                                     "{:016x}", t.entry->name, h.version.value(), i, got, h.checksums[i]));
-      }
-    }
+    LAMINAR_RETURN_IF_ERROR(internal::verify_chunks(h.version, h.plan, h.bytes.data(), h.checksums, first, last)
+                                .with_context(fmt::format("pull of tensor '{}'", t.entry->name)));
   }
   return ok_status();
 }
