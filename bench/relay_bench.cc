@@ -9,7 +9,7 @@
 //     relays has committed the version, the head sending to each relay itself (star) or down a
 //     pipelined chain, vs the same version sent over one link to one relay. The head and each relay
 //     are RelayNodes in processes of their own (this binary re-executed as `relay_bench head ...` /
-//     `relay_bench relay UPSTREAM [HOST]`). Twice: `_same_host` (UCX shared memory; five processes on
+//     `relay_bench relay UPSTREAM HOST`). Twice: `_same_host` (UCX shared memory; five processes on
 //     this machine's cores, so CPU-bound, reported) and, the headline and last line, `_Mbit_links`:
 //     every process in its own network namespace on a bridge, each behind a link limited to
 //     --link-mbit each way (tc tbf, UCX over tcp), the regime of a cluster where the network, not
@@ -94,8 +94,9 @@ void check(const laminar::Status& s, const char* what) {
 const char* const kToken = "relay-bench-token-0123456789";
 
 // A relay in a child process of this binary, its stdout read line by line; killed and reaped on
-// destruction. `relay_bench relay UPSTREAM` prints "listening ADDR", "upstream ADDR" once
-// subscribed, and "committed V" for every version it completes; `relay_bench shm-relay SOCKET MIB`
+// destruction. `relay_bench relay UPSTREAM HOST` prints "listening ADDR", "upstream ADDR" once
+// subscribed, and "committed V" for every version it completes; `relay_bench head HOST MIB
+// CHUNK_BYTES` prints "listening ADDR" and publishes like shm-relay; `relay_bench shm-relay SOCKET MIB`
 // serves a store of Weights(MIB) versions on SOCKET ("serving SOCKET") and publishes the next
 // version, tagged by tag_version, on every SIGUSR1 ("published V").
 class Peer {
@@ -111,9 +112,9 @@ class Peer {
     child_.emplace(std::move(child).value());
   }
 
-  // The rest of the next line starting with `prefix`.
   void signal(int sig) { child_->kill(sig); }
 
+  // The rest of the next line starting with `prefix`.
   std::string expect(const std::string& prefix) {
     for (;;) {
       auto line = child_->read_line(std::chrono::seconds(120));
@@ -126,17 +127,20 @@ class Peer {
   std::optional<laminar::testing::ChildProcess> child_;
 };
 
-// `listen_host` non-empty: this relay is a host of a NetnsSwitch, reached over its link (tcp only).
+// Options of a chain node reached at `listen_host`: 127.0.0.1, or its NetnsSwitch host's address
+// (Peer then sets UCX_TLS=tcp, so UCX really uses the link).
+laminar::RelayChainOptions node_options(const std::string& listen_host) {
+  laminar::RelayChainOptions o;
+  o.transport.cluster_token = kToken;
+  o.listen_host = listen_host;
+  return o;
+}
+
 int run_relay(const std::string& upstream, const std::string& listen_host) {
   auto store = laminar::RelayStore::create({}).value();
   std::mutex out;
-  laminar::RelayChainOptions o;
-  o.transport.cluster_token = kToken;
+  laminar::RelayChainOptions o = node_options(listen_host);
   o.upstreams = {upstream};
-  if (!listen_host.empty()) {
-    o.listen_host = listen_host;
-    o.transport.ucx_transports = "tcp";
-  }
   o.on_event = [&](const laminar::RelayEvent& e) {
     std::lock_guard lock(out);
     if (e.kind == laminar::RelayEvent::Kind::kUpstream) std::printf("upstream %s\n", e.upstream.c_str());
@@ -175,17 +179,12 @@ std::atomic<bool> g_publish{false};
   }
 }
 
-// The head of a chain: the actor's node, serving its store on `listen_host` (tcp only when that is a
-// NetnsSwitch host, not 127.0.0.1) and publishing on SIGUSR1.
+// The head of a chain: the actor's node, serving its store on `listen_host` and publishing on SIGUSR1.
 int run_head(const std::string& listen_host, std::size_t mib, std::uint64_t chunk_bytes) {
   laminar::RelayStoreOptions so;
   so.chunk_bytes = chunk_bytes;
   auto store = laminar::RelayStore::create(so).value();
-  laminar::RelayChainOptions o;
-  o.transport.cluster_token = kToken;
-  o.listen_host = listen_host;
-  if (listen_host != "127.0.0.1") o.transport.ucx_transports = "tcp";
-  auto node = laminar::RelayNode::start(store, o);
+  auto node = laminar::RelayNode::start(store, node_options(listen_host));
   check(node.status(), "head node");
   std::printf("listening %s\n", (*node)->address().c_str());
   std::fflush(stdout);
@@ -217,9 +216,7 @@ double broadcast_seconds(std::size_t mib, Shape shape, int repeats, std::uint64_
   std::vector<std::unique_ptr<Peer>> peers;
   std::string up = head.expect("listening ");
   for (int k = 0; k < relays; ++k) {
-    std::vector<std::string> args{"relay", up};
-    if (net != nullptr) args.push_back(host(k + 1));
-    peers.push_back(std::make_unique<Peer>(std::move(args), netns(k + 1)));
+    peers.push_back(std::make_unique<Peer>(std::vector<std::string>{"relay", up, host(k + 1)}, netns(k + 1)));
     const std::string addr = peers.back()->expect("listening ");
     peers.back()->expect("upstream ");
     if (shape == Shape::kChain) up = addr;
@@ -239,10 +236,20 @@ double broadcast_seconds(std::size_t mib, Shape shape, int repeats, std::uint64_
   return median(t);
 }
 
+// Star and chain to 4 relays against one link, each the median of 3 versions, as two JSON lines.
+void report_shapes(std::size_t mib, std::uint64_t chunk_bytes, const laminar::testing::NetnsSwitch* net,
+                   const std::string& suffix) {
+  const double one_link = broadcast_seconds(mib, Shape::kOneLink, 3, chunk_bytes, net);
+  const double star = broadcast_seconds(mib, Shape::kStar, 3, chunk_bytes, net);
+  const double chain = broadcast_seconds(mib, Shape::kChain, 3, chunk_bytes, net);
+  laminar::bench::report_time("relay_star_4_relays" + suffix, "s", star, "one_link_transfer", one_link);
+  laminar::bench::report_time("relay_chain_4_relays" + suffix, "s", chain, "one_link_transfer", one_link);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if ((argc == 3 || argc == 4) && std::strcmp(argv[1], "relay") == 0) return run_relay(argv[2], argc == 4 ? argv[3] : "");
+  if (argc == 4 && std::strcmp(argv[1], "relay") == 0) return run_relay(argv[2], argv[3]);
   std::signal(SIGUSR1, [](int) { g_publish = true; });
   if (argc == 5 && std::strcmp(argv[1], "head") == 0) {
     return run_head(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
@@ -341,25 +348,14 @@ int main(int argc, char** argv) {
   // links, bound it (reported). The headline runs the same shapes across namespaces whose links
   // carry `link_mbit` each way, where, as in a cluster, the links bound a transfer.
   const std::uint64_t chunk_bytes = std::uint64_t(chunk_kib) << 10;
-  {
-    const double one_link = broadcast_seconds(chain_mib, Shape::kOneLink, 3, chunk_bytes, nullptr);
-    const double star = broadcast_seconds(chain_mib, Shape::kStar, 3, chunk_bytes, nullptr);
-    const double chain = broadcast_seconds(chain_mib, Shape::kChain, 3, chunk_bytes, nullptr);
-    const std::string suffix = "_" + std::to_string(chain_mib) + "MiB_same_host";
-    laminar::bench::report_time("relay_star_4_relays" + suffix, "s", star, "one_link_transfer", one_link);
-    laminar::bench::report_time("relay_chain_4_relays" + suffix, "s", chain, "one_link_transfer", one_link);
-  }
+  report_shapes(chain_mib, chunk_bytes, nullptr, "_" + std::to_string(chain_mib) + "MiB_same_host");
   auto net = laminar::testing::NetnsSwitch::create("lmrb", 5, link_mbit);
   if (!net.ok()) {
     std::fprintf(stderr, "relay_bench: no rate-limited links (%s); chain over links not measured\n",
                  net.status().to_string().c_str());
     return 0;
   }
-  const double one_link = broadcast_seconds(net_mib, Shape::kOneLink, 3, chunk_bytes, &*net);
-  const double star = broadcast_seconds(net_mib, Shape::kStar, 3, chunk_bytes, &*net);
-  const double chain = broadcast_seconds(net_mib, Shape::kChain, 3, chunk_bytes, &*net);
-  const std::string suffix = "_" + std::to_string(net_mib) + "MiB_" + std::to_string(link_mbit) + "Mbit_links";
-  laminar::bench::report_time("relay_star_4_relays" + suffix, "s", star, "one_link_transfer", one_link);
-  laminar::bench::report_time("relay_chain_4_relays" + suffix, "s", chain, "one_link_transfer", one_link);
+  report_shapes(net_mib, chunk_bytes, &*net,
+                "_" + std::to_string(net_mib) + "MiB_" + std::to_string(link_mbit) + "Mbit_links");
   return 0;
 }
