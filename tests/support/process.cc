@@ -366,9 +366,10 @@ Result<NetnsSwitch> NetnsSwitch::create(const std::string& prefix, int hosts, st
     if (rc != 0) return unavailable(fmt::format("tc tbf on {} in {} exited with {}", dev, ns, rc));
     return ok_status();
   };
+  auto host_end_of = [&](int h) { return fmt::format("{}{}h{}", prefix, h, id); };
   for (int h = 0; h < hosts; ++h) {
     const std::string ns = fmt::format("{}-{}-{}", prefix, h, id);
-    const std::string host_end = fmt::format("{}{}h{}", prefix, h, id);
+    const std::string host_end = host_end_of(h);
     const std::string switch_end = fmt::format("{}{}s{}", prefix, h, id);
     LAMINAR_RETURN_IF_ERROR(run_ip({"netns", "add", ns}));
     net.hosts_.push_back(ns);
@@ -385,7 +386,7 @@ Result<NetnsSwitch> NetnsSwitch::create(const std::string& prefix, int hosts, st
   // A veth end reports carrier a moment after both ends are up; connecting before then fails.
   const auto deadline = Clock::now() + std::chrono::seconds(5);
   for (int h = 0; h < hosts; ++h) {
-    const std::string host_end = fmt::format("{}{}h{}", prefix, h, id);
+    const std::string host_end = host_end_of(h);
     while (!has_carrier(net.hosts_[h], host_end)) {
       if (Clock::now() >= deadline) return unavailable(fmt::format("veth {} has no carrier after 5 s", host_end));
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
