@@ -231,6 +231,13 @@ Status LocalRelayConnection::fail(Status why) {
   return why.with_context(fmt::format("local relay '{}'", path_));
 }
 
+Status LocalRelayConnection::error_reply(std::span<const std::byte> payload) {
+  if (payload.size() < 4) return fail(data_loss("error reply shorter than its status code"));
+  return status_from_wire(get_u32(payload.data()),
+                          std::string(reinterpret_cast<const char*>(payload.data()) + 4, payload.size() - 4))
+      .with_context(fmt::format("local relay '{}'", path_));
+}
+
 Status LocalRelayConnection::send_request(LocalRequest type, std::uint64_t a, std::uint64_t b) {
   if (broken_) return unavailable(fmt::format("local relay '{}': the connection is closed", path_));
   std::vector<std::byte> req;
@@ -283,12 +290,7 @@ Result<std::optional<Version>> LocalRelayConnection::latest(std::chrono::millise
   std::vector<std::byte> payload;
   UniqueFd fd;
   LAMINAR_RETURN_IF_ERROR(read_reply(timeout, &type, &payload, &fd));
-  if (type == LocalReply::kError) {
-    if (payload.size() < 4) return fail(data_loss("error reply shorter than its status code"));
-    return status_from_wire(get_u32(payload.data()), std::string(reinterpret_cast<const char*>(payload.data()) + 4,
-                                                                 payload.size() - 4))
-        .with_context(fmt::format("local relay '{}'", path_));
-  }
+  if (type == LocalReply::kError) return error_reply(payload);
   if (type != LocalReply::kLatestIs || payload.size() != 16) {
     return fail(data_loss(fmt::format("answer to 'latest' is of type {} with {} payload bytes, not {} with 16",
                                       std::uint32_t(type), payload.size(), std::uint32_t(LocalReply::kLatestIs))));
@@ -306,11 +308,10 @@ Result<LocalGrant> LocalRelayConnection::acquire(std::optional<Version> v, std::
   UniqueFd fd;
   LAMINAR_RETURN_IF_ERROR(read_reply(timeout, &type, &payload, &fd));
   if (type == LocalReply::kError) {
-    if (payload.size() < 4) return fail(data_loss("error reply shorter than its status code"));
-    Status relay_error = status_from_wire(
-        get_u32(payload.data()), std::string(reinterpret_cast<const char*>(payload.data()) + 4, payload.size() - 4));
-    if (relay_error.code() == StatusCode::kDataLoss) return fail(relay_error);
-    return relay_error.with_context(fmt::format("local relay '{}'", path_));
+    // A relay that reports its own bytes damaged is left for the next one.
+    Status relay_error = error_reply(payload);
+    if (relay_error.code() == StatusCode::kDataLoss) mark_broken();
+    return relay_error;
   }
   if (type != LocalReply::kGrant) {
     return fail(data_loss(fmt::format("answer to 'acquire' is of type {}", std::uint32_t(type))));

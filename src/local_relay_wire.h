@@ -128,6 +128,9 @@ class LocalRelayConnection {
   Status read_reply(std::chrono::milliseconds timeout, LocalReply* type, std::vector<std::byte>* payload,
                     UniqueFd* fd);
   Status fail(Status why);
+  // The relay's own error carried by an error reply, named after this relay (a reply too short
+  // to hold a status code breaks the connection).
+  Status error_reply(std::span<const std::byte> payload);
 
   UniqueFd fd_;
   std::string path_;
