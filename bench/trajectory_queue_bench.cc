@@ -7,10 +7,11 @@
 // their slice; consumers pop and keep what they got; the pool is reassembled (untimed) for the next
 // repeat. Time runs from the start signal to the moment the last trajectory is consumed.
 //
-// TrajectoryQueue runs with every semantic on: validation (lengths, rewards, group fields), version
-// check, unique ids, GRPO groups of 8 released whole, leases acked per batch, staleness
-// keep-and-mark, statistics; a second instance also scans token ids, log-probs and metadata JSON
-// (QueueOptions::validate_contents), reported on its own line. moodycamel moves the objects with producer and consumer
+// TrajectoryQueue runs with every semantic on: validation of the trajectory's own fields
+// (lengths, a reward present, group fields), version check, unique ids, GRPO groups of 8 released
+// whole, leases acked per batch, staleness keep-and-mark, statistics; a second instance also
+// scans token ids, log-probs, rewards and metadata JSON (QueueOptions::validate_contents),
+// reported on its own line. moodycamel moves the objects with producer and consumer
 // tokens and bulk dequeue, its fastest use. Then the same TrajectoryQueue with its write-ahead log
 // on (page cache, no fsync), reported separately.
 //
@@ -247,8 +248,9 @@ int main(int argc, char** argv) {
   std::printf("# %d producers, %d consumers, %zu trajectories per repeat (%.0f tokens on average)\n",
               cfg.producers, cfg.consumers, cfg.pool, double(tokens) / double(cfg.pool));
 
-  // The headline runs the O(1) validation the issue asks for (lengths, version, unique ids, group
-  // fields); the "contents checked" run also scans every token id, log-prob and the metadata JSON.
+  // The headline runs the validation the issue asks for (lengths, version, unique ids, group
+  // fields); the "contents checked" run also scans every token id, log-prob, reward and the
+  // metadata JSON.
   laminar::QueueOptions opt;
   opt.group_timeout = std::chrono::seconds(10);
   opt.validate_contents = false;

@@ -94,20 +94,16 @@ Status validate_contents(const Trajectory& t) {
 
 }  // namespace
 
-Status validate_trajectory(const Trajectory& t, bool contents) {
+namespace {
+
+// validate_trajectory's checks that read only the Trajectory itself, not the arrays it points to.
+Status validate_fields(const Trajectory& t) {
   const std::uint64_t id = t.id.value();
   if (t.logprobs.size() != t.response_tokens.size()) {
     return invalid_argument(fmt::format("trajectory {}: {} logprobs for {} response tokens", id,
                                         t.logprobs.size(), t.response_tokens.size()));
   }
-  if (contents) LAMINAR_RETURN_IF_ERROR(validate_contents(t));
   if (t.rewards.empty()) return invalid_argument(fmt::format("trajectory {}: no reward", id));
-  for (std::size_t i = 0; i < t.rewards.size(); ++i) {
-    if (!std::isfinite(t.rewards[i])) {
-      return invalid_argument(fmt::format("trajectory {}: rewards[{}] = {} is not finite", id, i,
-                                          t.rewards[i]));
-    }
-  }
   if (t.group_size == 0) return invalid_argument(fmt::format("trajectory {}: group_size is 0", id));
   if (t.sample_index >= t.group_size) {
     return invalid_argument(fmt::format("trajectory {}: sample_index {} is not below group_size {}", id,
@@ -123,6 +119,25 @@ Status validate_trajectory(const Trajectory& t, bool contents) {
                                         int(t.finish_reason)));
   }
   return ok_status();
+}
+
+Status check_rewards(const Trajectory& t) {
+  for (std::size_t i = 0; i < t.rewards.size(); ++i) {
+    if (!std::isfinite(t.rewards[i])) {
+      return invalid_argument(fmt::format("trajectory {}: rewards[{}] = {} is not finite", t.id.value(), i,
+                                          t.rewards[i]));
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status validate_trajectory(const Trajectory& t, bool contents) {
+  LAMINAR_RETURN_IF_ERROR(validate_fields(t));
+  if (!contents) return ok_status();
+  LAMINAR_RETURN_IF_ERROR(validate_contents(t));
+  return check_rewards(t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -368,45 +383,52 @@ class Ring {
   std::size_t size_ = 0;
 };
 
-// Open-addressing set of 64-bit ids (linear probing, backward-shift deletion): no node per id,
-// which the dedup window of 65k ids would otherwise allocate and free on every push and ack.
+std::uint64_t mix64(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+
+// Open-addressing set of 64-bit keys (linear probing, backward-shift deletion): no node per
+// key, which the dedup windows of 65k ids would otherwise allocate and free on every push and
+// ack.
 class IdSet {
  public:
   IdSet() : slots_(64, kEmpty) { publish_slots(); }
-  // Starts loading the slot where a lookup of `id` begins; safe without the lock that guards the
-  // set (a prefetch of a stale address, during a grow, is harmless), so the miss can be taken
-  // before the lock rather than while holding it.
-  void prefetch(std::uint64_t id) const {
+  // Starts loading the slot where a lookup of `key` begins; safe without the lock that guards
+  // the set (a prefetch of a stale address, during a grow, is harmless), so the miss can be
+  // taken before the lock rather than while holding it.
+  void prefetch(std::uint64_t key) const {
     const std::uint64_t* base = slots_base_.load(std::memory_order_relaxed);
-    const std::size_t mask = slots_mask_.load(std::memory_order_relaxed);
-    __builtin_prefetch(base + (home(id, mask)));
+    __builtin_prefetch(base + home(key, slots_mask_.load(std::memory_order_relaxed)));
   }
-  bool contains(std::uint64_t id) const {
-    if (id == kEmpty) return has_empty_key_;
-    for (std::size_t i = home(id);; i = (i + 1) & mask()) {
-      if (slots_[i] == id) return true;
+  bool contains(std::uint64_t key) const {
+    if (key == kEmpty) return has_empty_key_;
+    for (std::size_t i = home(key);; i = (i + 1) & mask()) {
+      if (slots_[i] == key) return true;
       if (slots_[i] == kEmpty) return false;
     }
   }
   // False if already present.
-  bool insert(std::uint64_t id) {
-    if (id == kEmpty) return !std::exchange(has_empty_key_, true);
+  bool insert(std::uint64_t key) {
+    if (key == kEmpty) return !std::exchange(has_empty_key_, true);
     if (2 * (size_ + 1) > slots_.size()) grow();
-    std::size_t i = home(id);
+    std::size_t i = home(key);
     for (; slots_[i] != kEmpty; i = (i + 1) & mask()) {
-      if (slots_[i] == id) return false;
+      if (slots_[i] == key) return false;
     }
-    slots_[i] = id;
+    slots_[i] = key;
     ++size_;
     return true;
   }
-  void erase(std::uint64_t id) {
-    if (id == kEmpty) {
+  void erase(std::uint64_t key) {
+    if (key == kEmpty) {
       has_empty_key_ = false;
       return;
     }
-    std::size_t i = home(id);
-    for (; slots_[i] != id; i = (i + 1) & mask()) {
+    std::size_t i = home(key);
+    for (; slots_[i] != key; i = (i + 1) & mask()) {
       if (slots_[i] == kEmpty) return;
     }
     // Shift later members of the probe run back so no lookup stops early at the hole.
@@ -425,17 +447,12 @@ class IdSet {
  private:
   static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);
   std::size_t mask() const { return slots_.size() - 1; }
-  // Ids usually come from counters. Runs of 8 consecutive ids share one cache line (a push then
-  // mostly touches the line the previous push just used; a full mix costs a miss per push once the
-  // window outgrows the cache), while the runs themselves are scattered, so probe runs stay short
-  // (mapping every id to its own slot in order would make one long run that each erase walks).
+  // Keys usually come from counters. Runs of 8 consecutive keys share one cache line (a push
+  // then mostly touches the line the previous push just used), while the runs themselves are
+  // scattered, so probe runs stay short.
   std::size_t home(std::uint64_t x) const { return home(x, mask()); }
   static std::size_t home(std::uint64_t x, std::size_t mask) {
-    std::uint64_t run = x >> 3;
-    run ^= run >> 33;
-    run *= 0xff51afd7ed558ccdull;
-    run ^= run >> 33;
-    return std::size_t((run << 3) | (x & 7)) & mask;
+    return std::size_t((mix64(x >> 3) << 3) | (x & 7)) & mask;
   }
   void publish_slots() {
     slots_base_.store(slots_.data(), std::memory_order_relaxed);
@@ -445,39 +462,54 @@ class IdSet {
     std::vector<std::uint64_t> old(slots_.size() * 2, kEmpty);
     old.swap(slots_);
     size_ = 0;
-    for (std::uint64_t id : old) {
-      if (id != kEmpty) insert(id);
+    for (std::uint64_t key : old) {
+      if (key != kEmpty) insert(key);
     }
     publish_slots();
   }
   std::vector<std::uint64_t> slots_;
-  // On a line of their own: read by prefetch() without the lock while size_ changes.
-  alignas(64) std::atomic<const std::uint64_t*> slots_base_{nullptr};
+  // Read by prefetch() without the lock.
+  std::atomic<const std::uint64_t*> slots_base_{nullptr};
   std::atomic<std::size_t> slots_mask_{0};
   std::size_t size_ = 0;
   bool has_empty_key_ = false;
 };
 
-// A set that remembers only the last `window` values added, for duplicate detection in bounded
-// memory.
-class RecentSet {
+// Keys of a shard, live ones and those remembered for a window of the last `window` events of
+// a kind counted across all shards (ids retired, groups closed). An event's key is forgotten
+// once `window` events came after it; each shard forgets lazily, by the global count, before
+// every look, so the window stays exact however events spread over the shards.
+class WindowedKeys {
+  static constexpr std::size_t kPrefetchAhead = 4;
+
  public:
-  explicit RecentSet(std::size_t window) : window_(window) {}
-  bool contains(std::uint64_t v) const { return set_.contains(v); }
-  void add(std::uint64_t v) {
-    if (!set_.insert(v)) return;
-    order_.push_back(v);
-    if (order_.size() > window_) {
-      set_.erase(order_.front());
+  void expire(std::uint64_t events_now, std::size_t window) {
+    // Concurrent events may be queued slightly out of order: a newer one at the front only
+    // holds the older ones behind it a little longer.
+    while (!order_.empty() && order_.front().second <= events_now &&
+           events_now - order_.front().second >= window) {
+      // The oldest keys' slots are long out of cache: start loading the next ones.
+      if (order_.size() > kPrefetchAhead) keys_.prefetch(order_[kPrefetchAhead].first);
+      keys_.erase(order_.front().first);
       order_.pop_front();
     }
   }
-  const std::deque<std::uint64_t>& values() const { return order_; }
+  void prefetch(std::uint64_t key) const { keys_.prefetch(key); }
+  bool contains(std::uint64_t key) const { return keys_.contains(key); }
+  // False if already present.
+  bool insert(std::uint64_t key) { return keys_.insert(key); }
+  void erase(std::uint64_t key) { keys_.erase(key); }
+  // `key` (present) starts its window as event `seq`.
+  void add_event(std::uint64_t key, std::uint64_t seq, std::size_t window) {
+    order_.emplace_back(key, seq);
+    expire(seq, window);
+  }
+  // (key, seq) of the events in the window, oldest first.
+  const std::deque<std::pair<std::uint64_t, std::uint64_t>>& events() const { return order_; }
 
  private:
-  std::size_t window_;
-  IdSet set_;
-  std::deque<std::uint64_t> order_;
+  IdSet keys_;
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> order_;
 };
 
 // What pop_batch hands out whole: a group (complete, or partial after its timeout) in sample
@@ -505,15 +537,70 @@ struct PendingGroup {
   std::vector<bool> seen;  // [group_size]
 };
 
+using Deadline = std::pair<Clock::Duration, std::uint64_t>;
+
+// Ids are spread over kIdShards and groups over kGroupShards by hash, each shard under its own
+// lock, so producers pushing different groups rarely meet.
+constexpr std::size_t kIdShards = 16;
+constexpr std::size_t kGroupShards = 16;
+
+struct IdShard {
+  alignas(64) std::mutex mu;
+  // Ids refused on push: live ones (pending, ready or leased) and the last id_dedup_window
+  // retired (acked or dropped), across all shards.
+  WindowedKeys ids;
+  std::uint64_t pushed = 0;
+};
+
+struct GroupShard {
+  alignas(64) std::mutex mu;
+  std::unordered_map<std::uint64_t, PendingGroup> groups;
+  std::size_t pending_trajectories = 0;
+  std::deque<Deadline> deadlines;  // FIFO: one timeout for all
+  // deadlines.front() (or kForever), read without the lock to decide whether timers are due.
+  std::atomic<Clock::Duration::rep> next_deadline{Clock::kForever.count()};
+  // The last id_dedup_window groups closed (complete, released or dropped), across all shards.
+  WindowedKeys closed;
+  std::uint64_t dropped_group_timeout = 0;
+  std::uint64_t dropped_late_for_group = 0;
+  WaitHistogram group_wait;
+
+  void set_deadline_hint() {
+    next_deadline.store(deadlines.empty() ? Clock::kForever.count() : deadlines.front().first.count(),
+                        std::memory_order_release);
+  }
+};
+
 std::size_t wal_record_bytes(const Trajectory& t) { return 24 + encoded_size(t); }
 
-constexpr std::size_t kExpiredBatchMemory = 1 << 16;
-constexpr int kSpinRounds = 64;
+// Moves whole units into a batch, with what each trajectory's info says.
+void fill_batch(internal::BatchData& d, std::vector<Unit>& units, std::uint64_t consumer_version, bool mark_stale,
+                std::uint64_t max_staleness) {
+  std::size_t n = 0;
+  for (const Unit& u : units) n += u.items.size();
+  d.items.reserve(n);
+  d.info.reserve(n);
+  d.unit_len.reserve(n);
+  for (Unit& u : units) {
+    const std::size_t len = u.items.size();
+    for (std::size_t i = 0; i < len; ++i) {
+      Trajectory& t = u.items[i];
+      const std::uint64_t s = consumer_version > t.version.value() ? consumer_version - t.version.value() : 0;
+      d.info.push_back(TrajectoryInfo{s, mark_stale && s > max_staleness, u.partial_group, u.deliveries + 1});
+      d.unit_len.push_back(i == 0 ? std::uint32_t(len) : 0u);
+      d.items.push_back(std::move(t));
+    }
+  }
+  units.clear();
+}
 
-// Locks `mu`, spinning briefly first: critical sections here are a few hundred nanoseconds, far
-// less than putting a thread to sleep on the futex and waking it again.
+constexpr std::size_t kExpiredBatchMemory = 1 << 16;
+constexpr int kSpinRounds = 8;
+
+// Locks `mu`, spinning first: critical sections here are a few hundred nanoseconds, far less
+// than putting a thread to sleep on the futex and waking it again.
 std::unique_lock<std::mutex> lock_spinning(std::mutex& mu) {
-  for (int i = 0; i < 128; ++i) {
+  for (int i = 0; i < 4096; ++i) {
     if (mu.try_lock()) return std::unique_lock<std::mutex>(mu, std::adopt_lock);
 #if defined(__x86_64__)
     __builtin_ia32_pause();
@@ -522,66 +609,64 @@ std::unique_lock<std::mutex> lock_spinning(std::mutex& mu) {
   return std::unique_lock<std::mutex>(mu);
 }
 
-// Condition variables to notify once the locks are released: a thread woken while the notifier
-// still holds the lock would only block on it again.
-struct Wake {
-  bool data = false;
-  bool space = false;
-};
+void add_wait(WaitHistogram& h, Clock::Duration waited) {
+  const double ms = std::chrono::duration<double, std::milli>(waited).count();
+  ++h.count;
+  h.sum_ms += ms;
+  h.max_ms = std::max(h.max_ms, ms);
+  int b = 0;
+  while (b + 1 < WaitHistogram::kBuckets && ms >= double(1ull << b)) ++b;
+  ++h.buckets[b];
+}
 
 }  // namespace
 
-// Two locks, so producers and consumers mostly run side by side:
-//   pmu, the producer side: ids and their dedup window, groups and their timeouts, capacity,
-//     the write-ahead log, background errors;
-//   mu, the consumer side: the ready queue, leases and their expiry.
-// Order: pmu before mu. A push takes mu only to hand over a finished unit, and an ack takes pmu
-// only after letting go of mu, each without holding the other lock; with a WAL both hold both, so
-// the log and the state move together.
-// Counters in `st` are each written under the lock of the side that changes them; stats() takes
-// both.
+// Locks, so that producers pushing different groups, and producers and consumers, run side by
+// side:
+//   wmu: with a write-ahead log, every change the log records (push, ack, drop, group closed,
+//     version) is made under it, so the log and the state move together; also serialises
+//     publish_version;
+//   GroupShard::mu: pending groups, their timeouts and the closed-group window of the shard's
+//     group ids;
+//   IdShard::mu: the ids of the shard, live and recently retired;
+//   mu: the consumer side: the ready queue, leases and their expiry;
+//   space_mu: only for producers to wait for space.
+// Order: wmu, then a group shard, then an id shard, then mu; never two shards of a kind except
+// all of them in order (stats(), compaction). Capacity is a pair of atomic counters.
 struct TrajectoryQueue::Impl {
   explicit Impl(QueueOptions o)
-      : opt(std::move(o)),
-        clock(opt.clock ? opt.clock : Clock::steady()),
-        newest(opt.initial_version),
-        closed_groups(opt.id_dedup_window),
-        expired_batches(kExpiredBatchMemory) {}
+      : opt(std::move(o)), clock(opt.clock ? opt.clock : Clock::steady()) {}
 
   QueueOptions opt;
   std::shared_ptr<Clock> clock;
-  // Set by open() (the pointer; appends are under pmu), so pushes test it before locking.
+  // Set by open(); appends are under wmu.
   std::unique_ptr<internal::TrajectoryWal> wal;
 
-  // Written under both locks, so either one is enough to read them.
-  bool closed = false;
-  Version newest;
-  std::atomic<std::uint64_t> newest_atomic{0};
+  std::atomic<bool> closed{false};
+  std::atomic<std::uint64_t> newest{0};
 
-  // --- producer side, under pmu ---
-  // Each side on cache lines of its own: fields read without a lock (opt, clock, wal) must not
-  // share a line with a mutex or counters that other threads write on every push or pop.
-  alignas(64) mutable std::mutex pmu;
-  std::condition_variable space_cv;  // producers wait for capacity
-  int space_waiters = 0;
-  // Ids refused on push: those in the queue (pending, ready or leased) and the last
-  // id_dedup_window retired, which `retired` lists oldest first.
-  IdSet known_ids;
-  std::deque<std::uint64_t> retired;
-  RecentSet closed_groups;
-  std::unordered_map<std::uint64_t, PendingGroup> groups;
-  std::size_t pending_trajectories = 0;
-  using Deadline = std::pair<Clock::Duration, std::uint64_t>;
-  std::deque<Deadline> group_deadlines;  // FIFO: one timeout for all
-  // group_deadlines.front() (or kForever), read without pmu by consumers deciding whether to run
-  // the group timers.
-  std::atomic<Clock::Duration::rep> next_group_deadline{Clock::kForever.count()};
-  std::size_t held_count = 0;
-  std::size_t held_tokens = 0;
-  std::uint64_t wal_live_bytes = 0;
-  std::string wal_buf;
+  alignas(64) std::mutex wmu;
+  std::uint64_t wal_live_bytes = 0;  // under wmu
+  std::string wal_buf;               // under wmu
   RecoveryReport recovery;
-  Status bg_error;
+  std::mutex bg_mu;
+  Status bg_error;  // under bg_mu
+
+  // Capacity: what the queue holds, pending, ready and leased.
+  alignas(64) std::atomic<std::size_t> held_count{0};
+  std::atomic<std::size_t> held_tokens{0};
+  alignas(64) std::mutex space_mu;
+  std::condition_variable space_cv;  // producers wait for capacity
+  std::atomic<int> space_waiters{0};
+
+  // Sequence numbers of the retirements and group closings so far (the windows count them).
+  alignas(64) std::atomic<std::uint64_t> retired_events{0};
+  alignas(64) std::atomic<std::uint64_t> closed_events{0};
+  alignas(64) std::atomic<std::uint64_t> rejected_invalid{0};
+  std::atomic<std::uint64_t> rejected_full{0};
+
+  IdShard id_shards[kIdShards];
+  GroupShard group_shards[kGroupShards];
 
   // --- consumer side, under mu ---
   alignas(64) mutable std::mutex mu;
@@ -597,22 +682,28 @@ struct TrajectoryQueue::Impl {
   std::size_t leased_trajectories = 0;
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines;
   std::uint64_t next_batch_id = 1;
-  RecentSet expired_batches;
-
-  QueueStats st;  // counters only; depth is filled in by stats()
+  IdSet expired_batches;  // the last kExpiredBatchMemory expired
+  std::deque<std::uint64_t> expired_order;
+  // Counters of the consumer side; the producer side's live in the shards.
+  std::uint64_t delivered = 0, acked = 0, nacked_batches = 0, expired_leases = 0, redelivered = 0;
+  std::uint64_t dropped_stale = 0;
+  std::uint64_t staleness[QueueStats::kStalenessBuckets] = {};
 
   ClockSubscription clock_sub;
 
-  void wake(const Wake& w) {
-    if (w.data) data_cv.notify_all();
-    if (w.space) space_cv.notify_all();
+  IdShard& id_shard(std::uint64_t id) { return id_shards[mix64((id >> 3) ^ 0x9e3779b97f4a7c15ull) >> 60]; }
+  GroupShard& group_shard(std::uint64_t gid) {
+    return group_shards[mix64(gid ^ 0x6a09e667f3bcc909ull) >> 60];
   }
-
-  // --- producer side, with pmu held ---
+  static_assert(kIdShards == 16 && kGroupShards == 16, "shard picked by the hash's top 4 bits");
 
   void note_bg(Status s) {
-    if (!s.ok() && bg_error.ok()) bg_error = std::move(s);
+    if (s.ok()) return;
+    std::lock_guard<std::mutex> l(bg_mu);
+    if (bg_error.ok()) bg_error = std::move(s);
   }
+
+  // --- write-ahead log, with wmu held ---
 
   Status wal_retire(internal::WalRetireReason reason, const std::vector<std::uint64_t>& ids) {
     if (!wal || ids.empty()) return ok_status();
@@ -630,140 +721,187 @@ struct TrajectoryQueue::Impl {
     return wal->append(type, std::string_view(reinterpret_cast<const char*>(&v), 8));
   }
 
-  // Forgets trajectories for good (acked or dropped). Their ids stay refused for a while.
-  void remember_retired(std::uint64_t id) {
-    retired.push_back(id);
-    if (retired.size() > opt.id_dedup_window) {
-      known_ids.erase(retired.front());
-      retired.pop_front();
+  // --- capacity ---
+
+  bool fits(std::size_t tokens) const {
+    return held_count.load() + 1 <= opt.capacity_trajectories &&
+           held_tokens.load() + tokens <= opt.capacity_tokens;
+  }
+
+  // Takes room for one trajectory of `tokens` tokens, or nothing.
+  bool try_reserve(std::size_t tokens) {
+    std::size_t c = held_count.load(std::memory_order_relaxed);
+    do {
+      if (c + 1 > opt.capacity_trajectories) return false;
+    } while (!held_count.compare_exchange_weak(c, c + 1));
+    std::size_t k = held_tokens.load(std::memory_order_relaxed);
+    do {
+      if (k + tokens > opt.capacity_tokens) {
+        release_space(1, 0);
+        return false;
+      }
+    } while (!held_tokens.compare_exchange_weak(k, k + tokens));
+    return true;
+  }
+
+  void release_space(std::size_t count, std::size_t tokens) {
+    held_count.fetch_sub(count);
+    held_tokens.fetch_sub(tokens);
+    // Pairs with the waiter's increment before its last look at the counters (both seq_cst):
+    // either it sees this space or this sees it waiting; locking space_mu makes sure it waits
+    // before the notification.
+    if (space_waiters.load() > 0) {
+      { std::lock_guard<std::mutex> l(space_mu); }
+      space_cv.notify_all();
     }
   }
 
-  void retire(const Trajectory& t) {
-    remember_retired(t.id.value());
-    held_count -= 1;
-    held_tokens -= t.num_tokens();
-    if (wal) wal_live_bytes -= wal_record_bytes(t);
+  // --- ids ---
+
+  // Forgets trajectories for good (acked or dropped): frees their room; their ids stay refused
+  // for the next id_dedup_window retirements. Takes the id shards' locks one at a time (so it
+  // may run with a group shard held).
+  template <class It>
+  void retire(It begin, It end) {
+    const std::size_t n = std::size_t(end - begin);
+    if (n == 0) return;
+    std::uint64_t seq = retired_events.fetch_add(n);
+    std::size_t tokens = 0;
+    IdShard* held = nullptr;
+    std::unique_lock<std::mutex> l;
+    for (It it = begin; it != end; ++it) {
+      const Trajectory& t = *it;
+      IdShard& s = id_shard(t.id.value());
+      if (&s != held) {
+        if (l.owns_lock()) l.unlock();
+        l = lock_spinning(s.mu);
+        held = &s;
+      }
+      s.ids.add_event(t.id.value(), ++seq, opt.id_dedup_window);
+      tokens += t.num_tokens();
+      if (wal) wal_live_bytes -= wal_record_bytes(t);
+    }
+    if (l.owns_lock()) l.unlock();
+    release_space(n, tokens);
   }
 
-  void space_freed(Wake& w) const {
-    if (space_waiters > 0) w.space = true;
+  // Gives back an id reserved by a push that then failed.
+  void unreserve(std::uint64_t id) {
+    IdShard& s = id_shard(id);
+    std::unique_lock<std::mutex> l = lock_spinning(s.mu);
+    s.ids.erase(id);
+    --s.pushed;
   }
 
-  void record_group_wait(Clock::Duration waited) {
-    const double ms = std::chrono::duration<double, std::milli>(waited).count();
-    auto& h = st.group_wait;
-    ++h.count;
-    h.sum_ms += ms;
-    h.max_ms = std::max(h.max_ms, ms);
-    int b = 0;
-    while (b + 1 < WaitHistogram::kBuckets && ms >= double(1ull << b)) ++b;
-    ++h.buckets[b];
+  // --- groups, with the group shard's lock held ---
+
+  void close_group_id(GroupShard& gs, std::uint64_t gid) {
+    gs.closed.insert(gid);
+    gs.closed.add_event(gid, closed_events.fetch_add(1) + 1, opt.id_dedup_window);
   }
 
-  void set_group_deadline_hint() {
-    next_group_deadline.store(group_deadlines.empty() ? Clock::kForever.count()
-                                                      : group_deadlines.front().first.count(),
-                              std::memory_order_release);
+  bool group_closed(GroupShard& gs, std::uint64_t gid) {
+    gs.closed.expire(closed_events.load(), opt.id_dedup_window);
+    return gs.closed.contains(gid);
   }
-
-  // Hands a unit to the consumers; takes mu.
-  void publish(Unit&& u, Wake& w) {
-    std::unique_lock<std::mutex> l = lock_spinning(mu);
-    ready_count += u.items.size();
-    ready_tokens += u.tokens;
-    ready.push_back(std::move(u));
-    ready_hint.store(ready_count, std::memory_order_relaxed);
-    if (data_waiters > 0) w.data = true;
-  }
-
-  // Moves a group's members to the ready queue as one unit, in sample order.
-  void release_group(PendingGroup& g, bool partial, Wake& w) { publish(close_group(g, partial), w); }
 
   // Takes a group's members out as one unit, in sample order.
-  Unit close_group(PendingGroup& g, bool partial) {
+  Unit take_group(GroupShard& gs, PendingGroup& g, bool partial) {
     auto by_index = [](const Trajectory& a, const Trajectory& b) { return a.sample_index < b.sample_index; };
     // Members mostly arrive in order; sorting sorted input would still move every one twice.
     if (!std::is_sorted(g.unit.items.begin(), g.unit.items.end(), by_index)) {
       std::sort(g.unit.items.begin(), g.unit.items.end(), by_index);
     }
     g.unit.partial_group = partial;
-    pending_trajectories -= g.unit.items.size();
+    gs.pending_trajectories -= g.unit.items.size();
     return std::move(g.unit);
   }
 
-  Status time_out_group(std::unordered_map<std::uint64_t, PendingGroup>::iterator it, Clock::Duration now,
-                        Wake& w) {
+  Status time_out_group(GroupShard& gs, std::unordered_map<std::uint64_t, PendingGroup>::iterator it,
+                        Clock::Duration now, bool& data) {
     PendingGroup& g = it->second;
     const std::uint64_t gid = it->first;
-    record_group_wait(now - g.first_arrival);
-    closed_groups.add(gid);
+    add_wait(gs.group_wait, now - g.first_arrival);
+    close_group_id(gs, gid);
     Status s = wal_u64(internal::WalRecordType::kGroupClosed, gid);
     if (opt.partial_group_policy == PartialGroupPolicy::kRelease) {
-      release_group(g, /*partial=*/true, w);
+      data |= publish(take_group(gs, g, /*partial=*/true));
     } else {
       std::vector<std::uint64_t> ids;
       for (const Trajectory& t : g.unit.items) ids.push_back(t.id.value());
       Status wr = wal_retire(internal::WalRetireReason::kGroupTimeout, ids);
       if (s.ok()) s = wr;
-      for (const Trajectory& t : g.unit.items) retire(t);
-      st.dropped_group_timeout += g.unit.items.size();
-      pending_trajectories -= g.unit.items.size();
-      space_freed(w);
+      gs.dropped_group_timeout += g.unit.items.size();
+      gs.pending_trajectories -= g.unit.items.size();
+      retire(g.unit.items.begin(), g.unit.items.end());
     }
-    groups.erase(it);
+    gs.groups.erase(it);
     return s;
   }
 
-  // Group timeouts due by `now`.
-  void process_group_timers(Clock::Duration now, Wake& w) {
-    if (next_group_deadline.load(std::memory_order_relaxed) > now.count()) return;
-    while (!group_deadlines.empty() && group_deadlines.front().first <= now) {
-      const auto [deadline, gid] = group_deadlines.front();
-      group_deadlines.pop_front();
-      auto it = groups.find(gid);
-      if (it == groups.end() || it->second.first_arrival + opt.group_timeout != deadline) continue;
-      note_bg(time_out_group(it, now, w));
+  // The shard's group timeouts due by `now`; with a WAL, wmu is held.
+  void process_group_timers(GroupShard& gs, Clock::Duration now, bool& data) {
+    if (gs.next_deadline.load(std::memory_order_relaxed) > now.count()) return;
+    while (!gs.deadlines.empty() && gs.deadlines.front().first <= now) {
+      const auto [deadline, gid] = gs.deadlines.front();
+      gs.deadlines.pop_front();
+      auto it = gs.groups.find(gid);
+      if (it == gs.groups.end() || it->second.first_arrival + opt.group_timeout != deadline) continue;
+      note_bg(time_out_group(gs, it, now, data));
     }
-    set_group_deadline_hint();
+    gs.set_deadline_hint();
   }
 
-  // From the consumer side, with no lock held: group timeouts live with the producers, but must
-  // fire while no producer pushes.
-  void run_group_timers_if_due(Clock::Duration now) {
-    if (next_group_deadline.load(std::memory_order_acquire) > now.count()) return;
-    Wake w;
-    {
-      std::unique_lock<std::mutex> pl = lock_spinning(pmu);
-      process_group_timers(now, w);
-    }
-    wake(w);
+  Clock::Duration next_group_deadline() const {
+    Clock::Duration::rep t = Clock::kForever.count();
+    for (const GroupShard& gs : group_shards) t = std::min(t, gs.next_deadline.load(std::memory_order_acquire));
+    return Clock::Duration(t);
   }
 
-  // Retires units pop_batch dropped as stale; takes pmu (called with no lock held).
+  // Every shard's due group timeouts, from a thread holding no lock but, with a WAL and
+  // `wal_held`, wmu: group timeouts must fire while no producer pushes into their shard.
+  void run_group_timers_if_due(Clock::Duration now, bool wal_held = false) {
+    bool data = false;
+    std::unique_lock<std::mutex> wl;
+    for (GroupShard& gs : group_shards) {
+      if (gs.next_deadline.load(std::memory_order_acquire) > now.count()) continue;
+      if (wal && !wal_held && !wl.owns_lock()) wl = lock_spinning(wmu);
+      std::unique_lock<std::mutex> l = lock_spinning(gs.mu);
+      process_group_timers(gs, now, data);
+    }
+    if (data) data_cv.notify_all();
+  }
+
+  // --- consumer side ---
+
+  // Hands a unit to the consumers; takes mu. True if a consumer waits for it (the caller
+  // notifies data_cv once its locks are let go).
+  bool publish(Unit&& u) {
+    std::unique_lock<std::mutex> l = lock_spinning(mu);
+    ready_count += u.items.size();
+    ready_tokens += u.tokens;
+    ready.push_back(std::move(u));
+    ready_hint.store(ready_count, std::memory_order_relaxed);
+    return data_waiters > 0;
+  }
+
+  // Retires units pop_batch dropped as stale (called with no lock held).
   void retire_stale(std::vector<Unit>& dropped) {
-    Wake w;
-    {
-      std::unique_lock<std::mutex> pl = lock_spinning(pmu);
+    std::unique_lock<std::mutex> wl;
+    if (wal) {
+      wl = lock_spinning(wmu);
       std::vector<std::uint64_t> ids;
       for (const Unit& u : dropped) {
-        for (const Trajectory& t : u.items) {
-          if (wal) ids.push_back(t.id.value());
-          retire(t);
-          ++st.dropped_stale;
-        }
+        for (const Trajectory& t : u.items) ids.push_back(t.id.value());
       }
       note_bg(wal_retire(internal::WalRetireReason::kStale, ids));
-      space_freed(w);
     }
+    for (const Unit& u : dropped) retire(u.items.begin(), u.items.end());
     dropped.clear();
-    wake(w);
   }
 
-  // --- consumer side, with mu held ---
-
-  // Puts a batch's units back at the front of the ready queue, in their original order. `move`:
-  // nobody else holds the items.
+  // With mu held. Puts a batch's units back at the front of the ready queue, in their original
+  // order. `move`: nobody else holds the items.
   void unpop(internal::BatchData& d, bool move, std::uint32_t deliveries_back) {
     std::size_t end = d.items.size();
     for (std::size_t i = end; i-- > 0;) {
@@ -781,53 +919,100 @@ struct TrajectoryQueue::Impl {
     ready_hint.store(ready_count, std::memory_order_relaxed);
   }
 
-  // Returns a leased batch to the ready queue (nack or expiry).
-  void requeue(std::unordered_map<std::uint64_t, std::shared_ptr<internal::BatchData>>::iterator it, Wake& w) {
+  // With mu held. Returns a leased batch to the ready queue (nack or expiry).
+  void requeue(std::unordered_map<std::uint64_t, std::shared_ptr<internal::BatchData>>::iterator it, bool& data) {
     std::shared_ptr<internal::BatchData> d = std::move(it->second);
     leases.erase(it);
     const bool sole = d.use_count() == 1;  // the consumer let go: move instead of copy
     leased_trajectories -= d->items.size();
-    st.redelivered += d->items.size();
+    redelivered += d->items.size();
     unpop(*d, sole, 0);
-    if (data_waiters > 0) w.data = true;
+    if (data_waiters > 0) data = true;
   }
 
-  void process_lease_timers(Clock::Duration now, Wake& w) {
+  void remember_expired(std::uint64_t batch_id) {
+    expired_batches.insert(batch_id);
+    expired_order.push_back(batch_id);
+    if (expired_order.size() > kExpiredBatchMemory) {
+      expired_batches.erase(expired_order.front());
+      expired_order.pop_front();
+    }
+  }
+
+  // With mu held.
+  void process_lease_timers(Clock::Duration now, bool& data) {
     while (!lease_deadlines.empty() && lease_deadlines.top().first <= now) {
       const auto [deadline, id] = lease_deadlines.top();
       lease_deadlines.pop();
       auto it = leases.find(id);
       if (it == leases.end() || it->second->deadline != deadline) continue;
-      ++st.expired_leases;
-      expired_batches.add(id);
-      requeue(it, w);
+      ++expired_leases;
+      remember_expired(id);
+      requeue(it, data);
     }
   }
 
+  // With mu held: `d`, filled, is leased out until its deadline.
+  void lease_out(const std::shared_ptr<internal::BatchData>& d) {
+    leased_trajectories += d->items.size();
+    delivered += d->items.size();
+    for (const TrajectoryInfo& info : d->info) {
+      ++staleness[std::min<std::uint64_t>(info.staleness, QueueStats::kStalenessBuckets - 1)];
+    }
+    if (d->deadline != Clock::kForever) lease_deadlines.emplace(d->deadline, d->id);
+    leases.emplace(d->id, d);
+  }
+
+  // With mu held.
   Clock::Duration next_consumer_timer() const {
-    Clock::Duration t = Clock::Duration(next_group_deadline.load(std::memory_order_acquire));
+    Clock::Duration t = next_group_deadline();
     if (!lease_deadlines.empty()) t = std::min(t, lease_deadlines.top().first);
     return t;
   }
 
-  // With both locks held.
+  // Every lock but wmu (which the caller holds, or needs not), in order.
+  struct AllLocks {
+    std::vector<std::unique_lock<std::mutex>> locks;
+    explicit AllLocks(Impl& q) {
+      locks.reserve(kGroupShards + kIdShards + 1);
+      for (GroupShard& gs : q.group_shards) locks.emplace_back(gs.mu);
+      for (IdShard& s : q.id_shards) locks.emplace_back(s.mu);
+      locks.emplace_back(q.mu);
+    }
+  };
+
+  // With wmu held and no other lock.
   Status maybe_compact() {
     if (!wal || wal->bytes() < opt.wal_compact_bytes || wal_live_bytes * 2 > wal->bytes()) {
       return ok_status();
     }
+    AllLocks all(*this);
     Status s = wal->rewrite([this](internal::TrajectoryWal& w) -> Status {
-      std::uint64_t v = newest.value();
+      std::uint64_t v = newest.load();
       LAMINAR_RETURN_IF_ERROR(
           w.append(internal::WalRecordType::kVersion, std::string_view(reinterpret_cast<const char*>(&v), 8)));
-      // The dedup windows survive a restart too.
+      // The dedup windows survive a restart too, oldest first.
+      std::vector<std::pair<std::uint64_t, std::uint64_t>> window;
+      auto by_seq = [](const auto& a, const auto& b) { return a.second < b.second; };
+      for (IdShard& sh : id_shards) {
+        sh.ids.expire(retired_events.load(), opt.id_dedup_window);
+        window.insert(window.end(), sh.ids.events().begin(), sh.ids.events().end());
+      }
+      std::sort(window.begin(), window.end(), by_seq);
       std::string buf;
       const std::uint64_t head = std::uint64_t(internal::WalRetireReason::kWindow);
-      const std::uint64_t n = retired.size();
+      const std::uint64_t n = window.size();
       buf.append(reinterpret_cast<const char*>(&head), 8);
       buf.append(reinterpret_cast<const char*>(&n), 8);
-      for (std::uint64_t id : retired) buf.append(reinterpret_cast<const char*>(&id), 8);
+      for (const auto& [id, seq] : window) buf.append(reinterpret_cast<const char*>(&id), 8);
       LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kRetire, buf));
-      for (std::uint64_t gid : closed_groups.values()) {
+      window.clear();
+      for (GroupShard& gs : group_shards) {
+        gs.closed.expire(closed_events.load(), opt.id_dedup_window);
+        window.insert(window.end(), gs.closed.events().begin(), gs.closed.events().end());
+      }
+      std::sort(window.begin(), window.end(), by_seq);
+      for (const auto& [gid, seq] : window) {
         LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kGroupClosed,
                                          std::string_view(reinterpret_cast<const char*>(&gid), 8)));
       }
@@ -842,14 +1027,17 @@ struct TrajectoryQueue::Impl {
       for (const auto& [id, d] : leases) {
         for (const Trajectory& t : d->items) LAMINAR_RETURN_IF_ERROR(put(t));
       }
-      for (const auto& [gid, g] : groups) {
-        for (const Trajectory& t : g.unit.items) LAMINAR_RETURN_IF_ERROR(put(t));
+      for (GroupShard& gs : group_shards) {
+        for (const auto& [gid, g] : gs.groups) {
+          for (const Trajectory& t : g.unit.items) LAMINAR_RETURN_IF_ERROR(put(t));
+        }
       }
       return ok_status();
     });
-    if (s.ok()) ++st.wal_compactions;
+    if (s.ok()) ++compactions;
     return s;
   }
+  std::uint64_t compactions = 0;  // under wmu
 
   Status replay(const std::string& path);
 };
@@ -862,7 +1050,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
   std::unordered_map<std::uint64_t, std::size_t> index;
   std::unordered_set<std::uint64_t> closed_in_log;
   std::uint64_t retired = 0;
-  std::uint64_t max_version = newest.value();
+  std::uint64_t max_version = newest.load();
 
   auto on_record = [&](internal::WalRecordType type, std::string_view p, std::uint64_t off) -> Status {
     switch (type) {
@@ -889,7 +1077,9 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
         for (std::uint64_t i = 0; i < n; ++i) {
           std::uint64_t id;
           std::memcpy(&id, p.data() + 16 + 8 * i, 8);
-          if (known_ids.insert(id)) remember_retired(id);
+          WindowedKeys& ids = id_shard(id).ids;
+          ids.expire(retired_events.load(), opt.id_dedup_window);
+          if (ids.insert(id)) ids.add_event(id, retired_events.fetch_add(1) + 1, opt.id_dedup_window);
           auto it = index.find(id);
           if (it != index.end()) {
             order[it->second].reset();
@@ -907,7 +1097,8 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
         if (type == internal::WalRecordType::kVersion) {
           max_version = std::max(max_version, v);
         } else {
-          closed_groups.add(v);
+          GroupShard& gs = group_shard(v);
+          if (!group_closed(gs, v)) close_group_id(gs, v);
           closed_in_log.insert(v);
         }
         return ok_status();
@@ -920,27 +1111,28 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
   if (!opened.ok()) return opened.status();
   wal = std::move(opened).value();
   recovery.retired = retired;
-  newest = Version(max_version);
-  newest_atomic.store(max_version, std::memory_order_release);
+  newest.store(max_version);
 
   const Clock::Duration now = clock->now();
   std::vector<std::uint64_t> group_order;
-  Wake ignored;  // no thread waits yet
   for (std::optional<Trajectory>& slot : order) {
     if (!slot) continue;
     Trajectory t = std::move(*slot);
     ++recovery.recovered;
-    known_ids.insert(t.id.value());
+    IdShard& is = id_shard(t.id.value());
+    is.ids.insert(t.id.value());
+    ++is.pushed;
     held_count += 1;
     held_tokens += t.num_tokens();
     wal_live_bytes += wal_record_bytes(t);
     if (t.group_size == 1) {
       Unit u;
       u.add(std::move(t));
-      publish(std::move(u), ignored);
+      publish(std::move(u));
       continue;
     }
-    auto [it, fresh] = groups.try_emplace(t.group_id);
+    GroupShard& gs = group_shard(t.group_id);
+    auto [it, fresh] = gs.groups.try_emplace(t.group_id);
     PendingGroup& g = it->second;
     if (fresh) {
       g.group_size = t.group_size;
@@ -955,22 +1147,23 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
     }
     g.seen[t.sample_index] = true;
     g.unit.add(std::move(t));
-    ++pending_trajectories;
+    ++gs.pending_trajectories;
   }
   for (std::uint64_t gid : group_order) {
-    auto it = groups.find(gid);
+    GroupShard& gs = group_shard(gid);
+    auto it = gs.groups.find(gid);
     PendingGroup& g = it->second;
     const bool complete = g.unit.items.size() == g.group_size;
     if (complete || closed_in_log.count(gid) != 0) {
-      closed_groups.add(gid);
-      release_group(g, /*partial=*/!complete, ignored);
-      groups.erase(it);
+      if (!group_closed(gs, gid)) close_group_id(gs, gid);
+      publish(take_group(gs, g, /*partial=*/!complete));
+      gs.groups.erase(it);
     } else if (opt.group_timeout != Clock::kForever) {
       // The timer restarts: how long the group waited before the restart is not in the log.
-      group_deadlines.emplace_back(now + opt.group_timeout, gid);
+      gs.deadlines.emplace_back(now + opt.group_timeout, gid);
     }
   }
-  set_group_deadline_hint();
+  for (GroupShard& gs : group_shards) gs.set_deadline_hint();
   return ok_status();
 }
 
@@ -994,14 +1187,14 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::open(QueueOptions opti
   }
   if (options.id_dedup_window == 0) return invalid_argument("QueueOptions: id_dedup_window is 0");
   auto impl = std::make_unique<Impl>(std::move(options));
-  impl->newest_atomic.store(impl->newest.value());
+  impl->newest.store(impl->opt.initial_version.value());
   if (!impl->opt.wal_path.empty()) {
     LAMINAR_RETURN_IF_ERROR(impl->replay(impl->opt.wal_path));
   }
   Impl* raw = impl.get();
   impl->clock_sub = impl->clock->subscribe([raw] {
     {
-      std::lock_guard<std::mutex> l(raw->pmu);
+      std::lock_guard<std::mutex> l(raw->space_mu);
       raw->space_cv.notify_all();
     }
     std::lock_guard<std::mutex> l(raw->mu);
@@ -1012,185 +1205,224 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::open(QueueOptions opti
 
 Status TrajectoryQueue::publish_version(Version v) {
   Impl& q = *impl_;
-  std::lock_guard<std::mutex> pl(q.pmu);
-  if (v < q.newest) {
+  std::lock_guard<std::mutex> wl(q.wmu);
+  const Version newest(q.newest.load());
+  if (v < newest) {
     return invalid_argument(fmt::format("publish_version: version {} is older than the newest published {}",
-                                        v.value(), q.newest.value()));
+                                        v.value(), newest.value()));
   }
-  if (v == q.newest) return ok_status();
+  if (v == newest) return ok_status();
   LAMINAR_RETURN_IF_ERROR(q.wal_u64(internal::WalRecordType::kVersion, v.value()));
-  std::lock_guard<std::mutex> l(q.mu);
-  q.newest = v;
-  q.newest_atomic.store(v.value(), std::memory_order_release);
+  q.newest.store(v.value(), std::memory_order_release);
   return ok_status();
 }
 
 Version TrajectoryQueue::newest_version() const noexcept {
-  return Version(impl_->newest_atomic.load(std::memory_order_acquire));
+  return Version(impl_->newest.load(std::memory_order_acquire));
 }
 
 Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   Impl& q = *impl_;
-  // The id's slot is a cache miss; loaded now, it overlaps validation's own misses instead of
-  // stalling under pmu.
-  q.known_ids.prefetch(t.id.value());
-  if (Status s = validate_trajectory(t, q.opt.validate_contents); !s.ok()) {
-    std::lock_guard<std::mutex> l(q.pmu);
-    ++q.st.rejected_invalid;
-    return s;
+  // The id's slot is a cache miss; loaded now, it overlaps the checks below instead of stalling
+  // under the shard's lock.
+  q.id_shard(t.id.value()).ids.prefetch(t.id.value());
+  if (Status valid = validate_trajectory(t, q.opt.validate_contents); !valid.ok()) {
+    q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
+    return valid;
   }
   if (options.mode == PushMode::kTimeout && options.timeout < Clock::Duration::zero()) {
     return invalid_argument(fmt::format("push: negative timeout {} ns", options.timeout.count()));
   }
   const std::size_t tokens = t.num_tokens();
   const std::uint64_t id = t.id.value();
-  // Encoded and checksummed outside the lock: they are the costly part of logging, after the
+  auto reject_invalid = [&](std::string m) {
+    q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
+    return invalid_argument(std::move(m));
+  };
+  // Encoded and checksummed before wmu is taken: they are the costly part of logging, after the
   // write itself.
   thread_local std::string encoded;
   std::uint64_t checksum = 0;
+  std::unique_lock<std::mutex> wl;
   if (q.wal) {
     encoded.clear();
     encode_trajectory(t, encoded);
     checksum = internal::TrajectoryWal::checksum(internal::WalRecordType::kPush, encoded);
+    wl = lock_spinning(q.wmu);
   }
 
-  Clock::Duration now = q.clock->now();
-  Wake w;
-  std::unique_lock<std::mutex> l = lock_spinning(q.pmu);
-  Clock::Duration deadline = Clock::kForever;
-  if (options.mode == PushMode::kTimeout) {
-    deadline = options.timeout >= Clock::kForever - now ? Clock::kForever : now + options.timeout;
+  if (q.closed.load()) {
+    q.rejected_full.fetch_add(1, std::memory_order_relaxed);
+    return cancelled(fmt::format("push of trajectory {}: the queue is closed", id));
   }
-  // Every exit wakes whoever this push (or the group timers it ran) made data or space for.
-  auto finish = [&](Status s) {
-    l.unlock();
-    q.wake(w);
-    return s;
-  };
-  auto reject_invalid = [&](std::string m) {
-    ++q.st.rejected_invalid;
-    return finish(invalid_argument(std::move(m)));
-  };
-  // The member's group as of the last check (pmu is held from there on, so it stays valid).
-  auto group = q.groups.end();
-  for (;;) {
-    if (q.closed) {
-      ++q.st.rejected_full;
-      return finish(cancelled(fmt::format("push of trajectory {}: the queue is closed", id)));
-    }
-    q.process_group_timers(now, w);
-    if (t.version > q.newest) {
-      return reject_invalid(fmt::format("trajectory {}: version {} is ahead of the newest published version {}",
-                                        id, t.version.value(), q.newest.value()));
-    }
-    if (q.known_ids.contains(id)) {
+  if (const std::uint64_t newest = q.newest.load(std::memory_order_acquire); t.version.value() > newest) {
+    return reject_invalid(fmt::format("trajectory {}: version {} is ahead of the newest published version {}", id,
+                                      t.version.value(), newest));
+  }
+  if (tokens > q.opt.capacity_tokens) {
+    return reject_invalid(fmt::format("trajectory {}: {} tokens exceed the queue's capacity of {} tokens", id,
+                                      tokens, q.opt.capacity_tokens));
+  }
+  if (t.group_size > q.opt.capacity_trajectories) {
+    return reject_invalid(fmt::format("trajectory {}: group_size {} exceeds capacity_trajectories {}", id,
+                                      t.group_size, q.opt.capacity_trajectories));
+  }
+  // The id first: from here a second push of it is refused, whatever becomes of this one.
+  {
+    IdShard& is = q.id_shard(id);
+    std::unique_lock<std::mutex> il = lock_spinning(is.mu);
+    is.ids.expire(q.retired_events.load(), q.opt.id_dedup_window);
+    if (!is.ids.insert(id)) {
+      il.unlock();
       return reject_invalid(fmt::format("trajectory {}: id already pushed", id));
     }
-    if (tokens > q.opt.capacity_tokens) {
-      return reject_invalid(fmt::format("trajectory {}: {} tokens exceed the queue's capacity of {} tokens", id,
-                                        tokens, q.opt.capacity_tokens));
-    }
-    if (t.group_size > 1) {
-      if (t.group_size > q.opt.capacity_trajectories) {
-        return reject_invalid(fmt::format("trajectory {}: group_size {} exceeds capacity_trajectories {}", id,
-                                          t.group_size, q.opt.capacity_trajectories));
-      }
-      if (q.closed_groups.contains(t.group_id)) {
-        ++q.st.dropped_late_for_group;
-        return finish(failed_precondition(fmt::format(
-            "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id)));
-      }
-      group = q.groups.find(t.group_id);
-      if (group != q.groups.end()) {
-        const PendingGroup& g = group->second;
-        if (g.group_size != t.group_size || g.prompt_id != t.prompt_id) {
-          return reject_invalid(fmt::format(
-              "trajectory {}: group {} has group_size {} and prompt {}, this member says {} and {}", id,
-              t.group_id, g.group_size, g.prompt_id, t.group_size, t.prompt_id));
-        }
-        if (g.seen[t.sample_index]) {
-          return reject_invalid(fmt::format("trajectory {}: group {} already has sample_index {}", id,
-                                            t.group_id, t.sample_index));
-        }
-      }
-    }
-    if (q.held_count + 1 <= q.opt.capacity_trajectories && q.held_tokens + tokens <= q.opt.capacity_tokens) {
-      break;
-    }
-    if (options.mode == PushMode::kFailFast) {
-      ++q.st.rejected_full;
-      return finish(unavailable(fmt::format(
-          "push of trajectory {}: queue full ({} of {} trajectories, {} of {} tokens)", id, q.held_count,
-          q.opt.capacity_trajectories, q.held_tokens, q.opt.capacity_tokens)));
-    }
-    if (now >= deadline) {
-      ++q.st.rejected_full;
-      return finish(deadline_exceeded(fmt::format("push of trajectory {}: queue still full after {} ns", id,
-                                                  options.timeout.count())));
-    }
-    ++q.space_waiters;
-    q.clock->wait_until(q.space_cv, l,
-                        std::min(deadline, Clock::Duration(q.next_group_deadline.load(std::memory_order_relaxed))));
-    --q.space_waiters;
-    now = q.clock->now();
+    ++is.pushed;
   }
-
-  if (q.wal) {
-    if (Status s = q.wal->append(internal::WalRecordType::kPush, encoded, checksum); !s.ok()) return finish(std::move(s));
-    q.wal_live_bytes += wal_record_bytes(t);
-  }
-  q.known_ids.insert(id);
-  q.held_count += 1;
-  q.held_tokens += tokens;
-  ++q.st.pushed;
-  // A finished unit goes to the consumers after pmu is let go, so the other producers need not
-  // wait while this one queues for mu. With a WAL it goes before: a compaction (under both locks)
-  // must find every live trajectory.
-  auto hand_over = [&](Unit&& u) {
-    if (q.wal) {
-      q.publish(std::move(u), w);
-      return finish(ok_status());
+  GroupShard* gs = t.group_size > 1 ? &q.group_shard(t.group_id) : nullptr;
+  // What refuses a member, with its group shard held; its counter is bumped.
+  auto refuse_member = [&](const PendingGroup* g) -> Status {
+    if (q.group_closed(*gs, t.group_id)) {
+      ++gs->dropped_late_for_group;
+      return failed_precondition(fmt::format(
+          "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id));
     }
-    l.unlock();
-    q.publish(std::move(u), w);
-    q.wake(w);
+    if (g == nullptr) return ok_status();
+    if (g->group_size != t.group_size || g->prompt_id != t.prompt_id) {
+      q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
+      return invalid_argument(fmt::format(
+          "trajectory {}: group {} has group_size {} and prompt {}, this member says {} and {}", id, t.group_id,
+          g->group_size, g->prompt_id, t.group_size, t.prompt_id));
+    }
+    if (g->seen[t.sample_index]) {
+      q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
+      return invalid_argument(fmt::format("trajectory {}: group {} already has sample_index {}", id, t.group_id,
+                                          t.sample_index));
+    }
     return ok_status();
   };
-  if (t.group_size == 1) {
-    Unit u;
-    u.items.reserve(1);
-    u.add(std::move(t));
-    return hand_over(std::move(u));
-  }
-  const std::uint64_t gid = t.group_id;
-  const bool fresh = group == q.groups.end();
-  if (fresh) group = q.groups.try_emplace(gid).first;
-  PendingGroup& g = group->second;
-  if (fresh) {
-    g.group_size = t.group_size;
-    g.prompt_id = t.prompt_id;
-    g.first_arrival = now;
-    g.seen.assign(t.group_size, false);
-    g.unit.items.reserve(t.group_size);
-    if (q.opt.group_timeout != Clock::kForever) {
-      q.group_deadlines.emplace_back(g.first_arrival + q.opt.group_timeout, gid);
-      if (q.group_deadlines.size() == 1) q.set_group_deadline_hint();
+  auto find_group = [&]() -> const PendingGroup* {
+    auto it = gs->groups.find(t.group_id);
+    return it == gs->groups.end() ? nullptr : &it->second;
+  };
+
+  Clock::Duration now = q.clock->now();
+  if (!q.try_reserve(tokens)) {
+    const Clock::Duration deadline = options.mode != PushMode::kTimeout ? Clock::kForever
+                                     : options.timeout >= Clock::kForever - now ? Clock::kForever
+                                                                                : now + options.timeout;
+    auto fail_full = [&](Status s) {
+      q.rejected_full.fetch_add(1, std::memory_order_relaxed);
+      q.unreserve(id);
+      return s;
+    };
+    for (;;) {
+      if (q.closed.load()) return fail_full(cancelled(fmt::format("push of trajectory {}: the queue is closed", id)));
+      q.run_group_timers_if_due(now, /*wal_held=*/true);
+      if (gs != nullptr) {
+        // A member its group would refuse is refused now, not after waiting for space.
+        std::unique_lock<std::mutex> gl = lock_spinning(gs->mu);
+        if (Status s = refuse_member(find_group()); !s.ok()) {
+          gl.unlock();
+          q.unreserve(id);
+          return s;
+        }
+      }
+      if (q.try_reserve(tokens)) break;
+      if (options.mode == PushMode::kFailFast) {
+        return fail_full(unavailable(fmt::format(
+            "push of trajectory {}: queue full ({} of {} trajectories, {} of {} tokens)", id, q.held_count.load(),
+            q.opt.capacity_trajectories, q.held_tokens.load(), q.opt.capacity_tokens)));
+      }
+      if (now >= deadline) {
+        return fail_full(deadline_exceeded(
+            fmt::format("push of trajectory {}: queue still full after {} ns", id, options.timeout.count())));
+      }
+      // wmu is let go while waiting: the acks that free space take it.
+      if (wl.owns_lock()) wl.unlock();
+      {
+        std::unique_lock<std::mutex> sl(q.space_mu);
+        q.space_waiters.fetch_add(1);
+        if (!q.fits(tokens) && !q.closed.load()) {
+          q.clock->wait_until(q.space_cv, sl, std::min(deadline, q.next_group_deadline()));
+        }
+        q.space_waiters.fetch_sub(1);
+      }
+      if (q.wal) wl = lock_spinning(q.wmu);
+      now = q.clock->now();
     }
   }
-  g.seen[t.sample_index] = true;
-  g.unit.add(std::move(t));
-  ++q.pending_trajectories;
-  if (g.unit.items.size() == g.group_size) {
-    q.record_group_wait(now - g.first_arrival);
-    q.closed_groups.add(gid);
-    // The trajectory is in the queue either way; a failed group record only means a late duplicate
-    // member could be accepted after a restart, so it is reported, not undone.
-    q.note_bg(q.wal_u64(internal::WalRecordType::kGroupClosed, gid));
-    Unit u = q.close_group(g, /*partial=*/false);
-    q.groups.erase(group);
-    return hand_over(std::move(u));
+  // Room and id are this push's; a refusal from here gives both back.
+  auto undo = [&](Status s) {
+    q.release_space(1, tokens);
+    q.unreserve(id);
+    return s;
+  };
+  bool data = false;
+  Unit done;  // a unit this push completed
+  bool complete = false;
+  {
+    std::unique_lock<std::mutex> gl;
+    std::unordered_map<std::uint64_t, PendingGroup>::iterator group;  // with gs only
+    if (gs != nullptr) {
+      gl = lock_spinning(gs->mu);
+      q.process_group_timers(*gs, now, data);
+      group = gs->groups.find(t.group_id);
+      if (Status s = refuse_member(group == gs->groups.end() ? nullptr : &group->second); !s.ok()) {
+        gl.unlock();
+        if (data) q.data_cv.notify_all();
+        return undo(std::move(s));
+      }
+    }
+    if (q.wal) {
+      if (Status s = q.wal->append(internal::WalRecordType::kPush, encoded, checksum); !s.ok()) {
+        if (gl.owns_lock()) gl.unlock();
+        if (data) q.data_cv.notify_all();
+        return undo(std::move(s));
+      }
+      q.wal_live_bytes += wal_record_bytes(t);
+    }
+    if (gs == nullptr) {
+      done.items.reserve(1);
+      done.add(std::move(t));
+      complete = true;
+    } else {
+      const std::uint64_t gid = t.group_id;
+      const bool fresh = group == gs->groups.end();
+      if (fresh) group = gs->groups.try_emplace(gid).first;
+      PendingGroup& g = group->second;
+      if (fresh) {
+        g.group_size = t.group_size;
+        g.prompt_id = t.prompt_id;
+        g.first_arrival = now;
+        g.seen.assign(t.group_size, false);
+        g.unit.items.reserve(t.group_size);
+        if (q.opt.group_timeout != Clock::kForever) {
+          gs->deadlines.emplace_back(g.first_arrival + q.opt.group_timeout, gid);
+          if (gs->deadlines.size() == 1) gs->set_deadline_hint();
+        }
+      }
+      g.seen[t.sample_index] = true;
+      g.unit.add(std::move(t));
+      ++gs->pending_trajectories;
+      if (g.unit.items.size() == g.group_size) {
+        add_wait(gs->group_wait, now - g.first_arrival);
+        q.close_group_id(*gs, gid);
+        // The trajectory is in the queue either way; a failed group record only means a late
+        // duplicate member could be accepted after a restart, so it is reported, not undone.
+        q.note_bg(q.wal_u64(internal::WalRecordType::kGroupClosed, gid));
+        done = q.take_group(*gs, g, /*partial=*/false);
+        gs->groups.erase(group);
+        complete = true;
+      }
+    }
+    // Without a WAL the unit goes to the consumers after the group shard is let go; with one,
+    // before wmu is: a compaction (under wmu) must find every live trajectory.
+    if (complete && q.wal) data |= q.publish(std::move(done));
   }
-  return finish(ok_status());
+  if (complete && !q.wal) data |= q.publish(std::move(done));
+  if (wl.owns_lock()) wl.unlock();
+  if (data) q.data_cv.notify_all();
+  return ok_status();
 }
 
 Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
@@ -1206,6 +1438,10 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
     return invalid_argument(fmt::format("BatchSpec: negative wait ({} ns) or lease ({} ns)", spec.wait.count(),
                                         spec.lease.count()));
   }
+  if (const std::uint64_t newest = q.newest.load(std::memory_order_acquire); spec.consumer_version.value() > newest) {
+    return invalid_argument(fmt::format("BatchSpec: consumer_version {} is ahead of the newest published {}",
+                                        spec.consumer_version.value(), newest));
+  }
   const std::size_t max_count = spec.max_trajectories ? spec.max_trajectories : SIZE_MAX;
   const std::size_t max_tokens = spec.max_tokens ? spec.max_tokens : SIZE_MAX;
   const std::size_t min_count = std::max<std::size_t>(spec.min_trajectories, 1);
@@ -1216,33 +1452,27 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
 
   const Clock::Duration start = q.clock->now();
   q.run_group_timers_if_due(start);
-  Wake w;
+  bool data = false;
   std::unique_lock<std::mutex> l = lock_spinning(q.mu);
   // Every exit wakes whoever expired leases made data for.
   auto leave = [&](auto result) {
     l.unlock();
-    q.wake(w);
+    if (data) q.data_cv.notify_all();
     return result;
   };
-  if (spec.consumer_version > q.newest) {
-    return leave(Result<Batch>(invalid_argument(fmt::format(
-        "BatchSpec: consumer_version {} is ahead of the newest published {}", consumer_version,
-        q.newest.value()))));
-  }
   const Clock::Duration deadline = spec.wait >= Clock::kForever - start ? Clock::kForever : start + spec.wait;
   auto d = std::make_shared<internal::BatchData>();
+  std::vector<Unit> taken;
   std::vector<Unit> dropped;
   Clock::Duration now = start;
   for (;;) {
-    if (q.closed) return leave(Result<Batch>(cancelled("pop_batch: the queue is closed")));
-    q.process_lease_timers(now, w);
+    if (q.closed.load()) return leave(Result<Batch>(cancelled("pop_batch: the queue is closed")));
+    q.process_lease_timers(now, data);
     if (q.ready_count >= min_count) {
-      const std::size_t expect = std::min(q.ready_count, max_count);
-      d->items.reserve(expect);
-      d->info.reserve(expect);
-      d->unit_len.reserve(expect);
+      std::size_t count = 0;
       std::size_t tokens = 0;
       bool full = false;
+      taken.clear();
       while (!q.ready.empty()) {
         Unit& u = q.ready.front();
         const std::size_t len = u.items.size();
@@ -1252,53 +1482,48 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
           // would bias the advantage baseline.
           q.ready_count -= len;
           q.ready_tokens -= u.tokens;
+          q.dropped_stale += len;
           dropped.push_back(q.ready.pop_front());
           continue;
         }
-        if (!d->items.empty() && (d->items.size() + len > max_count || tokens + u.tokens > max_tokens)) {
+        if (count > 0 && (count + len > max_count || tokens + u.tokens > max_tokens)) {
           full = true;
           break;
         }
-        for (std::size_t i = 0; i < len; ++i) {
-          Trajectory& t = u.items[i];
-          const std::uint64_t s = consumer_version > t.version.value() ? consumer_version - t.version.value() : 0;
-          d->info.push_back(TrajectoryInfo{s, mark_stale && s > spec.max_staleness, u.partial_group,
-                                           u.deliveries + 1});
-          d->unit_len.push_back(i == 0 ? std::uint32_t(len) : 0u);
-          d->items.push_back(std::move(t));
-        }
+        count += len;
+        tokens += u.tokens;
         q.ready_count -= len;
         q.ready_tokens -= u.tokens;
-        tokens += u.tokens;
-        q.ready.pop_front();
-        if (d->items.size() >= max_count || tokens >= max_tokens) {
+        taken.push_back(q.ready.pop_front());
+        if (count >= max_count || tokens >= max_tokens) {
           full = true;
           break;
         }
       }
-      if (d->items.size() >= min_count || (full && !d->items.empty())) {
+      if (count >= min_count || (full && count > 0)) {
         q.ready_hint.store(q.ready_count, std::memory_order_relaxed);
         d->id = q.next_batch_id++;
         d->tokens = tokens;
         d->deadline = lease >= Clock::kForever - now ? Clock::kForever : now + lease;
-        const std::size_t n = d->items.size();
-        q.leased_trajectories += n;
-        q.st.delivered += n;
-        for (const TrajectoryInfo& info : d->info) {
-          ++q.st.staleness[std::min<std::uint64_t>(info.staleness, QueueStats::kStalenessBuckets - 1)];
-        }
-        if (d->deadline != Clock::kForever) q.lease_deadlines.emplace(d->deadline, d->id);
-        q.leases.emplace(d->id, d);
+        // Without a WAL the trajectories move into the batch with mu let go, so producers
+        // handing over units need not wait for it; with one, under mu: a compaction must find
+        // every live trajectory.
+        if (!q.wal) l.unlock();
+        fill_batch(*d, taken, consumer_version, mark_stale, spec.max_staleness);
+        if (!q.wal) l.lock();
+        q.lease_out(d);
         l.unlock();
-        q.wake(w);
+        if (data) q.data_cv.notify_all();
         if (!dropped.empty()) q.retire_stale(dropped);
         return Batch(std::move(d));
       }
       // Too few left after dropping stale ones: put back what was taken and wait for more.
-      q.unpop(*d, /*move=*/true, /*deliveries_back=*/1);
-      d->items.clear();
-      d->info.clear();
-      d->unit_len.clear();
+      for (auto it = taken.rbegin(); it != taken.rend(); ++it) {
+        q.ready_count += it->items.size();
+        q.ready_tokens += it->tokens;
+        q.ready.push_front(std::move(*it));
+      }
+      q.ready_hint.store(q.ready_count, std::memory_order_relaxed);
     }
     if (!dropped.empty()) {
       l.unlock();
@@ -1318,20 +1543,20 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
     // Spin a little first: a producer is usually about to push.
     bool arrived = false;
     l.unlock();
-    q.wake(w);
-    w = Wake{};
+    if (data) q.data_cv.notify_all();
+    data = false;
     for (int i = 0; i < kSpinRounds && !arrived; ++i) {
       std::this_thread::yield();
       arrived = q.ready_hint.load(std::memory_order_relaxed) >= min_count;
     }
     l.lock();
-    if (q.ready_count < min_count && !q.closed) {
+    if (q.ready_count < min_count && !q.closed.load()) {
       ++q.data_waiters;
       q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_consumer_timer()));
       --q.data_waiters;
     }
     now = q.clock->now();
-    if (Clock::Duration(q.next_group_deadline.load(std::memory_order_acquire)) <= now) {
+    if (q.next_group_deadline() <= now) {
       l.unlock();
       q.run_group_timers_if_due(now);
       l.lock();
@@ -1341,17 +1566,17 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
 
 Status TrajectoryQueue::ack(std::uint64_t batch_id) {
   Impl& q = *impl_;
-  Wake w;
-  // With a WAL both locks are held throughout, so the ack record, the retired ids and a
-  // compaction see one state.
-  std::unique_lock<std::mutex> pl;
-  if (q.wal) pl = lock_spinning(q.pmu);
+  bool data = false;
+  // With a WAL, wmu is held throughout, so the ack record, the retired ids and a compaction see
+  // one state.
+  std::unique_lock<std::mutex> wl;
+  if (q.wal) wl = lock_spinning(q.wmu);
   std::unique_lock<std::mutex> l = lock_spinning(q.mu);
-  q.process_lease_timers(q.clock->now(), w);
+  q.process_lease_timers(q.clock->now(), data);
   auto leave = [&](Status s) {
     if (l.owns_lock()) l.unlock();
-    if (pl.owns_lock()) pl.unlock();
-    q.wake(w);
+    if (wl.owns_lock()) wl.unlock();
+    if (data) q.data_cv.notify_all();
     return s;
   };
   auto it = q.leases.find(batch_id);
@@ -1371,28 +1596,24 @@ Status TrajectoryQueue::ack(std::uint64_t batch_id) {
     if (Status s = q.wal_retire(internal::WalRetireReason::kAck, ids); !s.ok()) return leave(std::move(s));
   }
   q.leased_trajectories -= d->items.size();
-  q.st.acked += d->items.size();
+  q.acked += d->items.size();
   q.leases.erase(it);
-  if (!pl.owns_lock()) {
-    // Gone from the leases, so no one else reaches these trajectories: retiring them can wait
-    // for pmu without holding up the consumers.
-    l.unlock();
-    pl = lock_spinning(q.pmu);
-  }
-  for (const Trajectory& t : d->items) q.retire(t);
-  q.space_freed(w);
+  // Gone from the leases, so no one else reaches these trajectories: retiring them can wait for
+  // the id shards without holding up the consumers.
+  l.unlock();
+  q.retire(d->items.begin(), d->items.end());
   if (q.wal) q.note_bg(q.maybe_compact());
   return leave(ok_status());
 }
 
 Status TrajectoryQueue::nack(std::uint64_t batch_id) {
   Impl& q = *impl_;
-  Wake w;
+  bool data = false;
   std::unique_lock<std::mutex> l = lock_spinning(q.mu);
-  q.process_lease_timers(q.clock->now(), w);
+  q.process_lease_timers(q.clock->now(), data);
   auto leave = [&](Status s) {
     l.unlock();
-    q.wake(w);
+    if (data) q.data_cv.notify_all();
     return s;
   };
   auto it = q.leases.find(batch_id);
@@ -1403,41 +1624,59 @@ Status TrajectoryQueue::nack(std::uint64_t batch_id) {
     }
     return leave(not_found(fmt::format("nack: batch {} is not leased (unknown or already acked)", batch_id)));
   }
-  ++q.st.nacked_batches;
-  q.requeue(it, w);
+  ++q.nacked_batches;
+  q.requeue(it, data);
   return leave(ok_status());
 }
 
 void TrajectoryQueue::close() {
   Impl& q = *impl_;
-  {
-    std::lock_guard<std::mutex> pl(q.pmu);
-    std::lock_guard<std::mutex> l(q.mu);
-    q.closed = true;
-  }
-  q.data_cv.notify_all();
+  q.closed.store(true);
+  { std::lock_guard<std::mutex> sl(q.space_mu); }
   q.space_cv.notify_all();
+  { std::lock_guard<std::mutex> l(q.mu); }
+  q.data_cv.notify_all();
 }
 
 QueueStats TrajectoryQueue::stats() const {
   Impl& q = *impl_;
-  std::lock_guard<std::mutex> pl(q.pmu);
-  std::lock_guard<std::mutex> l(q.mu);
-  QueueStats s = q.st;
+  std::lock_guard<std::mutex> wl(q.wmu);
+  Impl::AllLocks all(q);
+  QueueStats s;
+  for (const IdShard& is : q.id_shards) s.pushed += is.pushed;
+  for (const GroupShard& gs : q.group_shards) {
+    s.pending_groups += gs.groups.size();
+    s.pending_group_trajectories += gs.pending_trajectories;
+    s.dropped_group_timeout += gs.dropped_group_timeout;
+    s.dropped_late_for_group += gs.dropped_late_for_group;
+    const WaitHistogram& h = gs.group_wait;
+    s.group_wait.count += h.count;
+    s.group_wait.sum_ms += h.sum_ms;
+    s.group_wait.max_ms = std::max(s.group_wait.max_ms, h.max_ms);
+    for (int b = 0; b < WaitHistogram::kBuckets; ++b) s.group_wait.buckets[b] += h.buckets[b];
+  }
   s.ready = q.ready_count;
   s.ready_tokens = q.ready_tokens;
-  s.pending_groups = q.groups.size();
-  s.pending_group_trajectories = q.pending_trajectories;
   s.leases = q.leases.size();
   s.leased_trajectories = q.leased_trajectories;
-  s.held_tokens = q.held_tokens;
-  s.blocked_producers = std::size_t(q.space_waiters);
+  s.held_tokens = q.held_tokens.load();
+  s.blocked_producers = std::size_t(q.space_waiters.load());
   s.blocked_consumers = std::size_t(q.data_waiters);
-  s.newest_version = q.newest;
+  s.newest_version = Version(q.newest.load());
+  s.delivered = q.delivered;
+  s.acked = q.acked;
+  s.nacked_batches = q.nacked_batches;
+  s.expired_leases = q.expired_leases;
+  s.redelivered = q.redelivered;
+  s.rejected_invalid = q.rejected_invalid.load();
+  s.rejected_full = q.rejected_full.load();
+  s.dropped_stale = q.dropped_stale;
+  std::copy(std::begin(q.staleness), std::end(q.staleness), s.staleness);
   s.wal = q.wal != nullptr;
   if (q.wal) {
     s.wal_bytes = q.wal->bytes();
     s.wal_records = q.wal->records();
+    s.wal_compactions = q.compactions;
   }
   return s;
 }
@@ -1445,7 +1684,7 @@ QueueStats TrajectoryQueue::stats() const {
 const RecoveryReport& TrajectoryQueue::recovery() const noexcept { return impl_->recovery; }
 
 Status TrajectoryQueue::background_error() const {
-  std::lock_guard<std::mutex> l(impl_->pmu);
+  std::lock_guard<std::mutex> l(impl_->bg_mu);
   return impl_->bg_error;
 }
 

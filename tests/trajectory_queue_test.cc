@@ -873,6 +873,7 @@ TEST_CASE("validate_contents off keeps the O(1) checks only", "[queue][bad-input
   auto q = open_queue(opt);
   Trajectory odd = make_traj(1);
   odd.response_tokens[0] = -3;  // not scanned
+  odd.rewards[0] = NAN;  // values are contents too
   CHECK(q->push(std::move(odd)).ok());
   Trajectory short_lp = make_traj(2);
   short_lp.logprobs.pop_back();  // lengths are still checked

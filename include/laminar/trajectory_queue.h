@@ -75,11 +75,12 @@ struct Trajectory {
 };
 
 // The checks push() applies that need no queue state. kInvalidArgument naming the field and the
-// values when: logprobs and response_tokens differ in length; there is no reward or a reward is
-// not finite; group_size is 0 or sample_index >= group_size; generation ends before it starts;
-// finish_reason is not a FinishReason. With `contents` (the default) also, at O(tokens) cost: a
-// token id is negative; a log-prob is not finite or above 1e-3 (a probability above 1, beyond
-// rounding); metadata is not empty and not a JSON object.
+// values when: logprobs and response_tokens differ in length; there is no reward; group_size is 0
+// or sample_index >= group_size; generation ends before it starts; finish_reason is not a
+// FinishReason. With `contents` (the default) also, reading the arrays the Trajectory points to,
+// at O(tokens) cost: a token id is negative; a log-prob is not finite or above 1e-3 (a
+// probability above 1, beyond rounding); a reward is not finite; metadata is not empty and not a
+// JSON object.
 Status validate_trajectory(const Trajectory& t, bool contents = true);
 
 // The binary encoding used by the write-ahead log and by remote producers (little-endian, format
@@ -131,10 +132,11 @@ struct QueueOptions {
   // (then capacity must cover every group in flight, or producers can block on each other).
   Clock::Duration group_timeout = Clock::kForever;
   PartialGroupPolicy partial_group_policy = PartialGroupPolicy::kRelease;
-  // push() scans every token id, log-prob and the metadata JSON (validate_trajectory's `contents`):
-  // about 2 us per 3k-token trajectory on the producer's thread, ten times what the queue itself
-  // costs. Off: only the O(1) checks (lengths, rewards, group fields, version, ids), for producers
-  // that are trusted engines.
+  // push() scans every token id, log-prob, reward and the metadata JSON (validate_trajectory's
+  // `contents`): about 2 us per 3k-token trajectory on the producer's thread, ten times what the
+  // queue itself costs. Off: only the checks on the Trajectory's own fields (lengths, a reward
+  // present, group fields, version, ids), for producers that are trusted engines; push() then
+  // reads none of the arrays, whose cache misses would otherwise cost more than the queue.
   bool validate_contents = true;
   // Newest published version at start (a WAL's recorded version wins if higher).
   Version initial_version{0};
