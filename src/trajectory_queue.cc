@@ -595,6 +595,10 @@ void fill_batch(internal::BatchData& d, std::vector<Unit>& units, std::uint64_t 
 }
 
 constexpr std::size_t kExpiredBatchMemory = 1 << 16;
+// Held capacity packs the trajectory count and the token count into one 64-bit word.
+constexpr int kTokenBits = 40;
+constexpr std::uint64_t kMaxCapacityTokens = (std::uint64_t(1) << kTokenBits) - 1;
+constexpr std::uint64_t kMaxCapacityTrajectories = (std::uint64_t(1) << (64 - kTokenBits)) - 1;
 constexpr int kSpinRounds = 8;
 
 // Locks `mu`, spinning first: critical sections here are a few hundred nanoseconds, far less
@@ -652,9 +656,9 @@ struct TrajectoryQueue::Impl {
   std::mutex bg_mu;
   Status bg_error;  // under bg_mu
 
-  // Capacity: what the queue holds, pending, ready and leased.
-  alignas(64) std::atomic<std::size_t> held_count{0};
-  std::atomic<std::size_t> held_tokens{0};
+  // Capacity: what the queue holds, pending, ready and leased: trajectories above kTokenBits,
+  // tokens below, so that one compare-and-swap takes room for both.
+  alignas(64) std::atomic<std::uint64_t> held{0};
   alignas(64) std::mutex space_mu;
   std::condition_variable space_cv;  // producers wait for capacity
   std::atomic<int> space_waiters{0};
@@ -723,30 +727,27 @@ struct TrajectoryQueue::Impl {
 
   // --- capacity ---
 
-  bool fits(std::size_t tokens) const {
-    return held_count.load() + 1 <= opt.capacity_trajectories &&
-           held_tokens.load() + tokens <= opt.capacity_tokens;
+  static std::uint64_t held_word(std::size_t count, std::size_t tokens) {
+    return (std::uint64_t(count) << kTokenBits) + tokens;
   }
+  static std::size_t count_of(std::uint64_t word) { return std::size_t(word >> kTokenBits); }
+  static std::size_t tokens_of(std::uint64_t word) { return std::size_t(word & kMaxCapacityTokens); }
+  bool fits(std::uint64_t word, std::size_t tokens) const {
+    return count_of(word) + 1 <= opt.capacity_trajectories && tokens_of(word) + tokens <= opt.capacity_tokens;
+  }
+  bool fits(std::size_t tokens) const { return fits(held.load(), tokens); }
 
   // Takes room for one trajectory of `tokens` tokens, or nothing.
   bool try_reserve(std::size_t tokens) {
-    std::size_t c = held_count.load(std::memory_order_relaxed);
+    std::uint64_t h = held.load(std::memory_order_relaxed);
     do {
-      if (c + 1 > opt.capacity_trajectories) return false;
-    } while (!held_count.compare_exchange_weak(c, c + 1));
-    std::size_t k = held_tokens.load(std::memory_order_relaxed);
-    do {
-      if (k + tokens > opt.capacity_tokens) {
-        release_space(1, 0);
-        return false;
-      }
-    } while (!held_tokens.compare_exchange_weak(k, k + tokens));
+      if (!fits(h, tokens)) return false;
+    } while (!held.compare_exchange_weak(h, h + held_word(1, tokens)));
     return true;
   }
 
   void release_space(std::size_t count, std::size_t tokens) {
-    held_count.fetch_sub(count);
-    held_tokens.fetch_sub(tokens);
+    held.fetch_sub(held_word(count, tokens));
     // Pairs with the waiter's increment before its last look at the counters (both seq_cst):
     // either it sees this space or this sees it waiting; locking space_mu makes sure it waits
     // before the notification.
@@ -801,6 +802,7 @@ struct TrajectoryQueue::Impl {
   }
 
   bool group_closed(GroupShard& gs, std::uint64_t gid) {
+    if (!gs.closed.contains(gid)) return false;
     gs.closed.expire(closed_events.load(), opt.id_dedup_window);
     return gs.closed.contains(gid);
   }
@@ -1122,8 +1124,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
     IdShard& is = id_shard(t.id.value());
     is.ids.insert(t.id.value());
     ++is.pushed;
-    held_count += 1;
-    held_tokens += t.num_tokens();
+    held += held_word(1, t.num_tokens());
     wal_live_bytes += wal_record_bytes(t);
     if (t.group_size == 1) {
       Unit u;
@@ -1177,6 +1178,11 @@ TrajectoryQueue::~TrajectoryQueue() {
 Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::open(QueueOptions options) {
   if (options.capacity_trajectories == 0) return invalid_argument("QueueOptions: capacity_trajectories is 0");
   if (options.capacity_tokens == 0) return invalid_argument("QueueOptions: capacity_tokens is 0");
+  if (options.capacity_trajectories > kMaxCapacityTrajectories || options.capacity_tokens > kMaxCapacityTokens) {
+    return invalid_argument(fmt::format(
+        "QueueOptions: capacity of {} trajectories and {} tokens is above the limit of {} and {}",
+        options.capacity_trajectories, options.capacity_tokens, kMaxCapacityTrajectories, kMaxCapacityTokens));
+  }
   if (options.default_lease <= Clock::Duration::zero()) {
     return invalid_argument(
         fmt::format("QueueOptions: default_lease {} ns is not positive", options.default_lease.count()));
@@ -1271,8 +1277,14 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   {
     IdShard& is = q.id_shard(id);
     std::unique_lock<std::mutex> il = lock_spinning(is.mu);
-    is.ids.expire(q.retired_events.load(), q.opt.id_dedup_window);
-    if (!is.ids.insert(id)) {
+    // Ids the window has passed are forgotten only here, when one comes back: the acks trim
+    // the window as it moves, off the producers' path.
+    bool fresh = is.ids.insert(id);
+    if (!fresh) {
+      is.ids.expire(q.retired_events.load(), q.opt.id_dedup_window);
+      fresh = is.ids.insert(id);
+    }
+    if (!fresh) {
       il.unlock();
       return reject_invalid(fmt::format("trajectory {}: id already pushed", id));
     }
@@ -1330,8 +1342,8 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       if (q.try_reserve(tokens)) break;
       if (options.mode == PushMode::kFailFast) {
         return fail_full(unavailable(fmt::format(
-            "push of trajectory {}: queue full ({} of {} trajectories, {} of {} tokens)", id, q.held_count.load(),
-            q.opt.capacity_trajectories, q.held_tokens.load(), q.opt.capacity_tokens)));
+            "push of trajectory {}: queue full ({} of {} trajectories, {} of {} tokens)", id, Impl::count_of(q.held.load()),
+            q.opt.capacity_trajectories, Impl::tokens_of(q.held.load()), q.opt.capacity_tokens)));
       }
       if (now >= deadline) {
         return fail_full(deadline_exceeded(
@@ -1659,7 +1671,7 @@ QueueStats TrajectoryQueue::stats() const {
   s.ready_tokens = q.ready_tokens;
   s.leases = q.leases.size();
   s.leased_trajectories = q.leased_trajectories;
-  s.held_tokens = q.held_tokens.load();
+  s.held_tokens = Impl::tokens_of(q.held.load());
   s.blocked_producers = std::size_t(q.space_waiters.load());
   s.blocked_consumers = std::size_t(q.data_waiters);
   s.newest_version = Version(q.newest.load());

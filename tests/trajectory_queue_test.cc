@@ -229,6 +229,12 @@ TEST_CASE("options and batch specs are validated", "[queue][bad-input]") {
   bad.capacity_trajectories = 0;
   expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "capacity_trajectories");
   bad = {};
+  bad.capacity_tokens = std::size_t(1) << 40;
+  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "above the limit");
+  bad = {};
+  bad.capacity_trajectories = std::size_t(1) << 24;
+  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "above the limit");
+  bad = {};
   bad.default_lease = -1s;
   expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "default_lease");
   bad = {};

@@ -121,7 +121,8 @@ enum class PartialGroupPolicy : std::uint8_t {
 };
 
 struct QueueOptions {
-  // Bounds on what the queue holds: waiting in groups, ready, and leased out (unacked).
+  // Bounds on what the queue holds: waiting in groups, ready, and leased out (unacked). At most
+  // 2^24 - 1 trajectories and 2^40 - 1 tokens.
   std::size_t capacity_trajectories = 1 << 16;
   std::size_t capacity_tokens = std::size_t(1) << 32;
   // Null: Clock::steady().
@@ -264,10 +265,11 @@ struct RecoveryReport {
 
 class TrajectoryQueue {
  public:
-  // kInvalidArgument for zero capacities, a non-positive default_lease or group_timeout, or a zero
-  // id_dedup_window. With a WAL: kDataLoss if the file is not a laminar WAL or has a corrupt record
-  // followed by good ones (a damaged middle is not silently skipped: records after it could be the
-  // acks that keep delivery exactly-once); a torn or corrupt tail is cut and reported in recovery().
+  // kInvalidArgument for zero or too large capacities, a non-positive default_lease or
+  // group_timeout, or a zero id_dedup_window. With a WAL: kDataLoss if the file is not a laminar
+  // WAL or has a corrupt record followed by good ones (a damaged middle is not silently skipped:
+  // records after it could be the acks that keep delivery exactly-once); a torn or corrupt tail is
+  // cut and reported in recovery().
   static Result<std::unique_ptr<TrajectoryQueue>> open(QueueOptions options);
   // Preconditions: no thread is inside a call of this queue.
   ~TrajectoryQueue();
