@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <condition_variable>
@@ -480,7 +481,7 @@ class IdSet {
 // once `window` events came after it; each shard forgets lazily, by the global count, before
 // every look, so the window stays exact however events spread over the shards.
 class WindowedKeys {
-  static constexpr std::size_t kPrefetchAhead = 4;
+  static constexpr std::size_t kPrefetchAhead = 8;
 
  public:
   void expire(std::uint64_t events_now, std::size_t window) {
@@ -542,6 +543,7 @@ using Deadline = std::pair<Clock::Duration, std::uint64_t>;
 // Ids are spread over kIdShards and groups over kGroupShards by hash, each shard under its own
 // lock, so producers pushing different groups rarely meet.
 constexpr std::size_t kIdShards = 16;
+constexpr std::size_t kRetireBurst = 512;
 constexpr std::size_t kGroupShards = 16;
 
 struct IdShard {
@@ -670,6 +672,11 @@ struct TrajectoryQueue::Impl {
   std::atomic<std::uint64_t> rejected_full{0};
 
   IdShard id_shards[kIdShards];
+  // Retirements not yet in the id shards' windows, (id, sequence number): the acks hand them
+  // over in bursts, so they touch each producer's shard once per burst, not once per batch.
+  // Until then a retired id is refused as if live, which its window does anyway.
+  alignas(64) std::mutex retire_mu;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> retire_log;
   GroupShard group_shards[kGroupShards];
 
   // --- consumer side, under mu ---
@@ -695,7 +702,8 @@ struct TrajectoryQueue::Impl {
 
   ClockSubscription clock_sub;
 
-  IdShard& id_shard(std::uint64_t id) { return id_shards[mix64((id >> 3) ^ 0x9e3779b97f4a7c15ull) >> 60]; }
+  static std::size_t id_shard_index(std::uint64_t id) { return mix64((id >> 3) ^ 0x9e3779b97f4a7c15ull) >> 60; }
+  IdShard& id_shard(std::uint64_t id) { return id_shards[id_shard_index(id)]; }
   GroupShard& group_shard(std::uint64_t gid) {
     return group_shards[mix64(gid ^ 0x6a09e667f3bcc909ull) >> 60];
   }
@@ -766,24 +774,58 @@ struct TrajectoryQueue::Impl {
   void retire(It begin, It end) {
     const std::size_t n = std::size_t(end - begin);
     if (n == 0) return;
-    std::uint64_t seq = retired_events.fetch_add(n);
     std::size_t tokens = 0;
-    IdShard* held = nullptr;
-    std::unique_lock<std::mutex> l;
     for (It it = begin; it != end; ++it) {
-      const Trajectory& t = *it;
-      IdShard& s = id_shard(t.id.value());
-      if (&s != held) {
-        if (l.owns_lock()) l.unlock();
-        l = lock_spinning(s.mu);
-        held = &s;
-      }
-      s.ids.add_event(t.id.value(), ++seq, opt.id_dedup_window);
-      tokens += t.num_tokens();
-      if (wal) wal_live_bytes -= wal_record_bytes(t);
+      tokens += it->num_tokens();
+      if (wal) wal_live_bytes -= wal_record_bytes(*it);
     }
-    if (l.owns_lock()) l.unlock();
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> burst;
+    {
+      std::unique_lock<std::mutex> l = lock_spinning(retire_mu);
+      // Numbered under retire_mu, so the log is in window order.
+      std::uint64_t seq = retired_events.fetch_add(n);
+      for (It it = begin; it != end; ++it) retire_log.emplace_back(it->id.value(), ++seq);
+      if (retire_log.size() >= kRetireBurst) burst.swap(retire_log);
+    }
     release_space(n, tokens);
+    if (!burst.empty()) apply_retirements(burst);
+  }
+
+  // Moves the retirements logged so far into the id shards' windows.
+  void flush_retirements() {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> burst;
+    {
+      std::unique_lock<std::mutex> l = lock_spinning(retire_mu);
+      burst.swap(retire_log);
+    }
+    apply_retirements(burst);
+  }
+
+  // Each id shard locked once for all of its ids in `burst`.
+  void apply_retirements(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& burst) {
+    // Counting sort by shard, keeping the window order within each shard.
+    thread_local std::vector<std::uint32_t> order;
+    thread_local std::vector<std::uint8_t> shard_of;
+    order.resize(burst.size());
+    shard_of.resize(burst.size());
+    std::array<std::size_t, kIdShards + 1> start{};
+    for (std::size_t i = 0; i < burst.size(); ++i) {
+      shard_of[i] = std::uint8_t(id_shard_index(burst[i].first));
+      ++start[shard_of[i] + 1];
+    }
+    for (std::size_t k = 0; k < kIdShards; ++k) start[k + 1] += start[k];
+    std::array<std::size_t, kIdShards> next;
+    std::copy(start.begin(), start.end() - 1, next.begin());
+    for (std::size_t i = 0; i < burst.size(); ++i) order[next[shard_of[i]]++] = std::uint32_t(i);
+    for (std::size_t k = 0; k < kIdShards; ++k) {
+      if (start[k] == start[k + 1]) continue;
+      IdShard& s = id_shards[k];
+      std::unique_lock<std::mutex> l = lock_spinning(s.mu);
+      for (std::size_t j = start[k]; j < start[k + 1]; ++j) {
+        const auto& [id, seq] = burst[order[j]];
+        s.ids.add_event(id, seq, opt.id_dedup_window);
+      }
+    }
   }
 
   // Gives back an id reserved by a push that then failed.
@@ -988,6 +1030,7 @@ struct TrajectoryQueue::Impl {
     if (!wal || wal->bytes() < opt.wal_compact_bytes || wal_live_bytes * 2 > wal->bytes()) {
       return ok_status();
     }
+    flush_retirements();
     AllLocks all(*this);
     Status s = wal->rewrite([this](internal::TrajectoryWal& w) -> Status {
       std::uint64_t v = newest.load();
@@ -1281,6 +1324,11 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     // the window as it moves, off the producers' path.
     bool fresh = is.ids.insert(id);
     if (!fresh) {
+      // The window may have passed it: with every logged retirement in the windows, forget
+      // what it has passed and look again.
+      il.unlock();
+      q.flush_retirements();
+      il = lock_spinning(is.mu);
       is.ids.expire(q.retired_events.load(), q.opt.id_dedup_window);
       fresh = is.ids.insert(id);
     }
