@@ -392,18 +392,10 @@ std::uint64_t mix64(std::uint64_t x) {
 }
 
 // Open-addressing set of 64-bit keys (linear probing, backward-shift deletion): no node per
-// key, which the dedup windows of 65k ids would otherwise allocate and free on every push and
-// ack.
+// key.
 class IdSet {
  public:
-  IdSet() : slots_(64, kEmpty) { publish_slots(); }
-  // Starts loading the slot where a lookup of `key` begins; safe without the lock that guards
-  // the set (a prefetch of a stale address, during a grow, is harmless), so the miss can be
-  // taken before the lock rather than while holding it.
-  void prefetch(std::uint64_t key) const {
-    const std::uint64_t* base = slots_base_.load(std::memory_order_relaxed);
-    __builtin_prefetch(base + home(key, slots_mask_.load(std::memory_order_relaxed)));
-  }
+  IdSet() : slots_(64, kEmpty) {}
   bool contains(std::uint64_t key) const {
     if (key == kEmpty) return has_empty_key_;
     for (std::size_t i = home(key);; i = (i + 1) & mask()) {
@@ -448,17 +440,7 @@ class IdSet {
  private:
   static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);
   std::size_t mask() const { return slots_.size() - 1; }
-  // Keys usually come from counters. Runs of 8 consecutive keys share one cache line (a push
-  // then mostly touches the line the previous push just used), while the runs themselves are
-  // scattered, so probe runs stay short.
-  std::size_t home(std::uint64_t x) const { return home(x, mask()); }
-  static std::size_t home(std::uint64_t x, std::size_t mask) {
-    return std::size_t((mix64(x >> 3) << 3) | (x & 7)) & mask;
-  }
-  void publish_slots() {
-    slots_base_.store(slots_.data(), std::memory_order_relaxed);
-    slots_mask_.store(mask(), std::memory_order_relaxed);
-  }
+  std::size_t home(std::uint64_t x) const { return std::size_t(mix64(x)) & mask(); }
   void grow() {
     std::vector<std::uint64_t> old(slots_.size() * 2, kEmpty);
     old.swap(slots_);
@@ -466,51 +448,149 @@ class IdSet {
     for (std::uint64_t key : old) {
       if (key != kEmpty) insert(key);
     }
-    publish_slots();
   }
   std::vector<std::uint64_t> slots_;
-  // Read by prefetch() without the lock.
-  std::atomic<const std::uint64_t*> slots_base_{nullptr};
-  std::atomic<std::size_t> slots_mask_{0};
   std::size_t size_ = 0;
   bool has_empty_key_ = false;
 };
 
-// Keys of a shard, live ones and those remembered for a window of the last `window` events of
-// a kind counted across all shards (ids retired, groups closed). An event's key is forgotten
-// once `window` events came after it; each shard forgets lazily, by the global count, before
-// every look, so the window stays exact however events spread over the shards.
-class WindowedKeys {
-  static constexpr std::size_t kPrefetchAhead = 8;
-
+// The ids of a shard (trajectory ids, or group ids) that are live or within a window of the
+// last `window` events of a kind counted across all shards (ids retired, groups closed), each
+// with its event's sequence number (1-based). An event writes its own id's slot (for a retired
+// trajectory, one its push touched recently); ids the window has passed stay until the table
+// would grow, then one sequential sweep drops them all, instead of a cold-slot erase per event.
+class IdWindow {
  public:
-  void expire(std::uint64_t events_now, std::size_t window) {
-    // Concurrent events may be queued slightly out of order: a newer one at the front only
-    // holds the older ones behind it a little longer.
-    while (!order_.empty() && order_.front().second <= events_now &&
-           events_now - order_.front().second >= window) {
-      // The oldest keys' slots are long out of cache: start loading the next ones.
-      if (order_.size() > kPrefetchAhead) keys_.prefetch(order_[kPrefetchAhead].first);
-      keys_.erase(order_.front().first);
-      order_.pop_front();
+  static constexpr std::uint64_t kLive = ~std::uint64_t(0);
+  IdWindow() : slots_(64, Slot{kEmpty, 0}) { publish_slots(); }
+
+  // Starts loading the slot where a lookup of `id` begins; safe without the lock that guards
+  // the table (a prefetch of a stale address, during a rebuild, is harmless), so the miss can be
+  // taken before the lock rather than while holding it.
+  void prefetch(std::uint64_t id) const {
+    const Slot* base = slots_base_.load(std::memory_order_relaxed);
+    __builtin_prefetch(base + home(id, slots_mask_.load(std::memory_order_relaxed)));
+  }
+
+  // Makes `id` live unless it is live or retired within the window (then false). `retired`:
+  // the count of retirements so far, read only when needed (it is written by every ack).
+  bool admit(std::uint64_t id, const std::atomic<std::uint64_t>& retired, std::size_t window) {
+    if (std::uint64_t* v = find(id)) {
+      if (in_window(*v, retired.load(), window)) return false;
+      *v = kLive;
+      return true;
     }
+    if (2 * (size_ + 1) > slots_.size()) rebuild(retired.load(), window);
+    place(Slot{id, kLive});
+    return true;
   }
-  void prefetch(std::uint64_t key) const { keys_.prefetch(key); }
-  bool contains(std::uint64_t key) const { return keys_.contains(key); }
-  // False if already present.
-  bool insert(std::uint64_t key) { return keys_.insert(key); }
-  void erase(std::uint64_t key) { keys_.erase(key); }
-  // `key` (present) starts its window as event `seq`.
-  void add_event(std::uint64_t key, std::uint64_t seq, std::size_t window) {
-    order_.emplace_back(key, seq);
-    expire(seq, window);
+  // `id` (live, or new) becomes event `seq` of the window.
+  void record_event(std::uint64_t id, std::uint64_t seq, const std::atomic<std::uint64_t>& retired, std::size_t window) {
+    if (std::uint64_t* v = find(id)) {
+      *v = seq;
+      return;
+    }
+    if (2 * (size_ + 1) > slots_.size()) rebuild(retired.load(), window);
+    place(Slot{id, seq});
   }
-  // (key, seq) of the events in the window, oldest first.
-  const std::deque<std::pair<std::uint64_t, std::uint64_t>>& events() const { return order_; }
+  bool remembered(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
+    const std::uint64_t* v = find(id);
+    return v != nullptr && in_window(*v, events.load(), window);
+  }
+  void erase(std::uint64_t id) {
+    if (id == kEmpty) {
+      has_empty_key_ = false;
+      return;
+    }
+    std::size_t i = home(id, mask());
+    for (; slots_[i].key != id; i = (i + 1) & mask()) {
+      if (slots_[i].key == kEmpty) return;
+    }
+    // Shift later members of the probe run back so no lookup stops early at the hole.
+    for (std::size_t j = (i + 1) & mask(); slots_[j].key != kEmpty; j = (j + 1) & mask()) {
+      const std::size_t h = home(slots_[j].key, mask());
+      // Movable into the hole unless its home lies cyclically in (i, j].
+      if (((j - h) & mask()) >= ((j - i) & mask())) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i].key = kEmpty;
+    --size_;
+  }
+  // (id, seq) of the events still in the window, in table order.
+  void window_events(std::uint64_t retired_now, std::size_t window,
+                     std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) const {
+    auto take = [&](std::uint64_t id, std::uint64_t v) {
+      if (v != kLive && in_window(v, retired_now, window)) out.emplace_back(id, v);
+    };
+    for (const Slot& s : slots_) {
+      if (s.key != kEmpty) take(s.key, s.value);
+    }
+    if (has_empty_key_) take(kEmpty, empty_value_);
+  }
 
  private:
-  IdSet keys_;
-  std::deque<std::pair<std::uint64_t, std::uint64_t>> order_;
+  struct Slot {
+    std::uint64_t key;
+    std::uint64_t value;
+  };
+  static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);
+
+  static bool in_window(std::uint64_t v, std::uint64_t retired_now, std::size_t window) {
+    // A retirement numbered after `retired_now` was read is still in flight: remembered.
+    return v == kLive || v > retired_now || retired_now - v < window;
+  }
+  std::size_t mask() const { return slots_.size() - 1; }
+  // Ids usually come from counters. Runs of 4 consecutive ids share one cache line (a push then
+  // mostly touches the line the previous push just used), while the runs themselves are
+  // scattered, so probe runs stay short.
+  static std::size_t home(std::uint64_t x, std::size_t mask) {
+    return std::size_t((mix64(x >> 2) << 2) | (x & 3)) & mask;
+  }
+  std::uint64_t* find(std::uint64_t id) {
+    if (id == kEmpty) return has_empty_key_ ? &empty_value_ : nullptr;
+    for (std::size_t i = home(id, mask());; i = (i + 1) & mask()) {
+      if (slots_[i].key == id) return &slots_[i].value;
+      if (slots_[i].key == kEmpty) return nullptr;
+    }
+  }
+  const std::uint64_t* find(std::uint64_t id) const { return const_cast<IdWindow*>(this)->find(id); }
+  void place(Slot s) {
+    if (s.key == kEmpty) {
+      has_empty_key_ = true;
+      empty_value_ = s.value;
+      return;
+    }
+    std::size_t i = home(s.key, mask());
+    while (slots_[i].key != kEmpty) i = (i + 1) & mask();
+    slots_[i] = s;
+    ++size_;
+  }
+  // Drops the ids the window has passed; doubles the table if it stays over a quarter full.
+  void rebuild(std::uint64_t retired_now, std::size_t window) {
+    std::size_t kept = 0;
+    for (const Slot& s : slots_) kept += s.key != kEmpty && in_window(s.value, retired_now, window);
+    std::vector<Slot> old(4 * (kept + 1) > slots_.size() ? 2 * slots_.size() : slots_.size(), Slot{kEmpty, 0});
+    old.swap(slots_);
+    size_ = 0;
+    for (const Slot& s : old) {
+      if (s.key != kEmpty && in_window(s.value, retired_now, window)) place(s);
+    }
+    publish_slots();
+  }
+  void publish_slots() {
+    slots_base_.store(slots_.data(), std::memory_order_relaxed);
+    slots_mask_.store(mask(), std::memory_order_relaxed);
+  }
+
+  std::vector<Slot> slots_;
+  // Read by prefetch() without the lock.
+  std::atomic<const Slot*> slots_base_{nullptr};
+  std::atomic<std::size_t> slots_mask_{0};
+  std::size_t size_ = 0;
+  bool has_empty_key_ = false;
+  std::uint64_t empty_value_ = 0;
 };
 
 // What pop_batch hands out whole: a group (complete, or partial after its timeout) in sample
@@ -550,7 +630,7 @@ struct IdShard {
   alignas(64) std::mutex mu;
   // Ids refused on push: live ones (pending, ready or leased) and the last id_dedup_window
   // retired (acked or dropped), across all shards.
-  WindowedKeys ids;
+  IdWindow ids;
   std::uint64_t pushed = 0;
 };
 
@@ -562,7 +642,7 @@ struct GroupShard {
   // deadlines.front() (or kForever), read without the lock to decide whether timers are due.
   std::atomic<Clock::Duration::rep> next_deadline{Clock::kForever.count()};
   // The last id_dedup_window groups closed (complete, released or dropped), across all shards.
-  WindowedKeys closed;
+  IdWindow closed;
   std::uint64_t dropped_group_timeout = 0;
   std::uint64_t dropped_late_for_group = 0;
   WaitHistogram group_wait;
@@ -823,7 +903,7 @@ struct TrajectoryQueue::Impl {
       std::unique_lock<std::mutex> l = lock_spinning(s.mu);
       for (std::size_t j = start[k]; j < start[k + 1]; ++j) {
         const auto& [id, seq] = burst[order[j]];
-        s.ids.add_event(id, seq, opt.id_dedup_window);
+        s.ids.record_event(id, seq, retired_events, opt.id_dedup_window);
       }
     }
   }
@@ -839,14 +919,11 @@ struct TrajectoryQueue::Impl {
   // --- groups, with the group shard's lock held ---
 
   void close_group_id(GroupShard& gs, std::uint64_t gid) {
-    gs.closed.insert(gid);
-    gs.closed.add_event(gid, closed_events.fetch_add(1) + 1, opt.id_dedup_window);
+    gs.closed.record_event(gid, closed_events.fetch_add(1) + 1, closed_events, opt.id_dedup_window);
   }
 
   bool group_closed(GroupShard& gs, std::uint64_t gid) {
-    if (!gs.closed.contains(gid)) return false;
-    gs.closed.expire(closed_events.load(), opt.id_dedup_window);
-    return gs.closed.contains(gid);
+    return gs.closed.remembered(gid, closed_events, opt.id_dedup_window);
   }
 
   // Takes a group's members out as one unit, in sample order.
@@ -1039,10 +1116,7 @@ struct TrajectoryQueue::Impl {
       // The dedup windows survive a restart too, oldest first.
       std::vector<std::pair<std::uint64_t, std::uint64_t>> window;
       auto by_seq = [](const auto& a, const auto& b) { return a.second < b.second; };
-      for (IdShard& sh : id_shards) {
-        sh.ids.expire(retired_events.load(), opt.id_dedup_window);
-        window.insert(window.end(), sh.ids.events().begin(), sh.ids.events().end());
-      }
+      for (IdShard& sh : id_shards) sh.ids.window_events(retired_events.load(), opt.id_dedup_window, window);
       std::sort(window.begin(), window.end(), by_seq);
       std::string buf;
       const std::uint64_t head = std::uint64_t(internal::WalRetireReason::kWindow);
@@ -1052,10 +1126,7 @@ struct TrajectoryQueue::Impl {
       for (const auto& [id, seq] : window) buf.append(reinterpret_cast<const char*>(&id), 8);
       LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kRetire, buf));
       window.clear();
-      for (GroupShard& gs : group_shards) {
-        gs.closed.expire(closed_events.load(), opt.id_dedup_window);
-        window.insert(window.end(), gs.closed.events().begin(), gs.closed.events().end());
-      }
+      for (GroupShard& gs : group_shards) gs.closed.window_events(closed_events.load(), opt.id_dedup_window, window);
       std::sort(window.begin(), window.end(), by_seq);
       for (const auto& [gid, seq] : window) {
         LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kGroupClosed,
@@ -1122,9 +1193,10 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
         for (std::uint64_t i = 0; i < n; ++i) {
           std::uint64_t id;
           std::memcpy(&id, p.data() + 16 + 8 * i, 8);
-          WindowedKeys& ids = id_shard(id).ids;
-          ids.expire(retired_events.load(), opt.id_dedup_window);
-          if (ids.insert(id)) ids.add_event(id, retired_events.fetch_add(1) + 1, opt.id_dedup_window);
+          IdWindow& ids = id_shard(id).ids;
+          if (!ids.remembered(id, retired_events, opt.id_dedup_window)) {
+            ids.record_event(id, retired_events.fetch_add(1) + 1, retired_events, opt.id_dedup_window);
+          }
           auto it = index.find(id);
           if (it != index.end()) {
             order[it->second].reset();
@@ -1165,7 +1237,8 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
     Trajectory t = std::move(*slot);
     ++recovery.recovered;
     IdShard& is = id_shard(t.id.value());
-    is.ids.insert(t.id.value());
+    // A live id the log also lists as retired stays refused either way.
+    (void)is.ids.admit(t.id.value(), retired_events, opt.id_dedup_window);
     ++is.pushed;
     held += held_word(1, t.num_tokens());
     wal_live_bytes += wal_record_bytes(t);
@@ -1322,15 +1395,14 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     std::unique_lock<std::mutex> il = lock_spinning(is.mu);
     // Ids the window has passed are forgotten only here, when one comes back: the acks trim
     // the window as it moves, off the producers' path.
-    bool fresh = is.ids.insert(id);
+    bool fresh = is.ids.admit(id, q.retired_events, q.opt.id_dedup_window);
     if (!fresh) {
-      // The window may have passed it: with every logged retirement in the windows, forget
-      // what it has passed and look again.
+      // Its retirement may still be in the log, while the window has passed it: look again
+      // with every logged retirement in the windows.
       il.unlock();
       q.flush_retirements();
       il = lock_spinning(is.mu);
-      is.ids.expire(q.retired_events.load(), q.opt.id_dedup_window);
-      fresh = is.ids.insert(id);
+      fresh = is.ids.admit(id, q.retired_events, q.opt.id_dedup_window);
     }
     if (!fresh) {
       il.unlock();
