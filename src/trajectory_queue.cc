@@ -684,13 +684,19 @@ constexpr std::uint64_t kMaxCapacityTrajectories = (std::uint64_t(1) << (64 - kT
 constexpr int kSpinRounds = 8;
 
 // Locks `mu`, spinning first: critical sections here are a few hundred nanoseconds, far less
-// than putting a thread to sleep on the futex and waking it again.
+// than putting a thread to sleep on the futex and waking it again. The spin is short (a pause
+// takes about 27 ns here) and then yields: with more threads than cores a holder that stays
+// longer has usually been preempted, and yielding lets it run.
 std::unique_lock<std::mutex> lock_spinning(std::mutex& mu) {
-  for (int i = 0; i < 4096; ++i) {
+  for (int i = 0; i < 256; ++i) {
     if (mu.try_lock()) return std::unique_lock<std::mutex>(mu, std::adopt_lock);
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
+  }
+  for (int i = 0; i < 16; ++i) {
+    std::this_thread::yield();
+    if (mu.try_lock()) return std::unique_lock<std::mutex>(mu, std::adopt_lock);
   }
   return std::unique_lock<std::mutex>(mu);
 }
