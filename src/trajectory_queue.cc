@@ -907,6 +907,8 @@ struct TrajectoryQueue::Impl {
       if (start[k] == start[k + 1]) continue;
       IdShard& s = id_shards[k];
       std::unique_lock<std::mutex> l = lock_spinning(s.mu);
+      // Every slot's miss at once, rather than one after the other.
+      for (std::size_t j = start[k]; j < start[k + 1]; ++j) s.ids.prefetch(burst[order[j]].first);
       for (std::size_t j = start[k]; j < start[k + 1]; ++j) {
         const auto& [id, seq] = burst[order[j]];
         s.ids.record_event(id, seq, retired_events, opt.id_dedup_window);
@@ -1395,12 +1397,14 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     return reject_invalid(fmt::format("trajectory {}: group_size {} exceeds capacity_trajectories {}", id,
                                       t.group_size, q.opt.capacity_trajectories));
   }
-  // The id first: from here a second push of it is refused, whatever becomes of this one.
+  Clock::Duration now = q.clock->now();
+  // Room is taken first when there is some, which also gives the id's slot, prefetched above,
+  // time to arrive.
+  const bool have_room = q.try_reserve(tokens);
+  // Then the id: from here a second push of it is refused, whatever becomes of this one.
   {
     IdShard& is = q.id_shard(id);
     std::unique_lock<std::mutex> il = lock_spinning(is.mu);
-    // Ids the window has passed are forgotten only here, when one comes back: the acks trim
-    // the window as it moves, off the producers' path.
     bool fresh = is.ids.admit(id, q.retired_events, q.opt.id_dedup_window);
     if (!fresh) {
       // Its retirement may still be in the log, while the window has passed it: look again
@@ -1412,6 +1416,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     }
     if (!fresh) {
       il.unlock();
+      if (have_room) q.release_space(1, tokens);
       return reject_invalid(fmt::format("trajectory {}: id already pushed", id));
     }
     ++is.pushed;
@@ -1443,8 +1448,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     return it == gs->groups.end() ? nullptr : &it->second;
   };
 
-  Clock::Duration now = q.clock->now();
-  if (!q.try_reserve(tokens)) {
+  if (!have_room) {
     const Clock::Duration deadline = options.mode != PushMode::kTimeout ? Clock::kForever
                                      : options.timeout >= Clock::kForever - now ? Clock::kForever
                                                                                 : now + options.timeout;
