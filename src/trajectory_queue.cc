@@ -567,11 +567,13 @@ class IdWindow {
     slots_[i] = s;
     ++size_;
   }
-  // Drops the ids the window has passed; doubles the table if it stays over a quarter full.
+  // Drops the ids the window has passed; doubles the table if it stays over 3/8 full (the table
+  // is swept again after filling to half; a bigger one would only spread the window over more
+  // cache lines).
   void rebuild(std::uint64_t retired_now, std::size_t window) {
     std::size_t kept = 0;
     for (const Slot& s : slots_) kept += s.key != kEmpty && in_window(s.value, retired_now, window);
-    std::vector<Slot> old(4 * (kept + 1) > slots_.size() ? 2 * slots_.size() : slots_.size(), Slot{kEmpty, 0});
+    std::vector<Slot> old(8 * (kept + 1) > 3 * slots_.size() ? 2 * slots_.size() : slots_.size(), Slot{kEmpty, 0});
     old.swap(slots_);
     size_ = 0;
     for (const Slot& s : old) {
