@@ -612,12 +612,32 @@ struct Unit {
   }
 };
 
+// The sample indices of a group that have arrived: a bit mask, for groups of up to 64.
+class SampleSet {
+ public:
+  explicit SampleSet(std::uint32_t group_size = 0) {
+    if (group_size > 64) more_.assign(group_size, false);
+  }
+  bool test(std::uint32_t i) const { return more_.empty() ? (bits_ >> i) & 1 : bool(more_[i]); }
+  void set(std::uint32_t i) {
+    if (more_.empty()) {
+      bits_ |= std::uint64_t(1) << i;
+    } else {
+      more_[i] = true;
+    }
+  }
+
+ private:
+  std::uint64_t bits_ = 0;
+  std::vector<bool> more_;
+};
+
 struct PendingGroup {
   std::uint32_t group_size = 0;
   std::uint64_t prompt_id = 0;
   Clock::Duration first_arrival{0};
   Unit unit;
-  std::vector<bool> seen;  // [group_size]
+  SampleSet seen;
 };
 
 using Deadline = std::pair<Clock::Duration, std::uint64_t>;
@@ -1265,14 +1285,14 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
       g.group_size = t.group_size;
       g.prompt_id = t.prompt_id;
       g.first_arrival = now;
-      g.seen.assign(t.group_size, false);
+      g.seen = SampleSet(t.group_size);
       group_order.push_back(t.group_id);
     }
-    if (t.group_size != g.group_size || t.sample_index >= g.group_size || g.seen[t.sample_index]) {
+    if (t.group_size != g.group_size || t.sample_index >= g.group_size || g.seen.test(t.sample_index)) {
       return data_loss(fmt::format("WAL {}: trajectory {} does not fit its group {}", path, t.id.value(),
                                    t.group_id));
     }
-    g.seen[t.sample_index] = true;
+    g.seen.set(t.sample_index);
     g.unit.add(std::move(t));
     ++gs.pending_trajectories;
   }
@@ -1438,7 +1458,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
           "trajectory {}: group {} has group_size {} and prompt {}, this member says {} and {}", id, t.group_id,
           g->group_size, g->prompt_id, t.group_size, t.prompt_id));
     }
-    if (g->seen[t.sample_index]) {
+    if (g->seen.test(t.sample_index)) {
       q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
       return invalid_argument(fmt::format("trajectory {}: group {} already has sample_index {}", id, t.group_id,
                                           t.sample_index));
@@ -1538,14 +1558,14 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
         g.group_size = t.group_size;
         g.prompt_id = t.prompt_id;
         g.first_arrival = now;
-        g.seen.assign(t.group_size, false);
+        g.seen = SampleSet(t.group_size);
         g.unit.items.reserve(t.group_size);
         if (q.opt.group_timeout != Clock::kForever) {
           gs->deadlines.emplace_back(g.first_arrival + q.opt.group_timeout, gid);
           if (gs->deadlines.size() == 1) gs->set_deadline_hint();
         }
       }
-      g.seen[t.sample_index] = true;
+      g.seen.set(t.sample_index);
       g.unit.add(std::move(t));
       ++gs->pending_trajectories;
       if (g.unit.items.size() == g.group_size) {
