@@ -1446,12 +1446,15 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   GroupShard* gs = t.group_size > 1 ? &q.group_shard(t.group_id) : nullptr;
   // What refuses a member, with its group shard held; its counter is bumped.
   auto refuse_member = [&](const PendingGroup* g) -> Status {
-    if (q.group_closed(*gs, t.group_id)) {
-      ++gs->dropped_late_for_group;
-      return failed_precondition(fmt::format(
-          "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id));
+    if (g == nullptr) {
+      // Only a group not pending can be closed: a closed group leaves the pending ones for good.
+      if (q.group_closed(*gs, t.group_id)) {
+        ++gs->dropped_late_for_group;
+        return failed_precondition(fmt::format(
+            "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id));
+      }
+      return ok_status();
     }
-    if (g == nullptr) return ok_status();
     if (g->group_size != t.group_size || g->prompt_id != t.prompt_id) {
       q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
       return invalid_argument(fmt::format(
