@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <deque>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -664,6 +666,91 @@ TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue]
   CHECK(st.acked == std::uint64_t(kProducers * kPerProducer));
   CHECK(st.leases == 0);
   CHECK(q->background_error().ok());
+}
+
+// Producers share ids and groups across the queue's shards: every group gets one member from
+// each producer, every contended id is pushed by all of them at once, and the capacity bound
+// must hold while all of it races.
+TEST_CASE("a group's members from different threads, one id from many, capacity never exceeded",
+          "[queue][stress]") {
+  const unsigned seed = std::random_device{}();
+  std::printf("shards seed %u\n", seed);
+  constexpr int kProducers = 4, kConsumers = 2, kRounds = 300, kGroupsPerRound = 4;
+  constexpr std::uint64_t kContendedBase = 1'000'000;
+  QueueOptions opt;
+  opt.capacity_trajectories = 24;
+  opt.capacity_tokens = 400;
+  auto q = open_queue(opt);
+  // Rounds keep the pending groups within capacity: groups wait for members that producers
+  // blocked on space would otherwise never push.
+  std::barrier round(kProducers);
+  std::atomic<int> producers_left{kProducers};
+  std::atomic<bool> over{false};
+  std::vector<int> errors(kProducers + kConsumers, 0);
+  std::vector<int> contended_won(kProducers, 0);
+  std::vector<std::vector<std::uint64_t>> acked(kConsumers);
+  std::vector<std::thread> threads;
+  for (int p = 0; p < kProducers; ++p) {
+    threads.emplace_back([&, p] {
+      std::mt19937 rng(seed + unsigned(p));
+      for (int r = 0; r < kRounds; ++r) {
+        for (int k = 0; k < kGroupsPerRound; ++k) {
+          const std::uint64_t group = std::uint64_t(r * kGroupsPerRound + k);
+          const std::uint32_t index = std::uint32_t((group + std::uint64_t(p)) % kProducers);
+          Trajectory t = make_member(group * kProducers + index + 1, group, kProducers, index);
+          t.prompt_tokens.assign(1 + rng() % 12, 7);
+          if (!q->push(std::move(t)).ok()) ++errors[std::size_t(p)];
+        }
+        // All producers push the same id; exactly one may win.
+        laminar::Status st = q->push(make_traj(kContendedBase + std::uint64_t(r)));
+        if (st.ok()) {
+          ++contended_won[std::size_t(p)];
+        } else if (st.code() != StatusCode::kInvalidArgument) {
+          ++errors[std::size_t(p)];
+        }
+        round.arrive_and_wait();
+      }
+      --producers_left;
+    });
+  }
+  std::thread monitor([&] {
+    while (producers_left > 0) {
+      const auto st = q->stats();
+      if (st.held_tokens > opt.capacity_tokens ||
+          st.ready + st.pending_group_trajectories + st.leased_trajectories > opt.capacity_trajectories) {
+        over = true;
+      }
+    }
+  });
+  for (int c = 0; c < kConsumers; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(seed * 7 + unsigned(c));
+      for (;;) {
+        BatchSpec s = count_spec(1 + rng() % 16);
+        s.wait = 20ms;
+        auto b = q->pop_batch(s);
+        if (!b.ok()) {
+          if (producers_left == 0 && q->stats().held_tokens == 0) return;
+          continue;
+        }
+        if (!q->ack(b->id()).ok()) ++errors[std::size_t(kProducers + c)];
+        for (const Trajectory& t : b->trajectories()) acked[std::size_t(c)].push_back(t.id.value());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  monitor.join();
+  for (int e : errors) CHECK(e == 0);
+  CHECK_FALSE(over);
+  CHECK(std::accumulate(contended_won.begin(), contended_won.end(), 0) == kRounds);
+  std::vector<std::uint64_t> all;
+  for (auto& v : acked) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  constexpr std::size_t kMembers = std::size_t(kRounds) * kGroupsPerRound * kProducers;
+  REQUIRE(all.size() == kMembers + kRounds);
+  for (std::size_t i = 0; i < kMembers; ++i) REQUIRE(all[i] == i + 1);
+  for (std::size_t r = 0; r < std::size_t(kRounds); ++r) REQUIRE(all[kMembers + r] == kContendedBase + r);
+  CHECK(q->stats().pushed == kMembers + kRounds);
 }
 
 TEST_CASE("exactly-once under random consumer death", "[queue][stress][lease]") {
