@@ -914,7 +914,10 @@ struct TrajectoryQueue::Impl {
       // Numbered under retire_mu, so the log is in window order.
       std::uint64_t seq = retired_events.fetch_add(n);
       for (It it = begin; it != end; ++it) retire_log.emplace_back(it->id.value(), ++seq);
-      if (retire_log.size() >= kRetireBurst) burst.swap(retire_log);
+      if (retire_log.size() >= kRetireBurst) {
+        burst.reserve(retire_log.capacity());
+        burst.swap(retire_log);
+      }
     }
     release_space(n, tokens);
     if (!burst.empty()) apply_retirements(burst);
@@ -1650,7 +1653,8 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
   };
   const Clock::Duration deadline = spec.wait >= Clock::kForever - start ? Clock::kForever : start + spec.wait;
   auto d = std::make_shared<internal::BatchData>();
-  std::vector<Unit> taken;
+  // Reused across calls: a fresh vector would grow through several allocations every pop.
+  thread_local std::vector<Unit> taken;
   std::vector<Unit> dropped;
   Clock::Duration now = start;
   for (;;) {
