@@ -679,10 +679,11 @@ struct GroupShard {
   std::unordered_map<std::uint64_t, PendingGroup> groups;
   std::size_t pending_trajectories = 0;
   std::deque<Deadline> deadlines;  // FIFO: one timeout for all
-  // deadlines.front() (or kForever), read without the lock to decide whether timers are due.
-  std::atomic<Clock::Duration::rep> next_deadline{Clock::kForever.count()};
+  // deadlines.front() (or kForever), read without the lock to decide whether timers are due:
+  // by every pop, for all shards, so on a line of its own that pushes do not write.
+  alignas(64) std::atomic<Clock::Duration::rep> next_deadline{Clock::kForever.count()};
   // The last id_dedup_window groups closed (complete, released or dropped), across all shards.
-  IdWindow closed;
+  alignas(64) IdWindow closed;
   std::uint64_t dropped_group_timeout = 0;
   std::uint64_t dropped_late_for_group = 0;
   WaitHistogram group_wait;
