@@ -656,6 +656,15 @@ struct PendingGroup {
   Clock::Duration first_arrival{0};
   Unit unit;
   SampleSet seen;
+
+  // A group opened by its first member `t`, arriving at `now`.
+  void open(const Trajectory& t, Clock::Duration now) {
+    group_size = t.group_size;
+    prompt_id = t.prompt_id;
+    first_arrival = now;
+    seen = SampleSet(t.group_size);
+    unit.items.reserve(t.group_size);
+  }
 };
 
 using Deadline = std::pair<Clock::Duration, std::uint64_t>;
@@ -1307,10 +1316,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
     auto [it, fresh] = gs.groups.try_emplace(t.group_id);
     PendingGroup& g = it->second;
     if (fresh) {
-      g.group_size = t.group_size;
-      g.prompt_id = t.prompt_id;
-      g.first_arrival = now;
-      g.seen = SampleSet(t.group_size);
+      g.open(t, now);
       group_order.push_back(t.group_id);
     }
     if (t.group_size != g.group_size || t.sample_index >= g.group_size || g.seen.test(t.sample_index)) {
@@ -1583,11 +1589,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       if (fresh) group = gs->groups.try_emplace(gid).first;
       PendingGroup& g = group->second;
       if (fresh) {
-        g.group_size = t.group_size;
-        g.prompt_id = t.prompt_id;
-        g.first_arrival = now;
-        g.seen = SampleSet(t.group_size);
-        g.unit.items.reserve(t.group_size);
+        g.open(t, now);
         if (q.opt.group_timeout != Clock::kForever) {
           gs->deadlines.emplace_back(g.first_arrival + q.opt.group_timeout, gid);
           if (gs->deadlines.size() == 1) gs->set_deadline_hint();
