@@ -772,9 +772,10 @@ void add_wait(WaitHistogram& h, Clock::Duration waited) {
 //     group ids;
 //   IdShard::mu: the ids of the shard, live and recently retired;
 //   mu: the consumer side: the ready queue, leases and their expiry;
-//   space_mu: only for producers to wait for space.
+//   retire_mu, space_mu, bg_mu: leaves (no other queue lock is taken under them): the
+//     retirement log, producers waiting for space, the background error.
 // Order: wmu, then a group shard, then an id shard, then mu; never two shards of a kind except
-// all of them in order (stats(), compaction). Capacity is a pair of atomic counters.
+// all of them in order (stats(), compaction). Capacity is one atomic word (`held`).
 struct TrajectoryQueue::Impl {
   explicit Impl(QueueOptions o)
       : opt(std::move(o)), clock(opt.clock ? opt.clock : Clock::steady()) {}
