@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "expect_line.h"
 #include "process.h"
 
 using namespace std::chrono_literals;
@@ -36,19 +37,8 @@ ChildProcess start(std::vector<std::string> args) {
   return std::move(*child);
 }
 
-// Reads lines until one starts with `prefix`; returns the rest of it. Lines skipped on the way are
-// kept in `seen` when given.
-std::string expect_line(ChildProcess& child, const std::string& prefix, std::vector<std::string>* seen = nullptr,
-                        std::chrono::milliseconds timeout = 30s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    auto line = child.read_line(std::max(left, 1ms));
-    INFO("pid " << child.pid() << " waiting for '" << prefix << "': " << line.status().to_string());
-    REQUIRE(line.ok());
-    if (seen) seen->push_back(*line);
-    if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
-  }
+std::string expect_line(ChildProcess& child, const std::string& prefix, std::vector<std::string>* seen = nullptr) {
+  return laminar::testing::expect_line(child, prefix, 30s, seen);
 }
 
 std::string listening(ChildProcess& c) { return expect_line(c, "listening "); }

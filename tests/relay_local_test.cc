@@ -28,6 +28,7 @@
 #include "laminar/local_relay.h"
 #include "laminar/weight_puller.h"
 #include "local_relay_wire.h"
+#include "expect_line.h"
 #include "process.h"
 
 using namespace std::chrono_literals;
@@ -130,15 +131,8 @@ ChildProcess start(std::vector<std::string> args) {
   return std::move(*child);
 }
 
-std::string expect_line(ChildProcess& child, const std::string& prefix, std::chrono::milliseconds timeout = 60s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    auto line = child.read_line(std::max(left, 1ms));
-    INFO("pid " << child.pid() << " waiting for '" << prefix << "': " << line.status().to_string());
-    REQUIRE(line.ok());
-    if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());
-  }
+std::string expect_line(ChildProcess& child, const std::string& prefix) {
+  return laminar::testing::expect_line(child, prefix, 60s);
 }
 
 // A relay process that publishes `versions` versions and serves them on `socket`.
