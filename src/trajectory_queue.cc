@@ -391,78 +391,15 @@ std::uint64_t mix64(std::uint64_t x) {
   return x;
 }
 
-// Open-addressing set of 64-bit keys (linear probing, backward-shift deletion): no node per
-// key.
-class IdSet {
- public:
-  IdSet() : slots_(64, kEmpty) {}
-  bool contains(std::uint64_t key) const {
-    if (key == kEmpty) return has_empty_key_;
-    for (std::size_t i = home(key);; i = (i + 1) & mask()) {
-      if (slots_[i] == key) return true;
-      if (slots_[i] == kEmpty) return false;
-    }
-  }
-  // False if already present.
-  bool insert(std::uint64_t key) {
-    if (key == kEmpty) return !std::exchange(has_empty_key_, true);
-    if (2 * (size_ + 1) > slots_.size()) grow();
-    std::size_t i = home(key);
-    for (; slots_[i] != kEmpty; i = (i + 1) & mask()) {
-      if (slots_[i] == key) return false;
-    }
-    slots_[i] = key;
-    ++size_;
-    return true;
-  }
-  void erase(std::uint64_t key) {
-    if (key == kEmpty) {
-      has_empty_key_ = false;
-      return;
-    }
-    std::size_t i = home(key);
-    for (; slots_[i] != key; i = (i + 1) & mask()) {
-      if (slots_[i] == kEmpty) return;
-    }
-    // Shift later members of the probe run back so no lookup stops early at the hole.
-    for (std::size_t j = (i + 1) & mask(); slots_[j] != kEmpty; j = (j + 1) & mask()) {
-      const std::size_t h = home(slots_[j]);
-      // Movable into the hole unless its home lies cyclically in (i, j].
-      if (((j - h) & mask()) >= ((j - i) & mask())) {
-        slots_[i] = slots_[j];
-        i = j;
-      }
-    }
-    slots_[i] = kEmpty;
-    --size_;
-  }
-
- private:
-  static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);
-  std::size_t mask() const { return slots_.size() - 1; }
-  std::size_t home(std::uint64_t x) const { return std::size_t(mix64(x)) & mask(); }
-  void grow() {
-    std::vector<std::uint64_t> old(slots_.size() * 2, kEmpty);
-    old.swap(slots_);
-    size_ = 0;
-    for (std::uint64_t key : old) {
-      if (key != kEmpty) insert(key);
-    }
-  }
-  std::vector<std::uint64_t> slots_;
-  std::size_t size_ = 0;
-  bool has_empty_key_ = false;
-};
-
-// The ids of a shard (trajectory ids, or group ids) that are live or within a window of the
-// last `window` events of a kind counted across all shards (ids retired, groups closed), each
-// with its event's sequence number (1-based). An event writes its own id's slot (for a retired
-// trajectory, one its push touched recently); ids the window has passed stay until the table
-// would grow, then one sequential sweep drops them all, instead of a cold-slot erase per event.
 // Consecutive ids kept together, in one shard and in consecutive slots (runs of 4 and of 128
 // measured slower).
 constexpr std::uint64_t kRunIds = 32;
 
+// Ids (of trajectories, groups or batches) that are live or within a window of the last `window`
+// events of a kind (ids retired, groups closed, leases expired), each with its event's sequence
+// number (1-based), counted across all shards. An event writes its own id's slot (for a retired
+// trajectory, one its push touched recently); ids the window has passed stay until the table
+// would grow, then one sequential sweep drops them all, instead of a cold-slot erase per event.
 class IdWindow {
  public:
   static constexpr std::uint64_t kLive = ~std::uint64_t(0);
@@ -830,8 +767,9 @@ struct TrajectoryQueue::Impl {
   std::size_t leased_trajectories = 0;
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines;
   std::uint64_t next_batch_id = 1;
-  IdSet expired_batches;  // the last kExpiredBatchMemory expired
-  std::deque<std::uint64_t> expired_order;
+  // The last kExpiredBatchMemory batches whose lease expired, numbered by expired_events.
+  IdWindow expired_batches;
+  std::atomic<std::uint64_t> expired_events{0};
   // Counters of the consumer side; the producer side's live in the shards.
   std::uint64_t delivered = 0, acked = 0, nacked_batches = 0, expired_leases = 0, redelivered = 0;
   std::uint64_t dropped_stale = 0;
@@ -1117,12 +1055,10 @@ struct TrajectoryQueue::Impl {
   }
 
   void remember_expired(std::uint64_t batch_id) {
-    expired_batches.insert(batch_id);
-    expired_order.push_back(batch_id);
-    if (expired_order.size() > kExpiredBatchMemory) {
-      expired_batches.erase(expired_order.front());
-      expired_order.pop_front();
-    }
+    expired_batches.record_event(batch_id, expired_events.fetch_add(1) + 1, expired_events, kExpiredBatchMemory);
+  }
+  bool lease_expired(std::uint64_t batch_id) {
+    return expired_batches.remembered(batch_id, expired_events, kExpiredBatchMemory);
   }
 
   // With mu held.
@@ -1777,7 +1713,7 @@ Status TrajectoryQueue::ack(std::uint64_t batch_id) {
   };
   auto it = q.leases.find(batch_id);
   if (it == q.leases.end()) {
-    if (q.expired_batches.contains(batch_id)) {
+    if (q.lease_expired(batch_id)) {
       return leave(aborted(
           fmt::format("ack: the lease of batch {} expired; its trajectories were requeued", batch_id)));
     }
@@ -1814,7 +1750,7 @@ Status TrajectoryQueue::nack(std::uint64_t batch_id) {
   };
   auto it = q.leases.find(batch_id);
   if (it == q.leases.end()) {
-    if (q.expired_batches.contains(batch_id)) {
+    if (q.lease_expired(batch_id)) {
       return leave(aborted(
           fmt::format("nack: the lease of batch {} expired; its trajectories were requeued", batch_id)));
     }
