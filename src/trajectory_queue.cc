@@ -1343,9 +1343,11 @@ Version TrajectoryQueue::newest_version() const noexcept {
 
 Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   Impl& q = *impl_;
+  const std::uint64_t id = t.id.value();
+  IdShard& is = q.id_shard(id);
   // The id's slot is a cache miss; loaded now, it overlaps the checks below instead of stalling
   // under the shard's lock.
-  q.id_shard(t.id.value()).ids.prefetch(t.id.value());
+  is.ids.prefetch(id);
   if (Status valid = validate_trajectory(t, q.opt.validate_contents); !valid.ok()) {
     q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
     return valid;
@@ -1354,7 +1356,6 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     return invalid_argument(fmt::format("push: negative timeout {} ns", options.timeout.count()));
   }
   const std::size_t tokens = t.num_tokens();
-  const std::uint64_t id = t.id.value();
   auto reject_invalid = [&](std::string m) {
     q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
     return invalid_argument(std::move(m));
@@ -1393,7 +1394,6 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   const bool have_room = q.try_reserve(tokens);
   // Then the id: from here a second push of it is refused, whatever becomes of this one.
   {
-    IdShard& is = q.id_shard(id);
     std::unique_lock<std::mutex> il = lock_spinning(is.mu);
     bool fresh = is.ids.admit(id, q.retired_events, q.opt.id_dedup_window);
     if (!fresh) {
