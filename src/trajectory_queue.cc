@@ -890,9 +890,11 @@ struct TrajectoryQueue::Impl {
     order.resize(burst.size());
     shard_of.resize(burst.size());
     std::array<std::size_t, kIdShards + 1> start{};
+    // Every slot's miss of the burst at once (a prefetch needs no lock), not shard by shard.
     for (std::size_t i = 0; i < burst.size(); ++i) {
       shard_of[i] = std::uint8_t(id_shard_index(burst[i].first));
       ++start[shard_of[i] + 1];
+      id_shards[shard_of[i]].ids.prefetch(burst[i].first);
     }
     for (std::size_t k = 0; k < kIdShards; ++k) start[k + 1] += start[k];
     std::array<std::size_t, kIdShards> next;
@@ -902,8 +904,6 @@ struct TrajectoryQueue::Impl {
       if (start[k] == start[k + 1]) continue;
       IdShard& s = id_shards[k];
       std::unique_lock<std::mutex> l = lock_spinning(s.mu);
-      // Every slot's miss at once, rather than one after the other.
-      for (std::size_t j = start[k]; j < start[k + 1]; ++j) s.ids.prefetch(burst[order[j]].first);
       for (std::size_t j = start[k]; j < start[k + 1]; ++j) {
         const auto& [id, seq] = burst[order[j]];
         s.ids.record_event(id, seq, retired_events, opt.id_dedup_window);
