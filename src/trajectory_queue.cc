@@ -429,34 +429,18 @@ class IdWindow {
   }
   bool remembered(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
     const std::uint64_t* v = find(id);
-    return v != nullptr && in_window(*v, events.load(), window);
+    return v != nullptr && *v != kNone && in_window(*v, events.load(), window);
   }
+  // Forgets `id`. Its slot stays taken (emptying it could cut another id's probe sequence short)
+  // until the next rebuild drops it.
   void erase(std::uint64_t id) {
-    if (id == kEmpty) {
-      has_empty_key_ = false;
-      return;
-    }
-    std::size_t i = home(id, mask());
-    for (; slots_[i].key != id; i = (i + 1) & mask()) {
-      if (slots_[i].key == kEmpty) return;
-    }
-    // Shift later members of the probe run back so no lookup stops early at the hole.
-    for (std::size_t j = (i + 1) & mask(); slots_[j].key != kEmpty; j = (j + 1) & mask()) {
-      const std::size_t h = home(slots_[j].key, mask());
-      // Movable into the hole unless its home lies cyclically in (i, j].
-      if (((j - h) & mask()) >= ((j - i) & mask())) {
-        slots_[i] = slots_[j];
-        i = j;
-      }
-    }
-    slots_[i].key = kEmpty;
-    --size_;
+    if (std::uint64_t* v = find(id)) *v = kNone;
   }
   // (id, seq) of the events still in the window, in table order.
   void window_events(std::uint64_t retired_now, std::size_t window,
                      std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) const {
     auto take = [&](std::uint64_t id, std::uint64_t v) {
-      if (v != kLive && in_window(v, retired_now, window)) out.emplace_back(id, v);
+      if (v != kLive && v != kNone && in_window(v, retired_now, window)) out.emplace_back(id, v);
     };
     for (const Slot& s : slots_) {
       if (s.key != kEmpty) take(s.key, s.value);
@@ -482,11 +466,21 @@ class IdWindow {
   static std::size_t home(std::uint64_t x, std::size_t mask) {
     return std::size_t((mix64(x / kRunIds) * kRunIds) | (x % kRunIds)) & mask;
   }
+  // The i-th slot a probe from `h` visits. First the same place in the next blocks of kRunIds
+  // slots: a run whose block is taken moves whole to the next free one, where stepping one slot
+  // at a time would walk every later id of the run past the ids already there. Then one slot at
+  // a time, which reaches every slot.
+  static constexpr std::size_t kBlockProbes = 8;
+  std::size_t probe(std::size_t h, std::size_t i) const {
+    return (i < kBlockProbes ? h + i * kRunIds : h + (i - kBlockProbes) + 1) & mask();
+  }
   std::uint64_t* find(std::uint64_t id) {
     if (id == kEmpty) return has_empty_key_ ? &empty_value_ : nullptr;
-    for (std::size_t i = home(id, mask());; i = (i + 1) & mask()) {
-      if (slots_[i].key == id) return &slots_[i].value;
-      if (slots_[i].key == kEmpty) return nullptr;
+    const std::size_t h = home(id, mask());
+    for (std::size_t i = 0;; ++i) {
+      Slot& s = slots_[probe(h, i)];
+      if (s.key == id) return &s.value;
+      if (s.key == kEmpty) return nullptr;
     }
   }
   const std::uint64_t* find(std::uint64_t id) const { return const_cast<IdWindow*>(this)->find(id); }
@@ -498,17 +492,19 @@ class IdWindow {
       return &empty_value_;
     }
     for (int pass = 0;; ++pass) {
-      std::size_t i = home(id, mask());
-      for (; slots_[i].key != kEmpty; i = (i + 1) & mask()) {
-        if (slots_[i].key == id) return &slots_[i].value;
+      const std::size_t h = home(id, mask());
+      Slot* s = &slots_[h];
+      for (std::size_t i = 1; s->key != kEmpty; ++i) {
+        if (s->key == id) return &s->value;
+        s = &slots_[probe(h, i)];
       }
       if (pass == 0 && 2 * (size_ + 1) > slots_.size()) {
         rebuild(events.load(), window);
         continue;
       }
-      slots_[i] = Slot{id, kNone};
+      *s = Slot{id, kNone};
       ++size_;
-      return &slots_[i].value;
+      return &s->value;
     }
   }
   void place(Slot s) {
@@ -517,9 +513,10 @@ class IdWindow {
       empty_value_ = s.value;
       return;
     }
-    std::size_t i = home(s.key, mask());
-    while (slots_[i].key != kEmpty) i = (i + 1) & mask();
-    slots_[i] = s;
+    const std::size_t h = home(s.key, mask());
+    std::size_t i = 0;
+    while (slots_[probe(h, i)].key != kEmpty) ++i;
+    slots_[probe(h, i)] = s;
     ++size_;
   }
   // Drops the ids the window has passed; doubles the table if it stays over 3/8 full (the table
@@ -527,12 +524,13 @@ class IdWindow {
   // cache lines).
   void rebuild(std::uint64_t retired_now, std::size_t window) {
     std::size_t kept = 0;
-    for (const Slot& s : slots_) kept += s.key != kEmpty && in_window(s.value, retired_now, window);
+    auto keep = [&](const Slot& s) { return s.key != kEmpty && s.value != kNone && in_window(s.value, retired_now, window); };
+    for (const Slot& s : slots_) kept += keep(s);
     std::vector<Slot> old(8 * (kept + 1) > 3 * slots_.size() ? 2 * slots_.size() : slots_.size(), Slot{kEmpty, 0});
     old.swap(slots_);
     size_ = 0;
     for (const Slot& s : old) {
-      if (s.key != kEmpty && in_window(s.value, retired_now, window)) place(s);
+      if (keep(s)) place(s);
     }
     publish_slots();
   }
