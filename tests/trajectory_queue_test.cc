@@ -1016,6 +1016,30 @@ TEST_CASE("the id dedup window stays exact through heavy churn", "[queue][bad-in
   }
 }
 
+TEST_CASE("an id a refused push gave back can be pushed again, its neighbours stay refused", "[queue][bad-input]") {
+  // Consecutive ids share blocks of the id table; forgetting one must not hide the others.
+  auto q = open_queue();
+  REQUIRE(q->push(make_member(5000, 7, 2, 0)).ok());
+  REQUIRE(q->push(make_member(5001, 7, 2, 1)).ok());  // group 7 is now closed
+  for (std::uint64_t id = 1; id <= 300; ++id) {
+    if (id % 3 == 0) {
+      expect_code(q->push(make_member(id, 7, 2, 0)), StatusCode::kFailedPrecondition, "already closed");
+    } else {
+      REQUIRE(q->push(make_traj(id)).ok());
+    }
+  }
+  for (std::uint64_t id = 1; id <= 300; ++id) {
+    if (id % 3 == 0) {
+      REQUIRE(q->push(make_traj(id)).ok());
+    } else {
+      expect_code(q->push(make_traj(id)), StatusCode::kInvalidArgument, "id already pushed");
+    }
+  }
+  for (std::uint64_t id = 1; id <= 300; ++id) {
+    expect_code(q->push(make_traj(id)), StatusCode::kInvalidArgument, "id already pushed");
+  }
+}
+
 // Producers and consumers hold different locks; this races what crosses between them: acks
 // against lease expiry, stale drops (retired after the consumer lock is let go) against pushes
 // waiting for the space they free, and group timeouts fired by consumers while producers push.
