@@ -755,6 +755,9 @@ struct TrajectoryQueue::Impl {
   alignas(64) mutable std::mutex mu;
   std::condition_variable data_cv;  // consumers wait for ready trajectories
   int data_waiters = 0;
+  // Consumers were woken since the last of them started waiting: one notify_all reaches every
+  // waiter, and another would only take the condition variable's lock away from them again.
+  bool waiters_woken = false;
   Ring<Unit> ready;
   std::size_t ready_count = 0;
   // ready_count as of the last change, read without the lock by consumers spinning before they
@@ -1004,7 +1007,14 @@ struct TrajectoryQueue::Impl {
     ready_tokens += u.tokens;
     ready.push_back(std::move(u));
     ready_hint.store(ready_count, std::memory_order_relaxed);
-    return data_waiters > 0;
+    return should_wake();
+  }
+
+  // With mu held: whether the caller, having made data, must notify data_cv.
+  bool should_wake() {
+    if (data_waiters == 0 || waiters_woken) return false;
+    waiters_woken = true;
+    return true;
   }
 
   // Retires units pop_batch dropped as stale (called with no lock held).
@@ -1049,7 +1059,7 @@ struct TrajectoryQueue::Impl {
     leased_trajectories -= d->items.size();
     redelivered += d->items.size();
     unpop(*d, sole, 0);
-    if (data_waiters > 0) data = true;
+    if (should_wake()) data = true;
   }
 
   void remember_expired(std::uint64_t batch_id) {
@@ -1682,6 +1692,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
     l.lock();
     if (q.ready_count < min_count && !q.closed.load()) {
       ++q.data_waiters;
+      q.waiters_woken = false;
       q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_consumer_timer()));
       --q.data_waiters;
     }
