@@ -3,9 +3,13 @@
 // and M consumer threads, against moodycamel::ConcurrentQueue moving the very same objects in the
 // same run.
 //
-// Each repeat moves the whole pool once through the queue: producers stamp a fresh id and push
-// their slice; consumers pop and keep what they got; the pool is reassembled (untimed) for the next
-// repeat. Time runs from the start signal to the moment the last trajectory is consumed.
+// Each repeat moves the pool through the queue `passes` times: producers stamp a fresh id and push
+// their slice, consumers pop and put each trajectory back in its place in the pool, and a producer
+// pushes a trajectory again once it is back. Time runs from the start signal to the moment the
+// last trajectory is consumed. Several passes make it a throughput measurement: with 4 threads on
+// 2 cores a consumer thread often first runs about a millisecond after the start (when a
+// producer's time slice ends), and a single pass of the pool (--passes 1) is over in 1-3 ms, so
+// it mostly measures that start-up, more so for whichever queue's producers take longer.
 //
 // TrajectoryQueue runs with every semantic on: validation of the trajectory's own fields
 // (lengths, a reward present, group fields), version check, unique ids, GRPO groups of 8 released
@@ -13,9 +17,10 @@
 // scans token ids, log-probs, rewards and metadata JSON (QueueOptions::validate_contents),
 // reported on its own line. moodycamel moves the objects with producer and consumer
 // tokens and bulk dequeue, its fastest use. Then the same TrajectoryQueue with its write-ahead log
-// on (page cache, no fsync), reported separately.
+// on (page cache, no fsync), reported separately; that run moves the pool once.
 //
-//   trajectory_queue_bench [--producers N] [--consumers M] [--pool P] [--repeats R] [--wal-dir DIR]
+//   trajectory_queue_bench [--producers N] [--consumers M] [--pool P] [--passes K] [--repeats R]
+//                          [--wal-dir DIR]
 //
 // Lines (JSON, one per metric, the headline last):
 //   trajectory_queue_contents_checked vs moodycamel::ConcurrentQueue;
@@ -30,7 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -51,6 +56,7 @@ struct Config {
   int producers = 2;
   int consumers = 2;
   std::size_t pool = 8192;
+  int passes = 8;
   int repeats = 15;
   int wal_repeats = 3;
   std::string wal_dir = std::filesystem::temp_directory_path().string();
@@ -78,10 +84,11 @@ std::vector<Trajectory> make_pool(std::size_t n) {
   return pool;
 }
 
-// Gives trajectory `i` of repeat `rep` a fresh id and its group (groups never straddle producers:
-// slices are multiples of kGroupSize).
-void stamp(Trajectory& t, std::size_t i, int rep, std::size_t pool) {
-  const std::uint64_t id = std::uint64_t(rep) * pool + i + 1;
+// Gives trajectory `i` of pass `pass` of repeat `rep` a fresh id and its group (groups never
+// straddle producers: slices are multiples of kGroupSize).
+void stamp(Trajectory& t, std::size_t i, int rep, int pass, const Config& cfg) {
+  const std::uint64_t serial = std::uint64_t(rep) * std::uint64_t(cfg.passes) + std::uint64_t(pass);
+  const std::uint64_t id = serial * cfg.pool + i + 1;
   t.id = laminar::TrajectoryId(id);
   t.group_size = kGroupSize;
   t.group_id = (id - 1) / kGroupSize;
@@ -97,6 +104,45 @@ Slice slice_of(int p, int producers, std::size_t pool) {
   const std::size_t groups = pool / kGroupSize;
   return {groups * std::size_t(p) / std::size_t(producers) * kGroupSize,
           groups * std::size_t(p + 1) / std::size_t(producers) * kGroupSize};
+}
+
+std::size_t pool_index(const Trajectory& t, std::size_t pool) { return (t.id.value() - 1) % pool; }
+std::size_t total(const Config& cfg) { return cfg.pool * std::size_t(cfg.passes); }
+
+// Which trajectories are back in the pool, free to be pushed again.
+class Returned {
+ public:
+  explicit Returned(std::size_t n) : flags_(new std::atomic<bool>[n]), n_(n) {
+    for (std::size_t i = 0; i < n_; ++i) flags_[i].store(true, std::memory_order_relaxed);
+  }
+  void take(std::size_t i) {
+    while (!flags_[i].load(std::memory_order_acquire)) std::this_thread::yield();
+    flags_[i].store(false, std::memory_order_relaxed);
+  }
+  void put_back(std::size_t i) { flags_[i].store(true, std::memory_order_release); }
+  bool all_back() const {
+    for (std::size_t i = 0; i < n_; ++i) {
+      if (!flags_[i].load(std::memory_order_acquire)) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::unique_ptr<std::atomic<bool>[]> flags_;
+  std::size_t n_;
+};
+
+// A producer's loop: `passes` times over its slice, each trajectory once it is back.
+template <class Push>
+void produce_passes(const Config& cfg, int p, int rep, std::vector<Trajectory>& pool, Returned& back, Push push) {
+  const Slice sl = slice_of(p, cfg.producers, cfg.pool);
+  for (int pass = 0; pass < cfg.passes; ++pass) {
+    for (std::size_t i = sl.begin; i < sl.end; ++i) {
+      back.take(i);
+      stamp(pool[i], i, rep, pass, cfg);
+      push(std::move(pool[i]));
+    }
+  }
 }
 
 // Runs producers and consumers; returns seconds from start to the last trajectory consumed.
@@ -116,7 +162,7 @@ double run_threads(const Config& cfg, std::atomic<std::size_t>& consumed, Produc
     threads.emplace_back([&, c] {
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
       consume(c, [&](std::size_t n) {
-        if (consumed.fetch_add(n) + n == cfg.pool) end_ticks = Clock::now().time_since_epoch().count();
+        if (consumed.fetch_add(n) + n == total(cfg)) end_ticks = Clock::now().time_since_epoch().count();
       });
     });
   }
@@ -136,45 +182,40 @@ laminar::bench::Timing summarize(std::vector<double> t) {
   std::exit(1);
 }
 
-// One repeat through a TrajectoryQueue; the pool comes back in `pool` (order may change).
+// One repeat through a TrajectoryQueue; every trajectory ends back in its place in `pool`.
 double run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<Trajectory>& pool, int rep) {
   if (laminar::Status st = q.publish_version(laminar::Version(std::uint64_t(rep))); !st.ok()) die("publish", st);
+  Returned back(cfg.pool);
   std::atomic<std::size_t> consumed{0};
-  std::vector<std::vector<laminar::Batch>> got(std::size_t(cfg.consumers));
   const double s = run_threads(
       cfg, consumed,
       [&](int p) {
-        const Slice sl = slice_of(p, cfg.producers, cfg.pool);
-        for (std::size_t i = sl.begin; i < sl.end; ++i) {
-          stamp(pool[i], i, rep, cfg.pool);
-          if (laminar::Status st = q.push(std::move(pool[i])); !st.ok()) die("push", st);
-        }
+        produce_passes(cfg, p, rep, pool, back, [&](Trajectory&& t) {
+          if (laminar::Status st = q.push(std::move(t)); !st.ok()) die("push", st);
+        });
       },
-      [&](int c, auto done) {
+      [&](int, auto done) {
         laminar::BatchSpec spec;
         spec.max_trajectories = kBatch;
         spec.wait = std::chrono::milliseconds(1);
         spec.consumer_version = laminar::Version(std::uint64_t(rep));
         spec.staleness_rule = laminar::StalenessRule::kKeepAndMark;
         spec.max_staleness = 4;
-        auto& mine = got[std::size_t(c)];
-        while (consumed.load(std::memory_order_relaxed) < cfg.pool) {
+        while (consumed.load(std::memory_order_relaxed) < total(cfg)) {
           laminar::Result<laminar::Batch> b = q.pop_batch(spec);
           if (!b.ok()) continue;
           if (laminar::Status st = q.ack(b->id()); !st.ok()) die("ack", st);
-          const std::size_t n = b->size();
-          mine.push_back(std::move(*b));
-          done(n);
+          std::vector<Trajectory> got = b->release();
+          for (Trajectory& t : got) {
+            const std::size_t i = pool_index(t, cfg.pool);
+            pool[i] = std::move(t);
+            back.put_back(i);
+          }
+          done(got.size());
         }
       });
-  std::size_t k = 0;
-  for (auto& batches : got) {
-    for (auto& b : batches) {
-      for (Trajectory& t : b.release()) pool[k++] = std::move(t);
-    }
-  }
-  if (k != cfg.pool) {
-    std::fprintf(stderr, "trajectory_queue_bench: %zu of %zu trajectories came back\n", k, cfg.pool);
+  if (!back.all_back()) {
+    std::fprintf(stderr, "trajectory_queue_bench: not every trajectory came back\n");
     std::exit(1);
   }
   return s;
@@ -182,36 +223,34 @@ double run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<T
 
 double run_moodycamel(const Config& cfg, std::vector<Trajectory>& pool, int rep) {
   moodycamel::ConcurrentQueue<Trajectory> q;
+  Returned back(cfg.pool);
   std::atomic<std::size_t> consumed{0};
-  std::vector<std::vector<Trajectory>> got(std::size_t(cfg.consumers));
-  for (auto& g : got) g.reserve(cfg.pool);
   const double s = run_threads(
       cfg, consumed,
       [&](int p) {
         moodycamel::ProducerToken tok(q);
-        const Slice sl = slice_of(p, cfg.producers, cfg.pool);
-        for (std::size_t i = sl.begin; i < sl.end; ++i) {
-          stamp(pool[i], i, rep, cfg.pool);
-          if (!q.enqueue(tok, std::move(pool[i]))) std::exit(1);
-        }
+        produce_passes(cfg, p, rep, pool, back, [&](Trajectory&& t) {
+          if (!q.enqueue(tok, std::move(t))) std::exit(1);
+        });
       },
-      [&](int c, auto done) {
+      [&](int, auto done) {
         moodycamel::ConsumerToken tok(q);
-        auto& mine = got[std::size_t(c)];
-        while (consumed.load(std::memory_order_relaxed) < cfg.pool) {
-          const std::size_t n = q.try_dequeue_bulk(tok, std::back_inserter(mine), kBatch);
+        std::vector<Trajectory> got(kBatch);
+        while (consumed.load(std::memory_order_relaxed) < total(cfg)) {
+          const std::size_t n = q.try_dequeue_bulk(tok, got.begin(), kBatch);
           if (n == 0) {
             std::this_thread::yield();
             continue;
           }
+          for (std::size_t k = 0; k < n; ++k) {
+            const std::size_t i = pool_index(got[k], cfg.pool);
+            pool[i] = std::move(got[k]);
+            back.put_back(i);
+          }
           done(n);
         }
       });
-  std::size_t k = 0;
-  for (auto& g : got) {
-    for (Trajectory& t : g) pool[k++] = std::move(t);
-  }
-  if (k != cfg.pool) std::exit(1);
+  if (!back.all_back()) std::exit(1);
   return s;
 }
 
@@ -223,6 +262,7 @@ Config parse(int argc, char** argv) {
     if (flag == "--producers") c.producers = std::atoi(v);
     else if (flag == "--consumers") c.consumers = std::atoi(v);
     else if (flag == "--pool") c.pool = std::size_t(std::atoll(v));
+    else if (flag == "--passes") c.passes = std::atoi(v);
     else if (flag == "--repeats") c.repeats = std::atoi(v);
     else if (flag == "--wal-dir") c.wal_dir = v;
     else {
@@ -231,8 +271,8 @@ Config parse(int argc, char** argv) {
     }
   }
   c.pool -= c.pool % (kGroupSize * std::size_t(std::max(c.producers, 1)));
-  if (c.producers < 1 || c.consumers < 1 || c.pool == 0 || c.repeats < 1) {
-    std::fprintf(stderr, "need producers, consumers, repeats >= 1 and pool >= 8 * producers\n");
+  if (c.producers < 1 || c.consumers < 1 || c.pool == 0 || c.passes < 1 || c.repeats < 1) {
+    std::fprintf(stderr, "need producers, consumers, passes, repeats >= 1 and pool >= 8 * producers\n");
     std::exit(2);
   }
   return c;
@@ -245,8 +285,9 @@ int main(int argc, char** argv) {
   std::vector<Trajectory> pool = make_pool(cfg.pool);
   std::size_t tokens = 0;
   for (const Trajectory& t : pool) tokens += t.num_tokens();
-  std::printf("# %d producers, %d consumers, %zu trajectories per repeat (%.0f tokens on average)\n",
-              cfg.producers, cfg.consumers, cfg.pool, double(tokens) / double(cfg.pool));
+  std::printf("# %d producers, %d consumers, a pool of %zu trajectories moved %d times per repeat (%.0f tokens "
+              "on average)\n",
+              cfg.producers, cfg.consumers, cfg.pool, cfg.passes, double(tokens) / double(cfg.pool));
 
   // The headline runs the validation the issue asks for (lengths, version, unique ids, group
   // fields); the "contents checked" run also scans every token id, log-prob, reward and the
@@ -274,13 +315,17 @@ int main(int argc, char** argv) {
     checked.push_back(run_laminar(cfg, **qc, pool, rep++));
     base.push_back(run_moodycamel(cfg, pool, rep++));
   }
-  const double checked_rate = double(cfg.pool) / summarize(checked).median_s;
+  const double checked_rate = double(total(cfg)) / summarize(checked).median_s;
   const auto t_ours = summarize(ours);
   const auto t_base = summarize(base);
-  const double ours_rate = double(cfg.pool) / t_ours.median_s;
-  const double base_rate = double(cfg.pool) / t_base.median_s;
+  const double ours_rate = double(total(cfg)) / t_ours.median_s;
+  const double base_rate = double(total(cfg)) / t_base.median_s;
   std::printf("# stats after the last repeat: %s\n", (*q)->stats().to_json().c_str());
 
+  // The log run moves the pool once: at its rate start-up does not matter, and every pass would
+  // write the whole pool (about 180 MB) to the log again, measuring the disk's writeback.
+  Config wal_cfg = cfg;
+  wal_cfg.passes = 1;
   std::vector<double> wal;
   std::uint64_t wal_bytes = 0;
   for (int r = 0; r < cfg.wal_repeats; ++r) {
@@ -289,13 +334,13 @@ int main(int argc, char** argv) {
     std::filesystem::remove(wopt.wal_path);
     auto wq = laminar::TrajectoryQueue::open(wopt);
     if (!wq.ok()) die("open with WAL", wq.status());
-    wal.push_back(run_laminar(cfg, **wq, pool, rep++));
+    wal.push_back(run_laminar(wal_cfg, **wq, pool, rep++));
     wal_bytes = (*wq)->stats().wal_bytes;
     wq->reset();
     std::filesystem::remove(wopt.wal_path);
   }
   const auto t_wal = summarize(wal);
-  const double wal_rate = double(cfg.pool) / t_wal.median_s;
+  const double wal_rate = double(total(wal_cfg)) / t_wal.median_s;
   std::printf("# WAL: %.1f MB per repeat, %.0f MB/s\n", double(wal_bytes) / 1e6,
               double(wal_bytes) / 1e6 / t_wal.median_s);
   std::printf("# no WAL: median %.2f ms (min %.2f, max %.2f); moodycamel: median %.2f ms (min %.2f, max %.2f)\n",
