@@ -34,8 +34,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -145,31 +147,55 @@ void produce_passes(const Config& cfg, int p, int rep, std::vector<Trajectory>& 
   }
 }
 
-// Runs producers and consumers; returns seconds from start to the last trajectory consumed.
+double thread_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// One repeat: wall time from start to the last trajectory consumed, and the CPU time the producer
+// and the consumer threads used (which, unlike wall time, hardly depends on where the scheduler
+// put them; consumers waiting for data count too).
+struct RunTime {
+  double wall_s = 0;
+  double producers_cpu_s = 0;
+  double consumers_cpu_s = 0;
+};
+
+// Runs producers and consumers.
 template <class Produce, class Consume>
-double run_threads(const Config& cfg, std::atomic<std::size_t>& consumed, Produce produce, Consume consume) {
+RunTime run_threads(const Config& cfg, std::atomic<std::size_t>& consumed, Produce produce, Consume consume) {
   std::atomic<bool> go{false};
   std::atomic<Clock::rep> end_ticks{0};
+  std::mutex cpu_mu;
+  RunTime rt;
   consumed = 0;
   std::vector<std::thread> threads;
   for (int p = 0; p < cfg.producers; ++p) {
     threads.emplace_back([&, p] {
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      const double cpu = thread_cpu_s();
       produce(p);
+      std::lock_guard<std::mutex> l(cpu_mu);
+      rt.producers_cpu_s += thread_cpu_s() - cpu;
     });
   }
   for (int c = 0; c < cfg.consumers; ++c) {
     threads.emplace_back([&, c] {
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      const double cpu = thread_cpu_s();
       consume(c, [&](std::size_t n) {
         if (consumed.fetch_add(n) + n == total(cfg)) end_ticks = Clock::now().time_since_epoch().count();
       });
+      std::lock_guard<std::mutex> l(cpu_mu);
+      rt.consumers_cpu_s += thread_cpu_s() - cpu;
     });
   }
   const auto start = Clock::now();
   go.store(true, std::memory_order_release);
   for (auto& t : threads) t.join();
-  return std::chrono::duration<double>(Clock::duration(end_ticks.load()) - start.time_since_epoch()).count();
+  rt.wall_s = std::chrono::duration<double>(Clock::duration(end_ticks.load()) - start.time_since_epoch()).count();
+  return rt;
 }
 
 laminar::bench::Timing summarize(std::vector<double> t) {
@@ -183,11 +209,11 @@ laminar::bench::Timing summarize(std::vector<double> t) {
 }
 
 // One repeat through a TrajectoryQueue; every trajectory ends back in its place in `pool`.
-double run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<Trajectory>& pool, int rep) {
+RunTime run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<Trajectory>& pool, int rep) {
   if (laminar::Status st = q.publish_version(laminar::Version(std::uint64_t(rep))); !st.ok()) die("publish", st);
   Returned back(cfg.pool);
   std::atomic<std::size_t> consumed{0};
-  const double s = run_threads(
+  const RunTime s = run_threads(
       cfg, consumed,
       [&](int p) {
         produce_passes(cfg, p, rep, pool, back, [&](Trajectory&& t) {
@@ -221,11 +247,11 @@ double run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<T
   return s;
 }
 
-double run_moodycamel(const Config& cfg, std::vector<Trajectory>& pool, int rep) {
+RunTime run_moodycamel(const Config& cfg, std::vector<Trajectory>& pool, int rep) {
   moodycamel::ConcurrentQueue<Trajectory> q;
   Returned back(cfg.pool);
   std::atomic<std::size_t> consumed{0};
-  const double s = run_threads(
+  const RunTime s = run_threads(
       cfg, consumed,
       [&](int p) {
         moodycamel::ProducerToken tok(q);
@@ -304,6 +330,8 @@ int main(int argc, char** argv) {
 
   int rep = 0;
   std::vector<double> ours, checked, base;
+  // Per trajectory: producers' and consumers' CPU, ours and moodycamel's.
+  std::vector<double> ours_prod_cpu, ours_cons_cpu, base_prod_cpu, base_cons_cpu;
   for (int r = 0; r < 2; ++r) {  // warm-up, all three
     run_laminar(cfg, **q, pool, rep++);
     run_laminar(cfg, **qc, pool, rep++);
@@ -311,9 +339,16 @@ int main(int argc, char** argv) {
   }
   // Interleaved so that all three see the same machine load.
   for (int r = 0; r < cfg.repeats; ++r) {
-    ours.push_back(run_laminar(cfg, **q, pool, rep++));
-    checked.push_back(run_laminar(cfg, **qc, pool, rep++));
-    base.push_back(run_moodycamel(cfg, pool, rep++));
+    const RunTime o = run_laminar(cfg, **q, pool, rep++);
+    checked.push_back(run_laminar(cfg, **qc, pool, rep++).wall_s);
+    const RunTime b = run_moodycamel(cfg, pool, rep++);
+    ours.push_back(o.wall_s);
+    base.push_back(b.wall_s);
+    const double n = double(total(cfg));
+    ours_prod_cpu.push_back(o.producers_cpu_s / n);
+    ours_cons_cpu.push_back(o.consumers_cpu_s / n);
+    base_prod_cpu.push_back(b.producers_cpu_s / n);
+    base_cons_cpu.push_back(b.consumers_cpu_s / n);
   }
   const double checked_rate = double(total(cfg)) / summarize(checked).median_s;
   const auto t_ours = summarize(ours);
@@ -334,7 +369,7 @@ int main(int argc, char** argv) {
     std::filesystem::remove(wopt.wal_path);
     auto wq = laminar::TrajectoryQueue::open(wopt);
     if (!wq.ok()) die("open with WAL", wq.status());
-    wal.push_back(run_laminar(wal_cfg, **wq, pool, rep++));
+    wal.push_back(run_laminar(wal_cfg, **wq, pool, rep++).wall_s);
     wal_bytes = (*wq)->stats().wal_bytes;
     wq->reset();
     std::filesystem::remove(wopt.wal_path);
@@ -343,6 +378,10 @@ int main(int argc, char** argv) {
   const double wal_rate = double(total(wal_cfg)) / t_wal.median_s;
   std::printf("# WAL: %.1f MB per repeat, %.0f MB/s\n", double(wal_bytes) / 1e6,
               double(wal_bytes) / 1e6 / t_wal.median_s);
+  auto ns = [](std::vector<double> v) { return summarize(std::move(v)).median_s * 1e9; };
+  std::printf("# CPU per trajectory (medians): TrajectoryQueue %.0f ns in producers + %.0f ns in consumers; "
+              "moodycamel %.0f + %.0f ns\n",
+              ns(ours_prod_cpu), ns(ours_cons_cpu), ns(base_prod_cpu), ns(base_cons_cpu));
   std::printf("# no WAL: median %.2f ms (min %.2f, max %.2f); moodycamel: median %.2f ms (min %.2f, max %.2f)\n",
               t_ours.median_s * 1e3, t_ours.min_s * 1e3, t_ours.max_s * 1e3, t_base.median_s * 1e3,
               t_base.min_s * 1e3, t_base.max_s * 1e3);
