@@ -418,7 +418,7 @@ class IdWindow {
   // the count of retirements so far, read only when needed (it is written by every ack).
   bool admit(std::uint64_t id, const std::atomic<std::uint64_t>& retired, std::size_t window) {
     std::uint64_t* v = slot_for(id, retired, window);
-    if (*v != kNone && in_window(*v, retired.load(), window)) return false;
+    if (in_window(*v, retired.load(), window)) return false;
     *v = kLive;
     return true;
   }
@@ -429,7 +429,7 @@ class IdWindow {
   }
   bool remembered(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
     const std::uint64_t* v = find(id);
-    return v != nullptr && *v != kNone && in_window(*v, events.load(), window);
+    return v != nullptr && in_window(*v, events.load(), window);
   }
   // Forgets `id`. Its slot stays taken (emptying it could cut another id's probe sequence short)
   // until the next rebuild drops it.
@@ -440,7 +440,7 @@ class IdWindow {
   void window_events(std::uint64_t retired_now, std::size_t window,
                      std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) const {
     auto take = [&](std::uint64_t id, std::uint64_t v) {
-      if (v != kLive && v != kNone && in_window(v, retired_now, window)) out.emplace_back(id, v);
+      if (v != kLive && in_window(v, retired_now, window)) out.emplace_back(id, v);
     };
     for (const Slot& s : slots_) {
       if (s.key != kEmpty) take(s.key, s.value);
@@ -455,9 +455,11 @@ class IdWindow {
   };
   static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);
 
+  // Whether a slot's value keeps its id refused: live, or an event still in the window; not
+  // kNone (a slot just taken, or an id forgotten by erase()).
   static bool in_window(std::uint64_t v, std::uint64_t retired_now, std::size_t window) {
     // A retirement numbered after `retired_now` was read is still in flight: remembered.
-    return v == kLive || v > retired_now || retired_now - v < window;
+    return v != kNone && (v == kLive || v > retired_now || retired_now - v < window);
   }
   std::size_t mask() const { return slots_.size() - 1; }
   // Ids usually come from counters. A run of kRunIds consecutive ids gets consecutive slots (a
@@ -519,12 +521,12 @@ class IdWindow {
     slots_[probe(h, i)] = s;
     ++size_;
   }
-  // Drops the ids the window has passed; doubles the table if it stays over 3/8 full (the table
+  // Drops the ids the window has passed and the forgotten ones; doubles the table if it stays over 3/8 full (the table
   // is swept again after filling to half; a bigger one would only spread the window over more
   // cache lines).
   void rebuild(std::uint64_t retired_now, std::size_t window) {
     std::size_t kept = 0;
-    auto keep = [&](const Slot& s) { return s.key != kEmpty && s.value != kNone && in_window(s.value, retired_now, window); };
+    auto keep = [&](const Slot& s) { return s.key != kEmpty && in_window(s.value, retired_now, window); };
     for (const Slot& s : slots_) kept += keep(s);
     std::vector<Slot> old(8 * (kept + 1) > 3 * slots_.size() ? 2 * slots_.size() : slots_.size(), Slot{kEmpty, 0});
     old.swap(slots_);
