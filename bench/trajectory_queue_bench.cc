@@ -108,20 +108,27 @@ Slice slice_of(int p, int producers, std::size_t pool) {
           groups * std::size_t(p + 1) / std::size_t(producers) * kGroupSize};
 }
 
-std::size_t pool_index(const Trajectory& t, std::size_t pool) { return (t.id.value() - 1) % pool; }
 std::size_t total(const Config& cfg) { return cfg.pool * std::size_t(cfg.passes); }
 
-// Which trajectories are back in the pool, free to be pushed again.
+// The pool, and which of its trajectories are back in place, free to be pushed again.
 class Returned {
  public:
-  explicit Returned(std::size_t n) : flags_(new std::atomic<bool>[n]), n_(n) {
+  explicit Returned(std::vector<Trajectory>& pool)
+      : pool_(pool), flags_(new std::atomic<bool>[pool.size()]), n_(pool.size()) {
     for (std::size_t i = 0; i < n_; ++i) flags_[i].store(true, std::memory_order_relaxed);
   }
-  void take(std::size_t i) {
+  // Waits until trajectory `i` is back, then hands it out.
+  Trajectory& take(std::size_t i) {
     while (!flags_[i].load(std::memory_order_acquire)) std::this_thread::yield();
     flags_[i].store(false, std::memory_order_relaxed);
+    return pool_[i];
   }
-  void put_back(std::size_t i) { flags_[i].store(true, std::memory_order_release); }
+  // A consumed trajectory goes back to its place (its id says which).
+  void put_back(Trajectory&& t) {
+    const std::size_t i = (t.id.value() - 1) % n_;
+    pool_[i] = std::move(t);
+    flags_[i].store(true, std::memory_order_release);
+  }
   bool all_back() const {
     for (std::size_t i = 0; i < n_; ++i) {
       if (!flags_[i].load(std::memory_order_acquire)) return false;
@@ -130,19 +137,20 @@ class Returned {
   }
 
  private:
+  std::vector<Trajectory>& pool_;
   std::unique_ptr<std::atomic<bool>[]> flags_;
   std::size_t n_;
 };
 
 // A producer's loop: `passes` times over its slice, each trajectory once it is back.
 template <class Push>
-void produce_passes(const Config& cfg, int p, int rep, std::vector<Trajectory>& pool, Returned& back, Push push) {
+void produce_passes(const Config& cfg, int p, int rep, Returned& back, Push push) {
   const Slice sl = slice_of(p, cfg.producers, cfg.pool);
   for (int pass = 0; pass < cfg.passes; ++pass) {
     for (std::size_t i = sl.begin; i < sl.end; ++i) {
-      back.take(i);
-      stamp(pool[i], i, rep, pass, cfg);
-      push(std::move(pool[i]));
+      Trajectory& t = back.take(i);
+      stamp(t, i, rep, pass, cfg);
+      push(std::move(t));
     }
   }
 }
@@ -211,12 +219,12 @@ laminar::bench::Timing summarize(std::vector<double> t) {
 // One repeat through a TrajectoryQueue; every trajectory ends back in its place in `pool`.
 RunTime run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<Trajectory>& pool, int rep) {
   if (laminar::Status st = q.publish_version(laminar::Version(std::uint64_t(rep))); !st.ok()) die("publish", st);
-  Returned back(cfg.pool);
+  Returned back(pool);
   std::atomic<std::size_t> consumed{0};
   const RunTime s = run_threads(
       cfg, consumed,
       [&](int p) {
-        produce_passes(cfg, p, rep, pool, back, [&](Trajectory&& t) {
+        produce_passes(cfg, p, rep, back, [&](Trajectory&& t) {
           if (laminar::Status st = q.push(std::move(t)); !st.ok()) die("push", st);
         });
       },
@@ -232,11 +240,7 @@ RunTime run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<
           if (!b.ok()) continue;
           if (laminar::Status st = q.ack(b->id()); !st.ok()) die("ack", st);
           std::vector<Trajectory> got = b->release();
-          for (Trajectory& t : got) {
-            const std::size_t i = pool_index(t, cfg.pool);
-            pool[i] = std::move(t);
-            back.put_back(i);
-          }
+          for (Trajectory& t : got) back.put_back(std::move(t));
           done(got.size());
         }
       });
@@ -249,13 +253,13 @@ RunTime run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<
 
 RunTime run_moodycamel(const Config& cfg, std::vector<Trajectory>& pool, int rep) {
   moodycamel::ConcurrentQueue<Trajectory> q;
-  Returned back(cfg.pool);
+  Returned back(pool);
   std::atomic<std::size_t> consumed{0};
   const RunTime s = run_threads(
       cfg, consumed,
       [&](int p) {
         moodycamel::ProducerToken tok(q);
-        produce_passes(cfg, p, rep, pool, back, [&](Trajectory&& t) {
+        produce_passes(cfg, p, rep, back, [&](Trajectory&& t) {
           if (!q.enqueue(tok, std::move(t))) std::exit(1);
         });
       },
@@ -268,11 +272,7 @@ RunTime run_moodycamel(const Config& cfg, std::vector<Trajectory>& pool, int rep
             std::this_thread::yield();
             continue;
           }
-          for (std::size_t k = 0; k < n; ++k) {
-            const std::size_t i = pool_index(got[k], cfg.pool);
-            pool[i] = std::move(got[k]);
-            back.put_back(i);
-          }
+          for (std::size_t k = 0; k < n; ++k) back.put_back(std::move(got[k]));
           done(n);
         }
       });
