@@ -391,164 +391,198 @@ std::uint64_t mix64(std::uint64_t x) {
   return x;
 }
 
-// Consecutive ids kept together, in one shard and in consecutive slots (runs of 4 and of 128
-// measured slower).
+// Consecutive ids kept together in one shard (runs of 4 and of 128 measured slower).
 constexpr std::uint64_t kRunIds = 32;
+
+// The largest id_dedup_window: an IdWindow keeps event numbers in 31 bits.
+constexpr std::uint64_t kMaxWindow = std::uint64_t(1) << 29;
 
 // Ids (of trajectories, groups or batches) that are live or within a window of the last `window`
 // events of a kind (ids retired, groups closed, leases expired), each with its event's sequence
-// number (1-based), counted across all shards. An event writes its own id's slot (for a retired
+// number (1-based), counted across all shards. An event writes its own id's state (for a retired
 // trajectory, one its push touched recently); ids the window has passed stay until the table
-// would grow, then one sequential sweep drops them all, instead of a cold-slot erase per event.
+// would grow, then one sequential sweep drops them all, instead of a cold erase per event.
+//
+// Ids usually come from counters, so the table holds blocks of kBlockIds consecutive ids: the
+// block's number and a 32-bit state per id. A run of ids then shares a block, and its states share
+// cache lines: about 10 bytes per id of a run, where a 16-byte slot per id took 40, so the window
+// of a queue stays in the caches, and consecutive pushes (and their retirements) touch the same
+// line. Ids with no neighbours take a block each (80 bytes).
 class IdWindow {
  public:
-  static constexpr std::uint64_t kLive = ~std::uint64_t(0);
-  static constexpr std::uint64_t kNone = 0;  // event numbers start at 1
-  IdWindow() : slots_(64, Slot{kEmpty, 0}) { publish_slots(); }
+  IdWindow() : blocks_(16, Block{kEmpty, {}}) { publish_blocks(); }
 
-  // Starts loading the slot where a lookup of `id` begins; safe without the lock that guards
+  // Starts loading the block where a lookup of `id` begins; safe without the lock that guards
   // the table (a prefetch of a stale address, during a rebuild, is harmless), so the miss can be
   // taken before the lock rather than while holding it.
   void prefetch(std::uint64_t id) const {
-    const Slot* base = slots_base_.load(std::memory_order_relaxed);
-    __builtin_prefetch(base + home(id, slots_mask_.load(std::memory_order_relaxed)));
+    const Block* base = blocks_base_.load(std::memory_order_relaxed);
+    const Block* b = base + home(id / kBlockIds, blocks_mask_.load(std::memory_order_relaxed));
+    __builtin_prefetch(b);
+    __builtin_prefetch(&b->state[kBlockIds - 1]);
   }
 
-  // Makes `id` live unless it is live or retired within the window (then false). `retired`:
-  // the count of retirements so far, read only when needed (it is written by every ack).
-  bool admit(std::uint64_t id, const std::atomic<std::uint64_t>& retired, std::size_t window) {
-    std::uint64_t* v = slot_for(id, retired, window);
-    if (in_window(*v, retired.load(), window)) return false;
-    *v = kLive;
+  // Makes `id` live unless it is live or retired within the window (then false). `events`: the
+  // count of retirements so far, read only when needed (it is written by every ack).
+  bool admit(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
+    std::uint32_t* v = state_for(id, events, window);
+    if (in_window(*v, events.load(), window)) return false;
+    *v = kLiveState;
     return true;
   }
   // `id` (live, or new) becomes event `seq` of the window.
-  void record_event(std::uint64_t id, std::uint64_t seq, const std::atomic<std::uint64_t>& retired,
+  void record_event(std::uint64_t id, std::uint64_t seq, const std::atomic<std::uint64_t>& events,
                     std::size_t window) {
-    *slot_for(id, retired, window) = seq;
+    *state_for(id, events, window) = kEventBit | std::uint32_t(seq & kSeqMask);
   }
   bool remembered(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
-    const std::uint64_t* v = find(id);
-    return v != nullptr && in_window(*v, events.load(), window);
+    const std::uint64_t now = events.load();
+    sweep_if_old(now, window);
+    const std::uint32_t* v = find(id);
+    return v != nullptr && in_window(*v, now, window);
   }
-  // Forgets `id`. Its slot stays taken (emptying it could cut another id's probe sequence short)
-  // until the next rebuild drops it.
+  // Forgets `id`; its block stays until the next rebuild.
   void erase(std::uint64_t id) {
-    if (std::uint64_t* v = find(id)) *v = kNone;
+    if (std::uint32_t* v = find(id)) *v = kNoState;
   }
   // (id, seq) of the events still in the window, in table order.
-  void window_events(std::uint64_t retired_now, std::size_t window,
-                     std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) const {
-    auto take = [&](std::uint64_t id, std::uint64_t v) {
-      if (v != kLive && in_window(v, retired_now, window)) out.emplace_back(id, v);
-    };
-    for (const Slot& s : slots_) {
-      if (s.key != kEmpty) take(s.key, s.value);
+  void window_events(std::uint64_t events_now, std::size_t window,
+                     std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
+    sweep_if_old(events_now, window);
+    for (const Block& b : blocks_) {
+      if (b.run == kEmpty) continue;
+      for (std::uint64_t k = 0; k < kBlockIds; ++k) {
+        const std::uint32_t v = b.state[k];
+        if (v == kLiveState || !in_window(v, events_now, window)) continue;
+        out.emplace_back(b.run * kBlockIds + k, seq_of(v));
+      }
     }
-    if (has_empty_key_) take(kEmpty, empty_value_);
   }
 
  private:
-  struct Slot {
-    std::uint64_t key;
-    std::uint64_t value;
+  static constexpr std::uint64_t kBlockIds = 8;
+  struct Block {
+    std::uint64_t run;  // id / kBlockIds, or kEmpty
+    std::uint32_t state[kBlockIds];
   };
-  static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);
+  static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);  // no id / kBlockIds is this
+  // An id's state: none (never pushed, or forgotten), live, or its event's number modulo 2^31
+  // with the top bit set.
+  static constexpr std::uint32_t kNoState = 0;
+  static constexpr std::uint32_t kLiveState = 1;
+  static constexpr std::uint32_t kEventBit = 0x80000000u;
+  static constexpr std::uint32_t kSeqMask = 0x7fffffffu;
+  static constexpr std::uint64_t kHalfRange = std::uint64_t(1) << 30;
 
-  // Whether a slot's value keeps its id refused: live, or an event still in the window; not
-  // kNone (a slot just taken, or an id forgotten by erase()).
-  static bool in_window(std::uint64_t v, std::uint64_t retired_now, std::size_t window) {
-    // A retirement numbered after `retired_now` was read is still in flight: remembered.
-    return v != kNone && (v == kLive || v > retired_now || retired_now - v < window);
+  // The event number a state holds: the one within 2^30 of the last sweep's count with its low 31
+  // bits. Exact because a sweep keeps only events within the window (at most 2^29) and another
+  // sweep comes before the count moves 2^29 further (sweep_if_old).
+  std::uint64_t seq_of(std::uint32_t v) const {
+    const std::uint64_t lo = swept_at_ - kHalfRange;  // wraps below 2^30: the mask below still holds
+    return lo + ((std::uint64_t(v & kSeqMask) - lo) & kSeqMask);
   }
-  std::size_t mask() const { return slots_.size() - 1; }
-  // Ids usually come from counters. A run of kRunIds consecutive ids gets consecutive slots (a
-  // push then mostly touches the line the previous push just used, and their retirements walk
-  // memory in order), while the runs themselves are scattered.
-  static std::size_t home(std::uint64_t x, std::size_t mask) {
-    return std::size_t((mix64(x / kRunIds) * kRunIds) | (x % kRunIds)) & mask;
+  // Whether a state keeps its id refused: live, or an event still in the window, or one numbered
+  // after `events_now` was read (still in flight).
+  bool in_window(std::uint32_t v, std::uint64_t events_now, std::size_t window) const {
+    if (v == kNoState) return false;
+    if (v == kLiveState) return true;
+    const std::uint64_t seq = seq_of(v);
+    return seq > events_now || events_now - seq < window;
   }
-  // The i-th slot a probe from `h` visits. First the same place in the next blocks of kRunIds
-  // slots: a run whose block is taken moves whole to the next free one, where stepping one slot
-  // at a time would walk every later id of the run past the ids already there. Then one slot at
-  // a time, which reaches every slot.
-  static constexpr std::size_t kBlockProbes = 8;
-  std::size_t probe(std::size_t h, std::size_t i) const {
-    return (i < kBlockProbes ? h + i * kRunIds : h + (i - kBlockProbes) + 1) & mask();
+  void sweep_if_old(std::uint64_t events_now, std::size_t window) {
+    if (events_now - swept_at_ >= kMaxWindow) rebuild(events_now, window);
   }
-  std::uint64_t* find(std::uint64_t id) {
-    if (id == kEmpty) return has_empty_key_ ? &empty_value_ : nullptr;
-    const std::size_t h = home(id, mask());
-    for (std::size_t i = 0;; ++i) {
-      Slot& s = slots_[probe(h, i)];
-      if (s.key == id) return &s.value;
-      if (s.key == kEmpty) return nullptr;
+  std::size_t mask() const { return blocks_.size() - 1; }
+  static std::size_t home(std::uint64_t run, std::size_t mask) { return std::size_t(mix64(run)) & mask; }
+  std::uint32_t* find(std::uint64_t id) {
+    const std::uint64_t run = id / kBlockIds;
+    for (std::size_t i = home(run, mask());; i = (i + 1) & mask()) {
+      Block& b = blocks_[i];
+      if (b.run == run) return &b.state[id % kBlockIds];
+      if (b.run == kEmpty) return nullptr;
     }
   }
-  const std::uint64_t* find(std::uint64_t id) const { return const_cast<IdWindow*>(this)->find(id); }
-  // The value of `id`'s slot, kNone in a slot just taken for it: one probe finds either.
-  std::uint64_t* slot_for(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
-    if (id == kEmpty) {
-      if (!has_empty_key_) empty_value_ = kNone;
-      has_empty_key_ = true;
-      return &empty_value_;
-    }
+  // The state of `id`, kNoState in a block just taken for it: one probe finds either.
+  std::uint32_t* state_for(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
+    const std::uint64_t run = id / kBlockIds;
+    sweep_if_old(events.load(std::memory_order_relaxed), window);
     for (int pass = 0;; ++pass) {
-      const std::size_t h = home(id, mask());
-      Slot* s = &slots_[h];
-      for (std::size_t i = 1; s->key != kEmpty; ++i) {
-        if (s->key == id) return &s->value;
-        s = &slots_[probe(h, i)];
+      std::size_t i = home(run, mask());
+      for (; blocks_[i].run != kEmpty; i = (i + 1) & mask()) {
+        if (blocks_[i].run == run) return &blocks_[i].state[id % kBlockIds];
       }
-      if (pass == 0 && 2 * (size_ + 1) > slots_.size()) {
+      if (pass == 0 && 2 * (size_ + 1) > blocks_.size()) {
         rebuild(events.load(), window);
         continue;
       }
-      *s = Slot{id, kNone};
+      blocks_[i] = Block{run, {}};
       ++size_;
-      return &s->value;
+      return &blocks_[i].state[id % kBlockIds];
     }
   }
-  void place(Slot s) {
-    if (s.key == kEmpty) {
-      has_empty_key_ = true;
-      empty_value_ = s.value;
-      return;
-    }
-    const std::size_t h = home(s.key, mask());
-    std::size_t i = 0;
-    while (slots_[probe(h, i)].key != kEmpty) ++i;
-    slots_[probe(h, i)] = s;
+  void place(const Block& b) {
+    std::size_t i = home(b.run, mask());
+    while (blocks_[i].run != kEmpty) i = (i + 1) & mask();
+    blocks_[i] = b;
     ++size_;
   }
-  // Drops the ids the window has passed and the forgotten ones; doubles the table if it stays over 3/8 full (the table
-  // is swept again after filling to half; a bigger one would only spread the window over more
-  // cache lines).
-  void rebuild(std::uint64_t retired_now, std::size_t window) {
-    std::size_t kept = 0;
-    auto keep = [&](const Slot& s) { return s.key != kEmpty && in_window(s.value, retired_now, window); };
-    for (const Slot& s : slots_) kept += keep(s);
-    std::vector<Slot> old(8 * (kept + 1) > 3 * slots_.size() ? 2 * slots_.size() : slots_.size(), Slot{kEmpty, 0});
-    old.swap(slots_);
-    size_ = 0;
-    for (const Slot& s : old) {
-      if (keep(s)) place(s);
+  // Drops the ids the window has passed and the forgotten ones, then the blocks left with none;
+  // doubles the table if it stays over 3/8 full (it is swept again after filling to half; a
+  // bigger one would only spread the window over more cache lines).
+  // The table is refilled in place unless it grows: fresh memory would cost a miss per line.
+  void rebuild(std::uint64_t events_now, std::size_t window) {
+    kept_.clear();
+    for (Block& b : blocks_) {
+      if (b.run == kEmpty) continue;
+      bool any = false;
+      for (std::uint32_t& v : b.state) {
+        if (!in_window(v, events_now, window)) v = kNoState;
+        any |= v != kNoState;
+      }
+      if (any) kept_.push_back(b);
     }
-    publish_slots();
+    if (8 * (kept_.size() + 1) > 3 * blocks_.size()) {
+      blocks_.assign(2 * blocks_.size(), Block{kEmpty, {}});
+    } else {
+      std::fill(blocks_.begin(), blocks_.end(), Block{kEmpty, {}});
+    }
+    size_ = 0;
+    for (const Block& b : kept_) place(b);
+    swept_at_ = events_now;
+    publish_blocks();
   }
-  void publish_slots() {
-    slots_base_.store(slots_.data(), std::memory_order_relaxed);
-    slots_mask_.store(mask(), std::memory_order_relaxed);
+  void publish_blocks() {
+    blocks_base_.store(blocks_.data(), std::memory_order_relaxed);
+    blocks_mask_.store(mask(), std::memory_order_relaxed);
   }
 
-  std::vector<Slot> slots_;
+  std::vector<Block> blocks_;
   // Read by prefetch() without the lock.
-  std::atomic<const Slot*> slots_base_{nullptr};
-  std::atomic<std::size_t> slots_mask_{0};
-  std::size_t size_ = 0;
-  bool has_empty_key_ = false;
-  std::uint64_t empty_value_ = 0;
+  std::atomic<const Block*> blocks_base_{nullptr};
+  std::atomic<std::size_t> blocks_mask_{0};
+  std::vector<Block> kept_;     // rebuild()'s scratch
+  std::size_t size_ = 0;        // blocks taken
+  std::uint64_t swept_at_ = 0;  // the event count at the last rebuild
 };
+
+// The vectors of units go round instead of being freed: a producer allocates one per unit and a
+// consumer empties it, and freeing it there takes glibc's lock of the producer's arena, which the
+// producers' own allocations hold at the same time; that lock then sleeps (it made most of the
+// queue's futex calls). Emptied ones wait in Impl::spare_items; producers take a few at a time,
+// while they hold mu anyway, into their thread's stack.
+thread_local std::vector<std::vector<Trajectory>> t_spare_items;
+constexpr std::size_t kThreadSpareItems = 16;
+constexpr std::size_t kSpareItems = 4096;
+
+std::vector<Trajectory> new_items(std::size_t n) {
+  std::vector<Trajectory> v;
+  if (!t_spare_items.empty()) {
+    v = std::move(t_spare_items.back());
+    t_spare_items.pop_back();
+  }
+  v.reserve(n);
+  return v;
+}
 
 // What pop_batch hands out whole: a group (complete, or partial after its timeout) in sample
 // order, or one ungrouped trajectory. Moved as one vector from group to ready queue, so a
@@ -600,7 +634,7 @@ struct PendingGroup {
     prompt_id = t.prompt_id;
     first_arrival = now;
     seen = SampleSet(t.group_size);
-    unit.items.reserve(t.group_size);
+    unit.items = new_items(t.group_size);
   }
 };
 
@@ -642,7 +676,8 @@ struct GroupShard {
 
 std::size_t wal_record_bytes(const Trajectory& t) { return 24 + encoded_size(t); }
 
-// Moves whole units into a batch, with what each trajectory's info says.
+// Moves whole units into a batch, with what each trajectory's info says; their vectors are left
+// empty, for keep_spare_items().
 void fill_batch(internal::BatchData& d, std::vector<Unit>& units, std::uint64_t consumer_version, bool mark_stale,
                 std::uint64_t max_staleness) {
   std::size_t n = 0;
@@ -659,8 +694,8 @@ void fill_batch(internal::BatchData& d, std::vector<Unit>& units, std::uint64_t 
       d.unit_len.push_back(i == 0 ? std::uint32_t(len) : 0u);
       d.items.push_back(std::move(t));
     }
+    u.items.clear();
   }
-  units.clear();
 }
 
 constexpr std::size_t kExpiredBatchMemory = 1 << 16;
@@ -763,6 +798,7 @@ struct TrajectoryQueue::Impl {
   // waiter, and another would only take the condition variable's lock away from them again.
   bool waiters_woken = false;
   Ring<Unit> ready;
+  std::vector<std::vector<Trajectory>> spare_items;  // see new_items()
   std::size_t ready_count = 0;
   // ready_count as of the last change, read without the lock by consumers spinning before they
   // sleep (sleeping and waking costs more than a whole push).
@@ -823,17 +859,17 @@ struct TrajectoryQueue::Impl {
   }
   static std::size_t count_of(std::uint64_t word) { return std::size_t(word >> kTokenBits); }
   static std::size_t tokens_of(std::uint64_t word) { return std::size_t(word & kMaxCapacityTokens); }
-  bool fits(std::uint64_t word, std::size_t tokens) const {
-    return count_of(word) + 1 <= opt.capacity_trajectories && tokens_of(word) + tokens <= opt.capacity_tokens;
+  bool fits(std::uint64_t word, std::size_t count, std::size_t tokens) const {
+    return count_of(word) + count <= opt.capacity_trajectories && tokens_of(word) + tokens <= opt.capacity_tokens;
   }
-  bool fits(std::size_t tokens) const { return fits(held.load(), tokens); }
+  bool fits(std::size_t tokens) const { return fits(held.load(), 1, tokens); }
 
-  // Takes room for one trajectory of `tokens` tokens, or nothing.
-  bool try_reserve(std::size_t tokens) {
+  // Takes room for `count` trajectories of `tokens` tokens in all, or nothing.
+  bool try_reserve(std::size_t count, std::size_t tokens) {
     std::uint64_t h = held.load(std::memory_order_relaxed);
     do {
-      if (!fits(h, tokens)) return false;
-    } while (!held.compare_exchange_weak(h, h + held_word(1, tokens)));
+      if (!fits(h, count, tokens)) return false;
+    } while (!held.compare_exchange_weak(h, h + held_word(count, tokens)));
     return true;
   }
 
@@ -924,6 +960,46 @@ struct TrajectoryQueue::Impl {
     --s.pushed;
   }
 
+  // push()'s checks against the queue's settings and newest version; counts a refusal.
+  Status check_fits(const Trajectory& t) {
+    const std::uint64_t id = t.id.value();
+    auto reject_invalid = [&](std::string m) {
+      rejected_invalid.fetch_add(1, std::memory_order_relaxed);
+      return invalid_argument(std::move(m));
+    };
+    if (const std::uint64_t v = newest.load(std::memory_order_acquire); t.version.value() > v) {
+      return reject_invalid(fmt::format("trajectory {}: version {} is ahead of the newest published version {}", id,
+                                        t.version.value(), v));
+    }
+    if (t.num_tokens() > opt.capacity_tokens) {
+      return reject_invalid(fmt::format("trajectory {}: {} tokens exceed the queue's capacity of {} tokens", id,
+                                        t.num_tokens(), opt.capacity_tokens));
+    }
+    if (t.group_size > opt.capacity_trajectories) {
+      return reject_invalid(fmt::format("trajectory {}: group_size {} exceeds capacity_trajectories {}", id,
+                                        t.group_size, opt.capacity_trajectories));
+    }
+    return ok_status();
+  }
+
+  // Makes `id` live in its shard `is`, whose lock `il` holds (and holds again on return). False,
+  // counted, if it is live or retired within the window.
+  bool admit_id(IdShard& is, std::unique_lock<std::mutex>& il, std::uint64_t id) {
+    if (!is.ids.admit(id, retired_events, opt.id_dedup_window)) {
+      // Its retirement may still be in the log, while the window has passed it: look again with
+      // every logged retirement in the windows.
+      il.unlock();
+      flush_retirements();
+      il = lock_spinning(is.mu);
+      if (!is.ids.admit(id, retired_events, opt.id_dedup_window)) {
+        rejected_invalid.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+    }
+    ++is.pushed;
+    return true;
+  }
+
   // --- groups, with the group shard's lock held ---
 
   void close_group_id(GroupShard& gs, std::uint64_t gid) {
@@ -932,6 +1008,61 @@ struct TrajectoryQueue::Impl {
 
   bool group_closed(GroupShard& gs, std::uint64_t gid) {
     return gs.closed.remembered(gid, closed_events, opt.id_dedup_window);
+  }
+
+  // What refuses `t` as a member of its group `g` (null: not pending); counted.
+  Status refuse_member(GroupShard& gs, const Trajectory& t, const PendingGroup* g) {
+    const std::uint64_t id = t.id.value();
+    if (g == nullptr) {
+      // Only a group not pending can be closed: a closed group leaves the pending ones for good.
+      if (group_closed(gs, t.group_id)) {
+        ++gs.dropped_late_for_group;
+        return failed_precondition(fmt::format(
+            "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id));
+      }
+      return ok_status();
+    }
+    if (g->group_size != t.group_size || g->prompt_id != t.prompt_id) {
+      rejected_invalid.fetch_add(1, std::memory_order_relaxed);
+      return invalid_argument(fmt::format(
+          "trajectory {}: group {} has group_size {} and prompt {}, this member says {} and {}", id, t.group_id,
+          g->group_size, g->prompt_id, t.group_size, t.prompt_id));
+    }
+    if (g->seen.test(t.sample_index)) {
+      rejected_invalid.fetch_add(1, std::memory_order_relaxed);
+      return invalid_argument(fmt::format("trajectory {}: group {} already has sample_index {}", id, t.group_id,
+                                          t.sample_index));
+    }
+    return ok_status();
+  }
+
+  // Adds `t`, which refuse_member let through, to its group (`group`: the pending one, or end()
+  // to open it) at `now`. True when that completed the group: it is closed, and moved to `done`.
+  bool add_member(GroupShard& gs, std::unordered_map<std::uint64_t, PendingGroup>::iterator group,
+                  Trajectory&& t, Clock::Duration now, Unit& done) {
+    const std::uint64_t gid = t.group_id;
+    const bool fresh = group == gs.groups.end();
+    if (fresh) group = gs.groups.try_emplace(gid).first;
+    PendingGroup& g = group->second;
+    if (fresh) {
+      g.open(t, now);
+      if (opt.group_timeout != Clock::kForever) {
+        gs.deadlines.emplace_back(g.first_arrival + opt.group_timeout, gid);
+        if (gs.deadlines.size() == 1) gs.set_deadline_hint();
+      }
+    }
+    g.seen.set(t.sample_index);
+    g.unit.add(std::move(t));
+    ++gs.pending_trajectories;
+    if (g.unit.items.size() < g.group_size) return false;
+    add_wait(gs.group_wait, now - g.first_arrival);
+    close_group_id(gs, gid);
+    // The trajectory is in the queue either way; a failed group record only means a late
+    // duplicate member could be accepted after a restart, so it is reported, not undone.
+    note_bg(wal_u64(internal::WalRecordType::kGroupClosed, gid));
+    done = take_group(gs, g, /*partial=*/false);
+    gs.groups.erase(group);
+    return true;
   }
 
   // Takes a group's members out as one unit, in sample order.
@@ -1011,6 +1142,37 @@ struct TrajectoryQueue::Impl {
     ready_tokens += u.tokens;
     ready.push_back(std::move(u));
     ready_hint.store(ready_count, std::memory_order_relaxed);
+    take_spare_items();
+    return should_wake();
+  }
+
+  // With mu held: the emptied vectors of `units` wait for producers; empties `units`.
+  void keep_spare_items(std::vector<Unit>& units) {
+    for (Unit& u : units) {
+      if (spare_items.size() == kSpareItems) break;
+      spare_items.push_back(std::move(u.items));
+    }
+    units.clear();
+  }
+  // With mu held: tops up this thread's spare vectors.
+  void take_spare_items() {
+    while (t_spare_items.size() < kThreadSpareItems && !spare_items.empty()) {
+      t_spare_items.push_back(std::move(spare_items.back()));
+      spare_items.pop_back();
+    }
+  }
+
+  // publish() for every unit of `units`, taking mu once; empties `units`.
+  bool publish_all(std::vector<Unit>& units) {
+    std::unique_lock<std::mutex> l = lock_spinning(mu);
+    for (Unit& u : units) {
+      ready_count += u.items.size();
+      ready_tokens += u.tokens;
+      ready.push_back(std::move(u));
+    }
+    units.clear();
+    ready_hint.store(ready_count, std::memory_order_relaxed);
+    take_spare_items();
     return should_wake();
   }
 
@@ -1317,7 +1479,10 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::open(QueueOptions opti
     return invalid_argument(
         fmt::format("QueueOptions: group_timeout {} ns is not positive", options.group_timeout.count()));
   }
-  if (options.id_dedup_window == 0) return invalid_argument("QueueOptions: id_dedup_window is 0");
+  if (options.id_dedup_window == 0 || options.id_dedup_window > kMaxWindow) {
+    return invalid_argument(fmt::format("QueueOptions: id_dedup_window {} is not in [1, {}]",
+                                        options.id_dedup_window, kMaxWindow));
+  }
   auto impl = std::make_unique<Impl>(std::move(options));
   impl->newest.store(impl->opt.initial_version.value());
   if (!impl->opt.wal_path.empty()) {
@@ -1368,10 +1533,6 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     return invalid_argument(fmt::format("push: negative timeout {} ns", options.timeout.count()));
   }
   const std::size_t tokens = t.num_tokens();
-  auto reject_invalid = [&](std::string m) {
-    q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
-    return invalid_argument(std::move(m));
-  };
   // Encoded and checksummed before wmu is taken: they are the costly part of logging, after the
   // write itself.
   thread_local std::string encoded;
@@ -1388,68 +1549,25 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     q.rejected_full.fetch_add(1, std::memory_order_relaxed);
     return cancelled(fmt::format("push of trajectory {}: the queue is closed", id));
   }
-  if (const std::uint64_t newest = q.newest.load(std::memory_order_acquire); t.version.value() > newest) {
-    return reject_invalid(fmt::format("trajectory {}: version {} is ahead of the newest published version {}", id,
-                                      t.version.value(), newest));
-  }
-  if (tokens > q.opt.capacity_tokens) {
-    return reject_invalid(fmt::format("trajectory {}: {} tokens exceed the queue's capacity of {} tokens", id,
-                                      tokens, q.opt.capacity_tokens));
-  }
-  if (t.group_size > q.opt.capacity_trajectories) {
-    return reject_invalid(fmt::format("trajectory {}: group_size {} exceeds capacity_trajectories {}", id,
-                                      t.group_size, q.opt.capacity_trajectories));
-  }
+  LAMINAR_RETURN_IF_ERROR(q.check_fits(t));
   Clock::Duration now = q.clock->now();
   // Room is taken first when there is some, which also gives the id's slot, prefetched above,
   // time to arrive.
-  const bool have_room = q.try_reserve(tokens);
+  const bool have_room = q.try_reserve(1, tokens);
   // Then the id: from here a second push of it is refused, whatever becomes of this one.
   {
     std::unique_lock<std::mutex> il = lock_spinning(is.mu);
-    bool fresh = is.ids.admit(id, q.retired_events, q.opt.id_dedup_window);
-    if (!fresh) {
-      // Its retirement may still be in the log, while the window has passed it: look again
-      // with every logged retirement in the windows.
-      il.unlock();
-      q.flush_retirements();
-      il = lock_spinning(is.mu);
-      fresh = is.ids.admit(id, q.retired_events, q.opt.id_dedup_window);
-    }
-    if (!fresh) {
+    if (!q.admit_id(is, il, id)) {
       il.unlock();
       if (have_room) q.release_space(1, tokens);
-      return reject_invalid(fmt::format("trajectory {}: id already pushed", id));
+      return invalid_argument(fmt::format("trajectory {}: id already pushed", id));
     }
-    ++is.pushed;
   }
   GroupShard* gs = t.group_size > 1 ? &q.group_shard(t.group_id) : nullptr;
-  // What refuses a member, with its group shard held; its counter is bumped.
-  auto refuse_member = [&](const PendingGroup* g) -> Status {
-    if (g == nullptr) {
-      // Only a group not pending can be closed: a closed group leaves the pending ones for good.
-      if (q.group_closed(*gs, t.group_id)) {
-        ++gs->dropped_late_for_group;
-        return failed_precondition(fmt::format(
-            "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id));
-      }
-      return ok_status();
-    }
-    if (g->group_size != t.group_size || g->prompt_id != t.prompt_id) {
-      q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
-      return invalid_argument(fmt::format(
-          "trajectory {}: group {} has group_size {} and prompt {}, this member says {} and {}", id, t.group_id,
-          g->group_size, g->prompt_id, t.group_size, t.prompt_id));
-    }
-    if (g->seen.test(t.sample_index)) {
-      q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
-      return invalid_argument(fmt::format("trajectory {}: group {} already has sample_index {}", id, t.group_id,
-                                          t.sample_index));
-    }
-    return ok_status();
+  auto find_group = [&]() {
+    return gs->groups.find(t.group_id);
   };
-  auto find_group = [&]() -> const PendingGroup* {
-    auto it = gs->groups.find(t.group_id);
+  auto pending = [&](std::unordered_map<std::uint64_t, PendingGroup>::iterator it) {
     return it == gs->groups.end() ? nullptr : &it->second;
   };
 
@@ -1468,13 +1586,13 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       if (gs != nullptr) {
         // A member its group would refuse is refused now, not after waiting for space.
         std::unique_lock<std::mutex> gl = lock_spinning(gs->mu);
-        if (Status s = refuse_member(find_group()); !s.ok()) {
+        if (Status s = q.refuse_member(*gs, t, pending(find_group())); !s.ok()) {
           gl.unlock();
           q.unreserve(id);
           return s;
         }
       }
-      if (q.try_reserve(tokens)) break;
+      if (q.try_reserve(1, tokens)) break;
       if (options.mode == PushMode::kFailFast) {
         return fail_full(unavailable(fmt::format(
             "push of trajectory {}: queue full ({} of {} trajectories, {} of {} tokens)", id, Impl::count_of(q.held.load()),
@@ -1513,8 +1631,8 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     if (gs != nullptr) {
       gl = lock_spinning(gs->mu);
       q.process_group_timers(*gs, now, data);
-      group = gs->groups.find(t.group_id);
-      if (Status s = refuse_member(group == gs->groups.end() ? nullptr : &group->second); !s.ok()) {
+      group = find_group();
+      if (Status s = q.refuse_member(*gs, t, pending(group)); !s.ok()) {
         gl.unlock();
         if (data) q.data_cv.notify_all();
         return undo(std::move(s));
@@ -1529,34 +1647,11 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       q.wal_live_bytes += wal_record_bytes(t);
     }
     if (gs == nullptr) {
-      done.items.reserve(1);
+      done.items = new_items(1);
       done.add(std::move(t));
       complete = true;
     } else {
-      const std::uint64_t gid = t.group_id;
-      const bool fresh = group == gs->groups.end();
-      if (fresh) group = gs->groups.try_emplace(gid).first;
-      PendingGroup& g = group->second;
-      if (fresh) {
-        g.open(t, now);
-        if (q.opt.group_timeout != Clock::kForever) {
-          gs->deadlines.emplace_back(g.first_arrival + q.opt.group_timeout, gid);
-          if (gs->deadlines.size() == 1) gs->set_deadline_hint();
-        }
-      }
-      g.seen.set(t.sample_index);
-      g.unit.add(std::move(t));
-      ++gs->pending_trajectories;
-      if (g.unit.items.size() == g.group_size) {
-        add_wait(gs->group_wait, now - g.first_arrival);
-        q.close_group_id(*gs, gid);
-        // The trajectory is in the queue either way; a failed group record only means a late
-        // duplicate member could be accepted after a restart, so it is reported, not undone.
-        q.note_bg(q.wal_u64(internal::WalRecordType::kGroupClosed, gid));
-        done = q.take_group(*gs, g, /*partial=*/false);
-        gs->groups.erase(group);
-        complete = true;
-      }
+      complete = q.add_member(*gs, group, std::move(t), now, done);
     }
     // Without a WAL the unit goes to the consumers after the group shard is let go; with one,
     // before wmu is: a compaction (under wmu) must find every live trajectory.
@@ -1566,6 +1661,118 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   if (wl.owns_lock()) wl.unlock();
   if (data) q.data_cv.notify_all();
   return ok_status();
+}
+
+std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOptions options) {
+  Impl& q = *impl_;
+  std::vector<Status> out(ts.size());
+  auto one_by_one = [&](std::span<const std::uint32_t> which) {
+    for (std::uint32_t i : which) out[i] = push(std::move(ts[i]), options);
+  };
+  thread_local std::vector<std::uint32_t> in;  // indices of the trajectories still going in
+  in.clear();
+  for (std::uint32_t i = 0; i < ts.size(); ++i) in.push_back(i);
+  // With a log every trajectory is its own record under wmu anyway.
+  if (q.wal || ts.size() < 2) {
+    one_by_one(in);
+    return out;
+  }
+  if (options.mode == PushMode::kTimeout && options.timeout < Clock::Duration::zero()) {
+    for (Status& s : out) s = invalid_argument(fmt::format("push: negative timeout {} ns", options.timeout.count()));
+    return out;
+  }
+  std::size_t tokens = 0;
+  std::size_t n = 0;
+  for (std::uint32_t i : in) {
+    const Trajectory& t = ts[i];
+    q.id_shard(t.id.value()).ids.prefetch(t.id.value());
+    if (Status valid = validate_trajectory(t, q.opt.validate_contents); !valid.ok()) {
+      q.rejected_invalid.fetch_add(1, std::memory_order_relaxed);
+      out[i] = std::move(valid);
+      continue;
+    }
+    if (q.closed.load()) {
+      q.rejected_full.fetch_add(1, std::memory_order_relaxed);
+      out[i] = cancelled(fmt::format("push of trajectory {}: the queue is closed", t.id.value()));
+      continue;
+    }
+    if (Status s = q.check_fits(t); !s.ok()) {
+      out[i] = std::move(s);
+      continue;
+    }
+    tokens += t.num_tokens();
+    in[n++] = i;
+  }
+  in.resize(n);
+  if (in.empty()) return out;
+  // Room for all at once, or each waits for (or fails to find) its own as push() does.
+  if (!q.try_reserve(in.size(), tokens)) {
+    one_by_one(in);
+    return out;
+  }
+  // Ids, each shard locked once for a run of trajectories in it (ids from a counter share one).
+  n = 0;
+  std::size_t refused = 0, refused_tokens = 0;
+  {
+    IdShard* locked = nullptr;
+    std::unique_lock<std::mutex> il;
+    for (std::uint32_t i : in) {
+      const std::uint64_t id = ts[i].id.value();
+      IdShard& is = q.id_shard(id);
+      if (&is != locked) {
+        if (il.owns_lock()) il.unlock();
+        il = lock_spinning(is.mu);
+        locked = &is;
+      }
+      if (!q.admit_id(is, il, id)) {
+        out[i] = invalid_argument(fmt::format("trajectory {}: id already pushed", id));
+        ++refused;
+        refused_tokens += ts[i].num_tokens();
+        continue;
+      }
+      in[n++] = i;
+    }
+  }
+  in.resize(n);
+  // Then the groups, each shard locked once for a run of members in it.
+  const Clock::Duration now = q.clock->now();
+  thread_local std::vector<Unit> done;
+  done.clear();
+  bool data = false;
+  {
+    GroupShard* locked = nullptr;
+    std::unique_lock<std::mutex> gl;
+    for (std::uint32_t i : in) {
+      Trajectory& t = ts[i];
+      if (t.group_size == 1) {
+        Unit& u = done.emplace_back();
+        u.items = new_items(1);
+        u.add(std::move(t));
+        continue;
+      }
+      GroupShard& gs = q.group_shard(t.group_id);
+      if (&gs != locked) {
+        if (gl.owns_lock()) gl.unlock();
+        gl = lock_spinning(gs.mu);
+        locked = &gs;
+        q.process_group_timers(gs, now, data);
+      }
+      auto group = gs.groups.find(t.group_id);
+      if (Status s = q.refuse_member(gs, t, group == gs.groups.end() ? nullptr : &group->second); !s.ok()) {
+        out[i] = std::move(s);
+        ++refused;
+        refused_tokens += t.num_tokens();
+        q.unreserve(t.id.value());
+        continue;
+      }
+      Unit u;
+      if (q.add_member(gs, group, std::move(t), now, u)) done.push_back(std::move(u));
+    }
+  }
+  if (refused > 0) q.release_space(refused, refused_tokens);
+  if (!done.empty()) data |= q.publish_all(done);
+  if (data) q.data_cv.notify_all();
+  return out;
 }
 
 Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
@@ -1655,6 +1862,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
         if (!q.wal) l.unlock();
         fill_batch(*d, taken, consumer_version, mark_stale, spec.max_staleness);
         if (!q.wal) l.lock();
+        q.keep_spare_items(taken);
         q.lease_out(d);
         l.unlock();
         if (data) q.data_cv.notify_all();

@@ -224,6 +224,11 @@ TEST_CASE("ids are unique while queued and for a window after ack", "[queue][bad
     REQUIRE(q->ack(bb->id()).ok());
   }
   CHECK(q->push(make_traj(1)).ok());
+  // The largest ids are ids like any other.
+  for (std::uint64_t id : {~std::uint64_t(0), ~std::uint64_t(0) - 1}) {
+    CHECK(q->push(make_traj(id)).ok());
+    expect_code(q->push(make_traj(id)), StatusCode::kInvalidArgument, "id already pushed");
+  }
 }
 
 TEST_CASE("options and batch specs are validated", "[queue][bad-input]") {
@@ -242,6 +247,9 @@ TEST_CASE("options and batch specs are validated", "[queue][bad-input]") {
   bad = {};
   bad.group_timeout = 0s;
   expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "group_timeout");
+  bad = {};
+  bad.id_dedup_window = (std::size_t(1) << 29) + 1;
+  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "id_dedup_window 536870913");
   bad = {};
   bad.wal_path = "/nonexistent-dir/x/wal";
   expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "cannot open");
@@ -289,6 +297,96 @@ TEST_CASE("trajectory encoding round-trips and rejects truncated or corrupt byte
   const float nan = NAN;
   std::memcpy(bad_lp.data() + lp0, &nan, 4);
   expect_code(laminar::decode_trajectory(bad_lp).status(), StatusCode::kInvalidArgument, "logprobs[0]");
+}
+
+TEST_CASE("push_many answers each trajectory as push would, and takes only the accepted ones", "[queue]") {
+  auto q = open_queue();
+  REQUIRE(q->push(make_member(90, 9, 2, 0)).ok());
+  REQUIRE(q->push(make_member(91, 9, 2, 1)).ok());  // group 9 is closed
+  REQUIRE(q->push(make_traj(50)).ok());
+  std::vector<Trajectory> ts;
+  ts.push_back(make_traj(1));
+  ts.push_back(make_traj(2));
+  ts.back().rewards.clear();                       // invalid
+  ts.push_back(make_traj(50));                     // id already in the queue
+  ts.push_back(make_member(10, 3, 3, 0));
+  ts.push_back(make_traj(1));                      // repeats an id of this call
+  ts.push_back(make_member(11, 3, 3, 2));
+  ts.push_back(make_member(12, 3, 3, 2));          // repeats a sample_index
+  ts.push_back(make_member(13, 9, 2, 0));          // its group is closed
+  ts.push_back(make_traj(14, /*version=*/5));      // ahead of the newest version
+  ts.push_back(make_member(15, 3, 3, 1));          // completes group 3
+  const std::vector<Trajectory> before = ts;
+  std::vector<laminar::Status> st = q->push_many(ts);
+  REQUIRE(st.size() == ts.size());
+  CHECK(st[0].ok());
+  expect_code(st[1], StatusCode::kInvalidArgument, "trajectory 2: no reward");
+  expect_code(st[2], StatusCode::kInvalidArgument, "trajectory 50: id already pushed");
+  CHECK(st[3].ok());
+  expect_code(st[4], StatusCode::kInvalidArgument, "trajectory 1: id already pushed");
+  CHECK(st[5].ok());
+  expect_code(st[6], StatusCode::kInvalidArgument, "group 3 already has sample_index 2");
+  expect_code(st[7], StatusCode::kFailedPrecondition, "group 9 is already closed");
+  expect_code(st[8], StatusCode::kInvalidArgument, "version 5 is ahead");
+  CHECK(st[9].ok());
+  // A refused trajectory is untouched; an accepted one was moved from.
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    if (st[i].ok()) {
+      CHECK(ts[i].response_tokens.empty());
+    } else {
+      CHECK(ts[i] == before[i]);
+    }
+  }
+  // Ids a refusal gave back are free again; the accepted ones are not.
+  CHECK(q->push(make_member(12, 4, 2, 0)).ok());
+  expect_code(q->push(make_traj(10)), StatusCode::kInvalidArgument, "id already pushed");
+  auto b = q->pop_batch(count_spec(100));
+  REQUIRE(b.ok());
+  CHECK(ids_of(*b) == std::vector<std::uint64_t>{90, 91, 50, 1, 10, 15, 11});
+  auto s = q->stats();
+  CHECK(s.pushed == 8);  // 3 before, 4 here, then 12
+  CHECK(s.pending_groups == 1);
+  CHECK(s.rejected_invalid == 6);
+  CHECK(s.dropped_late_for_group == 1);
+  CHECK(s.held_tokens == 8 * 6);
+}
+
+TEST_CASE("push_many waits, fails fast or is cancelled like push when the queue is full", "[queue]") {
+  QueueOptions opt;
+  opt.capacity_trajectories = 3;
+  auto q = open_queue(opt);
+  std::vector<Trajectory> ts;
+  for (std::uint64_t id = 1; id <= 5; ++id) ts.push_back(make_traj(id));
+  std::vector<laminar::Status> st = q->push_many(ts, PushOptions::fail_fast());
+  CHECK(st[0].ok());
+  CHECK(st[1].ok());
+  CHECK(st[2].ok());
+  expect_code(st[3], StatusCode::kUnavailable, "queue full (3 of 3 trajectories");
+  expect_code(st[4], StatusCode::kUnavailable, "push of trajectory 5: queue full");
+  CHECK(q->stats().rejected_full == 2);
+  // The two refused ones, pushed again while a consumer frees room.
+  std::vector<Trajectory> rest(std::make_move_iterator(ts.begin() + 3), std::make_move_iterator(ts.end()));
+  std::thread consumer([&] {
+    for (int acked = 0; acked < 2;) {
+      BatchSpec s = count_spec(1);
+      s.wait = 10s;
+      auto b = q->pop_batch(s);
+      REQUIRE(b.ok());
+      REQUIRE(q->ack(b->id()).ok());
+      ++acked;
+    }
+  });
+  st = q->push_many(rest, PushOptions::with_timeout(10s));
+  consumer.join();
+  CHECK(st[0].ok());
+  CHECK(st[1].ok());
+  CHECK(q->stats().ready == 3);
+  q->close();
+  std::vector<Trajectory> late;
+  late.push_back(make_traj(6));
+  late.push_back(make_traj(7));
+  for (const laminar::Status& s : q->push_many(late)) expect_code(s, StatusCode::kCancelled, "closed");
+  CHECK(q->push_many({}).empty());
 }
 
 TEST_CASE("pop_batch by count and by token budget, never splitting a unit", "[queue]") {
@@ -615,6 +713,7 @@ TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue]
   for (int p = 0; p < kProducers; ++p) {
     threads.emplace_back([&, p] {
       std::mt19937 rng(seed + unsigned(p));
+      std::vector<Trajectory> chunk;
       for (int i = 0; i < kPerProducer; ++i) {
         const std::uint64_t id = std::uint64_t(p) * kPerProducer + std::uint64_t(i) + 1;
         // Every 4 consecutive ids of a producer form a group (the last may be cut by the timeout).
@@ -625,9 +724,18 @@ TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue]
           t.group_size = 4;
           t.sample_index = std::uint32_t(i % 4);
         }
-        laminar::Status st = rng() % 3 ? q->push(std::move(t))
-                                       : q->push(std::move(t), PushOptions::with_timeout(10s));
-        if (!st.ok()) ++errors[std::size_t(p)];
+        const PushOptions mode = rng() % 3 ? PushOptions::block() : PushOptions::with_timeout(10s);
+        // Odd producers push each 4 ids together.
+        if (p % 2 == 0) {
+          if (!q->push(std::move(t), mode).ok()) ++errors[std::size_t(p)];
+          continue;
+        }
+        chunk.push_back(std::move(t));
+        if (chunk.size() < 4) continue;
+        for (const laminar::Status& st : q->push_many(chunk, mode)) {
+          if (!st.ok()) ++errors[std::size_t(p)];
+        }
+        chunk.clear();
       }
       --producers_left;
     });

@@ -292,6 +292,14 @@ class TrajectoryQueue {
   // Returns once the trajectory is in the queue (and in the WAL's file, when there is one).
   Status push(Trajectory&& t, PushOptions options = {});
 
+  // push() for several trajectories, taking the queue's locks once per call rather than per
+  // trajectory: for a rollout engine that returns a prompt's samples together, or any producer
+  // with more than one finished. One Status per trajectory, in order, the same push() would give;
+  // a trajectory is moved from only when its Status is OK. When the queue has room for all of
+  // them they go in together; otherwise each is pushed on its own, in order, waiting or failing
+  // as `options` says.
+  std::vector<Status> push_many(std::span<Trajectory> ts, PushOptions options = {});
+
   // Leases a batch. kInvalidArgument for a spec with no limit, min_trajectories above
   // max_trajectories, or a consumer_version ahead of newest_version(); kUnavailable when fewer than
   // min_trajectories are ready and spec.wait is zero; kDeadlineExceeded when they did not become
