@@ -16,14 +16,17 @@
 // whole, leases acked per batch, staleness keep-and-mark, statistics; a second instance also
 // scans token ids, log-probs, rewards and metadata JSON (QueueOptions::validate_contents),
 // reported on its own line. moodycamel moves the objects with producer and consumer
-// tokens and bulk dequeue, its fastest use. Then the same TrajectoryQueue with its write-ahead log
-// on (page cache, no fsync), reported separately; that run moves the pool once.
+// tokens and bulk dequeue, its fastest use. A second pair of runs pushes each group of 8 with one
+// call: push_many() against moodycamel's enqueue_bulk(). Then the same TrajectoryQueue with its
+// write-ahead log on (page cache, no fsync), reported separately; that run moves the pool once.
+// The same producer and consumer threads run every repeat of every queue (see Workers).
 //
 //   trajectory_queue_bench [--producers N] [--consumers M] [--pool P] [--passes K] [--repeats R]
 //                          [--wal-dir DIR]
 //
 // Lines (JSON, one per metric, the headline last):
 //   trajectory_queue_contents_checked vs moodycamel::ConcurrentQueue;
+//   trajectory_queue_push_group_pop vs moodycamel::ConcurrentQueue with enqueue_bulk;
 //   trajectory_queue_wal vs trajectory_queue without WAL;
 //   trajectory_queue_push_pop vs moodycamel::ConcurrentQueue (goal: ratio >= 0.5, value >= 1e6).
 #include <concurrentqueue/concurrentqueue.h>
@@ -31,14 +34,18 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -117,11 +124,13 @@ class Returned {
       : pool_(pool), flags_(new std::atomic<bool>[pool.size()]), n_(pool.size()) {
     for (std::size_t i = 0; i < n_; ++i) flags_[i].store(true, std::memory_order_relaxed);
   }
-  // Waits until trajectory `i` is back, then hands it out.
-  Trajectory& take(std::size_t i) {
-    while (!flags_[i].load(std::memory_order_acquire)) std::this_thread::yield();
-    flags_[i].store(false, std::memory_order_relaxed);
-    return pool_[i];
+  // Waits until trajectories [i, i + n) are back, then hands them out.
+  std::span<Trajectory> take(std::size_t i, std::size_t n) {
+    for (std::size_t k = i; k < i + n; ++k) {
+      while (!flags_[k].load(std::memory_order_acquire)) std::this_thread::yield();
+      flags_[k].store(false, std::memory_order_relaxed);
+    }
+    return std::span<Trajectory>(pool_).subspan(i, n);
   }
   // A consumed trajectory goes back to its place (its id says which).
   void put_back(Trajectory&& t) {
@@ -142,15 +151,16 @@ class Returned {
   std::size_t n_;
 };
 
-// A producer's loop: `passes` times over its slice, each trajectory once it is back.
+// A producer's loop: `passes` times over its slice, `per_push` trajectories at a time (1, or a
+// whole group) once they are back.
 template <class Push>
-void produce_passes(const Config& cfg, int p, int rep, Returned& back, Push push) {
+void produce_passes(const Config& cfg, int p, int rep, Returned& back, std::size_t per_push, Push push) {
   const Slice sl = slice_of(p, cfg.producers, cfg.pool);
   for (int pass = 0; pass < cfg.passes; ++pass) {
-    for (std::size_t i = sl.begin; i < sl.end; ++i) {
-      Trajectory& t = back.take(i);
-      stamp(t, i, rep, pass, cfg);
-      push(std::move(t));
+    for (std::size_t i = sl.begin; i < sl.end; i += per_push) {
+      std::span<Trajectory> ts = back.take(i, per_push);
+      for (std::size_t k = 0; k < per_push; ++k) stamp(ts[k], i + k, rep, pass, cfg);
+      push(ts);
     }
   }
 }
@@ -170,38 +180,76 @@ struct RunTime {
   double consumers_cpu_s = 0;
 };
 
-// Runs producers and consumers.
+// The producer and consumer threads, started once and reused by every run, as a rollout and a
+// trainer's threads are. Threads started afresh for each run (1-20 ms) were measured mostly in the
+// scheduler's hands: new threads often all began on one core, and a run was over before load
+// balancing spread them, so runs came out at either of two speeds, about 2x apart. Between runs
+// the workers wait yielding, so they stay where they are.
+class Workers {
+ public:
+  explicit Workers(int n) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this, i] { loop(i); });
+  }
+  ~Workers() {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    for (auto& t : threads_) t.join();
+  }
+  // Runs job(i) on worker i, for each worker; returns, once all are done, the time it started them.
+  Clock::time_point run(const std::function<void(int)>& job) {
+    job_ = &job;
+    done_.store(0);
+    const auto start = Clock::now();
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return done_.load() == int(threads_.size()); });
+    return start;
+  }
+
+ private:
+  void loop(int i) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      while (generation_.load(std::memory_order_acquire) == seen) std::this_thread::yield();
+      seen = generation_.load(std::memory_order_acquire);
+      if (stop_.load()) return;
+      (*job_)(i);
+      if (done_.fetch_add(1) + 1 == int(threads_.size())) {
+        std::lock_guard<std::mutex> l(mu_);
+        cv_.notify_one();
+      }
+    }
+  }
+  std::vector<std::thread> threads_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<int> done_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// Runs producers (workers [0, producers)) and consumers (the rest).
 template <class Produce, class Consume>
-RunTime run_threads(const Config& cfg, std::atomic<std::size_t>& consumed, Produce produce, Consume consume) {
-  std::atomic<bool> go{false};
+RunTime run_threads(const Config& cfg, Workers& workers, std::atomic<std::size_t>& consumed, Produce produce,
+                    Consume consume) {
   std::atomic<Clock::rep> end_ticks{0};
   std::mutex cpu_mu;
   RunTime rt;
   consumed = 0;
-  std::vector<std::thread> threads;
-  for (int p = 0; p < cfg.producers; ++p) {
-    threads.emplace_back([&, p] {
-      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      const double cpu = thread_cpu_s();
-      produce(p);
-      std::lock_guard<std::mutex> l(cpu_mu);
-      rt.producers_cpu_s += thread_cpu_s() - cpu;
-    });
-  }
-  for (int c = 0; c < cfg.consumers; ++c) {
-    threads.emplace_back([&, c] {
-      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      const double cpu = thread_cpu_s();
-      consume(c, [&](std::size_t n) {
+  const std::function<void(int)> job = [&](int i) {
+    const double cpu = thread_cpu_s();
+    if (i < cfg.producers) {
+      produce(i);
+    } else {
+      consume(i - cfg.producers, [&](std::size_t n) {
         if (consumed.fetch_add(n) + n == total(cfg)) end_ticks = Clock::now().time_since_epoch().count();
       });
-      std::lock_guard<std::mutex> l(cpu_mu);
-      rt.consumers_cpu_s += thread_cpu_s() - cpu;
-    });
-  }
-  const auto start = Clock::now();
-  go.store(true, std::memory_order_release);
-  for (auto& t : threads) t.join();
+    }
+    std::lock_guard<std::mutex> l(cpu_mu);
+    (i < cfg.producers ? rt.producers_cpu_s : rt.consumers_cpu_s) += thread_cpu_s() - cpu;
+  };
+  const auto start = workers.run(job);
   rt.wall_s = std::chrono::duration<double>(Clock::duration(end_ticks.load()) - start.time_since_epoch()).count();
   return rt;
 }
@@ -216,16 +264,24 @@ laminar::bench::Timing summarize(std::vector<double> t) {
   std::exit(1);
 }
 
-// One repeat through a TrajectoryQueue; every trajectory ends back in its place in `pool`.
-RunTime run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<Trajectory>& pool, int rep) {
+// One repeat through a TrajectoryQueue, pushing `per_push` trajectories per call (push() for 1,
+// push_many() for more); every trajectory ends back in its place in `pool`.
+RunTime run_laminar(const Config& cfg, Workers& workers, laminar::TrajectoryQueue& q, std::vector<Trajectory>& pool,
+                    int rep, std::size_t per_push = 1) {
   if (laminar::Status st = q.publish_version(laminar::Version(std::uint64_t(rep))); !st.ok()) die("publish", st);
   Returned back(pool);
   std::atomic<std::size_t> consumed{0};
   const RunTime s = run_threads(
-      cfg, consumed,
+      cfg, workers, consumed,
       [&](int p) {
-        produce_passes(cfg, p, rep, back, [&](Trajectory&& t) {
-          if (laminar::Status st = q.push(std::move(t)); !st.ok()) die("push", st);
+        produce_passes(cfg, p, rep, back, per_push, [&](std::span<Trajectory> ts) {
+          if (ts.size() == 1) {
+            if (laminar::Status st = q.push(std::move(ts[0])); !st.ok()) die("push", st);
+            return;
+          }
+          for (const laminar::Status& st : q.push_many(ts)) {
+            if (!st.ok()) die("push_many", st);
+          }
         });
       },
       [&](int, auto done) {
@@ -251,16 +307,19 @@ RunTime run_laminar(const Config& cfg, laminar::TrajectoryQueue& q, std::vector<
   return s;
 }
 
-RunTime run_moodycamel(const Config& cfg, std::vector<Trajectory>& pool, int rep) {
+RunTime run_moodycamel(const Config& cfg, Workers& workers, std::vector<Trajectory>& pool, int rep,
+                       std::size_t per_push = 1) {
   moodycamel::ConcurrentQueue<Trajectory> q;
   Returned back(pool);
   std::atomic<std::size_t> consumed{0};
   const RunTime s = run_threads(
-      cfg, consumed,
+      cfg, workers, consumed,
       [&](int p) {
         moodycamel::ProducerToken tok(q);
-        produce_passes(cfg, p, rep, back, [&](Trajectory&& t) {
-          if (!q.enqueue(tok, std::move(t))) std::exit(1);
+        produce_passes(cfg, p, rep, back, per_push, [&](std::span<Trajectory> ts) {
+          const bool queued = ts.size() == 1 ? q.enqueue(tok, std::move(ts[0]))
+                                             : q.enqueue_bulk(tok, std::make_move_iterator(ts.begin()), ts.size());
+          if (!queued) std::exit(1);
         });
       },
       [&](int, auto done) {
@@ -328,20 +387,25 @@ int main(int argc, char** argv) {
   auto qc = laminar::TrajectoryQueue::open(checked_opt);
   if (!qc.ok()) die("open", qc.status());
 
+  Workers workers(cfg.producers + cfg.consumers);
   int rep = 0;
-  std::vector<double> ours, checked, base;
+  std::vector<double> ours, checked, base, ours_group, base_group;
   // Per trajectory: producers' and consumers' CPU, ours and moodycamel's.
   std::vector<double> ours_prod_cpu, ours_cons_cpu, base_prod_cpu, base_cons_cpu;
-  for (int r = 0; r < 2; ++r) {  // warm-up, all three
-    run_laminar(cfg, **q, pool, rep++);
-    run_laminar(cfg, **qc, pool, rep++);
-    run_moodycamel(cfg, pool, rep++);
+  for (int r = 0; r < 2; ++r) {  // warm-up, all five
+    run_laminar(cfg, workers, **q, pool, rep++);
+    run_laminar(cfg, workers, **qc, pool, rep++);
+    run_moodycamel(cfg, workers, pool, rep++);
+    run_laminar(cfg, workers, **q, pool, rep++, kGroupSize);
+    run_moodycamel(cfg, workers, pool, rep++, kGroupSize);
   }
-  // Interleaved so that all three see the same machine load.
+  // Interleaved so that all five see the same machine load.
   for (int r = 0; r < cfg.repeats; ++r) {
-    const RunTime o = run_laminar(cfg, **q, pool, rep++);
-    checked.push_back(run_laminar(cfg, **qc, pool, rep++).wall_s);
-    const RunTime b = run_moodycamel(cfg, pool, rep++);
+    const RunTime o = run_laminar(cfg, workers, **q, pool, rep++);
+    checked.push_back(run_laminar(cfg, workers, **qc, pool, rep++).wall_s);
+    const RunTime b = run_moodycamel(cfg, workers, pool, rep++);
+    ours_group.push_back(run_laminar(cfg, workers, **q, pool, rep++, kGroupSize).wall_s);
+    base_group.push_back(run_moodycamel(cfg, workers, pool, rep++, kGroupSize).wall_s);
     ours.push_back(o.wall_s);
     base.push_back(b.wall_s);
     const double n = double(total(cfg));
@@ -355,6 +419,8 @@ int main(int argc, char** argv) {
   const auto t_base = summarize(base);
   const double ours_rate = double(total(cfg)) / t_ours.median_s;
   const double base_rate = double(total(cfg)) / t_base.median_s;
+  const double group_rate = double(total(cfg)) / summarize(ours_group).median_s;
+  const double base_group_rate = double(total(cfg)) / summarize(base_group).median_s;
   std::printf("# stats after the last repeat: %s\n", (*q)->stats().to_json().c_str());
 
   // The log run moves the pool once: at its rate start-up does not matter, and every pass would
@@ -369,7 +435,7 @@ int main(int argc, char** argv) {
     std::filesystem::remove(wopt.wal_path);
     auto wq = laminar::TrajectoryQueue::open(wopt);
     if (!wq.ok()) die("open with WAL", wq.status());
-    wal.push_back(run_laminar(wal_cfg, **wq, pool, rep++).wall_s);
+    wal.push_back(run_laminar(wal_cfg, workers, **wq, pool, rep++).wall_s);
     wal_bytes = (*wq)->stats().wal_bytes;
     wq->reset();
     std::filesystem::remove(wopt.wal_path);
@@ -388,6 +454,8 @@ int main(int argc, char** argv) {
 
   laminar::bench::report_throughput("trajectory_queue_contents_checked", "trajectories/s", checked_rate,
                                     "moodycamel::ConcurrentQueue", base_rate);
+  laminar::bench::report_throughput("trajectory_queue_push_group_pop", "trajectories/s", group_rate,
+                                    "moodycamel::ConcurrentQueue enqueue_bulk", base_group_rate);
   laminar::bench::report_throughput("trajectory_queue_wal", "trajectories/s", wal_rate,
                                     "trajectory_queue_no_wal", ours_rate);
   laminar::bench::report_throughput("trajectory_queue_push_pop", "trajectories/s", ours_rate,
