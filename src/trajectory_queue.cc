@@ -1550,7 +1550,10 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     return cancelled(fmt::format("push of trajectory {}: the queue is closed", id));
   }
   LAMINAR_RETURN_IF_ERROR(q.check_fits(t));
-  Clock::Duration now = q.clock->now();
+  // Only groups (their timeouts) and waiting for room need the time: a clock read is a good part
+  // of an ungrouped push.
+  const bool grouped = t.group_size > 1;
+  Clock::Duration now = grouped ? q.clock->now() : Clock::Duration(0);
   // Room is taken first when there is some, which also gives the id's slot, prefetched above,
   // time to arrive.
   const bool have_room = q.try_reserve(1, tokens);
@@ -1563,7 +1566,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       return invalid_argument(fmt::format("trajectory {}: id already pushed", id));
     }
   }
-  GroupShard* gs = t.group_size > 1 ? &q.group_shard(t.group_id) : nullptr;
+  GroupShard* gs = grouped ? &q.group_shard(t.group_id) : nullptr;
   auto find_group = [&]() {
     return gs->groups.find(t.group_id);
   };
@@ -1572,6 +1575,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   };
 
   if (!have_room) {
+    if (!grouped) now = q.clock->now();
     const Clock::Duration deadline = options.mode != PushMode::kTimeout ? Clock::kForever
                                      : options.timeout >= Clock::kForever - now ? Clock::kForever
                                                                                 : now + options.timeout;
@@ -1735,7 +1739,8 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
   }
   in.resize(n);
   // Then the groups, each shard locked once for a run of members in it.
-  const Clock::Duration now = q.clock->now();
+  const bool grouped = std::any_of(in.begin(), in.end(), [&](std::uint32_t i) { return ts[i].group_size > 1; });
+  const Clock::Duration now = grouped ? q.clock->now() : Clock::Duration(0);
   thread_local std::vector<Unit> done;
   done.clear();
   bool data = false;
