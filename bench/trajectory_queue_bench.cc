@@ -181,10 +181,9 @@ struct RunTime {
 };
 
 // The producer and consumer threads, started once and reused by every run, as a rollout and a
-// trainer's threads are. Threads started afresh for each run (1-20 ms) were measured mostly in the
-// scheduler's hands: new threads often all began on one core, and a run was over before load
-// balancing spread them, so runs came out at either of two speeds, about 2x apart. Between runs
-// the workers wait yielding, so they stay where they are.
+// trainer's threads are. Threads started afresh for each run (1-20 ms) measured the scheduler as
+// much as the queue: ps showed new threads often all beginning on one core, and a run could be
+// over before load balancing spread them. Between runs the workers wait yielding.
 class Workers {
  public:
   explicit Workers(int n) {
