@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <atomic>
@@ -1669,6 +1670,18 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
 
 std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOptions options) {
   Impl& q = *impl_;
+  // Longer spans go in chunks: sharing the locks gains nothing beyond a few groups, and the
+  // per-thread scratch below stays small.
+  constexpr std::size_t kChunk = 1024;
+  if (ts.size() > kChunk) {
+    std::vector<Status> out;
+    out.reserve(ts.size());
+    for (std::size_t at = 0; at < ts.size(); at += kChunk) {
+      std::vector<Status> part = push_many(ts.subspan(at, std::min(kChunk, ts.size() - at)), options);
+      std::move(part.begin(), part.end(), std::back_inserter(out));
+    }
+    return out;
+  }
   std::vector<Status> out(ts.size());
   auto one_by_one = [&](std::span<const std::uint32_t> which) {
     for (std::uint32_t i : which) out[i] = push(std::move(ts[i]), options);

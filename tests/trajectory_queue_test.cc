@@ -389,6 +389,26 @@ TEST_CASE("push_many waits, fails fast or is cancelled like push when the queue 
   CHECK(q->push_many({}).empty());
 }
 
+TEST_CASE("push_many takes a span longer than its chunk, in order", "[queue]") {
+  auto q = open_queue();
+  std::vector<Trajectory> ts;
+  for (std::uint64_t id = 1; id <= 2500; ++id) ts.push_back(make_member(id, (id - 1) / 5, 5, std::uint32_t((id - 1) % 5)));
+  ts[2049] = make_traj(7);  // a duplicate, in the third chunk
+  std::vector<laminar::Status> st = q->push_many(ts);
+  REQUIRE(st.size() == 2500);
+  for (std::size_t i = 0; i < st.size(); ++i) {
+    if (i == 2049) {
+      expect_code(st[i], StatusCode::kInvalidArgument, "trajectory 7: id already pushed");
+    } else {
+      REQUIRE(st[i].ok());
+    }
+  }
+  auto s = q->stats();
+  CHECK(s.pushed == 2499);
+  CHECK(s.ready == 2495);  // group 409 misses its member 2050
+  CHECK(s.pending_groups == 1);
+}
+
 TEST_CASE("pop_batch by count and by token budget, never splitting a unit", "[queue]") {
   auto q = open_queue();
   for (std::uint64_t id = 1; id <= 5; ++id) REQUIRE(q->push(make_traj(id, 0, 8 * id)).ok());
