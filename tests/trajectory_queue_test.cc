@@ -724,7 +724,10 @@ TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue]
   constexpr int kProducers = 4, kConsumers = 3, kPerProducer = 3000;
   QueueOptions opt;
   opt.capacity_trajectories = 64;  // small, so producers block and wake a lot
-  opt.group_timeout = 50ms;
+  // Long enough that no member blocked waiting for room finds its group timed out: it would be
+  // refused (rightly) and break the count below, and at 50 ms a slow run under TSan on a loaded
+  // machine can wait that long. The ManualClock test further down races timeouts against pushes.
+  opt.group_timeout = 10s;
   auto q = open_queue(opt);
   std::atomic<int> producers_left{kProducers};
   std::vector<std::vector<std::uint64_t>> acked(kConsumers);
@@ -736,7 +739,7 @@ TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue]
       std::vector<Trajectory> chunk;
       for (int i = 0; i < kPerProducer; ++i) {
         const std::uint64_t id = std::uint64_t(p) * kPerProducer + std::uint64_t(i) + 1;
-        // Every 4 consecutive ids of a producer form a group (the last may be cut by the timeout).
+        // Every other run of 4 consecutive ids of a producer forms a group.
         Trajectory t = make_traj(id, 0, 1 + rng() % 16);
         if ((i / 4) % 2) {
           t.group_id = (std::uint64_t(p) << 32) | std::uint64_t(i / 4);
