@@ -142,7 +142,7 @@ struct QueueOptions {
   // Newest published version at start (a WAL's recorded version wins if higher).
   Version initial_version{0};
   // A pushed id is refused while it is in the queue and for the next id_dedup_window ids retired
-  // (acked or dropped) after it; closed groups are remembered for as many group ids.
+  // (acked or dropped) after it; closed groups are remembered for as many group ids. At most 2^29.
   std::size_t id_dedup_window = 1 << 16;
   // Write-ahead log file; empty: none. Created if absent, replayed if present.
   std::string wal_path;
@@ -266,7 +266,7 @@ struct RecoveryReport {
 class TrajectoryQueue {
  public:
   // kInvalidArgument for zero or too large capacities, a non-positive default_lease or
-  // group_timeout, or a zero id_dedup_window. With a WAL: kDataLoss if the file is not a laminar
+  // group_timeout, or an id_dedup_window of 0 or above 2^29. With a WAL: kDataLoss if the file is not a laminar
   // WAL or has a corrupt record followed by good ones (a damaged middle is not silently skipped:
   // records after it could be the acks that keep delivery exactly-once); a torn or corrupt tail is
   // cut and reported in recovery().
@@ -292,9 +292,9 @@ class TrajectoryQueue {
   // Returns once the trajectory is in the queue (and in the WAL's file, when there is one).
   Status push(Trajectory&& t, PushOptions options = {});
 
-  // push() for several trajectories, taking the queue's locks once per call rather than per
-  // trajectory: for a rollout engine that returns a prompt's samples together, or any producer
-  // with more than one finished. One Status per trajectory, in order, the same push() would give;
+  // push() for several trajectories, taking room for all of them at once and each lock once per
+  // run of trajectories it guards: for a rollout engine that returns a prompt's samples together,
+  // or any producer with more than one finished. One Status per trajectory, in order, the same push() would give;
   // a trajectory is moved from only when its Status is OK. When the queue has room for all of
   // them they go in together; otherwise each is pushed on its own, in order, waiting or failing
   // as `options` says.
