@@ -495,23 +495,23 @@ class IdWindow {
   }
   std::size_t mask() const { return blocks_.size() - 1; }
   static std::size_t home(std::uint64_t run, std::size_t mask) { return std::size_t(mix64(run)) & mask; }
+  // The block holding `run`, or the empty one where it would go.
+  std::size_t probe(std::uint64_t run) const {
+    std::size_t i = home(run, mask());
+    while (blocks_[i].run != run && blocks_[i].run != kEmpty) i = (i + 1) & mask();
+    return i;
+  }
   std::uint32_t* find(std::uint64_t id) {
-    const std::uint64_t run = id / kBlockIds;
-    for (std::size_t i = home(run, mask());; i = (i + 1) & mask()) {
-      Block& b = blocks_[i];
-      if (b.run == run) return &b.state[id % kBlockIds];
-      if (b.run == kEmpty) return nullptr;
-    }
+    Block& b = blocks_[probe(id / kBlockIds)];
+    return b.run == kEmpty ? nullptr : &b.state[id % kBlockIds];
   }
   // The state of `id`, kNoState in a block just taken for it: one probe finds either.
   std::uint32_t* state_for(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
     const std::uint64_t run = id / kBlockIds;
     sweep_if_old(events.load(std::memory_order_relaxed), window);
     for (int pass = 0;; ++pass) {
-      std::size_t i = home(run, mask());
-      for (; blocks_[i].run != kEmpty; i = (i + 1) & mask()) {
-        if (blocks_[i].run == run) return &blocks_[i].state[id % kBlockIds];
-      }
+      const std::size_t i = probe(run);
+      if (blocks_[i].run == run) return &blocks_[i].state[id % kBlockIds];
       if (pass == 0 && 2 * (size_ + 1) > blocks_.size()) {
         rebuild(events.load(), window);
         continue;
@@ -522,9 +522,7 @@ class IdWindow {
     }
   }
   void place(const Block& b) {
-    std::size_t i = home(b.run, mask());
-    while (blocks_[i].run != kEmpty) i = (i + 1) & mask();
-    blocks_[i] = b;
+    blocks_[probe(b.run)] = b;
     ++size_;
   }
   // Drops the ids the window has passed and the forgotten ones, then the blocks left with none;
@@ -599,6 +597,13 @@ struct Unit {
     tokens += t.num_tokens();
     min_version = std::min(min_version, t.version.value());
     items.push_back(std::move(t));
+  }
+  // An ungrouped trajectory's unit.
+  static Unit lone(Trajectory&& t) {
+    Unit u;
+    u.items = new_items(1);
+    u.add(std::move(t));
+    return u;
   }
 };
 
@@ -1036,10 +1041,11 @@ struct TrajectoryQueue::Impl {
     return gs.closed.remembered(gid, closed_events, opt.id_dedup_window);
   }
 
-  // What refuses `t` as a member of its group `g` (null: not pending); counted.
-  Status refuse_member(GroupShard& gs, const Trajectory& t, const PendingGroup* g) {
+  // What refuses `t` as a member of its group (`group`: the pending one, or end()); counted.
+  Status refuse_member(GroupShard& gs, const Trajectory& t,
+                       std::unordered_map<std::uint64_t, PendingGroup>::const_iterator group) {
     const std::uint64_t id = t.id.value();
-    if (g == nullptr) {
+    if (group == gs.groups.end()) {
       // Only a group not pending can be closed: a closed group leaves the pending ones for good.
       if (group_closed(gs, t.group_id)) {
         ++gs.dropped_late_for_group;
@@ -1048,6 +1054,7 @@ struct TrajectoryQueue::Impl {
       }
       return ok_status();
     }
+    const PendingGroup* g = &group->second;
     if (g->group_size != t.group_size || g->prompt_id != t.prompt_id) {
       rejected_invalid.fetch_add(1, std::memory_order_relaxed);
       return invalid_argument(fmt::format(
@@ -1164,12 +1171,8 @@ struct TrajectoryQueue::Impl {
   // notifies data_cv once its locks are let go).
   bool publish(Unit&& u) {
     std::unique_lock<std::mutex> l = lock_spinning(mu);
-    ready_count += u.items.size();
-    ready_tokens += u.tokens;
-    ready.push_back(std::move(u));
-    ready_hint.store(ready_count, std::memory_order_relaxed);
-    take_spare_items();
-    return should_wake();
+    append_ready(std::move(u));
+    return published();
   }
 
   // With mu held: the emptied vectors of `units` wait for producers; empties `units`.
@@ -1191,12 +1194,20 @@ struct TrajectoryQueue::Impl {
   // publish() for every unit of `units`, taking mu once; empties `units`.
   bool publish_all(std::vector<Unit>& units) {
     std::unique_lock<std::mutex> l = lock_spinning(mu);
-    for (Unit& u : units) {
-      ready_count += u.items.size();
-      ready_tokens += u.tokens;
-      ready.push_back(std::move(u));
-    }
+    for (Unit& u : units) append_ready(std::move(u));
     units.clear();
+    return published();
+  }
+
+  // With mu held: `u` joins the ready queue.
+  void append_ready(Unit&& u) {
+    ready_count += u.items.size();
+    ready_tokens += u.tokens;
+    ready.push_back(std::move(u));
+  }
+  // With mu held, after append_ready(): what a producer does once its units are ready; true if it
+  // must notify data_cv.
+  bool published() {
     ready_hint.store(ready_count, std::memory_order_relaxed);
     take_spare_items();
     return should_wake();
@@ -1445,9 +1456,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
     held += held_word(1, t.num_tokens());
     wal_live_bytes += wal_record_bytes(t);
     if (t.group_size == 1) {
-      Unit u;
-      u.add(std::move(t));
-      publish(std::move(u));
+      publish(Unit::lone(std::move(t)));
       continue;
     }
     GroupShard& gs = group_shard(t.group_id);
@@ -1594,12 +1603,6 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     }
   }
   GroupShard* gs = grouped ? &q.group_shard(t.group_id) : nullptr;
-  auto find_group = [&]() {
-    return gs->groups.find(t.group_id);
-  };
-  auto pending = [&](std::unordered_map<std::uint64_t, PendingGroup>::iterator it) {
-    return it == gs->groups.end() ? nullptr : &it->second;
-  };
 
   if (!have_room) {
     if (!grouped) now = q.clock->now();
@@ -1617,7 +1620,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       if (gs != nullptr) {
         // A member its group would refuse is refused now, not after waiting for space.
         ShardLock gl = lock_spinning(gs->mu);
-        if (Status s = q.refuse_member(*gs, t, pending(find_group())); !s.ok()) {
+        if (Status s = q.refuse_member(*gs, t, gs->groups.find(t.group_id)); !s.ok()) {
           gl.unlock();
           q.unreserve(id);
           return s;
@@ -1662,8 +1665,8 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     if (gs != nullptr) {
       gl = lock_spinning(gs->mu);
       q.process_group_timers(*gs, now, data);
-      group = find_group();
-      if (Status s = q.refuse_member(*gs, t, pending(group)); !s.ok()) {
+      group = gs->groups.find(t.group_id);
+      if (Status s = q.refuse_member(*gs, t, group); !s.ok()) {
         gl.unlock();
         if (data) q.data_cv.notify_all();
         return undo(std::move(s));
@@ -1678,8 +1681,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       q.wal_live_bytes += wal_record_bytes(t);
     }
     if (gs == nullptr) {
-      done.items = new_items(1);
-      done.add(std::move(t));
+      done = Unit::lone(std::move(t));
       complete = true;
     } else {
       complete = q.add_member(*gs, group, std::move(t), now, done);
@@ -1789,9 +1791,7 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
     for (std::uint32_t i : in) {
       Trajectory& t = ts[i];
       if (t.group_size == 1) {
-        Unit& u = done.emplace_back();
-        u.items = new_items(1);
-        u.add(std::move(t));
+        done.push_back(Unit::lone(std::move(t)));
         continue;
       }
       GroupShard& gs = q.group_shard(t.group_id);
@@ -1802,7 +1802,7 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
         q.process_group_timers(gs, now, data);
       }
       auto group = gs.groups.find(t.group_id);
-      if (Status s = q.refuse_member(gs, t, group == gs.groups.end() ? nullptr : &group->second); !s.ok()) {
+      if (Status s = q.refuse_member(gs, t, group); !s.ok()) {
         out[i] = std::move(s);
         ++refused;
         refused_tokens += t.num_tokens();
