@@ -1,6 +1,7 @@
 #include "laminar/clock.h"
 
 #include <fmt/format.h>
+#include <time.h>
 
 #include <utility>
 #include <vector>
@@ -32,6 +33,18 @@ ClockSubscription Clock::subscribe(std::function<void()> /*wake*/) {
 std::shared_ptr<Clock> Clock::steady() {
   static const std::shared_ptr<Clock> clock = std::make_shared<SteadyClock>();
   return clock;
+}
+
+SteadyClock::SteadyClock() {
+  timespec res{};
+  ::clock_getres(CLOCK_MONOTONIC_COARSE, &res);
+  slack_ = 2 * (std::chrono::seconds(res.tv_sec) + Duration(res.tv_nsec));
+}
+
+Clock::Duration SteadyClock::coarse_now() const noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::chrono::seconds(ts.tv_sec) + Duration(ts.tv_nsec);
 }
 
 Clock::Duration SteadyClock::now() const noexcept {

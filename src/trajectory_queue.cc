@@ -427,13 +427,23 @@ class IdWindow {
   // count of retirements so far, read only when needed (it is written by every ack).
   bool admit(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
     std::uint32_t* v = state_for(id, events, window);
-    if (in_window(*v, events.load(), window)) return false;
+    if (*v == kLiveState) return false;
+    // Only an event's state needs the count, which every ack writes: a new id reads no shared line.
+    if (*v != kNoState) {
+      const std::uint64_t now = events.load();
+      if (now - swept_at_ >= kMaxWindow) {
+        rebuild(now, window);
+        v = state_for(id, events, window);
+      }
+      if (in_window(*v, now, window)) return false;
+    }
     *v = kLiveState;
     return true;
   }
   // `id` (live, or new) becomes event `seq` of the window.
   void record_event(std::uint64_t id, std::uint64_t seq, const std::atomic<std::uint64_t>& events,
                     std::size_t window) {
+    sweep_if_old(events.load(std::memory_order_relaxed), window);
     *state_for(id, events, window) = kEventBit | std::uint32_t(seq & kSeqMask);
   }
   bool remembered(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
@@ -476,8 +486,9 @@ class IdWindow {
   static constexpr std::uint64_t kHalfRange = std::uint64_t(1) << 30;
 
   // The event number a state holds: the one within 2^30 of the last sweep's count with its low 31
-  // bits. Exact because a sweep keeps only events within the window (at most 2^29) and another
-  // sweep comes before the count moves 2^29 further (sweep_if_old).
+  // bits. Exact because a sweep keeps only events within the window (at most 2^29), and an event's
+  // state is written, and read, only once sweep_if_old has made sure the count has not moved 2^29
+  // since the last sweep.
   std::uint64_t seq_of(std::uint32_t v) const {
     const std::uint64_t lo = swept_at_ - kHalfRange;  // wraps below 2^30: the mask below still holds
     return lo + ((std::uint64_t(v & kSeqMask) - lo) & kSeqMask);
@@ -508,7 +519,6 @@ class IdWindow {
   // The state of `id`, kNoState in a block just taken for it: one probe finds either.
   std::uint32_t* state_for(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
     const std::uint64_t run = id / kBlockIds;
-    sweep_if_old(events.load(std::memory_order_relaxed), window);
     for (int pass = 0;; ++pass) {
       const std::size_t i = probe(run);
       if (blocks_[i].run == run) return &blocks_[i].state[id % kBlockIds];
@@ -1586,10 +1596,15 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     return cancelled(fmt::format("push of trajectory {}: the queue is closed", id));
   }
   LAMINAR_RETURN_IF_ERROR(q.check_fits(t));
-  // Only groups (their timeouts) and waiting for room need the time: a clock read is a good part
-  // of an ungrouped push.
+  // Only groups (their timeouts) and waiting for room need the time, read when first needed: a
+  // clock read is a good part of a push.
   const bool grouped = t.group_size > 1;
-  Clock::Duration now = grouped ? q.clock->now() : Clock::Duration(0);
+  Clock::Duration now{0};
+  bool have_now = false;
+  auto read_now = [&] {
+    now = q.clock->now();
+    have_now = true;
+  };
   // Room is taken first when there is some, which also gives the id's slot, prefetched above,
   // time to arrive.
   const bool have_room = q.try_reserve(1, tokens);
@@ -1605,7 +1620,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   GroupShard* gs = grouped ? &q.group_shard(t.group_id) : nullptr;
 
   if (!have_room) {
-    if (!grouped) now = q.clock->now();
+    read_now();
     const Clock::Duration deadline = options.mode != PushMode::kTimeout ? Clock::kForever
                                      : options.timeout >= Clock::kForever - now ? Clock::kForever
                                                                                 : now + options.timeout;
@@ -1664,12 +1679,21 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     std::unordered_map<std::uint64_t, PendingGroup>::iterator group;  // with gs only
     if (gs != nullptr) {
       gl = lock_spinning(gs->mu);
-      q.process_group_timers(*gs, now, data);
+      // The exact time only when a timeout of the shard may be due, or for a member that opens or
+      // completes its group (its arrival and wait times); the coarse one tells the rest apart.
+      if (!have_now && gs->next_deadline.load(std::memory_order_relaxed) <=
+                           (q.clock->coarse_now() + q.clock->coarse_slack()).count()) {
+        read_now();
+      }
+      if (have_now) q.process_group_timers(*gs, now, data);
       group = gs->groups.find(t.group_id);
       if (Status s = q.refuse_member(*gs, t, group); !s.ok()) {
         gl.unlock();
         if (data) q.data_cv.notify_all();
         return undo(std::move(s));
+      }
+      if (!have_now && (group == gs->groups.end() || group->second.unit.items.size() + 1 == group->second.group_size)) {
+        read_now();
       }
     }
     if (q.wal) {

@@ -145,6 +145,23 @@ TEST_CASE("the usage example of clock.h compiles and wakes a waiter", "[clock]")
   expect_code(clock->advance(-1ns), StatusCode::kInvalidArgument, "negative");
   expect_code(clock->set(10s), StatusCode::kInvalidArgument, "before the current time");
   CHECK(clock->set(40s).ok());
+  CHECK(clock->coarse_now() == clock->now());
+  CHECK(clock->coarse_slack() == Clock::Duration::zero());
+}
+
+TEST_CASE("the steady clock's coarse reading is never ahead and keeps up", "[clock]") {
+  const std::shared_ptr<Clock> clock = Clock::steady();
+  const Clock::Duration slack = clock->coarse_slack();
+  CHECK(slack > Clock::Duration::zero());
+  CHECK(slack <= 100ms);
+  const Clock::Duration first = clock->coarse_now();
+  std::this_thread::sleep_for(3 * slack);
+  for (int i = 0; i < 1000; ++i) {
+    const Clock::Duration coarse = clock->coarse_now();
+    const Clock::Duration exact = clock->now();
+    REQUIRE(coarse <= exact);
+    REQUIRE(coarse > first);
+  }
 }
 
 TEST_CASE("validation names the field and value that are wrong", "[queue][bad-input]") {
@@ -641,6 +658,24 @@ TEST_CASE("group timeout releases or drops a partial group", "[queue][groups]") 
     }
     expect_code(q->push(make_member(3, 5, 4, 1)), StatusCode::kFailedPrecondition, "group 5 is already closed");
   }
+}
+
+TEST_CASE("a member arriving at its group's deadline is refused, with no pop in between", "[queue][groups]") {
+  auto clock = std::make_shared<ManualClock>();
+  QueueOptions opt;
+  opt.clock = clock;
+  opt.group_timeout = 10s;
+  auto q = open_queue(opt);
+  REQUIRE(q->push(make_member(1, 7, 4, 0)).ok());
+  REQUIRE(clock->advance(9s).ok());
+  REQUIRE(q->push(make_member(2, 7, 4, 1)).ok());  // neither opens nor completes the group
+  REQUIRE(clock->advance(1s).ok());
+  expect_code(q->push(make_member(3, 7, 4, 2)), StatusCode::kFailedPrecondition, "group 7 is already closed");
+  auto b = q->pop_batch(count_spec(8));
+  REQUIRE(b.ok());
+  CHECK(ids_of(*b) == std::vector<std::uint64_t>{1, 2});
+  CHECK(b->info()[0].partial_group);
+  CHECK(q->stats().group_wait.max_ms == Approx(10000));
 }
 
 TEST_CASE("leases: ack commits, nack and expiry redeliver, late ack is refused", "[queue][lease]") {
