@@ -738,6 +738,9 @@ void fill_batch(internal::BatchData& d, std::vector<Unit>& units, std::uint64_t 
 }
 
 constexpr std::size_t kExpiredBatchMemory = 1 << 16;
+// Timers of groups or leases that ended are dropped lazily once they outnumber the live ones
+// twice over and by this many.
+constexpr std::size_t kStaleTimers = 1024;
 // Held capacity packs the trajectory count and the token count into one 64-bit word.
 constexpr int kTokenBits = 40;
 constexpr std::uint64_t kMaxCapacityTokens = (std::uint64_t(1) << kTokenBits) - 1;
@@ -1092,6 +1095,7 @@ struct TrajectoryQueue::Impl {
       if (opt.group_timeout != Clock::kForever) {
         gs.deadlines.emplace_back(g.first_arrival + opt.group_timeout, gid);
         if (gs.deadlines.size() == 1) gs.set_deadline_hint();
+        if (gs.deadlines.size() > 2 * gs.groups.size() + kStaleTimers) prune_group_timers(gs);
       }
     }
     g.seen.set(t.sample_index);
@@ -1140,6 +1144,16 @@ struct TrajectoryQueue::Impl {
     }
     gs.groups.erase(it);
     return s;
+  }
+
+  // Drops the timers of groups no longer pending: completed groups leave theirs behind, which
+  // would otherwise pile up for a whole group_timeout at the push rate.
+  void prune_group_timers(GroupShard& gs) {
+    std::erase_if(gs.deadlines, [&](const Deadline& d) {
+      auto it = gs.groups.find(d.second);
+      return it == gs.groups.end() || it->second.first_arrival + opt.group_timeout != d.first;
+    });
+    gs.set_deadline_hint();
   }
 
   // The shard's group timeouts due by `now`; with a WAL, wmu is held.
@@ -1304,6 +1318,18 @@ struct TrajectoryQueue::Impl {
     }
     if (d->deadline != Clock::kForever) lease_deadlines.emplace(d->deadline, d->id);
     leases.emplace(d->id, d);
+    if (lease_deadlines.size() > 2 * leases.size() + kStaleTimers) prune_lease_timers();
+  }
+
+  // With mu held: keeps only the timers of batches still leased. Acked and nacked ones leave
+  // theirs behind, which would otherwise pile up for a whole lease at the pop rate.
+  void prune_lease_timers() {
+    std::vector<Deadline> live;
+    live.reserve(leases.size());
+    for (const auto& [id, d] : leases) {
+      if (d->deadline != Clock::kForever) live.emplace_back(d->deadline, id);
+    }
+    lease_deadlines = decltype(lease_deadlines)(std::greater<>(), std::move(live));
   }
 
   // With mu held.

@@ -678,6 +678,45 @@ TEST_CASE("a member arriving at its group's deadline is refused, with no pop in 
   CHECK(q->stats().group_wait.max_ms == Approx(10000));
 }
 
+TEST_CASE("timers of finished groups and leases are dropped, the live ones still fire", "[queue][groups][lease]") {
+  auto clock = std::make_shared<ManualClock>();
+  QueueOptions opt;
+  opt.clock = clock;
+  opt.group_timeout = 10s;
+  opt.default_lease = 30s;
+  auto q = open_queue(opt);
+  REQUIRE(q->push(make_member(1, 1, 2, 0)).ok());  // stays pending
+  // Far more finished groups (in every one of the queue's 16 shards) and acked batches than the
+  // lazy pruning lets pile up.
+  std::uint64_t kept = 0;
+  for (std::uint64_t g = 100; g < 30100; ++g) {
+    REQUIRE(q->push(make_member(2 * g, g, 2, 0)).ok());
+    REQUIRE(q->push(make_member(2 * g + 1, g, 2, 1)).ok());
+    auto b = q->pop_batch(count_spec(2));
+    REQUIRE(b.ok());
+    REQUIRE(b->size() == 2);
+    if (g == 15000) {
+      kept = b->id();
+    } else {
+      REQUIRE(q->ack(b->id()).ok());
+    }
+  }
+  REQUIRE(clock->advance(10s).ok());
+  auto partial = q->pop_batch(count_spec(8));
+  REQUIRE(partial.ok());
+  CHECK(ids_of(*partial) == std::vector<std::uint64_t>{1});
+  CHECK(partial->info()[0].partial_group);
+  REQUIRE(q->ack(partial->id()).ok());
+  REQUIRE(clock->advance(20s).ok());
+  auto again = q->pop_batch(count_spec(8));
+  REQUIRE(again.ok());
+  CHECK(ids_of(*again) == std::vector<std::uint64_t>{30000, 30001});
+  CHECK(again->info()[0].delivery == 2);
+  expect_code(q->ack(kept), StatusCode::kAborted, "expired");
+  REQUIRE(q->ack(again->id()).ok());
+  CHECK(q->stats().leases == 0);
+}
+
 TEST_CASE("leases: ack commits, nack and expiry redeliver, late ack is refused", "[queue][lease]") {
   auto clock = std::make_shared<ManualClock>();
   QueueOptions opt;
