@@ -392,55 +392,25 @@ std::uint64_t mix64(std::uint64_t x) {
   return x;
 }
 
-// Consecutive ids kept together in one shard (runs of 4 and of 128 measured slower).
-constexpr std::uint64_t kRunIds = 32;
+// Consecutive ids kept together in one shard: an IdTable block's worth.
+constexpr std::uint64_t kRunIds = 64;
 
 // The largest id_dedup_window: an IdWindow keeps event numbers in 31 bits.
 constexpr std::uint64_t kMaxWindow = std::uint64_t(1) << 29;
 
-// Ids (of trajectories, groups or batches) that are live or within a window of the last `window`
-// events of a kind (ids retired, groups closed, leases expired), each with its event's sequence
-// number (1-based), counted across all shards. An event writes its own id's state (for a retired
-// trajectory, one its push touched recently); ids the window has passed stay until the table
-// would grow, then one sequential sweep drops them all, instead of a cold erase per event.
+// Ids (of groups or batches) within a window of the last `window` events of a kind (groups
+// closed, leases expired), each with its event's sequence number (1-based), counted across all
+// shards. Ids the window has passed stay until the table would grow, then one sequential sweep
+// drops them all, instead of a cold erase per event.
 //
 // Ids usually come from counters, so the table holds blocks of kBlockIds consecutive ids: the
 // block's number and a 32-bit state per id. A run of ids then shares a block, and its states share
-// cache lines: about 10 bytes per id of a run, where a 16-byte slot per id took 40, so the window
-// of a queue stays in the caches, and consecutive pushes (and their retirements) touch the same
-// line. Ids with no neighbours take a block each (80 bytes).
+// cache lines: about 10 bytes per id of a run. Ids with no neighbours take a block each (40 bytes).
 class IdWindow {
  public:
-  IdWindow() : blocks_(16, Block{kEmpty, {}}) { publish_blocks(); }
+  IdWindow() : blocks_(16, Block{kEmpty, {}}) {}
 
-  // Starts loading the block where a lookup of `id` begins; safe without the lock that guards
-  // the table (a prefetch of a stale address, during a rebuild, is harmless), so the miss can be
-  // taken before the lock rather than while holding it.
-  void prefetch(std::uint64_t id) const {
-    const Block* base = blocks_base_.load(std::memory_order_relaxed);
-    const Block* b = base + home(id / kBlockIds, blocks_mask_.load(std::memory_order_relaxed));
-    __builtin_prefetch(b);
-    __builtin_prefetch(&b->state[kBlockIds - 1]);
-  }
-
-  // Makes `id` live unless it is live or retired within the window (then false). `events`: the
-  // count of retirements so far, read only when needed (it is written by every ack).
-  bool admit(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
-    std::uint32_t* v = state_for(id, events, window);
-    if (*v == kLiveState) return false;
-    // Only an event's state needs the count, which every ack writes: a new id reads no shared line.
-    if (*v != kNoState) {
-      const std::uint64_t now = events.load();
-      if (now - swept_at_ >= kMaxWindow) {
-        rebuild(now, window);
-        v = state_for(id, events, window);
-      }
-      if (in_window(*v, now, window)) return false;
-    }
-    *v = kLiveState;
-    return true;
-  }
-  // `id` (live, or new) becomes event `seq` of the window.
+  // `id` becomes event `seq` of the window.
   void record_event(std::uint64_t id, std::uint64_t seq, const std::atomic<std::uint64_t>& events,
                     std::size_t window) {
     sweep_if_old(events.load(std::memory_order_relaxed), window);
@@ -452,10 +422,6 @@ class IdWindow {
     const std::uint32_t* v = find(id);
     return v != nullptr && in_window(*v, now, window);
   }
-  // Forgets `id`; its block stays until the next rebuild.
-  void erase(std::uint64_t id) {
-    if (std::uint32_t* v = find(id)) *v = kNoState;
-  }
   // (id, seq) of the events still in the window, in table order.
   void window_events(std::uint64_t events_now, std::size_t window,
                      std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
@@ -464,7 +430,7 @@ class IdWindow {
       if (b.run == kEmpty) continue;
       for (std::uint64_t k = 0; k < kBlockIds; ++k) {
         const std::uint32_t v = b.state[k];
-        if (v == kLiveState || !in_window(v, events_now, window)) continue;
+        if (!in_window(v, events_now, window)) continue;
         out.emplace_back(b.run * kBlockIds + k, seq_of(v));
       }
     }
@@ -477,10 +443,8 @@ class IdWindow {
     std::uint32_t state[kBlockIds];
   };
   static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);  // no id / kBlockIds is this
-  // An id's state: none (never pushed, or forgotten), live, or its event's number modulo 2^31
-  // with the top bit set.
+  // An id's state: none, or its event's number modulo 2^31 with the top bit set.
   static constexpr std::uint32_t kNoState = 0;
-  static constexpr std::uint32_t kLiveState = 1;
   static constexpr std::uint32_t kEventBit = 0x80000000u;
   static constexpr std::uint32_t kSeqMask = 0x7fffffffu;
   static constexpr std::uint64_t kHalfRange = std::uint64_t(1) << 30;
@@ -493,11 +457,10 @@ class IdWindow {
     const std::uint64_t lo = swept_at_ - kHalfRange;  // wraps below 2^30: the mask below still holds
     return lo + ((std::uint64_t(v & kSeqMask) - lo) & kSeqMask);
   }
-  // Whether a state keeps its id refused: live, or an event still in the window, or one numbered
-  // after `events_now` was read (still in flight).
+  // Whether a state is an event still in the window, or one numbered after `events_now` was read
+  // (still in flight).
   bool in_window(std::uint32_t v, std::uint64_t events_now, std::size_t window) const {
     if (v == kNoState) return false;
-    if (v == kLiveState) return true;
     const std::uint64_t seq = seq_of(v);
     return seq > events_now || events_now - seq < window;
   }
@@ -535,7 +498,7 @@ class IdWindow {
     blocks_[probe(b.run)] = b;
     ++size_;
   }
-  // Drops the ids the window has passed and the forgotten ones, then the blocks left with none;
+  // Drops the ids the window has passed, then the blocks left with none;
   // doubles the table if it stays over 3/8 full (it is swept again after filling to half; a
   // bigger one would only spread the window over more cache lines).
   // The table is refilled in place unless it grows: fresh memory would cost a miss per line.
@@ -558,6 +521,115 @@ class IdWindow {
     size_ = 0;
     for (const Block& b : kept_) place(b);
     swept_at_ = events_now;
+  }
+
+  std::vector<Block> blocks_;
+  std::vector<Block> kept_;     // rebuild()'s scratch
+  std::size_t size_ = 0;        // blocks taken
+  std::uint64_t swept_at_ = 0;  // the event count at the last rebuild
+};
+
+// The trajectory ids a shard refuses: live ones (pending, ready or leased) and retired ones still
+// in the dedup window. Which retired ids are still in the window is the retirement ring's
+// business (Impl::retired_ring), which takes an id out here once it leaves; so the table holds
+// only two bits per id, and no event numbers to sweep.
+//
+// Ids usually come from counters, so the table holds blocks of 64 consecutive ids: the block's
+// number and a bit mask of each kind, 24 bytes for up to 64 ids. A queue's table then stays in
+// the core's caches (the window of 65536 ids of a run fits in 25 KB), where a larger one made
+// every push and every retirement a cache miss. An id with no neighbours takes a block to itself.
+class IdTable {
+ public:
+  IdTable() : blocks_(16, Block{}) { publish_blocks(); }
+
+  // Starts loading the block where a lookup of `id` begins; safe without the lock that guards the
+  // table (a prefetch of a stale address, during a rehash, is harmless).
+  void prefetch(std::uint64_t id) const {
+    const Block* base = blocks_base_.load(std::memory_order_relaxed);
+    __builtin_prefetch(base + home(id / kBlockIds, blocks_mask_.load(std::memory_order_relaxed)));
+  }
+  // Makes `id` live unless it is live or retired (then false).
+  bool admit(std::uint64_t id) {
+    Block& b = block_for(id);
+    const std::uint64_t bit = bit_of(id);
+    if ((b.live | b.retired) & bit) return false;
+    b.live |= bit;
+    return true;
+  }
+  // Live `id` (or, replaying a log, any id) becomes retired.
+  void retire(std::uint64_t id) {
+    Block& b = block_for(id);
+    b.live &= ~bit_of(id);
+    b.retired |= bit_of(id);
+  }
+  // Replaying a log: `id` is live, whatever else the log said of it.
+  void set_live(std::uint64_t id) { block_for(id).live |= bit_of(id); }
+  bool retired(std::uint64_t id) const {
+    const Block& b = blocks_[probe(id / kBlockIds)];
+    return b.run == id / kBlockIds && (b.retired & bit_of(id)) != 0;
+  }
+  // Clears the live (a push that failed) or the retired bit (out of the window) of `id`.
+  void forget_live(std::uint64_t id) { clear(id, &Block::live); }
+  void forget_retired(std::uint64_t id) { clear(id, &Block::retired); }
+
+ private:
+  static constexpr std::uint64_t kBlockIds = 64;
+  struct Block {
+    std::uint64_t run = kEmpty;  // id / kBlockIds, or kEmpty
+    std::uint64_t live = 0;
+    std::uint64_t retired = 0;
+  };
+  static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);  // no id / kBlockIds is this
+
+  static std::uint64_t bit_of(std::uint64_t id) { return std::uint64_t(1) << (id % kBlockIds); }
+  std::size_t mask() const { return blocks_.size() - 1; }
+  static std::size_t home(std::uint64_t run, std::size_t mask) { return std::size_t(mix64(run)) & mask; }
+  // The block holding `run`, or the empty one where it would go (linear probing).
+  std::size_t probe(std::uint64_t run) const {
+    std::size_t i = home(run, mask());
+    while (blocks_[i].run != run && blocks_[i].run != kEmpty) i = (i + 1) & mask();
+    return i;
+  }
+  // The block of `id`, taken for it if there was none.
+  Block& block_for(std::uint64_t id) {
+    const std::uint64_t run = id / kBlockIds;
+    std::size_t i = probe(run);
+    if (blocks_[i].run == run) return blocks_[i];
+    if (2 * (size_ + 1) > blocks_.size()) {
+      grow();
+      i = probe(run);
+    }
+    ++size_;
+    blocks_[i] = Block{run, 0, 0};
+    return blocks_[i];
+  }
+  void clear(std::uint64_t id, std::uint64_t Block::*bits) {
+    const std::size_t i = probe(id / kBlockIds);
+    Block& b = blocks_[i];
+    if (b.run != id / kBlockIds) return;
+    b.*bits &= ~bit_of(id);
+    if ((b.live | b.retired) == 0) remove_at(i);
+  }
+  // Empties slot `i`, moving later blocks of its probe run back so that every block stays
+  // reachable from its home (no tombstones to sweep).
+  void remove_at(std::size_t i) {
+    for (std::size_t j = (i + 1) & mask(); blocks_[j].run != kEmpty; j = (j + 1) & mask()) {
+      const std::size_t k = home(blocks_[j].run, mask());
+      // The block at j may move to i unless its home lies cyclically in (i, j].
+      const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+      if (stays) continue;
+      blocks_[i] = blocks_[j];
+      i = j;
+    }
+    blocks_[i] = Block{};
+    --size_;
+  }
+  void grow() {
+    std::vector<Block> old(2 * blocks_.size());
+    old.swap(blocks_);
+    for (const Block& b : old) {
+      if (b.run != kEmpty) blocks_[probe(b.run)] = b;
+    }
     publish_blocks();
   }
   void publish_blocks() {
@@ -569,9 +641,7 @@ class IdWindow {
   // Read by prefetch() without the lock.
   std::atomic<const Block*> blocks_base_{nullptr};
   std::atomic<std::size_t> blocks_mask_{0};
-  std::vector<Block> kept_;     // rebuild()'s scratch
-  std::size_t size_ = 0;        // blocks taken
-  std::uint64_t swept_at_ = 0;  // the event count at the last rebuild
+  std::size_t size_ = 0;  // blocks taken
 };
 
 // The vectors of units go round instead of being freed: a producer allocates one per unit and a
@@ -687,9 +757,7 @@ constexpr std::size_t kGroupShards = 16;
 
 struct IdShard {
   alignas(64) SpinMutex mu;
-  // Ids refused on push: live ones (pending, ready or leased) and the last id_dedup_window
-  // retired (acked or dropped), across all shards.
-  IdWindow ids;
+  IdTable ids;
   std::uint64_t pushed = 0;
 };
 
@@ -788,12 +856,13 @@ void add_wait(WaitHistogram& h, Clock::Duration waited) {
 //     publish_version;
 //   GroupShard::mu: pending groups, their timeouts and the closed-group window of the shard's
 //     group ids;
+//   apply_mu: making the retirement log's changes in the id shards, one burst at a time;
 //   IdShard::mu: the ids of the shard, live and recently retired;
 //   mu: the consumer side: the ready queue, leases and their expiry;
-//   retire_mu, space_mu, bg_mu: leaves (no other queue lock is taken under them): the
-//     retirement log, producers waiting for space, the background error.
-// Order: wmu, then a group shard, then an id shard, then mu; never two shards of a kind except
-// all of them in order (stats(), compaction). Capacity is one atomic word (`held`).
+//   retire_mu, space_mu, bg_mu: leaves (no other queue lock is taken under them): the dedup
+//     window and the retirement log, producers waiting for space, the background error.
+// Order: wmu, then a group shard, then apply_mu, then an id shard, then mu; never two shards of
+// a kind except all of them in order (stats(), compaction). Capacity is one atomic word (`held`).
 struct TrajectoryQueue::Impl {
   explicit Impl(QueueOptions o)
       : opt(std::move(o)), clock(opt.clock ? opt.clock : Clock::steady()) {}
@@ -820,18 +889,26 @@ struct TrajectoryQueue::Impl {
   std::condition_variable space_cv;  // producers wait for capacity
   std::atomic<int> space_waiters{0};
 
-  // Sequence numbers of the retirements and group closings so far (the windows count them).
-  alignas(64) std::atomic<std::uint64_t> retired_events{0};
+  // Sequence number of the group closings so far (the closed-group windows count them).
   alignas(64) std::atomic<std::uint64_t> closed_events{0};
   alignas(64) std::atomic<std::uint64_t> rejected_invalid{0};
   std::atomic<std::uint64_t> rejected_full{0};
 
   IdShard id_shards[kIdShards];
-  // Retirements not yet in the id shards' windows, (id, sequence number): the acks hand them
-  // over in bursts, so they touch each producer's shard once per burst, not once per batch.
-  // Until then a retired id is refused as if live, which its window does anyway.
+  // Under retire_mu: the last id_dedup_window ids retired (acked or dropped), across all shards,
+  // oldest first from ring_next once it is full; and the changes to the id shards not yet made:
+  // ids retired, and ids that left the window. The acks hand those over in bursts, so they touch
+  // each shard once per run of ids in it, not once per batch. Until then a retired id is refused
+  // as if live (its window does that anyway), and one that left the window as if still in it
+  // until a push of it makes the changes (flush_retirements).
   alignas(64) SpinMutex retire_mu;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> retire_log;
+  std::vector<std::uint64_t> retired_ring;
+  std::size_t ring_next = 0;
+  std::vector<std::uint64_t> retired_log;
+  std::vector<std::uint64_t> left_log;
+  // Held while a burst is applied, so that bursts apply in order: an id's retirement before its
+  // leaving the window.
+  SpinMutex apply_mu;
   GroupShard group_shards[kGroupShards];
 
   // --- consumer side, under mu ---
@@ -942,57 +1019,72 @@ struct TrajectoryQueue::Impl {
       tokens += it->num_tokens();
       if (wal) wal_live_bytes -= wal_record_bytes(*it);
     }
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> burst;
+    bool burst = false;
     {
       ShardLock l = lock_spinning(retire_mu);
-      // Numbered under retire_mu, so the log is in window order.
-      std::uint64_t seq = retired_events.fetch_add(n);
-      for (It it = begin; it != end; ++it) retire_log.emplace_back(it->id.value(), ++seq);
-      if (retire_log.size() >= kRetireBurst) {
-        burst.reserve(retire_log.capacity());
-        burst.swap(retire_log);
-      }
+      for (It it = begin; it != end; ++it) enter_window(it->id.value());
+      burst = retired_log.size() >= kRetireBurst;
     }
     release_space(n, tokens);
-    if (!burst.empty()) apply_retirements(burst);
+    // A burst already being applied will take this one too.
+    if (burst && apply_mu.try_lock()) {
+      ShardLock al(apply_mu, std::adopt_lock);
+      apply_retirements();
+    }
   }
 
-  // Moves the retirements logged so far into the id shards' windows.
+  // With retire_mu held: `id` retires into the window, and, once the window is full, pushes the
+  // oldest one out of it.
+  void enter_window(std::uint64_t id) {
+    retired_log.push_back(id);
+    if (retired_ring.size() < opt.id_dedup_window) {
+      retired_ring.push_back(id);
+      return;
+    }
+    left_log.push_back(retired_ring[ring_next]);
+    retired_ring[ring_next] = id;
+    if (++ring_next == retired_ring.size()) ring_next = 0;
+  }
+
+  // Makes every logged change to the id shards, waiting for a burst another thread applies.
   void flush_retirements() {
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> burst;
-    {
-      ShardLock l = lock_spinning(retire_mu);
-      burst.swap(retire_log);
-    }
-    apply_retirements(burst);
+    ShardLock al = lock_spinning(apply_mu);
+    apply_retirements();
   }
 
-  // Each id shard locked once for all of its ids in `burst`.
-  void apply_retirements(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& burst) {
-    // Counting sort by shard, keeping the window order within each shard.
-    thread_local std::vector<std::uint32_t> order;
-    thread_local std::vector<std::uint8_t> shard_of;
-    order.resize(burst.size());
-    shard_of.resize(burst.size());
-    std::array<std::size_t, kIdShards + 1> start{};
-    // Every slot's miss of the burst at once (a prefetch needs no lock), not shard by shard.
-    for (std::size_t i = 0; i < burst.size(); ++i) {
-      shard_of[i] = std::uint8_t(id_shard_index(burst[i].first));
-      ++start[shard_of[i] + 1];
-      id_shards[shard_of[i]].ids.prefetch(burst[i].first);
-    }
-    for (std::size_t k = 0; k < kIdShards; ++k) start[k + 1] += start[k];
-    std::array<std::size_t, kIdShards> next;
-    std::copy(start.begin(), start.end() - 1, next.begin());
-    for (std::size_t i = 0; i < burst.size(); ++i) order[next[shard_of[i]]++] = std::uint32_t(i);
-    for (std::size_t k = 0; k < kIdShards; ++k) {
-      if (start[k] == start[k + 1]) continue;
-      IdShard& s = id_shards[k];
-      ShardLock l = lock_spinning(s.mu);
-      for (std::size_t j = start[k]; j < start[k + 1]; ++j) {
-        const auto& [id, seq] = burst[order[j]];
-        s.ids.record_event(id, seq, retired_events, opt.id_dedup_window);
+  // With apply_mu held: makes the logged changes, until the log is empty. All retirements of a
+  // burst go before its ids that left the window: an id leaves after it retired, and cannot
+  // retire again before its leaving is made (until then a push of it is refused).
+  void apply_retirements() {
+    thread_local std::vector<std::uint64_t> retired, left;
+    for (;;) {
+      retired.clear();
+      left.clear();
+      {
+        ShardLock l = lock_spinning(retire_mu);
+        retired.swap(retired_log);
+        left.swap(left_log);
       }
+      if (retired.empty() && left.empty()) return;
+      in_id_runs(retired, [](IdTable& ids, std::uint64_t id) { ids.retire(id); });
+      in_id_runs(left, [](IdTable& ids, std::uint64_t id) { ids.forget_retired(id); });
+    }
+  }
+
+  // f(table, id) for each of `ids`, locking each shard once per run of ids in it (ids from a
+  // counter stay in one for kRunIds).
+  template <class F>
+  void in_id_runs(const std::vector<std::uint64_t>& ids, F f) {
+    IdShard* locked = nullptr;
+    ShardLock l;
+    for (std::uint64_t id : ids) {
+      IdShard& s = id_shard(id);
+      if (&s != locked) {
+        if (l.owns_lock()) l.unlock();
+        l = lock_spinning(s.mu);
+        locked = &s;
+      }
+      f(s.ids, id);
     }
   }
 
@@ -1000,7 +1092,7 @@ struct TrajectoryQueue::Impl {
   void unreserve(std::uint64_t id) {
     IdShard& s = id_shard(id);
     ShardLock l = lock_spinning(s.mu);
-    s.ids.erase(id);
+    s.ids.forget_live(id);
     --s.pushed;
   }
 
@@ -1029,13 +1121,12 @@ struct TrajectoryQueue::Impl {
   // Makes `id` live in its shard `is`, whose lock `il` holds (and holds again on return). False,
   // counted, if it is live or retired within the window.
   bool admit_id(IdShard& is, ShardLock& il, std::uint64_t id) {
-    if (!is.ids.admit(id, retired_events, opt.id_dedup_window)) {
-      // Its retirement may still be in the log, while the window has passed it: look again with
-      // every logged retirement in the windows.
+    if (!is.ids.admit(id)) {
+      // Its leaving the window may still be in the log: look again with every logged change made.
       il.unlock();
       flush_retirements();
       il = lock_spinning(is.mu);
-      if (!is.ids.admit(id, retired_events, opt.id_dedup_window)) {
+      if (!is.ids.admit(id)) {
         rejected_invalid.fetch_add(1, std::memory_order_relaxed);
         return false;
       }
@@ -1363,18 +1454,22 @@ struct TrajectoryQueue::Impl {
       LAMINAR_RETURN_IF_ERROR(
           w.append(internal::WalRecordType::kVersion, std::string_view(reinterpret_cast<const char*>(&v), 8)));
       // The dedup windows survive a restart too, oldest first.
+      std::string buf;
+      {
+        ShardLock l = lock_spinning(retire_mu);
+        const std::uint64_t head = std::uint64_t(internal::WalRetireReason::kWindow);
+        const std::uint64_t n = retired_ring.size();
+        buf.append(reinterpret_cast<const char*>(&head), 8);
+        buf.append(reinterpret_cast<const char*>(&n), 8);
+        auto add = [&](std::size_t from, std::size_t to) {
+          buf.append(reinterpret_cast<const char*>(retired_ring.data() + from), (to - from) * 8);
+        };
+        add(ring_next, retired_ring.size());
+        add(0, ring_next);
+      }
+      LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kRetire, buf));
       std::vector<std::pair<std::uint64_t, std::uint64_t>> window;
       auto by_seq = [](const auto& a, const auto& b) { return a.second < b.second; };
-      for (IdShard& sh : id_shards) sh.ids.window_events(retired_events.load(), opt.id_dedup_window, window);
-      std::sort(window.begin(), window.end(), by_seq);
-      std::string buf;
-      const std::uint64_t head = std::uint64_t(internal::WalRetireReason::kWindow);
-      const std::uint64_t n = window.size();
-      buf.append(reinterpret_cast<const char*>(&head), 8);
-      buf.append(reinterpret_cast<const char*>(&n), 8);
-      for (const auto& [id, seq] : window) buf.append(reinterpret_cast<const char*>(&id), 8);
-      LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kRetire, buf));
-      window.clear();
       for (GroupShard& gs : group_shards) gs.closed.window_events(closed_events.load(), opt.id_dedup_window, window);
       std::sort(window.begin(), window.end(), by_seq);
       for (const auto& [gid, seq] : window) {
@@ -1442,9 +1537,9 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
         for (std::uint64_t i = 0; i < n; ++i) {
           std::uint64_t id;
           std::memcpy(&id, p.data() + 16 + 8 * i, 8);
-          IdWindow& ids = id_shard(id).ids;
-          if (!ids.remembered(id, retired_events, opt.id_dedup_window)) {
-            ids.record_event(id, retired_events.fetch_add(1) + 1, retired_events, opt.id_dedup_window);
+          if (!id_shard(id).ids.retired(id)) {
+            ShardLock l = lock_spinning(retire_mu);
+            enter_window(id);
           }
           auto it = index.find(id);
           if (it != index.end()) {
@@ -1453,6 +1548,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
             ++retired;
           }
         }
+        flush_retirements();
         return ok_status();
       }
       case internal::WalRecordType::kGroupClosed:
@@ -1487,7 +1583,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
     ++recovery.recovered;
     IdShard& is = id_shard(t.id.value());
     // A live id the log also lists as retired stays refused either way.
-    (void)is.ids.admit(t.id.value(), retired_events, opt.id_dedup_window);
+    is.ids.set_live(t.id.value());
     ++is.pushed;
     held += held_word(1, t.num_tokens());
     wal_live_bytes += wal_record_bytes(t);

@@ -1221,6 +1221,39 @@ TEST_CASE("the id dedup window stays exact through heavy churn", "[queue][bad-in
   }
 }
 
+TEST_CASE("after acks from many threads the window holds exactly the last ids retired", "[queue][stress]") {
+  QueueOptions opt;
+  opt.id_dedup_window = 3;
+  auto q = open_queue(opt);
+  constexpr std::uint64_t kThreads = 4, kEach = 3000;
+  std::vector<int> errors(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (std::uint64_t t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (std::uint64_t i = 0; i < kEach; ++i) {
+        // Interleaved ids: the threads' ids share the id table's blocks.
+        const std::uint64_t id = 1 + i * kThreads + t;
+        if (!q->push(make_traj(id)).ok()) ++errors[t];
+        laminar::Result<Batch> b = q->pop_batch(count_spec(1));
+        if (!b.ok() || !q->ack(b->id()).ok()) ++errors[t];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(std::accumulate(errors.begin(), errors.end(), 0) == 0);
+  // Every id but the last 3 retired has left the window, whatever order the acks' changes to the
+  // id table were made in.
+  std::size_t refused = 0;
+  for (std::uint64_t id = 1; id <= kThreads * kEach; ++id) {
+    const laminar::Status st = q->push(make_traj(id));
+    if (!st.ok()) {
+      CHECK(st.code() == StatusCode::kInvalidArgument);
+      ++refused;
+    }
+  }
+  CHECK(refused == 3);
+}
+
 TEST_CASE("an id a refused push gave back can be pushed again, its neighbours stay refused", "[queue][bad-input]") {
   // Consecutive ids share blocks of the id table; forgetting one must not hide the others.
   auto q = open_queue();

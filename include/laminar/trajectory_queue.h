@@ -143,6 +143,7 @@ struct QueueOptions {
   Version initial_version{0};
   // A pushed id is refused while it is in the queue and for the next id_dedup_window ids retired
   // (acked or dropped) after it; closed groups are remembered for as many group ids. At most 2^29.
+  // The window's ids take 8 bytes each once that many have been retired.
   std::size_t id_dedup_window = 1 << 16;
   // Write-ahead log file; empty: none. Created if absent, replayed if present.
   std::string wal_path;
