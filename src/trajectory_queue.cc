@@ -1703,13 +1703,17 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
   const std::size_t tokens = t.num_tokens();
   // Encoded and checksummed before wmu is taken: they are the costly part of logging, after the
   // write itself.
-  thread_local std::string encoded;
+  // With a WAL, this thread's buffer: reaching a thread_local from a shared library is a call, so
+  // a push without one does not.
+  std::string* encoded = nullptr;
   std::uint64_t checksum = 0;
   std::unique_lock<std::mutex> wl;
   if (q.wal) {
-    encoded.clear();
-    encode_trajectory(t, encoded);
-    checksum = internal::TrajectoryWal::checksum(internal::WalRecordType::kPush, encoded);
+    thread_local std::string buf;
+    encoded = &buf;
+    encoded->clear();
+    encode_trajectory(t, *encoded);
+    checksum = internal::TrajectoryWal::checksum(internal::WalRecordType::kPush, *encoded);
     wl = lock_spinning(q.wmu);
   }
 
@@ -1819,7 +1823,7 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       }
     }
     if (q.wal) {
-      if (Status s = q.wal->append(internal::WalRecordType::kPush, encoded, checksum); !s.ok()) {
+      if (Status s = q.wal->append(internal::WalRecordType::kPush, *encoded, checksum); !s.ok()) {
         if (gl.owns_lock()) gl.unlock();
         if (data) q.data_cv.notify_all();
         return undo(std::move(s));
