@@ -223,6 +223,10 @@ std::uint64_t TrajectoryWal::checksum(WalRecordType type, std::string_view paylo
   return record_checksum(std::uint32_t(type), payload.size(), payload);
 }
 
+void TrajectoryWal::cut_back() {
+  if (::ftruncate(fd_.get(), off_t(size_)) == 0) (void)::lseek(fd_.get(), off_t(size_), SEEK_SET);
+}
+
 Status TrajectoryWal::append(WalRecordType type, std::string_view payload) {
   return append(type, payload, checksum(type, payload));
 }
@@ -250,12 +254,17 @@ Status TrajectoryWal::append(WalRecordType type, std::string_view payload, std::
       if (errno == EINTR) continue;
       const int e = errno;
       // Cut the partial record so later appends do not sit behind a torn one.
-      if (::ftruncate(fd_.get(), off_t(size_)) == 0) (void)::lseek(fd_.get(), off_t(size_), SEEK_SET);
+      cut_back();
       return io_error("append", path_, e);
     }
     done += std::size_t(w);
   }
-  if (fsync_each_ && ::fdatasync(fd_.get()) != 0) return io_error("fdatasync", path_, errno);
+  if (fsync_each_ && ::fdatasync(fd_.get()) != 0) {
+    // The caller is told the record is not in the log, so it must not come back on replay.
+    const int e = errno;
+    cut_back();
+    return io_error("fdatasync", path_, e);
+  }
   size_ += total;
   ++records_;
   return ok_status();

@@ -54,8 +54,9 @@ class TrajectoryWal {
                                                      const RecordFn& on_record,
                                                      RecoveryReport& report);
 
-  // Appends one record. On failure the file is cut back to where it was, so a failed append
-  // never leaves a torn record in front of later ones.
+  // Appends one record. On failure (of the write, or of the fdatasync with fsync_each) the file
+  // is cut back to where it was, so a failed append never leaves a torn record in front of later
+  // ones, nor one that replay would bring back.
   Status append(WalRecordType type, std::string_view payload);
   // The same with the record's checksum (checksum()) computed beforehand: it reads the whole
   // payload, so a writer computes it before taking the lock that serialises appends.
@@ -72,6 +73,8 @@ class TrajectoryWal {
  private:
   TrajectoryWal(std::string path, Fd fd, std::uint64_t size, bool fsync_each)
       : path_(std::move(path)), fd_(std::move(fd)), size_(size), fsync_each_(fsync_each) {}
+  // Cuts the file back to the last record appended in full.
+  void cut_back();
 
   std::string path_;
   Fd fd_;
