@@ -19,6 +19,8 @@
 // tokens and bulk dequeue, its fastest use. A second pair of runs pushes each group of 8 with one
 // call: push_many() against moodycamel's enqueue_bulk(). Then the same TrajectoryQueue with its
 // write-ahead log on (page cache, no fsync), reported separately; that run moves the pool once.
+// Last, with wal_fsync, a pool of 1024 moved once: each group of 8 with one push_many() (one
+// fdatasync) against push() one by one (one each).
 // The same producer and consumer threads run every repeat of every queue (see Workers).
 //
 //   trajectory_queue_bench [--producers N] [--consumers M] [--pool P] [--passes K] [--repeats R]
@@ -28,6 +30,7 @@
 //   trajectory_queue_contents_checked vs moodycamel::ConcurrentQueue;
 //   trajectory_queue_push_group_pop vs moodycamel::ConcurrentQueue with enqueue_bulk;
 //   trajectory_queue_wal vs trajectory_queue without WAL;
+//   trajectory_queue_wal_fsync_push_many vs push() with wal_fsync;
 //   trajectory_queue_push_pop vs moodycamel::ConcurrentQueue (goal: ratio >= 0.5, value >= 1e6).
 #include <concurrentqueue/concurrentqueue.h>
 #include <unistd.h>
@@ -441,6 +444,31 @@ int main(int argc, char** argv) {
   }
   const auto t_wal = summarize(wal);
   const double wal_rate = double(total(wal_cfg)) / t_wal.median_s;
+
+  // With wal_fsync a push returns once its record is on the disk: push() syncs each record,
+  // push_many() one group's 8 at once. A smaller pool, moved once: at a few thousand syncs a
+  // second the whole one would take seconds.
+  Config sync_cfg = wal_cfg;
+  const std::size_t sync_unit = kGroupSize * std::size_t(cfg.producers);
+  sync_cfg.pool = std::max(sync_unit, std::min<std::size_t>(cfg.pool, 1024) / sync_unit * sync_unit);
+  std::vector<Trajectory> sync_pool(pool.begin(), pool.begin() + std::ptrdiff_t(sync_cfg.pool));
+  std::vector<double> sync_one, sync_group;
+  for (int r = 0; r < cfg.wal_repeats; ++r) {
+    for (std::size_t per_push : {std::size_t(1), std::size_t(kGroupSize)}) {
+      laminar::QueueOptions sopt = opt;
+      sopt.wal_path = cfg.wal_dir + "/laminar_tq_bench_sync_" + std::to_string(::getpid()) + ".wal";
+      sopt.wal_fsync = true;
+      std::filesystem::remove(sopt.wal_path);
+      auto sq = laminar::TrajectoryQueue::open(sopt);
+      if (!sq.ok()) die("open with WAL and fsync", sq.status());
+      const double s = run_laminar(sync_cfg, workers, **sq, sync_pool, rep++, per_push).wall_s;
+      (per_push == 1 ? sync_one : sync_group).push_back(s);
+      sq->reset();
+      std::filesystem::remove(sopt.wal_path);
+    }
+  }
+  const double sync_one_rate = double(total(sync_cfg)) / summarize(sync_one).median_s;
+  const double sync_group_rate = double(total(sync_cfg)) / summarize(sync_group).median_s;
   std::printf("# WAL: %.1f MB per repeat, %.0f MB/s\n", double(wal_bytes) / 1e6,
               double(wal_bytes) / 1e6 / t_wal.median_s);
   auto ns = [](std::vector<double> v) { return summarize(std::move(v)).median_s * 1e9; };
@@ -457,6 +485,8 @@ int main(int argc, char** argv) {
                                     "moodycamel::ConcurrentQueue enqueue_bulk", base_group_rate);
   laminar::bench::report_throughput("trajectory_queue_wal", "trajectories/s", wal_rate,
                                     "trajectory_queue_no_wal", ours_rate);
+  laminar::bench::report_throughput("trajectory_queue_wal_fsync_push_many", "trajectories/s", sync_group_rate,
+                                    "trajectory_queue_wal_fsync_push", sync_one_rate);
   laminar::bench::report_throughput("trajectory_queue_push_pop", "trajectories/s", ours_rate,
                                     "moodycamel::ConcurrentQueue", base_rate);
   return 0;

@@ -968,9 +968,11 @@ struct TrajectoryQueue::Impl {
     return wal->append(internal::WalRecordType::kRetire, wal_buf);
   }
 
-  Status wal_u64(internal::WalRecordType type, std::uint64_t v) {
+  Status wal_u64(internal::WalRecordType type, std::uint64_t v, bool sync = true) {
     if (!wal) return ok_status();
-    return wal->append(type, std::string_view(reinterpret_cast<const char*>(&v), 8));
+    const std::string_view payload(reinterpret_cast<const char*>(&v), 8);
+    const internal::TrajectoryWal::Record r{type, payload, internal::TrajectoryWal::checksum(type, payload)};
+    return wal->append_all(std::span<const internal::TrajectoryWal::Record>(&r, 1), sync);
   }
 
   // --- capacity ---
@@ -1148,24 +1150,26 @@ struct TrajectoryQueue::Impl {
   // What refuses `t` as a member of its group (`group`: the pending one, or end()); counted.
   Status refuse_member(GroupShard& gs, const Trajectory& t,
                        std::unordered_map<std::uint64_t, PendingGroup>::const_iterator group) {
+    if (group != gs.groups.end()) return refuse_joining(t, group->second.group_size, group->second.prompt_id, group->second.seen);
+    // Only a group not pending can be closed: a closed group leaves the pending ones for good.
+    if (group_closed(gs, t.group_id)) return refuse_closed(gs, t);
+    return ok_status();
+  }
+  Status refuse_closed(GroupShard& gs, const Trajectory& t) {
+    ++gs.dropped_late_for_group;
+    return failed_precondition(fmt::format("trajectory {}: group {} is already closed (complete, released or dropped)",
+                                           t.id.value(), t.group_id));
+  }
+  // What refuses `t` joining a group of `group_size` for `prompt_id` that has the samples `seen`.
+  Status refuse_joining(const Trajectory& t, std::uint32_t group_size, std::uint64_t prompt_id, const SampleSet& seen) {
     const std::uint64_t id = t.id.value();
-    if (group == gs.groups.end()) {
-      // Only a group not pending can be closed: a closed group leaves the pending ones for good.
-      if (group_closed(gs, t.group_id)) {
-        ++gs.dropped_late_for_group;
-        return failed_precondition(fmt::format(
-            "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id));
-      }
-      return ok_status();
-    }
-    const PendingGroup* g = &group->second;
-    if (g->group_size != t.group_size || g->prompt_id != t.prompt_id) {
+    if (group_size != t.group_size || prompt_id != t.prompt_id) {
       rejected_invalid.fetch_add(1, std::memory_order_relaxed);
       return invalid_argument(fmt::format(
           "trajectory {}: group {} has group_size {} and prompt {}, this member says {} and {}", id, t.group_id,
-          g->group_size, g->prompt_id, t.group_size, t.prompt_id));
+          group_size, prompt_id, t.group_size, t.prompt_id));
     }
-    if (g->seen.test(t.sample_index)) {
+    if (seen.test(t.sample_index)) {
       rejected_invalid.fetch_add(1, std::memory_order_relaxed);
       return invalid_argument(fmt::format("trajectory {}: group {} already has sample_index {}", id, t.group_id,
                                           t.sample_index));
@@ -1196,8 +1200,10 @@ struct TrajectoryQueue::Impl {
     add_wait(gs.group_wait, now - g.first_arrival);
     close_group_id(gs, gid);
     // The trajectory is in the queue either way; a failed group record only means a late
-    // duplicate member could be accepted after a restart, so it is reported, not undone.
-    note_bg(wal_u64(internal::WalRecordType::kGroupClosed, gid));
+    // duplicate member could be accepted after a restart, so it is reported, not undone. Nor is
+    // it synced on its own: a replay closes a complete group anyway, and the ack of its members
+    // comes later in the log, so syncing that carries this record too.
+    note_bg(wal_u64(internal::WalRecordType::kGroupClosed, gid, /*sync=*/false));
     done = take_group(gs, g, /*partial=*/false);
     gs.groups.erase(group);
     return true;
@@ -1867,8 +1873,7 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
   thread_local std::vector<std::uint32_t> in;  // indices of the trajectories still going in
   in.clear();
   for (std::uint32_t i = 0; i < ts.size(); ++i) in.push_back(i);
-  // With a log every trajectory is its own record under wmu anyway.
-  if (q.wal || ts.size() < 2) {
+  if (ts.size() < 2) {
     one_by_one(in);
     return out;
   }
@@ -1900,14 +1905,36 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
   }
   in.resize(n);
   if (in.empty()) return out;
+  // With a log, each trajectory's record, encoded and checksummed before wmu is taken; they go in
+  // together, with one fdatasync for all (wal_fsync) where push() syncs each.
+  thread_local std::vector<std::string> encoded;
+  thread_local std::vector<std::uint64_t> checksums;
+  thread_local std::vector<internal::TrajectoryWal::Record> records;
+  std::unique_lock<std::mutex> wl;
+  if (q.wal) {
+    if (encoded.size() < ts.size()) encoded.resize(ts.size());
+    checksums.resize(ts.size());
+    for (std::uint32_t i : in) {
+      encoded[i].clear();
+      encode_trajectory(ts[i], encoded[i]);
+      checksums[i] = internal::TrajectoryWal::checksum(internal::WalRecordType::kPush, encoded[i]);
+    }
+    wl = lock_spinning(q.wmu);
+  }
   // Room for all at once, or each waits for (or fails to find) its own as push() does.
   if (!q.try_reserve(in.size(), tokens)) {
+    if (wl.owns_lock()) wl.unlock();
     one_by_one(in);
     return out;
   }
+  std::size_t refused = 0, refused_tokens = 0;
+  auto refuse = [&](std::uint32_t i, Status s) {
+    out[i] = std::move(s);
+    ++refused;
+    refused_tokens += ts[i].num_tokens();
+  };
   // Ids, each shard locked once for a run of trajectories in it (ids from a counter share one).
   n = 0;
-  std::size_t refused = 0, refused_tokens = 0;
   {
     IdShard* locked = nullptr;
     ShardLock il;
@@ -1920,51 +1947,115 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
         locked = &is;
       }
       if (!q.admit_id(is, il, id)) {
-        out[i] = invalid_argument(fmt::format("trajectory {}: id already pushed", id));
-        ++refused;
-        refused_tokens += ts[i].num_tokens();
+        refuse(i, invalid_argument(fmt::format("trajectory {}: id already pushed", id)));
         continue;
       }
       in[n++] = i;
     }
   }
   in.resize(n);
-  // Then the groups, each shard locked once for a run of members in it.
+  // Then the groups, each shard locked once for a run of members in it: f(shard, i) for each
+  // trajectory, in order, with a null shard for an ungrouped one.
   const bool grouped = std::any_of(in.begin(), in.end(), [&](std::uint32_t i) { return ts[i].group_size > 1; });
   const Clock::Duration now = grouped ? q.clock->now() : Clock::Duration(0);
-  thread_local std::vector<Unit> done;
-  done.clear();
   bool data = false;
-  {
+  auto in_group_runs = [&](auto f) {
     GroupShard* locked = nullptr;
     ShardLock gl;
     for (std::uint32_t i : in) {
-      Trajectory& t = ts[i];
-      if (t.group_size == 1) {
-        done.push_back(Unit::lone(std::move(t)));
+      if (ts[i].group_size == 1) {
+        f(nullptr, i);
         continue;
       }
-      GroupShard& gs = q.group_shard(t.group_id);
+      GroupShard& gs = q.group_shard(ts[i].group_id);
       if (&gs != locked) {
         if (gl.owns_lock()) gl.unlock();
         gl = lock_spinning(gs.mu);
         locked = &gs;
         q.process_group_timers(gs, now, data);
       }
-      auto group = gs.groups.find(t.group_id);
-      if (Status s = q.refuse_member(gs, t, group); !s.ok()) {
-        out[i] = std::move(s);
-        ++refused;
-        refused_tokens += t.num_tokens();
-        q.unreserve(t.id.value());
-        continue;
+      f(&gs, i);
+    }
+  };
+  auto refuse_member = [&](std::uint32_t i, Status s) {
+    q.unreserve(ts[i].id.value());
+    refuse(i, std::move(s));
+  };
+  thread_local std::vector<Unit> done;
+  done.clear();
+  if (q.wal) {
+    // Checked first, against the groups as they will be after this call's earlier members (the
+    // groups cannot change meanwhile: every other change to them takes wmu), so that the log
+    // gets only the members that will go in.
+    struct SoFar {
+      std::uint32_t group_size;
+      std::uint64_t prompt_id;
+      SampleSet seen;
+      std::size_t count;
+    };
+    thread_local std::unordered_map<std::uint64_t, SoFar> so_far;
+    thread_local std::vector<char> kept;
+    so_far.clear();
+    kept.assign(ts.size(), 1);
+    in_group_runs([&](GroupShard* shard, std::uint32_t i) {
+      if (shard == nullptr) return;
+      GroupShard& gs = *shard;
+      const Trajectory& t = ts[i];
+      Status s;
+      auto it = so_far.find(t.group_id);
+      if (it == so_far.end()) {
+        auto group = gs.groups.find(t.group_id);
+        s = q.refuse_member(gs, t, group);
+        if (s.ok()) {
+          it = so_far.emplace(t.group_id, group == gs.groups.end()
+                                              ? SoFar{t.group_size, t.prompt_id, SampleSet(t.group_size), 0}
+                                              : SoFar{group->second.group_size, group->second.prompt_id,
+                                                      group->second.seen, group->second.unit.items.size()})
+                   .first;
+        }
+      } else if (it->second.count == it->second.group_size) {
+        s = q.refuse_closed(gs, t);
+      } else {
+        s = q.refuse_joining(t, it->second.group_size, it->second.prompt_id, it->second.seen);
       }
-      Unit u;
-      if (q.add_member(gs, group, std::move(t), now, u)) done.push_back(std::move(u));
+      if (!s.ok()) {
+        kept[i] = 0;
+        return refuse_member(i, std::move(s));
+      }
+      it->second.seen.set(t.sample_index);
+      ++it->second.count;
+    });
+    std::erase_if(in, [&](std::uint32_t i) { return kept[i] == 0; });
+    records.clear();
+    std::size_t bytes = 0;
+    for (std::uint32_t i : in) {
+      records.push_back({internal::WalRecordType::kPush, encoded[i], checksums[i]});
+      bytes += wal_record_bytes(ts[i]);
+    }
+    if (Status s = q.wal->append_all(records); s.ok()) {
+      q.wal_live_bytes += bytes;
+    } else {
+      for (std::uint32_t i : in) {
+        q.unreserve(ts[i].id.value());
+        refuse(i, s);
+      }
+      in.clear();
     }
   }
+  in_group_runs([&](GroupShard* gs, std::uint32_t i) {
+    Trajectory& t = ts[i];
+    if (gs == nullptr) return done.push_back(Unit::lone(std::move(t)));
+    auto group = gs->groups.find(t.group_id);
+    if (!q.wal) {
+      if (Status s = q.refuse_member(*gs, t, group); !s.ok()) return refuse_member(i, std::move(s));
+    }
+    Unit u;
+    if (q.add_member(*gs, group, std::move(t), now, u)) done.push_back(std::move(u));
+  });
   if (refused > 0) q.release_space(refused, refused_tokens);
+  // With a log, before wmu is let go: a compaction must find every live trajectory.
   if (!done.empty()) data |= q.publish_all(done);
+  if (wl.owns_lock()) wl.unlock();
   if (data) q.data_cv.notify_all();
   return out;
 }

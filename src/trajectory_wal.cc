@@ -232,41 +232,50 @@ Status TrajectoryWal::append(WalRecordType type, std::string_view payload) {
 }
 
 Status TrajectoryWal::append(WalRecordType type, std::string_view payload, std::uint64_t checksum) {
-  RecordHeader h{kRecordMagic, std::uint32_t(type), payload.size(), checksum};
-  iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(payload.data()), payload.size()}};
-  std::size_t total = sizeof(h) + payload.size();
-  std::size_t done = 0;
-  while (done < total) {
-    // Rebuild the vector past what was written (writev may stop early on a signal or a full disk).
-    iovec cur[2];
-    int n = 0;
-    std::size_t skip = done;
-    for (const iovec& v : iov) {
-      if (skip >= v.iov_len) {
-        skip -= v.iov_len;
-        continue;
+  const Record one{type, payload, checksum};
+  return append_all(std::span<const Record>(&one, 1));
+}
+
+Status TrajectoryWal::append_all(std::span<const Record> records, bool sync) {
+  std::uint64_t written = 0;
+  for (const Record& r : records) {
+    RecordHeader h{kRecordMagic, std::uint32_t(r.type), r.payload.size(), r.checksum};
+    iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(r.payload.data()), r.payload.size()}};
+    const std::size_t total = sizeof(h) + r.payload.size();
+    std::size_t done = 0;
+    while (done < total) {
+      // Rebuild the vector past what was written (writev may stop early on a signal or a full disk).
+      iovec cur[2];
+      int n = 0;
+      std::size_t skip = done;
+      for (const iovec& v : iov) {
+        if (skip >= v.iov_len) {
+          skip -= v.iov_len;
+          continue;
+        }
+        cur[n++] = {static_cast<char*>(v.iov_base) + skip, v.iov_len - skip};
+        skip = 0;
       }
-      cur[n++] = {static_cast<char*>(v.iov_base) + skip, v.iov_len - skip};
-      skip = 0;
+      const ssize_t w = ::writev(fd_.get(), cur, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        const int e = errno;
+        // Cut the partial record so later appends do not sit behind a torn one.
+        cut_back();
+        return io_error("append", path_, e);
+      }
+      done += std::size_t(w);
     }
-    const ssize_t w = ::writev(fd_.get(), cur, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      // Cut the partial record so later appends do not sit behind a torn one.
-      cut_back();
-      return io_error("append", path_, e);
-    }
-    done += std::size_t(w);
+    written += total;
   }
-  if (fsync_each_ && ::fdatasync(fd_.get()) != 0) {
-    // The caller is told the record is not in the log, so it must not come back on replay.
+  if (sync && fsync_each_ && ::fdatasync(fd_.get()) != 0) {
+    // The caller is told the records are not in the log, so they must not come back on replay.
     const int e = errno;
     cut_back();
     return io_error("fdatasync", path_, e);
   }
-  size_ += total;
-  ++records_;
+  size_ += written;
+  records_ += records.size();
   return ok_status();
 }
 

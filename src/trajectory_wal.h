@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -62,6 +63,16 @@ class TrajectoryWal {
   // payload, so a writer computes it before taking the lock that serialises appends.
   Status append(WalRecordType type, std::string_view payload, std::uint64_t checksum);
   static std::uint64_t checksum(WalRecordType type, std::string_view payload);
+  // A record for append_all, its checksum computed beforehand.
+  struct Record {
+    WalRecordType type;
+    std::string_view payload;
+    std::uint64_t checksum;
+  };
+  // Appends `records` in order, then, with fsync_each and `sync`, one fdatasync for all of them:
+  // all are in the log, or, on failure, none (the file is cut back). Without `sync` a record is
+  // made durable by the next append that syncs, for one whose loss in a power cut costs nothing.
+  Status append_all(std::span<const Record> records, bool sync = true);
 
   // Replaces the log with a fresh one holding what `write_live` appends to it (through
   // append()), atomically (write aside, fsync, rename).

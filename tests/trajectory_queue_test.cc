@@ -316,56 +316,85 @@ TEST_CASE("trajectory encoding round-trips and rejects truncated or corrupt byte
   expect_code(laminar::decode_trajectory(bad_lp).status(), StatusCode::kInvalidArgument, "logprobs[0]");
 }
 
-TEST_CASE("push_many answers each trajectory as push would, and takes only the accepted ones", "[queue]") {
-  auto q = open_queue();
-  REQUIRE(q->push(make_member(90, 9, 2, 0)).ok());
-  REQUIRE(q->push(make_member(91, 9, 2, 1)).ok());  // group 9 is closed
-  REQUIRE(q->push(make_traj(50)).ok());
-  std::vector<Trajectory> ts;
-  ts.push_back(make_traj(1));
-  ts.push_back(make_traj(2));
-  ts.back().rewards.clear();                       // invalid
-  ts.push_back(make_traj(50));                     // id already in the queue
-  ts.push_back(make_member(10, 3, 3, 0));
-  ts.push_back(make_traj(1));                      // repeats an id of this call
-  ts.push_back(make_member(11, 3, 3, 2));
-  ts.push_back(make_member(12, 3, 3, 2));          // repeats a sample_index
-  ts.push_back(make_member(13, 9, 2, 0));          // its group is closed
-  ts.push_back(make_traj(14, /*version=*/5));      // ahead of the newest version
-  ts.push_back(make_member(15, 3, 3, 1));          // completes group 3
-  const std::vector<Trajectory> before = ts;
-  std::vector<laminar::Status> st = q->push_many(ts);
-  REQUIRE(st.size() == ts.size());
-  CHECK(st[0].ok());
-  expect_code(st[1], StatusCode::kInvalidArgument, "trajectory 2: no reward");
-  expect_code(st[2], StatusCode::kInvalidArgument, "trajectory 50: id already pushed");
-  CHECK(st[3].ok());
-  expect_code(st[4], StatusCode::kInvalidArgument, "trajectory 1: id already pushed");
-  CHECK(st[5].ok());
-  expect_code(st[6], StatusCode::kInvalidArgument, "group 3 already has sample_index 2");
-  expect_code(st[7], StatusCode::kFailedPrecondition, "group 9 is already closed");
-  expect_code(st[8], StatusCode::kInvalidArgument, "version 5 is ahead");
-  CHECK(st[9].ok());
-  // A refused trajectory is untouched; an accepted one was moved from.
-  for (std::size_t i = 0; i < ts.size(); ++i) {
-    if (st[i].ok()) {
-      CHECK(ts[i].response_tokens.empty());
-    } else {
-      CHECK(ts[i] == before[i]);
+TEST_CASE("push_many answers each trajectory as push would, and takes only the accepted ones", "[queue][wal]") {
+  enum Mode { kNoLog, kLog, kLogFsync };
+  for (Mode mode : {kNoLog, kLog, kLogFsync}) {
+    INFO("mode " << int(mode));
+    QueueOptions opt;
+    const std::string path = temp_path("push_many");
+    std::filesystem::remove(path);
+    if (mode != kNoLog) opt.wal_path = path;
+    opt.wal_fsync = mode == kLogFsync;
+    auto q = open_queue(opt);
+    REQUIRE(q->push(make_member(90, 9, 2, 0)).ok());
+    REQUIRE(q->push(make_member(91, 9, 2, 1)).ok());  // group 9 is closed
+    REQUIRE(q->push(make_traj(50)).ok());
+    std::vector<Trajectory> ts;
+    ts.push_back(make_traj(1));
+    ts.push_back(make_traj(2));
+    ts.back().rewards.clear();                       // invalid
+    ts.push_back(make_traj(50));                     // id already in the queue
+    ts.push_back(make_member(10, 3, 3, 0));
+    ts.push_back(make_traj(1));                      // repeats an id of this call
+    ts.push_back(make_member(11, 3, 3, 2));
+    ts.push_back(make_member(12, 3, 3, 2));          // repeats a sample_index
+    ts.push_back(make_member(13, 9, 2, 0));          // its group is closed
+    ts.push_back(make_traj(14, /*version=*/5));      // ahead of the newest version
+    ts.push_back(make_member(15, 3, 3, 1));          // completes group 3
+    ts.push_back(make_member(16, 3, 3, 0));          // its group was completed by this call
+    ts.push_back(make_member(17, 5, 2, 0));
+    ts.push_back(make_member(18, 5, 3, 1));          // disagrees with the group this call opened
+    const std::vector<Trajectory> before = ts;
+    std::vector<laminar::Status> st = q->push_many(ts);
+    REQUIRE(st.size() == ts.size());
+    CHECK(st[0].ok());
+    expect_code(st[1], StatusCode::kInvalidArgument, "trajectory 2: no reward");
+    expect_code(st[2], StatusCode::kInvalidArgument, "trajectory 50: id already pushed");
+    CHECK(st[3].ok());
+    expect_code(st[4], StatusCode::kInvalidArgument, "trajectory 1: id already pushed");
+    CHECK(st[5].ok());
+    expect_code(st[6], StatusCode::kInvalidArgument, "group 3 already has sample_index 2");
+    expect_code(st[7], StatusCode::kFailedPrecondition, "group 9 is already closed");
+    expect_code(st[8], StatusCode::kInvalidArgument, "version 5 is ahead");
+    CHECK(st[9].ok());
+    expect_code(st[10], StatusCode::kFailedPrecondition, "group 3 is already closed");
+    CHECK(st[11].ok());
+    expect_code(st[12], StatusCode::kInvalidArgument, "group 5 has group_size 2");
+    // A refused trajectory is untouched; an accepted one was moved from.
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      if (st[i].ok()) {
+        CHECK(ts[i].response_tokens.empty());
+      } else {
+        CHECK(ts[i] == before[i]);
+      }
     }
+    // Ids a refusal gave back are free again; the accepted ones are not.
+    CHECK(q->push(make_member(12, 4, 2, 0)).ok());
+    expect_code(q->push(make_traj(10)), StatusCode::kInvalidArgument, "id already pushed");
+    auto b = q->pop_batch(count_spec(100));
+    REQUIRE(b.ok());
+    const std::vector<std::uint64_t> ready{90, 91, 50, 1, 10, 15, 11};
+    CHECK(ids_of(*b) == ready);
+    auto s = q->stats();
+    CHECK(s.pushed == 9);  // 3 before, 5 here, then 12
+    CHECK(s.pending_groups == 2);
+    CHECK(s.rejected_invalid == 7);
+    CHECK(s.dropped_late_for_group == 2);
+    CHECK(s.held_tokens == 9 * 6);
+    if (mode == kNoLog) continue;
+    // The log holds exactly what went in: the unacked batch and the two pending groups' members.
+    q.reset();
+    auto again = open_queue(opt);
+    CHECK(again->recovery().recovered == 9);
+    auto redelivered = again->pop_batch(count_spec(100));
+    REQUIRE(redelivered.ok());
+    std::vector<std::uint64_t> got = ids_of(*redelivered);
+    std::sort(got.begin(), got.end());
+    CHECK(got == std::vector<std::uint64_t>{1, 10, 11, 15, 50, 90, 91});
+    CHECK(again->stats().pending_group_trajectories == 2);
+    again.reset();
+    std::filesystem::remove(path);
   }
-  // Ids a refusal gave back are free again; the accepted ones are not.
-  CHECK(q->push(make_member(12, 4, 2, 0)).ok());
-  expect_code(q->push(make_traj(10)), StatusCode::kInvalidArgument, "id already pushed");
-  auto b = q->pop_batch(count_spec(100));
-  REQUIRE(b.ok());
-  CHECK(ids_of(*b) == std::vector<std::uint64_t>{90, 91, 50, 1, 10, 15, 11});
-  auto s = q->stats();
-  CHECK(s.pushed == 8);  // 3 before, 4 here, then 12
-  CHECK(s.pending_groups == 1);
-  CHECK(s.rejected_invalid == 6);
-  CHECK(s.dropped_late_for_group == 1);
-  CHECK(s.held_tokens == 8 * 6);
 }
 
 TEST_CASE("push_many waits, fails fast or is cancelled like push when the queue is full", "[queue]") {
@@ -1024,6 +1053,66 @@ TEST_CASE("exactly-once under random consumer death", "[queue][stress][lease]") 
   CHECK(st.acked == kTotal);
   CHECK(st.expired_leases > 0);
   CHECK(st.delivered > kTotal);
+}
+
+TEST_CASE("WAL: push and push_many from many threads while consumers ack, then a restart", "[queue][wal][stress]") {
+  const std::string path = temp_path("threads");
+  std::filesystem::remove(path);
+  QueueOptions opt;
+  opt.wal_path = path;
+  opt.capacity_trajectories = 32;  // producers wait for acks
+  constexpr std::uint64_t kEach = 600;
+  std::vector<int> errors(4, 0);
+  {
+    auto q = open_queue(opt);
+    std::atomic<std::uint64_t> acked{0};
+    std::vector<std::thread> threads;
+    // Producer 0 pushes one at a time; producer 1 each group of 4 with one push_many.
+    for (int p = 0; p < 2; ++p) {
+      threads.emplace_back([&, p] {
+        std::vector<Trajectory> group;
+        for (std::uint64_t i = 0; i < kEach; ++i) {
+          const std::uint64_t id = 1 + std::uint64_t(p) * kEach + i;
+          if (p == 0) {
+            if (!q->push(make_traj(id)).ok()) ++errors[std::size_t(p)];
+            continue;
+          }
+          group.push_back(make_member(id, 1000 + i / 4, 4, std::uint32_t(i % 4)));
+          if (group.size() < 4) continue;
+          for (const laminar::Status& st : q->push_many(group)) {
+            if (!st.ok()) ++errors[std::size_t(p)];
+          }
+          group.clear();
+        }
+      });
+    }
+    for (int c = 2; c < 4; ++c) {
+      threads.emplace_back([&, c] {
+        BatchSpec spec = count_spec(8);
+        spec.wait = 10ms;
+        while (acked.load() < 2 * kEach) {
+          laminar::Result<Batch> b = q->pop_batch(spec);
+          if (!b.ok()) {
+            if (b.status().code() != StatusCode::kDeadlineExceeded) ++errors[std::size_t(c)];
+            continue;
+          }
+          if (!q->ack(b->id()).ok()) ++errors[std::size_t(c)];
+          acked += b->size();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    CHECK(acked.load() == 2 * kEach);
+  }
+  CHECK(std::accumulate(errors.begin(), errors.end(), 0) == 0);
+  // Everything was acked: nothing comes back, and the acked ids stay refused.
+  auto q = open_queue(opt);
+  CHECK(q->recovery().recovered == 0);
+  CHECK(q->recovery().retired == 2 * kEach);
+  expect_code(q->push(make_traj(1)), StatusCode::kInvalidArgument, "id already pushed");
+  expect_code(q->push(make_member(kEach + 1, 1000, 4, 0)), StatusCode::kInvalidArgument, "id already pushed");
+  q.reset();
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("WAL: a reopened queue redelivers exactly the unacked trajectories", "[queue][wal]") {

@@ -4,7 +4,7 @@
 //
 //   trajectory_queue_wal_child WAL_PATH FIRST_ID COUNT
 //
-// Lines: "P id" after a push returned OK; "L batch id..." after a pop, before its ack; "A batch"
+// Lines: "P id" after a push (or the push_many of its group) returned OK; "L batch id..." after a pop, before its ack; "A batch"
 // after the ack returned OK; "DONE" when everything pushed was acked.
 #include <unistd.h>
 
@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "laminar/trajectory_queue.h"
 
@@ -63,13 +64,15 @@ int main(int argc, char** argv) {
   auto q = laminar::TrajectoryQueue::open(opt);
   if (!q.ok()) return fail(q.status());
   std::mt19937 rng{static_cast<unsigned>(first)};
+  std::vector<laminar::Trajectory> group;  // members going in with one push_many
   for (std::uint64_t id = first; id < first + count; ++id) {
     laminar::Trajectory t;
     t.id = laminar::TrajectoryId(id);
     t.prompt_id = id;
-    // Every third run of four ids is a GRPO group of 4 (one may be cut by a kill and then released
-    // partial by the group timeout after the restart).
-    if ((id / 4) % 3 == 0) {
+    // Every third run of four ids is a GRPO group of 4, pushed with one push_many call (one may
+    // be cut by a kill and then released partial by the group timeout after the restart).
+    const bool grouped = (id / 4) % 3 == 0;
+    if (grouped) {
       t.group_id = id / 4;
       t.prompt_id = id / 4;
       t.group_size = 4;
@@ -80,9 +83,21 @@ int main(int argc, char** argv) {
     t.response_tokens.assign(n, 11);
     t.logprobs.assign(n, -0.25f);
     t.rewards = {float(id % 2)};
-    laminar::Status st = (*q)->push(std::move(t));
-    if (!st.ok()) return fail(st);
-    say(std::string("P ").append(std::to_string(id)));
+    if (grouped) {
+      group.push_back(std::move(t));
+      if (id % 4 != 3 && id + 1 < first + count) continue;
+      std::vector<std::uint64_t> ids;
+      for (const laminar::Trajectory& m : group) ids.push_back(m.id.value());
+      for (const laminar::Status& st : (*q)->push_many(group)) {
+        if (!st.ok()) return fail(st);
+      }
+      for (std::uint64_t m : ids) say(std::string("P ").append(std::to_string(m)));
+      group.clear();
+    } else {
+      laminar::Status st = (*q)->push(std::move(t));
+      if (!st.ok()) return fail(st);
+      say(std::string("P ").append(std::to_string(id)));
+    }
     if (drain_one(**q, std::chrono::milliseconds(0)) < 0) return 4;
   }
   for (;;) {

@@ -147,7 +147,8 @@ struct QueueOptions {
   std::size_t id_dedup_window = 1 << 16;
   // Write-ahead log file; empty: none. Created if absent, replayed if present.
   std::string wal_path;
-  // fsync after every record: survives power loss, not only a process kill, at disk speed.
+  // fsync after every record (push_many: after all of its records): survives power loss, not
+  // only a process kill, at disk speed.
   bool wal_fsync = false;
   // Rewrite the log with only the live records once it is this large and at least half dead.
   std::uint64_t wal_compact_bytes = std::uint64_t(256) << 20;
@@ -295,10 +296,11 @@ class TrajectoryQueue {
 
   // push() for several trajectories, taking room for all of them at once and each lock once per
   // run of trajectories it guards: for a rollout engine that returns a prompt's samples together,
-  // or any producer with more than one finished. One Status per trajectory, in order, the same push() would give;
-  // a trajectory is moved from only when its Status is OK. When the queue has room for all of
-  // them they go in together; otherwise each is pushed on its own, in order, waiting or failing
-  // as `options` says.
+  // or any producer with more than one finished. One Status per trajectory, in order, the same
+  // push() would give; a trajectory is moved from only when its Status is OK. When the queue has
+  // room for all of them they go in together, and with a WAL their records too, with one
+  // fdatasync for all under wal_fsync (a failed write or sync refuses every one of them);
+  // otherwise each is pushed on its own, in order, waiting or failing as `options` says.
   std::vector<Status> push_many(std::span<Trajectory> ts, PushOptions options = {});
 
   // Leases a batch. kInvalidArgument for a spec with no limit, min_trajectories above
