@@ -395,6 +395,19 @@ std::uint64_t mix64(std::uint64_t x) {
 // Consecutive ids kept together in one shard: an IdTable block's worth.
 constexpr std::uint64_t kRunIds = 64;
 
+// The id tables below are open-addressing hash tables of blocks of consecutive ids, each block
+// keyed by its `run` (id / ids per block), kEmptyRun in a free slot, probed linearly.
+constexpr std::uint64_t kEmptyRun = ~std::uint64_t(0);  // no id / (ids per block) is this
+inline std::size_t home_slot(std::uint64_t run, std::size_t mask) { return std::size_t(mix64(run)) & mask; }
+// The slot of `blocks` (a power of two of them) holding `run`, or the free one where it would go.
+template <class Block>
+std::size_t probe_run(const std::vector<Block>& blocks, std::uint64_t run) {
+  const std::size_t mask = blocks.size() - 1;
+  std::size_t i = home_slot(run, mask);
+  while (blocks[i].run != run && blocks[i].run != kEmptyRun) i = (i + 1) & mask;
+  return i;
+}
+
 // The largest id_dedup_window: an IdWindow keeps event numbers in 31 bits.
 constexpr std::uint64_t kMaxWindow = std::uint64_t(1) << 29;
 
@@ -408,7 +421,7 @@ constexpr std::uint64_t kMaxWindow = std::uint64_t(1) << 29;
 // cache lines: about 10 bytes per id of a run. Ids with no neighbours take a block each (40 bytes).
 class IdWindow {
  public:
-  IdWindow() : blocks_(16, Block{kEmpty, {}}) {}
+  IdWindow() : blocks_(16, Block{kEmptyRun, {}}) {}
 
   // `id` becomes event `seq` of the window.
   void record_event(std::uint64_t id, std::uint64_t seq, const std::atomic<std::uint64_t>& events,
@@ -427,7 +440,7 @@ class IdWindow {
                      std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
     sweep_if_old(events_now, window);
     for (const Block& b : blocks_) {
-      if (b.run == kEmpty) continue;
+      if (b.run == kEmptyRun) continue;
       for (std::uint64_t k = 0; k < kBlockIds; ++k) {
         const std::uint32_t v = b.state[k];
         if (!in_window(v, events_now, window)) continue;
@@ -439,10 +452,9 @@ class IdWindow {
  private:
   static constexpr std::uint64_t kBlockIds = 8;
   struct Block {
-    std::uint64_t run;  // id / kBlockIds, or kEmpty
+    std::uint64_t run;  // id / kBlockIds, or kEmptyRun
     std::uint32_t state[kBlockIds];
   };
-  static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);  // no id / kBlockIds is this
   // An id's state: none, or its event's number modulo 2^31 with the top bit set.
   static constexpr std::uint32_t kNoState = 0;
   static constexpr std::uint32_t kEventBit = 0x80000000u;
@@ -467,17 +479,10 @@ class IdWindow {
   void sweep_if_old(std::uint64_t events_now, std::size_t window) {
     if (events_now - swept_at_ >= kMaxWindow) rebuild(events_now, window);
   }
-  std::size_t mask() const { return blocks_.size() - 1; }
-  static std::size_t home(std::uint64_t run, std::size_t mask) { return std::size_t(mix64(run)) & mask; }
-  // The block holding `run`, or the empty one where it would go.
-  std::size_t probe(std::uint64_t run) const {
-    std::size_t i = home(run, mask());
-    while (blocks_[i].run != run && blocks_[i].run != kEmpty) i = (i + 1) & mask();
-    return i;
-  }
+  std::size_t probe(std::uint64_t run) const { return probe_run(blocks_, run); }
   std::uint32_t* find(std::uint64_t id) {
     Block& b = blocks_[probe(id / kBlockIds)];
-    return b.run == kEmpty ? nullptr : &b.state[id % kBlockIds];
+    return b.run == kEmptyRun ? nullptr : &b.state[id % kBlockIds];
   }
   // The state of `id`, kNoState in a block just taken for it: one probe finds either.
   std::uint32_t* state_for(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
@@ -505,7 +510,7 @@ class IdWindow {
   void rebuild(std::uint64_t events_now, std::size_t window) {
     kept_.clear();
     for (Block& b : blocks_) {
-      if (b.run == kEmpty) continue;
+      if (b.run == kEmptyRun) continue;
       bool any = false;
       for (std::uint32_t& v : b.state) {
         if (!in_window(v, events_now, window)) v = kNoState;
@@ -514,9 +519,9 @@ class IdWindow {
       if (any) kept_.push_back(b);
     }
     if (8 * (kept_.size() + 1) > 3 * blocks_.size()) {
-      blocks_.assign(2 * blocks_.size(), Block{kEmpty, {}});
+      blocks_.assign(2 * blocks_.size(), Block{kEmptyRun, {}});
     } else {
-      std::fill(blocks_.begin(), blocks_.end(), Block{kEmpty, {}});
+      std::fill(blocks_.begin(), blocks_.end(), Block{kEmptyRun, {}});
     }
     size_ = 0;
     for (const Block& b : kept_) place(b);
@@ -546,7 +551,7 @@ class IdTable {
   // table (a prefetch of a stale address, during a rehash, is harmless).
   void prefetch(std::uint64_t id) const {
     const Block* base = blocks_base_.load(std::memory_order_relaxed);
-    __builtin_prefetch(base + home(id / kBlockIds, blocks_mask_.load(std::memory_order_relaxed)));
+    __builtin_prefetch(base + home_slot(id / kBlockIds, blocks_mask_.load(std::memory_order_relaxed)));
   }
   // Makes `id` live unless it is live or retired (then false).
   bool admit(std::uint64_t id) {
@@ -575,21 +580,14 @@ class IdTable {
  private:
   static constexpr std::uint64_t kBlockIds = 64;
   struct Block {
-    std::uint64_t run = kEmpty;  // id / kBlockIds, or kEmpty
+    std::uint64_t run = kEmptyRun;  // id / kBlockIds, or kEmptyRun
     std::uint64_t live = 0;
     std::uint64_t retired = 0;
   };
-  static constexpr std::uint64_t kEmpty = ~std::uint64_t(0);  // no id / kBlockIds is this
 
   static std::uint64_t bit_of(std::uint64_t id) { return std::uint64_t(1) << (id % kBlockIds); }
   std::size_t mask() const { return blocks_.size() - 1; }
-  static std::size_t home(std::uint64_t run, std::size_t mask) { return std::size_t(mix64(run)) & mask; }
-  // The block holding `run`, or the empty one where it would go (linear probing).
-  std::size_t probe(std::uint64_t run) const {
-    std::size_t i = home(run, mask());
-    while (blocks_[i].run != run && blocks_[i].run != kEmpty) i = (i + 1) & mask();
-    return i;
-  }
+  std::size_t probe(std::uint64_t run) const { return probe_run(blocks_, run); }
   // The block of `id`, taken for it if there was none.
   Block& block_for(std::uint64_t id) {
     const std::uint64_t run = id / kBlockIds;
@@ -613,8 +611,8 @@ class IdTable {
   // Empties slot `i`, moving later blocks of its probe run back so that every block stays
   // reachable from its home (no tombstones to sweep).
   void remove_at(std::size_t i) {
-    for (std::size_t j = (i + 1) & mask(); blocks_[j].run != kEmpty; j = (j + 1) & mask()) {
-      const std::size_t k = home(blocks_[j].run, mask());
+    for (std::size_t j = (i + 1) & mask(); blocks_[j].run != kEmptyRun; j = (j + 1) & mask()) {
+      const std::size_t k = home_slot(blocks_[j].run, mask());
       // The block at j may move to i unless its home lies cyclically in (i, j].
       const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
       if (stays) continue;
@@ -628,7 +626,7 @@ class IdTable {
     std::vector<Block> old(2 * blocks_.size());
     old.swap(blocks_);
     for (const Block& b : old) {
-      if (b.run != kEmpty) blocks_[probe(b.run)] = b;
+      if (b.run != kEmptyRun) blocks_[probe(b.run)] = b;
     }
     publish_blocks();
   }
