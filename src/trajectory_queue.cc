@@ -540,9 +540,10 @@ class IdWindow {
 // only two bits per id, and no event numbers to sweep.
 //
 // Ids usually come from counters, so the table holds blocks of 64 consecutive ids: the block's
-// number and a bit mask of each kind, 24 bytes for up to 64 ids. A queue's table then stays in
-// the core's caches (the window of 65536 ids of a run fits in 25 KB), where a larger one made
-// every push and every retirement a cache miss. An id with no neighbours takes a block to itself.
+// number and a bit mask of each kind, 24 bytes for up to 64 ids. A queue's tables then stay in
+// the core's caches (the default window's 65536 ids of a run take about 50 KB, the tables being
+// at most half full), where larger ones made every push and every retirement a cache miss. An id
+// with no neighbours takes a block to itself.
 class IdTable {
  public:
   IdTable() : blocks_(16, Block{}) { publish_blocks(); }
