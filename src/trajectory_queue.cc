@@ -808,6 +808,8 @@ constexpr std::size_t kExpiredBatchMemory = 1 << 16;
 // Timers of groups or leases that ended are dropped lazily once they outnumber the live ones
 // twice over and by this many.
 constexpr std::size_t kStaleTimers = 1024;
+// push_many's encoding buffer is freed after a call that grew it past this.
+constexpr std::size_t kKeptEncodedBytes = std::size_t(4) << 20;
 // Held capacity packs the trajectory count and the token count into one 64-bit word.
 constexpr int kTokenBits = 40;
 constexpr std::uint64_t kMaxCapacityTokens = (std::uint64_t(1) << kTokenBits) - 1;
@@ -1906,23 +1908,38 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
   if (in.empty()) return out;
   // With a log, each trajectory's record, encoded and checksummed before wmu is taken; they go in
   // together, with one fdatasync for all (wal_fsync) where push() syncs each.
-  thread_local std::vector<std::string> encoded;
+  // All of them in one buffer: trajectory i's record is encoded[at[i], at[i + 1]).
+  thread_local std::string encoded;
+  thread_local std::vector<std::size_t> at;
   thread_local std::vector<std::uint64_t> checksums;
   thread_local std::vector<internal::TrajectoryWal::Record> records;
+  auto record_of = [&](std::uint32_t i) { return std::string_view(encoded).substr(at[i], at[i + 1] - at[i]); };
+  // A call of many long trajectories would otherwise leave its thread holding their bytes.
+  auto free_if_big = [&] {
+    if (encoded.capacity() > kKeptEncodedBytes) std::string().swap(encoded);
+  };
   std::unique_lock<std::mutex> wl;
   if (q.wal) {
-    if (encoded.size() < ts.size()) encoded.resize(ts.size());
+    encoded.clear();
+    at.assign(ts.size() + 1, 0);
     checksums.resize(ts.size());
+    std::size_t k = 0;  // `in` is in order
+    for (std::uint32_t i = 0; i < ts.size(); ++i) {
+      if (k < in.size() && in[k] == i) {
+        encode_trajectory(ts[i], encoded);
+        ++k;
+      }
+      at[i + 1] = encoded.size();
+    }
     for (std::uint32_t i : in) {
-      encoded[i].clear();
-      encode_trajectory(ts[i], encoded[i]);
-      checksums[i] = internal::TrajectoryWal::checksum(internal::WalRecordType::kPush, encoded[i]);
+      checksums[i] = internal::TrajectoryWal::checksum(internal::WalRecordType::kPush, record_of(i));
     }
     wl = lock_spinning(q.wmu);
   }
   // Room for all at once, or each waits for (or fails to find) its own as push() does.
   if (!q.try_reserve(in.size(), tokens)) {
     if (wl.owns_lock()) wl.unlock();
+    free_if_big();
     one_by_one(in);
     return out;
   }
@@ -2028,15 +2045,17 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
     records.clear();
     std::size_t bytes = 0;
     for (std::uint32_t i : in) {
-      records.push_back({internal::WalRecordType::kPush, encoded[i], checksums[i]});
+      records.push_back({internal::WalRecordType::kPush, record_of(i), checksums[i]});
       bytes += wal_record_bytes(ts[i]);
     }
-    if (Status s = q.wal->append_all(records); s.ok()) {
+    Status appended = q.wal->append_all(records);
+    free_if_big();
+    if (appended.ok()) {
       q.wal_live_bytes += bytes;
     } else {
       for (std::uint32_t i : in) {
         q.unreserve(ts[i].id.value());
-        refuse(i, s);
+        refuse(i, appended);
       }
       in.clear();
     }
