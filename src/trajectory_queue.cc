@@ -408,131 +408,9 @@ std::size_t probe_run(const std::vector<Block>& blocks, std::uint64_t run) {
   return i;
 }
 
-// The largest id_dedup_window: an IdWindow keeps event numbers in 31 bits.
+// The largest id_dedup_window: the windows keep 8 bytes per id (a ring entry), and no more
+// than 4 GiB of them.
 constexpr std::uint64_t kMaxWindow = std::uint64_t(1) << 29;
-
-// Ids (of groups or batches) within a window of the last `window` events of a kind (groups
-// closed, leases expired), each with its event's sequence number (1-based), counted across all
-// shards. Ids the window has passed stay until the table would grow, then one sequential sweep
-// drops them all, instead of a cold erase per event.
-//
-// Ids usually come from counters, so the table holds blocks of kBlockIds consecutive ids: the
-// block's number and a 32-bit state per id. A run of ids then shares a block, and its states share
-// cache lines: about 10 bytes per id of a run. Ids with no neighbours take a block each (40 bytes).
-class IdWindow {
- public:
-  IdWindow() : blocks_(16, Block{kEmptyRun, {}}) {}
-
-  // `id` becomes event `seq` of the window.
-  void record_event(std::uint64_t id, std::uint64_t seq, const std::atomic<std::uint64_t>& events,
-                    std::size_t window) {
-    sweep_if_old(events.load(std::memory_order_relaxed), window);
-    *state_for(id, events, window) = kEventBit | std::uint32_t(seq & kSeqMask);
-  }
-  bool remembered(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
-    const std::uint64_t now = events.load();
-    sweep_if_old(now, window);
-    const std::uint32_t* v = find(id);
-    return v != nullptr && in_window(*v, now, window);
-  }
-  // (id, seq) of the events still in the window, in table order.
-  void window_events(std::uint64_t events_now, std::size_t window,
-                     std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
-    sweep_if_old(events_now, window);
-    for (const Block& b : blocks_) {
-      if (b.run == kEmptyRun) continue;
-      for (std::uint64_t k = 0; k < kBlockIds; ++k) {
-        const std::uint32_t v = b.state[k];
-        if (!in_window(v, events_now, window)) continue;
-        out.emplace_back(b.run * kBlockIds + k, seq_of(v));
-      }
-    }
-  }
-
- private:
-  static constexpr std::uint64_t kBlockIds = 8;
-  struct Block {
-    std::uint64_t run;  // id / kBlockIds, or kEmptyRun
-    std::uint32_t state[kBlockIds];
-  };
-  // An id's state: none, or its event's number modulo 2^31 with the top bit set.
-  static constexpr std::uint32_t kNoState = 0;
-  static constexpr std::uint32_t kEventBit = 0x80000000u;
-  static constexpr std::uint32_t kSeqMask = 0x7fffffffu;
-  static constexpr std::uint64_t kHalfRange = std::uint64_t(1) << 30;
-
-  // The event number a state holds: the one within 2^30 of the last sweep's count with its low 31
-  // bits. Exact because a sweep keeps only events within the window (at most 2^29), and an event's
-  // state is written, and read, only once sweep_if_old has made sure the count has not moved 2^29
-  // since the last sweep.
-  std::uint64_t seq_of(std::uint32_t v) const {
-    const std::uint64_t lo = swept_at_ - kHalfRange;  // wraps below 2^30: the mask below still holds
-    return lo + ((std::uint64_t(v & kSeqMask) - lo) & kSeqMask);
-  }
-  // Whether a state is an event still in the window, or one numbered after `events_now` was read
-  // (still in flight).
-  bool in_window(std::uint32_t v, std::uint64_t events_now, std::size_t window) const {
-    if (v == kNoState) return false;
-    const std::uint64_t seq = seq_of(v);
-    return seq > events_now || events_now - seq < window;
-  }
-  void sweep_if_old(std::uint64_t events_now, std::size_t window) {
-    if (events_now - swept_at_ >= kMaxWindow) rebuild(events_now, window);
-  }
-  std::size_t probe(std::uint64_t run) const { return probe_run(blocks_, run); }
-  std::uint32_t* find(std::uint64_t id) {
-    Block& b = blocks_[probe(id / kBlockIds)];
-    return b.run == kEmptyRun ? nullptr : &b.state[id % kBlockIds];
-  }
-  // The state of `id`, kNoState in a block just taken for it: one probe finds either.
-  std::uint32_t* state_for(std::uint64_t id, const std::atomic<std::uint64_t>& events, std::size_t window) {
-    const std::uint64_t run = id / kBlockIds;
-    for (int pass = 0;; ++pass) {
-      const std::size_t i = probe(run);
-      if (blocks_[i].run == run) return &blocks_[i].state[id % kBlockIds];
-      if (pass == 0 && 2 * (size_ + 1) > blocks_.size()) {
-        rebuild(events.load(), window);
-        continue;
-      }
-      blocks_[i] = Block{run, {}};
-      ++size_;
-      return &blocks_[i].state[id % kBlockIds];
-    }
-  }
-  void place(const Block& b) {
-    blocks_[probe(b.run)] = b;
-    ++size_;
-  }
-  // Drops the ids the window has passed, then the blocks left with none;
-  // doubles the table if it stays over 3/8 full (it is swept again after filling to half; a
-  // bigger one would only spread the window over more cache lines).
-  // The table is refilled in place unless it grows: fresh memory would cost a miss per line.
-  void rebuild(std::uint64_t events_now, std::size_t window) {
-    kept_.clear();
-    for (Block& b : blocks_) {
-      if (b.run == kEmptyRun) continue;
-      bool any = false;
-      for (std::uint32_t& v : b.state) {
-        if (!in_window(v, events_now, window)) v = kNoState;
-        any |= v != kNoState;
-      }
-      if (any) kept_.push_back(b);
-    }
-    if (8 * (kept_.size() + 1) > 3 * blocks_.size()) {
-      blocks_.assign(2 * blocks_.size(), Block{kEmptyRun, {}});
-    } else {
-      std::fill(blocks_.begin(), blocks_.end(), Block{kEmptyRun, {}});
-    }
-    size_ = 0;
-    for (const Block& b : kept_) place(b);
-    swept_at_ = events_now;
-  }
-
-  std::vector<Block> blocks_;
-  std::vector<Block> kept_;     // rebuild()'s scratch
-  std::size_t size_ = 0;        // blocks taken
-  std::uint64_t swept_at_ = 0;  // the event count at the last rebuild
-};
 
 // The trajectory ids a shard refuses: live ones (pending, ready or leased) and retired ones still
 // in the dedup window. Which retired ids are still in the window is the retirement ring's
@@ -641,6 +519,37 @@ class IdTable {
   std::atomic<const Block*> blocks_base_{nullptr};
   std::atomic<std::size_t> blocks_mask_{0};
   std::size_t size_ = 0;  // blocks taken
+};
+
+// The last `capacity` ids added (groups closed, leases expired), exactly: a ring of them, oldest
+// first from next_ once full, and an IdTable of the same ids for lookups. Guarded by its user.
+class RecentIds {
+ public:
+  explicit RecentIds(std::size_t capacity) : capacity_(capacity) {}
+  // `id`, not in the window (the callers add an id only once while it is), becomes its newest.
+  void add(std::uint64_t id) {
+    ids_.retire(id);
+    if (ring_.size() < capacity_) {
+      ring_.push_back(id);
+      return;
+    }
+    ids_.forget_retired(ring_[next_]);
+    ring_[next_] = id;
+    if (++next_ == ring_.size()) next_ = 0;
+  }
+  bool contains(std::uint64_t id) const { return ids_.retired(id); }
+  // f(id) for each id of the window, oldest first.
+  template <class F>
+  void for_each(F f) const {
+    for (std::size_t i = next_; i < ring_.size(); ++i) f(ring_[i]);
+    for (std::size_t i = 0; i < next_; ++i) f(ring_[i]);
+  }
+
+ private:
+  std::size_t capacity_;
+  IdTable ids_;
+  std::vector<std::uint64_t> ring_;
+  std::size_t next_ = 0;
 };
 
 // The vectors of units go round instead of being freed: a producer allocates one per unit and a
@@ -768,9 +677,7 @@ struct GroupShard {
   // deadlines.front() (or kForever), read without the lock to decide whether timers are due:
   // by every pop, for all shards, so on a line of its own that pushes do not write.
   alignas(64) std::atomic<Clock::Duration::rep> next_deadline{Clock::kForever.count()};
-  // The last id_dedup_window groups closed (complete, released or dropped), across all shards.
-  alignas(64) IdWindow closed;
-  std::uint64_t dropped_group_timeout = 0;
+  alignas(64) std::uint64_t dropped_group_timeout = 0;
   std::uint64_t dropped_late_for_group = 0;
   WaitHistogram group_wait;
 
@@ -855,18 +762,18 @@ void add_wait(WaitHistogram& h, Clock::Duration waited) {
 //   wmu: with a write-ahead log, every change the log records (push, ack, drop, group closed,
 //     version) is made under it, so the log and the state move together; also serialises
 //     publish_version;
-//   GroupShard::mu: pending groups, their timeouts and the closed-group window of the shard's
-//     group ids;
+//   GroupShard::mu: pending groups and their timeouts;
 //   apply_mu: making the retirement log's changes in the id shards, one burst at a time;
 //   IdShard::mu: the ids of the shard, live and recently retired;
 //   mu: the consumer side: the ready queue, leases and their expiry;
-//   retire_mu, space_mu, bg_mu: leaves (no other queue lock is taken under them): the dedup
-//     window and the retirement log, producers waiting for space, the background error.
+//   retire_mu, closed_mu, space_mu, bg_mu: leaves (no other queue lock is taken under them):
+//     the dedup window and the retirement log, the closed groups, producers waiting for space,
+//     the background error.
 // Order: wmu, then a group shard, then apply_mu, then an id shard, then mu; never two shards of
 // a kind except all of them in order (stats(), compaction). Capacity is one atomic word (`held`).
 struct TrajectoryQueue::Impl {
   explicit Impl(QueueOptions o)
-      : opt(std::move(o)), clock(opt.clock ? opt.clock : Clock::steady()) {}
+      : opt(std::move(o)), clock(opt.clock ? opt.clock : Clock::steady()), closed_groups(opt.id_dedup_window) {}
 
   QueueOptions opt;
   std::shared_ptr<Clock> clock;
@@ -890,8 +797,10 @@ struct TrajectoryQueue::Impl {
   std::condition_variable space_cv;  // producers wait for capacity
   std::atomic<int> space_waiters{0};
 
-  // Sequence number of the group closings so far (the closed-group windows count them).
-  alignas(64) std::atomic<std::uint64_t> closed_events{0};
+  // The last id_dedup_window groups closed (complete, released or dropped), across all shards;
+  // taken under a group shard's lock.
+  alignas(64) SpinMutex closed_mu;
+  RecentIds closed_groups;
   alignas(64) std::atomic<std::uint64_t> rejected_invalid{0};
   std::atomic<std::uint64_t> rejected_full{0};
 
@@ -930,9 +839,8 @@ struct TrajectoryQueue::Impl {
   std::size_t leased_trajectories = 0;
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines;
   std::uint64_t next_batch_id = 1;
-  // The last kExpiredBatchMemory batches whose lease expired, numbered by expired_events.
-  IdWindow expired_batches;
-  std::atomic<std::uint64_t> expired_events{0};
+  // The last kExpiredBatchMemory batches whose lease expired.
+  RecentIds expired_batches{kExpiredBatchMemory};
   // Counters of the consumer side; the producer side's live in the shards.
   std::uint64_t delivered = 0, acked = 0, nacked_batches = 0, expired_leases = 0, redelivered = 0;
   std::uint64_t dropped_stale = 0;
@@ -940,7 +848,7 @@ struct TrajectoryQueue::Impl {
 
   ClockSubscription clock_sub;
 
-  // A run of consecutive ids stays in one shard (see IdWindow::home).
+  // A run of consecutive ids stays in one shard, with its IdTable block.
   static std::size_t id_shard_index(std::uint64_t id) {
     return mix64((id / kRunIds) ^ 0x9e3779b97f4a7c15ull) >> 60;
   }
@@ -1140,12 +1048,14 @@ struct TrajectoryQueue::Impl {
 
   // --- groups, with the group shard's lock held ---
 
-  void close_group_id(GroupShard& gs, std::uint64_t gid) {
-    gs.closed.record_event(gid, closed_events.fetch_add(1) + 1, closed_events, opt.id_dedup_window);
+  void close_group_id(std::uint64_t gid) {
+    ShardLock l = lock_spinning(closed_mu);
+    closed_groups.add(gid);
   }
 
-  bool group_closed(GroupShard& gs, std::uint64_t gid) {
-    return gs.closed.remembered(gid, closed_events, opt.id_dedup_window);
+  bool group_closed(std::uint64_t gid) {
+    ShardLock l = lock_spinning(closed_mu);
+    return closed_groups.contains(gid);
   }
 
   // What refuses `t` as a member of its group (`group`: the pending one, or end()); counted.
@@ -1153,7 +1063,7 @@ struct TrajectoryQueue::Impl {
                        std::unordered_map<std::uint64_t, PendingGroup>::const_iterator group) {
     if (group != gs.groups.end()) return refuse_joining(t, group->second.group_size, group->second.prompt_id, group->second.seen);
     // Only a group not pending can be closed: a closed group leaves the pending ones for good.
-    if (group_closed(gs, t.group_id)) return refuse_closed(gs, t);
+    if (group_closed(t.group_id)) return refuse_closed(gs, t);
     return ok_status();
   }
   Status refuse_closed(GroupShard& gs, const Trajectory& t) {
@@ -1199,7 +1109,7 @@ struct TrajectoryQueue::Impl {
     ++gs.pending_trajectories;
     if (g.unit.items.size() < g.group_size) return false;
     add_wait(gs.group_wait, now - g.first_arrival);
-    close_group_id(gs, gid);
+    close_group_id(gid);
     // The trajectory is in the queue either way; a failed group record only means a late
     // duplicate member could be accepted after a restart, so it is reported, not undone. Nor is
     // it synced on its own: a replay closes a complete group anyway, and the ack of its members
@@ -1227,7 +1137,7 @@ struct TrajectoryQueue::Impl {
     PendingGroup& g = it->second;
     const std::uint64_t gid = it->first;
     add_wait(gs.group_wait, now - g.first_arrival);
-    close_group_id(gs, gid);
+    close_group_id(gid);
     Status s = wal_u64(internal::WalRecordType::kGroupClosed, gid);
     if (opt.partial_group_policy == PartialGroupPolicy::kRelease) {
       data |= publish(take_group(gs, g, /*partial=*/true));
@@ -1388,10 +1298,10 @@ struct TrajectoryQueue::Impl {
   }
 
   void remember_expired(std::uint64_t batch_id) {
-    expired_batches.record_event(batch_id, expired_events.fetch_add(1) + 1, expired_events, kExpiredBatchMemory);
+    expired_batches.add(batch_id);
   }
   bool lease_expired(std::uint64_t batch_id) {
-    return expired_batches.remembered(batch_id, expired_events, kExpiredBatchMemory);
+    return expired_batches.contains(batch_id);
   }
 
   // With mu held.
@@ -1475,11 +1385,12 @@ struct TrajectoryQueue::Impl {
         add(0, ring_next);
       }
       LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kRetire, buf));
-      std::vector<std::pair<std::uint64_t, std::uint64_t>> window;
-      auto by_seq = [](const auto& a, const auto& b) { return a.second < b.second; };
-      for (GroupShard& gs : group_shards) gs.closed.window_events(closed_events.load(), opt.id_dedup_window, window);
-      std::sort(window.begin(), window.end(), by_seq);
-      for (const auto& [gid, seq] : window) {
+      std::vector<std::uint64_t> closed;
+      {
+        ShardLock l = lock_spinning(closed_mu);
+        closed_groups.for_each([&](std::uint64_t gid) { closed.push_back(gid); });
+      }
+      for (const std::uint64_t& gid : closed) {
         LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kGroupClosed,
                                          std::string_view(reinterpret_cast<const char*>(&gid), 8)));
       }
@@ -1566,8 +1477,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
         if (type == internal::WalRecordType::kVersion) {
           max_version = std::max(max_version, v);
         } else {
-          GroupShard& gs = group_shard(v);
-          if (!group_closed(gs, v)) close_group_id(gs, v);
+          if (!group_closed(v)) close_group_id(v);
           closed_in_log.insert(v);
         }
         return ok_status();
@@ -1619,7 +1529,7 @@ Status TrajectoryQueue::Impl::replay(const std::string& path) {
     PendingGroup& g = it->second;
     const bool complete = g.unit.items.size() == g.group_size;
     if (complete || closed_in_log.count(gid) != 0) {
-      if (!group_closed(gs, gid)) close_group_id(gs, gid);
+      if (!group_closed(gid)) close_group_id(gid);
       publish(take_group(gs, g, /*partial=*/!complete));
       gs.groups.erase(it);
     } else if (opt.group_timeout != Clock::kForever) {

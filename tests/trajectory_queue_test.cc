@@ -1343,6 +1343,22 @@ TEST_CASE("after acks from many threads the window holds exactly the last ids re
   CHECK(refused == 3);
 }
 
+TEST_CASE("a closed group is remembered for exactly id_dedup_window group closings", "[queue][groups]") {
+  QueueOptions opt;
+  opt.id_dedup_window = 3;
+  auto q = open_queue(opt);
+  std::uint64_t id = 1;
+  auto close_group = [&](std::uint64_t g) {
+    REQUIRE(q->push(make_member(id++, g, 2, 0)).ok());
+    REQUIRE(q->push(make_member(id++, g, 2, 1)).ok());
+  };
+  for (std::uint64_t g : {10, 11, 12}) close_group(g);
+  expect_code(q->push(make_member(id++, 10, 2, 0)), StatusCode::kFailedPrecondition, "group 10 is already closed");
+  close_group(13);  // group 10 leaves the window
+  CHECK(q->push(make_member(id++, 10, 2, 0)).ok());
+  expect_code(q->push(make_member(id++, 11, 2, 0)), StatusCode::kFailedPrecondition, "group 11 is already closed");
+}
+
 TEST_CASE("an id a refused push gave back can be pushed again, its neighbours stay refused", "[queue][bad-input]") {
   // Consecutive ids share blocks of the id table; forgetting one must not hide the others.
   auto q = open_queue();
