@@ -395,19 +395,6 @@ std::uint64_t mix64(std::uint64_t x) {
 // Consecutive ids kept together in one shard: an IdTable block's worth.
 constexpr std::uint64_t kRunIds = 64;
 
-// The id tables below are open-addressing hash tables of blocks of consecutive ids, each block
-// keyed by its `run` (id / ids per block), kEmptyRun in a free slot, probed linearly.
-constexpr std::uint64_t kEmptyRun = ~std::uint64_t(0);  // no id / (ids per block) is this
-inline std::size_t home_slot(std::uint64_t run, std::size_t mask) { return std::size_t(mix64(run)) & mask; }
-// The slot of `blocks` (a power of two of them) holding `run`, or the free one where it would go.
-template <class Block>
-std::size_t probe_run(const std::vector<Block>& blocks, std::uint64_t run) {
-  const std::size_t mask = blocks.size() - 1;
-  std::size_t i = home_slot(run, mask);
-  while (blocks[i].run != run && blocks[i].run != kEmptyRun) i = (i + 1) & mask;
-  return i;
-}
-
 // The largest id_dedup_window: the windows keep 8 bytes per id (a ring entry), and no more
 // than 4 GiB of them.
 constexpr std::uint64_t kMaxWindow = std::uint64_t(1) << 29;
@@ -430,7 +417,7 @@ class IdTable {
   // table (a prefetch of a stale address, during a rehash, is harmless).
   void prefetch(std::uint64_t id) const {
     const Block* base = blocks_base_.load(std::memory_order_relaxed);
-    __builtin_prefetch(base + home_slot(id / kBlockIds, blocks_mask_.load(std::memory_order_relaxed)));
+    __builtin_prefetch(base + home(id / kBlockIds, blocks_mask_.load(std::memory_order_relaxed)));
   }
   // Makes `id` live unless it is live or retired (then false).
   bool admit(std::uint64_t id) {
@@ -458,15 +445,22 @@ class IdTable {
 
  private:
   static constexpr std::uint64_t kBlockIds = 64;
+  static constexpr std::uint64_t kEmptyRun = ~std::uint64_t(0);  // no id / kBlockIds is this
   struct Block {
-    std::uint64_t run = kEmptyRun;  // id / kBlockIds, or kEmptyRun
+    std::uint64_t run = kEmptyRun;  // id / kBlockIds, or kEmptyRun in a free slot
     std::uint64_t live = 0;
     std::uint64_t retired = 0;
   };
 
   static std::uint64_t bit_of(std::uint64_t id) { return std::uint64_t(1) << (id % kBlockIds); }
   std::size_t mask() const { return blocks_.size() - 1; }
-  std::size_t probe(std::uint64_t run) const { return probe_run(blocks_, run); }
+  static std::size_t home(std::uint64_t run, std::size_t mask) { return std::size_t(mix64(run)) & mask; }
+  // The slot holding `run`, or the free one where it would go (linear probing).
+  std::size_t probe(std::uint64_t run) const {
+    std::size_t i = home(run, mask());
+    while (blocks_[i].run != run && blocks_[i].run != kEmptyRun) i = (i + 1) & mask();
+    return i;
+  }
   // The block of `id`, taken for it if there was none.
   Block& block_for(std::uint64_t id) {
     const std::uint64_t run = id / kBlockIds;
@@ -491,7 +485,7 @@ class IdTable {
   // reachable from its home (no tombstones to sweep).
   void remove_at(std::size_t i) {
     for (std::size_t j = (i + 1) & mask(); blocks_[j].run != kEmptyRun; j = (j + 1) & mask()) {
-      const std::size_t k = home_slot(blocks_[j].run, mask());
+      const std::size_t k = home(blocks_[j].run, mask());
       // The block at j may move to i unless its home lies cyclically in (i, j].
       const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
       if (stays) continue;
@@ -521,24 +515,24 @@ class IdTable {
   std::size_t size_ = 0;  // blocks taken
 };
 
-// The last `capacity` ids added (groups closed, leases expired), exactly: a ring of them, oldest
-// first from next_ once full, and an IdTable of the same ids for lookups. Guarded by its user.
-class RecentIds {
+// The last `capacity` ids pushed, in order: a dedup window. Grows to `capacity`, then each push
+// replaces the oldest.
+class IdRing {
  public:
-  explicit RecentIds(std::size_t capacity) : capacity_(capacity) {}
-  // `id`, not in the window (the callers add an id only once while it is), becomes its newest.
-  void add(std::uint64_t id) {
-    ids_.retire(id);
+  explicit IdRing(std::size_t capacity) : capacity_(capacity) {}
+  // Adds `id` as the newest; returns the oldest, when the ring was full and `id` took its place.
+  std::optional<std::uint64_t> push(std::uint64_t id) {
     if (ring_.size() < capacity_) {
       ring_.push_back(id);
-      return;
+      return std::nullopt;
     }
-    ids_.forget_retired(ring_[next_]);
+    const std::uint64_t oldest = ring_[next_];
     ring_[next_] = id;
     if (++next_ == ring_.size()) next_ = 0;
+    return oldest;
   }
-  bool contains(std::uint64_t id) const { return ids_.retired(id); }
-  // f(id) for each id of the window, oldest first.
+  std::size_t size() const { return ring_.size(); }
+  // f(id) for each id, oldest first.
   template <class F>
   void for_each(F f) const {
     for (std::size_t i = next_; i < ring_.size(); ++i) f(ring_[i]);
@@ -547,9 +541,30 @@ class RecentIds {
 
  private:
   std::size_t capacity_;
-  IdTable ids_;
   std::vector<std::uint64_t> ring_;
-  std::size_t next_ = 0;
+  std::size_t next_ = 0;  // the oldest, once full
+};
+
+// The last `capacity` ids added (groups closed, leases expired), exactly: an IdRing of them, and
+// an IdTable of the same ids for lookups. Guarded by its user.
+class RecentIds {
+ public:
+  explicit RecentIds(std::size_t capacity) : ring_(capacity) {}
+  // `id`, not in the window (the callers add an id only once while it is), becomes its newest.
+  void add(std::uint64_t id) {
+    ids_.retire(id);
+    if (std::optional<std::uint64_t> oldest = ring_.push(id)) ids_.forget_retired(*oldest);
+  }
+  bool contains(std::uint64_t id) const { return ids_.retired(id); }
+  // f(id) for each id of the window, oldest first.
+  template <class F>
+  void for_each(F f) const {
+    ring_.for_each(f);
+  }
+
+ private:
+  IdRing ring_;
+  IdTable ids_;
 };
 
 // The vectors of units go round instead of being freed: a producer allocates one per unit and a
@@ -773,7 +788,10 @@ void add_wait(WaitHistogram& h, Clock::Duration waited) {
 // a kind except all of them in order (stats(), compaction). Capacity is one atomic word (`held`).
 struct TrajectoryQueue::Impl {
   explicit Impl(QueueOptions o)
-      : opt(std::move(o)), clock(opt.clock ? opt.clock : Clock::steady()), closed_groups(opt.id_dedup_window) {}
+      : opt(std::move(o)),
+        clock(opt.clock ? opt.clock : Clock::steady()),
+        closed_groups(opt.id_dedup_window),
+        retired_ring(opt.id_dedup_window) {}
 
   QueueOptions opt;
   std::shared_ptr<Clock> clock;
@@ -805,15 +823,14 @@ struct TrajectoryQueue::Impl {
   std::atomic<std::uint64_t> rejected_full{0};
 
   IdShard id_shards[kIdShards];
-  // Under retire_mu: the last id_dedup_window ids retired (acked or dropped), across all shards,
-  // oldest first from ring_next once it is full; and the changes to the id shards not yet made:
+  // Under retire_mu: the last id_dedup_window ids retired (acked or dropped), across all shards;
+  // and the changes to the id shards not yet made:
   // ids retired, and ids that left the window. The acks hand those over in bursts, so they touch
   // each shard once per run of ids in it, not once per batch. Until then a retired id is refused
   // as if live (its window does that anyway), and one that left the window as if still in it
   // until a push of it makes the changes (flush_retirements).
   alignas(64) SpinMutex retire_mu;
-  std::vector<std::uint64_t> retired_ring;
-  std::size_t ring_next = 0;
+  IdRing retired_ring;
   std::vector<std::uint64_t> retired_log;
   std::vector<std::uint64_t> left_log;
   // Held while a burst is applied, so that bursts apply in order: an id's retirement before its
@@ -948,13 +965,7 @@ struct TrajectoryQueue::Impl {
   // oldest one out of it.
   void enter_window(std::uint64_t id) {
     retired_log.push_back(id);
-    if (retired_ring.size() < opt.id_dedup_window) {
-      retired_ring.push_back(id);
-      return;
-    }
-    left_log.push_back(retired_ring[ring_next]);
-    retired_ring[ring_next] = id;
-    if (++ring_next == retired_ring.size()) ring_next = 0;
+    if (std::optional<std::uint64_t> oldest = retired_ring.push(id)) left_log.push_back(*oldest);
   }
 
   // Makes every logged change to the id shards, waiting for a burst another thread applies.
@@ -977,25 +988,26 @@ struct TrajectoryQueue::Impl {
         left.swap(left_log);
       }
       if (retired.empty() && left.empty()) return;
-      in_id_runs(retired, [](IdTable& ids, std::uint64_t id) { ids.retire(id); });
-      in_id_runs(left, [](IdTable& ids, std::uint64_t id) { ids.forget_retired(id); });
+      auto id_of = [](std::uint64_t id) { return id; };
+      in_id_runs(retired, id_of, [](IdShard& s, ShardLock&, std::uint64_t id) { s.ids.retire(id); });
+      in_id_runs(left, id_of, [](IdShard& s, ShardLock&, std::uint64_t id) { s.ids.forget_retired(id); });
     }
   }
 
-  // f(table, id) for each of `ids`, locking each shard once per run of ids in it (ids from a
-  // counter stay in one for kRunIds).
-  template <class F>
-  void in_id_runs(const std::vector<std::uint64_t>& ids, F f) {
+  // f(shard, its lock, x) for each x of `xs`, in order, locking the shard of id_of(x) once per
+  // run of them in it (ids from a counter stay in one for kRunIds).
+  template <class Range, class IdOf, class F>
+  void in_id_runs(const Range& xs, IdOf id_of, F f) {
     IdShard* locked = nullptr;
     ShardLock l;
-    for (std::uint64_t id : ids) {
-      IdShard& s = id_shard(id);
+    for (const auto& x : xs) {
+      IdShard& s = id_shard(id_of(x));
       if (&s != locked) {
         if (l.owns_lock()) l.unlock();
         l = lock_spinning(s.mu);
         locked = &s;
       }
-      f(s.ids, id);
+      f(s, l, x);
     }
   }
 
@@ -1378,11 +1390,7 @@ struct TrajectoryQueue::Impl {
         const std::uint64_t n = retired_ring.size();
         buf.append(reinterpret_cast<const char*>(&head), 8);
         buf.append(reinterpret_cast<const char*>(&n), 8);
-        auto add = [&](std::size_t from, std::size_t to) {
-          buf.append(reinterpret_cast<const char*>(retired_ring.data() + from), (to - from) * 8);
-        };
-        add(ring_next, retired_ring.size());
-        add(0, ring_next);
+        retired_ring.for_each([&](std::uint64_t id) { buf.append(reinterpret_cast<const char*>(&id), 8); });
       }
       LAMINAR_RETURN_IF_ERROR(w.append(internal::WalRecordType::kRetire, buf));
       std::vector<std::uint64_t> closed;
@@ -1618,10 +1626,9 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
     return invalid_argument(fmt::format("push: negative timeout {} ns", options.timeout.count()));
   }
   const std::size_t tokens = t.num_tokens();
-  // Encoded and checksummed before wmu is taken: they are the costly part of logging, after the
-  // write itself.
-  // With a WAL, this thread's buffer: reaching a thread_local from a shared library is a call, so
-  // a push without one does not.
+  // With a WAL, the record is encoded and checksummed before wmu is taken (the costly part of
+  // logging, after the write itself), into this thread's buffer: reaching a thread_local from a
+  // shared library is a call, which a push without a WAL does not make.
   std::string* encoded = nullptr;
   std::uint64_t checksum = 0;
   std::unique_lock<std::mutex> wl;
@@ -1859,27 +1866,15 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
     ++refused;
     refused_tokens += ts[i].num_tokens();
   };
-  // Ids, each shard locked once for a run of trajectories in it (ids from a counter share one).
-  n = 0;
-  {
-    IdShard* locked = nullptr;
-    ShardLock il;
-    for (std::uint32_t i : in) {
-      const std::uint64_t id = ts[i].id.value();
-      IdShard& is = q.id_shard(id);
-      if (&is != locked) {
-        if (il.owns_lock()) il.unlock();
-        il = lock_spinning(is.mu);
-        locked = &is;
-      }
-      if (!q.admit_id(is, il, id)) {
-        refuse(i, invalid_argument(fmt::format("trajectory {}: id already pushed", id)));
-        continue;
-      }
-      in[n++] = i;
-    }
-  }
-  in.resize(n);
+  // Ids, each shard locked once for a run of trajectories in it.
+  q.in_id_runs(in, [&](std::uint32_t i) { return ts[i].id.value(); },
+               [&](IdShard& is, ShardLock& il, std::uint32_t i) {
+                 const std::uint64_t id = ts[i].id.value();
+                 if (!q.admit_id(is, il, id)) refuse(i, invalid_argument(fmt::format("trajectory {}: id already pushed", id)));
+               });
+  // Refused ones have their Status; the others are still OK.
+  auto drop_refused = [&] { std::erase_if(in, [&](std::uint32_t i) { return !out[i].ok(); }); };
+  drop_refused();
   // Then the groups, each shard locked once for a run of members in it: f(shard, i) for each
   // trajectory, in order, with a null shard for an ungrouped one.
   const bool grouped = std::any_of(in.begin(), in.end(), [&](std::uint32_t i) { return ts[i].group_size > 1; });
@@ -1920,9 +1915,7 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
       std::size_t count;
     };
     thread_local std::unordered_map<std::uint64_t, SoFar> so_far;
-    thread_local std::vector<char> kept;
     so_far.clear();
-    kept.assign(ts.size(), 1);
     in_group_runs([&](GroupShard* shard, std::uint32_t i) {
       if (shard == nullptr) return;
       GroupShard& gs = *shard;
@@ -1944,14 +1937,11 @@ std::vector<Status> TrajectoryQueue::push_many(std::span<Trajectory> ts, PushOpt
       } else {
         s = q.refuse_joining(t, it->second.group_size, it->second.prompt_id, it->second.seen);
       }
-      if (!s.ok()) {
-        kept[i] = 0;
-        return refuse_member(i, std::move(s));
-      }
+      if (!s.ok()) return refuse_member(i, std::move(s));
       it->second.seen.set(t.sample_index);
       ++it->second.count;
     });
-    std::erase_if(in, [&](std::uint32_t i) { return kept[i] == 0; });
+    drop_refused();
     records.clear();
     std::size_t bytes = 0;
     for (std::uint32_t i : in) {
