@@ -429,19 +429,25 @@ int main(int argc, char** argv) {
   // write the whole pool (about 180 MB) to the log again, measuring the disk's writeback.
   Config wal_cfg = cfg;
   wal_cfg.passes = 1;
-  std::vector<double> wal;
-  std::uint64_t wal_bytes = 0;
-  for (int r = 0; r < cfg.wal_repeats; ++r) {
+  // One repeat through a queue on a fresh log (fsync'd or not), the file removed afterwards.
+  const std::string wal_path = cfg.wal_dir + "/laminar_tq_bench_" + std::to_string(::getpid()) + ".wal";
+  auto run_logged = [&](const Config& c, std::vector<Trajectory>& p, bool fsync, std::size_t per_push,
+                        std::uint64_t* bytes = nullptr) {
     laminar::QueueOptions wopt = opt;
-    wopt.wal_path = cfg.wal_dir + "/laminar_tq_bench_" + std::to_string(::getpid()) + ".wal";
-    std::filesystem::remove(wopt.wal_path);
+    wopt.wal_path = wal_path;
+    wopt.wal_fsync = fsync;
+    std::filesystem::remove(wal_path);
     auto wq = laminar::TrajectoryQueue::open(wopt);
     if (!wq.ok()) die("open with WAL", wq.status());
-    wal.push_back(run_laminar(wal_cfg, workers, **wq, pool, rep++).wall_s);
-    wal_bytes = (*wq)->stats().wal_bytes;
+    const double s = run_laminar(c, workers, **wq, p, rep++, per_push).wall_s;
+    if (bytes != nullptr) *bytes = (*wq)->stats().wal_bytes;
     wq->reset();
-    std::filesystem::remove(wopt.wal_path);
-  }
+    std::filesystem::remove(wal_path);
+    return s;
+  };
+  std::vector<double> wal;
+  std::uint64_t wal_bytes = 0;
+  for (int r = 0; r < cfg.wal_repeats; ++r) wal.push_back(run_logged(wal_cfg, pool, false, 1, &wal_bytes));
   const auto t_wal = summarize(wal);
   const double wal_rate = double(total(wal_cfg)) / t_wal.median_s;
 
@@ -454,18 +460,8 @@ int main(int argc, char** argv) {
   std::vector<Trajectory> sync_pool(pool.begin(), pool.begin() + std::ptrdiff_t(sync_cfg.pool));
   std::vector<double> sync_one, sync_group;
   for (int r = 0; r < cfg.wal_repeats; ++r) {
-    for (std::size_t per_push : {std::size_t(1), std::size_t(kGroupSize)}) {
-      laminar::QueueOptions sopt = opt;
-      sopt.wal_path = cfg.wal_dir + "/laminar_tq_bench_sync_" + std::to_string(::getpid()) + ".wal";
-      sopt.wal_fsync = true;
-      std::filesystem::remove(sopt.wal_path);
-      auto sq = laminar::TrajectoryQueue::open(sopt);
-      if (!sq.ok()) die("open with WAL and fsync", sq.status());
-      const double s = run_laminar(sync_cfg, workers, **sq, sync_pool, rep++, per_push).wall_s;
-      (per_push == 1 ? sync_one : sync_group).push_back(s);
-      sq->reset();
-      std::filesystem::remove(sopt.wal_path);
-    }
+    sync_one.push_back(run_logged(sync_cfg, sync_pool, true, 1));
+    sync_group.push_back(run_logged(sync_cfg, sync_pool, true, kGroupSize));
   }
   const double sync_one_rate = double(total(sync_cfg)) / summarize(sync_one).median_s;
   const double sync_group_rate = double(total(sync_cfg)) / summarize(sync_group).median_s;
