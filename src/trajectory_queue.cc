@@ -1,6 +1,7 @@
 #include "laminar/trajectory_queue.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <array>
@@ -730,6 +731,15 @@ constexpr std::size_t kExpiredBatchMemory = 1 << 16;
 // Timers of groups or leases that ended are dropped lazily once they outnumber the live ones
 // twice over and by this many.
 constexpr std::size_t kStaleTimers = 1024;
+// Capacity credit (Impl::try_reserve): per-CPU slots, each refilled with 1/kCreditShare of the
+// capacity at a time (at most kCreditRefillTrajectories), only for queues of at least
+// kCreditShare * 4 trajectories.
+constexpr std::size_t kCreditSlots = 16;
+constexpr std::size_t kCreditShare = 256;
+constexpr std::size_t kCreditRefillTrajectories = 32;
+struct alignas(64) CreditSlot {
+  std::atomic<std::uint64_t> word{0};  // held_word() of the room idle in the slot
+};
 // push_many's encoding buffer is freed after a call that grew it past this.
 constexpr std::size_t kKeptEncodedBytes = std::size_t(4) << 20;
 // Held capacity packs the trajectory count and the token count into one 64-bit word.
@@ -811,6 +821,11 @@ struct TrajectoryQueue::Impl {
   // Capacity: what the queue holds, pending, ready and leased: trajectories above kTokenBits,
   // tokens below, so that one compare-and-swap takes room for both.
   alignas(64) std::atomic<std::uint64_t> held{0};
+  // Room taken from `held` ahead of pushes, per CPU (see try_reserve); counted in `held`.
+  CreditSlot credit[kCreditSlots];
+  // Room a slot takes from `held` at a time; 0 for a queue too small to leave room idle in slots.
+  std::size_t refill_count = 0;
+  std::size_t refill_tokens = 0;
   alignas(64) std::mutex space_mu;
   std::condition_variable space_cv;  // producers wait for capacity
   std::atomic<int> space_waiters{0};
@@ -911,15 +926,67 @@ struct TrajectoryQueue::Impl {
   bool fits(std::uint64_t word, std::size_t count, std::size_t tokens) const {
     return count_of(word) + count <= opt.capacity_trajectories && tokens_of(word) + tokens <= opt.capacity_tokens;
   }
-  bool fits(std::size_t tokens) const { return fits(held.load(), 1, tokens); }
+  // Whether a trajectory of `tokens` would fit, the slots' idle room counted as free.
+  bool fits(std::size_t tokens) const { return fits(in_use(), 1, tokens); }
 
   // Takes room for `count` trajectories of `tokens` tokens in all, or nothing.
+  //
+  // `held` is written by every producer and consumer, and reading it was a cache miss on every
+  // push. So a single trajectory takes its room from its CPU's slot, which takes a refill from
+  // `held` when it runs short. Only a push that finds no room in `held` takes the slots' idle
+  // room back first: a full queue stays exactly full, and the room idle in slots is at most
+  // kCreditSlots / kCreditShare of the capacity.
   bool try_reserve(std::size_t count, std::size_t tokens) {
+    if (refill_count != 0 && count == 1 && tokens <= refill_tokens) {
+      const int cpu = ::sched_getcpu();
+      std::atomic<std::uint64_t>& slot = credit[std::size_t(cpu < 0 ? 0 : cpu) % kCreditSlots].word;
+      std::uint64_t c = slot.load(std::memory_order_relaxed);
+      while (count_of(c) >= 1 && tokens_of(c) >= tokens) {
+        if (slot.compare_exchange_weak(c, c - held_word(1, tokens), std::memory_order_relaxed)) return true;
+      }
+      // A refill replaces what is left, which goes back: a slot never holds more than one.
+      if (take_held(1 + refill_count, tokens + refill_tokens)) {
+        if (const std::uint64_t left = slot.exchange(held_word(refill_count, refill_tokens)); left != 0) {
+          held.fetch_sub(left);
+        }
+        return true;
+      }
+    }
+    if (take_held(count, tokens)) return true;
+    return refill_count != 0 && reclaim_credit() && take_held(count, tokens);
+  }
+
+  bool take_held(std::size_t count, std::size_t tokens) {
     std::uint64_t h = held.load(std::memory_order_relaxed);
     do {
       if (!fits(h, count, tokens)) return false;
     } while (!held.compare_exchange_weak(h, h + held_word(count, tokens)));
     return true;
+  }
+
+  // Gives every slot's idle room back to `held`; true if there was any.
+  bool reclaim_credit() {
+    bool any = false;
+    for (CreditSlot& s : credit) {
+      if (const std::uint64_t c = s.word.exchange(0); c != 0) {
+        held.fetch_sub(c);
+        any = true;
+      }
+    }
+    return any;
+  }
+
+  // `held` less the slots' idle room: what the queue holds. Read while others push, each field
+  // may be off by what moved meanwhile, never below zero.
+  std::uint64_t in_use() const {
+    std::size_t idle_count = 0, idle_tokens = 0;
+    for (const CreditSlot& s : credit) {
+      const std::uint64_t c = s.word.load(std::memory_order_relaxed);
+      idle_count += count_of(c);
+      idle_tokens += tokens_of(c);
+    }
+    const std::uint64_t h = held.load();
+    return held_word(count_of(h) - std::min(count_of(h), idle_count), tokens_of(h) - std::min(tokens_of(h), idle_tokens));
   }
 
   void release_space(std::size_t count, std::size_t tokens) {
@@ -1577,6 +1644,11 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::open(QueueOptions opti
                                         options.id_dedup_window, kMaxWindow));
   }
   auto impl = std::make_unique<Impl>(std::move(options));
+  if (const std::size_t refill = std::min(impl->opt.capacity_trajectories / kCreditShare, kCreditRefillTrajectories);
+      refill >= 4) {
+    impl->refill_count = refill;
+    impl->refill_tokens = impl->opt.capacity_tokens / kCreditShare;
+  }
   impl->newest.store(impl->opt.initial_version.value());
   if (!impl->opt.wal_path.empty()) {
     LAMINAR_RETURN_IF_ERROR(impl->replay(impl->opt.wal_path));
@@ -1694,8 +1766,8 @@ Status TrajectoryQueue::push(Trajectory&& t, PushOptions options) {
       if (q.try_reserve(1, tokens)) break;
       if (options.mode == PushMode::kFailFast) {
         return fail_full(unavailable(fmt::format(
-            "push of trajectory {}: queue full ({} of {} trajectories, {} of {} tokens)", id, Impl::count_of(q.held.load()),
-            q.opt.capacity_trajectories, Impl::tokens_of(q.held.load()), q.opt.capacity_tokens)));
+            "push of trajectory {}: queue full ({} of {} trajectories, {} of {} tokens)", id, Impl::count_of(q.in_use()),
+            q.opt.capacity_trajectories, Impl::tokens_of(q.in_use()), q.opt.capacity_tokens)));
       }
       if (now >= deadline) {
         return fail_full(deadline_exceeded(
@@ -2215,7 +2287,7 @@ QueueStats TrajectoryQueue::stats() const {
   s.ready_tokens = q.ready_tokens;
   s.leases = q.leases.size();
   s.leased_trajectories = q.leased_trajectories;
-  s.held_tokens = Impl::tokens_of(q.held.load());
+  s.held_tokens = Impl::tokens_of(q.in_use());
   s.blocked_producers = std::size_t(q.space_waiters.load());
   s.blocked_consumers = std::size_t(q.data_waiters);
   s.newest_version = Version(q.newest.load());

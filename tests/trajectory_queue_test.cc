@@ -1,5 +1,6 @@
 #include "laminar/trajectory_queue.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -563,6 +564,75 @@ TEST_CASE("push backpressure: fail fast, timeout and block", "[queue]") {
   producer3.join();
   expect_code(closed, StatusCode::kCancelled, "closed");
   expect_code(q->pop_batch(count_spec(1)).status(), StatusCode::kCancelled, "closed");
+}
+
+namespace {
+
+// Pushes trajectories of 6 tokens with ids from `first` until one is refused; returns how many
+// went in. The refusal must be for want of room.
+std::size_t fill_until_full(TrajectoryQueue& q, std::uint64_t first) {
+  for (std::uint64_t id = first;; ++id) {
+    const laminar::Status st = q.push(make_traj(id), PushOptions::fail_fast());
+    if (!st.ok()) {
+      expect_code(st, StatusCode::kUnavailable, "queue full");
+      return std::size_t(id - first);
+    }
+  }
+}
+
+bool pin_to_cpu(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return ::sched_setaffinity(0, sizeof(set), &set) == 0 && ::sched_getcpu() == cpu;
+}
+
+}  // namespace
+
+// Big queues hand out room to per-CPU slots ahead of the pushes; a queue must still take exactly
+// its capacity, by count and by tokens, however the room was spread when it filled up.
+TEST_CASE("a queue takes exactly its capacity when pushed from many threads and CPUs", "[queue]") {
+  for (const bool by_tokens : {false, true}) {
+    INFO("bound by " << (by_tokens ? "tokens" : "count"));
+    QueueOptions opt;
+    opt.capacity_trajectories = by_tokens ? 8192 : 2048;
+    opt.capacity_tokens = by_tokens ? 6 * 1500 : std::size_t(1) << 20;
+    const std::size_t capacity = by_tokens ? 1500 : 2048;
+    auto q = open_queue(opt);
+    std::atomic<std::size_t> accepted{0};
+    std::vector<std::thread> producers;
+    for (std::uint64_t p = 0; p < 4; ++p) {
+      producers.emplace_back([&, p] { accepted += fill_until_full(*q, 1 + p * 1000000); });
+    }
+    for (auto& t : producers) t.join();
+    CHECK(accepted.load() == capacity);
+    CHECK(q->stats().held_tokens == 6 * capacity);
+
+    // Emptied, it takes exactly as many again.
+    for (;;) {
+      auto b = q->pop_batch(count_spec(256));
+      if (!b.ok()) break;
+      REQUIRE(q->ack(b->id()).ok());
+    }
+    CHECK(q->stats().held_tokens == 0);
+    CHECK(fill_until_full(*q, 10000000) == capacity);
+  }
+
+  // Room one CPU's slot took ahead is not lost to a push on another CPU.
+  cpu_set_t saved;
+  REQUIRE(::sched_getaffinity(0, sizeof(saved), &saved) == 0);
+  if (CPU_COUNT(&saved) < 2 || !CPU_ISSET(0, &saved) || !CPU_ISSET(1, &saved)) {
+    WARN("CPUs 0 and 1 are not both available: the two-CPU part is skipped");
+    return;
+  }
+  QueueOptions opt;
+  opt.capacity_trajectories = 2048;
+  auto q = open_queue(opt);
+  const bool pinned = pin_to_cpu(0) && q->push(make_traj(1)).ok() && pin_to_cpu(1);
+  const std::size_t more = pinned ? fill_until_full(*q, 2) : 0;
+  REQUIRE(::sched_setaffinity(0, sizeof(saved), &saved) == 0);
+  REQUIRE(pinned);
+  CHECK(more == 2047);
 }
 
 TEST_CASE("staleness rules: drop, keep, keep and mark", "[queue][staleness]") {
