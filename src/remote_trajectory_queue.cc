@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -29,6 +30,98 @@ struct PushHeader {
 };
 static_assert(sizeof(PushHeader) == kPushHeaderBytes);
 
+// A push_many message: this header, then `count` times a u64 length and that many bytes of one
+// encoded trajectory. Its answer: a u32 count, then per trajectory a u8 StatusCode, 3 bytes of
+// padding, a u32 length and the Status's message.
+constexpr std::uint32_t kPushManyMagic = 0x314d5154u;  // "TQM1"
+constexpr std::size_t kPushManyHeaderBytes = 24;
+struct PushManyHeader {
+  std::uint32_t magic;
+  std::uint8_t mode;
+  std::uint8_t pad[3];
+  std::int64_t timeout_ns;
+  std::uint32_t count;
+  std::uint32_t pad2;
+};
+static_assert(sizeof(PushManyHeader) == kPushManyHeaderBytes);
+// RemoteProducer::push_many splits a longer span, and a message past kPushManyBytes, over
+// several messages (a trajectory larger than that goes alone).
+constexpr std::uint32_t kMaxPushManyCount = 1024;
+constexpr std::size_t kPushManyBytes = std::size_t(4) << 20;
+
+Status check_mode(std::string_view what, std::uint8_t mode, std::int64_t timeout_ns) {
+  if (mode > std::uint8_t(PushMode::kTimeout) || timeout_ns < 0) {
+    return invalid_argument(fmt::format("{}: push mode {} with timeout {} ns", what, int(mode), timeout_ns));
+  }
+  return ok_status();
+}
+
+template <class T>
+void append_pod(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// The trajectories of a push_many message, whole or not at all.
+Result<std::vector<Trajectory>> decode_many(std::string_view bytes, std::uint32_t count) {
+  std::vector<Trajectory> ts;
+  ts.reserve(count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::uint64_t len = 0;
+    if (bytes.size() < sizeof(len)) {
+      return data_loss(fmt::format("queue push_many message: ends before trajectory {} of {}", i, count));
+    }
+    std::memcpy(&len, bytes.data(), sizeof(len));
+    bytes.remove_prefix(sizeof(len));
+    if (len > bytes.size()) {
+      return data_loss(fmt::format("queue push_many message: trajectory {} of {} claims {} bytes, {} are left", i,
+                                   count, len, bytes.size()));
+    }
+    Result<Trajectory> t = decode_trajectory(bytes.substr(0, len));
+    if (!t.ok()) return t.status().with_context(fmt::format("queue push_many message: trajectory {} of {}", i, count));
+    ts.push_back(std::move(t).value());
+    bytes.remove_prefix(len);
+  }
+  if (!bytes.empty()) {
+    return data_loss(fmt::format("queue push_many message: {} bytes after its {} trajectories", bytes.size(), count));
+  }
+  return ts;
+}
+
+std::string encode_statuses(const std::vector<Status>& out) {
+  std::string b;
+  append_pod(b, std::uint32_t(out.size()));
+  for (const Status& s : out) {
+    const std::uint8_t code[4] = {std::uint8_t(s.code()), 0, 0, 0};
+    b.append(reinterpret_cast<const char*>(code), 4);
+    append_pod(b, std::uint32_t(s.message().size()));
+    b.append(s.message());
+  }
+  return b;
+}
+
+Result<std::vector<Status>> decode_statuses(std::span<const std::byte> body, std::size_t want) {
+  std::string_view b(reinterpret_cast<const char*>(body.data()), body.size());
+  std::uint32_t n = 0;
+  if (b.size() < 4 || (std::memcpy(&n, b.data(), 4), n != want)) {
+    return data_loss(fmt::format("push_many answer of {} bytes: not {} statuses", b.size(), want));
+  }
+  b.remove_prefix(4);
+  std::vector<Status> out;
+  out.reserve(n);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    std::uint32_t len = 0;
+    if (b.size() < 8 || (std::memcpy(&len, b.data() + 4, 4), len > b.size() - 8) ||
+        std::uint8_t(b[0]) > std::uint8_t(StatusCode::kInternal)) {
+      return data_loss(fmt::format("push_many answer: status {} of {} is malformed", i, n));
+    }
+    const auto code = StatusCode(std::uint8_t(b[0]));
+    out.push_back(code == StatusCode::kOk ? ok_status() : Status(code, std::string(b.substr(8, len))));
+    b.remove_prefix(8 + len);
+  }
+  if (!b.empty()) return data_loss(fmt::format("push_many answer: {} bytes after its statuses", b.size()));
+  return out;
+}
+
 std::vector<std::byte> u32_pair(std::uint32_t a, std::uint32_t b) {
   std::vector<std::byte> out(8);
   std::memcpy(out.data(), &a, 4);
@@ -44,11 +137,25 @@ std::vector<std::byte> u32_pair(std::uint32_t a, std::uint32_t b) {
 struct TrajectoryQueueServer::Impl {
   Impl(Transport& t, TrajectoryQueue& q, QueueServerOptions o) : transport(t), queue(q), opt(o) {}
 
+  // A push or push_many message whose trajectories are not all answered yet.
   struct Held {
     Incoming in;
-    Trajectory t;
+    bool many = false;  // a push_many message: answered with one Status per trajectory
+    std::vector<Trajectory> ts;
+    // The answers; kUnavailable for the ones still waiting for room.
+    std::vector<Status> out;
     bool has_deadline = false;
     std::chrono::steady_clock::time_point deadline;
+
+    bool waiting() const {
+      return std::any_of(out.begin(), out.end(), [](const Status& s) { return s.code() == StatusCode::kUnavailable; });
+    }
+    // Every answer still waiting becomes `s`.
+    void settle(const Status& s) {
+      for (Status& o : out) {
+        if (o.code() == StatusCode::kUnavailable) o = s;
+      }
+    }
   };
 
   Transport& transport;
@@ -72,9 +179,41 @@ struct TrajectoryQueueServer::Impl {
     }
   }
 
-  void count(const Status& s) {
-    std::lock_guard<std::mutex> l(mu);
-    ++(s.ok() ? st.accepted : st.refused);
+  // Answers a message once nothing in it waits for room, counting its trajectories.
+  void answer(Held& h) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (const Status& s : h.out) ++(s.ok() ? st.accepted : st.refused);
+    }
+    if (!h.many) {
+      answer(h.in, h.out[0]);
+      return;
+    }
+    const std::string body = encode_statuses(h.out);
+    Endpoint from = h.in.from;
+    (void)from.reply(h.in, Message::from_bytes(kQueuePushManyMessage,
+                                               std::as_bytes(std::span<const char>(body.data(), body.size()))));
+  }
+
+  // Pushes what waits for room, without waiting; true once none is left waiting.
+  bool attempt(Held& h) {
+    std::vector<std::uint32_t> idx;
+    for (std::uint32_t i = 0; i < h.out.size(); ++i) {
+      if (h.out[i].code() == StatusCode::kUnavailable) idx.push_back(i);
+    }
+    if (idx.size() == 1) {
+      h.out[idx[0]] = queue.push(std::move(h.ts[idx[0]]), PushOptions::fail_fast());
+    } else if (!idx.empty()) {
+      std::vector<Trajectory> ts;
+      ts.reserve(idx.size());
+      for (std::uint32_t i : idx) ts.push_back(std::move(h.ts[i]));
+      std::vector<Status> r = queue.push_many(ts, PushOptions::fail_fast());
+      for (std::size_t k = 0; k < idx.size(); ++k) {
+        if (!r[k].ok()) h.ts[idx[k]] = std::move(ts[k]);
+        h.out[idx[k]] = std::move(r[k]);
+      }
+    }
+    return !h.waiting();
   }
 
   void on_hello(const Incoming& in) {
@@ -86,58 +225,86 @@ struct TrajectoryQueueServer::Impl {
     (void)from.reply(in, Message{kQueueHelloMessage, u32_pair(kProtocol, opt.credits_per_producer)});
   }
 
+  // Answers a message that could not be read; nothing of it was pushed.
+  void refuse_malformed(const Incoming& in, const Status& s) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      ++st.received;
+      ++st.malformed;
+    }
+    answer(in, s);
+  }
+
   void on_push(Incoming in) {
     const auto& body = in.message.body;
-    PushHeader h{};
-    Status bad;
     if (body.size() < kPushHeaderBytes) {
-      bad = data_loss(fmt::format("queue push message of {} bytes, shorter than its {}-byte header",
-                                  body.size(), kPushHeaderBytes));
-    } else {
-      std::memcpy(&h, body.data(), sizeof(h));
-      if (h.magic != kPushMagic) {
-        bad = data_loss(fmt::format("queue push message: bad magic {:#010x}", h.magic));
-      } else if (h.mode > std::uint8_t(PushMode::kTimeout) || h.timeout_ns < 0) {
-        bad = invalid_argument(fmt::format("queue push message: push mode {} with timeout {} ns", int(h.mode),
-                                           h.timeout_ns));
-      }
+      return refuse_malformed(in, data_loss(fmt::format("queue push message of {} bytes, shorter than its {}-byte header",
+                                                        body.size(), kPushHeaderBytes)));
     }
-    Result<Trajectory> t = bad.ok() ? decode_trajectory(std::string_view(
-                                          reinterpret_cast<const char*>(body.data()) + kPushHeaderBytes,
-                                          body.size() - kPushHeaderBytes))
-                                    : Result<Trajectory>(bad);
+    PushHeader h{};
+    std::memcpy(&h, body.data(), sizeof(h));
+    if (h.magic != kPushMagic) {
+      return refuse_malformed(in, data_loss(fmt::format("queue push message: bad magic {:#010x}", h.magic)));
+    }
+    if (Status bad = check_mode("queue push message", h.mode, h.timeout_ns); !bad.ok()) return refuse_malformed(in, bad);
+    Result<Trajectory> t = decode_trajectory(std::string_view(reinterpret_cast<const char*>(body.data()) + kPushHeaderBytes,
+                                                              body.size() - kPushHeaderBytes));
+    if (!t.ok()) return refuse_malformed(in, t.status());
+    Held hd{std::move(in), false, {}, {}, false, {}};
+    hd.ts.push_back(std::move(t).value());
+    take(std::move(hd), PushMode(h.mode), h.timeout_ns);
+  }
+
+  void on_push_many(Incoming in) {
+    const auto& body = in.message.body;
+    if (body.size() < kPushManyHeaderBytes) {
+      return refuse_malformed(in, data_loss(fmt::format("queue push_many message of {} bytes, shorter than its "
+                                                        "{}-byte header", body.size(), kPushManyHeaderBytes)));
+    }
+    PushManyHeader h{};
+    std::memcpy(&h, body.data(), sizeof(h));
+    if (h.magic != kPushManyMagic) {
+      return refuse_malformed(in, data_loss(fmt::format("queue push_many message: bad magic {:#010x}", h.magic)));
+    }
+    if (Status bad = check_mode("queue push_many message", h.mode, h.timeout_ns); !bad.ok()) {
+      return refuse_malformed(in, bad);
+    }
+    if (h.count == 0 || h.count > kMaxPushManyCount) {
+      return refuse_malformed(in, invalid_argument(fmt::format("queue push_many message: {} trajectories, not in [1, {}]",
+                                                               h.count, kMaxPushManyCount)));
+    }
+    Result<std::vector<Trajectory>> ts = decode_many(
+        std::string_view(reinterpret_cast<const char*>(body.data()) + kPushManyHeaderBytes,
+                         body.size() - kPushManyHeaderBytes),
+        h.count);
+    if (!ts.ok()) return refuse_malformed(in, ts.status());
+    take(Held{std::move(in), true, std::move(ts).value(), {}, false, {}}, PushMode(h.mode), h.timeout_ns);
+  }
+
+  // A well-formed message: pushed at once when nothing waits ahead of it and there is room,
+  // otherwise (for a blocking or timed push) held for the worker.
+  void take(Held hd, PushMode mode, std::int64_t timeout_ns) {
+    hd.out.assign(hd.ts.size(), unavailable("waiting for room"));
     std::unique_lock<std::mutex> l(mu);
     ++st.received;
-    if (!t.ok()) {
-      ++st.malformed;
-      l.unlock();
-      answer(in, t.status());
-      return;
-    }
     if (stopping) {
       l.unlock();
-      answer(in, cancelled("queue server is stopping"));
-      return;
+      hd.settle(cancelled("queue server is stopping"));
+      return answer(hd);
     }
-    const auto mode = PushMode(h.mode);
     if (held.empty()) {
       // Nobody is waiting ahead of it: try at once, without holding up the transport's thread.
       l.unlock();
-      Status s = queue.push(std::move(*t), PushOptions::fail_fast());
-      if (s.ok() || s.code() != StatusCode::kUnavailable || mode == PushMode::kFailFast) {
-        count(s);
-        answer(in, s);
-        return;
-      }
+      if (attempt(hd) || mode == PushMode::kFailFast) return answer(hd);
       l.lock();
       if (stopping) {
         l.unlock();
-        answer(in, cancelled("queue server is stopping"));
-        return;
+        hd.settle(cancelled("queue server is stopping"));
+        return answer(hd);
       }
     }
-    Held hd{std::move(in), std::move(*t), mode == PushMode::kTimeout, {}};
-    if (hd.has_deadline) hd.deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(h.timeout_ns);
+    hd.has_deadline = mode == PushMode::kTimeout;
+    if (hd.has_deadline) hd.deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
     held.push_back(std::move(hd));
     st.held = held.size();
     cv.notify_all();
@@ -153,11 +320,12 @@ struct TrajectoryQueueServer::Impl {
       const auto now = std::chrono::steady_clock::now();
       for (auto it = held.begin(); it != held.end();) {
         if (it->has_deadline && it->deadline <= now) {
-          Incoming in = std::move(it->in);
+          Held h = std::move(*it);
           it = held.erase(it);
-          ++st.refused;
+          st.held = held.size();
           l.unlock();
-          answer(in, deadline_exceeded("push: the queue stayed full past the producer's timeout"));
+          h.settle(deadline_exceeded("push: the queue stayed full past the producer's timeout"));
+          answer(h);
           l.lock();
         } else {
           ++it;
@@ -167,25 +335,27 @@ struct TrajectoryQueueServer::Impl {
       // References to the front stay valid while the handler appends at the back.
       Held& front = held.front();
       l.unlock();
-      Status s = queue.push(std::move(front.t), PushOptions::fail_fast());
+      const bool done = attempt(front);
       l.lock();
-      if (s.code() == StatusCode::kUnavailable) {
+      if (!done) {
         cv.wait_for(l, kRetryEvery);
         continue;
       }
-      Incoming in = std::move(held.front().in);
+      Held h = std::move(held.front());
       held.pop_front();
       st.held = held.size();
-      ++(s.ok() ? st.accepted : st.refused);
       l.unlock();
-      answer(in, s);
+      answer(h);
       l.lock();
     }
     std::deque<Held> left = std::move(held);
     held.clear();
     st.held = 0;
     l.unlock();
-    for (Held& h : left) answer(h.in, cancelled("queue server stopped"));
+    for (Held& h : left) {
+      h.settle(cancelled("queue server stopped"));
+      answer(h);
+    }
   }
 };
 
@@ -197,6 +367,7 @@ Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::start(Tran
   impl->worker = std::thread([raw = impl.get()] { raw->run(); });
   transport.on_message(kQueueHelloMessage, [impl](Incoming in) { impl->on_hello(in); });
   transport.on_message(kQueuePushMessage, [impl](Incoming in) { impl->on_push(std::move(in)); });
+  transport.on_message(kQueuePushManyMessage, [impl](Incoming in) { impl->on_push_many(std::move(in)); });
   return std::unique_ptr<TrajectoryQueueServer>(new TrajectoryQueueServer(std::move(impl)));
 }
 
@@ -205,6 +376,7 @@ TrajectoryQueueServer::TrajectoryQueueServer(std::shared_ptr<Impl> impl) : impl_
 TrajectoryQueueServer::~TrajectoryQueueServer() {
   impl_->transport.on_message(kQueueHelloMessage, {});
   impl_->transport.on_message(kQueuePushMessage, {});
+  impl_->transport.on_message(kQueuePushManyMessage, {});
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     impl_->stopping = true;
@@ -228,8 +400,8 @@ struct RemoteProducer::Impl {
   std::condition_variable cv;
   std::uint32_t free = 0;
 
-  // Takes a credit as `o` says; OK when taken.
-  Status acquire(const PushOptions& o) {
+  // Takes a credit as `o`, begun at `start`, says; OK when taken.
+  Status acquire(const PushOptions& o, std::chrono::steady_clock::time_point start) {
     std::unique_lock<std::mutex> l(mu);
     if (free > 0) {
       --free;
@@ -238,9 +410,9 @@ struct RemoteProducer::Impl {
     if (o.mode == PushMode::kFailFast) {
       return unavailable(fmt::format("remote push: all {} credits in flight", granted));
     }
-    if (o.mode == PushMode::kBlock) {
+    if (o.mode == PushMode::kBlock || o.timeout >= kBlockingRequestTimeout) {
       cv.wait(l, [&] { return free > 0; });
-    } else if (!cv.wait_for(l, o.timeout, [&] { return free > 0; })) {
+    } else if (!cv.wait_until(l, start + o.timeout, [&] { return free > 0; })) {
       return deadline_exceeded(fmt::format("remote push: no credit free within {} ns", o.timeout.count()));
     }
     --free;
@@ -286,6 +458,74 @@ std::uint32_t RemoteProducer::credits_free() const {
   return impl_->free;
 }
 
+namespace {
+
+// What is left of a push's timeout `o` begun at `start`, and how long its request may take: the
+// server answers kDeadlineExceeded itself, and the slack covers the round trip.
+std::pair<std::int64_t, std::chrono::milliseconds> request_limits(const PushOptions& o,
+                                                                  std::chrono::steady_clock::time_point start) {
+  if (o.mode == PushMode::kFailFast) return {0, kDefaultTimeout};
+  if (o.mode == PushMode::kBlock) return {0, kBlockingRequestTimeout};
+  const auto left = std::max(o.timeout - (std::chrono::steady_clock::now() - start), Clock::Duration::zero());
+  return {left.count(), std::chrono::duration_cast<std::chrono::milliseconds>(left) + std::chrono::seconds(5)};
+}
+
+}  // namespace
+
+std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOptions options) {
+  std::vector<Status> out(ts.size());
+  if (options.mode == PushMode::kTimeout && options.timeout < Clock::Duration::zero()) {
+    std::fill(out.begin(), out.end(),
+              invalid_argument(fmt::format("remote push_many: negative timeout {} ns", options.timeout.count())));
+    return out;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  // Checked here too, so a bad trajectory costs no bytes on the wire.
+  std::vector<std::uint32_t> send;
+  for (std::uint32_t i = 0; i < ts.size(); ++i) {
+    out[i] = validate_trajectory(ts[i], /*contents=*/false);
+    if (out[i].ok()) send.push_back(i);
+  }
+  std::string bytes;
+  std::vector<std::uint32_t> chunk;
+  for (std::size_t next = 0; next < send.size();) {
+    bytes.assign(kPushManyHeaderBytes, '\0');
+    chunk.clear();
+    while (next < send.size() && chunk.size() < kMaxPushManyCount &&
+           (chunk.empty() || bytes.size() < kPushManyBytes)) {
+      const std::size_t at = bytes.size();
+      append_pod(bytes, std::uint64_t(0));
+      encode_trajectory(ts[send[next]], bytes);
+      const std::uint64_t len = bytes.size() - at - 8;
+      std::memcpy(bytes.data() + at, &len, 8);
+      chunk.push_back(send[next++]);
+    }
+    Status credit = impl_->acquire(options, start);
+    if (!credit.ok()) {
+      for (std::uint32_t i : chunk) out[i] = credit;
+      continue;
+    }
+    const auto [timeout_ns, request_timeout] = request_limits(options, start);
+    const PushManyHeader h{kPushManyMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns,
+                           std::uint32_t(chunk.size()), 0};
+    std::memcpy(bytes.data(), &h, sizeof(h));
+    Result<Message> r = impl_->ep.request(
+        Message::from_bytes(kQueuePushManyMessage, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))),
+        request_timeout);
+    impl_->give_back();
+    Result<std::vector<Status>> answers =
+        !r.ok() ? Result<std::vector<Status>>(r.status())
+        : r->type != kQueuePushManyMessage
+            ? Result<std::vector<Status>>(data_loss(fmt::format("push_many answer of type {:#x}", r->type)))
+            : decode_statuses(r->body, chunk.size());
+    for (std::size_t k = 0; k < chunk.size(); ++k) {
+      out[chunk[k]] = answers.ok() ? std::move((*answers)[k]) : answers.status();
+      if (out[chunk[k]].ok()) ts[chunk[k]] = Trajectory{};
+    }
+  }
+  return out;
+}
+
 Status RemoteProducer::push(Trajectory&& t, PushOptions options) {
   if (options.mode == PushMode::kTimeout && options.timeout < Clock::Duration::zero()) {
     return invalid_argument(fmt::format("remote push: negative timeout {} ns", options.timeout.count()));
@@ -293,19 +533,10 @@ Status RemoteProducer::push(Trajectory&& t, PushOptions options) {
   // Checked here too, so a bad trajectory costs no credit and no round trip.
   LAMINAR_RETURN_IF_ERROR(validate_trajectory(t, /*contents=*/false));
   const auto start = std::chrono::steady_clock::now();
-  LAMINAR_RETURN_IF_ERROR(impl_->acquire(options));
+  LAMINAR_RETURN_IF_ERROR(impl_->acquire(options, start));
   std::string bytes(kPushHeaderBytes, '\0');
-  PushHeader h{kPushMagic, std::uint8_t(options.mode), {0, 0, 0}, 0};
-  std::chrono::milliseconds request_timeout = kBlockingRequestTimeout;
-  if (options.mode == PushMode::kTimeout) {
-    const auto left = std::max(options.timeout - (std::chrono::steady_clock::now() - start),
-                               Clock::Duration::zero());
-    h.timeout_ns = left.count();
-    // The server answers kDeadlineExceeded itself; the slack covers the round trip.
-    request_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(left) + std::chrono::seconds(5);
-  } else if (options.mode == PushMode::kFailFast) {
-    request_timeout = kDefaultTimeout;
-  }
+  const auto [timeout_ns, request_timeout] = request_limits(options, start);
+  const PushHeader h{kPushMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns};
   std::memcpy(bytes.data(), &h, sizeof(h));
   encode_trajectory(t, bytes);
   Result<Message> r = impl_->ep.request(
