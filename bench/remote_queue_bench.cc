@@ -1,0 +1,237 @@
+// remote_queue_bench: rollout processes pushing into a TrajectoryQueue over the Transport. A child
+// process (this binary re-executed) pushes realistic trajectories (256 prompt tokens, 1-4k
+// response tokens) from several threads sharing one RemoteProducer, while a consumer thread in
+// the parent pops and acks. Each group of 8 goes in one RemoteProducer::push_many() message, against
+// push() one trajectory at a time (a round trip each) in the same run, children alternating. Then
+// both again into a queue with wal_fsync, where a push_many message also takes one fdatasync for
+// its 8 where push() takes one each.
+//
+//   remote_queue_bench [--count N] [--fsync-count N] [--threads T] [--repeats R] [--wal-dir DIR]
+//
+// Time runs in the child from its first push to its last answer (connecting is not counted).
+// Lines (JSON): remote_push_many_wal_fsync vs remote_push_wal_fsync; remote_push_many vs
+// remote_push (the headline, last).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "laminar/remote_trajectory_queue.h"
+#include "process.h"
+
+using namespace std::chrono_literals;
+using laminar::Trajectory;
+
+namespace {
+
+const char* const kToken = "remote-queue-bench-token-0123456789";
+constexpr std::size_t kGroup = 8;
+
+[[noreturn]] void die(const std::string& what, const laminar::Status& st = {}) {
+  std::fprintf(stderr, "remote_queue_bench: %s%s%s\n", what.c_str(), st.ok() ? "" : ": ", st.to_string().c_str());
+  std::exit(1);
+}
+
+laminar::Transport make_transport() {
+  laminar::TransportOptions o;
+  o.cluster_token = kToken;
+  o.operation_timeout = 60s;
+  auto t = laminar::Transport::create(o);
+  if (!t.ok()) die("transport", t.status());
+  return std::move(t).value();
+}
+
+// Trajectories [first, first + n): group (id - 1) / 8, as a rollout engine returns a prompt's samples.
+std::vector<Trajectory> make_trajectories(std::uint64_t first, std::size_t n) {
+  std::mt19937 rng{std::uint32_t(first)};
+  std::vector<Trajectory> ts(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    Trajectory& t = ts[i];
+    const std::uint64_t id = first + i;
+    t.id = laminar::TrajectoryId(id);
+    t.group_size = kGroup;
+    t.group_id = (id - 1) / kGroup;
+    t.prompt_id = t.group_id;
+    t.sample_index = std::uint32_t((id - 1) % kGroup);
+    t.prompt_tokens.assign(256, 11);
+    const std::size_t len = 1024 + rng() % 3073;
+    t.response_tokens.resize(len);
+    t.logprobs.resize(len);
+    for (std::size_t k = 0; k < len; ++k) {
+      t.response_tokens[k] = std::int32_t(rng() % 151000);
+      t.logprobs[k] = -float(rng() % 1000) / 100.0f;
+    }
+    t.rewards = {float(rng() % 2)};
+    t.metadata = R"({"task": "math"})";
+  }
+  return ts;
+}
+
+// The child: `produce ADDRESS MODE FIRST COUNT THREADS`, MODE "one" (push) or "many" (push_many
+// per group). Prints the seconds from its first push to its last answer.
+int produce(const std::string& address, const std::string& mode, std::uint64_t first, std::size_t count,
+            std::size_t threads) {
+  laminar::Transport t = make_transport();
+  auto ep = t.connect(address);
+  if (!ep.ok()) die("connect", ep.status());
+  auto producer = laminar::RemoteProducer::connect(*ep);
+  if (!producer.ok()) die("handshake", producer.status());
+  std::vector<Trajectory> ts = make_trajectories(first, count);
+  const std::size_t groups = count / kGroup;
+  std::atomic<int> failed{0};
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (std::size_t k = 0; k < threads; ++k) {
+    pool.emplace_back([&, k] {
+      for (std::size_t g = k; g < groups; g += threads) {
+        std::span<Trajectory> group(ts.data() + g * kGroup, kGroup);
+        if (mode == "many") {
+          for (const laminar::Status& s : (*producer)->push_many(group)) failed += !s.ok();
+        } else {
+          for (Trajectory& tr : group) failed += !(*producer)->push(std::move(tr)).ok();
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (failed != 0) die(std::to_string(failed.load()) + " pushes failed");
+  std::printf("%.9f\n", s);
+  return 0;
+}
+
+// A queue served on its own transport, with a consumer thread popping and acking everything.
+class Served {
+ public:
+  explicit Served(laminar::QueueOptions opt) : transport_(make_transport()) {
+    auto q = laminar::TrajectoryQueue::open(std::move(opt));
+    if (!q.ok()) die("open", q.status());
+    queue_ = std::move(q).value();
+    auto addr = transport_.listen("127.0.0.1", 0);
+    if (!addr.ok()) die("listen", addr.status());
+    address_ = *addr;
+    auto server = laminar::TrajectoryQueueServer::start(transport_, *queue_);
+    if (!server.ok()) die("server", server.status());
+    server_ = std::move(server).value();
+    consumer_ = std::thread([this] {
+      laminar::BatchSpec spec;
+      spec.max_trajectories = 64;
+      spec.wait = 5ms;
+      while (!stop_.load()) {
+        auto b = queue_->pop_batch(spec);
+        if (b.ok() && !queue_->ack(b->id()).ok()) die("ack");
+      }
+    });
+  }
+  ~Served() {
+    stop_ = true;
+    consumer_.join();
+    server_.reset();
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  laminar::Transport transport_;
+  std::unique_ptr<laminar::TrajectoryQueue> queue_;
+  std::string address_;
+  std::unique_ptr<laminar::TrajectoryQueueServer> server_;
+  std::atomic<bool> stop_{false};
+  std::thread consumer_;
+};
+
+// One child pushing `count` trajectories from `first`; its seconds.
+double run_child(const std::string& address, const char* mode, std::uint64_t first, std::size_t count,
+                 std::size_t threads) {
+  laminar::testing::ChildOptions co;
+  co.program = "/proc/self/exe";
+  co.args = {"produce", address, mode, std::to_string(first), std::to_string(count), std::to_string(threads)};
+  auto child = laminar::testing::ChildProcess::spawn(std::move(co));
+  if (!child.ok()) die("spawn", child.status());
+  auto line = child->read_line(300s);
+  if (!line.ok()) die("producer did not finish", line.status());
+  auto rc = child->wait(60s);
+  if (!rc.ok() || *rc != 0) die("producer exited badly");
+  return std::atof(line->c_str());
+}
+
+struct Config {
+  std::size_t count = 2048;
+  std::size_t fsync_count = 256;
+  std::size_t threads = 4;
+  int repeats = 5;
+  std::string wal_dir = std::filesystem::temp_directory_path().string();
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 7 && std::string(argv[1]) == "produce") {
+    return produce(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10), std::strtoull(argv[5], nullptr, 10),
+                   std::strtoull(argv[6], nullptr, 10));
+  }
+  Config cfg;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--count") cfg.count = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (flag == "--fsync-count") cfg.fsync_count = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (flag == "--threads") cfg.threads = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (flag == "--repeats") cfg.repeats = std::atoi(argv[i + 1]);
+    else if (flag == "--wal-dir") cfg.wal_dir = argv[i + 1];
+    else die("unknown flag " + flag);
+  }
+  cfg.count -= cfg.count % kGroup;
+  cfg.fsync_count -= cfg.fsync_count % kGroup;
+  if (cfg.count == 0 || cfg.fsync_count == 0 || cfg.threads == 0 || cfg.repeats < 1) die("need --count >= 8, --threads >= 1, --repeats >= 1");
+  std::printf("# a child process pushes over the transport from %zu threads; %zu trajectories per run (%zu "
+              "with wal_fsync), %d runs each, alternating\n",
+              cfg.threads, cfg.count, cfg.fsync_count, cfg.repeats);
+
+  laminar::QueueOptions opt;
+  opt.group_timeout = std::chrono::seconds(60);
+  const std::string wal_path = cfg.wal_dir + "/laminar_remote_bench_" + std::to_string(::getpid()) + ".wal";
+  std::filesystem::remove(wal_path);
+  laminar::QueueOptions wal_opt = opt;
+  wal_opt.wal_path = wal_path;
+  wal_opt.wal_fsync = true;
+  std::vector<double> one, many, one_sync, many_sync;
+  {
+    Served plain(opt);
+    Served synced(wal_opt);
+    std::uint64_t next = 1;
+    auto timed = [&](const Served& s, const char* mode, std::size_t n) {
+      const double secs = run_child(s.address(), mode, next, n, cfg.threads);
+      next += n;
+      return secs;
+    };
+    timed(plain, "one", cfg.count);  // warm-up
+    timed(plain, "many", cfg.count);
+    for (int r = 0; r < cfg.repeats; ++r) {
+      one.push_back(timed(plain, "one", cfg.count));
+      many.push_back(timed(plain, "many", cfg.count));
+      one_sync.push_back(timed(synced, "one", cfg.fsync_count));
+      many_sync.push_back(timed(synced, "many", cfg.fsync_count));
+    }
+  }
+  std::filesystem::remove(wal_path);
+  auto rate = [](std::vector<double> secs, std::size_t n) {
+    std::sort(secs.begin(), secs.end());
+    return double(n) / secs[secs.size() / 2];
+  };
+  laminar::bench::report_throughput("remote_push_many_wal_fsync", "trajectories/s",
+                                    rate(many_sync, cfg.fsync_count), "remote_push_wal_fsync",
+                                    rate(one_sync, cfg.fsync_count));
+  laminar::bench::report_throughput("remote_push_many", "trajectories/s", rate(many, cfg.count), "remote_push",
+                                    rate(one, cfg.count));
+  return 0;
+}
