@@ -568,16 +568,23 @@ TEST_CASE("push backpressure: fail fast, timeout and block", "[queue]") {
 
 namespace {
 
-// Pushes trajectories of 6 tokens with ids from `first` until one is refused; returns how many
-// went in. The refusal must be for want of room.
-std::size_t fill_until_full(TrajectoryQueue& q, std::uint64_t first) {
+// Pushes trajectories of 6 tokens with ids from `first` until one is refused: how many went in,
+// and the refusal. No Catch2 macro here: threads call it.
+struct Filled {
+  std::size_t count = 0;
+  laminar::Status refusal;
+};
+Filled fill_until_full(TrajectoryQueue& q, std::uint64_t first) {
   for (std::uint64_t id = first;; ++id) {
-    const laminar::Status st = q.push(make_traj(id), PushOptions::fail_fast());
-    if (!st.ok()) {
-      expect_code(st, StatusCode::kUnavailable, "queue full");
-      return std::size_t(id - first);
-    }
+    laminar::Status st = q.push(make_traj(id), PushOptions::fail_fast());
+    if (!st.ok()) return {std::size_t(id - first), std::move(st)};
   }
+}
+
+// The count of a fill that must have stopped for want of room.
+std::size_t filled_until_full(const Filled& f) {
+  expect_code(f.refusal, StatusCode::kUnavailable, "queue full");
+  return f.count;
 }
 
 bool pin_to_cpu(int cpu) {
@@ -599,13 +606,15 @@ TEST_CASE("a queue takes exactly its capacity when pushed from many threads and 
     opt.capacity_tokens = by_tokens ? 6 * 1500 : std::size_t(1) << 20;
     const std::size_t capacity = by_tokens ? 1500 : 2048;
     auto q = open_queue(opt);
-    std::atomic<std::size_t> accepted{0};
+    std::vector<Filled> fills(4);
     std::vector<std::thread> producers;
     for (std::uint64_t p = 0; p < 4; ++p) {
-      producers.emplace_back([&, p] { accepted += fill_until_full(*q, 1 + p * 1000000); });
+      producers.emplace_back([&, p] { fills[p] = fill_until_full(*q, 1 + p * 1000000); });
     }
     for (auto& t : producers) t.join();
-    CHECK(accepted.load() == capacity);
+    std::size_t accepted = 0;
+    for (const Filled& f : fills) accepted += filled_until_full(f);
+    CHECK(accepted == capacity);
     CHECK(q->stats().held_tokens == 6 * capacity);
 
     // Emptied, it takes exactly as many again.
@@ -615,7 +624,7 @@ TEST_CASE("a queue takes exactly its capacity when pushed from many threads and 
       REQUIRE(q->ack(b->id()).ok());
     }
     CHECK(q->stats().held_tokens == 0);
-    CHECK(fill_until_full(*q, 10000000) == capacity);
+    CHECK(filled_until_full(fill_until_full(*q, 10000000)) == capacity);
   }
 
   // Room one CPU's slot took ahead is not lost to a push on another CPU.
@@ -629,7 +638,7 @@ TEST_CASE("a queue takes exactly its capacity when pushed from many threads and 
   opt.capacity_trajectories = 2048;
   auto q = open_queue(opt);
   const bool pinned = pin_to_cpu(0) && q->push(make_traj(1)).ok() && pin_to_cpu(1);
-  const std::size_t more = pinned ? fill_until_full(*q, 2) : 0;
+  const std::size_t more = pinned ? filled_until_full(fill_until_full(*q, 2)) : 0;
   REQUIRE(::sched_setaffinity(0, sizeof(saved), &saved) == 0);
   REQUIRE(pinned);
   CHECK(more == 2047);
