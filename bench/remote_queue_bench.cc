@@ -1,10 +1,10 @@
 // remote_queue_bench: rollout processes pushing into a TrajectoryQueue over the Transport. A child
-// process (this binary re-executed) pushes realistic trajectories (256 prompt tokens, 1-4k
-// response tokens) from several threads sharing one RemoteProducer, while a consumer thread in
-// the parent pops and acks. Each group of 8 goes in one RemoteProducer::push_many() message, against
-// push() one trajectory at a time (a round trip each) in the same run, children alternating. Then
-// both again into a queue with wal_fsync, where a push_many message also takes one fdatasync for
-// its 8 where push() takes one each.
+// process (this binary re-executed) pushes realistic trajectories (realistic_trajectory.h) from
+// several threads sharing one RemoteProducer, while a consumer thread in the parent pops and acks.
+// Each group of 8 goes in one RemoteProducer::push_many() message, against push() one trajectory
+// at a time (a round trip each) in the same run, children alternating. Then both again into a
+// queue with wal_fsync, where a push_many message also takes one fdatasync for its 8 where push()
+// takes one each.
 //
 //   remote_queue_bench [--count N] [--fsync-count N] [--threads T] [--repeats R] [--wal-dir DIR]
 //
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "realistic_trajectory.h"
 #include "laminar/remote_trajectory_queue.h"
 #include "process.h"
 
@@ -64,16 +65,7 @@ std::vector<Trajectory> make_trajectories(std::uint64_t first, std::size_t n) {
     t.group_id = (id - 1) / kGroup;
     t.prompt_id = t.group_id;
     t.sample_index = std::uint32_t((id - 1) % kGroup);
-    t.prompt_tokens.assign(256, 11);
-    const std::size_t len = 1024 + rng() % 3073;
-    t.response_tokens.resize(len);
-    t.logprobs.resize(len);
-    for (std::size_t k = 0; k < len; ++k) {
-      t.response_tokens[k] = std::int32_t(rng() % 151000);
-      t.logprobs[k] = -float(rng() % 1000) / 100.0f;
-    }
-    t.rewards = {float(rng() % 2)};
-    t.metadata = R"({"task": "math"})";
+    laminar::bench::fill_realistic(t, rng);
   }
   return ts;
 }

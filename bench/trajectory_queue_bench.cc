@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "realistic_trajectory.h"
 #include "laminar/trajectory_queue.h"
 
 namespace {
@@ -77,22 +78,7 @@ struct Config {
 std::vector<Trajectory> make_pool(std::size_t n) {
   std::mt19937 rng(1234);
   std::vector<Trajectory> pool(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    Trajectory& t = pool[i];
-    t.prompt_tokens.resize(256);
-    for (auto& tok : t.prompt_tokens) tok = std::int32_t(rng() % 151000);
-    const std::size_t len = 1024 + rng() % 3073;  // 1-4k response tokens
-    t.response_tokens.resize(len);
-    t.logprobs.resize(len);
-    for (std::size_t k = 0; k < len; ++k) {
-      t.response_tokens[k] = std::int32_t(rng() % 151000);
-      t.logprobs[k] = -float(rng() % 1000) / 100.0f;
-    }
-    t.rewards = {float(rng() % 2)};
-    t.finish_reason = laminar::FinishReason::kStop;
-    t.timings = {1000, 2000};
-    t.metadata = R"({"task": "math", "source": "gsm8k"})";
-  }
+  for (Trajectory& t : pool) laminar::bench::fill_realistic(t, rng);
   return pool;
 }
 

@@ -50,6 +50,19 @@ void expect_code(const laminar::Status& st, StatusCode code, const char* needle)
   CHECK_THAT(st.message(), Catch::Contains(needle));
 }
 
+// A queue served over the transport, and a client transport to reach it.
+struct Served {
+  Transport server_tr = make_transport();
+  std::string addr = server_tr.listen("127.0.0.1", 0).value();
+  std::unique_ptr<TrajectoryQueueServer> server;
+  Transport client_tr = make_transport();
+
+  explicit Served(TrajectoryQueue& q, laminar::QueueServerOptions o = {})
+      : server(TrajectoryQueueServer::start(server_tr, q, o).value()) {}
+  laminar::Endpoint connect() { return client_tr.connect(addr).value(); }
+  std::unique_ptr<RemoteProducer> producer() { return RemoteProducer::connect(connect()).value(); }
+};
+
 template <class F>
 bool eventually(F f) {
   for (int i = 0; i < 5000; ++i) {
@@ -65,14 +78,10 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
   QueueOptions qo;
   qo.capacity_trajectories = 3;
   auto queue = TrajectoryQueue::open(qo).value();
-  Transport server_tr = make_transport();
-  const std::string addr = server_tr.listen("127.0.0.1", 0).value();
   laminar::QueueServerOptions so;
   so.credits_per_producer = 2;
-  auto server = TrajectoryQueueServer::start(server_tr, *queue, so).value();
-  Transport client_tr = make_transport();
-  auto ep = client_tr.connect(addr).value();
-  auto producer = RemoteProducer::connect(ep).value();
+  Served served(*queue, so);
+  auto producer = served.producer();
   CHECK(producer->credits_granted() == 2);
 
   REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
@@ -106,7 +115,7 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
   for (int i = 0; i < 2; ++i) {
     blocked.emplace_back([&, i] { results[std::size_t(i)] = producer->push(laminar::test_remote::make(10 + std::uint64_t(i))); });
   }
-  REQUIRE(eventually([&] { return server->stats().held == 2; }));
+  REQUIRE(eventually([&] { return served.server->stats().held == 2; }));
   CHECK(producer->credits_free() == 0);
   expect_code(producer->push(laminar::test_remote::make(12), PushOptions::fail_fast()), StatusCode::kUnavailable,
               "credits in flight");
@@ -120,7 +129,7 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
   CHECK(results[0].ok());
   CHECK(results[1].ok());
   CHECK(producer->credits_free() == 2);
-  auto st = server->stats();
+  auto st = served.server->stats();
   CHECK(st.producers == 1);
   CHECK(st.held == 0);
   CHECK(st.accepted == 5);
@@ -130,11 +139,8 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
 TEST_CASE("remote push: malformed and truncated messages are refused, the server keeps serving",
           "[remote][bad-input]") {
   auto queue = TrajectoryQueue::open(QueueOptions{}).value();
-  Transport server_tr = make_transport();
-  const std::string addr = server_tr.listen("127.0.0.1", 0).value();
-  auto server = TrajectoryQueueServer::start(server_tr, *queue).value();
-  Transport client_tr = make_transport();
-  auto ep = client_tr.connect(addr).value();
+  Served served(*queue);
+  auto ep = served.connect();
 
   expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, "short")).status(),
               StatusCode::kDataLoss, "shorter than its 16-byte header");
@@ -149,7 +155,7 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
     expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, body.substr(0, cut))).status(),
                 StatusCode::kDataLoss, "encoded trajectory");
   }
-  CHECK(server->stats().malformed == 5);
+  CHECK(served.server->stats().malformed == 5);
   CHECK(queue->stats().pushed == 0);
   REQUIRE(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, body)).ok());
   CHECK(queue->stats().pushed == 1);
@@ -162,11 +168,8 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
 
 TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones moved from", "[remote]") {
   auto queue = TrajectoryQueue::open(QueueOptions{}).value();
-  Transport server_tr = make_transport();
-  const std::string addr = server_tr.listen("127.0.0.1", 0).value();
-  auto server = TrajectoryQueueServer::start(server_tr, *queue).value();
-  Transport client_tr = make_transport();
-  auto producer = RemoteProducer::connect(client_tr.connect(addr).value()).value();
+  Served served(*queue);
+  auto producer = served.producer();
   REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
 
   std::vector<Trajectory> ts;
@@ -194,7 +197,7 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
     CHECK(t == laminar::test_remote::make(t.id.value()));
   }
   CHECK(ids == std::vector<std::uint64_t>{1, 10, 13});
-  const auto st = server->stats();
+  const auto st = served.server->stats();
   CHECK(st.received == 2);
   CHECK(st.accepted == 3);
   CHECK(st.refused == 2);
@@ -203,7 +206,7 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
   std::vector<Trajectory> many;
   for (std::uint64_t id = 1000; id < 2100; ++id) many.push_back(laminar::test_remote::make(id));
   for (const laminar::Status& s : producer->push_many(many)) REQUIRE(s.ok());
-  CHECK(server->stats().received > 3);
+  CHECK(served.server->stats().received > 3);
   CHECK(queue->stats().ready == 1100);
   CHECK(producer->credits_free() == producer->credits_granted());
 }
@@ -212,11 +215,8 @@ TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fai
   QueueOptions qo;
   qo.capacity_trajectories = 3;
   auto queue = TrajectoryQueue::open(qo).value();
-  Transport server_tr = make_transport();
-  const std::string addr = server_tr.listen("127.0.0.1", 0).value();
-  auto server = TrajectoryQueueServer::start(server_tr, *queue).value();
-  Transport client_tr = make_transport();
-  auto producer = RemoteProducer::connect(client_tr.connect(addr).value()).value();
+  Served served(*queue);
+  auto producer = served.producer();
   auto make_many = [](std::uint64_t first, std::uint64_t n) {
     std::vector<Trajectory> ts;
     for (std::uint64_t id = first; id < first + n; ++id) ts.push_back(laminar::test_remote::make(id));
@@ -239,7 +239,7 @@ TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fai
   // A blocking push_many waits in the server until acks make room for all of it.
   std::vector<laminar::Status> blocked_out;
   std::thread blocked([&] { blocked_out = producer->push_many(late); });
-  REQUIRE(eventually([&] { return server->stats().held == 1; }));
+  REQUIRE(eventually([&] { return served.server->stats().held == 1; }));
   BatchSpec spec;
   spec.max_trajectories = 1;
   for (int i = 0; i < 2; ++i) {
@@ -252,17 +252,14 @@ TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fai
   CHECK(blocked_out[0].ok());
   CHECK(blocked_out[1].ok());
   CHECK(queue->stats().pushed == 5);
-  CHECK(server->stats().held == 0);
+  CHECK(served.server->stats().held == 0);
 }
 
 TEST_CASE("remote push_many: a malformed message is refused whole, the server keeps serving",
           "[remote][bad-input]") {
   auto queue = TrajectoryQueue::open(QueueOptions{}).value();
-  Transport server_tr = make_transport();
-  const std::string addr = server_tr.listen("127.0.0.1", 0).value();
-  auto server = TrajectoryQueueServer::start(server_tr, *queue).value();
-  Transport client_tr = make_transport();
-  auto ep = client_tr.connect(addr).value();
+  Served served(*queue);
+  auto ep = served.connect();
 
   // The documented layout: a 24-byte header (magic, mode, padding, timeout, count, padding), then
   // each trajectory as a u64 length and its encoding.
@@ -304,7 +301,7 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
   corrupt = good;
   corrupt[second + 40] ^= 0x7f;
   expect_code(send(corrupt).status(), StatusCode::kInvalidArgument, "trajectory 1 of 2: decoded trajectory");
-  CHECK(server->stats().malformed == 9);
+  CHECK(served.server->stats().malformed == 9);
   CHECK(queue->stats().pushed == 0);
 
   auto r = send(good);
@@ -322,11 +319,8 @@ TEST_CASE("remote push_many into a queue with wal_fsync: the records survive a r
   qo.wal_fsync = true;
   {
     auto queue = TrajectoryQueue::open(qo).value();
-    Transport server_tr = make_transport();
-    const std::string addr = server_tr.listen("127.0.0.1", 0).value();
-    auto server = TrajectoryQueueServer::start(server_tr, *queue).value();
-    Transport client_tr = make_transport();
-    auto producer = RemoteProducer::connect(client_tr.connect(addr).value()).value();
+    Served served(*queue);
+    auto producer = served.producer();
     std::vector<Trajectory> ts;
     for (std::uint64_t id = 1; id <= 8; ++id) ts.push_back(laminar::test_remote::make(id));
     for (const laminar::Status& s : producer->push_many(ts)) REQUIRE(s.ok());
@@ -350,9 +344,7 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
   QueueOptions qo;
   qo.capacity_trajectories = 32;  // small: the child's pushes wait for the consumer below
   auto queue = TrajectoryQueue::open(qo).value();
-  Transport server_tr = make_transport();
-  const std::string addr = server_tr.listen("127.0.0.1", 0).value();
-  auto server = TrajectoryQueueServer::start(server_tr, *queue).value();
+  Served served(*queue);
 
   // The consumer: pops, checks every byte against the id, acks.
   std::atomic<bool> stop{false};
@@ -379,7 +371,7 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
   auto run_child = [&](std::uint64_t first, std::uint64_t count, int kill_after, std::set<std::uint64_t>& acked) {
     laminar::testing::ChildOptions co;
     co.program = LAMINAR_REMOTE_PRODUCER;
-    co.args = {addr, std::to_string(first), std::to_string(count), "4"};
+    co.args = {served.addr, std::to_string(first), std::to_string(count), "4"};
     co.env = {{"LAMINAR_TEST_TOKEN", kToken}};
     auto child = laminar::testing::ChildProcess::spawn(co).value();
     int lines = 0;
@@ -403,7 +395,7 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
   // A second producer after the death: the server is unharmed.
   CHECK(run_child(2'000'000, 60, -1, second_acked) == 0);
   CHECK(second_acked.size() == 60);
-  REQUIRE(eventually([&] { return queue->stats().held_tokens == 0 && server->stats().held == 0; }));
+  REQUIRE(eventually([&] { return queue->stats().held_tokens == 0 && served.server->stats().held == 0; }));
   stop = true;
   consumer.join();
 
@@ -424,5 +416,5 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
   CHECK(missing == 0);
   CHECK(unknown == 0);
   CHECK(extra <= 8);
-  CHECK(server->stats().malformed == 0);
+  CHECK(served.server->stats().malformed == 0);
 }
