@@ -2,9 +2,11 @@
 // request/reply, put/get, authentication, refused connections, timeouts, malformed frames).
 // Tests across processes, with kills and cut links: transport_multiprocess_test.cc.
 #include <catch2/catch.hpp>
+#include <xxhash.h>
 
 #include <atomic>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -119,6 +121,64 @@ TEST_CASE("wire: frames round-trip and every malformed frame is refused", "[tran
   auto junk = decode_frame(bytes_of("\xa1\x61v\x02"), 1024);  // {"v": 2}
   REQUIRE_FALSE(junk.ok());
   CHECK_THAT(junk.status().message(), Catch::Contains("version 2"));
+}
+
+TEST_CASE("wire: frames are the same CBOR bytes nlohmann-json writes, and odd CBOR is refused", "[transport]") {
+  // The codec is our own; a peer's frames (and the fuzz corpus) are what nlohmann-json's encoder
+  // wrote before, so the bytes must not change.
+  Frame f;
+  f.kind = FrameKind::kRequest;
+  f.type = 0x54510002u;
+  f.id = 0x123456789;
+  for (std::size_t n : {0u, 5u, 23u, 24u, 255u, 256u, 70000u}) {
+    f.body.assign(n, std::byte{0x5a});
+    nlohmann::json j = nlohmann::json::object();
+    j["v"] = laminar::internal::kWireVersion;
+    j["k"] = std::uint8_t(f.kind);
+    j["i"] = f.id;
+    j["t"] = f.type;
+    j["b"] = nlohmann::json::binary(std::vector<std::uint8_t>(n, 0x5a));
+    j["x"] = XXH3_64bits(f.body.data(), f.body.size());
+    const std::vector<std::uint8_t> want = nlohmann::json::to_cbor(j);
+    const std::vector<std::byte> got = encode_frame(f);
+    INFO("body of " << n << " bytes");
+    REQUIRE(got.size() == want.size());
+    CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
+    auto back = decode_frame(got, 1 << 20);
+    REQUIRE(back.ok());
+    CHECK(back->body == f.body);
+  }
+  Frame e;
+  e.kind = FrameKind::kErrorReply;
+  e.id = 7;
+  e.code = StatusCode::kDataLoss;
+  e.error = "bad";
+  nlohmann::json j = {{"v", laminar::internal::kWireVersion}, {"k", std::uint8_t(e.kind)}, {"i", e.id},
+                      {"c", std::uint8_t(e.code)}, {"e", e.error}};
+  const std::vector<std::uint8_t> want = nlohmann::json::to_cbor(j);
+  const std::vector<std::byte> got = encode_frame(e);
+  REQUIRE(got.size() == want.size());
+  CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
+
+  auto refused = [](std::string_view cbor, const char* needle) {
+    auto r = decode_frame(bytes_of(cbor), 1024);
+    INFO(needle);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains(needle));
+  };
+  refused(std::string_view("\x01", 1), "not a CBOR map");
+  refused(std::string_view("\xa1\x61v\x01\x00", 5), "not valid CBOR");            // a byte after the map
+  refused(std::string_view("\xbf\x61v\x01\xff", 5), "not valid CBOR");            // indefinite-length map
+  refused(std::string_view("\xa1\x61v\xc1\x01", 5), "not valid CBOR");            // a tag
+  refused(std::string_view("\xa1\x01\x01", 3), "not valid CBOR");                 // a key that is not text
+  refused(std::string_view("\xa1\x61v\x5a\xff\xff\xff\xff", 8), "not valid CBOR");  // length past the end
+  refused(std::string_view("\xa1\x61v\x20", 4), "'v' is not an unsigned integer");  // -1
+  refused(std::string_view("\xa2\x61v\x01\x61k\x82\x01\x02", 9), "'k' is not an unsigned integer");  // [1, 2]
+  std::string deep = "\xa1\x61v";
+  deep.append(40, '\x81');  // [[[[...]]]] deeper than any frame nests
+  deep.push_back('\x01');
+  refused(deep, "not valid CBOR");
 }
 
 TEST_CASE("wire: remote region descriptors validate", "[transport]") {

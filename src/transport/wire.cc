@@ -5,48 +5,212 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <bit>
 #include <exception>
 #include <limits>
-#include <nlohmann/json.hpp>
+#include <string_view>
+#include <utility>
 
 namespace laminar::internal {
 namespace {
 
-using json = nlohmann::json;
-using Bytes = std::vector<std::uint8_t>;
+// CBOR (RFC 8949) for frames and region descriptors, written and read here rather than through a
+// general library: nlohmann-json's reader takes a byte string one byte at a time, which made
+// decoding a 20 KB message body cost more than the rest of its delivery, and milliseconds for a
+// 4 MB one. A frame is one map of short text keys to unsigned integers, byte strings and text
+// strings, with definite lengths and the shortest heads (what nlohmann-json also wrote, in the
+// same sorted key order, so the bytes are unchanged).
 
-json binary_of(std::span<const std::byte> b) {
-  const auto* p = reinterpret_cast<const std::uint8_t*>(b.data());
-  return json::binary(Bytes(p, p + b.size()));
-}
+constexpr std::uint8_t kUintMajor = 0, kNegativeMajor = 1, kBytesMajor = 2, kTextMajor = 3, kArrayMajor = 4,
+                       kMapMajor = 5, kTagMajor = 6, kSimpleMajor = 7;
+// Arrays and maps nested deeper than this in a frame are refused (no frame has any).
+constexpr int kMaxNesting = 16;
+
+class CborWriter {
+ public:
+  explicit CborWriter(std::size_t entries, std::size_t reserve) {
+    out_.reserve(reserve + 64);
+    head(kMapMajor, entries);
+  }
+  void uint(char key, std::uint64_t v) {
+    text_key(key);
+    head(kUintMajor, v);
+  }
+  void bytes(char key, std::span<const std::byte> b) {
+    text_key(key);
+    head(kBytesMajor, b.size());
+    out_.insert(out_.end(), b.begin(), b.end());
+  }
+  void text(char key, std::string_view t) {
+    text_key(key);
+    head(kTextMajor, t.size());
+    const auto* p = reinterpret_cast<const std::byte*>(t.data());
+    out_.insert(out_.end(), p, p + t.size());
+  }
+  std::vector<std::byte> take() { return std::move(out_); }
+
+ private:
+  void head(std::uint8_t major, std::uint64_t arg) {
+    const auto m = std::uint8_t(major << 5);
+    if (arg < 24) return put(m | std::uint8_t(arg));
+    const int bytes = arg <= 0xff ? 1 : arg <= 0xffff ? 2 : arg <= 0xffffffffu ? 4 : 8;
+    put(m | std::uint8_t(24 + std::countr_zero(unsigned(bytes))));
+    for (int i = bytes - 1; i >= 0; --i) put(std::uint8_t(arg >> (8 * i)));
+  }
+  void text_key(char k) {
+    put(std::uint8_t(kTextMajor << 5) | 1);
+    put(std::uint8_t(k));
+  }
+  void put(std::uint8_t b) { out_.push_back(std::byte{b}); }
+  std::vector<std::byte> out_;
+};
+
+// One value of a map: an unsigned integer, a byte string, a text string, or another well-formed
+// item (kOther: a negative number, float, simple value, array or map), which no field accepts.
+struct CborValue {
+  enum class Kind { kUint, kBytes, kText, kOther } kind = Kind::kOther;
+  std::uint64_t uint = 0;
+  std::span<const std::uint8_t> data;  // kBytes, kText; points into the parsed bytes
+};
+
+class CborMap {
+ public:
+  enum class Error { kNone, kInvalid, kNotMap };
+
+  // Exactly one well-formed map, nothing after it; its values point into `bytes`. Keys must be
+  // text strings; a repeated key keeps its last value. Indefinite lengths and tags are kInvalid.
+  static Error parse(std::span<const std::uint8_t> bytes, CborMap& out) {
+    Reader r{bytes.data(), bytes.data() + bytes.size()};
+    const std::uint8_t* start = r.p;
+    std::uint8_t major = 0;
+    std::uint64_t n = 0;
+    if (!r.head(major, n)) return Error::kInvalid;
+    if (major != kMapMajor) {
+      r.p = start;
+      return r.value(nullptr, 0) && r.p == r.end ? Error::kNotMap : Error::kInvalid;
+    }
+    if (n > r.left() / 2) return Error::kInvalid;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::span<const std::uint8_t> key;
+      CborValue v;
+      if (!r.text(key) || !r.value(&v, 1)) return Error::kInvalid;
+      out.entries_.emplace_back(std::string_view(reinterpret_cast<const char*>(key.data()), key.size()), v);
+    }
+    return r.p == r.end ? Error::kNone : Error::kInvalid;
+  }
+
+  const CborValue* find(std::string_view key) const {
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+      if (it->first == key) return &it->second;
+    }
+    return nullptr;
+  }
+
+ private:
+  struct Reader {
+    const std::uint8_t* p;
+    const std::uint8_t* end;
+
+    std::size_t left() const { return std::size_t(end - p); }
+    // An item's first byte and argument (the count, length or value that follows it).
+    bool head(std::uint8_t& major, std::uint64_t& arg) {
+      if (p == end) return false;
+      const std::uint8_t b = *p++;
+      major = b >> 5;
+      const std::uint8_t info = b & 31;
+      if (info < 24) {
+        arg = info;
+        return true;
+      }
+      if (info > 27) return false;  // reserved, or an indefinite length
+      const std::size_t n = std::size_t(1) << (info - 24);
+      if (left() < n) return false;
+      arg = 0;
+      for (std::size_t i = 0; i < n; ++i) arg = (arg << 8) | p[i];
+      p += n;
+      return true;
+    }
+    bool text(std::span<const std::uint8_t>& out) {
+      std::uint8_t major = 0;
+      std::uint64_t n = 0;
+      if (!head(major, n) || major != kTextMajor || n > left()) return false;
+      out = {p, std::size_t(n)};
+      p += n;
+      return true;
+    }
+    // One whole item, kept in `out` when given.
+    bool value(CborValue* out, int depth) {
+      if (depth > kMaxNesting) return false;
+      std::uint8_t major = 0;
+      std::uint64_t n = 0;
+      if (!head(major, n)) return false;
+      CborValue v;
+      switch (major) {
+        case kUintMajor:
+          v.kind = CborValue::Kind::kUint;
+          v.uint = n;
+          break;
+        case kBytesMajor:
+        case kTextMajor:
+          if (n > left()) return false;
+          v.kind = major == kBytesMajor ? CborValue::Kind::kBytes : CborValue::Kind::kText;
+          v.data = {p, std::size_t(n)};
+          p += n;
+          break;
+        case kArrayMajor:
+          if (n > left()) return false;
+          for (std::uint64_t i = 0; i < n; ++i) {
+            if (!value(nullptr, depth + 1)) return false;
+          }
+          break;
+        case kMapMajor: {
+          if (n > left() / 2) return false;
+          std::span<const std::uint8_t> key;
+          for (std::uint64_t i = 0; i < n; ++i) {
+            if (!text(key) || !value(nullptr, depth + 1)) return false;
+          }
+          break;
+        }
+        case kTagMajor:
+          return false;
+        case kNegativeMajor:
+        case kSimpleMajor:  // false, true, null, floats: head() took their bytes
+          break;
+      }
+      if (out != nullptr) *out = v;
+      return true;
+    }
+  };
+
+  std::vector<std::pair<std::string_view, CborValue>> entries_;
+};
 
 std::uint64_t checksum(std::span<const std::byte> b) { return XXH3_64bits(b.data(), b.size()); }
 
 // Field readers: each names the field it could not read.
-Result<std::uint64_t> read_uint(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end()) return data_loss(fmt::format("frame field '{}' is missing", key));
-  if (!it->is_number_unsigned()) {
+Result<std::uint64_t> read_uint(const CborMap& m, const char* key) {
+  const CborValue* v = m.find(key);
+  if (v == nullptr) return data_loss(fmt::format("frame field '{}' is missing", key));
+  if (v->kind != CborValue::Kind::kUint) {
     return data_loss(fmt::format("frame field '{}' is not an unsigned integer", key));
   }
-  return it->get<std::uint64_t>();
+  return v->uint;
 }
 
-Result<std::vector<std::byte>> read_binary(const json& j, const char* key, std::size_t max_bytes) {
-  auto it = j.find(key);
-  if (it == j.end()) return data_loss(fmt::format("frame field '{}' is missing", key));
-  if (!it->is_binary()) return data_loss(fmt::format("frame field '{}' is not a byte string", key));
-  const Bytes& b = it->get_binary();
-  if (b.size() > max_bytes) {
+Result<std::vector<std::byte>> read_binary(const CborMap& m, const char* key, std::size_t max_bytes) {
+  const CborValue* v = m.find(key);
+  if (v == nullptr) return data_loss(fmt::format("frame field '{}' is missing", key));
+  if (v->kind != CborValue::Kind::kBytes) return data_loss(fmt::format("frame field '{}' is not a byte string", key));
+  if (v->data.size() > max_bytes) {
     return invalid_argument(
-        fmt::format("frame field '{}' holds {} bytes, over the limit of {}", key, b.size(), max_bytes));
+        fmt::format("frame field '{}' holds {} bytes, over the limit of {}", key, v->data.size(), max_bytes));
   }
-  const auto* p = reinterpret_cast<const std::byte*>(b.data());
-  return std::vector<std::byte>(p, p + b.size());
+  const auto* p = reinterpret_cast<const std::byte*>(v->data.data());
+  return std::vector<std::byte>(p, p + v->data.size());
 }
 
-Result<std::vector<std::byte>> read_fixed(const json& j, const char* key, std::size_t bytes) {
-  auto r = read_binary(j, key, bytes);
+Result<std::vector<std::byte>> read_fixed(const CborMap& m, const char* key, std::size_t bytes) {
+  auto r = read_binary(m, key, bytes);
   if (!r.ok())
     return r.status().code() == StatusCode::kInvalidArgument
                ? data_loss(fmt::format("frame field '{}' must hold {} bytes", key, bytes))
@@ -57,19 +221,18 @@ Result<std::vector<std::byte>> read_fixed(const json& j, const char* key, std::s
   return r;
 }
 
-Result<std::string> read_text(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end()) return data_loss(fmt::format("frame field '{}' is missing", key));
-  if (!it->is_string()) return data_loss(fmt::format("frame field '{}' is not a string", key));
-  const auto& s = it->get_ref<const std::string&>();
-  if (s.size() > kMaxErrorTextBytes) {
-    return data_loss(
-        fmt::format("frame field '{}' holds {} bytes of text, over {}", key, s.size(), kMaxErrorTextBytes));
+Result<std::string> read_text(const CborMap& m, const char* key) {
+  const CborValue* v = m.find(key);
+  if (v == nullptr) return data_loss(fmt::format("frame field '{}' is missing", key));
+  if (v->kind != CborValue::Kind::kText) return data_loss(fmt::format("frame field '{}' is not a string", key));
+  if (v->data.size() > kMaxErrorTextBytes) {
+    return data_loss(fmt::format("frame field '{}' holds {} bytes of text, over {}", key, v->data.size(),
+                                 kMaxErrorTextBytes));
   }
-  return s;
+  return std::string(reinterpret_cast<const char*>(v->data.data()), v->data.size());
 }
 
-Status read_message_body(const json& j, Frame& f, std::size_t max_body_bytes) {
+Status read_message_body(const CborMap& j, Frame& f, std::size_t max_body_bytes) {
   auto type = read_uint(j, "t");
   if (!type.ok()) return type.status();
   if (*type > std::numeric_limits<MessageType>::max()) {
@@ -87,7 +250,7 @@ Status read_message_body(const json& j, Frame& f, std::size_t max_body_bytes) {
   return ok_status();
 }
 
-Status read_request_id(const json& j, Frame& f) {
+Status read_request_id(const CborMap& j, Frame& f) {
   auto id = read_uint(j, "i");
   if (!id.ok()) return id.status();
   if (*id == 0) return data_loss("frame field 'i' (request id) is 0");
@@ -101,10 +264,15 @@ Result<Frame> decode_checked(std::span<const std::byte> wire, std::size_t max_bo
     return invalid_argument(fmt::format("frame of {} bytes is over the limit of {} (max_message_bytes {})",
                                         wire.size(), max_body_bytes + kFrameOverheadBytes, max_body_bytes));
   }
-  const auto* p = reinterpret_cast<const std::uint8_t*>(wire.data());
-  json j = json::from_cbor(p, p + wire.size(), /*strict=*/true, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return data_loss(fmt::format("frame of {} bytes is not valid CBOR", wire.size()));
-  if (!j.is_object()) return data_loss("frame is not a CBOR map");
+  CborMap j;
+  switch (CborMap::parse({reinterpret_cast<const std::uint8_t*>(wire.data()), wire.size()}, j)) {
+    case CborMap::Error::kNone:
+      break;
+    case CborMap::Error::kInvalid:
+      return data_loss(fmt::format("frame of {} bytes is not valid CBOR", wire.size()));
+    case CborMap::Error::kNotMap:
+      return data_loss("frame is not a CBOR map");
+  }
 
   auto version = read_uint(j, "v");
   if (!version.ok()) return version.status();
@@ -170,46 +338,67 @@ Result<Frame> decode_checked(std::span<const std::byte> wire, std::size_t max_bo
 }  // namespace
 
 std::vector<std::byte> encode_frame(const Frame& f) {
-  json j = json::object();
-  j["v"] = kWireVersion;
-  j["k"] = static_cast<std::uint8_t>(f.kind);
+  // Keys in sorted order: b, c, e, i, k, m, t, v, x.
   switch (f.kind) {
     case FrameKind::kHello:
-    case FrameKind::kProof:
-      j["b"] = binary_of(f.body);
-      break;
-    case FrameKind::kChallenge:
-      j["b"] = binary_of(f.body);
-      j["m"] = binary_of(f.mac);
-      break;
-    case FrameKind::kWelcome:
-      break;
-    case FrameKind::kRefused:
-      j["e"] = f.error.substr(0, kMaxErrorTextBytes);
-      break;
-    case FrameKind::kRequest:
-    case FrameKind::kReply:
-      j["i"] = f.id;
-      [[fallthrough]];
+    case FrameKind::kProof: {
+      CborWriter w(3, f.body.size());
+      w.bytes('b', f.body);
+      w.uint('k', std::uint8_t(f.kind));
+      w.uint('v', kWireVersion);
+      return w.take();
+    }
+    case FrameKind::kChallenge: {
+      CborWriter w(4, f.body.size() + f.mac.size());
+      w.bytes('b', f.body);
+      w.uint('k', std::uint8_t(f.kind));
+      w.bytes('m', f.mac);
+      w.uint('v', kWireVersion);
+      return w.take();
+    }
+    case FrameKind::kWelcome: {
+      CborWriter w(2, 0);
+      w.uint('k', std::uint8_t(f.kind));
+      w.uint('v', kWireVersion);
+      return w.take();
+    }
+    case FrameKind::kRefused: {
+      const std::string_view e = std::string_view(f.error).substr(0, kMaxErrorTextBytes);
+      CborWriter w(3, e.size());
+      w.text('e', e);
+      w.uint('k', std::uint8_t(f.kind));
+      w.uint('v', kWireVersion);
+      return w.take();
+    }
     case FrameKind::kMessage:
-      j["t"] = f.type;
-      j["b"] = binary_of(f.body);
-      j["x"] = checksum(f.body);
-      break;
-    case FrameKind::kErrorReply:
-      j["i"] = f.id;
-      j["c"] = static_cast<std::uint8_t>(f.code);
-      j["e"] = f.error.substr(0, kMaxErrorTextBytes);
-      break;
+    case FrameKind::kRequest:
+    case FrameKind::kReply: {
+      const bool with_id = f.kind != FrameKind::kMessage;
+      CborWriter w(with_id ? 6 : 5, f.body.size());
+      w.bytes('b', f.body);
+      if (with_id) w.uint('i', f.id);
+      w.uint('k', std::uint8_t(f.kind));
+      w.uint('t', f.type);
+      w.uint('v', kWireVersion);
+      w.uint('x', checksum(f.body));
+      return w.take();
+    }
+    case FrameKind::kErrorReply: {
+      const std::string_view e = std::string_view(f.error).substr(0, kMaxErrorTextBytes);
+      CborWriter w(5, e.size());
+      w.uint('c', std::uint8_t(f.code));
+      w.text('e', e);
+      w.uint('i', f.id);
+      w.uint('k', std::uint8_t(f.kind));
+      w.uint('v', kWireVersion);
+      return w.take();
+    }
   }
-  Bytes out = json::to_cbor(j);
-  const auto* p = reinterpret_cast<const std::byte*>(out.data());
-  return {p, p + out.size()};
+  return {};
 }
 
 Result<Frame> decode_frame(std::span<const std::byte> wire, std::size_t max_body_bytes) {
-  // from_cbor reports malformed input without exceptions, but the json accessors and allocations
-  // around it may still throw (e.g. bad_alloc); none of that may leave this function.
+  // Allocating the body may throw (bad_alloc); that may not leave this function.
   try {
     return decode_checked(wire, max_body_bytes);
   } catch (const std::exception& e) {
@@ -222,14 +411,12 @@ Result<Frame> decode_frame(std::span<const std::byte> wire, std::size_t max_body
 namespace laminar {
 
 std::vector<std::byte> RemoteRegion::serialize() const {
-  nlohmann::json j = nlohmann::json::object();
-  j["v"] = internal::kWireVersion;
-  j["a"] = address;
-  j["s"] = size;
-  j["r"] = internal::binary_of(rkey);
-  std::vector<std::uint8_t> out = nlohmann::json::to_cbor(j);
-  const auto* p = reinterpret_cast<const std::byte*>(out.data());
-  return {p, p + out.size()};
+  internal::CborWriter w(4, rkey.size());
+  w.uint('a', address);
+  w.bytes('r', rkey);
+  w.uint('s', size);
+  w.uint('v', internal::kWireVersion);
+  return w.take();
 }
 
 Result<RemoteRegion> RemoteRegion::deserialize(std::span<const std::byte> bytes) {
@@ -237,9 +424,9 @@ Result<RemoteRegion> RemoteRegion::deserialize(std::span<const std::byte> bytes)
   constexpr std::size_t kMaxRkeyBytes = 64 * 1024;
   try {
     if (bytes.empty()) return data_loss("remote region: empty bytes");
-    const auto* p = reinterpret_cast<const std::uint8_t*>(bytes.data());
-    auto j = nlohmann::json::from_cbor(p, p + bytes.size(), true, false);
-    if (j.is_discarded() || !j.is_object()) {
+    internal::CborMap j;
+    if (internal::CborMap::parse({reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()}, j) !=
+        internal::CborMap::Error::kNone) {
       return data_loss(fmt::format("remote region: {} bytes are not a valid CBOR map", bytes.size()));
     }
     auto version = internal::read_uint(j, "v");

@@ -1,7 +1,7 @@
 // wire.h (internal): the frames laminar's transport exchanges, and their CBOR encoding.
 //
-// Every UCP active message laminar sends carries exactly one frame: a CBOR map (nlohmann-json's
-// encoder) with a format version, a kind, and the fields that kind needs. Message bodies carry an
+// Every UCP active message laminar sends carries exactly one frame: a CBOR map (RFC 8949, written
+// and read by wire.cc itself) with a format version, a kind, and the fields that kind needs. Message bodies carry an
 // XXH3 checksum so a corrupted body is caught even when the CBOR around it still parses. The
 // decoder is the one place untrusted bytes from a peer are parsed; it is fuzzed
 // (tests/fuzz/transport_wire_fuzz.cc) and never throws.
