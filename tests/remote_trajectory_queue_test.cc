@@ -310,6 +310,32 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
   CHECK(queue->stats().pushed == 2);
 }
 
+TEST_CASE("remote push_many to a vanished server: each trajectory gets the error, none is moved from",
+          "[remote][bad-input]") {
+  auto queue = TrajectoryQueue::open(QueueOptions{}).value();
+  auto served = std::make_unique<Served>(*queue);
+  Transport client_tr = make_transport();
+  auto producer = RemoteProducer::connect(client_tr.connect(served->addr).value()).value();
+  std::vector<Trajectory> first(2);
+  first[0] = laminar::test_remote::make(1);
+  first[1] = laminar::test_remote::make(2);
+  for (const laminar::Status& s : producer->push_many(first)) REQUIRE(s.ok());
+
+  served.reset();  // the server process's transport is gone
+  std::vector<Trajectory> ts;
+  for (std::uint64_t id = 3; id < 6; ++id) ts.push_back(laminar::test_remote::make(id));
+  const std::vector<laminar::Status> out = producer->push_many(ts, PushOptions::with_timeout(2s));
+  REQUIRE(out.size() == 3);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    INFO(out[i].to_string());
+    CHECK_FALSE(out[i].ok());
+    CHECK(out[i].code() == out[0].code());
+    CHECK(ts[i] == laminar::test_remote::make(3 + i));  // still the caller's, to push elsewhere
+  }
+  CHECK(producer->credits_free() == producer->credits_granted());
+  CHECK(queue->stats().pushed == 2);
+}
+
 TEST_CASE("remote push_many into a queue with wal_fsync: the records survive a reopen", "[remote][wal]") {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("laminar_remote_many_" + std::to_string(::getpid()) + ".wal")).string();
