@@ -747,9 +747,9 @@ constexpr int kTokenBits = 40;
 constexpr std::uint64_t kMaxCapacityTokens = (std::uint64_t(1) << kTokenBits) - 1;
 constexpr std::uint64_t kMaxCapacityTrajectories = (std::uint64_t(1) << (64 - kTokenBits)) - 1;
 // Yields a consumer makes before sleeping on data_cv: a sleeper costs the producer a wake and
-// itself a trip through the scheduler, but a consumer that keeps yielding keeps its core busy, and
-// with 2 producers and 2 consumers on 2 cores the scheduler then often left both producers sharing
-// one core for good (about 30% slower). Measured there, runs of one queue: that state in 17 of
+// itself a trip through the scheduler, but a consumer that keeps yielding keeps its core busy. With
+// 2 producers and 2 consumers on 2 cores, runs then often went about 30% slower, the producers
+// together getting one core's time and the yielding consumers the other's. Measured there, runs of one queue: that state in 17 of
 // 32 runs with 32 yields, 3 of 10 with 4 or 8, 2 of 32 with 1, every run with 0; the runs that
 // avoided it were equally fast for all.
 constexpr int kSpinRounds = 1;
