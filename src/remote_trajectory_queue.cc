@@ -201,17 +201,13 @@ struct TrajectoryQueueServer::Impl {
     for (std::uint32_t i = 0; i < h.out.size(); ++i) {
       if (h.out[i].code() == StatusCode::kUnavailable) idx.push_back(i);
     }
-    if (idx.size() == 1) {
-      h.out[idx[0]] = queue.push(std::move(h.ts[idx[0]]), PushOptions::fail_fast());
-    } else if (!idx.empty()) {
-      std::vector<Trajectory> ts;
-      ts.reserve(idx.size());
-      for (std::uint32_t i : idx) ts.push_back(std::move(h.ts[i]));
-      std::vector<Status> r = queue.push_many(ts, PushOptions::fail_fast());
-      for (std::size_t k = 0; k < idx.size(); ++k) {
-        if (!r[k].ok()) h.ts[idx[k]] = std::move(ts[k]);
-        h.out[idx[k]] = std::move(r[k]);
-      }
+    std::vector<Trajectory> ts;
+    ts.reserve(idx.size());
+    for (std::uint32_t i : idx) ts.push_back(std::move(h.ts[i]));
+    std::vector<Status> r = queue.push_many(ts, PushOptions::fail_fast());
+    for (std::size_t k = 0; k < idx.size(); ++k) {
+      if (!r[k].ok()) h.ts[idx[k]] = std::move(ts[k]);
+      h.out[idx[k]] = std::move(r[k]);
     }
     return !h.waiting();
   }
@@ -410,7 +406,7 @@ struct RemoteProducer::Impl {
     if (o.mode == PushMode::kFailFast) {
       return unavailable(fmt::format("remote push: all {} credits in flight", granted));
     }
-    if (o.mode == PushMode::kBlock || o.timeout >= kBlockingRequestTimeout) {
+    if (o.mode == PushMode::kBlock || o.timeout > std::chrono::steady_clock::time_point::max() - start) {
       cv.wait(l, [&] { return free > 0; });
     } else if (!cv.wait_until(l, start + o.timeout, [&] { return free > 0; })) {
       return deadline_exceeded(fmt::format("remote push: no credit free within {} ns", o.timeout.count()));
