@@ -860,7 +860,12 @@ struct TrajectoryQueue::Impl {
   // --- consumer side, under mu ---
   alignas(64) mutable std::mutex mu;
   std::condition_variable data_cv;  // consumers wait for ready trajectories
-  int data_waiters = 0;
+  // The min_trajectories of each consumer waiting for trajectories, and the smallest of them: fewer ready cannot
+  // end any wait (pop_batch takes nothing below its min_trajectories), so a producer wakes no one
+  // until that many are ready. A trainer waiting for a full batch is then woken once per batch,
+  // not once per group published, and each wake costs the producer a futex call.
+  std::vector<std::size_t> waiter_mins;
+  std::size_t wake_at = SIZE_MAX;
   // Consumers were woken since the last of them started waiting: one notify_all reaches every
   // waiter, and another would only take the condition variable's lock away from them again.
   bool waiters_woken = false;
@@ -1330,9 +1335,20 @@ struct TrajectoryQueue::Impl {
 
   // With mu held: whether the caller, having made data, must notify data_cv.
   bool should_wake() {
-    if (data_waiters == 0 || waiters_woken) return false;
+    if (waiters_woken || ready_count < wake_at) return false;
     waiters_woken = true;
     return true;
+  }
+
+  // With mu held: a consumer waits until `min_count` trajectories are ready, or stops waiting.
+  void start_waiting(std::size_t min_count) {
+    waiters_woken = false;
+    waiter_mins.push_back(min_count);
+    wake_at = std::min(wake_at, min_count);
+  }
+  void stop_waiting(std::size_t min_count) {
+    waiter_mins.erase(std::find(waiter_mins.begin(), waiter_mins.end(), min_count));
+    wake_at = waiter_mins.empty() ? SIZE_MAX : *std::min_element(waiter_mins.begin(), waiter_mins.end());
   }
 
   // Retires units pop_batch dropped as stale (called with no lock held).
@@ -2182,10 +2198,9 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
     }
     l.lock();
     if (q.ready_count < min_count && !q.closed.load()) {
-      ++q.data_waiters;
-      q.waiters_woken = false;
+      q.start_waiting(min_count);
       q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_consumer_timer()));
-      --q.data_waiters;
+      q.stop_waiting(min_count);
     }
     now = q.clock->now();
     if (q.next_group_deadline() <= now) {
@@ -2293,7 +2308,7 @@ QueueStats TrajectoryQueue::stats() const {
   s.leased_trajectories = q.leased_trajectories;
   s.held_tokens = Impl::tokens_of(q.in_use());
   s.blocked_producers = std::size_t(q.space_waiters.load());
-  s.blocked_consumers = std::size_t(q.data_waiters);
+  s.blocked_consumers = q.waiter_mins.size();
   s.newest_version = Version(q.newest.load());
   s.delivered = q.delivered;
   s.acked = q.acked;

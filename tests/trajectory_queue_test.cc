@@ -512,6 +512,80 @@ TEST_CASE("pop_batch waits for min_trajectories in virtual time", "[queue]") {
   CHECK(got == std::vector<std::uint64_t>{1, 2, 3});
 }
 
+namespace {
+// Real time, counting how often a thread went to sleep on it: each sleep after the first of a
+// pop_batch is a wake that did not end its wait.
+class CountingClock final : public Clock {
+ public:
+  Duration now() const noexcept override { return real_.now(); }
+  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                  Duration deadline) const override {
+    waits.fetch_add(1);
+    real_.wait_until(cv, lock, deadline);
+  }
+  mutable std::atomic<int> waits{0};
+
+ private:
+  laminar::SteadyClock real_;
+};
+}  // namespace
+
+TEST_CASE("a consumer waiting for min_trajectories is woken once they are ready, not by each push", "[queue]") {
+  auto clock = std::make_shared<CountingClock>();
+  QueueOptions opt;
+  opt.clock = clock;
+  auto q = open_queue(opt);
+  BatchSpec full = count_spec(16);
+  full.min_trajectories = 16;
+  full.wait = 60s;
+  std::vector<std::uint64_t> got;
+  std::thread consumer([&] {
+    auto b = q->pop_batch(full);
+    if (b.ok()) got = ids_of(*b);
+  });
+  await_blocked(*q, 0, 1);
+  for (std::uint64_t id = 1; id < 16; ++id) {
+    REQUIRE(q->push(make_traj(id)).ok());
+    std::this_thread::sleep_for(2ms);  // time for a needlessly woken consumer to sleep again
+  }
+  // Woken by every push, it would have slept 16 times by now.
+  CHECK(clock->waits.load() <= 3);
+  REQUIRE(q->push(make_traj(16)).ok());
+  consumer.join();
+  CHECK(got.size() == 16);
+
+  // Two waiters: the smaller min_trajectories is served first, then the larger one still wakes.
+  BatchSpec two = count_spec(2);
+  two.min_trajectories = 2;
+  two.wait = 60s;
+  BatchSpec eight = count_spec(8);
+  eight.min_trajectories = 8;
+  eight.wait = 60s;
+  laminar::Status small_result, large_result;
+  std::size_t small_size = 0, large_size = 0;
+  std::thread large([&] {
+    auto b = q->pop_batch(eight);
+    large_result = b.status();
+    if (b.ok()) large_size = b->size();
+  });
+  await_blocked(*q, 0, 1);
+  std::thread small([&] {
+    auto b = q->pop_batch(two);
+    small_result = b.status();
+    if (b.ok()) small_size = b->size();
+  });
+  await_blocked(*q, 0, 2);
+  REQUIRE(q->push(make_traj(17)).ok());
+  REQUIRE(q->push(make_traj(18)).ok());
+  small.join();
+  CHECK(small_result.ok());
+  CHECK(small_size == 2);
+  for (std::uint64_t id = 19; id < 27; ++id) REQUIRE(q->push(make_traj(id)).ok());
+  large.join();
+  CHECK(large_result.ok());
+  CHECK(large_size == 8);
+}
+
 TEST_CASE("push backpressure: fail fast, timeout and block", "[queue]") {
   auto clock = std::make_shared<ManualClock>();
   QueueOptions opt;
