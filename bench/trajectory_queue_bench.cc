@@ -24,7 +24,11 @@
 // The same producer and consumer threads run every repeat of every queue (see Workers).
 //
 //   trajectory_queue_bench [--producers N] [--consumers M] [--pool P] [--passes K] [--repeats R]
-//                          [--wal-dir DIR]
+//                          [--wal-dir DIR] [--pin 1]
+//
+// --pin 1 pins worker i (producers first, then consumers) to the i-th CPU this process may run
+// on, round robin: with one producer and one consumer on 2 CPUs each thread then has a core of
+// its own, and neither queue can lose a run to both threads landing on one core.
 //
 // Lines (JSON, one per metric, the headline last):
 //   trajectory_queue_contents_checked vs moodycamel::ConcurrentQueue;
@@ -33,6 +37,7 @@
 //   trajectory_queue_wal_fsync_push_many vs push() with wal_fsync;
 //   trajectory_queue_push_pop vs moodycamel::ConcurrentQueue (goal: ratio >= 0.5, value >= 1e6).
 #include <concurrentqueue/concurrentqueue.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -73,6 +78,7 @@ struct Config {
   int repeats = 15;
   int wal_repeats = 3;
   std::string wal_dir = std::filesystem::temp_directory_path().string();
+  bool pin = false;
 };
 
 std::vector<Trajectory> make_pool(std::size_t n) {
@@ -175,8 +181,22 @@ struct RunTime {
 // over before load balancing spread them. Between runs the workers wait yielding.
 class Workers {
  public:
-  explicit Workers(int n) {
-    for (int i = 0; i < n; ++i) threads_.emplace_back([this, i] { loop(i); });
+  // `pin`: worker i runs only on the i-th allowed CPU (round robin).
+  Workers(int n, bool pin) {
+    std::vector<int> cpus;
+    cpu_set_t allowed;
+    if (pin && ::sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      const int cpu = cpus.empty() ? -1 : cpus[std::size_t(i) % cpus.size()];
+      threads_.emplace_back([this, i, cpu] {
+        if (cpu >= 0) pin_to(cpu);
+        loop(i);
+      });
+    }
   }
   ~Workers() {
     stop_.store(true);
@@ -195,6 +215,15 @@ class Workers {
   }
 
  private:
+  static void pin_to(int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (::sched_setaffinity(0, sizeof one, &one) != 0) {
+      std::fprintf(stderr, "trajectory_queue_bench: cannot pin a worker to CPU %d\n", cpu);
+      std::exit(1);
+    }
+  }
   void loop(int i) {
     std::uint64_t seen = 0;
     for (;;) {
@@ -338,6 +367,7 @@ Config parse(int argc, char** argv) {
     else if (flag == "--passes") c.passes = std::atoi(v);
     else if (flag == "--repeats") c.repeats = std::atoi(v);
     else if (flag == "--wal-dir") c.wal_dir = v;
+    else if (flag == "--pin") c.pin = std::atoi(v) != 0;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       std::exit(2);
@@ -358,9 +388,10 @@ int main(int argc, char** argv) {
   std::vector<Trajectory> pool = make_pool(cfg.pool);
   std::size_t tokens = 0;
   for (const Trajectory& t : pool) tokens += t.num_tokens();
-  std::printf("# %d producers, %d consumers, a pool of %zu trajectories moved %d times per repeat (%.0f tokens "
+  std::printf("# %d producers, %d consumers%s, a pool of %zu trajectories moved %d times per repeat (%.0f tokens "
               "on average)\n",
-              cfg.producers, cfg.consumers, cfg.pool, cfg.passes, double(tokens) / double(cfg.pool));
+              cfg.producers, cfg.consumers, cfg.pin ? " (pinned)" : "", cfg.pool, cfg.passes,
+              double(tokens) / double(cfg.pool));
 
   // The headline runs the validation the issue asks for (lengths, version, unique ids, group
   // fields); the "contents checked" run also scans every token id, log-prob, reward and the
@@ -375,7 +406,7 @@ int main(int argc, char** argv) {
   auto qc = laminar::TrajectoryQueue::open(checked_opt);
   if (!qc.ok()) die("open", qc.status());
 
-  Workers workers(cfg.producers + cfg.consumers);
+  Workers workers(cfg.producers + cfg.consumers, cfg.pin);
   int rep = 0;
   std::vector<double> ours, checked, base, ours_group, base_group;
   // Per trajectory: producers' and consumers' CPU, ours and moodycamel's.
