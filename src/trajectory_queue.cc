@@ -860,10 +860,11 @@ struct TrajectoryQueue::Impl {
   // --- consumer side, under mu ---
   alignas(64) mutable std::mutex mu;
   std::condition_variable data_cv;  // consumers wait for ready trajectories
-  // The min_trajectories of each consumer waiting for trajectories, and the smallest of them: fewer ready cannot
-  // end any wait (pop_batch takes nothing below its min_trajectories), so a producer wakes no one
-  // until that many are ready. A trainer waiting for a full batch is then woken once per batch,
-  // not once per group published, and each wake costs the producer a futex call.
+  // The min_trajectories of each consumer waiting for trajectories, and the smallest of them:
+  // fewer ready cannot end any wait (pop_batch takes nothing below its min_trajectories), so a
+  // producer wakes no one until that many are ready. A trainer waiting for a full batch is then
+  // woken once per batch, not once per group published, and each wake costs the producer a futex
+  // call.
   std::vector<std::size_t> waiter_mins;
   std::size_t wake_at = SIZE_MAX;
   // Consumers were woken since the last of them started waiting: one notify_all reaches every
