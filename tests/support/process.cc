@@ -139,6 +139,8 @@ Result<ChildProcess> ChildProcess::spawn(ChildOptions options) {
       }
     }
     if (err == 0 && dup2(out_pipe[1], STDOUT_FILENO) < 0) err = errno;
+    // The test's own descriptors (its UCX sockets, a listening port) stay with the test.
+    if (err == 0 && close_range(STDERR_FILENO + 1, ~0U, CLOSE_RANGE_CLOEXEC) != 0) err = errno;
     if (err == 0) {
       execve(c_argv[0], c_argv.data(), c_env.data());
       err = errno;
