@@ -8,6 +8,7 @@
 // handler may itself block on transport calls. Context-level calls (memory registration) are made
 // from any thread: the context is created with mt_workers_shared for that.
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <sodium.h>
 #include <sys/epoll.h>
@@ -32,6 +33,7 @@
 #include <unordered_map>
 
 #include "laminar/transport.h"
+#include "transport/listen_socket.h"
 #include "transport/testing.h"
 #include "transport/wire.h"
 
@@ -51,24 +53,6 @@ constexpr auto kSpinAfterActivity = std::chrono::microseconds(50);
 constexpr auto kCloseGrace = milliseconds(1000);
 
 std::string ucs_text(ucs_status_t s) { return ucs_status_string(s); }
-
-std::string sockaddr_text(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = {};
-  std::uint16_t port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
-    return fmt::format("{}:{}", host, port);
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    port = ntohs(a->sin6_port);
-    return fmt::format("[{}]:{}", host, port);
-  }
-  return "<unknown address>";
-}
 
 // "host:port" or "[v6]:port" -> sockaddr. kInvalidArgument names what is wrong.
 Result<sockaddr_storage> parse_address(std::string_view address) {
@@ -348,6 +332,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void expire_deadlines();
   int epoll_timeout_ms() const;
   void teardown_on_progress_thread();
+  void close_listener();
 
   // Progress thread only from here on.
   Op& new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeout, std::string what);
@@ -398,6 +383,10 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
 
   // Progress thread only.
   ucp_listener_h listener_ = nullptr;
+  sockaddr_storage listen_addr_{};
+  int listen_fd_ = -1;         // the listener's socket (UCX's), -1 if not found
+  bool tearing_down_ = false;  // connection requests are refused from then on
+  std::set<std::string> refused_peers_;
   std::unordered_map<std::uint64_t, std::shared_ptr<EndpointState>> endpoints_;
   std::unordered_map<ucp_ep_h, std::uint64_t> by_handle_;
   std::unordered_map<std::uint64_t, std::unique_ptr<Op>> ops_;
@@ -480,6 +469,11 @@ Status TransportCore::start() {
     if (s == UCS_OK && std::getenv((std::string("UCX_TCP_") + name).c_str()) == nullptr) {
       s = ucp_config_modify(config, name, value);
     }
+  }
+  // A listener that restarts on its port must not wait for the last run's connections to leave
+  // TIME_WAIT. Two live listeners still cannot share a port (that would need SO_REUSEPORT).
+  if (s == UCS_OK && std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr) {
+    s = ucp_config_modify(config, "CM_REUSEADDR", "y");
   }
   if (s != UCS_OK) {
     ucp_config_release(config);
@@ -686,14 +680,32 @@ void TransportCore::progress_loop() {
   teardown_on_progress_thread();
 }
 
+void TransportCore::close_listener() {
+  if (listener_ == nullptr) return;
+  // Every connection the listener accepted must have delivered its request (and been refused) or be
+  // cut before UCX frees the listener, and no new one may complete meanwhile; see
+  // transport/listen_socket.h. A client whose handshake falls into this window retries it 1 s on.
+  if (listen_fd_ >= 0 && stop_new_connections(listen_fd_)) {
+    const auto give_up = Clock::now() + kCloseGrace;
+    while (Clock::now() < give_up) {
+      while (ucp_worker_progress(worker_) != 0) {
+      }
+      if (accept_queue_length(listen_fd_) == 0 && cut_accepted_connections(listen_addr_, refused_peers_) == 0) {
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  }
+  ucp_listener_destroy(listener_);
+  listener_ = nullptr;
+  listen_fd_ = -1;
+}
+
 void TransportCore::teardown_on_progress_thread() {
   // Commands posted before accepting_commands_ went false still run, so their callers get answers.
   has_commands_.store(true);
   run_commands();
-  if (listener_ != nullptr) {
-    ucp_listener_destroy(listener_);
-    listener_ = nullptr;
-  }
+  tearing_down_ = true;
   const Status cancelled_st = cancelled("transport shut down");
   for (auto& [id, op] : ops_) {
     if (!op->resolved) {
@@ -734,6 +746,7 @@ void TransportCore::teardown_on_progress_thread() {
   for (void* r : closing_) ucp_request_free(r);
   closing_.clear();
   for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+  close_listener();
   // Ops UCX never completed keep their buffers until here; the worker is destroyed next.
   release_candidates_.clear();
   ops_.clear();
@@ -1233,6 +1246,11 @@ void TransportCore::on_connection_request(ucp_conn_request_h req) {
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   std::string peer = "<unknown peer>";
   if (ucp_conn_request_query(req, &attr) == UCS_OK) peer = sockaddr_text(attr.client_address);
+  if (tearing_down_) {
+    refused_peers_.insert(peer);
+    ucp_listener_reject(listener_, req);
+    return;
+  }
   auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, peer);
   ucp_ep_params_t ep{};
   ep.field_mask =
@@ -1291,6 +1309,12 @@ Result<std::string> TransportCore::listen(std::string_view host, std::uint16_t p
     ucp_listener_attr_t attr{};
     attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
     s = ucp_listener_query(listener_, &attr);
+    if (s == UCS_OK) {
+      listen_addr_ = attr.sockaddr;
+      listen_fd_ = find_listening_socket(listen_addr_);
+      // A process this one starts must not hold the port (UCX opens it without close-on-exec).
+      if (listen_fd_ >= 0) fcntl(listen_fd_, F_SETFD, fcntl(listen_fd_, F_GETFD) | FD_CLOEXEC);
+    }
     promise.set_value(s == UCS_OK ? Result<std::string>(sockaddr_text(attr.sockaddr))
                                   : Result<std::string>(unavailable("listener query: " + ucs_text(s))));
   });

@@ -5,6 +5,8 @@
 //   transport_peer client <address> exchange <k>  echo requests + get/put slice k of the server region
 //   transport_peer client <address> auth          prints "STATUS <code>" of connecting
 //   transport_peer client <address> probe         an echo request every 100 ms: prints "OK" or "ERR <code>"
+//   transport_peer client <address> storm         connects and closes in a loop for a minute, whether
+//                                                 or not anyone listens; prints "CONNECTED <n>" per 10
 //
 // Region contents follow pattern(seed): 64-bit word i holds seed ^ (i * golden ratio constant).
 #include <atomic>
@@ -132,9 +134,30 @@ int exchange(Endpoint& ep, Transport& t, int k) {
   return 0;
 }
 
+// Keeps connecting to an address that comes and goes (see "a transport shut down while clients keep
+// connecting" in transport_multiprocess_test).
+int storm(Transport& t, const std::string& address) {
+  int connected = 0;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < until) {
+    auto ep = t.connect(address, 500ms);
+    if (!ep.ok()) {
+      std::this_thread::sleep_for(1ms);
+      continue;
+    }
+    ep->close();
+    if (++connected % 10 == 0) {
+      std::printf("CONNECTED %d\n", connected);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 int client(const std::string& address, const std::string& mode, int k) {
   auto t = Transport::create(options_from_env());
   if (!t.ok()) return fail("create", t.status());
+  if (mode == "storm") return storm(*t, address);
   auto ep = t->connect(address);
   if (mode == "auth") {
     std::printf("STATUS %s\n", std::string(status_code_name(ep.status().code())).c_str());
