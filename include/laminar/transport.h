@@ -193,7 +193,9 @@ using MessageHandler = std::function<void(Incoming)>;
 
 // Owns the UCP context, worker, listener, endpoints and the progress and callback threads. Movable,
 // not copyable. Destroying it closes every endpoint and fails every pending operation (kCancelled);
-// MemoryRegions and Endpoint handles may outlive it (their operations then fail).
+// MemoryRegions and Endpoint handles may outlive it (their operations then fail). Peers connecting
+// while it shuts down are refused (one whose handshake lands in the last moments learns it about
+// 1 s later, from its own retry).
 class Transport {
  public:
   // kInvalidArgument: token shorter than kMinTokenBytes, zero max_message_bytes, non-positive timeouts.
@@ -208,7 +210,8 @@ class Transport {
 
   // Starts accepting connections on host:port (port 0: any free port). Returns the bound
   // "host:port". kInvalidArgument: host is not an IPv4/IPv6 address; kUnavailable: cannot bind;
-  // kFailedPrecondition: already listening.
+  // kFailedPrecondition: already listening. A port whose last listener is gone can be taken again
+  // at once (SO_REUSEADDR), and processes this one starts do not inherit the listening socket.
   Result<std::string> listen(std::string_view host, std::uint16_t port);
 
   // Connects to "host:port" and authenticates both ways. kInvalidArgument: malformed address;
