@@ -19,6 +19,8 @@
 // tokens and bulk dequeue, its fastest use. A second pair of runs pushes each group of 8 with one
 // call: push_many() against moodycamel's enqueue_bulk(). Then the same TrajectoryQueue with its
 // write-ahead log on (page cache, no fsync), reported separately; that run moves the pool once.
+// For reference, a std::deque behind a std::mutex, with no semantics at all, moves the same objects
+// interleaved with the others.
 // Last, with wal_fsync, a pool of 1024 moved once: each group of 8 with one push_many() (one
 // fdatasync) against push() one by one (one each).
 // The same producer and consumer threads run every repeat of every queue (see Workers).
@@ -35,6 +37,7 @@
 //   trajectory_queue_push_group_pop vs moodycamel::ConcurrentQueue with enqueue_bulk;
 //   trajectory_queue_wal vs trajectory_queue without WAL;
 //   trajectory_queue_wal_fsync_push_many vs push() with wal_fsync;
+//   trajectory_queue_push_pop_vs_locked_deque vs a std::deque behind a std::mutex, no semantics;
 //   trajectory_queue_push_pop vs moodycamel::ConcurrentQueue (goal: ratio >= 0.5, value >= 1e6).
 #include <concurrentqueue/concurrentqueue.h>
 #include <sched.h>
@@ -47,6 +50,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <iterator>
@@ -356,6 +360,47 @@ RunTime run_moodycamel(const Config& cfg, Workers& workers, std::vector<Trajecto
   return s;
 }
 
+// A queue with none of TrajectoryQueue's semantics behind one std::mutex: a std::deque that
+// producers append to and consumers take up to kBatch from at a time, what a framework's locked
+// buffer does. A reference for what a lock, rather than the bookkeeping, costs against
+// moodycamel's lock-free queue.
+RunTime run_locked_deque(const Config& cfg, Workers& workers, std::vector<Trajectory>& pool, int rep) {
+  std::mutex mu;
+  std::deque<Trajectory> q;
+  Returned back(pool);
+  std::atomic<std::size_t> consumed{0};
+  const RunTime s = run_threads(
+      cfg, workers, consumed,
+      [&](int p) {
+        produce_passes(cfg, p, rep, back, 1, [&](std::span<Trajectory> ts) {
+          std::lock_guard<std::mutex> l(mu);
+          q.push_back(std::move(ts[0]));
+        });
+      },
+      [&](int, auto done) {
+        std::vector<Trajectory> got;
+        got.reserve(kBatch);
+        while (consumed.load(std::memory_order_relaxed) < total(cfg)) {
+          {
+            std::lock_guard<std::mutex> l(mu);
+            while (!q.empty() && got.size() < kBatch) {
+              got.push_back(std::move(q.front()));
+              q.pop_front();
+            }
+          }
+          if (got.empty()) {
+            std::this_thread::yield();
+            continue;
+          }
+          for (Trajectory& t : got) back.put_back(std::move(t));
+          done(got.size());
+          got.clear();
+        }
+      });
+  if (!back.all_back()) std::exit(1);
+  return s;
+}
+
 Config parse(int argc, char** argv) {
   Config c;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -408,23 +453,25 @@ int main(int argc, char** argv) {
 
   Workers workers(cfg.producers + cfg.consumers, cfg.pin);
   int rep = 0;
-  std::vector<double> ours, checked, base, ours_group, base_group;
+  std::vector<double> ours, checked, base, ours_group, base_group, locked;
   // Per trajectory: producers' and consumers' CPU, ours and moodycamel's.
   std::vector<double> ours_prod_cpu, ours_cons_cpu, base_prod_cpu, base_cons_cpu;
-  for (int r = 0; r < 2; ++r) {  // warm-up, all five
+  for (int r = 0; r < 2; ++r) {  // warm-up, all six
     run_laminar(cfg, workers, **q, pool, rep++);
     run_laminar(cfg, workers, **qc, pool, rep++);
     run_moodycamel(cfg, workers, pool, rep++);
     run_laminar(cfg, workers, **q, pool, rep++, kGroupSize);
     run_moodycamel(cfg, workers, pool, rep++, kGroupSize);
+    run_locked_deque(cfg, workers, pool, rep++);
   }
-  // Interleaved so that all five see the same machine load.
+  // Interleaved so that all six see the same machine load.
   for (int r = 0; r < cfg.repeats; ++r) {
     const RunTime o = run_laminar(cfg, workers, **q, pool, rep++);
     checked.push_back(run_laminar(cfg, workers, **qc, pool, rep++).wall_s);
     const RunTime b = run_moodycamel(cfg, workers, pool, rep++);
     ours_group.push_back(run_laminar(cfg, workers, **q, pool, rep++, kGroupSize).wall_s);
     base_group.push_back(run_moodycamel(cfg, workers, pool, rep++, kGroupSize).wall_s);
+    locked.push_back(run_locked_deque(cfg, workers, pool, rep++).wall_s);
     ours.push_back(o.wall_s);
     base.push_back(b.wall_s);
     const double n = double(total(cfg));
@@ -440,6 +487,7 @@ int main(int argc, char** argv) {
   const double base_rate = double(total(cfg)) / t_base.median_s;
   const double group_rate = double(total(cfg)) / summarize(ours_group).median_s;
   const double base_group_rate = double(total(cfg)) / summarize(base_group).median_s;
+  const double locked_rate = double(total(cfg)) / summarize(locked).median_s;
   std::printf("# stats after the last repeat: %s\n", (*q)->stats().to_json().c_str());
 
   // The log run moves the pool once: at its rate start-up does not matter, and every pass would
@@ -500,6 +548,10 @@ int main(int argc, char** argv) {
                                     "trajectory_queue_no_wal", ours_rate);
   laminar::bench::report_throughput("trajectory_queue_wal_fsync_push_many", "trajectories/s", sync_group_rate,
                                     "trajectory_queue_wal_fsync_push", sync_one_rate);
+  std::printf("# std::mutex + std::deque, no semantics: %.3g trajectories/s, %.2f of moodycamel\n", locked_rate,
+              locked_rate / base_rate);
+  laminar::bench::report_throughput("trajectory_queue_push_pop_vs_locked_deque", "trajectories/s", ours_rate,
+                                    "std::mutex + std::deque, no semantics", locked_rate);
   laminar::bench::report_throughput("trajectory_queue_push_pop", "trajectories/s", ours_rate,
                                     "moodycamel::ConcurrentQueue", base_rate);
   return 0;
