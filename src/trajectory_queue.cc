@@ -429,11 +429,16 @@ class IdTable {
     return true;
   }
   // Live `id` (or, replaying a log, any id) becomes retired.
-  void retire(std::uint64_t id) {
-    Block& b = block_for(id);
-    b.live &= ~bit_of(id);
-    b.retired |= bit_of(id);
+  void retire(std::uint64_t id) { retire_block(id / kBlockIds, bit_of(id)); }
+  // retire() for the ids of block `run` (id / 64) whose bits `mask` sets: a burst of retirements
+  // touches each block once, not once per id.
+  void retire_block(std::uint64_t run, std::uint64_t mask) {
+    Block& b = block_of_run(run);
+    b.live &= ~mask;
+    b.retired |= mask;
   }
+  // forget_retired() for the ids of block `run` whose bits `mask` sets.
+  void forget_retired_block(std::uint64_t run, std::uint64_t mask) { clear_block(run, mask, &Block::retired); }
   // Replaying a log: `id` is live, whatever else the log said of it.
   void set_live(std::uint64_t id) { block_for(id).live |= bit_of(id); }
   bool retired(std::uint64_t id) const {
@@ -463,8 +468,8 @@ class IdTable {
     return i;
   }
   // The block of `id`, taken for it if there was none.
-  Block& block_for(std::uint64_t id) {
-    const std::uint64_t run = id / kBlockIds;
+  Block& block_for(std::uint64_t id) { return block_of_run(id / kBlockIds); }
+  Block& block_of_run(std::uint64_t run) {
     std::size_t i = probe(run);
     if (blocks_[i].run == run) return blocks_[i];
     if (2 * (size_ + 1) > blocks_.size()) {
@@ -475,11 +480,12 @@ class IdTable {
     blocks_[i] = Block{run, 0, 0};
     return blocks_[i];
   }
-  void clear(std::uint64_t id, std::uint64_t Block::*bits) {
-    const std::size_t i = probe(id / kBlockIds);
+  void clear(std::uint64_t id, std::uint64_t Block::*bits) { clear_block(id / kBlockIds, bit_of(id), bits); }
+  void clear_block(std::uint64_t run, std::uint64_t mask, std::uint64_t Block::*bits) {
+    const std::size_t i = probe(run);
     Block& b = blocks_[i];
-    if (b.run != id / kBlockIds) return;
-    b.*bits &= ~bit_of(id);
+    if (b.run != run) return;
+    b.*bits &= ~mask;
     if ((b.live | b.retired) == 0) remove_at(i);
   }
   // Empties slot `i`, moving later blocks of its probe run back so that every block stays
@@ -1065,9 +1071,30 @@ struct TrajectoryQueue::Impl {
         left.swap(left_log);
       }
       if (retired.empty() && left.empty()) return;
-      auto id_of = [](std::uint64_t id) { return id; };
-      in_id_runs(retired, id_of, [](IdShard& s, ShardLock&, std::uint64_t id) { s.ids.retire(id); });
-      in_id_runs(left, id_of, [](IdShard& s, ShardLock&, std::uint64_t id) { s.ids.forget_retired(id); });
+      in_id_blocks(retired, [](IdTable& t, std::uint64_t run, std::uint64_t mask) { t.retire_block(run, mask); });
+      in_id_blocks(left, [](IdTable& t, std::uint64_t run, std::uint64_t mask) { t.forget_retired_block(run, mask); });
+    }
+  }
+
+  // f(table, run, mask) for each stretch of `ids` in one 64-id block (run: id / 64), with the bit
+  // mask of its ids, under the block's shard lock, taken once per stretch of shards. Acked batches
+  // hold their ids mostly in counter order, so a burst takes a few block lookups, not one per id.
+  template <class F>
+  void in_id_blocks(const std::vector<std::uint64_t>& ids, F f) {
+    static_assert(kRunIds == 64, "a run of ids is one 64-bit mask");
+    IdShard* locked = nullptr;
+    ShardLock l;
+    for (std::size_t i = 0; i < ids.size();) {
+      const std::uint64_t run = ids[i] / kRunIds;
+      std::uint64_t mask = 0;
+      for (; i < ids.size() && ids[i] / kRunIds == run; ++i) mask |= std::uint64_t(1) << (ids[i] % kRunIds);
+      IdShard& s = id_shard(run * kRunIds);
+      if (&s != locked) {
+        if (l.owns_lock()) l.unlock();
+        l = lock_spinning(s.mu);
+        locked = &s;
+      }
+      f(s.ids, run, mask);
     }
   }
 
