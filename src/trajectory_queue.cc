@@ -1076,6 +1076,14 @@ struct TrajectoryQueue::Impl {
     }
   }
 
+  // Makes `l` hold the lock of `s`, letting go of `locked`'s first when that is another shard.
+  static void hold_shard(IdShard& s, IdShard*& locked, ShardLock& l) {
+    if (&s == locked) return;
+    if (l.owns_lock()) l.unlock();
+    l = lock_spinning(s.mu);
+    locked = &s;
+  }
+
   // f(table, run, mask) for each stretch of `ids` in one 64-id block (run: id / 64), with the bit
   // mask of its ids, under the block's shard lock, taken once per stretch of shards. Acked batches
   // hold their ids mostly in counter order, so a burst takes a few block lookups, not one per id.
@@ -1089,11 +1097,7 @@ struct TrajectoryQueue::Impl {
       std::uint64_t mask = 0;
       for (; i < ids.size() && ids[i] / kRunIds == run; ++i) mask |= std::uint64_t(1) << (ids[i] % kRunIds);
       IdShard& s = id_shard(run * kRunIds);
-      if (&s != locked) {
-        if (l.owns_lock()) l.unlock();
-        l = lock_spinning(s.mu);
-        locked = &s;
-      }
+      hold_shard(s, locked, l);
       f(s.ids, run, mask);
     }
   }
@@ -1106,11 +1110,7 @@ struct TrajectoryQueue::Impl {
     ShardLock l;
     for (const auto& x : xs) {
       IdShard& s = id_shard(id_of(x));
-      if (&s != locked) {
-        if (l.owns_lock()) l.unlock();
-        l = lock_spinning(s.mu);
-        locked = &s;
-      }
+      hold_shard(s, locked, l);
       f(s, l, x);
     }
   }
