@@ -27,6 +27,12 @@
 
 namespace laminar {
 
+// The one duration type of laminar: every timeout, lease, deadline and instant is one of these.
+// Calls accept any std::chrono duration that converts without loss (500ms, 2s, ...).
+using Duration = std::chrono::nanoseconds;
+// "No deadline", wherever a Duration is a timeout.
+inline constexpr Duration kForever = Duration::max();
+
 class Clock;
 
 // Keeps a wake-up callback registered with a clock; unregisters it on destruction. Once the
@@ -51,8 +57,8 @@ class ClockSubscription {
 class Clock {
  public:
   // Time since the clock's own epoch. Durations and instants share this one type.
-  using Duration = std::chrono::nanoseconds;
-  static constexpr Duration kForever = Duration::max();
+  using Duration = laminar::Duration;
+  static constexpr Duration kForever = laminar::kForever;
 
   virtual ~Clock() = default;
 
