@@ -107,7 +107,7 @@ int produce(const std::string& address, const std::string& mode, std::uint64_t f
 class Served {
  public:
   explicit Served(laminar::QueueOptions opt) : transport_(make_transport()) {
-    auto q = laminar::TrajectoryQueue::open(std::move(opt));
+    auto q = laminar::TrajectoryQueue::create(std::move(opt));
     if (!q.ok()) die("open", q.status());
     queue_ = std::move(q).value();
     auto addr = transport_.listen("127.0.0.1", 0);

@@ -444,11 +444,11 @@ int main(int argc, char** argv) {
   laminar::QueueOptions opt;
   opt.group_timeout = std::chrono::seconds(10);
   opt.validate_contents = false;
-  auto q = laminar::TrajectoryQueue::open(opt);
+  auto q = laminar::TrajectoryQueue::create(opt);
   if (!q.ok()) die("open", q.status());
   laminar::QueueOptions checked_opt = opt;
   checked_opt.validate_contents = true;
-  auto qc = laminar::TrajectoryQueue::open(checked_opt);
+  auto qc = laminar::TrajectoryQueue::create(checked_opt);
   if (!qc.ok()) die("open", qc.status());
 
   Workers workers(cfg.producers + cfg.consumers, cfg.pin);
@@ -502,7 +502,7 @@ int main(int argc, char** argv) {
     wopt.wal_path = wal_path;
     wopt.wal_fsync = fsync;
     std::filesystem::remove(wal_path);
-    auto wq = laminar::TrajectoryQueue::open(wopt);
+    auto wq = laminar::TrajectoryQueue::create(wopt);
     if (!wq.ok()) die("open with WAL", wq.status());
     const double s = run_laminar(c, workers, **wq, p, rep++, per_push).wall_s;
     if (bytes != nullptr) *bytes = (*wq)->stats().wal_bytes;

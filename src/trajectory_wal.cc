@@ -9,7 +9,11 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <optional>
+#include <unordered_map>
+#include <vector>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -142,10 +146,87 @@ Fd::~Fd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+namespace {
+
+// Replays records into Contents: pushes are kept in log order, and a retire record tombstones
+// the live ones it names.
+class Replayer {
+ public:
+  Replayer(const std::string& path, TrajectoryWal::Contents& c) : path_(path), c_(c) {}
+
+  Status record(WalRecordType type, std::string_view p, std::uint64_t off) {
+    switch (type) {
+      case WalRecordType::kPush: {
+        Result<Trajectory> t = decode_trajectory(p);
+        if (!t.ok()) return t.status().with_context(fmt::format("WAL {} record at offset {}", path_, off));
+        const std::uint64_t id = t->id.value();
+        if (!index_.emplace(id, order_.size()).second) {
+          return data_loss(fmt::format("WAL {}: trajectory {} pushed twice (offset {})", path_, id, off));
+        }
+        c_.newest = std::max(c_.newest, t->version);
+        order_.emplace_back(std::move(*t));
+        return ok_status();
+      }
+      case WalRecordType::kRetire: {
+        std::uint64_t head = 0, n = 0;
+        if (p.size() >= 16) {
+          std::memcpy(&head, p.data(), 8);
+          std::memcpy(&n, p.data() + 8, 8);
+        }
+        if (p.size() < 16 || head > std::uint64_t(WalRetireReason::kWindow) || (p.size() - 16) / 8 != n ||
+            p.size() % 8 != 0) {
+          return data_loss(fmt::format("WAL {}: malformed retire record at offset {}", path_, off));
+        }
+        for (std::uint64_t i = 0; i < n; ++i) {
+          std::uint64_t id;
+          std::memcpy(&id, p.data() + 16 + 8 * i, 8);
+          c_.retired_ids.push_back(id);
+          if (auto it = index_.find(id); it != index_.end()) {
+            order_[it->second].reset();
+            index_.erase(it);
+            ++c_.retired;
+          }
+        }
+        return ok_status();
+      }
+      case WalRecordType::kGroupClosed:
+      case WalRecordType::kVersion: {
+        if (p.size() != 8) return data_loss(fmt::format("WAL {}: malformed record at offset {}", path_, off));
+        std::uint64_t v;
+        std::memcpy(&v, p.data(), 8);
+        if (type == WalRecordType::kVersion) {
+          c_.newest = std::max(c_.newest, Version(v));
+        } else {
+          c_.closed_groups.push_back(v);
+        }
+        return ok_status();
+      }
+    }
+    return internal_error(fmt::format("WAL {}: record type {} passed the header check", path_, int(type)));
+  }
+
+  void finish() {
+    for (std::optional<Trajectory>& t : order_) {
+      if (!t) continue;
+      c_.live_bytes += TrajectoryWal::push_record_bytes(*t);
+      c_.live.push_back(std::move(*t));
+    }
+  }
+
+ private:
+  const std::string& path_;
+  TrajectoryWal::Contents& c_;
+  std::vector<std::optional<Trajectory>> order_;
+  std::unordered_map<std::uint64_t, std::size_t> index_;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& path, bool fsync_each,
-                                                           const RecordFn& on_record,
-                                                           RecoveryReport& report) {
+                                                           Contents& contents, RecoveryReport& report) {
   report = RecoveryReport{};
+  contents = Contents{};
+  Replayer replay(path, contents);
   if (path.empty()) return invalid_argument("WAL path is empty");
   Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
   if (fd.get() < 0) {
@@ -201,8 +282,7 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
                                             path, off, why, report.discarded_bytes, records));
         break;
       }
-      LAMINAR_RETURN_IF_ERROR(on_record(WalRecordType(h.type),
-                                        file.substr(off + kRecordHeaderBytes, h.length), off));
+      LAMINAR_RETURN_IF_ERROR(replay.record(WalRecordType(h.type), file.substr(off + kRecordHeaderBytes, h.length), off));
       ++records;
       off += kRecordHeaderBytes + h.length;
       good_end = off;
@@ -213,10 +293,50 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
     }
   }
   report.records = records;
+  replay.finish();
+  report.recovered = contents.live.size();
   if (::lseek(fd.get(), off_t(good_end), SEEK_SET) < 0) return io_error("lseek", path, errno);
   auto wal = std::unique_ptr<TrajectoryWal>(new TrajectoryWal(path, std::move(fd), good_end, fsync_each));
   wal->records_ = records;
   return wal;
+}
+
+std::uint64_t TrajectoryWal::push_record_bytes(const Trajectory& t) {
+  return kRecordHeaderBytes + encoded_trajectory_size(t);
+}
+
+Status TrajectoryWal::append_retire(WalRetireReason reason, std::span<const std::uint64_t> ids) {
+  if (ids.empty()) return ok_status();
+  std::string buf;
+  const std::uint64_t head = std::uint64_t(reason);
+  const std::uint64_t n = ids.size();
+  buf.reserve(16 + 8 * ids.size());
+  buf.append(reinterpret_cast<const char*>(&head), 8);
+  buf.append(reinterpret_cast<const char*>(&n), 8);
+  buf.append(reinterpret_cast<const char*>(ids.data()), 8 * ids.size());
+  return append(WalRecordType::kRetire, buf);
+}
+
+Status TrajectoryWal::append_u64(WalRecordType type, std::uint64_t v, bool sync) {
+  const std::string_view payload(reinterpret_cast<const char*>(&v), 8);
+  const Record r{type, payload, checksum(type, payload)};
+  return append_all(std::span<const Record>(&r, 1), sync);
+}
+
+Status TrajectoryWal::compact(const Snapshot& s) {
+  return rewrite([&s](TrajectoryWal& w) -> Status {
+    LAMINAR_RETURN_IF_ERROR(w.append_u64(WalRecordType::kVersion, s.newest.value()));
+    // The dedup window survives a restart too (kWindow records no ack), then the closed groups.
+    if (!s.window.empty()) LAMINAR_RETURN_IF_ERROR(w.append_retire(WalRetireReason::kWindow, s.window));
+    for (std::uint64_t gid : s.closed_groups) LAMINAR_RETURN_IF_ERROR(w.append_u64(WalRecordType::kGroupClosed, gid));
+    std::string buf;
+    for (const Trajectory* t : s.live) {
+      buf.clear();
+      encode_trajectory(*t, buf);
+      LAMINAR_RETURN_IF_ERROR(w.append(WalRecordType::kPush, buf));
+    }
+    return ok_status();
+  });
 }
 
 std::uint64_t TrajectoryWal::checksum(WalRecordType type, std::string_view payload) {

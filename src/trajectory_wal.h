@@ -5,7 +5,8 @@
 // payload. A record is appended with one write (the kernel keeps it across a kill of this process;
 // fsync, when asked for, across power loss too). Replay stops at the first record that is short
 // or fails its checksum: if no good record follows, that is a torn tail, cut off and reported; if
-// one does, the middle of the log is damaged and open fails rather than skip records.
+// one does, the middle of the log is damaged and open fails rather than skip records. Replay
+// turns the records into Contents; compaction writes a Snapshot in their place.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +15,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "laminar/status.h"
+#include "laminar/trajectory.h"
 #include "laminar/trajectory_queue.h"
 
 namespace laminar::internal {
@@ -47,13 +50,30 @@ class Fd {
 
 class TrajectoryWal {
  public:
-  using RecordFn = std::function<Status(WalRecordType, std::string_view payload, std::uint64_t offset)>;
+  // What a log holds: the state a queue restarts from.
+  struct Contents {
+    Version newest;                            // the newest version it records (0 if none)
+    std::vector<Trajectory> live;              // pushed and never retired, in log order
+    std::vector<std::uint64_t> retired_ids;    // every id it retires, in log order
+    std::vector<std::uint64_t> closed_groups;  // in log order
+    std::uint64_t live_bytes = 0;              // bytes of the records of `live`
+    std::uint64_t retired = 0;                 // pushes it retires
+  };
 
-  // Opens `path` (creating it), replays every good record through `on_record` in file order and
-  // fills `report`. A non-OK status from on_record fails the open.
+  // Opens `path` (creating it) and replays it into `contents` and `report`. kDataLoss for a
+  // malformed record, a trajectory pushed twice while live, or a damaged middle (see above).
   static Result<std::unique_ptr<TrajectoryWal>> open(const std::string& path, bool fsync_each,
-                                                     const RecordFn& on_record,
-                                                     RecoveryReport& report);
+                                                     Contents& contents, RecoveryReport& report);
+
+  // What compact() writes: everything a restart needs, nothing retired.
+  struct Snapshot {
+    Version newest;
+    std::vector<std::uint64_t> window;         // retired ids in the dedup window, oldest first
+    std::vector<std::uint64_t> closed_groups;  // oldest first
+    std::vector<const Trajectory*> live;       // in the order they should come back
+  };
+  // Replaces the log with `s`, atomically (write aside, fsync, rename).
+  Status compact(const Snapshot& s);
 
   // Appends one record. On failure (of the write, or of the fdatasync with fsync_each) the file
   // is cut back to where it was, so a failed append never leaves a torn record in front of later
@@ -74,9 +94,13 @@ class TrajectoryWal {
   // made durable by the next append that syncs, for one whose loss in a power cut costs nothing.
   Status append_all(std::span<const Record> records, bool sync = true);
 
-  // Replaces the log with a fresh one holding what `write_live` appends to it (through
-  // append()), atomically (write aside, fsync, rename).
-  Status rewrite(const std::function<Status(TrajectoryWal&)>& write_live);
+  // A kRetire record of `ids`.
+  Status append_retire(WalRetireReason reason, std::span<const std::uint64_t> ids);
+  // A record of one u64 (kGroupClosed, kVersion); `sync` as in append_all.
+  Status append_u64(WalRecordType type, std::uint64_t v, bool sync = true);
+
+  // Bytes of the kPush record of `t`.
+  static std::uint64_t push_record_bytes(const Trajectory& t);
 
   std::uint64_t bytes() const noexcept { return size_; }
   std::uint64_t records() const noexcept { return records_; }
@@ -86,6 +110,7 @@ class TrajectoryWal {
       : path_(std::move(path)), fd_(std::move(fd)), size_(size), fsync_each_(fsync_each) {}
   // Cuts the file back to the last record appended in full.
   void cut_back();
+  Status rewrite(const std::function<Status(TrajectoryWal&)>& write_live);
 
   std::string path_;
   Fd fd_;

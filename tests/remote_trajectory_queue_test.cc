@@ -77,7 +77,7 @@ bool eventually(F f) {
 TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote]") {
   QueueOptions qo;
   qo.capacity_trajectories = 3;
-  auto queue = TrajectoryQueue::open(qo).value();
+  auto queue = TrajectoryQueue::create(qo).value();
   laminar::QueueServerOptions so;
   so.credits_per_producer = 2;
   Served served(*queue, so);
@@ -138,7 +138,7 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
 
 TEST_CASE("remote push: malformed and truncated messages are refused, the server keeps serving",
           "[remote][bad-input]") {
-  auto queue = TrajectoryQueue::open(QueueOptions{}).value();
+  auto queue = TrajectoryQueue::create(QueueOptions{}).value();
   Served served(*queue);
   auto ep = served.connect();
 
@@ -167,7 +167,7 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
 }
 
 TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones moved from", "[remote]") {
-  auto queue = TrajectoryQueue::open(QueueOptions{}).value();
+  auto queue = TrajectoryQueue::create(QueueOptions{}).value();
   Served served(*queue);
   auto producer = served.producer();
   REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
@@ -214,7 +214,7 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
 TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fails as asked", "[remote]") {
   QueueOptions qo;
   qo.capacity_trajectories = 3;
-  auto queue = TrajectoryQueue::open(qo).value();
+  auto queue = TrajectoryQueue::create(qo).value();
   Served served(*queue);
   auto producer = served.producer();
   auto make_many = [](std::uint64_t first, std::uint64_t n) {
@@ -257,7 +257,7 @@ TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fai
 
 TEST_CASE("remote push_many: a malformed message is refused whole, the server keeps serving",
           "[remote][bad-input]") {
-  auto queue = TrajectoryQueue::open(QueueOptions{}).value();
+  auto queue = TrajectoryQueue::create(QueueOptions{}).value();
   Served served(*queue);
   auto ep = served.connect();
 
@@ -312,7 +312,7 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
 
 TEST_CASE("remote push_many to a vanished server: each trajectory gets the error, none is moved from",
           "[remote][bad-input]") {
-  auto queue = TrajectoryQueue::open(QueueOptions{}).value();
+  auto queue = TrajectoryQueue::create(QueueOptions{}).value();
   auto served = std::make_unique<Served>(*queue);
   Transport client_tr = make_transport();
   auto producer = RemoteProducer::connect(client_tr.connect(served->addr).value()).value();
@@ -344,14 +344,14 @@ TEST_CASE("remote push_many into a queue with wal_fsync: the records survive a r
   qo.wal_path = path;
   qo.wal_fsync = true;
   {
-    auto queue = TrajectoryQueue::open(qo).value();
+    auto queue = TrajectoryQueue::create(qo).value();
     Served served(*queue);
     auto producer = served.producer();
     std::vector<Trajectory> ts;
     for (std::uint64_t id = 1; id <= 8; ++id) ts.push_back(laminar::test_remote::make(id));
     for (const laminar::Status& s : producer->push_many(ts)) REQUIRE(s.ok());
   }
-  auto reopened = TrajectoryQueue::open(qo).value();
+  auto reopened = TrajectoryQueue::create(qo).value();
   CHECK(reopened->recovery().recovered == 8);
   BatchSpec spec;
   spec.max_trajectories = 8;
@@ -369,7 +369,7 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
   std::mt19937 rng(seed);
   QueueOptions qo;
   qo.capacity_trajectories = 32;  // small: the child's pushes wait for the consumer below
-  auto queue = TrajectoryQueue::open(qo).value();
+  auto queue = TrajectoryQueue::create(qo).value();
   Served served(*queue);
 
   // The consumer: pops, checks every byte against the id, acks.

@@ -77,8 +77,8 @@ Trajectory make_member(std::uint64_t id, std::uint64_t group, std::uint32_t n, s
   return t;
 }
 
-std::unique_ptr<TrajectoryQueue> open_queue(QueueOptions opt = {}) {
-  auto q = TrajectoryQueue::open(std::move(opt));
+std::unique_ptr<TrajectoryQueue> make_queue(QueueOptions opt = {}) {
+  auto q = TrajectoryQueue::create(std::move(opt));
   REQUIRE(q.ok());
   return std::move(q).value();
 }
@@ -111,7 +111,7 @@ std::string temp_path(const char* name) {
 
 TEST_CASE("the usage example of trajectory_queue.h compiles and runs", "[queue]") {
   // Verbatim from the header.
-  auto q = laminar::TrajectoryQueue::open(laminar::QueueOptions{}).value();
+  auto q = laminar::TrajectoryQueue::create(laminar::QueueOptions{}).value();
   laminar::Trajectory t;
   t.id = laminar::TrajectoryId(1);
   t.response_tokens = {5, 6};
@@ -166,7 +166,7 @@ TEST_CASE("the steady clock's coarse reading is never ahead and keeps up", "[clo
 }
 
 TEST_CASE("validation names the field and value that are wrong", "[queue][bad-input]") {
-  auto q = open_queue();
+  auto q = make_queue();
   struct Case {
     const char* what;
     void (*mutate)(Trajectory&);
@@ -209,7 +209,7 @@ TEST_CASE("validation names the field and value that are wrong", "[queue][bad-in
 TEST_CASE("versions: push must not be ahead, publish must not go back", "[queue][bad-input]") {
   QueueOptions opt;
   opt.initial_version = Version(3);
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   expect_code(q->push(make_traj(1, 4)), StatusCode::kInvalidArgument,
               "version 4 is ahead of the newest published version 3");
   CHECK(q->push(make_traj(1, 3)).ok());
@@ -227,7 +227,7 @@ TEST_CASE("versions: push must not be ahead, publish must not go back", "[queue]
 TEST_CASE("ids are unique while queued and for a window after ack", "[queue][bad-input]") {
   QueueOptions opt;
   opt.id_dedup_window = 2;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   CHECK(q->push(make_traj(1)).ok());
   expect_code(q->push(make_traj(1)), StatusCode::kInvalidArgument, "trajectory 1: id already pushed");
   auto b = q->pop_batch(count_spec(1));
@@ -252,37 +252,37 @@ TEST_CASE("ids are unique while queued and for a window after ack", "[queue][bad
 TEST_CASE("options and batch specs are validated", "[queue][bad-input]") {
   QueueOptions bad;
   bad.capacity_trajectories = 0;
-  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "capacity_trajectories");
+  expect_code(TrajectoryQueue::create(bad).status(), StatusCode::kInvalidArgument, "capacity_trajectories");
   bad = {};
   bad.capacity_tokens = std::size_t(1) << 40;
-  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "above the limit");
+  expect_code(TrajectoryQueue::create(bad).status(), StatusCode::kInvalidArgument, "above the limit");
   bad = {};
   bad.capacity_trajectories = std::size_t(1) << 24;
-  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "above the limit");
+  expect_code(TrajectoryQueue::create(bad).status(), StatusCode::kInvalidArgument, "above the limit");
   bad = {};
   bad.default_lease = -1s;
-  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "default_lease");
+  expect_code(TrajectoryQueue::create(bad).status(), StatusCode::kInvalidArgument, "default_lease");
   bad = {};
   bad.group_timeout = 0s;
-  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "group_timeout");
+  expect_code(TrajectoryQueue::create(bad).status(), StatusCode::kInvalidArgument, "group_timeout");
   bad = {};
   bad.id_dedup_window = (std::size_t(1) << 29) + 1;
-  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "id_dedup_window 536870913");
+  expect_code(TrajectoryQueue::create(bad).status(), StatusCode::kInvalidArgument, "id_dedup_window 536870913");
   bad = {};
   bad.wal_path = "/nonexistent-dir/x/wal";
-  expect_code(TrajectoryQueue::open(bad).status(), StatusCode::kInvalidArgument, "cannot open");
+  expect_code(TrajectoryQueue::create(bad).status(), StatusCode::kInvalidArgument, "cannot open");
 
-  auto q = open_queue();
+  auto q = make_queue();
   expect_code(q->pop_batch(BatchSpec{}).status(), StatusCode::kInvalidArgument, "neither max_trajectories");
   BatchSpec s = count_spec(2);
   s.min_trajectories = 3;
   expect_code(q->pop_batch(s).status(), StatusCode::kInvalidArgument, "min_trajectories 3 exceeds");
   expect_code(q->pop_batch(count_spec(2)).status(), StatusCode::kUnavailable, "0 trajectories ready");
-  expect_code(q->ack(42), StatusCode::kNotFound, "batch 42");
-  expect_code(q->nack(42), StatusCode::kNotFound, "batch 42");
+  expect_code(q->ack(laminar::BatchId(42)), StatusCode::kNotFound, "batch 42");
+  expect_code(q->nack(laminar::BatchId(42)), StatusCode::kNotFound, "batch 42");
   QueueOptions small;
   small.capacity_tokens = 10;
-  auto q2 = open_queue(small);
+  auto q2 = make_queue(small);
   expect_code(q2->push(make_traj(1, 0, 20)), StatusCode::kInvalidArgument, "22 tokens exceed");
 }
 
@@ -326,7 +326,7 @@ TEST_CASE("push_many answers each trajectory as push would, and takes only the a
     std::filesystem::remove(path);
     if (mode != kNoLog) opt.wal_path = path;
     opt.wal_fsync = mode == kLogFsync;
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     REQUIRE(q->push(make_member(90, 9, 2, 0)).ok());
     REQUIRE(q->push(make_member(91, 9, 2, 1)).ok());  // group 9 is closed
     REQUIRE(q->push(make_traj(50)).ok());
@@ -385,7 +385,7 @@ TEST_CASE("push_many answers each trajectory as push would, and takes only the a
     if (mode == kNoLog) continue;
     // The log holds exactly what went in: the unacked batch and the two pending groups' members.
     q.reset();
-    auto again = open_queue(opt);
+    auto again = make_queue(opt);
     CHECK(again->recovery().recovered == 9);
     auto redelivered = again->pop_batch(count_spec(100));
     REQUIRE(redelivered.ok());
@@ -401,7 +401,7 @@ TEST_CASE("push_many answers each trajectory as push would, and takes only the a
 TEST_CASE("push_many waits, fails fast or is cancelled like push when the queue is full", "[queue]") {
   QueueOptions opt;
   opt.capacity_trajectories = 3;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   std::vector<Trajectory> ts;
   for (std::uint64_t id = 1; id <= 5; ++id) ts.push_back(make_traj(id));
   std::vector<laminar::Status> st = q->push_many(ts, PushOptions::fail_fast());
@@ -437,7 +437,7 @@ TEST_CASE("push_many waits, fails fast or is cancelled like push when the queue 
 }
 
 TEST_CASE("push_many takes a span longer than its chunk, in order", "[queue]") {
-  auto q = open_queue();
+  auto q = make_queue();
   std::vector<Trajectory> ts;
   for (std::uint64_t id = 1; id <= 2500; ++id) ts.push_back(make_member(id, (id - 1) / 5, 5, std::uint32_t((id - 1) % 5)));
   ts[2049] = make_traj(7);  // a duplicate, in the third chunk
@@ -457,7 +457,7 @@ TEST_CASE("push_many takes a span longer than its chunk, in order", "[queue]") {
 }
 
 TEST_CASE("pop_batch by count and by token budget, never splitting a unit", "[queue]") {
-  auto q = open_queue();
+  auto q = make_queue();
   for (std::uint64_t id = 1; id <= 5; ++id) REQUIRE(q->push(make_traj(id, 0, 8 * id)).ok());
   auto b = q->pop_batch(count_spec(2));
   REQUIRE(b.ok());
@@ -482,7 +482,7 @@ TEST_CASE("pop_batch waits for min_trajectories in virtual time", "[queue]") {
   auto clock = std::make_shared<ManualClock>();
   QueueOptions opt;
   opt.clock = clock;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   REQUIRE(q->push(make_traj(1)).ok());
   BatchSpec s = count_spec(4);
   s.min_trajectories = 3;
@@ -534,7 +534,7 @@ TEST_CASE("a consumer waiting for min_trajectories is woken once they are ready,
   auto clock = std::make_shared<CountingClock>();
   QueueOptions opt;
   opt.clock = clock;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   BatchSpec full = count_spec(16);
   full.min_trajectories = 16;
   full.wait = 60s;
@@ -592,7 +592,7 @@ TEST_CASE("push backpressure: fail fast, timeout and block", "[queue]") {
   opt.clock = clock;
   opt.capacity_trajectories = 2;
   opt.capacity_tokens = 1000;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   REQUIRE(q->push(make_traj(1)).ok());
   REQUIRE(q->push(make_traj(2)).ok());
   Trajectory t3 = make_traj(3);
@@ -626,7 +626,7 @@ TEST_CASE("push backpressure: fail fast, timeout and block", "[queue]") {
   // Token capacity binds too.
   QueueOptions tok;
   tok.capacity_tokens = 10;
-  auto q2 = open_queue(tok);
+  auto q2 = make_queue(tok);
   REQUIRE(q2->push(make_traj(1)).ok());  // 6 tokens
   expect_code(q2->push(make_traj(2), PushOptions::fail_fast()), StatusCode::kUnavailable, "6 of 10 tokens");
 
@@ -679,7 +679,7 @@ TEST_CASE("a queue takes exactly its capacity when pushed from many threads and 
     opt.capacity_trajectories = by_tokens ? 8192 : 2048;
     opt.capacity_tokens = by_tokens ? 6 * 1500 : std::size_t(1) << 20;
     const std::size_t capacity = by_tokens ? 1500 : 2048;
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     std::vector<Filled> fills(4);
     std::vector<std::thread> producers;
     for (std::uint64_t p = 0; p < 4; ++p) {
@@ -710,7 +710,7 @@ TEST_CASE("a queue takes exactly its capacity when pushed from many threads and 
   }
   QueueOptions opt;
   opt.capacity_trajectories = 2048;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   const bool pinned = pin_to_cpu(0) && q->push(make_traj(1)).ok() && pin_to_cpu(1);
   const std::size_t more = pinned ? filled_until_full(fill_until_full(*q, 2)) : 0;
   REQUIRE(::sched_setaffinity(0, sizeof(saved), &saved) == 0);
@@ -728,7 +728,7 @@ TEST_CASE("staleness rules: drop, keep, keep and mark", "[queue][staleness]") {
   s.consumer_version = Version(10);
   s.max_staleness = 2;
 
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   fill(*q);
   s.staleness_rule = StalenessRule::kDrop;
   auto b = q->pop_batch(s);
@@ -741,7 +741,7 @@ TEST_CASE("staleness rules: drop, keep, keep and mark", "[queue][staleness]") {
   CHECK(st.staleness[1] == 1);
   expect_code(q->push(make_traj(7, 7)), StatusCode::kInvalidArgument, "already pushed");  // dropped = retired
 
-  auto q2 = open_queue(opt);
+  auto q2 = make_queue(opt);
   fill(*q2);
   s.staleness_rule = StalenessRule::kKeep;
   auto b2 = q2->pop_batch(s);
@@ -750,7 +750,7 @@ TEST_CASE("staleness rules: drop, keep, keep and mark", "[queue][staleness]") {
   for (const auto& info : b2->info()) CHECK_FALSE(info.over_limit);
   CHECK(b2->info()[3].staleness == 6);
 
-  auto q3 = open_queue(opt);
+  auto q3 = make_queue(opt);
   fill(*q3);
   s.staleness_rule = StalenessRule::kKeepAndMark;
   auto b3 = q3->pop_batch(s);
@@ -763,7 +763,7 @@ TEST_CASE("staleness rules: drop, keep, keep and mark", "[queue][staleness]") {
   CHECK(q3->stats().staleness[6] == 1);
 
   // Drop leaves too few for min_trajectories: the fresh ones wait for company.
-  auto q4 = open_queue(opt);
+  auto q4 = make_queue(opt);
   fill(*q4);
   s.staleness_rule = StalenessRule::kDrop;
   s.min_trajectories = 3;
@@ -775,7 +775,7 @@ TEST_CASE("staleness rules: drop, keep, keep and mark", "[queue][staleness]") {
 }
 
 TEST_CASE("GRPO groups are released only whole", "[queue][groups]") {
-  auto q = open_queue();
+  auto q = make_queue();
   REQUIRE(q->push(make_member(1, 7, 3, 2)).ok());
   REQUIRE(q->push(make_traj(100)).ok());
   REQUIRE(q->push(make_member(2, 7, 3, 0)).ok());
@@ -818,7 +818,7 @@ TEST_CASE("group timeout releases or drops a partial group", "[queue][groups]") 
     opt.clock = clock;
     opt.group_timeout = 10s;
     opt.partial_group_policy = policy;
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     REQUIRE(q->push(make_member(1, 5, 4, 0)).ok());
     REQUIRE(clock->advance(6s).ok());
     REQUIRE(q->push(make_member(2, 5, 4, 3)).ok());
@@ -847,7 +847,7 @@ TEST_CASE("a member arriving at its group's deadline is refused, with no pop in 
   QueueOptions opt;
   opt.clock = clock;
   opt.group_timeout = 10s;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   REQUIRE(q->push(make_member(1, 7, 4, 0)).ok());
   REQUIRE(clock->advance(9s).ok());
   REQUIRE(q->push(make_member(2, 7, 4, 1)).ok());  // neither opens nor completes the group
@@ -866,11 +866,11 @@ TEST_CASE("timers of finished groups and leases are dropped, the live ones still
   opt.clock = clock;
   opt.group_timeout = 10s;
   opt.default_lease = 30s;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   REQUIRE(q->push(make_member(1, 1, 2, 0)).ok());  // stays pending
   // Far more finished groups (in every one of the queue's 16 shards) and acked batches than the
   // lazy pruning lets pile up.
-  std::uint64_t kept = 0;
+  laminar::BatchId kept;
   for (std::uint64_t g = 100; g < 30100; ++g) {
     REQUIRE(q->push(make_member(2 * g, g, 2, 0)).ok());
     REQUIRE(q->push(make_member(2 * g + 1, g, 2, 1)).ok());
@@ -904,7 +904,7 @@ TEST_CASE("leases: ack commits, nack and expiry redeliver, late ack is refused",
   QueueOptions opt;
   opt.clock = clock;
   opt.default_lease = 30s;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   for (std::uint64_t id = 1; id <= 6; ++id) REQUIRE(q->push(make_traj(id)).ok());
   auto a = q->pop_batch(count_spec(2));
   auto b = q->pop_batch(count_spec(2));
@@ -949,7 +949,7 @@ TEST_CASE("statistics come out as JSON", "[queue][stats]") {
   QueueOptions opt;
   opt.clock = clock;
   opt.initial_version = Version(3);
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   REQUIRE(q->push(make_traj(1, 1)).ok());
   REQUIRE(q->push(make_member(2, 4, 2, 0, 3)).ok());
   REQUIRE(clock->advance(3ms).ok());
@@ -984,7 +984,7 @@ TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue]
   // refused (rightly) and break the count below, and at 50 ms a slow run under TSan on a loaded
   // machine can wait that long. The ManualClock test further down races timeouts against pushes.
   opt.group_timeout = 10s;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   std::atomic<int> producers_left{kProducers};
   std::vector<std::vector<std::uint64_t>> acked(kConsumers);
   std::vector<int> errors(kProducers + kConsumers, 0);
@@ -1067,7 +1067,7 @@ TEST_CASE("a group's members from different threads, one id from many, capacity 
   QueueOptions opt;
   opt.capacity_trajectories = 24;
   opt.capacity_tokens = 400;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   // Rounds keep the pending groups within capacity: groups wait for members that producers
   // blocked on space would otherwise never push.
   std::barrier round(kProducers);
@@ -1149,7 +1149,7 @@ TEST_CASE("exactly-once under random consumer death", "[queue][stress][lease]") 
   QueueOptions opt;
   opt.clock = clock;
   opt.default_lease = 5s;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   for (std::uint64_t id = 1; id <= kTotal; ++id) REQUIRE(q->push(make_traj(id)).ok());
 
   std::atomic<bool> stop{false};
@@ -1217,7 +1217,7 @@ TEST_CASE("WAL: push and push_many from many threads while consumers ack, then a
   constexpr std::uint64_t kEach = 600;
   std::vector<int> errors(4, 0);
   {
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     std::atomic<std::uint64_t> acked{0};
     std::vector<std::thread> threads;
     // Producer 0 pushes one at a time; producer 1 each group of 4 with one push_many.
@@ -1259,7 +1259,7 @@ TEST_CASE("WAL: push and push_many from many threads while consumers ack, then a
   }
   CHECK(std::accumulate(errors.begin(), errors.end(), 0) == 0);
   // Everything was acked: nothing comes back, and the acked ids stay refused.
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   CHECK(q->recovery().recovered == 0);
   CHECK(q->recovery().retired == 2 * kEach);
   expect_code(q->push(make_traj(1)), StatusCode::kInvalidArgument, "id already pushed");
@@ -1275,7 +1275,7 @@ TEST_CASE("WAL: a reopened queue redelivers exactly the unacked trajectories", "
   opt.wal_path = path;
   opt.group_timeout = 1h;
   {
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     CHECK_FALSE(q->recovery().replayed);
     REQUIRE(q->publish_version(Version(4)).ok());
     for (std::uint64_t id = 1; id <= 10; ++id) REQUIRE(q->push(make_traj(id, id % 5)).ok());
@@ -1296,7 +1296,7 @@ TEST_CASE("WAL: a reopened queue redelivers exactly the unacked trajectories", "
     REQUIRE(d.ok());
     CHECK(ids_of(*d) == std::vector<std::uint64_t>{7});
   }
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   const auto& r = q->recovery();
   CHECK(r.replayed);
   CHECK(r.tail.ok());
@@ -1323,7 +1323,7 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
   opt.wal_path = path;
   auto write_log = [&] {
     std::filesystem::remove(path);
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     for (std::uint64_t id = 1; id <= 5; ++id) REQUIRE(q->push(make_traj(id)).ok());
   };
   const std::uintmax_t record = 24 + 80 + 4 * (2 + 4 + 4) + 4;  // one push record
@@ -1333,7 +1333,7 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
 
   SECTION("torn in the last record's payload") {
     std::filesystem::resize_file(path, full - 7);
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     expect_code(q->recovery().tail, StatusCode::kDataLoss, "payload cut short");
     CHECK(q->recovery().recovered == 4);
     CHECK(q->recovery().discarded_bytes == record - 7);
@@ -1342,7 +1342,7 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
   }
   SECTION("torn in the last record's header") {
     std::filesystem::resize_file(path, 16 + 4 * record + 10);
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     expect_code(q->recovery().tail, StatusCode::kDataLoss, "header cut short");
     CHECK(q->recovery().recovered == 4);
   }
@@ -1352,7 +1352,7 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
       f.seekp(std::streamoff(full - 3));
       f.put('\x5a');
     }
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     expect_code(q->recovery().tail, StatusCode::kDataLoss, "checksum mismatch");
     CHECK(q->recovery().recovered == 4);
     auto b = q->pop_batch(count_spec(10));
@@ -1365,11 +1365,11 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
       f.seekp(std::streamoff(16 + record + 60));
       f.put('\x5a');
     }
-    expect_code(TrajectoryQueue::open(opt).status(), StatusCode::kDataLoss, "a good record follows");
+    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kDataLoss, "a good record follows");
   }
   SECTION("not a WAL") {
     std::ofstream(path, std::ios::trunc) << "this is not a log at all";
-    expect_code(TrajectoryQueue::open(opt).status(), StatusCode::kDataLoss, "not a laminar write-ahead log");
+    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kDataLoss, "not a laminar write-ahead log");
   }
   std::filesystem::remove(path);
 }
@@ -1381,7 +1381,7 @@ TEST_CASE("WAL: compaction keeps the log small and the state intact", "[queue][w
   opt.wal_path = path;
   opt.wal_compact_bytes = 64 << 10;
   {
-    auto q = open_queue(opt);
+    auto q = make_queue(opt);
     for (std::uint64_t id = 1; id <= 2000; ++id) {
       REQUIRE(q->push(make_traj(id, 0, 32)).ok());
       if (id % 10 != 0) {
@@ -1395,7 +1395,7 @@ TEST_CASE("WAL: compaction keeps the log small and the state intact", "[queue][w
     CHECK(st.wal_bytes < 3 * (64u << 10));
     CHECK(q->background_error().ok());
   }
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   CHECK(q->recovery().tail.ok());
   CHECK(q->recovery().recovered == 200);
   expect_code(q->push(make_traj(5)), StatusCode::kInvalidArgument, "already pushed");  // acked
@@ -1410,7 +1410,7 @@ TEST_CASE("WAL: compaction keeps the log small and the state intact", "[queue][w
 TEST_CASE("validate_contents off keeps the O(1) checks only", "[queue][bad-input]") {
   QueueOptions opt;
   opt.validate_contents = false;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   Trajectory odd = make_traj(1);
   odd.response_tokens[0] = -3;  // not scanned
   odd.rewards[0] = NAN;  // values are contents too
@@ -1423,7 +1423,7 @@ TEST_CASE("validate_contents off keeps the O(1) checks only", "[queue][bad-input
 }
 
 TEST_CASE("Batch::release copies while the queue still holds the lease", "[queue][lease]") {
-  auto q = open_queue();
+  auto q = make_queue();
   REQUIRE(q->push(make_traj(1)).ok());
   auto b = q->pop_batch(count_spec(1));
   REQUIRE(b.ok());
@@ -1443,7 +1443,7 @@ TEST_CASE("the id dedup window stays exact through heavy churn", "[queue][bad-in
   std::mt19937_64 rng(seed);
   QueueOptions opt;
   opt.id_dedup_window = 97;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   std::deque<std::uint64_t> window;  // model: the last 97 retired ids
   for (int i = 0; i < 5000; ++i) {
     // Random ids collide in the hash table's probe runs; some are retired ids coming back.
@@ -1466,7 +1466,7 @@ TEST_CASE("the id dedup window stays exact through heavy churn", "[queue][bad-in
 TEST_CASE("after acks from many threads the window holds exactly the last ids retired", "[queue][stress]") {
   QueueOptions opt;
   opt.id_dedup_window = 3;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   constexpr std::uint64_t kThreads = 4, kEach = 3000;
   std::vector<int> errors(kThreads, 0);
   std::vector<std::thread> threads;
@@ -1499,7 +1499,7 @@ TEST_CASE("after acks from many threads the window holds exactly the last ids re
 TEST_CASE("a closed group is remembered for exactly id_dedup_window group closings", "[queue][groups]") {
   QueueOptions opt;
   opt.id_dedup_window = 3;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
   std::uint64_t id = 1;
   auto close_group = [&](std::uint64_t g) {
     REQUIRE(q->push(make_member(id++, g, 2, 0)).ok());
@@ -1514,7 +1514,7 @@ TEST_CASE("a closed group is remembered for exactly id_dedup_window group closin
 
 TEST_CASE("an id a refused push gave back can be pushed again, its neighbours stay refused", "[queue][bad-input]") {
   // Consecutive ids share blocks of the id table; forgetting one must not hide the others.
-  auto q = open_queue();
+  auto q = make_queue();
   REQUIRE(q->push(make_member(5000, 7, 2, 0)).ok());
   REQUIRE(q->push(make_member(5001, 7, 2, 1)).ok());  // group 7 is now closed
   for (std::uint64_t id = 1; id <= 300; ++id) {
@@ -1553,7 +1553,7 @@ TEST_CASE("exactly-once while expiry, stale drops and group timeouts race pushes
   opt.group_timeout = 3s;
   opt.partial_group_policy = policy;
   opt.id_dedup_window = 64;
-  auto q = open_queue(opt);
+  auto q = make_queue(opt);
 
   std::atomic<int> producers_left{kProducers};
   std::atomic<bool> stop{false};

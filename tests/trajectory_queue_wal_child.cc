@@ -40,11 +40,11 @@ int drain_one(laminar::TrajectoryQueue& q, std::chrono::milliseconds wait) {
     return c == laminar::StatusCode::kUnavailable || c == laminar::StatusCode::kDeadlineExceeded ? 0 : -1;
   }
   std::string line = "L";
-  line.append(" ").append(std::to_string(b->id()));
+  line.append(" ").append(std::to_string(b->id().value()));
   for (const auto& t : b->trajectories()) line.append(" ").append(std::to_string(t.id.value()));
   say(std::move(line));
   if (!q.ack(b->id()).ok()) return -1;
-  say(std::string("A ").append(std::to_string(b->id())));
+  say(std::string("A ").append(std::to_string(b->id().value())));
   return 1;
 }
 
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   opt.wal_path = argv[1];
   opt.group_timeout = std::chrono::milliseconds(30);
   opt.partial_group_policy = laminar::PartialGroupPolicy::kRelease;
-  auto q = laminar::TrajectoryQueue::open(opt);
+  auto q = laminar::TrajectoryQueue::create(opt);
   if (!q.ok()) return fail(q.status());
   std::mt19937 rng{static_cast<unsigned>(first)};
   std::vector<laminar::Trajectory> group;  // members going in with one push_many

@@ -135,7 +135,7 @@ TEST_CASE("WAL survives SIGKILL mid-stream: every trajectory acked exactly once"
   laminar::QueueOptions opt;
   opt.wal_path = wal;
   opt.group_timeout = std::chrono::milliseconds(30);
-  auto q = laminar::TrajectoryQueue::open(opt);
+  auto q = laminar::TrajectoryQueue::create(opt);
   REQUIRE(q.ok());
   INFO("recovery tail: " << (*q)->recovery().tail.to_string());
   const std::uint64_t recovered = (*q)->recovery().recovered;

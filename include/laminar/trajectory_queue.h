@@ -1,5 +1,4 @@
-// trajectory_queue.h: Trajectory and TrajectoryQueue, the experience buffer between rollouts and
-// the actor.
+// trajectory_queue.h: TrajectoryQueue, the experience buffer between rollouts and the actor.
 //
 // Rollout workers push finished trajectories, each tagged with the policy version that generated
 // it; the actor pops batches by count or token budget on its own schedule. The queue is bounded
@@ -9,7 +8,11 @@
 // it back. With a write-ahead log, pushed-but-unacked trajectories survive a process kill and are
 // delivered again after restart. Every timeout reads the injectable Clock (clock.h).
 //
-//   auto q = laminar::TrajectoryQueue::open(laminar::QueueOptions{}).value();
+// Threads: the queue runs none. Every call is thread-safe and does its work on the caller's
+// thread, under one lock; timeouts (leases, groups) fire inside whichever call comes next, and a
+// waiting call wakes for the earliest of them.
+//
+//   auto q = laminar::TrajectoryQueue::create(laminar::QueueOptions{}).value();
 //   laminar::Trajectory t;
 //   t.id = laminar::TrajectoryId(1);
 //   t.response_tokens = {5, 6};
@@ -28,67 +31,14 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "laminar/clock.h"
 #include "laminar/status.h"
+#include "laminar/trajectory.h"
 #include "laminar/types.h"
 
 namespace laminar {
-
-enum class FinishReason : std::uint8_t {
-  kStop = 0,    // end-of-sequence or a stop string
-  kLength = 1,  // hit the token limit
-  kAbort = 2,   // cancelled by the rollout side (e.g. a tool call failed)
-  kError = 3,   // the engine failed; rewards are whatever the producer chose to assign
-};
-// "stop", "length", "abort", "error".
-std::string_view finish_reason_name(FinishReason r) noexcept;
-
-// Producer-side wall-clock instants (ns since the Unix epoch, or any epoch the producer uses
-// consistently); the queue only checks that generation did not end before it started.
-struct TrajectoryTimings {
-  std::int64_t generation_start_ns = 0;
-  std::int64_t generation_end_ns = 0;
-  friend bool operator==(const TrajectoryTimings&, const TrajectoryTimings&) = default;
-};
-
-// One finished rollout sample.
-struct Trajectory {
-  TrajectoryId id;               // unique (see QueueOptions::id_dedup_window)
-  std::uint64_t prompt_id = 0;
-  std::uint64_t group_id = 0;    // GRPO group; unused when group_size == 1
-  std::uint32_t group_size = 1;  // samples in the group (n); 1: not grouped
-  std::uint32_t sample_index = 0;  // in [0, group_size), unique within the group
-  Version version;               // policy version that generated every response token
-  std::vector<std::int32_t> prompt_tokens;    // [num_prompt_tokens], token ids >= 0
-  std::vector<std::int32_t> response_tokens;  // [num_response_tokens], token ids >= 0
-  std::vector<float> logprobs;   // [num_response_tokens] behaviour log-prob of each response token
-  std::vector<float> rewards;    // [num_rewards >= 1], finite
-  FinishReason finish_reason = FinishReason::kStop;
-  TrajectoryTimings timings;
-  std::string metadata;          // a JSON object, or empty
-
-  std::size_t num_tokens() const noexcept { return prompt_tokens.size() + response_tokens.size(); }
-  friend bool operator==(const Trajectory&, const Trajectory&) = default;
-};
-
-// The checks push() applies that need no queue state. kInvalidArgument naming the field and the
-// values when: logprobs and response_tokens differ in length; there is no reward; group_size is 0
-// or sample_index >= group_size; generation ends before it starts; finish_reason is not a
-// FinishReason. With `contents` (the default) also, reading the arrays the Trajectory points to,
-// at O(tokens) cost: a token id is negative; a log-prob is not finite or above 1e-3 (a
-// probability above 1, beyond rounding); a reward is not finite; metadata is not empty and not a
-// JSON object.
-Status validate_trajectory(const Trajectory& t, bool contents = true);
-
-// The binary encoding used by the write-ahead log and by remote producers (little-endian, format
-// 1): an 80-byte fixed header then the token, log-prob, reward and metadata arrays. encode appends
-// to `out`. decode checks the header, that the sizes add up to exactly `bytes.size()` (a truncated
-// or padded buffer is kDataLoss naming both sizes) and then validate_trajectory.
-void encode_trajectory(const Trajectory& t, std::string& out);
-Result<Trajectory> decode_trajectory(std::string_view bytes);
 
 // What push() does when the queue is at capacity.
 enum class PushMode : std::uint8_t {
@@ -99,11 +49,11 @@ enum class PushMode : std::uint8_t {
 
 struct PushOptions {
   PushMode mode = PushMode::kBlock;
-  Clock::Duration timeout{0};  // kTimeout only
+  Duration timeout{0};  // kTimeout only; kForever waits like kBlock
 
   static PushOptions block() { return {}; }
-  static PushOptions fail_fast() { return {PushMode::kFailFast, Clock::Duration(0)}; }
-  static PushOptions with_timeout(Clock::Duration d) { return {PushMode::kTimeout, d}; }
+  static PushOptions fail_fast() { return {PushMode::kFailFast, Duration(0)}; }
+  static PushOptions with_timeout(Duration d) { return {PushMode::kTimeout, d}; }
 };
 
 // staleness = consumer_version - trajectory.version (0 when the trajectory is newer).
@@ -128,10 +78,10 @@ struct QueueOptions {
   // Null: Clock::steady().
   std::shared_ptr<Clock> clock;
   // Lease of a popped batch when BatchSpec::lease is zero.
-  Clock::Duration default_lease = std::chrono::seconds(600);
+  Duration default_lease = std::chrono::seconds(600);
   // How long a group may wait for its last member, from its first arrival. kForever: no timeout
   // (then capacity must cover every group in flight, or producers can block on each other).
-  Clock::Duration group_timeout = Clock::kForever;
+  Duration group_timeout = kForever;
   PartialGroupPolicy partial_group_policy = PartialGroupPolicy::kRelease;
   // push() scans every token id, log-prob, reward and the metadata JSON (validate_trajectory's
   // `contents`): about 2 us per 3k-token trajectory on the producer's thread, ten times what the
@@ -160,14 +110,15 @@ struct BatchSpec {
   // delivered alone rather than never.
   std::size_t max_trajectories = 0;  // 0: no count limit
   std::size_t max_tokens = 0;        // 0: no token limit; counts prompt + response tokens
-  // Wait until this many trajectories are ready (after staleness drops), up to `wait`.
+  // Wait until this many trajectories are ready (after staleness drops), up to `wait` (kForever:
+  // until they are, or close()).
   std::size_t min_trajectories = 1;
-  Clock::Duration wait{0};
+  Duration wait{0};
   // The consumer's current policy version; not ahead of the newest published one.
   Version consumer_version;
   StalenessRule staleness_rule = StalenessRule::kKeep;
   std::uint64_t max_staleness = 0;
-  Clock::Duration lease{0};  // 0: QueueOptions::default_lease
+  Duration lease{0};  // 0: QueueOptions::default_lease; kForever: never expires
 };
 
 // Per-trajectory facts attached to a batch, parallel to Batch::trajectories().
@@ -186,12 +137,12 @@ struct BatchData;
 class Batch {
  public:
   Batch() = default;
-  std::uint64_t id() const noexcept;
+  BatchId id() const noexcept;
   std::span<const Trajectory> trajectories() const noexcept;
   std::span<const TrajectoryInfo> info() const noexcept;
   std::size_t size() const noexcept { return trajectories().size(); }
   std::size_t num_tokens() const noexcept;
-  Clock::Duration lease_deadline() const noexcept;
+  Duration lease_deadline() const noexcept;  // on the queue's clock
   // Takes the trajectories out: moved when no one else holds them (after ack, and no copy of
   // this Batch left), copied otherwise. The batch is empty afterwards.
   std::vector<Trajectory> release();
@@ -263,6 +214,9 @@ struct RecoveryReport {
   std::uint64_t discarded_bytes = 0;  // torn or corrupt tail cut off
   // OK, or kDataLoss naming the file, the offset and what was wrong with the tail that was cut.
   Status tail;
+
+  // {"replayed", "records", "recovered", "retired", "discarded_bytes", "tail": "OK" or the status}
+  std::string to_json() const;
 };
 
 class TrajectoryQueue {
@@ -272,7 +226,7 @@ class TrajectoryQueue {
   // WAL or has a corrupt record followed by good ones (a damaged middle is not silently skipped:
   // records after it could be the acks that keep delivery exactly-once); a torn or corrupt tail is
   // cut and reported in recovery().
-  static Result<std::unique_ptr<TrajectoryQueue>> open(QueueOptions options);
+  static Result<std::unique_ptr<TrajectoryQueue>> create(QueueOptions options = {});
   // Preconditions: no thread is inside a call of this queue.
   ~TrajectoryQueue();
   TrajectoryQueue(const TrajectoryQueue&) = delete;
@@ -294,9 +248,9 @@ class TrajectoryQueue {
   // Returns once the trajectory is in the queue (and in the WAL's file, when there is one).
   Status push(Trajectory&& t, PushOptions options = {});
 
-  // push() for several trajectories, taking room for all of them at once and each lock once per
-  // run of trajectories it guards: for a rollout engine that returns a prompt's samples together,
-  // or any producer with more than one finished. One Status per trajectory, in order, the same
+  // push() for several trajectories, taking room for all of them at once and the lock once: for a
+  // rollout engine that returns a prompt's samples together, or any producer with more than one
+  // finished. One Status per trajectory, in order, the same
   // push() would give; a trajectory is moved from only when its Status is OK. When the queue has
   // room for all of them they go in together, and with a WAL their records too, with one
   // fdatasync for all under wal_fsync (a failed write or sync refuses every one of them);
@@ -312,9 +266,9 @@ class TrajectoryQueue {
   // Commits a batch: its trajectories are never delivered again. kNotFound for an unknown (or
   // already acked) id; kAborted when its lease ran out (its trajectories went back to the queue
   // and may already be with another consumer: do not apply this batch).
-  Status ack(std::uint64_t batch_id);
+  Status ack(BatchId batch);
   // Gives a batch back for redelivery, ahead of everything else. Same errors as ack().
-  Status nack(std::uint64_t batch_id);
+  Status nack(BatchId batch);
 
   // Wakes every blocked push and pop with kCancelled; later pushes and pops are refused. Acks and
   // nacks are still taken, so a consumer can commit what it holds.

@@ -1,6 +1,6 @@
 // types.h: the vocabulary every laminar component shares.
 //
-// Strong ids (Version, SequenceId, WorkerId, TrajectoryId) so a worker id is never passed
+// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId) so a worker id is never passed
 // where a version is expected; DType; Device; Stream (an opaque handle, so no CUDA header
 // leaks into user code); and TensorView, a non-owning view of a strided tensor that converts
 // losslessly from and to DLPack's DLTensor, which is how tensors cross from PyTorch, JAX or
@@ -46,6 +46,7 @@ struct VersionTag {};
 struct SequenceIdTag {};
 struct WorkerIdTag {};
 struct TrajectoryIdTag {};
+struct BatchIdTag {};
 
 // A policy version. Versions published by one actor strictly increase; 0 is the initial policy.
 using Version = StrongId<VersionTag, std::uint64_t>;
@@ -55,6 +56,8 @@ using SequenceId = StrongId<SequenceIdTag, std::uint64_t>;
 using WorkerId = StrongId<WorkerIdTag, std::uint32_t>;
 // A finished trajectory in the experience buffer.
 using TrajectoryId = StrongId<TrajectoryIdTag, std::uint64_t>;
+// A batch leased out by a TrajectoryQueue, acked or nacked by this id.
+using BatchId = StrongId<BatchIdTag, std::uint64_t>;
 
 // Element types laminar moves and computes on.
 enum class DType : std::uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
