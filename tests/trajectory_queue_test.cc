@@ -40,15 +40,45 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Waits (in real time) until `n` threads are blocked in the queue, so that a jump of virtual time
-// is sure to land while they wait.
+// Waits until `producers` and `consumers` threads are blocked in the queue, so that a jump of
+// virtual time is sure to land while they wait. Fails after a minute of real time.
 void await_blocked(const TrajectoryQueue& q, std::size_t producers, std::size_t consumers) {
-  for (int i = 0; i < 20000; ++i) {
-    auto s = q.stats();
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  for (;;) {
+    const auto s = q.stats();
     if (s.blocked_producers == producers && s.blocked_consumers == consumers) return;
-    std::this_thread::sleep_for(1ms);
+    if (std::chrono::steady_clock::now() > give_up) FAIL("threads never blocked in the queue");
+    std::this_thread::yield();
   }
-  FAIL("threads never blocked in the queue");
+}
+
+// Another clock with each wait_until counted: every wait after the first of a pop_batch is a
+// wake that did not end its wait.
+class CountingClock final : public Clock {
+ public:
+  explicit CountingClock(std::shared_ptr<Clock> inner) : inner_(std::move(inner)) {}
+  Duration now() const noexcept override { return inner_->now(); }
+  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                  Duration deadline) const override {
+    waits.fetch_add(1);
+    inner_->wait_until(cv, lock, deadline);
+  }
+  [[nodiscard]] laminar::ClockSubscription subscribe(std::function<void()> wake) override {
+    return inner_->subscribe(std::move(wake));
+  }
+  mutable std::atomic<int> waits{0};
+
+ private:
+  std::shared_ptr<Clock> inner_;
+};
+
+// Waits until `clock` has seen `n` waits.
+void await_waits(const CountingClock& clock, int n) {
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  while (clock.waits.load() < n) {
+    if (std::chrono::steady_clock::now() > give_up) FAIL("the queue never waited " << n << " times");
+    std::this_thread::yield();
+  }
 }
 
 Trajectory make_traj(std::uint64_t id, std::uint64_t version = 0, std::size_t response = 4,
@@ -156,7 +186,7 @@ TEST_CASE("the steady clock's coarse reading is never ahead and keeps up", "[clo
   CHECK(slack > Clock::Duration::zero());
   CHECK(slack <= 100ms);
   const Clock::Duration first = clock->coarse_now();
-  std::this_thread::sleep_for(3 * slack);
+  while (clock->now() < first + 3 * slack) std::this_thread::yield();
   for (int i = 0; i < 1000; ++i) {
     const Clock::Duration coarse = clock->coarse_now();
     const Clock::Duration exact = clock->now();
@@ -479,7 +509,8 @@ TEST_CASE("pop_batch by count and by token budget, never splitting a unit", "[qu
 }
 
 TEST_CASE("pop_batch waits for min_trajectories in virtual time", "[queue]") {
-  auto clock = std::make_shared<ManualClock>();
+  auto manual = std::make_shared<ManualClock>();
+  auto clock = std::make_shared<CountingClock>(manual);
   QueueOptions opt;
   opt.clock = clock;
   auto q = make_queue(opt);
@@ -493,11 +524,11 @@ TEST_CASE("pop_batch waits for min_trajectories in virtual time", "[queue]") {
     result = q->pop_batch(s).status();
     done = true;
   });
-  await_blocked(*q, 0, 1);
-  REQUIRE(clock->advance(4s).ok());
-  std::this_thread::sleep_for(20ms);
+  await_waits(*clock, 1);
+  REQUIRE(manual->advance(4s).ok());
+  await_waits(*clock, 2);    // woken by the jump, it looked at the time and waits again
   CHECK_FALSE(done.load());  // 4 s of the 5 s wait have passed
-  REQUIRE(clock->advance(1s).ok());
+  REQUIRE(manual->advance(1s).ok());
   consumer.join();
   expect_code(result, StatusCode::kDeadlineExceeded, "only 1 of 3");
 
@@ -512,26 +543,8 @@ TEST_CASE("pop_batch waits for min_trajectories in virtual time", "[queue]") {
   CHECK(got == std::vector<std::uint64_t>{1, 2, 3});
 }
 
-namespace {
-// Real time, counting how often a thread went to sleep on it: each sleep after the first of a
-// pop_batch is a wake that did not end its wait.
-class CountingClock final : public Clock {
- public:
-  Duration now() const noexcept override { return real_.now(); }
-  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-                  Duration deadline) const override {
-    waits.fetch_add(1);
-    real_.wait_until(cv, lock, deadline);
-  }
-  mutable std::atomic<int> waits{0};
-
- private:
-  laminar::SteadyClock real_;
-};
-}  // namespace
-
 TEST_CASE("a consumer waiting for min_trajectories is woken once they are ready, not by each push", "[queue]") {
-  auto clock = std::make_shared<CountingClock>();
+  auto clock = std::make_shared<CountingClock>(Clock::steady());
   QueueOptions opt;
   opt.clock = clock;
   auto q = make_queue(opt);
@@ -546,13 +559,13 @@ TEST_CASE("a consumer waiting for min_trajectories is woken once they are ready,
   await_blocked(*q, 0, 1);
   for (std::uint64_t id = 1; id < 16; ++id) {
     REQUIRE(q->push(make_traj(id)).ok());
-    std::this_thread::sleep_for(2ms);  // time for a needlessly woken consumer to sleep again
+    std::this_thread::yield();  // a needlessly woken consumer gets to run and wait again
   }
-  // Woken by every push, it would have slept 16 times by now.
-  CHECK(clock->waits.load() <= 3);
   REQUIRE(q->push(make_traj(16)).ok());
   consumer.join();
   CHECK(got.size() == 16);
+  // Woken by every push, it would have waited once per push it saw (a spurious wake-up aside).
+  CHECK(clock->waits.load() <= 3);
 
   // Two waiters: the smaller min_trajectories is served first, then the larger one still wakes.
   BatchSpec two = count_spec(2);
@@ -670,8 +683,7 @@ bool pin_to_cpu(int cpu) {
 
 }  // namespace
 
-// Big queues hand out room to per-CPU slots ahead of the pushes; a queue must still take exactly
-// its capacity, by count and by tokens, however the room was spread when it filled up.
+// A queue takes exactly its capacity, by count and by tokens, whichever threads and CPUs push.
 TEST_CASE("a queue takes exactly its capacity when pushed from many threads and CPUs", "[queue]") {
   for (const bool by_tokens : {false, true}) {
     INFO("bound by " << (by_tokens ? "tokens" : "count"));
@@ -701,7 +713,7 @@ TEST_CASE("a queue takes exactly its capacity when pushed from many threads and 
     CHECK(filled_until_full(fill_until_full(*q, 10000000)) == capacity);
   }
 
-  // Room one CPU's slot took ahead is not lost to a push on another CPU.
+  // A push from one CPU and a fill from another still take exactly the capacity.
   cpu_set_t saved;
   REQUIRE(::sched_getaffinity(0, sizeof(saved), &saved) == 0);
   if (CPU_COUNT(&saved) < 2 || !CPU_ISSET(0, &saved) || !CPU_ISSET(1, &saved)) {
@@ -1055,9 +1067,9 @@ TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue]
   CHECK(q->background_error().ok());
 }
 
-// Producers share ids and groups across the queue's shards: every group gets one member from
-// each producer, every contended id is pushed by all of them at once, and the capacity bound
-// must hold while all of it races.
+// Producers share ids and groups: every group gets one member from each producer, every
+// contended id is pushed by all of them at once, and the capacity bound must hold while all of it
+// races.
 TEST_CASE("a group's members from different threads, one id from many, capacity never exceeded",
           "[queue][stress]") {
   const unsigned seed = std::random_device{}();
@@ -1190,12 +1202,9 @@ TEST_CASE("exactly-once under random consumer death", "[queue][stress][lease]") 
     std::this_thread::yield();
   }
   stop = true;
-  // Keep time moving until every consumer has seen `stop` (one may be about to wait in virtual time).
-  while (finished < kConsumers) {
-    REQUIRE(clock->advance(1s).ok());
-    std::this_thread::sleep_for(1ms);
-  }
+  q->close();  // wakes a consumer waiting in virtual time; acks are still taken
   for (auto& t : threads) t.join();
+  CHECK(finished == kConsumers);
   for (int u : unexpected) CHECK(u == 0);
   std::vector<std::uint64_t> all;
   for (auto& v : acked) all.insert(all.end(), v.begin(), v.end());
@@ -1536,9 +1545,9 @@ TEST_CASE("an id a refused push gave back can be pushed again, its neighbours st
   }
 }
 
-// Producers and consumers hold different locks; this races what crosses between them: acks
-// against lease expiry, stale drops (retired after the consumer lock is let go) against pushes
-// waiting for the space they free, and group timeouts fired by consumers while producers push.
+// Races what crosses between producers and consumers: acks against lease expiry, stale drops
+// against pushes waiting for the space they free, and group timeouts fired by consumers while
+// producers push.
 TEST_CASE("exactly-once while expiry, stale drops and group timeouts race pushes and acks",
           "[queue][stress][lease]") {
   const unsigned seed = std::random_device{}();
@@ -1622,11 +1631,9 @@ TEST_CASE("exactly-once while expiry, stale drops and group timeouts race pushes
     std::this_thread::yield();
   }
   stop = true;
-  while (consumers_done < kConsumers) {
-    REQUIRE(clock->advance(1s).ok());
-    std::this_thread::sleep_for(1ms);
-  }
+  q->close();  // wakes a consumer waiting in virtual time; acks are still taken
   for (auto& t : threads) t.join();
+  CHECK(consumers_done == kConsumers);
   for (int e : errors) CHECK(e == 0);
 
   std::vector<std::uint64_t> all;
