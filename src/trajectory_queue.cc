@@ -121,6 +121,45 @@ void add_wait(WaitHistogram& h, Duration waited) {
   ++h.buckets[b];
 }
 
+// A growable ring: unlike std::deque, which takes a node for every two trajectories, it
+// allocates nothing once grown.
+template <class T>
+class Ring {
+ public:
+  std::size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  T& operator[](std::size_t i) { return buf_[(head_ + i) & (buf_.size() - 1)]; }
+  const T& operator[](std::size_t i) const { return buf_[(head_ + i) & (buf_.size() - 1)]; }
+  void push_back(T&& v) {
+    grow_if_full();
+    (*this)[size_++] = std::move(v);
+  }
+  void push_front(T&& v) {
+    grow_if_full();
+    head_ = (head_ + buf_.size() - 1) & (buf_.size() - 1);
+    ++size_;
+    (*this)[0] = std::move(v);
+  }
+  T pop_front() {
+    T v = std::move((*this)[0]);
+    head_ = (head_ + 1) & (buf_.size() - 1);
+    --size_;
+    return v;
+  }
+
+ private:
+  void grow_if_full() {
+    if (size_ < buf_.size()) return;
+    std::vector<T> bigger(std::max<std::size_t>(16, 2 * buf_.size()));
+    for (std::size_t i = 0; i < size_; ++i) bigger[i] = std::move((*this)[i]);
+    buf_ = std::move(bigger);
+    head_ = 0;
+  }
+  std::vector<T> buf_;
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
+};
+
 // What pop_batch hands out whole: the next `len` trajectories of the ready queue, a group (in
 // sample order) or one ungrouped trajectory.
 struct Unit {
@@ -197,8 +236,8 @@ struct TrajectoryQueue::Impl {
   std::size_t pending_trajectories = 0;
   std::deque<Timer> group_timers;  // FIFO: one timeout for all groups
 
-  std::deque<Trajectory> ready;
-  std::deque<Unit> units;  // over `ready`, in order
+  Ring<Trajectory> ready;
+  Ring<Unit> units;  // over `ready`, in order
   std::size_t ready_tokens = 0;
 
   std::unordered_map<std::uint64_t, std::shared_ptr<internal::BatchData>> leases;
@@ -251,11 +290,11 @@ struct TrajectoryQueue::Impl {
     }
     ready_tokens += u.tokens;
     if (front) {
-      ready.insert(ready.begin(), first, last);
-      units.push_front(u);
+      for (It it = last; it != first;) ready.push_front(Trajectory(*--it));
+      units.push_front(std::move(u));
     } else {
-      ready.insert(ready.end(), first, last);
-      units.push_back(u);
+      for (It it = first; it != last; ++it) ready.push_back(Trajectory(*it));
+      units.push_back(std::move(u));
     }
     w.data |= should_wake();
   }
@@ -410,7 +449,7 @@ struct TrajectoryQueue::Impl {
     ids.for_each_retired([&](std::uint64_t id) { s.window.push_back(id); });
     closed_groups.for_each_retired([&](std::uint64_t gid) { s.closed_groups.push_back(gid); });
     // Ready first, in order, so that a restart delivers them in the same order.
-    for (const Trajectory& t : ready) s.live.push_back(&t);
+    for (std::size_t i = 0; i < ready.size(); ++i) s.live.push_back(&ready[i]);
     for (const auto& [id, d] : leases) {
       for (const Trajectory& t : d->items) s.live.push_back(&t);
     }
@@ -577,12 +616,16 @@ struct TrajectoryQueue::Impl {
               fmt::format("push of trajectory {}: queue still full after {} ns", id, o.timeout.count()));
         });
       }
+      if (w.data || w.space) {
+        // Wake whom the timers woke before sleeping, then look again: the lock was let go.
+        l.unlock();
+        notify(std::exchange(w, Wake{}));
+        l.lock();
+        continue;
+      }
       ++space_waiters;
-      l.unlock();
-      notify(std::exchange(w, Wake{}));
-      l.lock();
       // A group timeout may drop members and so free room, or close a group a member waits for.
-      if (!closed) clock->wait_until(space_cv, l, std::min(deadline, next_group_timer()));
+      clock->wait_until(space_cv, l, std::min(deadline, next_group_timer()));
       --space_waiters;
     }
   }
@@ -799,7 +842,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
       std::size_t tokens = 0;
       bool full = false;
       while (!q.units.empty()) {
-        const Unit u = q.units.front();
+        const Unit u = q.units[0];
         const bool drop = spec.staleness_rule == StalenessRule::kDrop && staleness_of(u.min_version) > spec.max_staleness;
         if (!drop && !taken.empty() && (taken.size() + u.len > max_count || tokens + u.tokens > max_tokens)) {
           full = true;
@@ -808,8 +851,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
         q.units.pop_front();
         q.ready_tokens -= u.tokens;
         std::vector<Trajectory>& to = drop ? dropped : taken;
-        std::move(q.ready.begin(), q.ready.begin() + u.len, std::back_inserter(to));
-        q.ready.erase(q.ready.begin(), q.ready.begin() + u.len);
+        for (std::uint32_t k = 0; k < u.len; ++k) to.push_back(q.ready.pop_front());
         if (drop) continue;
         taken_units.push_back(u);
         tokens += u.tokens;
@@ -856,9 +898,8 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
       // Too few left once the stale ones were dropped: the rest go back and wait for company.
       for (std::size_t k = taken_units.size(), end = taken.size(); k-- > 0;) {
         const Unit& u = taken_units[k];
-        q.ready.insert(q.ready.begin(), std::make_move_iterator(taken.begin() + std::ptrdiff_t(end - u.len)),
-                       std::make_move_iterator(taken.begin() + std::ptrdiff_t(end)));
-        q.units.push_front(u);
+        for (std::size_t k2 = end; k2-- > end - u.len;) q.ready.push_front(std::move(taken[k2]));
+        q.units.push_front(Unit(u));
         q.ready_tokens += u.tokens;
         end -= u.len;
       }
@@ -870,13 +911,18 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
       return leave(deadline_exceeded(fmt::format("pop_batch: only {} of {} trajectories ready after {} ns",
                                                  q.ready.size(), min_count, spec.wait.count())));
     }
+    if (w.data || w.space) {
+      // Wake whom the timers woke before sleeping, then look again: the lock was let go.
+      l.unlock();
+      q.notify(std::exchange(w, Wake{}));
+      l.lock();
+      now = q.clock->now();
+      continue;
+    }
     q.waiters_woken = false;
     q.waiter_mins.push_back(min_count);
     q.wake_at = std::min(q.wake_at, min_count);
-    l.unlock();
-    q.notify(std::exchange(w, Wake{}));
-    l.lock();
-    if (q.ready.size() < min_count && !q.closed) q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_timer()));
+    q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_timer()));
     q.waiter_mins.erase(std::find(q.waiter_mins.begin(), q.waiter_mins.end(), min_count));
     q.wake_at = q.waiter_mins.empty() ? SIZE_MAX : *std::min_element(q.waiter_mins.begin(), q.waiter_mins.end());
     now = q.clock->now();
