@@ -6,13 +6,13 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
 #include "id_window.h"
+#include "ring.h"
 #include "trajectory_wal.h"
 
 namespace laminar {
@@ -49,52 +49,9 @@ std::vector<Trajectory> Batch::release() {
   return out;
 }
 
-std::string QueueStats::to_json() const {
-  nlohmann::ordered_json j;
-  j["depth"] = {{"ready", ready},
-                {"ready_tokens", ready_tokens},
-                {"pending_groups", pending_groups},
-                {"pending_group_trajectories", pending_group_trajectories},
-                {"leases", leases},
-                {"leased_trajectories", leased_trajectories},
-                {"held_tokens", held_tokens},
-                {"blocked_producers", blocked_producers},
-                {"blocked_consumers", blocked_consumers},
-                {"newest_version", newest_version.value()}};
-  j["flow"] = {{"pushed", pushed},         {"delivered", delivered},           {"acked", acked},
-               {"nacked_batches", nacked_batches}, {"expired_leases", expired_leases}, {"redelivered", redelivered}};
-  j["rejected"] = {{"invalid", rejected_invalid}, {"full", rejected_full}};
-  j["drops"] = {{"stale", dropped_stale}, {"group_timeout", dropped_group_timeout},
-                {"late_for_group", dropped_late_for_group}};
-  nlohmann::ordered_json hist = nlohmann::ordered_json::object();
-  for (int i = 0; i < kStalenessBuckets; ++i) {
-    hist[i + 1 < kStalenessBuckets ? std::to_string(i) : std::to_string(i) + "+"] = staleness[i];
-  }
-  j["staleness_histogram"] = hist;
-  nlohmann::ordered_json buckets = nlohmann::ordered_json::array();
-  for (int i = 0; i < WaitHistogram::kBuckets; ++i) {
-    nlohmann::ordered_json b;
-    b["lt_ms"] = i + 1 < WaitHistogram::kBuckets ? nlohmann::ordered_json(1ull << i) : nlohmann::ordered_json();
-    b["n"] = group_wait.buckets[i];
-    buckets.push_back(b);
-  }
-  j["group_wait_ms"] = {{"count", group_wait.count},
-                        {"mean", group_wait.count ? group_wait.sum_ms / double(group_wait.count) : 0.0},
-                        {"max", group_wait.max_ms},
-                        {"buckets", buckets}};
-  j["wal"] = {{"enabled", wal}, {"bytes", wal_bytes}, {"records", wal_records}, {"compactions", wal_compactions}};
-  return j.dump();
-}
-
-std::string RecoveryReport::to_json() const {
-  nlohmann::ordered_json j = {{"replayed", replayed},   {"records", records},
-                              {"recovered", recovered}, {"retired", retired},
-                              {"discarded_bytes", discarded_bytes}, {"tail", tail.to_string()}};
-  return j.dump();
-}
-
 namespace {
 
+using internal::Ring;
 using internal::TrajectoryWal;
 using internal::WalRecordType;
 using internal::WalRetireReason;
@@ -120,45 +77,6 @@ void add_wait(WaitHistogram& h, Duration waited) {
   while (b + 1 < WaitHistogram::kBuckets && ms >= double(1ull << b)) ++b;
   ++h.buckets[b];
 }
-
-// A growable ring: unlike std::deque, which takes a node for every two trajectories, it
-// allocates nothing once grown.
-template <class T>
-class Ring {
- public:
-  std::size_t size() const noexcept { return size_; }
-  bool empty() const noexcept { return size_ == 0; }
-  T& operator[](std::size_t i) { return buf_[(head_ + i) & (buf_.size() - 1)]; }
-  const T& operator[](std::size_t i) const { return buf_[(head_ + i) & (buf_.size() - 1)]; }
-  void push_back(T&& v) {
-    grow_if_full();
-    (*this)[size_++] = std::move(v);
-  }
-  void push_front(T&& v) {
-    grow_if_full();
-    head_ = (head_ + buf_.size() - 1) & (buf_.size() - 1);
-    ++size_;
-    (*this)[0] = std::move(v);
-  }
-  T pop_front() {
-    T v = std::move((*this)[0]);
-    head_ = (head_ + 1) & (buf_.size() - 1);
-    --size_;
-    return v;
-  }
-
- private:
-  void grow_if_full() {
-    if (size_ < buf_.size()) return;
-    std::vector<T> bigger(std::max<std::size_t>(16, 2 * buf_.size()));
-    for (std::size_t i = 0; i < size_; ++i) bigger[i] = std::move((*this)[i]);
-    buf_ = std::move(bigger);
-    head_ = 0;
-  }
-  std::vector<T> buf_;
-  std::size_t head_ = 0;
-  std::size_t size_ = 0;
-};
 
 // What pop_batch hands out whole: the next `len` trajectories of the ready queue, a group (in
 // sample order) or one ungrouped trajectory.
@@ -340,16 +258,26 @@ struct TrajectoryQueue::Impl {
     groups.erase(it);
   }
 
-  // `t`, which check() let through, joins its group (opening it at `now`).
-  void add_member(Trajectory&& t, Duration now, Wake& w) {
-    auto [it, fresh] = groups.try_emplace(t.group_id);
-    PendingGroup& g = it->second;
-    if (fresh) {
+  // The pending group of `t`, opened at `now` if it was not; true if it was opened.
+  std::pair<std::unordered_map<std::uint64_t, PendingGroup>::iterator, bool> open_group(const Trajectory& t,
+                                                                                        Duration now) {
+    auto r = groups.try_emplace(t.group_id);
+    if (r.second) {
+      PendingGroup& g = r.first->second;
       g.group_size = t.group_size;
       g.prompt_id = t.prompt_id;
       g.first_arrival = now;
       g.seen.assign(t.group_size, false);
       g.members.reserve(t.group_size);
+    }
+    return r;
+  }
+
+  // `t`, which check() let through, joins its group (opening it at `now`).
+  void add_member(Trajectory&& t, Duration now, Wake& w) {
+    auto [it, fresh] = open_group(t, now);
+    PendingGroup& g = it->second;
+    if (fresh) {
       if (opt.group_timeout != kForever) {
         group_timers.emplace_back(now + opt.group_timeout, t.group_id);
         if (group_timers.size() > 2 * groups.size() + kStaleTimers) prune_group_timers();
@@ -439,6 +367,14 @@ struct TrajectoryQueue::Impl {
       }
       end = i;
     }
+  }
+
+  // Why ack or nack (`op`) finds no lease of `batch`.
+  Status not_leased(const char* op, BatchId batch) const {
+    if (expired_batches.retired(batch.value())) {
+      return aborted(fmt::format("{}: the lease of batch {} expired; its trajectories were requeued", op, batch.value()));
+    }
+    return not_found(fmt::format("{}: batch {} is not leased (unknown or already acked)", op, batch.value()));
   }
 
   // With a log: rewrites it with only what is live, once it is large and at least half dead.
@@ -723,15 +659,9 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::create(QueueOptions op
         q.add_unit(std::make_move_iterator(&t), std::make_move_iterator(&t + 1), false, 0, false, w);
         continue;
       }
-      auto [it, fresh] = q.groups.try_emplace(t.group_id);
+      auto [it, fresh] = q.open_group(t, now);
       PendingGroup& g = it->second;
-      if (fresh) {
-        g.group_size = t.group_size;
-        g.prompt_id = t.prompt_id;
-        g.first_arrival = now;
-        g.seen.assign(t.group_size, false);
-        group_order.push_back(t.group_id);
-      }
+      if (fresh) group_order.push_back(t.group_id);
       if (t.group_size != g.group_size || g.seen[t.sample_index]) {
         return data_loss(fmt::format("WAL {}: trajectory {} does not fit its group {}", q.opt.wal_path,
                                      t.id.value(), t.group_id));
@@ -940,13 +870,7 @@ Status TrajectoryQueue::ack(BatchId batch) {
   };
   q.run_timers(q.clock->now(), w);
   auto it = q.leases.find(batch.value());
-  if (it == q.leases.end()) {
-    if (q.expired_batches.retired(batch.value())) {
-      return leave(aborted(
-          fmt::format("ack: the lease of batch {} expired; its trajectories were requeued", batch.value())));
-    }
-    return leave(not_found(fmt::format("ack: batch {} is not leased (unknown or already acked)", batch.value())));
-  }
+  if (it == q.leases.end()) return leave(q.not_leased("ack", batch));
   std::shared_ptr<internal::BatchData> d = std::move(it->second);
   if (q.wal) {
     std::vector<std::uint64_t> ids;
@@ -977,13 +901,7 @@ Status TrajectoryQueue::nack(BatchId batch) {
   };
   q.run_timers(q.clock->now(), w);
   auto it = q.leases.find(batch.value());
-  if (it == q.leases.end()) {
-    if (q.expired_batches.retired(batch.value())) {
-      return leave(aborted(
-          fmt::format("nack: the lease of batch {} expired; its trajectories were requeued", batch.value())));
-    }
-    return leave(not_found(fmt::format("nack: batch {} is not leased (unknown or already acked)", batch.value())));
-  }
+  if (it == q.leases.end()) return leave(q.not_leased("nack", batch));
   ++q.nacked_batches;
   q.requeue(it, w);
   return leave(ok_status());
