@@ -120,9 +120,17 @@ struct Wake {
 
 using Timer = std::pair<Duration, std::uint64_t>;
 
+// Into sample order. Members mostly arrive in order, and sorting sorted input still moves each.
+void sort_members(std::vector<Trajectory>& members) {
+  auto by_index = [](const Trajectory& a, const Trajectory& b) { return a.sample_index < b.sample_index; };
+  if (!std::is_sorted(members.begin(), members.end(), by_index)) std::sort(members.begin(), members.end(), by_index);
+}
+
 }  // namespace
 
-// One mutex guards everything; producers wait on space_cv, consumers on data_cv.
+// One mutex guards everything, the log's appends included, so that the log and the state move
+// together; producers wait on space_cv, consumers on data_cv. The O(tokens) work of a push
+// (validation, encoding its log record) is done before the lock is taken.
 struct TrajectoryQueue::Impl {
   explicit Impl(QueueOptions o)
       : opt(std::move(o)),
@@ -247,8 +255,7 @@ struct TrajectoryQueue::Impl {
     // duplicate member could be taken after a restart, so it is reported, not undone.
     if (wal) note_bg(wal->append_u64(WalRecordType::kGroupClosed, gid, /*sync=*/!complete));
     if (complete || opt.partial_group_policy == PartialGroupPolicy::kRelease) {
-      std::sort(g.members.begin(), g.members.end(),
-                [](const Trajectory& a, const Trajectory& b) { return a.sample_index < b.sample_index; });
+      sort_members(g.members);
       add_unit(std::make_move_iterator(g.members.begin()), std::make_move_iterator(g.members.end()), !complete, 0,
                false, w);
     } else {
@@ -678,8 +685,7 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::create(QueueOptions op
         PendingGroup& g = it->second;
         if (!q.closed_groups.retired(gid)) q.closed_groups.retire(gid);
         q.pending_trajectories -= g.members.size();
-        std::sort(g.members.begin(), g.members.end(),
-                  [](const Trajectory& a, const Trajectory& b) { return a.sample_index < b.sample_index; });
+        sort_members(g.members);
         q.add_unit(std::make_move_iterator(g.members.begin()), std::make_move_iterator(g.members.end()), !complete,
                    0, false, w);
         q.groups.erase(it);
@@ -768,6 +774,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
       // Units leave the front: dropped as stale (judged by their stalest member, and dropped
       // whole: a partial GRPO group would bias the advantage baseline) or taken, until a limit.
       std::vector<Trajectory> taken, dropped;
+      taken.reserve(std::min(max_count, q.ready.size()));
       std::vector<Unit> taken_units;
       std::size_t tokens = 0;
       bool full = false;
