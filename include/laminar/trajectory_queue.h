@@ -222,10 +222,10 @@ struct RecoveryReport {
 class TrajectoryQueue {
  public:
   // kInvalidArgument for zero or too large capacities, a non-positive default_lease or
-  // group_timeout, or an id_dedup_window of 0 or above 2^29. With a WAL: kDataLoss if the file is not a laminar
-  // WAL or has a corrupt record followed by good ones (a damaged middle is not silently skipped:
-  // records after it could be the acks that keep delivery exactly-once); a torn or corrupt tail is
-  // cut and reported in recovery().
+  // group_timeout, or an id_dedup_window of 0 or above 2^29. With a WAL: kDataLoss if the file is
+  // not a laminar WAL or has a corrupt record followed by good ones (a damaged middle is not
+  // silently skipped: records after it could be the acks that keep delivery exactly-once); a torn
+  // or corrupt tail is cut and reported in recovery().
   static Result<std::unique_ptr<TrajectoryQueue>> create(QueueOptions options = {});
   // Preconditions: no thread is inside a call of this queue.
   ~TrajectoryQueue();
@@ -250,11 +250,11 @@ class TrajectoryQueue {
 
   // push() for several trajectories, taking room for all of them at once and the lock once: for a
   // rollout engine that returns a prompt's samples together, or any producer with more than one
-  // finished. One Status per trajectory, in order, the same
-  // push() would give; a trajectory is moved from only when its Status is OK. When the queue has
-  // room for all of them they go in together, and with a WAL their records too, with one
-  // fdatasync for all under wal_fsync (a failed write or sync refuses every one of them);
-  // otherwise each is pushed on its own, in order, waiting or failing as `options` says.
+  // finished. One Status per trajectory, in order, the same push() would give; a trajectory is
+  // moved from only when its Status is OK. When the queue has room for all of them they go in
+  // together, and with a WAL their records too, with one fdatasync for all under wal_fsync (a
+  // failed write or sync refuses every one of them); otherwise each is pushed on its own, in
+  // order, waiting or failing as `options` says.
   std::vector<Status> push_many(std::span<Trajectory> ts, PushOptions options = {});
 
   // Leases a batch. kInvalidArgument for a spec with no limit, min_trajectories above
