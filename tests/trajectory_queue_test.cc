@@ -1312,6 +1312,10 @@ TEST_CASE("WAL: a reopened queue redelivers exactly the unacked trajectories", "
   CHECK(r.retired == 4);  // 1..4 acked; 10 was not dropped: 7 sat in front of it
   CHECK(q->newest_version() == Version(4));
   CHECK(r.recovered == 6 + 2 + 2);
+  const auto rj = nlohmann::json::parse(r.to_json());
+  CHECK(rj["recovered"] == 10);
+  CHECK(rj["retired"] == 4);
+  CHECK(rj["tail"] == "OK");
   auto b = q->pop_batch(count_spec(100));
   REQUIRE(b.ok());
   CHECK(ids_of(*b) == std::vector<std::uint64_t>{5, 6, 7, 8, 9, 10, 30, 31});
