@@ -434,11 +434,10 @@ double p99(std::vector<double> v) {
   return v[std::min(v.size() - 1, v.size() * 99 / 100)];
 }
 
-// Paces `groups` groups at `rate` trajectories/s; push(group, g) pushes group g, writing into
-// last_push[g] the time just before its last member goes in.
+// Paces `groups` groups at `rate` trajectories/s; push(group, g) pushes group g (and notes the
+// time just before its last member goes in).
 template <class Push>
-void paced_producer(const std::vector<Trajectory>& pool, std::size_t groups, double rate,
-                    std::vector<Clock::time_point>& last_push, Push push) {
+void paced_producer(const std::vector<Trajectory>& pool, std::size_t groups, double rate, Push push) {
   const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kLatencyGroup / rate));
   auto next = Clock::now();
   for (std::size_t g = 0; g < groups; ++g) {
@@ -483,7 +482,7 @@ double latency_laminar(const std::vector<Trajectory>& pool, std::size_t groups, 
       ++n;
     }
   });
-  paced_producer(pool, groups, rate, last_push, [&](std::vector<Trajectory>& group, std::size_t g) {
+  paced_producer(pool, groups, rate, [&](std::vector<Trajectory>& group, std::size_t g) {
     for (std::uint32_t k = 0; k < kLatencyGroup; ++k) {
       if (k + 1 == kLatencyGroup) last_push[g] = Clock::now();
       if (laminar::Status st = (*q)->push(std::move(group[k])); !st.ok()) die("push", st);
@@ -515,7 +514,7 @@ double latency_condvar(const std::vector<Trajectory>& pool, std::size_t groups, 
       lat[g] = std::chrono::duration<double>(at - last_push[g]).count();
     }
   });
-  paced_producer(pool, groups, rate, last_push, [&](std::vector<Trajectory>& group, std::size_t g) {
+  paced_producer(pool, groups, rate, [&](std::vector<Trajectory>& group, std::size_t g) {
     for (std::uint32_t k = 0; k < kLatencyGroup; ++k) {
       if (k + 1 == kLatencyGroup) last_push[g] = Clock::now();
       bool whole = false;
