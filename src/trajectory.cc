@@ -3,15 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <span>
+
+#include "byte_codec.h"
 
 namespace laminar {
-
-static_assert(std::endian::native == std::endian::little,
-              "the trajectory encoding is little-endian and copied as is");
 
 std::string_view finish_reason_name(FinishReason r) noexcept {
   switch (r) {
@@ -134,106 +133,67 @@ Status validate_trajectory(const Trajectory& t, bool contents) {
 namespace {
 
 constexpr std::uint32_t kEncodingFormat = 1;
-
-struct EncodedHeader {
-  std::uint32_t format;
-  std::uint32_t group_size;
-  std::uint64_t id;
-  std::uint64_t prompt_id;
-  std::uint64_t group_id;
-  std::uint64_t version;
-  std::uint32_t sample_index;
-  std::uint8_t finish_reason;
-  std::uint8_t pad[3];
-  std::int64_t generation_start_ns;
-  std::int64_t generation_end_ns;
-  std::uint32_t num_prompt;
-  std::uint32_t num_response;
-  std::uint32_t num_rewards;
-  std::uint32_t num_metadata;
-};
-static_assert(sizeof(EncodedHeader) == 80);
-
-template <class T>
-void append_array(std::string& out, const std::vector<T>& v) {
-  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
-
-template <class T>
-void read_array(const char*& p, std::size_t n, std::vector<T>& v) {
-  v.resize(n);
-  std::memcpy(v.data(), p, n * sizeof(T));
-  p += n * sizeof(T);
-}
+// format .. num_metadata, the fields before the arrays.
+constexpr std::size_t kHeaderBytes = 80;
 
 }  // namespace
 
 std::size_t encoded_trajectory_size(const Trajectory& t) noexcept {
-  return sizeof(EncodedHeader) + 4 * (t.prompt_tokens.size() + 2 * t.response_tokens.size()) +
+  return kHeaderBytes + 4 * (t.prompt_tokens.size() + 2 * t.response_tokens.size()) +
          4 * t.rewards.size() + t.metadata.size();
 }
 
 void encode_trajectory(const Trajectory& t, std::string& out) {
-  EncodedHeader h{};
-  h.format = kEncodingFormat;
-  h.group_size = t.group_size;
-  h.id = t.id.value();
-  h.prompt_id = t.prompt_id;
-  h.group_id = t.group_id;
-  h.version = t.version.value();
-  h.sample_index = t.sample_index;
-  h.finish_reason = std::uint8_t(t.finish_reason);
-  h.generation_start_ns = t.timings.generation_start_ns;
-  h.generation_end_ns = t.timings.generation_end_ns;
-  h.num_prompt = std::uint32_t(t.prompt_tokens.size());
-  h.num_response = std::uint32_t(t.response_tokens.size());
-  h.num_rewards = std::uint32_t(t.rewards.size());
-  h.num_metadata = std::uint32_t(t.metadata.size());
-  out.reserve(out.size() + encoded_trajectory_size(t));
-  out.append(reinterpret_cast<const char*>(&h), sizeof(h));
-  append_array(out, t.prompt_tokens);
-  append_array(out, t.response_tokens);
-  append_array(out, t.logprobs);
-  append_array(out, t.rewards);
-  out.append(t.metadata);
+  internal::ByteWriter w(out);
+  w.reserve(encoded_trajectory_size(t));
+  w.u32(kEncodingFormat);
+  w.u32(t.group_size);
+  w.u64(t.id.value());
+  w.u64(t.prompt_id);
+  w.u64(t.group_id);
+  w.u64(t.version.value());
+  w.u32(t.sample_index);
+  w.u8(std::uint8_t(t.finish_reason));
+  w.bytes(std::string_view("\0\0\0", 3));  // aligns the timings to 8 bytes
+  w.i64(t.timings.generation_start_ns);
+  w.i64(t.timings.generation_end_ns);
+  w.u32(std::uint32_t(t.prompt_tokens.size()));
+  w.u32(std::uint32_t(t.response_tokens.size()));
+  w.u32(std::uint32_t(t.rewards.size()));
+  w.u32(std::uint32_t(t.metadata.size()));
+  w.array(std::span(t.prompt_tokens));
+  w.array(std::span(t.response_tokens));
+  w.array(std::span(t.logprobs));
+  w.array(std::span(t.rewards));
+  w.bytes(t.metadata);
 }
 
 Result<Trajectory> decode_trajectory(std::string_view bytes) {
-  if (bytes.size() < sizeof(EncodedHeader)) {
-    return data_loss(fmt::format("encoded trajectory: {} bytes, shorter than its {}-byte header",
-                                 bytes.size(), sizeof(EncodedHeader)));
-  }
-  EncodedHeader h;
-  std::memcpy(&h, bytes.data(), sizeof(h));
-  if (h.format != kEncodingFormat) {
-    return data_loss(fmt::format("encoded trajectory: format {} (expected {})", h.format, kEncodingFormat));
-  }
-  if (h.pad[0] != 0 || h.pad[1] != 0 || h.pad[2] != 0) {
-    return data_loss("encoded trajectory: nonzero padding bytes in the header");
-  }
-  const std::uint64_t want = sizeof(EncodedHeader) +
-                             4 * (std::uint64_t(h.num_prompt) + 2 * std::uint64_t(h.num_response)) +
-                             4 * std::uint64_t(h.num_rewards) + std::uint64_t(h.num_metadata);
-  if (want != bytes.size()) {
-    return data_loss(fmt::format("encoded trajectory {}: header describes {} bytes, buffer has {}", h.id,
-                                 want, bytes.size()));
-  }
+  internal::ByteReader r(bytes, "encoded trajectory");
+  const std::uint32_t format = r.u32("format");
+  if (format != kEncodingFormat) r.fail(0, fmt::format("format {} (expected {})", format, kEncodingFormat));
   Trajectory t;
-  t.id = TrajectoryId(h.id);
-  t.prompt_id = h.prompt_id;
-  t.group_id = h.group_id;
-  t.group_size = h.group_size;
-  t.sample_index = h.sample_index;
-  t.version = Version(h.version);
-  t.finish_reason = FinishReason(h.finish_reason);
-  t.timings.generation_start_ns = h.generation_start_ns;
-  t.timings.generation_end_ns = h.generation_end_ns;
-  const char* p = bytes.data() + sizeof(EncodedHeader);
-  read_array(p, h.num_prompt, t.prompt_tokens);
-  read_array(p, h.num_response, t.response_tokens);
-  read_array(p, h.num_response, t.logprobs);
-  read_array(p, h.num_rewards, t.rewards);
-  t.metadata.assign(p, h.num_metadata);
+  t.group_size = r.u32("group_size");
+  t.id = TrajectoryId(r.u64("id"));
+  t.prompt_id = r.u64("prompt_id");
+  t.group_id = r.u64("group_id");
+  t.version = Version(r.u64("version"));
+  t.sample_index = r.u32("sample_index");
+  t.finish_reason = FinishReason(r.u8("finish_reason"));
+  const std::size_t padding_at = r.offset();
+  if (r.bytes("padding", 3) != std::string_view("\0\0\0", 3)) r.fail(padding_at, "nonzero padding");
+  t.timings.generation_start_ns = r.i64("generation_start_ns");
+  t.timings.generation_end_ns = r.i64("generation_end_ns");
+  const std::uint32_t num_prompt = r.u32("num_prompt");
+  const std::uint32_t num_response = r.u32("num_response");
+  const std::uint32_t num_rewards = r.u32("num_rewards");
+  const std::uint32_t num_metadata = r.u32("num_metadata");
+  r.array("prompt_tokens", num_prompt, t.prompt_tokens);
+  r.array("response_tokens", num_response, t.response_tokens);
+  r.array("logprobs", num_response, t.logprobs);
+  r.array("rewards", num_rewards, t.rewards);
+  t.metadata = r.bytes("metadata", num_metadata);
+  LAMINAR_RETURN_IF_ERROR(r.finish());
   Status st = validate_trajectory(t);
   if (!st.ok()) return st.with_context("decoded trajectory");
   return t;

@@ -10,7 +10,6 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -314,37 +313,6 @@ TEST_CASE("options and batch specs are validated", "[queue][bad-input]") {
   small.capacity_tokens = 10;
   auto q2 = make_queue(small);
   expect_code(q2->push(make_traj(1, 0, 20)), StatusCode::kInvalidArgument, "22 tokens exceed");
-}
-
-TEST_CASE("trajectory encoding round-trips and rejects truncated or corrupt bytes", "[encoding][bad-input]") {
-  Trajectory t = make_member(77, 5, 4, 2, 0);
-  t.metadata = R"({"k": "v"})";
-  t.rewards = {0.5f, -1.0f};
-  t.finish_reason = laminar::FinishReason::kLength;
-  std::string bytes;
-  laminar::encode_trajectory(t, bytes);
-  auto back = laminar::decode_trajectory(bytes);
-  REQUIRE(back.ok());
-  CHECK(*back == t);
-  for (std::size_t n = 0; n < bytes.size(); ++n) {
-    auto r = laminar::decode_trajectory(std::string_view(bytes).substr(0, n));
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.status().code() == StatusCode::kDataLoss);
-  }
-  expect_code(laminar::decode_trajectory(bytes + "x").status(), StatusCode::kDataLoss, "buffer has");
-  std::string bad_format = bytes;
-  bad_format[0] = 9;
-  expect_code(laminar::decode_trajectory(bad_format).status(), StatusCode::kDataLoss, "format 9");
-  // A corrupt length field no longer adds up.
-  std::string bad_len = bytes;
-  bad_len[64] ^= 0x40;  // num_prompt
-  expect_code(laminar::decode_trajectory(bad_len).status(), StatusCode::kDataLoss, "header describes");
-  // A corrupt logprob decodes into a trajectory that fails validation.
-  std::string bad_lp = bytes;
-  const std::size_t lp0 = 80 + 4 * (t.prompt_tokens.size() + t.response_tokens.size());
-  const float nan = NAN;
-  std::memcpy(bad_lp.data() + lp0, &nan, 4);
-  expect_code(laminar::decode_trajectory(bad_lp).status(), StatusCode::kInvalidArgument, "logprobs[0]");
 }
 
 TEST_CASE("push_many answers each trajectory as push would, and takes only the accepted ones", "[queue][wal]") {

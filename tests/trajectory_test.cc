@@ -1,9 +1,12 @@
 #include "laminar/trajectory.h"
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
+using laminar::StatusCode;
 using laminar::Trajectory;
 
 namespace {
@@ -37,6 +40,12 @@ std::string to_hex(const std::string& bytes) {
   return hex;
 }
 
+void expect_code(const laminar::Status& st, StatusCode code, const char* needle) {
+  INFO(st.to_string());
+  CHECK(st.code() == code);
+  CHECK_THAT(st.message(), Catch::Contains(needle));
+}
+
 }  // namespace
 
 // Write-ahead logs on disk and remote producers of older builds carry these bytes: a change here is
@@ -62,4 +71,44 @@ TEST_CASE("trajectory encoding: the bytes of format 1 are pinned", "[encoding]")
   auto back = laminar::decode_trajectory(bytes);
   REQUIRE(back.ok());
   CHECK(*back == t);
+}
+
+TEST_CASE("trajectory decoding refuses truncated, padded or corrupt bytes, naming the field and its offset",
+          "[encoding][bad-input]") {
+  const Trajectory t = pinned_trajectory();
+  std::string bytes;
+  encode_trajectory(t, bytes);
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    INFO("first " << n << " bytes");
+    expect_code(laminar::decode_trajectory(std::string_view(bytes).substr(0, n)).status(), StatusCode::kDataLoss,
+                "cut short at offset");
+  }
+  expect_code(laminar::decode_trajectory(std::string_view(bytes).substr(0, 66)).status(), StatusCode::kDataLoss,
+              "encoded trajectory: num_prompt cut short at offset 64 (2 of 4 bytes)");
+  expect_code(laminar::decode_trajectory(bytes + "x").status(), StatusCode::kDataLoss,
+              "encoded trajectory: 1 trailing bytes at offset 123");
+
+  std::string bad_format = bytes;
+  bad_format[0] = 9;
+  expect_code(laminar::decode_trajectory(bad_format).status(), StatusCode::kDataLoss,
+              "format 9 (expected 1) at offset 0");
+  std::string bad_padding = bytes;
+  bad_padding[46] = 1;
+  expect_code(laminar::decode_trajectory(bad_padding).status(), StatusCode::kDataLoss,
+              "nonzero padding at offset 45");
+  // A corrupt count no longer adds up.
+  std::string bad_len = bytes;
+  bad_len[64] ^= 0x40;  // num_prompt: 67
+  expect_code(laminar::decode_trajectory(bad_len).status(), StatusCode::kDataLoss,
+              "prompt_tokens cut short at offset 80 (43 of 67 x 4 bytes)");
+  std::string huge = bytes;
+  std::memset(huge.data() + 68, 0xff, 4);  // num_response
+  expect_code(laminar::decode_trajectory(huge).status(), StatusCode::kDataLoss,
+              "response_tokens cut short at offset 92 (31 of 4294967295 x 4 bytes)");
+  // A corrupt log-prob decodes into a trajectory that fails validation.
+  std::string bad_lp = bytes;
+  const std::size_t lp0 = 80 + 4 * (t.prompt_tokens.size() + t.response_tokens.size());
+  const float nan = NAN;
+  std::memcpy(bad_lp.data() + lp0, &nan, 4);
+  expect_code(laminar::decode_trajectory(bad_lp).status(), StatusCode::kInvalidArgument, "logprobs[0]");
 }
