@@ -11,31 +11,25 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <optional>
-#include <unordered_map>
-#include <vector>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
+#include <vector>
+
+#include "byte_codec.h"
 
 namespace laminar::internal {
 namespace {
 
-constexpr char kFileMagic[8] = {'L', 'A', 'M', 'W', 'A', 'L', '0', '1'};
+constexpr std::string_view kFileMagic = "LAMWAL01";
 constexpr std::uint32_t kFormat = 1;
 constexpr std::uint64_t kFileHeaderBytes = 16;
 constexpr std::uint32_t kRecordMagic = 0x52574D4Cu;  // "LMWR"
 constexpr std::uint64_t kRecordHeaderBytes = 24;
 // A bigger length field is damage, not a trajectory (which the capacity bounds far below this).
 constexpr std::uint64_t kMaxPayload = std::uint64_t(1) << 32;
-
-struct RecordHeader {
-  std::uint32_t magic;
-  std::uint32_t type;
-  std::uint64_t length;
-  std::uint64_t checksum;
-};
-static_assert(sizeof(RecordHeader) == kRecordHeaderBytes);
 
 std::uint64_t record_checksum(std::uint32_t type, std::uint64_t length, std::string_view payload) {
   XXH64_state_t state;
@@ -68,30 +62,34 @@ int write_all(int fd, const void* data, std::size_t n) {
   return 0;
 }
 
-// Status of a good record at `off`, or why not: "" when good.
-std::string check_record(std::string_view file, std::uint64_t off, RecordHeader* out) {
-  if (file.size() - off < kRecordHeaderBytes) {
-    return fmt::format("record header cut short ({} of {} bytes)", file.size() - off,
-                       kRecordHeaderBytes);
+struct RecordView {
+  WalRecordType type;
+  std::string_view payload;
+};
+
+// The record at `off`, its checksum verified, or kDataLoss naming what is wrong with it.
+Result<RecordView> read_record(std::string_view file, std::uint64_t off, std::string_view what) {
+  ByteReader r(file.substr(off), what, off);
+  ByteReader h = r.sub("record header", kRecordHeaderBytes);
+  const std::uint32_t magic = h.u32("record magic");
+  if (magic != kRecordMagic) h.fail(off, fmt::format("bad record magic {:#010x}", magic));
+  const std::uint32_t type = h.u32("record type");
+  if (type < std::uint32_t(WalRecordType::kPush) || type > std::uint32_t(WalRecordType::kVersion)) {
+    h.fail(off + 4, fmt::format("unknown record type {}", type));
   }
-  RecordHeader h;
-  std::memcpy(&h, file.data() + off, sizeof(h));
-  if (h.magic != kRecordMagic) return fmt::format("bad record magic {:#010x}", h.magic);
-  if (h.type < std::uint32_t(WalRecordType::kPush) || h.type > std::uint32_t(WalRecordType::kVersion)) {
-    return fmt::format("unknown record type {}", h.type);
+  const std::uint64_t length = h.u64("record length");
+  if (length > kMaxPayload) h.fail(off + 8, fmt::format("implausible record length {}", length));
+  const std::uint64_t stored = h.u64("record checksum");
+  LAMINAR_RETURN_IF_ERROR(h.status());
+  const std::string_view payload = r.bytes("record payload", length);
+  LAMINAR_RETURN_IF_ERROR(r.status());
+  const std::uint64_t sum = record_checksum(type, length, payload);
+  if (sum != stored) {
+    r.fail(off + 16,
+           fmt::format("record checksum mismatch (stored {:#018x}, computed {:#018x})", stored, sum));
+    return r.status();
   }
-  if (h.length > kMaxPayload) return fmt::format("implausible record length {}", h.length);
-  if (file.size() - off - kRecordHeaderBytes < h.length) {
-    return fmt::format("record payload cut short ({} of {} bytes)",
-                       file.size() - off - kRecordHeaderBytes, h.length);
-  }
-  const std::string_view payload = file.substr(off + kRecordHeaderBytes, h.length);
-  const std::uint64_t sum = record_checksum(h.type, h.length, payload);
-  if (sum != h.checksum) {
-    return fmt::format("checksum mismatch (stored {:#018x}, computed {:#018x})", h.checksum, sum);
-  }
-  *out = h;
-  return {};
+  return RecordView{WalRecordType(type), payload};
 }
 
 Result<std::string> read_file(int fd, const std::string& path) {
@@ -113,12 +111,14 @@ Result<std::string> read_file(int fd, const std::string& path) {
 }
 
 Status write_file_header(int fd, const std::string& path) {
-  char h[kFileHeaderBytes] = {};
-  std::memcpy(h, kFileMagic, sizeof(kFileMagic));
-  std::memcpy(h + 8, &kFormat, sizeof(kFormat));
+  std::string h;
+  ByteWriter w(h);
+  w.bytes(kFileMagic);
+  w.u32(kFormat);
+  w.u32(0);
   if (::ftruncate(fd, 0) != 0) return io_error("ftruncate", path, errno);
   if (::lseek(fd, 0, SEEK_SET) < 0) return io_error("lseek", path, errno);
-  if (const int e = write_all(fd, h, sizeof(h)); e != 0) return io_error("write header", path, e);
+  if (const int e = write_all(fd, h.data(), h.size()); e != 0) return io_error("write header", path, e);
   return ok_status();
 }
 
@@ -154,11 +154,15 @@ class Replayer {
  public:
   Replayer(const std::string& path, TrajectoryWal::Contents& c) : path_(path), c_(c) {}
 
+  // The record at `off`, its payload `p`.
   Status record(WalRecordType type, std::string_view p, std::uint64_t off) {
+    const std::uint64_t payload_at = off + kRecordHeaderBytes;
     switch (type) {
       case WalRecordType::kPush: {
         Result<Trajectory> t = decode_trajectory(p);
-        if (!t.ok()) return t.status().with_context(fmt::format("WAL {} record at offset {}", path_, off));
+        if (!t.ok()) {
+          return t.status().with_context(fmt::format("WAL {}: push record at offset {}", path_, off));
+        }
         const std::uint64_t id = t->id.value();
         if (!index_.emplace(id, order_.size()).second) {
           return data_loss(fmt::format("WAL {}: trajectory {} pushed twice (offset {})", path_, id, off));
@@ -168,18 +172,18 @@ class Replayer {
         return ok_status();
       }
       case WalRecordType::kRetire: {
-        std::uint64_t head = 0, n = 0;
-        if (p.size() >= 16) {
-          std::memcpy(&head, p.data(), 8);
-          std::memcpy(&n, p.data() + 8, 8);
+        ByteReader r(p, "retire record", payload_at);
+        const std::uint8_t reason = r.u8("reason");
+        if (reason > std::uint8_t(WalRetireReason::kWindow)) {
+          r.fail(payload_at, fmt::format("reason {} is not a WalRetireReason", reason));
         }
-        if (p.size() < 16 || head > std::uint64_t(WalRetireReason::kWindow) || (p.size() - 16) / 8 != n ||
-            p.size() % 8 != 0) {
-          return data_loss(fmt::format("WAL {}: malformed retire record at offset {}", path_, off));
+        if (r.bytes("padding", 7) != std::string_view("\0\0\0\0\0\0\0", 7)) {
+          r.fail(payload_at + 1, "nonzero padding");
         }
-        for (std::uint64_t i = 0; i < n; ++i) {
-          std::uint64_t id;
-          std::memcpy(&id, p.data() + 16 + 8 * i, 8);
+        const std::uint64_t n = r.u64("count");
+        r.array("ids", n, ids_);
+        if (Status st = r.finish(); !st.ok()) return st.with_context(fmt::format("WAL {}", path_));
+        for (std::uint64_t id : ids_) {
           c_.retired_ids.push_back(id);
           if (auto it = index_.find(id); it != index_.end()) {
             order_[it->second].reset();
@@ -191,10 +195,11 @@ class Replayer {
       }
       case WalRecordType::kGroupClosed:
       case WalRecordType::kVersion: {
-        if (p.size() != 8) return data_loss(fmt::format("WAL {}: malformed record at offset {}", path_, off));
-        std::uint64_t v;
-        std::memcpy(&v, p.data(), 8);
-        if (type == WalRecordType::kVersion) {
+        const bool version = type == WalRecordType::kVersion;
+        ByteReader r(p, version ? "version record" : "group-closed record", payload_at);
+        const std::uint64_t v = r.u64(version ? "version" : "group id");
+        if (Status st = r.finish(); !st.ok()) return st.with_context(fmt::format("WAL {}", path_));
+        if (version) {
           c_.newest = std::max(c_.newest, Version(v));
         } else {
           c_.closed_groups.push_back(v);
@@ -218,6 +223,7 @@ class Replayer {
   TrajectoryWal::Contents& c_;
   std::vector<std::optional<Trajectory>> order_;
   std::unordered_map<std::uint64_t, std::size_t> index_;
+  std::vector<std::uint64_t> ids_;  // of the retire record being read, kept to reuse its memory
 };
 
 }  // namespace
@@ -245,46 +251,45 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
     if (!file.empty()) {
       report.replayed = true;
       report.discarded_bytes = file.size();
-      report.tail = data_loss(fmt::format("WAL {}: file header cut short ({} of {} bytes); started afresh",
-                                          path, file.size(), kFileHeaderBytes));
+      report.tail = data_loss(
+          fmt::format("WAL {}: file header cut short at offset 0 ({} of {} bytes); started afresh", path,
+                      file.size(), kFileHeaderBytes));
     }
     LAMINAR_RETURN_IF_ERROR(write_file_header(fd.get(), path));
   } else {
-    if (std::memcmp(file.data(), kFileMagic, sizeof(kFileMagic)) != 0) {
-      return data_loss(fmt::format("WAL {}: not a laminar write-ahead log (bad file magic)", path));
+    const std::string what = "WAL " + path;
+    ByteReader header(file.substr(0, kFileHeaderBytes), what);
+    if (header.bytes("file magic", kFileMagic.size()) != kFileMagic) {
+      header.fail(0, "not a laminar write-ahead log (bad file magic)");
     }
-    std::uint32_t format = 0;
-    std::memcpy(&format, file.data() + 8, sizeof(format));
+    const std::uint32_t format = header.u32("format");
     if (format != kFormat) {
-      return data_loss(fmt::format("WAL {}: unsupported format {} (expected {})", path, format, kFormat));
+      header.fail(8, fmt::format("unsupported format {} (expected {})", format, kFormat));
     }
+    LAMINAR_RETURN_IF_ERROR(header.status());
     report.replayed = true;
     std::uint64_t off = kFileHeaderBytes;
     while (off < file.size()) {
-      RecordHeader h;
-      const std::string why = check_record(file, off, &h);
-      if (!why.empty()) {
+      Result<RecordView> rec = read_record(file, off, what);
+      if (!rec.ok()) {
         // A later good record means damage in the middle, not a torn append.
         for (std::uint64_t scan = off + 1; scan + kRecordHeaderBytes <= file.size(); ++scan) {
-          std::uint32_t magic;
-          std::memcpy(&magic, file.data() + scan, sizeof(magic));
-          RecordHeader later;
-          if (magic == kRecordMagic && check_record(file, scan, &later).empty()) {
-            return data_loss(fmt::format(
-                "WAL {}: record at offset {} is damaged ({}) but a good record follows at offset {}; "
-                "refusing to skip records in the middle of the log",
-                path, off, why, scan));
+          // The magic first: most offsets fail it, and cheaply.
+          if (std::memcmp(file.data() + scan, &kRecordMagic, sizeof(kRecordMagic)) == 0 &&
+              read_record(file, scan, what).ok()) {
+            return data_loss(fmt::format("{}, but a good record follows at offset {}; refusing to skip "
+                                         "records in the middle of the log",
+                                         rec.status().message(), scan));
           }
         }
         report.discarded_bytes = file.size() - off;
-        report.tail = data_loss(fmt::format("WAL {}: torn or corrupt tail at offset {} ({}); {} bytes cut, "
-                                            "{} earlier records kept",
-                                            path, off, why, report.discarded_bytes, records));
+        report.tail = data_loss(fmt::format("{}; torn or corrupt tail: {} bytes cut, {} earlier records kept",
+                                            rec.status().message(), report.discarded_bytes, records));
         break;
       }
-      LAMINAR_RETURN_IF_ERROR(replay.record(WalRecordType(h.type), file.substr(off + kRecordHeaderBytes, h.length), off));
+      LAMINAR_RETURN_IF_ERROR(replay.record(rec->type, rec->payload, off));
       ++records;
-      off += kRecordHeaderBytes + h.length;
+      off += kRecordHeaderBytes + rec->payload.size();
       good_end = off;
     }
     if (good_end < file.size()) {
@@ -308,17 +313,18 @@ std::uint64_t TrajectoryWal::push_record_bytes(const Trajectory& t) {
 Status TrajectoryWal::append_retire(WalRetireReason reason, std::span<const std::uint64_t> ids) {
   if (ids.empty()) return ok_status();
   std::string buf;
-  const std::uint64_t head = std::uint64_t(reason);
-  const std::uint64_t n = ids.size();
-  buf.reserve(16 + 8 * ids.size());
-  buf.append(reinterpret_cast<const char*>(&head), 8);
-  buf.append(reinterpret_cast<const char*>(&n), 8);
-  buf.append(reinterpret_cast<const char*>(ids.data()), 8 * ids.size());
+  ByteWriter w(buf);
+  w.reserve(16 + 8 * ids.size());
+  w.u8(std::uint8_t(reason));
+  w.bytes(std::string_view("\0\0\0\0\0\0\0", 7));  // aligns the ids to 8 bytes
+  w.u64(ids.size());
+  w.array(ids);
   return append(WalRecordType::kRetire, buf);
 }
 
 Status TrajectoryWal::append_u64(WalRecordType type, std::uint64_t v, bool sync) {
-  const std::string_view payload(reinterpret_cast<const char*>(&v), 8);
+  std::string payload;
+  ByteWriter(payload).u64(v);
   const Record r{type, payload, checksum(type, payload)};
   return append_all(std::span<const Record>(&r, 1), sync);
 }
@@ -357,11 +363,21 @@ Status TrajectoryWal::append(WalRecordType type, std::string_view payload, std::
 }
 
 Status TrajectoryWal::append_all(std::span<const Record> records, bool sync) {
-  std::uint64_t written = 0;
+  std::string headers;
+  ByteWriter w(headers);
+  w.reserve(kRecordHeaderBytes * records.size());
   for (const Record& r : records) {
-    RecordHeader h{kRecordMagic, std::uint32_t(r.type), r.payload.size(), r.checksum};
-    iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(r.payload.data()), r.payload.size()}};
-    const std::size_t total = sizeof(h) + r.payload.size();
+    w.u32(kRecordMagic);
+    w.u32(std::uint32_t(r.type));
+    w.u64(r.payload.size());
+    w.u64(r.checksum);
+  }
+  std::uint64_t written = 0;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const Record& r = records[i];
+    iovec iov[2] = {{headers.data() + i * kRecordHeaderBytes, kRecordHeaderBytes},
+                    {const_cast<char*>(r.payload.data()), r.payload.size()}};
+    const std::size_t total = kRecordHeaderBytes + r.payload.size();
     std::size_t done = 0;
     while (done < total) {
       // Rebuild the vector past what was written (writev may stop early on a signal or a full disk).
@@ -376,15 +392,15 @@ Status TrajectoryWal::append_all(std::span<const Record> records, bool sync) {
         cur[n++] = {static_cast<char*>(v.iov_base) + skip, v.iov_len - skip};
         skip = 0;
       }
-      const ssize_t w = ::writev(fd_.get(), cur, n);
-      if (w < 0) {
+      const ssize_t wrote = ::writev(fd_.get(), cur, n);
+      if (wrote < 0) {
         if (errno == EINTR) continue;
         const int e = errno;
         // Cut the partial record so later appends do not sit behind a torn one.
         cut_back();
         return io_error("append", path_, e);
       }
-      done += std::size_t(w);
+      done += std::size_t(wrote);
     }
     written += total;
   }

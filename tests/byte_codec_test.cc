@@ -137,7 +137,8 @@ TEST_CASE("byte codec: huge lengths are refused before anything is allocated", "
   CHECK(ByteReader(s, "blob").prefixed("payload", 1 << 20).empty());
   ByteReader limited(s, "blob");
   limited.prefixed("payload", 1 << 20);
-  expect_data_loss(limited.status(), "blob: payload length 4294967295 exceeds the limit of 1048576 bytes at offset 0");
+  expect_data_loss(limited.status(),
+                   "blob: payload length 4294967295 exceeds the limit of 1048576 bytes at offset 0");
   std::string small;
   ByteWriter(small).prefixed("abcdef");
   ByteReader within(small, "blob");

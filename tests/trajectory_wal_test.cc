@@ -5,13 +5,19 @@
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "byte_codec.h"
+
+using laminar::StatusCode;
 using laminar::Trajectory;
+using laminar::internal::ByteWriter;
 using laminar::internal::TrajectoryWal;
 using laminar::internal::WalRecordType;
 using laminar::internal::WalRetireReason;
@@ -40,6 +46,59 @@ std::string temp_path(const char* name) {
 std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_all(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// A log's file header, then each record framed as the WAL frames it.
+std::string log_of(const std::vector<std::pair<WalRecordType, std::string>>& records) {
+  std::string file("LAMWAL01\x01\0\0\0\0\0\0\0", 16);
+  ByteWriter w(file);
+  for (const auto& [type, payload] : records) {
+    w.u32(0x52574D4Cu);
+    w.u32(std::uint32_t(type));
+    w.u64(payload.size());
+    w.u64(TrajectoryWal::checksum(type, payload));
+    w.bytes(payload);
+  }
+  return file;
+}
+
+std::string u64_payload(std::uint64_t v) {
+  std::string p;
+  ByteWriter(p).u64(v);
+  return p;
+}
+
+std::string retire_payload(std::uint8_t reason, std::uint64_t count, const std::vector<std::uint64_t>& ids) {
+  std::string p;
+  ByteWriter w(p);
+  w.u8(reason);
+  w.bytes(std::string(7, '\0'));
+  w.u64(count);
+  w.array(std::span<const std::uint64_t>(ids));
+  return p;
+}
+
+struct Opened {
+  laminar::Status status;
+  TrajectoryWal::Contents contents;
+  laminar::RecoveryReport report;
+};
+
+Opened open_log(const std::string& path) {
+  Opened o;
+  auto wal = TrajectoryWal::open(path, false, o.contents, o.report);
+  o.status = wal.status();
+  return o;
+}
+
+void expect_code(const laminar::Status& st, StatusCode code, const std::string& needle) {
+  INFO(st.to_string());
+  CHECK(st.code() == code);
+  CHECK_THAT(st.message(), Catch::Contains(needle));
 }
 
 }  // namespace
@@ -80,5 +139,79 @@ TEST_CASE("WAL: the bytes of every record type are pinned", "[wal][encoding]") {
   CHECK(c.closed_groups == std::vector<std::uint64_t>{77});
   CHECK(c.newest == laminar::Version(5));
   CHECK(c.retired == 2);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("WAL: a log cut at any byte replays its whole records and trims the rest", "[wal][bad-input]") {
+  const std::string path = temp_path("cut");
+  std::string push;
+  encode_trajectory(make_traj(1), push);
+  const std::string full = log_of({{WalRecordType::kVersion, u64_payload(4)},
+                                   {WalRecordType::kPush, push},
+                                   {WalRecordType::kRetire, retire_payload(0, 1, {1})},
+                                   {WalRecordType::kGroupClosed, u64_payload(9)}});
+  const std::vector<std::size_t> ends = {16, 16 + 32, 16 + 32 + 24 + push.size(), full.size() - 32, full.size()};
+  for (std::size_t n = 0; n <= full.size(); ++n) {
+    INFO("first " << n << " bytes");
+    write_all(path, full.substr(0, n));
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    std::size_t whole = 0;
+    while (whole + 1 < ends.size() && ends[whole + 1] <= n) ++whole;
+    CHECK(o.report.records == whole);
+    const bool clean = n == 0 || n == ends[whole];
+    CHECK(o.report.tail.ok() == clean);
+    if (n >= 16) CHECK(std::filesystem::file_size(path) == ends[whole]);
+    CHECK(o.contents.live.size() == (whole == 2 ? 1u : 0u));
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("WAL: a malformed record names the record, the field and its offset", "[wal][bad-input]") {
+  const std::string path = temp_path("malformed");
+  auto refused = [&](const std::string& file) {
+    write_all(path, file);
+    return open_log(path).status;
+  };
+  auto tail = [&](const std::string& file) {
+    write_all(path, file);
+    Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    return o.report.tail;
+  };
+  const std::string wal = "WAL " + path;
+
+  expect_code(refused(log_of({{WalRecordType::kRetire, retire_payload(9, 1, {1})}})), StatusCode::kDataLoss,
+              wal + ": retire record: reason 9 is not a WalRetireReason at offset 40");
+  expect_code(refused(log_of({{WalRecordType::kRetire, retire_payload(0, 3, {1, 2})}})), StatusCode::kDataLoss,
+              wal + ": retire record: ids cut short at offset 56 (16 of 3 x 8 bytes)");
+  expect_code(refused(log_of({{WalRecordType::kRetire, retire_payload(0, ~0ull, {1})}})), StatusCode::kDataLoss,
+              "ids cut short at offset 56 (8 of 18446744073709551615 x 8 bytes)");
+  std::string padded = retire_payload(0, 1, {1});
+  padded[3] = 1;
+  expect_code(refused(log_of({{WalRecordType::kRetire, padded}})), StatusCode::kDataLoss,
+              "retire record: nonzero padding at offset 41");
+  expect_code(refused(log_of({{WalRecordType::kVersion, u64_payload(3) + "x"}})), StatusCode::kDataLoss,
+              wal + ": version record: 1 trailing bytes at offset 48");
+  expect_code(refused(log_of({{WalRecordType::kGroupClosed, "abc"}})), StatusCode::kDataLoss,
+              "group-closed record: group id cut short at offset 40 (3 of 8 bytes)");
+  expect_code(refused(log_of({{WalRecordType::kPush, "abc"}})), StatusCode::kDataLoss,
+              wal + ": push record at offset 16: encoded trajectory: format cut short at offset 0");
+
+  std::string file = log_of({{WalRecordType::kVersion, u64_payload(3)}});
+  file[8] = 2;
+  expect_code(refused(file), StatusCode::kDataLoss, wal + ": unsupported format 2 (expected 1) at offset 8");
+
+  // The last record's header: damage there is a torn tail, cut and reported.
+  const std::string good = log_of({{WalRecordType::kVersion, u64_payload(3)}});
+  const std::string two =
+      log_of({{WalRecordType::kVersion, u64_payload(3)}, {WalRecordType::kVersion, u64_payload(4)}});
+  std::string bad_type = two;
+  bad_type[good.size() + 4] = 9;
+  expect_code(tail(bad_type), StatusCode::kDataLoss, wal + ": unknown record type 9 at offset 52");
+  std::string huge = two;
+  std::memset(huge.data() + good.size() + 8, 0xff, 8);
+  expect_code(tail(huge), StatusCode::kDataLoss, "implausible record length 18446744073709551615 at offset 56");
+  expect_code(tail(good + "LMWR"), StatusCode::kDataLoss, "record header cut short at offset 48 (4 of 24 bytes)");
   std::filesystem::remove(path);
 }
