@@ -165,7 +165,8 @@ class Replayer {
         }
         const std::uint64_t id = t->id.value();
         if (!index_.emplace(id, order_.size()).second) {
-          return data_loss(fmt::format("WAL {}: trajectory {} pushed twice (offset {})", path_, id, off));
+          return data_loss(
+              fmt::format("WAL {}: push record at offset {}: trajectory {} pushed twice", path_, off, id));
         }
         c_.newest = std::max(c_.newest, t->version);
         order_.emplace_back(std::move(*t));
