@@ -267,6 +267,7 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
     if (format != kFormat) {
       header.fail(8, fmt::format("unsupported format {} (expected {})", format, kFormat));
     }
+    // Bytes 12..16 are reserved: written as zero, not checked.
     LAMINAR_RETURN_IF_ERROR(header.status());
     report.replayed = true;
     std::uint64_t off = kFileHeaderBytes;

@@ -75,8 +75,8 @@ Status validate_trajectory(const Trajectory& t, bool contents = true);
 
 // The binary encoding used by the write-ahead log and by remote producers (little-endian, format
 // 1): an 80-byte fixed header then the token, log-prob, reward and metadata arrays. encode appends
-// to `out`. decode checks the header, that the sizes add up to exactly `bytes.size()` (a truncated
-// or padded buffer is kDataLoss naming both sizes) and then validate_trajectory.
+// to `out`. decode checks the header, that the arrays fill exactly `bytes` (a truncated or padded
+// buffer is kDataLoss naming the field and its offset) and then validate_trajectory.
 void encode_trajectory(const Trajectory& t, std::string& out);
 // The bytes encode_trajectory(t, ...) appends.
 std::size_t encoded_trajectory_size(const Trajectory& t) noexcept;
