@@ -325,9 +325,9 @@ TEST_CASE("a request's outputs do not depend on its row, its batch mates or the 
       b.seed[at] = alone.seed[0];
       b.position[at] = alone.position[0];
       SamplingParams p = b.params();
-      p.num_threads = 1 + trial % 3;
+      p.cpu_threads = 1 + trial % 3;
       REQUIRE(laminar::kernels::run(p, Stream::host()).ok());
-      INFO("vocab " << vocab << " batch " << batch << " row " << at << " threads " << p.num_threads);
+      INFO("vocab " << vocab << " batch " << batch << " row " << at << " threads " << p.cpu_threads);
       CHECK(b.token[at] == alone.token[0]);
       CHECK(bits(b.raw[at]) == bits(alone.raw[0]));
       CHECK(bits(b.processed[at]) == bits(alone.processed[0]));
@@ -509,9 +509,9 @@ TEST_CASE("bad input is rejected with the field and value named, outputs untouch
   CHECK(st.code() == laminar::StatusCode::kInvalidArgument);
   CHECK(st.message().find("token[1] = 10") != std::string::npos);
   CHECK(lp == std::vector<float>(3, 1.0f));
-  // A CUDA stream: kUnimplemented without CUDA compiled in, kUnavailable when no device takes the launch.
+  // A CUDA stream: kUnimplemented without CUDA compiled in, kFailedPrecondition when there is no device.
   const laminar::StatusCode cuda_code = laminar::kernels::run(b.params(), Stream::cuda(nullptr)).code();
-  CHECK((cuda_code == laminar::StatusCode::kUnimplemented || cuda_code == laminar::StatusCode::kUnavailable));
+  CHECK((cuda_code == laminar::StatusCode::kUnimplemented || cuda_code == laminar::StatusCode::kFailedPrecondition));
 }
 
 TEST_CASE("SIMD weights equal the scalar definition bit for bit across the whole weight range",
