@@ -40,7 +40,7 @@ Status can_implement(const CastParams& p, Stream stream);
 std::size_t workspace_bytes(const CastParams& p);
 // On Stream::host() runs on the calling thread; on a CUDA stream enqueues the kernel (pointers are
 // then device or page-locked memory) and returns without waiting. kUnimplemented for a CUDA stream
-// in a build without CUDA.
+// in a build without CUDA; kFailedPrecondition when no CUDA device or driver takes the launch.
 Status run(const CastParams& p, Stream stream);
 
 }  // namespace laminar::kernels

@@ -84,7 +84,9 @@ struct PagedDecodeTensors {
   TensorView indices;             // [n] with n >= indptr[batch]
   TensorView last_page_len;       // [batch]
   std::optional<TensorView> qo_indptr;  // [batch + 1]; prefill only
-  std::optional<TensorView> workspace;  // CUDA: at least workspace_bytes(params) bytes, any dtype
+  // CUDA: at least workspace_bytes(params) bytes, any dtype. May be left out and set on the params
+  // afterwards, since its size depends on them.
+  std::optional<TensorView> workspace;
   std::optional<float> sm_scale;        // default 1 / sqrt(head_dim)
   // Default on the host: the longest sequence of the page table. On a CUDA device the table is in
   // device memory, so a run with rows needs it given.
@@ -103,14 +105,14 @@ struct PagedDecodeIndexCopies {
 std::size_t workspace_bytes(const PagedDecodeParams& p);
 
 // kInvalidArgument naming the field for: head_dim not 64/128, dtype not f32/f16/bf16, group size
-// not 1/2/4/8, null pointers where data is needed, negative cpu_threads, non-finite or non-positive sm_scale, negative
-// counts, decode with num_rows != batch. On the host the page table (and qo_indptr) is checked
+// not 1/2/4/8, null pointers where data is needed, negative cpu_threads, non-finite or
+// non-positive sm_scale, negative counts, decode with num_rows != batch. On the host the page table (and qo_indptr) is checked
 // too: indices in range, lengths <= max_kv_len, prefill rows within their sequences. On a CUDA
 // stream those live in device memory and are the caller's responsibility.
 Status can_implement(const PagedDecodeParams& p, Stream stream);
 // Rows of length 0 give out = 0 and lse = -inf. On Stream::host() runs now on cpu_threads threads;
 // on a CUDA stream enqueues the split and merge kernels and returns. kUnimplemented for a CUDA
-// stream in a build without CUDA.
+// stream in a build without CUDA; kFailedPrecondition when no CUDA device or driver takes the launch.
 Status run(const PagedDecodeParams& p, Stream stream);
 
 }  // namespace laminar::kernels

@@ -78,7 +78,7 @@ struct SamplingParams {
   float* kept_mass = nullptr;            // [batch] out, optional: mass of the kept set under the
                                          //   temperature-scaled softmax (1 for greedy)
 
-  int cpu_threads = 0;  // host stream only: worker threads over rows; 0 = hardware concurrency
+  std::int32_t cpu_threads = 0;  // host stream only: worker threads over rows; 0 = hardware concurrency
 
   // Fills every field but cpu_threads from the views (see SamplingTensors), which must all be on
   // the host or all on one CUDA device. kInvalidArgument naming the tensor and the mismatch.
@@ -112,7 +112,8 @@ std::size_t workspace_bytes(const SamplingParams& p);
 // Host stream: also checks every row's settings (kInvalidArgument naming the row, the field and
 // its value) before writing any output, then runs on cpu_threads threads. CUDA stream: pointers
 // are device memory; a row whose settings are out of range gets kInvalidToken; returns without
-// waiting. kUnimplemented for a CUDA stream in a build without CUDA.
+// waiting. kUnimplemented for a CUDA stream in a build without CUDA; kFailedPrecondition when no
+// CUDA device or driver takes the launch.
 Status run(const SamplingParams& p, Stream stream);
 // Checks every row's settings in host memory (the per-row part of run() on the host stream):
 // kInvalidArgument naming the row, the field and its value.
@@ -127,7 +128,7 @@ struct TokenLogprobParams {
   const std::int32_t* token = nullptr;  // [batch]; in [0, vocab)
   float* logprob = nullptr;             // [batch] out: log-softmax(logits[row])[token[row]],
                                         //   bit-identical to SamplingParams::raw_logprob
-  int cpu_threads = 0;  // host stream only; 0 = hardware concurrency
+  std::int32_t cpu_threads = 0;  // host stream only; 0 = hardware concurrency
 
   // Fills every field but cpu_threads from the views (see TokenLogprobTensors). An i64 token tensor
   // (the dtype frameworks hold token ids in) is accepted on the host: it is copied, each id checked
@@ -148,7 +149,8 @@ Status can_implement(const TokenLogprobParams& p, Stream stream);
 // Always 0.
 std::size_t workspace_bytes(const TokenLogprobParams& p);
 // Host stream: kInvalidArgument naming the row when a token id is outside [0, vocab). CUDA stream:
-// such a row gets NaN. A row with NaN or +inf logits, or all -inf, gets NaN.
+// such a row gets NaN; kFailedPrecondition when no CUDA device or driver takes the launch. A row
+// with NaN or +inf logits, or all -inf, gets NaN.
 Status run(const TokenLogprobParams& p, Stream stream);
 
 }  // namespace laminar::kernels
