@@ -146,8 +146,8 @@ TEST_CASE("cast from tensors refuses mismatched tensors, naming them", "[cast][t
   refused(view(a.data(), DType::kI32, s6), view(b.data(), DType::kF16, s6), "src: dtype i32 but f32, f16 or bf16");
   refused(view(a.data(), DType::kF32, s6), view(b.data(), DType::kF16, s6, laminar::Device::cuda(0)),
           "dst: on cuda:0 but src is on cpu:0");
-  refused(view(a.data(), DType::kF32, s6, laminar::Device::cuda(1)), view(b.data(), DType::kF16, s6, laminar::Device::cuda(0)),
-          "dst: on cuda:0 but src is on cuda:1");
+  refused(view(a.data(), DType::kF32, s6, laminar::Device::cuda(1)),
+          view(b.data(), DType::kF16, s6, laminar::Device::cuda(0)), "dst: on cuda:0 but src is on cuda:1");
   const std::int64_t strides[2] = {6, 2};
   auto strided = laminar::TensorView::strided(a.data(), DType::kF32, s23, strides).value();
   refused(strided, view(b.data(), DType::kF16, s23), "src: strides [6, 2] of shape [2, 3] are not dense");

@@ -194,14 +194,16 @@ TEST_CASE("PagedKvCache refuses pools that do not match the layout, naming the p
   const auto good_v = view(v.data(), DType::kBF16, shape);
   REQUIRE(PagedKvCache::create(layout, good_k, good_v).ok());
   const std::int64_t wrong[4] = {6, 4, 2, 128};
-  refused(good_k, view(v.data(), DType::kBF16, wrong), "PagedKvCache: v_pool: shape [6, 4, 2, 128] but the layout gives [6, 4, 2, 64]");
+  refused(good_k, view(v.data(), DType::kBF16, wrong),
+          "PagedKvCache: v_pool: shape [6, 4, 2, 128] but the layout gives [6, 4, 2, 64]");
   const std::int64_t flat[1] = {6 * 4 * 2 * 64};
   refused(view(k.data(), DType::kBF16, flat), good_v, "k_pool: shape [3072] but the layout gives");
   refused(view(k.data(), DType::kF16, shape), good_v, "k_pool: dtype f16 but the layout's is bf16");
   const std::int64_t strides[4] = {4 * 2 * 128, 2 * 128, 128, 1};
   refused(good_k, laminar::TensorView::strided(v.data(), DType::kBF16, shape, strides).value(),
           "v_pool: strides [1024, 256, 128, 1] of shape [6, 4, 2, 64] are not dense");
-  refused(good_k, view(v.data(), DType::kBF16, shape, laminar::Device::cuda(0)), "v_pool: on cuda:0 but k_pool is on cpu:0");
+  refused(good_k, view(v.data(), DType::kBF16, shape, laminar::Device::cuda(0)),
+          "v_pool: on cuda:0 but k_pool is on cpu:0");
   refused(good_k, view(k.data() + 64, DType::kBF16, shape), "v_pool: overlaps k_pool");
   CHECK(PagedKvCache::create({0, 4, 2, 64, DType::kBF16}, good_k, good_v).status().code() ==
         StatusCode::kInvalidArgument);
@@ -221,8 +223,9 @@ TEST_CASE("a paged decode over adopted pools matches the same data in a cache's 
   }
   std::memcpy(own->k_page(0), k.data(), elems * sizeof(float));
   std::memcpy(own->v_page(0), v.data(), elems * sizeof(float));
-  auto adopted = PagedKvCache::create(layout, laminar::TensorView::contiguous(k.data(), DType::kF32, own->k_pool().shape()).value(),
-                                      laminar::TensorView::contiguous(v.data(), DType::kF32, own->v_pool().shape()).value());
+  auto adopted =
+      PagedKvCache::create(layout, laminar::TensorView::contiguous(k.data(), DType::kF32, own->k_pool().shape()).value(),
+                           laminar::TensorView::contiguous(v.data(), DType::kF32, own->v_pool().shape()).value());
   REQUIRE(adopted.ok());
   const std::int64_t qshape[3] = {2, 4, 64};
   std::vector<float> q(2 * 4 * 64);

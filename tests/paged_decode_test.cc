@@ -644,7 +644,8 @@ TEST_CASE("paged decode from tensors refuses each kind of mismatch, naming the t
     // max_kv_len has to be given.
     const auto gpu = laminar::Device::cuda(0);
     ProblemViews v(pb, true);
-    for (TensorView* t : {&v.t.q, &v.t.out, &v.t.k_pages, &v.t.v_pages, &v.t.indptr, &v.t.indices, &v.t.last_page_len}) {
+    for (TensorView* t :
+         {&v.t.q, &v.t.out, &v.t.k_pages, &v.t.v_pages, &v.t.indptr, &v.t.indices, &v.t.last_page_len}) {
       *t = dense(t->data(), t->dtype(), {t->shape().begin(), t->shape().end()}, gpu);
     }
     v.t.lse = dense(v.t.lse->data(), DType::kF32, {2, 4}, gpu);

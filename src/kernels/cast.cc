@@ -55,7 +55,8 @@ Result<CastParams> CastParams::from_tensors(const TensorView& src, const TensorV
   LAMINAR_RETURN_IF_ERROR(tensor_args::expect_dense("cast", "dst", dst));
   for (const auto& [name, v] : {std::pair<const char*, const TensorView&>{"src", src}, {"dst", dst}}) {
     if (!is_float(v.dtype())) {
-      return tensor_args::mismatch("cast", name, fmt::format("dtype {} but f32, f16 or bf16 is needed", dtype_name(v.dtype())));
+      return tensor_args::mismatch("cast", name,
+                                   fmt::format("dtype {} but f32, f16 or bf16 is needed", dtype_name(v.dtype())));
     }
   }
   CastParams p;

@@ -172,7 +172,9 @@ Status check_params(const PagedDecodeParams& p) {
     return invalid_argument(fmt::format("paged_decode: negative count (num_rows {}, batch {}, max_kv_len {})", p.num_rows,
                                         p.table.batch, p.max_kv_len));
   }
-  if (p.cpu_threads < 0) return invalid_argument(fmt::format("paged_decode: cpu_threads is negative ({})", p.cpu_threads));
+  if (p.cpu_threads < 0) {
+    return invalid_argument(fmt::format("paged_decode: cpu_threads is negative ({})", p.cpu_threads));
+  }
   if (p.qo_indptr == nullptr && p.num_rows != p.table.batch) {
     return invalid_argument(
         fmt::format("paged_decode: decode needs num_rows == batch, got {} and {}", p.num_rows, p.table.batch));
@@ -237,7 +239,8 @@ Result<PagedDecodeParams> PagedDecodeParams::from_tensors(const PagedDecodeTenso
   const bool on_device = where.on_device();
 
   // The pools fix the layout; every other tensor is checked against them.
-  LAMINAR_RETURN_IF_ERROR(ta::expect_ndim(k, "k_pages", t.k_pages, 4, "[num_pages, page_size, num_kv_heads, head_dim]"));
+  LAMINAR_RETURN_IF_ERROR(
+      ta::expect_ndim(k, "k_pages", t.k_pages, 4, "[num_pages, page_size, num_kv_heads, head_dim]"));
   LAMINAR_RETURN_IF_ERROR(ta::expect_like(k, "v_pages", t.v_pages, "k_pages", t.k_pages));
   LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, "k_pages", t.k_pages));
   LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, "v_pages", t.v_pages));
@@ -281,10 +284,11 @@ Result<PagedDecodeParams> PagedDecodeParams::from_tensors(const PagedDecodeTenso
   if (batch >= std::numeric_limits<std::int32_t>::max()) {
     return ta::mismatch(k, "last_page_len", fmt::format("batch {} does not fit int32", batch));
   }
-  const auto index_vector = [&](const char* name, const TensorView& v, std::int64_t n, const char* source,
+  // A 1-D index tensor, of length batch + 1 where `batch_plus_one` says so.
+  const auto index_vector = [&](const char* name, const TensorView& v, bool batch_plus_one,
                                 std::vector<std::int32_t>* copy) -> Result<const std::int32_t*> {
     LAMINAR_RETURN_IF_ERROR(ta::expect_ndim(k, name, v, 1, "a 1-D index tensor"));
-    if (n >= 0) LAMINAR_RETURN_IF_ERROR(ta::expect_dim(k, name, v, 0, n, source));
+    if (batch_plus_one) LAMINAR_RETURN_IF_ERROR(ta::expect_dim(k, name, v, 0, batch + 1, "last_page_len (batch + 1)"));
     LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, name, v));
     return ta::int32_indices(k, name, v, on_device, copy);
   };
@@ -292,16 +296,15 @@ Result<PagedDecodeParams> PagedDecodeParams::from_tensors(const PagedDecodeTenso
     return index_copies != nullptr ? &(index_copies->*member) : nullptr;
   };
   p.table.batch = std::int32_t(batch);
-  LAMINAR_ASSIGN_OR_RETURN(p.table.last_page_len, index_vector("last_page_len", t.last_page_len, batch, "",
+  LAMINAR_ASSIGN_OR_RETURN(p.table.last_page_len, index_vector("last_page_len", t.last_page_len, false,
                                                                copy_of(&PagedDecodeIndexCopies::last_page_len)));
-  LAMINAR_ASSIGN_OR_RETURN(p.table.indptr, index_vector("indptr", t.indptr, batch + 1, "last_page_len (batch + 1)",
+  LAMINAR_ASSIGN_OR_RETURN(p.table.indptr, index_vector("indptr", t.indptr, true,
                                                         copy_of(&PagedDecodeIndexCopies::indptr)));
   LAMINAR_ASSIGN_OR_RETURN(p.table.indices,
-                           index_vector("indices", t.indices, -1, "", copy_of(&PagedDecodeIndexCopies::indices)));
+                           index_vector("indices", t.indices, false, copy_of(&PagedDecodeIndexCopies::indices)));
   if (t.qo_indptr) {
-    LAMINAR_ASSIGN_OR_RETURN(p.qo_indptr, index_vector("qo_indptr", *t.qo_indptr, batch + 1,
-                                                       "last_page_len (batch + 1)",
-                                                       copy_of(&PagedDecodeIndexCopies::qo_indptr)));
+    LAMINAR_ASSIGN_OR_RETURN(p.qo_indptr,
+                             index_vector("qo_indptr", *t.qo_indptr, true, copy_of(&PagedDecodeIndexCopies::qo_indptr)));
   } else if (t.q.dim(0) != batch) {
     return ta::mismatch(k, "q", fmt::format("{} rows but last_page_len holds {} sequences (decode: one row each; "
                                             "prefill needs qo_indptr)", t.q.dim(0), batch));
@@ -317,7 +320,10 @@ Result<PagedDecodeParams> PagedDecodeParams::from_tensors(const PagedDecodeTenso
   } else if (!on_device) {
     LAMINAR_RETURN_IF_ERROR(validate(p.table, p.kv.layout).with_context("paged_decode"));
     for (std::int32_t b = 0; b < p.table.batch; ++b) {
-      p.max_kv_len = std::int32_t(std::max<std::int64_t>(p.max_kv_len, sequence_length(p.table, b, p.kv.layout.page_size)));
+      const std::int64_t len = sequence_length(p.table, b, p.kv.layout.page_size);
+      // A length beyond int32 is clamped, so can_implement names the sequence that exceeds it.
+      p.max_kv_len = std::int32_t(std::min<std::int64_t>(std::max<std::int64_t>(p.max_kv_len, len),
+                                                         std::numeric_limits<std::int32_t>::max()));
     }
   } else if (p.num_rows > 0) {
     return invalid_argument("paged_decode: max_kv_len must be given for tensors on a CUDA device (the page table is in "

@@ -437,18 +437,20 @@ Result<SamplingParams> SamplingParams::from_tensors(const SamplingTensors& t) {
   LAMINAR_RETURN_IF_ERROR(sampling_detail::logits_shape(k, t.logits, &p.batch, &p.vocab, &p.row_stride));
   p.logits = t.logits.data();
   p.logits_dtype = t.logits.dtype();
-  LAMINAR_ASSIGN_OR_RETURN(p.temperature, optional_row_vector<const float>(k, "temperature", t.temperature, p.batch, DType::kF32));
-  LAMINAR_ASSIGN_OR_RETURN(p.top_k, optional_row_vector<const std::int32_t>(k, "top_k", t.top_k, p.batch, DType::kI32));
-  LAMINAR_ASSIGN_OR_RETURN(p.top_p, optional_row_vector<const float>(k, "top_p", t.top_p, p.batch, DType::kF32));
-  LAMINAR_ASSIGN_OR_RETURN(p.min_p, optional_row_vector<const float>(k, "min_p", t.min_p, p.batch, DType::kF32));
+  const std::int64_t b = p.batch;
+  LAMINAR_ASSIGN_OR_RETURN(p.temperature,
+                           optional_row_vector<const float>(k, "temperature", t.temperature, b, DType::kF32));
+  LAMINAR_ASSIGN_OR_RETURN(p.top_k, optional_row_vector<const std::int32_t>(k, "top_k", t.top_k, b, DType::kI32));
+  LAMINAR_ASSIGN_OR_RETURN(p.top_p, optional_row_vector<const float>(k, "top_p", t.top_p, b, DType::kF32));
+  LAMINAR_ASSIGN_OR_RETURN(p.min_p, optional_row_vector<const float>(k, "min_p", t.min_p, b, DType::kF32));
   // An int64_t read through uint64_t is the same bits (signed and unsigned variants may alias).
-  LAMINAR_ASSIGN_OR_RETURN(p.seed, row_vector<const std::uint64_t>(k, "seed", t.seed, p.batch, DType::kI64));
-  LAMINAR_ASSIGN_OR_RETURN(p.position, row_vector<const std::int64_t>(k, "position", t.position, p.batch, DType::kI64));
-  LAMINAR_ASSIGN_OR_RETURN(p.token, row_vector<std::int32_t>(k, "token", t.token, p.batch, DType::kI32));
-  LAMINAR_ASSIGN_OR_RETURN(p.raw_logprob, optional_row_vector<float>(k, "raw_logprob", t.raw_logprob, p.batch, DType::kF32));
+  LAMINAR_ASSIGN_OR_RETURN(p.seed, row_vector<const std::uint64_t>(k, "seed", t.seed, b, DType::kI64));
+  LAMINAR_ASSIGN_OR_RETURN(p.position, row_vector<const std::int64_t>(k, "position", t.position, b, DType::kI64));
+  LAMINAR_ASSIGN_OR_RETURN(p.token, row_vector<std::int32_t>(k, "token", t.token, b, DType::kI32));
+  LAMINAR_ASSIGN_OR_RETURN(p.raw_logprob, optional_row_vector<float>(k, "raw_logprob", t.raw_logprob, b, DType::kF32));
   LAMINAR_ASSIGN_OR_RETURN(p.processed_logprob,
-                           optional_row_vector<float>(k, "processed_logprob", t.processed_logprob, p.batch, DType::kF32));
-  LAMINAR_ASSIGN_OR_RETURN(p.kept_mass, optional_row_vector<float>(k, "kept_mass", t.kept_mass, p.batch, DType::kF32));
+                           optional_row_vector<float>(k, "processed_logprob", t.processed_logprob, b, DType::kF32));
+  LAMINAR_ASSIGN_OR_RETURN(p.kept_mass, optional_row_vector<float>(k, "kept_mass", t.kept_mass, b, DType::kF32));
   LAMINAR_RETURN_IF_ERROR(can_implement(p, sampling_detail::stream_for(where)));
   return p;
 }

@@ -120,7 +120,8 @@ inline Result<const std::int32_t*> int32_indices(const char* kernel, const char*
                                                  bool on_device, std::vector<std::int32_t>* storage) {
   if (v.dtype() == DType::kI32) return v.data_as<const std::int32_t>();
   if (v.dtype() != DType::kI64) {
-    return mismatch(kernel, name, fmt::format("dtype {} but i32 (or i64 on the host) is needed", dtype_name(v.dtype())));
+    return mismatch(kernel, name,
+                    fmt::format("dtype {} but i32 (or i64 on the host) is needed", dtype_name(v.dtype())));
   }
   if (on_device) {
     return mismatch(kernel, name,

@@ -106,8 +106,9 @@ std::size_t workspace_bytes(const PagedDecodeParams& p);
 
 // kInvalidArgument naming the field for: head_dim not 64/128, dtype not f32/f16/bf16, group size
 // not 1/2/4/8, null pointers where data is needed, negative cpu_threads, non-finite or
-// non-positive sm_scale, negative counts, decode with num_rows != batch. On the host the page table (and qo_indptr) is checked
-// too: indices in range, lengths <= max_kv_len, prefill rows within their sequences. On a CUDA
+// non-positive sm_scale, negative counts, decode with num_rows != batch. On the host the page
+// table (and qo_indptr) is checked too: indices in range, lengths <= max_kv_len, prefill rows within
+// their sequences. On a CUDA
 // stream those live in device memory and are the caller's responsibility.
 Status can_implement(const PagedDecodeParams& p, Stream stream);
 // Rows of length 0 give out = 0 and lse = -inf. On Stream::host() runs now on cpu_threads threads;
