@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
     p.token = tokens.data();
     p.raw_logprob = raw.data();
     p.processed_logprob = processed.data();
-    p.num_threads = threads;
+    p.cpu_threads = threads;
     bool ok = true;
     const auto ours = laminar::bench::measure([&] { ok = ok && laminar::kernels::run(p, laminar::Stream::host()).ok(); },
                                               {1, 7});
