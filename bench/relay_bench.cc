@@ -33,7 +33,7 @@
 
 #include "harness.h"
 #include "laminar/local_relay.h"
-#include "laminar/relay_chain.h"
+#include "laminar/relay_node.h"
 #include "laminar/relay_store.h"
 #include "laminar/weight_puller.h"
 #include "process.h"

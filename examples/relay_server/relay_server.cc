@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "laminar/local_relay.h"
-#include "laminar/relay_chain.h"
+#include "laminar/relay_node.h"
 #include "laminar/weight_puller.h"
 
 namespace {

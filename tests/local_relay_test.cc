@@ -283,7 +283,7 @@ TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail ove
   // A pull stopped half way, then its relay dies: pulling again resumes on the next relay at the
   // byte it stopped at (bytes already copied are marked, and must stay marked).
   const std::uint64_t seed = std::random_device{}();
-  std::printf("relay_local_test cancel seed %llu\n", static_cast<unsigned long long>(seed));
+  std::printf("local_relay_test cancel seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937 rng(std::uint32_t(seed & 0xffffffffu));
   Engine engine;
   std::optional<WeightPuller::StoppedPull> stopped;

@@ -1,4 +1,4 @@
-#include "laminar/relay_chain.h"
+#include "laminar/relay_node.h"
 
 #include <fmt/format.h>
 

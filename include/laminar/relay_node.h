@@ -1,4 +1,4 @@
-// relay_chain.h: RelayNode, one relay of the chain that spreads weight versions across processes.
+// relay_node.h: RelayNode, one relay of the chain that spreads weight versions across processes.
 //
 // A RelayNode serves a RelayStore over laminar's transport and, unless it is the head (the actor's
 // node), feeds that store from an upstream relay. Downstream nodes subscribe; the upstream pushes
@@ -56,7 +56,7 @@ struct RelayChainOptions {
   // Upstream relays in order of preference; empty for the head of the chain.
   std::vector<std::string> upstreams;
   // Chunks sent to each subscriber and not yet confirmed checked by it (the bytes of one chunk are
-  // in flight at a time; see relay_chain.cc).
+  // in flight at a time; see relay_node.cc).
   std::uint32_t window = 4;
   // How long a subscriber waits to connect before trying the next upstream.
   std::chrono::milliseconds connect_timeout{2000};

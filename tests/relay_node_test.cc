@@ -57,7 +57,7 @@ std::string received(std::uint64_t n) { return "received " + std::to_string(n) +
 
 }  // namespace
 
-TEST_CASE("actor, a chain of 4 relays and 2 pullers: every relay and puller gets every byte", "[relay_chain]") {
+TEST_CASE("actor, a chain of 4 relays and 2 pullers: every relay and puller gets every byte", "[relay_node]") {
   ChildProcess actor = start({"--actor", "--versions", "2", "--interval-ms", "1500"});
   std::string up = listening(actor);
   std::vector<ChildProcess> relays;
@@ -90,7 +90,7 @@ TEST_CASE("actor, a chain of 4 relays and 2 pullers: every relay and puller gets
 }
 
 TEST_CASE("a relay killed mid-broadcast: the chain re-forms and the version still reaches everyone",
-          "[relay_chain]") {
+          "[relay_node]") {
   ChildProcess actor = start({"--actor", "--versions", "1"});
   const std::string a = listening(actor);
   const std::string digest = expect_line(actor, "published 1 ");
@@ -118,7 +118,7 @@ TEST_CASE("a relay killed mid-broadcast: the chain re-forms and the version stil
   stop(actor);
 }
 
-TEST_CASE("a corrupt chunk on the wire is refused, resent, and never served", "[relay_chain]") {
+TEST_CASE("a corrupt chunk on the wire is refused, resent, and never served", "[relay_node]") {
   ChildProcess actor = start({"--actor", "--versions", "1"});
   const std::string a = listening(actor);
   const std::string digest = expect_line(actor, "published 1 ");
@@ -136,7 +136,7 @@ TEST_CASE("a corrupt chunk on the wire is refused, resent, and never served", "[
   stop(actor);
 }
 
-TEST_CASE("a relay that joins late gets the newest version", "[relay_chain]") {
+TEST_CASE("a relay that joins late gets the newest version", "[relay_node]") {
   ChildProcess actor = start({"--actor", "--versions", "3"});
   const std::string a = listening(actor);
   expect_line(actor, "published 1 ");
@@ -152,7 +152,7 @@ TEST_CASE("a relay that joins late gets the newest version", "[relay_chain]") {
 }
 
 TEST_CASE("a puller whose relay dies mid-pull fails over and resumes from the last verified chunk",
-          "[relay_chain]") {
+          "[relay_node]") {
   ChildProcess actor = start({"--actor", "--versions", "1"});
   const std::string a = listening(actor);
   const std::string digest = expect_line(actor, "published 1 ");
