@@ -438,7 +438,7 @@ struct LocalRelayServer::Impl {
     switch (internal::LocalRequest(type)) {
       case internal::LocalRequest::kLatest: {
         std::vector<std::byte> payload;
-        const std::optional<Version> v = store->latest_version();
+        const std::optional<Version> v = store->newest_version();
         internal::put_u64(payload, v ? 1 : 0);
         internal::put_u64(payload, v ? v->value() : 0);
         return reply(c, internal::LocalReply::kLatestIs, payload, -1);

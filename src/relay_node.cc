@@ -330,7 +330,7 @@ struct RelayNode::Impl {
       // subscribers are still served what is already here.
       if (stats.chunks_received >= options.stall_after_chunks) return;
     }
-    const bool had = store->latest_version() == ver;
+    const bool had = store->newest_version() == ver;
     Status st = store->seal_in_place(ver, *i, *h);
     if (st.code() == StatusCode::kDataLoss) emit({RelayEvent::Kind::kChunkRejected, ver, *i, {}});
     if (!st.ok()) {
@@ -342,7 +342,7 @@ struct RelayNode::Impl {
       ++stats.chunks_received;
     }
     (void)in.from.reply(in, Message{kChunk, {}});
-    if (!had && store->latest_version() == ver) emit({RelayEvent::Kind::kCommitted, ver, 0, {}});
+    if (!had && store->newest_version() == ver) emit({RelayEvent::Kind::kCommitted, ver, 0, {}});
   }
 
   void subscribe_loop() {
@@ -355,7 +355,7 @@ struct RelayNode::Impl {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         continue;
       }
-      const std::optional<Version> have = store->latest_version();
+      const std::optional<Version> have = store->newest_version();
       Writer w;
       w.put<std::uint8_t>(have ? 1 : 0);
       w.put<std::uint64_t>(have ? have->value() : 0);

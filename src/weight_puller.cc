@@ -46,7 +46,7 @@ namespace {
 class StoreSource final : public PullSource {
  public:
   explicit StoreSource(std::shared_ptr<RelayStore> store) : store_(std::move(store)) {}
-  std::optional<Version> latest() override { return store_->latest_version(); }
+  std::optional<Version> latest() override { return store_->newest_version(); }
   Result<std::shared_ptr<PulledVersion>> acquire(Version v) override {
     auto h = store_->acquire(v);
     LAMINAR_RETURN_IF_ERROR(h.status());

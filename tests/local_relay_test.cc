@@ -178,7 +178,7 @@ TEST_CASE("local relay: a puller in another process gets every byte through shar
   WeightPullerOptions o;
   o.verify_checksums = true;
   auto puller = WeightPuller::connect_local({sock}, o).value();
-  CHECK(puller->latest_version() == Version(2));
+  CHECK(puller->newest_version() == Version(2));
   auto d = puller->next_action(false);
   REQUIRE(d.action == laminar::PullAction::kPull);
   CHECK(d.version == Version(2));
@@ -277,7 +277,7 @@ TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail ove
     CHECK(engine.holds(1));
     CHECK(r1.wait(10s).ok());
   }
-  CHECK(puller->latest_version() == Version(1));
+  CHECK(puller->newest_version() == Version(1));
   CHECK(puller->relay() == s2);
 
   // A pull stopped half way, then its relay dies: pulling again resumes on the next relay at the
@@ -325,7 +325,7 @@ TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail ove
   auto st = puller->pull(Version(1), engine.named, false);
   CHECK(st.code() == StatusCode::kUnavailable);
   CHECK_THAT(st.message(), Catch::Contains(s1) && Catch::Contains(s3));
-  CHECK_FALSE(puller->latest_version());
+  CHECK_FALSE(puller->newest_version());
 }
 
 TEST_CASE("local relay: a client killed while holding a lease has it released and the version freed",
@@ -675,7 +675,7 @@ TEST_CASE("local relay: bad socket paths and options are refused up front", "[re
   CHECK(WeightPuller::connect_local({"/tmp/x.sock"}, o).status().code() == StatusCode::kInvalidArgument);
   // Nothing listens: a clear error on use, not at creation.
   auto puller = WeightPuller::connect_local({"/tmp/laminar-no-such-relay.sock"}).value();
-  CHECK_FALSE(puller->latest_version());
+  CHECK_FALSE(puller->newest_version());
   Engine engine;
   auto pst = puller->pull(Version(1), engine.named, false);
   CHECK(pst.code() == StatusCode::kUnavailable);

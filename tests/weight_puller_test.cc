@@ -54,11 +54,11 @@ bool untouched(const std::vector<std::byte>& t) {
 TEST_CASE("pull copies a version into host destinations, byte for byte", "[weight_puller]") {
   auto relay = make_relay();
   auto puller = WeightPuller::create(relay).value();
-  CHECK_FALSE(puller->latest_version());
+  CHECK_FALSE(puller->newest_version());
   CHECK(puller->next_action(false).action == PullAction::kNone);
   publish(*relay, 1);
   publish(*relay, 2);
-  CHECK(puller->latest_version() == Version(2));
+  CHECK(puller->newest_version() == Version(2));
   auto d = puller->next_action(false);
   CHECK(d.action == PullAction::kPull);
   CHECK(d.version == Version(2));

@@ -125,7 +125,7 @@ int run_local_puller(std::vector<std::string> paths, std::size_t mib, std::uint6
   Buffers engine(manifest);
   bool held = false;
   while (!g_stop) {
-    const std::optional<laminar::Version> latest = (*puller)->latest_version();
+    const std::optional<laminar::Version> latest = (*puller)->newest_version();
     if (hold && !held && latest) {
       laminar::Status st = (*puller)->prefetch(*latest);
       if (!st.ok()) {
