@@ -1,7 +1,7 @@
 // relay_bench: the relay tier against plain memory copies of the same bytes, in the same run.
 //   relay_publish_stall: time publish() keeps the actor (copy out of its memory; hashing and commit
 //     happen behind it) vs memcpy of the weight set into an already-touched buffer.
-//   relay_pull_host_cross_process: WeightPuller::pull (connect_local) from a relay in another process
+//   relay_pull_host_cross_process: WeightPuller::pull (create_local) from a relay in another process
 //     on this host, through its LocalRelayServer and shared memory, into host destinations, vs
 //     memcpy of the same bytes. Each pull pays the whole path: request, grant, mapping, copy,
 //     unmapping and release.
@@ -195,7 +195,7 @@ int run_shm_relay(const std::string& socket, std::size_t mib) {
   laminar::RelayStoreOptions so;
   so.shareable = true;
   auto store = laminar::RelayStore::create(so).value();
-  auto server = laminar::LocalRelayServer::start(store, socket);
+  auto server = laminar::LocalRelayServer::create(store, socket);
   check(server.status(), "local relay server");
   std::printf("serving %s\n", socket.c_str());
   std::fflush(stdout);
@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
   {
     Peer relay({"shm-relay", socket, std::to_string(mib)});
     relay.expect("serving ");
-    auto puller = laminar::WeightPuller::connect_local({socket}).value();
+    auto puller = laminar::WeightPuller::create_local({socket}).value();
     // A fresh version every round, published (outside the timing) while no pull runs, as a relay
     // does between a rollout's pulls. Two warm-up rounds: afterwards the relay writes each version
     // into the buffer of a freed one, as in steady state.

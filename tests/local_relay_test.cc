@@ -1,5 +1,5 @@
 // Same-host pulls through shared memory across real processes: relays are examples/relay_server
-// with --shm (a LocalRelayServer), the puller is WeightPuller::connect_local in this process, or a
+// with --shm (a LocalRelayServer), the puller is WeightPuller::create_local in this process, or a
 // relay_server --local child where the test needs a puller it can kill. Every pulled byte is checked
 // against the relay's workload; fault cases: a relay killed mid-pull and after a stopped pull
 // (failover, resume), a client killed holding a lease, malformed requests, and a fake relay in this
@@ -177,7 +177,7 @@ TEST_CASE("local relay: a puller in another process gets every byte through shar
   ChildProcess relay = start_relay(sock, 2);
   WeightPullerOptions o;
   o.verify_checksums = true;
-  auto puller = WeightPuller::connect_local({sock}, o).value();
+  auto puller = WeightPuller::create_local({sock}, o).value();
   CHECK(puller->newest_version() == Version(2));
   auto d = puller->next_action(false);
   REQUIRE(d.action == laminar::PullAction::kPull);
@@ -213,7 +213,7 @@ TEST_CASE("local relay: successive versions, written into recycled relay buffers
   TempDir dir;
   const std::string sock = dir.socket("r");
   ChildProcess relay = start_relay(sock, 1, {"--publish-on-usr1"});
-  auto puller = WeightPuller::connect_local({sock}).value();
+  auto puller = WeightPuller::create_local({sock}).value();
   Engine engine;
   const std::size_t maps_before = memfd_mappings();
   for (std::uint64_t v = 1; v <= 5; ++v) {
@@ -236,7 +236,7 @@ TEST_CASE("local relay: prefetch holds a lease across newer versions and swap re
   ChildProcess relay = start_relay(sock, 1, {"--publish-on-usr1"});
   WeightPullerOptions o;
   o.policy = laminar::PullPolicy::kPrefetchThenSwap;
-  auto puller = WeightPuller::connect_local({sock}, o).value();
+  auto puller = WeightPuller::create_local({sock}, o).value();
   auto d = puller->next_action(/*has_live_trajectory=*/true);
   REQUIRE(d.action == laminar::PullAction::kPrefetch);
   REQUIRE(puller->prefetch(d.version).ok());
@@ -262,7 +262,7 @@ TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail ove
   ChildProcess r3 = start_relay(s3, 1);
   WeightPullerOptions o;
   o.copy_chunk_bytes = 4096;  // many chunk boundaries where a cancel can land
-  auto puller = WeightPuller::connect_local({s1, s2, s3}, o).value();
+  auto puller = WeightPuller::create_local({s1, s2, s3}, o).value();
 
   // The relay dies once it has granted the lease, while its memory is being copied: the mapping
   // keeps the pages, so the pull still delivers every byte.
@@ -340,7 +340,7 @@ TEST_CASE("local relay: a client killed while holding a lease has it released an
   expect_line(relay, "published 2 ");
   // v1 is still held for the client, so a pull of it works.
   Engine engine;
-  auto puller = WeightPuller::connect_local({sock}).value();
+  auto puller = WeightPuller::create_local({sock}).value();
   REQUIRE(puller->pull(Version(1), engine.named, false).ok());
   CHECK(engine.holds(1));
   CHECK_THAT(expect_line(relay, "released 1 "), Catch::EndsWith("released held 2"));
@@ -438,7 +438,7 @@ TEST_CASE("local relay: malformed requests are refused and the relay keeps servi
   CHECK_THAT(expect_line(relay, "released 1 "), Catch::Contains("disconnected"));
   // Still serving.
   Engine engine;
-  auto puller = WeightPuller::connect_local({sock}).value();
+  auto puller = WeightPuller::create_local({sock}).value();
   REQUIRE(puller->pull(Version(1), engine.named, false).ok());
   CHECK(engine.holds(1));
   stop(relay);
@@ -646,7 +646,7 @@ TEST_CASE("local relay: truncated, corrupt or unsafe replies are clear errors an
       const std::size_t fds_before = open_fds();
       const std::size_t maps_before = memfd_mappings();
       {
-        auto puller = WeightPuller::connect_local({sock}, o).value();
+        auto puller = WeightPuller::create_local({sock}, o).value();
         laminar::Status st;
         {
           FakeRelay fake(sock, k.reply);
@@ -665,36 +665,36 @@ TEST_CASE("local relay: truncated, corrupt or unsafe replies are clear errors an
 }
 
 TEST_CASE("local relay: bad socket paths and options are refused up front", "[relay_local]") {
-  CHECK(WeightPuller::connect_local({}).status().code() == StatusCode::kInvalidArgument);
-  CHECK(WeightPuller::connect_local({""}).status().code() == StatusCode::kInvalidArgument);
-  auto st = WeightPuller::connect_local({std::string(200, 'x')}).status();
+  CHECK(WeightPuller::create_local({}).status().code() == StatusCode::kInvalidArgument);
+  CHECK(WeightPuller::create_local({""}).status().code() == StatusCode::kInvalidArgument);
+  auto st = WeightPuller::create_local({std::string(200, 'x')}).status();
   CHECK(st.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(st.message(), Catch::Contains("socket path"));
   WeightPullerOptions o;
   o.relay_timeout = 0ms;
-  CHECK(WeightPuller::connect_local({"/tmp/x.sock"}, o).status().code() == StatusCode::kInvalidArgument);
+  CHECK(WeightPuller::create_local({"/tmp/x.sock"}, o).status().code() == StatusCode::kInvalidArgument);
   // Nothing listens: a clear error on use, not at creation.
-  auto puller = WeightPuller::connect_local({"/tmp/laminar-no-such-relay.sock"}).value();
+  auto puller = WeightPuller::create_local({"/tmp/laminar-no-such-relay.sock"}).value();
   CHECK_FALSE(puller->newest_version());
   Engine engine;
   auto pst = puller->pull(Version(1), engine.named, false);
   CHECK(pst.code() == StatusCode::kUnavailable);
   CHECK_THAT(pst.message(), Catch::Contains("/tmp/laminar-no-such-relay.sock"));
 
-  auto plain = laminar::RelayStore::create({}).value();
-  auto refused = laminar::LocalRelayServer::start(plain, "/tmp/x.sock").status();
+  std::shared_ptr<laminar::RelayStore> plain = laminar::RelayStore::create({}).value();
+  auto refused = laminar::LocalRelayServer::create(plain, "/tmp/x.sock").status();
   CHECK(refused.code() == StatusCode::kFailedPrecondition);
   CHECK_THAT(refused.message(), Catch::Contains("shareable"));
   laminar::RelayStoreOptions so;
   so.shareable = true;
-  auto store = laminar::RelayStore::create(so).value();
-  CHECK(laminar::LocalRelayServer::start(nullptr, "/tmp/x.sock").status().code() == StatusCode::kInvalidArgument);
-  CHECK(laminar::LocalRelayServer::start(store, std::string(200, 'y')).status().code() ==
+  std::shared_ptr<laminar::RelayStore> store = laminar::RelayStore::create(so).value();
+  CHECK(laminar::LocalRelayServer::create(nullptr, "/tmp/x.sock").status().code() == StatusCode::kInvalidArgument);
+  CHECK(laminar::LocalRelayServer::create(store, std::string(200, 'y')).status().code() ==
         StatusCode::kInvalidArgument);
   TempDir dir;
   const std::string sock = dir.socket("s");
-  auto server = laminar::LocalRelayServer::start(store, sock).value();
-  auto again = laminar::LocalRelayServer::start(store, sock);
+  auto server = laminar::LocalRelayServer::create(store, sock).value();
+  auto again = laminar::LocalRelayServer::create(store, sock);
   CHECK(again.status().code() == StatusCode::kAlreadyExists);
   server.reset();
   CHECK(access(sock.c_str(), F_OK) != 0);  // removed on stop

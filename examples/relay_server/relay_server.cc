@@ -116,7 +116,7 @@ int run_local_puller(std::vector<std::string> paths, std::size_t mib, std::uint6
                      bool hold) {
   laminar::WeightPullerOptions po;
   if (hold) po.policy = laminar::PullPolicy::kPrefetchThenSwap;
-  auto puller = laminar::WeightPuller::connect_local(std::move(paths), po);
+  auto puller = laminar::WeightPuller::create_local(std::move(paths), po);
   if (!puller.ok()) {
     std::fprintf(stderr, "relay_server: %s\n", puller.status().to_string().c_str());
     return 1;
@@ -213,11 +213,12 @@ int main(int argc, char** argv) {
     return usage();
   }
   so.shareable = !shm.empty();
-  auto store = laminar::RelayStore::create(so);
-  if (!store.ok()) {
-    std::fprintf(stderr, "relay_server: %s\n", store.status().to_string().c_str());
+  auto created = laminar::RelayStore::create(so);
+  if (!created.ok()) {
+    std::fprintf(stderr, "relay_server: %s\n", created.status().to_string().c_str());
     return 1;
   }
+  std::shared_ptr<laminar::RelayStore> store = std::move(*created);
   std::atomic<std::uint64_t> committed{0};
   o.on_event = [&](const laminar::RelayEvent& e) {
     using K = laminar::RelayEvent::Kind;
@@ -228,14 +229,14 @@ int main(int argc, char** argv) {
         say("rejected " + std::to_string(e.version.value()) + " " + std::to_string(e.chunk));
         break;
       case K::kCommitted: {
-        auto h = (*store)->acquire(e.version);
+        auto h = store->acquire(e.version);
         if (h.ok() && !pull) say("committed " + std::to_string(e.version.value()) + " " + digest(*h));
         committed = e.version.value();
         break;
       }
     }
   };
-  auto node = laminar::RelayNode::start(*store, o);
+  auto node = laminar::RelayNode::start(store, o);
   if (!node.ok()) {
     std::fprintf(stderr, "relay_server: %s\n", node.status().to_string().c_str());
     return 1;
@@ -253,12 +254,12 @@ int main(int argc, char** argv) {
         case K::kReleased:
           say("released " + std::to_string(e.version.value()) + " " + pid +
               (e.disconnected ? " disconnected" : " released") + " held " +
-              std::to_string((*store)->stats().versions_held));
+              std::to_string(store->stats().versions_held));
           break;
         case K::kRefused: say("refused " + pid + " " + e.detail); break;
       }
     };
-    auto server = laminar::LocalRelayServer::start(*store, shm, lo);
+    auto server = laminar::LocalRelayServer::create(store, shm, lo);
     if (!server.ok()) {
       std::fprintf(stderr, "relay_server: %s\n", server.status().to_string().c_str());
       return 1;
@@ -273,14 +274,14 @@ int main(int argc, char** argv) {
   const auto publish_next = [&]() -> bool {
     const std::uint64_t v = ++published;
     fill(weights->data, seed, v);
-    laminar::Status st = (*store)->publish(laminar::Version(v), manifest, weights->named);
-    if (st.ok()) st = (*store)->wait_for_version(laminar::Version(v), std::chrono::seconds(60));
+    laminar::Status st = store->publish(laminar::Version(v), manifest, weights->named);
+    if (st.ok()) st = store->wait_for_version(laminar::Version(v), std::chrono::seconds(60));
     if (!st.ok()) {
       std::fprintf(stderr, "relay_server: publish %llu: %s\n", static_cast<unsigned long long>(v),
                    st.to_string().c_str());
       return false;
     }
-    say("published " + std::to_string(v) + " " + digest((*store)->acquire(laminar::Version(v)).value()));
+    say("published " + std::to_string(v) + " " + digest(store->acquire(laminar::Version(v)).value()));
     committed = v;
     return true;
   };
@@ -295,7 +296,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<laminar::WeightPuller> puller;
   std::unique_ptr<Buffers> engine;
   if (pull) {
-    puller = laminar::WeightPuller::create(*store).value();
+    puller = laminar::WeightPuller::create(store).value();
     engine = std::make_unique<Buffers>(manifest);
   }
   while (!g_stop) {

@@ -5,7 +5,7 @@
 // async copies on a stream when CUDA is present. The bytes go straight from the relay's memory
 // into the destination (one copy, no staging). Where the relay lives:
 //   - create(): a RelayStore in this process.
-//   - connect_local(): relay processes on the same host, each serving its store with a
+//   - create_local(): relay processes on the same host, each serving its store with a
 //     LocalRelayServer (local_relay.h) on a Unix domain socket. The relay hands over the version's
 //     sealed memfd; the puller maps it read-only and copies from the mapping, holding a lease (the
 //     relay keeps the version) until the pull ends. Given several sockets, a relay that is gone,
@@ -21,8 +21,12 @@
 // name a subset of the tensors: a tensor-parallel shard receives only its bytes. A pull stopped by
 // cancel() resumes where it stopped when called again with the same version and destinations.
 //
+// Threads: none of its own. Every call runs on the caller's thread, and one thread at a time uses a
+// puller, except cancel(), which another thread may call during a pull. Waits for a local relay's
+// answers read WeightPullerOptions::clock.
+//
 //   auto puller = laminar::WeightPuller::create(relay).value();
-//   // or: laminar::WeightPuller::connect_local({"/run/laminar/relay0.sock", "/run/laminar/relay1.sock"})
+//   // or: laminar::WeightPuller::create_local({"/run/laminar/relay0.sock", "/run/laminar/relay1.sock"})
 //   laminar::NamedTensor dst[] = {{"w", engine_w}};         // engine_w: f32[1024, 1024], host
 //   auto d = puller->next_action(/*has_live_trajectory=*/false);
 //   if (d.action == laminar::PullAction::kPull) {
@@ -30,8 +34,6 @@
 //   }
 #pragma once
 
-#include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -39,17 +41,13 @@
 #include <string>
 #include <vector>
 
+#include "laminar/clock.h"
 #include "laminar/relay_store.h"
 #include "laminar/relay_versions.h"
 #include "laminar/status.h"
 #include "laminar/types.h"
 
 namespace laminar {
-
-namespace internal {
-class PullSource;
-struct PulledVersion;
-}  // namespace internal
 
 struct WeightPullerOptions {
   PullPolicy policy = PullPolicy::kWhenIdle;
@@ -62,8 +60,10 @@ struct WeightPullerOptions {
   std::uint64_t copy_chunk_bytes = 4ull << 20;
   // Stream for copies into device memory (the legacy default stream when null).
   Stream device_stream = Stream::cuda(nullptr);
-  // connect_local: how long one answer from a relay may take before it counts as gone.
-  std::chrono::milliseconds relay_timeout{10000};
+  // create_local: how long one answer from a relay may take before it counts as gone.
+  Duration relay_timeout = std::chrono::seconds(10);
+  // Time of relay_timeout (null: Clock::steady()).
+  std::shared_ptr<Clock> clock;
 };
 
 class WeightPuller {
@@ -75,18 +75,18 @@ class WeightPuller {
   // answers, in order. Connects on first use, so the relays may start later. kInvalidArgument for an
   // empty list, a path that does not fit a socket address, a zero relay_timeout, or options create()
   // refuses.
-  static Result<std::unique_ptr<WeightPuller>> connect_local(std::vector<std::string> socket_paths,
-                                                             WeightPullerOptions options = {});
+  static Result<std::unique_ptr<WeightPuller>> create_local(std::vector<std::string> socket_paths,
+                                                            WeightPullerOptions options = {});
   ~WeightPuller();
   WeightPuller(const WeightPuller&) = delete;
   WeightPuller& operator=(const WeightPuller&) = delete;
 
   // Newest version the relay has committed; nullopt also when no local relay answers.
-  std::optional<Version> latest_version() const;
+  std::optional<Version> newest_version() const;
   // The relay requests go to now: "this process", or a local relay's socket path.
   std::string relay() const;
   // Version the destinations hold after the last completed pull or swap.
-  std::optional<Version> current_version() const noexcept { return current_; }
+  std::optional<Version> current_version() const noexcept;
   // Version reserved by prefetch() and not swapped in yet.
   std::optional<Version> prefetched_version() const;
   // What to do next, by next_pull() in relay_versions.h.
@@ -96,7 +96,7 @@ class WeightPuller {
   // Preconditions, each answered with an error naming the value (destinations untouched):
   //   no live trajectory (kFailedPrecondition);
   //   v held and committed by the relay (kNotFound, or kUnavailable while it arrives);
-  //   (connect_local) a relay that answers: kUnavailable naming each relay and why it failed, a
+  //   (create_local) a relay that answers: kUnavailable naming each relay and why it failed, a
   //   malformed answer or memory descriptor among them;
   //   at least one destination, each named once and present in v's manifest (kInvalidArgument /
   //   kNotFound), with the manifest's dtype and shape, dense row-major (kInvalidArgument);
@@ -115,7 +115,7 @@ class WeightPuller {
 
   // Stops the pull running on another thread at its next chunk boundary; a cancel that arrives
   // before the pull starts is lost. The only method that may be called concurrently with others.
-  void cancel() noexcept { cancel_requested_.store(true); }
+  void cancel() noexcept;
 
   // Where the last cancelled pull stopped, until a pull completes.
   struct StoppedPull {
@@ -125,35 +125,9 @@ class WeightPuller {
   std::optional<StoppedPull> stopped_pull() const;
 
  private:
-  struct Target {
-    const WeightManifest::Entry* entry;
-    TensorView view;
-  };
-  // Where a cancelled pull stopped: the version (and a digest of its checksums, so a pull resumed
-  // on another relay only continues over the same bytes), the destinations, and how far it got.
-  struct Progress {
-    Version version;
-    std::uint64_t fingerprint = 0;
-    std::vector<std::pair<std::string, void*>> destinations;
-    std::size_t target = 0;
-    std::uint64_t offset = 0;
-    std::uint64_t bytes_done = 0;
-  };
-
-  WeightPuller(std::unique_ptr<internal::PullSource> source, WeightPullerOptions options);
-  static Status check_options(const WeightPullerOptions& options);
-  Result<std::vector<Target>> check_destinations(const internal::PulledVersion& h,
-                                                 std::span<const NamedTensor> destinations) const;
-  Status verify(const internal::PulledVersion& h, const std::vector<Target>& targets) const;
-  Status copy_into(const internal::PulledVersion& h, std::span<const NamedTensor> destinations,
-                   const std::vector<Target>& targets);
-
-  std::unique_ptr<internal::PullSource> source_;
-  WeightPullerOptions options_;
-  std::optional<Version> current_;
-  std::shared_ptr<internal::PulledVersion> prefetched_;
-  std::optional<Progress> progress_;
-  std::atomic<bool> cancel_requested_{false};
+  struct Impl;
+  explicit WeightPuller(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace laminar
