@@ -15,10 +15,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <optional>
 #include <random>
 #include <string>
@@ -30,6 +32,7 @@
 #include "local_relay_wire.h"
 #include "expect_line.h"
 #include "process.h"
+#include "relay_test_util.h"
 
 using namespace std::chrono_literals;
 using laminar::NamedTensor;
@@ -289,8 +292,14 @@ TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail ove
   std::optional<WeightPuller::StoppedPull> stopped;
   for (int attempt = 0; attempt < 200 && !stopped; ++attempt) {
     laminar::Status st;
-    std::thread t([&] { st = puller->pull(Version(1), engine.named, false); });
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
+    std::atomic<bool> started{false};
+    std::thread t([&] {
+      started = true;
+      st = puller->pull(Version(1), engine.named, false);
+    });
+    while (!started) std::this_thread::yield();
+    // A random cancel point: some attempts stop the pull half way, which is what is looked for.
+    for (std::uint32_t k = rng() % 20000; k > 0; --k) std::this_thread::yield();
     puller->cancel();
     t.join();
     if (st.code() == StatusCode::kCancelled) {
@@ -637,7 +646,6 @@ TEST_CASE("local relay: truncated, corrupt or unsafe replies are clear errors an
          (void)send(c, h.data(), h.size(), MSG_NOSIGNAL);
        },
        StatusCode::kDataLoss, "unknown status code 200"},
-      {"silence", [](int) { std::this_thread::sleep_for(1500ms); }, StatusCode::kDeadlineExceeded, "in time"},
   };
   WeightPullerOptions o;
   o.relay_timeout = 500ms;
@@ -662,6 +670,34 @@ TEST_CASE("local relay: truncated, corrupt or unsafe replies are clear errors an
       for (const auto& t : engine.data) CHECK(t[0] == 0xABABABABu);
     }
   }
+}
+
+TEST_CASE("local relay: a silent relay is given up after relay_timeout on the puller's clock", "[relay_local]") {
+  TempDir dir;
+  const std::string sock = dir.socket("silent");
+  Engine engine;
+  auto clock = std::make_shared<laminar::ManualClock>();
+  WeightPullerOptions o;
+  o.relay_timeout = 500ms;
+  o.clock = clock;
+  auto puller = WeightPuller::create_local({sock}, o).value();
+  std::promise<void> hang_up;
+  auto hang_up_f = hang_up.get_future().share();
+  FakeRelay fake(sock, [hang_up_f](int) { hang_up_f.wait(); });  // reads the request, answers nothing
+  auto pulled = std::async(std::launch::async, [&] {
+    const laminar::Duration start = clock->now();
+    laminar::Status st = puller->pull(Version(1), engine.named, false);
+    return std::make_pair(st, clock->now() - start);
+  });
+  const bool ended = laminar::testing::advance_until_ready(*clock, pulled, 50ms, 10000);
+  hang_up.set_value();
+  REQUIRE(ended);
+  const auto [st, took] = pulled.get();
+  INFO(st.to_string());
+  CHECK(st.code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(st.message(), Catch::Contains("in time") && Catch::Contains(sock));
+  CHECK(took >= 500ms);
+  CHECK_FALSE(puller->current_version());
 }
 
 TEST_CASE("local relay: bad socket paths and options are refused up front", "[relay_local]") {
