@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <random>
 #include <set>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "process.h"
+#include "relay_test_util.h"
 #include "remote_trajectory_protocol.h"
 
 using laminar::BatchSpec;
@@ -35,13 +37,13 @@ namespace {
 
 const char* kToken = "remote-queue-test-token-0123456789";
 
-Transport make_transport() {
+std::shared_ptr<Transport> make_transport() {
   laminar::TransportOptions o;
   o.cluster_token = kToken;
   o.operation_timeout = 10s;
   auto t = Transport::create(o);
   REQUIRE(t.ok());
-  return std::move(t).value();
+  return std::make_shared<Transport>(std::move(t).value());
 }
 
 void expect_code(const laminar::Status& st, StatusCode code, const char* needle) {
@@ -52,15 +54,17 @@ void expect_code(const laminar::Status& st, StatusCode code, const char* needle)
 
 // A queue served over the transport, and a client transport to reach it.
 struct Served {
-  Transport server_tr = make_transport();
-  std::string addr = server_tr.listen("127.0.0.1", 0).value();
+  std::shared_ptr<Transport> server_tr = make_transport();
+  std::string addr = server_tr->listen("127.0.0.1", 0).value();
   std::unique_ptr<TrajectoryQueueServer> server;
-  Transport client_tr = make_transport();
+  std::shared_ptr<Transport> client_tr = make_transport();
 
-  explicit Served(TrajectoryQueue& q, laminar::QueueServerOptions o = {})
-      : server(TrajectoryQueueServer::start(server_tr, q, o).value()) {}
-  laminar::Endpoint connect() { return client_tr.connect(addr).value(); }
-  std::unique_ptr<RemoteProducer> producer() { return RemoteProducer::connect(connect()).value(); }
+  explicit Served(std::shared_ptr<TrajectoryQueue> q, laminar::QueueServerOptions o = {})
+      : server(TrajectoryQueueServer::create(server_tr, std::move(q), std::move(o)).value()) {}
+  laminar::Endpoint connect() { return client_tr->connect(addr).value(); }
+  std::unique_ptr<RemoteProducer> producer(laminar::RemoteProducerOptions o = {}) {
+    return RemoteProducer::create(client_tr, addr, std::move(o)).value();
+  }
 };
 
 template <class F>
@@ -77,10 +81,10 @@ bool eventually(F f) {
 TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote]") {
   QueueOptions qo;
   qo.capacity_trajectories = 3;
-  auto queue = TrajectoryQueue::open(qo).value();
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::open(qo).value();
   laminar::QueueServerOptions so;
   so.credits_per_producer = 2;
-  Served served(*queue, so);
+  Served served(queue, so);
   auto producer = served.producer();
   CHECK(producer->credits_granted() == 2);
 
@@ -136,10 +140,49 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
   CHECK(st.malformed == 0);
 }
 
+TEST_CASE("remote push timeouts run on the clocks: the producer's for a credit, the server's for a held push",
+          "[remote][clock]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  QueueOptions qo;
+  qo.capacity_trajectories = 1;
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::open(qo).value();
+  laminar::QueueServerOptions so;
+  so.credits_per_producer = 1;
+  so.clock = clock;
+  Served served(queue, so);
+  laminar::RemoteProducerOptions po;
+  po.clock = clock;
+  auto producer = served.producer(po);
+  REQUIRE(producer->push(laminar::test_remote::make(1)).ok());  // the queue is full now
+
+  using Timed = std::pair<laminar::Status, laminar::Duration>;
+  auto timed_push = [&](std::uint64_t id, laminar::Duration timeout) {
+    const laminar::Duration start = clock->now();
+    laminar::Status st = producer->push(laminar::test_remote::make(id), PushOptions::with_timeout(timeout));
+    return Timed(st, clock->now() - start);
+  };
+  // Held by the server, with the only credit, until the server's clock passes its timeout.
+  std::future<Timed> held = std::async(std::launch::async, timed_push, 2, std::chrono::seconds(1000));
+  REQUIRE(eventually([&] { return served.server->stats().held == 1; }));
+  // Waits for that credit on the producer's clock.
+  std::future<Timed> no_credit = std::async(std::launch::async, timed_push, 3, std::chrono::seconds(5));
+  REQUIRE(laminar::testing::advance_until_ready(*clock, no_credit, std::chrono::seconds(1), 500));
+  const Timed c = no_credit.get();
+  expect_code(c.first, StatusCode::kDeadlineExceeded, "no credit free");
+  CHECK(c.second >= std::chrono::seconds(5));
+  CHECK(held.wait_for(0s) == std::future_status::timeout);
+  REQUIRE(laminar::testing::advance_until_ready(*clock, held, std::chrono::seconds(50), 500));
+  const Timed h = held.get();
+  expect_code(h.first, StatusCode::kDeadlineExceeded, "stayed full");
+  CHECK(h.second >= std::chrono::seconds(1000));
+  CHECK(producer->credits_free() == 1);
+  CHECK(queue->stats().pushed == 1);
+}
+
 TEST_CASE("remote push: malformed and truncated messages are refused, the server keeps serving",
           "[remote][bad-input]") {
-  auto queue = TrajectoryQueue::open(QueueOptions{}).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::open(QueueOptions{}).value();
+  Served served(queue);
   auto ep = served.connect();
 
   expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, "short")).status(),
@@ -161,14 +204,19 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   CHECK(queue->stats().pushed == 1);
   laminar::QueueServerOptions no_credit;
   no_credit.credits_per_producer = 0;
-  Transport other = make_transport();
-  expect_code(TrajectoryQueueServer::start(other, *queue, no_credit).status(), StatusCode::kInvalidArgument,
-              "credits_per_producer");
+  expect_code(TrajectoryQueueServer::create(make_transport(), queue, no_credit).status(),
+              StatusCode::kInvalidArgument, "credits_per_producer");
+  expect_code(TrajectoryQueueServer::create(nullptr, queue).status(), StatusCode::kInvalidArgument, "transport");
+  expect_code(TrajectoryQueueServer::create(make_transport(), nullptr).status(), StatusCode::kInvalidArgument,
+              "queue");
+  expect_code(RemoteProducer::create(nullptr, served.addr).status(), StatusCode::kInvalidArgument, "transport");
+  expect_code(RemoteProducer::create(served.client_tr, laminar::Endpoint()).status(), StatusCode::kInvalidArgument,
+              "not connected");
 }
 
 TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones moved from", "[remote]") {
-  auto queue = TrajectoryQueue::open(QueueOptions{}).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::open(QueueOptions{}).value();
+  Served served(queue);
   auto producer = served.producer();
   REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
 
@@ -214,8 +262,8 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
 TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fails as asked", "[remote]") {
   QueueOptions qo;
   qo.capacity_trajectories = 3;
-  auto queue = TrajectoryQueue::open(qo).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::open(qo).value();
+  Served served(queue);
   auto producer = served.producer();
   auto make_many = [](std::uint64_t first, std::uint64_t n) {
     std::vector<Trajectory> ts;
@@ -257,8 +305,8 @@ TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fai
 
 TEST_CASE("remote push_many: a malformed message is refused whole, the server keeps serving",
           "[remote][bad-input]") {
-  auto queue = TrajectoryQueue::open(QueueOptions{}).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::open(QueueOptions{}).value();
+  Served served(queue);
   auto ep = served.connect();
 
   // The documented layout: a 24-byte header (magic, mode, padding, timeout, count, padding), then
@@ -312,10 +360,9 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
 
 TEST_CASE("remote push_many to a vanished server: each trajectory gets the error, none is moved from",
           "[remote][bad-input]") {
-  auto queue = TrajectoryQueue::open(QueueOptions{}).value();
-  auto served = std::make_unique<Served>(*queue);
-  Transport client_tr = make_transport();
-  auto producer = RemoteProducer::connect(client_tr.connect(served->addr).value()).value();
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::open(QueueOptions{}).value();
+  auto served = std::make_unique<Served>(queue);
+  auto producer = RemoteProducer::create(make_transport(), served->addr).value();
   std::vector<Trajectory> first(2);
   first[0] = laminar::test_remote::make(1);
   first[1] = laminar::test_remote::make(2);
@@ -344,14 +391,14 @@ TEST_CASE("remote push_many into a queue with wal_fsync: the records survive a r
   qo.wal_path = path;
   qo.wal_fsync = true;
   {
-    auto queue = TrajectoryQueue::open(qo).value();
-    Served served(*queue);
+    std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::open(qo).value();
+    Served served(queue);
     auto producer = served.producer();
     std::vector<Trajectory> ts;
     for (std::uint64_t id = 1; id <= 8; ++id) ts.push_back(laminar::test_remote::make(id));
     for (const laminar::Status& s : producer->push_many(ts)) REQUIRE(s.ok());
   }
-  auto reopened = TrajectoryQueue::open(qo).value();
+  std::shared_ptr<TrajectoryQueue> reopened = TrajectoryQueue::open(qo).value();
   CHECK(reopened->recovery().recovered == 8);
   BatchSpec spec;
   spec.max_trajectories = 8;
@@ -369,8 +416,8 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
   std::mt19937 rng(seed);
   QueueOptions qo;
   qo.capacity_trajectories = 32;  // small: the child's pushes wait for the consumer below
-  auto queue = TrajectoryQueue::open(qo).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::open(qo).value();
+  Served served(queue);
 
   // The consumer: pops, checks every byte against the id, acks.
   std::atomic<bool> stop{false};
