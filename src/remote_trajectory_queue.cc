@@ -10,7 +10,13 @@
 #include <thread>
 #include <utility>
 
+#include "transport/protocol.h"
+
 namespace laminar {
+using internal::kQueueHelloMessage;
+using internal::kQueuePushManyMessage;
+using internal::kQueuePushMessage;
+
 namespace {
 
 constexpr std::uint32_t kProtocol = 1;
@@ -361,18 +367,25 @@ Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::start(Tran
   if (options.credits_per_producer == 0) return invalid_argument("QueueServerOptions: credits_per_producer is 0");
   auto impl = std::make_shared<Impl>(transport, queue, options);
   impl->worker = std::thread([raw = impl.get()] { raw->run(); });
-  transport.on_message(kQueueHelloMessage, [impl](Incoming in) { impl->on_hello(in); });
-  transport.on_message(kQueuePushMessage, [impl](Incoming in) { impl->on_push(std::move(in)); });
-  transport.on_message(kQueuePushManyMessage, [impl](Incoming in) { impl->on_push_many(std::move(in)); });
+  // The types are laminar's own, in the reserved range: registering them cannot fail.
+  LAMINAR_CHECK(
+      internal::on_protocol_message(transport, kQueueHelloMessage, [impl](Incoming in) { impl->on_hello(in); })
+          .ok());
+  LAMINAR_CHECK(internal::on_protocol_message(transport, kQueuePushMessage,
+                                              [impl](Incoming in) { impl->on_push(std::move(in)); })
+                    .ok());
+  LAMINAR_CHECK(internal::on_protocol_message(transport, kQueuePushManyMessage,
+                                              [impl](Incoming in) { impl->on_push_many(std::move(in)); })
+                    .ok());
   return std::unique_ptr<TrajectoryQueueServer>(new TrajectoryQueueServer(std::move(impl)));
 }
 
 TrajectoryQueueServer::TrajectoryQueueServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TrajectoryQueueServer::~TrajectoryQueueServer() {
-  impl_->transport.on_message(kQueueHelloMessage, {});
-  impl_->transport.on_message(kQueuePushMessage, {});
-  impl_->transport.on_message(kQueuePushManyMessage, {});
+  (void)internal::on_protocol_message(impl_->transport, kQueueHelloMessage, {});
+  (void)internal::on_protocol_message(impl_->transport, kQueuePushMessage, {});
+  (void)internal::on_protocol_message(impl_->transport, kQueuePushManyMessage, {});
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     impl_->stopping = true;
@@ -426,7 +439,7 @@ struct RemoteProducer::Impl {
 Result<std::unique_ptr<RemoteProducer>> RemoteProducer::connect(Endpoint endpoint,
                                                                 std::chrono::milliseconds timeout) {
   if (!endpoint.valid()) return invalid_argument("RemoteProducer::connect: endpoint is not connected");
-  Result<Message> r = endpoint.request(Message{kQueueHelloMessage, {}}, timeout);
+  Result<Message> r = internal::request_protocol(endpoint, Message{kQueueHelloMessage, {}}, timeout);
   if (!r.ok()) return r.status().with_context("queue handshake");
   if (r->type != kQueueHelloMessage || r->body.size() != 8) {
     return data_loss(fmt::format("queue handshake: answer of type {:#x} with {} bytes", r->type, r->body.size()));
@@ -458,9 +471,9 @@ namespace {
 
 // What is left of a push's timeout `o` begun at `start`, and how long its request may take: the
 // server answers kDeadlineExceeded itself, and the slack covers the round trip.
-std::pair<std::int64_t, std::chrono::milliseconds> request_limits(const PushOptions& o,
-                                                                  std::chrono::steady_clock::time_point start) {
-  if (o.mode == PushMode::kFailFast) return {0, kDefaultTimeout};
+std::pair<std::int64_t, std::optional<Duration>> request_limits(const PushOptions& o,
+                                                               std::chrono::steady_clock::time_point start) {
+  if (o.mode == PushMode::kFailFast) return {0, std::nullopt};
   if (o.mode == PushMode::kBlock) return {0, kBlockingRequestTimeout};
   const auto left = std::max(o.timeout - (std::chrono::steady_clock::now() - start), Clock::Duration::zero());
   return {left.count(), std::chrono::duration_cast<std::chrono::milliseconds>(left) + std::chrono::seconds(5)};
@@ -505,7 +518,7 @@ std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOpti
     const PushManyHeader h{kPushManyMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns,
                            std::uint32_t(chunk.size()), 0};
     std::memcpy(bytes.data(), &h, sizeof(h));
-    Result<Message> r = impl_->ep.request(
+    Result<Message> r = internal::request_protocol(impl_->ep, 
         Message::from_bytes(kQueuePushManyMessage, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))),
         request_timeout);
     impl_->give_back();
@@ -535,7 +548,7 @@ Status RemoteProducer::push(Trajectory&& t, PushOptions options) {
   const PushHeader h{kPushMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns};
   std::memcpy(bytes.data(), &h, sizeof(h));
   encode_trajectory(t, bytes);
-  Result<Message> r = impl_->ep.request(
+  Result<Message> r = internal::request_protocol(impl_->ep, 
       Message::from_bytes(kQueuePushMessage, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))),
       request_timeout);
   impl_->give_back();

@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "producer: %s\n", transport.status().to_string().c_str());
     return 2;
   }
-  auto ep = transport->connect(argv[1]);
+  auto ep = (*transport)->connect(argv[1]);
   if (!ep.ok()) {
     std::fprintf(stderr, "producer: %s\n", ep.status().to_string().c_str());
     return 2;

@@ -19,6 +19,7 @@
 
 #include "process.h"
 #include "remote_trajectory_protocol.h"
+#include "transport/protocol.h"
 
 using laminar::BatchSpec;
 using laminar::PushOptions;
@@ -29,13 +30,16 @@ using laminar::Trajectory;
 using laminar::TrajectoryQueue;
 using laminar::TrajectoryQueueServer;
 using laminar::Transport;
+using laminar::internal::kQueuePushManyMessage;
+using laminar::internal::kQueuePushMessage;
+using laminar::internal::request_protocol;
 using namespace std::chrono_literals;
 
 namespace {
 
 const char* kToken = "remote-queue-test-token-0123456789";
 
-Transport make_transport() {
+std::unique_ptr<Transport> make_transport() {
   laminar::TransportOptions o;
   o.cluster_token = kToken;
   o.operation_timeout = 10s;
@@ -52,14 +56,14 @@ void expect_code(const laminar::Status& st, StatusCode code, const char* needle)
 
 // A queue served over the transport, and a client transport to reach it.
 struct Served {
-  Transport server_tr = make_transport();
-  std::string addr = server_tr.listen("127.0.0.1", 0).value();
+  std::unique_ptr<Transport> server_tr = make_transport();
+  std::string addr = server_tr->listen("127.0.0.1", 0).value();
   std::unique_ptr<TrajectoryQueueServer> server;
-  Transport client_tr = make_transport();
+  std::unique_ptr<Transport> client_tr = make_transport();
 
   explicit Served(TrajectoryQueue& q, laminar::QueueServerOptions o = {})
-      : server(TrajectoryQueueServer::start(server_tr, q, o).value()) {}
-  laminar::Endpoint connect() { return client_tr.connect(addr).value(); }
+      : server(TrajectoryQueueServer::start(*server_tr, q, o).value()) {}
+  laminar::Endpoint connect() { return client_tr->connect(addr).value(); }
   std::unique_ptr<RemoteProducer> producer() { return RemoteProducer::connect(connect()).value(); }
 };
 
@@ -142,9 +146,9 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   Served served(*queue);
   auto ep = served.connect();
 
-  expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, "short")).status(),
+  expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, "short")).status(),
               StatusCode::kDataLoss, "shorter than its 16-byte header");
-  expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, std::string(40, 'x'))).status(),
+  expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, std::string(40, 'x'))).status(),
               StatusCode::kDataLoss, "bad magic");
   // A real push message cut short, as a producer dying mid-send would leave it if it ever arrived.
   std::string body(16, '\0');
@@ -152,17 +156,17 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   std::memcpy(body.data(), &magic, 4);
   laminar::encode_trajectory(laminar::test_remote::make(7), body);
   for (std::size_t cut : {body.size() - 1, body.size() / 2, std::size_t(17)}) {
-    expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, body.substr(0, cut))).status(),
+    expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, body.substr(0, cut))).status(),
                 StatusCode::kDataLoss, "encoded trajectory");
   }
   CHECK(served.server->stats().malformed == 5);
   CHECK(queue->stats().pushed == 0);
-  REQUIRE(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, body)).ok());
+  REQUIRE(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, body)).ok());
   CHECK(queue->stats().pushed == 1);
   laminar::QueueServerOptions no_credit;
   no_credit.credits_per_producer = 0;
-  Transport other = make_transport();
-  expect_code(TrajectoryQueueServer::start(other, *queue, no_credit).status(), StatusCode::kInvalidArgument,
+  std::unique_ptr<Transport> other = make_transport();
+  expect_code(TrajectoryQueueServer::start(*other, *queue, no_credit).status(), StatusCode::kInvalidArgument,
               "credits_per_producer");
 }
 
@@ -280,7 +284,7 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
   laminar::encode_trajectory(laminar::test_remote::make(2), two[1]);
   const std::string good = message(magic, 2, two);
   auto send = [&](const std::string& body) {
-    return ep.request(laminar::Message::from_string(laminar::kQueuePushManyMessage, body));
+    return request_protocol(ep, laminar::Message::from_string(kQueuePushManyMessage, body));
   };
 
   expect_code(send(good.substr(0, 20)).status(), StatusCode::kDataLoss, "shorter than its 24-byte header");
@@ -314,8 +318,8 @@ TEST_CASE("remote push_many to a vanished server: each trajectory gets the error
           "[remote][bad-input]") {
   auto queue = TrajectoryQueue::open(QueueOptions{}).value();
   auto served = std::make_unique<Served>(*queue);
-  Transport client_tr = make_transport();
-  auto producer = RemoteProducer::connect(client_tr.connect(served->addr).value()).value();
+  std::unique_ptr<Transport> client_tr = make_transport();
+  auto producer = RemoteProducer::connect(client_tr->connect(served->addr).value()).value();
   std::vector<Trajectory> first(2);
   first[0] = laminar::test_remote::make(1);
   first[1] = laminar::test_remote::make(2);
