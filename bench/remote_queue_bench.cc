@@ -50,7 +50,7 @@ std::shared_ptr<laminar::Transport> make_transport() {
   o.operation_timeout = 60s;
   auto t = laminar::Transport::create(o);
   if (!t.ok()) die("transport", t.status());
-  return std::make_shared<laminar::Transport>(std::move(t).value());
+  return std::move(t).value();
 }
 
 // Trajectories [first, first + n): group (id - 1) / 8, as a rollout engine returns a prompt's samples.

@@ -9,17 +9,20 @@
 #include <mutex>
 #include <thread>
 
+#include "transport/protocol.h"
+
 namespace laminar {
 
 namespace {
 
-// Message types of the relay protocol ("RLY" + kind).
-constexpr MessageType kSubscribe = 0x524c5901;  // downstream -> upstream: u8 has, u64 newest committed
+// Message types of the relay protocol (reserved range, transport/protocol.h).
+// downstream -> upstream: u8 has, u64 newest committed.
+constexpr MessageType kSubscribe = internal::kRelaySubscribeMessage;
 // upstream -> downstream: u64 v, u64 chunk_bytes, manifest JSON. Reply: u32 n, u32 missing[n], the
 // downstream's RemoteRegion for v's buffer (the upstream puts the missing chunks straight into it).
-constexpr MessageType kBegin = 0x524c5902;
+constexpr MessageType kBegin = internal::kRelayBeginMessage;
 // upstream -> downstream, after the put of chunk i completed: u64 v, u32 i, u64 xxh3.
-constexpr MessageType kChunk = 0x524c5903;
+constexpr MessageType kChunk = internal::kRelayChunkMessage;
 
 // Little-endian packing of the few integers the protocol carries.
 class Writer {
@@ -64,7 +67,7 @@ class Reader {
 struct RelayNode::Impl {
   std::shared_ptr<RelayStore> store;
   RelayChainOptions options;
-  std::optional<Transport> transport;
+  std::unique_ptr<Transport> transport;
 
   std::atomic<bool> stopping{false};
   mutable std::mutex mu;  // guards everything below
@@ -138,7 +141,7 @@ struct RelayNode::Impl {
     w.put<std::uint64_t>(info->plan.chunk_bytes());
     const std::string json = info->manifest.to_json();
     w.put_bytes(std::as_bytes(std::span(json)));
-    auto reply = ep.request(Message{kBegin, w.take()});
+    auto reply = internal::request_protocol(ep, Message{kBegin, w.take()});
     if (!reply.ok()) return ep.status().ok();  // refused (e.g. it holds something newer): skip v
     Reader r(reply->body, "begin reply");
     auto count = r.get<std::uint32_t>();
@@ -179,7 +182,7 @@ struct RelayNode::Impl {
         todo.push_front(p.i);
         return true;
       }
-      confirms.push_back({p.i, ep.request_async(chunk_done(v, p.i, p.checksum))});
+      confirms.push_back({p.i, internal::request_protocol_async(ep, chunk_done(v, p.i, p.checksum))});
       return true;
     };
     auto settle_confirm = [&]() -> bool {
@@ -359,7 +362,7 @@ struct RelayNode::Impl {
       Writer w;
       w.put<std::uint8_t>(have ? 1 : 0);
       w.put<std::uint64_t>(have ? have->value() : 0);
-      if (!ep->request(Message{kSubscribe, w.take()}).ok()) {
+      if (!internal::request_protocol(*ep, Message{kSubscribe, w.take()}).ok()) {
         ep->close();
         ++k;
         continue;
@@ -393,11 +396,18 @@ Result<std::unique_ptr<RelayNode>> RelayNode::start(std::shared_ptr<RelayStore> 
   impl->options = std::move(options);
   auto t = Transport::create(impl->options.transport);
   LAMINAR_RETURN_IF_ERROR(t.status().with_context("relay node"));
-  impl->transport.emplace(std::move(*t));
+  impl->transport = std::move(*t);
   Impl* p = impl.get();
-  impl->transport->on_message(kSubscribe, [p](Incoming in) { p->on_subscribe(std::move(in)); });
-  impl->transport->on_message(kBegin, [p](Incoming in) { p->on_begin(std::move(in)); });
-  impl->transport->on_message(kChunk, [p](Incoming in) { p->on_chunk(std::move(in)); });
+  // The types are laminar's own, in the reserved range: registering them cannot fail.
+  LAMINAR_CHECK(
+      internal::on_protocol_message(*impl->transport, kSubscribe, [p](Incoming in) { p->on_subscribe(std::move(in)); })
+          .ok());
+  LAMINAR_CHECK(
+      internal::on_protocol_message(*impl->transport, kBegin, [p](Incoming in) { p->on_begin(std::move(in)); })
+          .ok());
+  LAMINAR_CHECK(
+      internal::on_protocol_message(*impl->transport, kChunk, [p](Incoming in) { p->on_chunk(std::move(in)); })
+          .ok());
   auto addr = impl->transport->listen(impl->options.listen_host, impl->options.listen_port);
   LAMINAR_RETURN_IF_ERROR(addr.status().with_context("relay node"));
   std::unique_ptr<RelayNode> node(new RelayNode(std::move(impl)));

@@ -11,8 +11,13 @@
 #include <utility>
 
 #include "clock_wait.h"
+#include "transport/protocol.h"
 
 namespace laminar {
+using internal::kQueueHelloMessage;
+using internal::kQueuePushManyMessage;
+using internal::kQueuePushMessage;
+
 namespace {
 
 constexpr std::uint32_t kProtocol = 1;
@@ -21,8 +26,9 @@ constexpr std::size_t kPushHeaderBytes = 16;
 // While the queue is full, held pushes are retried this often (on the server's clock). The queue
 // tells nobody when room frees, and blocking in it would leave the server unstoppable.
 constexpr Duration kRetryEvery = std::chrono::milliseconds(1);
-// A blocking push has no deadline of its own; the request still needs one.
-constexpr auto kBlockingRequestTimeout = std::chrono::hours(24);
+// A timed push's request may take this much longer than the push's own timeout: the server
+// answers kDeadlineExceeded itself, and the slack covers the round trip.
+constexpr Duration kRequestSlack = std::chrono::seconds(5);
 
 struct PushHeader {
   std::uint32_t magic;
@@ -376,18 +382,25 @@ Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::create(std
     raw->cv.notify_all();
   });
   impl->worker = std::thread([raw = impl.get()] { raw->run(); });
-  impl->transport->on_message(kQueueHelloMessage, [impl](Incoming in) { impl->on_hello(in); });
-  impl->transport->on_message(kQueuePushMessage, [impl](Incoming in) { impl->on_push(std::move(in)); });
-  impl->transport->on_message(kQueuePushManyMessage, [impl](Incoming in) { impl->on_push_many(std::move(in)); });
+  // The types are laminar's own, in the reserved range: registering them cannot fail.
+  LAMINAR_CHECK(internal::on_protocol_message(*impl->transport, kQueueHelloMessage,
+                                              [impl](Incoming in) { impl->on_hello(in); })
+                    .ok());
+  LAMINAR_CHECK(internal::on_protocol_message(*impl->transport, kQueuePushMessage,
+                                              [impl](Incoming in) { impl->on_push(std::move(in)); })
+                    .ok());
+  LAMINAR_CHECK(internal::on_protocol_message(*impl->transport, kQueuePushManyMessage,
+                                              [impl](Incoming in) { impl->on_push_many(std::move(in)); })
+                    .ok());
   return std::unique_ptr<TrajectoryQueueServer>(new TrajectoryQueueServer(std::move(impl)));
 }
 
 TrajectoryQueueServer::TrajectoryQueueServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TrajectoryQueueServer::~TrajectoryQueueServer() {
-  impl_->transport->on_message(kQueueHelloMessage, {});
-  impl_->transport->on_message(kQueuePushMessage, {});
-  impl_->transport->on_message(kQueuePushManyMessage, {});
+  (void)internal::on_protocol_message(*impl_->transport, kQueueHelloMessage, {});
+  (void)internal::on_protocol_message(*impl_->transport, kQueuePushMessage, {});
+  (void)internal::on_protocol_message(*impl_->transport, kQueuePushManyMessage, {});
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     impl_->stopping = true;
@@ -458,7 +471,7 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(std::shared_ptr<T
     return invalid_argument(fmt::format("RemoteProducer::create: connect_timeout is {} ns",
                                         options.connect_timeout.count()));
   }
-  auto ep = transport->connect(address, std::chrono::ceil<std::chrono::milliseconds>(options.connect_timeout));
+  auto ep = transport->connect(address, options.connect_timeout);
   if (!ep.ok()) return ep.status().with_context(fmt::format("queue server at {}", address));
   return create(std::move(transport), std::move(*ep), std::move(options));
 }
@@ -471,8 +484,7 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(std::shared_ptr<T
     return invalid_argument(fmt::format("RemoteProducer::create: connect_timeout is {} ns",
                                         options.connect_timeout.count()));
   }
-  Result<Message> r = endpoint.request(Message{kQueueHelloMessage, {}},
-                                       std::chrono::ceil<std::chrono::milliseconds>(options.connect_timeout));
+  Result<Message> r = internal::request_protocol(endpoint, Message{kQueueHelloMessage, {}}, options.connect_timeout);
   if (!r.ok()) return r.status().with_context("queue handshake");
   if (r->type != kQueueHelloMessage || r->body.size() != 8) {
     return data_loss(fmt::format("queue handshake: answer of type {:#x} with {} bytes", r->type, r->body.size()));
@@ -508,14 +520,14 @@ std::uint32_t RemoteProducer::credits_free() const {
 
 namespace {
 
-// What is left of a push's timeout `o` begun at `start`, and how long its request may take: the
-// server answers kDeadlineExceeded itself, and the slack covers the round trip.
-std::pair<std::int64_t, std::chrono::milliseconds> request_limits(const PushOptions& o, const Clock& clock,
-                                                                  Duration start) {
-  if (o.mode == PushMode::kFailFast) return {0, kDefaultTimeout};
-  if (o.mode == PushMode::kBlock) return {0, kBlockingRequestTimeout};
-  const auto left = std::max(o.timeout - (clock.now() - start), Clock::Duration::zero());
-  return {left.count(), std::chrono::duration_cast<std::chrono::milliseconds>(left) + std::chrono::seconds(5)};
+// What is left of a push's timeout `o` begun at `start`, and how long its request may take (a
+// blocking push waits as long as the server holds it; a broken link still ends it).
+std::pair<std::int64_t, std::optional<Duration>> request_limits(const PushOptions& o, const Clock& clock,
+                                                                Duration start) {
+  if (o.mode == PushMode::kFailFast) return {0, std::nullopt};
+  if (o.mode == PushMode::kBlock) return {0, kForever};
+  const Duration left = std::max(o.timeout - (clock.now() - start), Duration::zero());
+  return {left.count(), left >= kForever - kRequestSlack ? kForever : left + kRequestSlack};
 }
 
 }  // namespace
@@ -557,7 +569,8 @@ std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOpti
     const PushManyHeader h{kPushManyMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns,
                            std::uint32_t(chunk.size()), 0};
     std::memcpy(bytes.data(), &h, sizeof(h));
-    Result<Message> r = impl_->ep.request(
+    Result<Message> r = internal::request_protocol(
+        impl_->ep,
         Message::from_bytes(kQueuePushManyMessage, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))),
         request_timeout);
     impl_->give_back();
@@ -587,7 +600,8 @@ Status RemoteProducer::push(Trajectory&& t, PushOptions options) {
   const PushHeader h{kPushMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns};
   std::memcpy(bytes.data(), &h, sizeof(h));
   encode_trajectory(t, bytes);
-  Result<Message> r = impl_->ep.request(
+  Result<Message> r = internal::request_protocol(
+      impl_->ep,
       Message::from_bytes(kQueuePushMessage, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))),
       request_timeout);
   impl_->give_back();

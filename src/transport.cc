@@ -34,12 +34,13 @@
 
 #include "laminar/transport.h"
 #include "transport/listen_socket.h"
+#include "transport/protocol.h"
 #include "transport/testing.h"
 #include "transport/wire.h"
 
 namespace laminar::internal {
 
-using Clock = std::chrono::steady_clock;
+using RealTime = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
@@ -53,6 +54,27 @@ constexpr auto kSpinAfterActivity = std::chrono::microseconds(50);
 constexpr auto kCloseGrace = milliseconds(1000);
 
 std::string ucs_text(ucs_status_t s) { return ucs_status_string(s); }
+
+// "250 ms", or "1500 ns" below a millisecond, for error messages.
+std::string duration_text(Duration d) {
+  if (d == kForever) return "forever";
+  if (d >= milliseconds(1)) return fmt::format("{} ms", std::chrono::duration_cast<milliseconds>(d).count());
+  return fmt::format("{} ns", d.count());
+}
+
+bool is_reserved(MessageType type) { return type >= kLaminarMessageTypeFirst; }
+
+Status check_application_type(MessageType type, const char* what) {
+  if (!is_reserved(type)) return ok_status();
+  return invalid_argument(fmt::format("{}: message type {:#x} is in laminar's reserved range (>= {:#x})", what,
+                                      type, kLaminarMessageTypeFirst));
+}
+
+Status check_protocol_type(MessageType type, const char* what) {
+  if (is_reserved(type)) return ok_status();
+  return invalid_argument(fmt::format("{}: message type {:#x} is not in laminar's reserved range (>= {:#x})",
+                                      what, type, kLaminarMessageTypeFirst));
+}
 
 // "host:port" or "[v6]:port" -> sockaddr. kInvalidArgument names what is wrong.
 Result<sockaddr_storage> parse_address(std::string_view address) {
@@ -263,9 +285,9 @@ struct Op {
   bool resolved = false;
   int ucx_inflight = 0;
   bool has_deadline = false;
-  std::set<std::pair<Clock::time_point, std::uint64_t>>::iterator deadline_it;
+  std::set<std::pair<Duration, std::uint64_t>>::iterator deadline_it;
   std::string what;  // "request of type 7 to 10.0.0.2:5000", for timeout messages
-  milliseconds timeout{0};
+  Duration timeout = kForever;
 
   std::promise<Status> status_promise;             // kSend, kRma
   std::promise<Result<Message>> reply_promise;     // kRequest
@@ -280,7 +302,7 @@ struct Op {
 class TransportCore : public std::enable_shared_from_this<TransportCore> {
  public:
   static Result<std::shared_ptr<TransportCore>> create(TransportOptions options);
-  explicit TransportCore(TransportOptions options) : options_(std::move(options)) {}
+  explicit TransportCore(TransportOptions options) : options_(std::move(options)), clock_(options_.clock) {}
   ~TransportCore();
   TransportCore(const TransportCore&) = delete;
   TransportCore& operator=(const TransportCore&) = delete;
@@ -290,24 +312,32 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   ucp_context_h context() const { return context_; }
 
   Result<std::string> listen(std::string_view host, std::uint16_t port);
-  Result<Endpoint> connect(std::string_view address, milliseconds timeout, bool handshake = true);
+  Result<Endpoint> connect(std::string_view address, std::optional<Duration> timeout, bool handshake = true);
   static TransportCore& of(Transport& t) { return *t.core_; }
-  Result<Endpoint> accept(milliseconds timeout);
+  Result<Endpoint> accept(Duration timeout);
   void on_message(MessageType type, MessageHandler handler);
-  Result<Incoming> receive(milliseconds timeout);
+  Result<Incoming> receive(Duration timeout);
   Result<MemoryRegion> map_memory(void* data, std::size_t size, bool allocate);
 
-  std::future<Status> send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame, milliseconds timeout,
+  std::future<Status> send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame, Duration timeout,
                                  std::string what);
   std::future<Result<Message>> request(const std::shared_ptr<EndpointState>& ep, const Message& m,
-                                       milliseconds timeout);
+                                       Duration timeout);
   std::future<Status> rma(const std::shared_ptr<EndpointState>& ep, bool is_put, const MemoryRegion& local,
                           std::size_t local_offset, const RemoteRegion& remote, std::uint64_t remote_offset,
-                          std::size_t length, milliseconds timeout, CompletionCallback done);
+                          std::size_t length, std::optional<Duration> timeout, CompletionCallback done);
   void close_endpoint(const std::shared_ptr<EndpointState>& ep);
 
-  milliseconds resolve_timeout(milliseconds t) const {
-    return t == kDefaultTimeout ? options_.operation_timeout : t;
+  // The deadline of one operation: the options' default, or the caller's (positive, or kForever).
+  static Result<Duration> resolve_timeout(std::optional<Duration> t, Duration fallback, const char* what) {
+    if (!t) return fallback;
+    if (t->count() <= 0) {
+      return invalid_argument(fmt::format("{} timeout of {} ns is not positive", what, t->count()));
+    }
+    return *t;
+  }
+  Result<Duration> operation_timeout(std::optional<Duration> t, const char* what) const {
+    return resolve_timeout(t, options_.operation_timeout, what);
   }
   Status check_body(std::size_t bytes) const {
     if (bytes > options_.max_message_bytes) {
@@ -319,7 +349,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   static Endpoint make_endpoint(std::shared_ptr<EndpointState> s) { return Endpoint(std::move(s)); }
   static const std::shared_ptr<EndpointState>& state_of(const Endpoint& e) { return e.state_; }
   std::future<Status> send_wire(const std::shared_ptr<EndpointState>& ep, std::vector<std::byte> wire,
-                                milliseconds timeout, std::string what);
+                                Duration timeout, std::string what);
 
  private:
   Status start();
@@ -335,7 +365,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void close_listener();
 
   // Progress thread only from here on.
-  Op& new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeout, std::string what);
+  Op& new_op(Op::Kind kind, std::uint64_t ep_id, Duration timeout, std::string what);
   void resolve(Op& op, const Status& s);
   void resolve_reply(Op& op, Result<Message> r);
   void resolve_connect(Op& op, std::shared_ptr<EndpointState> e);
@@ -365,6 +395,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   static void conn_cb(ucp_conn_request_h req, void* arg);
 
   TransportOptions options_;
+  std::shared_ptr<Clock> clock_;  // options_.clock, or the steady clock
   Key key_{};
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -390,7 +421,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::unordered_map<std::uint64_t, std::shared_ptr<EndpointState>> endpoints_;
   std::unordered_map<ucp_ep_h, std::uint64_t> by_handle_;
   std::unordered_map<std::uint64_t, std::unique_ptr<Op>> ops_;
-  std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_;
+  std::set<std::pair<Duration, std::uint64_t>> deadlines_;  // (clock_ time, op id)
   std::vector<ucp_ep_h> to_close_;                 // failed endpoints, closed outside UCX callbacks
   std::vector<void*> closing_;                     // ucp_ep_close_nbx requests in flight
   std::vector<ucp_rkey_h> dead_rkeys_;             // of closed endpoints; destroyed once UCX is idle
@@ -425,12 +456,13 @@ Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions op
   if (options.max_message_bytes == 0) return invalid_argument("max_message_bytes is 0");
   if (options.connect_timeout.count() <= 0) {
     return invalid_argument(
-        fmt::format("connect_timeout {} ms is not positive", options.connect_timeout.count()));
+        fmt::format("connect_timeout of {} ns is not positive", options.connect_timeout.count()));
   }
   if (options.operation_timeout.count() <= 0) {
     return invalid_argument(
-        fmt::format("operation_timeout {} ms is not positive", options.operation_timeout.count()));
+        fmt::format("operation_timeout of {} ns is not positive", options.operation_timeout.count()));
   }
+  if (options.clock == nullptr) options.clock = Clock::steady();
   if (sodium_init() < 0) return unavailable("libsodium failed to initialise");
   auto core = std::make_shared<TransportCore>(std::move(options));
   Status st = core->start();
@@ -626,12 +658,12 @@ void TransportCore::run_commands() {
 int TransportCore::epoll_timeout_ms() const {
   constexpr int kMaxSleepMs = 500;
   if (deadlines_.empty()) return kMaxSleepMs;
-  const auto wait = std::chrono::ceil<milliseconds>(deadlines_.begin()->first - Clock::now()).count();
+  const auto wait = std::chrono::ceil<milliseconds>(deadlines_.begin()->first - clock_->now()).count();
   return static_cast<int>(std::clamp<long long>(wait, 0, kMaxSleepMs));
 }
 
 void TransportCore::progress_loop() {
-  auto last_activity = Clock::now();
+  auto last_activity = RealTime::now();
   while (!stop_.load(std::memory_order_acquire)) {
     run_commands();
     unsigned progressed = 0;
@@ -655,7 +687,7 @@ void TransportCore::progress_loop() {
     if (!dead_rkeys_.empty() && closing_.empty() && ucx_inflight_ == 0) {
       for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
     }
-    const auto now = Clock::now();
+    const auto now = RealTime::now();
     if (progressed > 0) {
       last_activity = now;
       continue;
@@ -686,8 +718,8 @@ void TransportCore::close_listener() {
   // cut before UCX frees the listener, and no new one may complete meanwhile; see
   // transport/listen_socket.h. A client whose handshake falls into this window retries it 1 s on.
   if (listen_fd_ >= 0 && stop_new_connections(listen_fd_)) {
-    const auto give_up = Clock::now() + kCloseGrace;
-    while (Clock::now() < give_up) {
+    const auto give_up = RealTime::now() + kCloseGrace;
+    while (RealTime::now() < give_up) {
       while (ucp_worker_progress(worker_) != 0) {
       }
       if (accept_queue_length(listen_fd_) == 0 && cut_accepted_connections(listen_addr_, refused_peers_) == 0) {
@@ -732,8 +764,8 @@ void TransportCore::teardown_on_progress_thread() {
     void* req = ucp_ep_close_nbx(ep, &p);
     if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
   }
-  const auto give_up = Clock::now() + kCloseGrace;
-  while ((!closing_.empty() || ucx_inflight_ > 0) && Clock::now() < give_up) {
+  const auto give_up = RealTime::now() + kCloseGrace;
+  while ((!closing_.empty() || ucx_inflight_ > 0) && RealTime::now() < give_up) {
     ucp_worker_progress(worker_);
     closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
                                   [](void* r) {
@@ -756,7 +788,7 @@ void TransportCore::teardown_on_progress_thread() {
 // ---------------------------------------------------------------------------------------------
 // Operations (progress thread)
 
-Op& TransportCore::new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeout, std::string what) {
+Op& TransportCore::new_op(Op::Kind kind, std::uint64_t ep_id, Duration timeout, std::string what) {
   auto op = std::make_unique<Op>();
   op->kind = kind;
   op->id = next_op_id_++;
@@ -764,9 +796,13 @@ Op& TransportCore::new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeo
   op->core = this;
   op->what = std::move(what);
   op->timeout = timeout;
-  if (timeout.count() > 0) {
-    op->deadline_it = deadlines_.emplace(Clock::now() + timeout, op->id).first;
-    op->has_deadline = true;
+  if (timeout != kForever) {
+    const Duration now = clock_->now();
+    // A deadline past the clock's range is no deadline.
+    if (timeout < kForever - now) {
+      op->deadline_it = deadlines_.emplace(now + timeout, op->id).first;
+      op->has_deadline = true;
+    }
   }
   Op& ref = *op;
   ops_.emplace(ref.id, std::move(op));
@@ -837,14 +873,14 @@ void TransportCore::resolve_reply(Op& op, Result<Message> r) {
 }
 
 void TransportCore::expire_deadlines() {
-  const auto now = Clock::now();
+  const Duration now = clock_->now();
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     const std::uint64_t id = deadlines_.begin()->second;
     auto it = ops_.find(id);
     LAMINAR_CHECK(it != ops_.end());
     Op& op = *it->second;
     const Status late =
-        deadline_exceeded(fmt::format("{} took longer than {} ms", op.what, op.timeout.count()));
+        deadline_exceeded(fmt::format("{} took longer than {}", op.what, duration_text(op.timeout)));
     auto e = (op.kind == Op::Kind::kConnect || op.kind == Op::Kind::kHandshake) ? find(op.ep_id) : nullptr;
     if (e != nullptr) {
       // A half-open connection is useless; failing the endpoint resolves its handshake op too.
@@ -932,7 +968,7 @@ void TransportCore::start_send(EndpointState& e, Op& op) {
 
 void TransportCore::send_internal(EndpointState& e, const Frame& f) {
   // Handshake frames: fire and forget. Their op has no deadline; a failure shows as an endpoint error.
-  Op& op = new_op(Op::Kind::kHandshake, e.id, milliseconds(0), fmt::format("handshake with {}", e.peer));
+  Op& op = new_op(Op::Kind::kHandshake, e.id, kForever, fmt::format("handshake with {}", e.peer));
   op.buffer = encode_frame(f);
   op.resolved = true;
   start_send(e, op);
@@ -1060,6 +1096,16 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
         }
         if (handler) {
           handler(std::move(in));
+          return;
+        }
+        if (is_reserved(in.message.type)) {
+          // A laminar protocol this process does not run: receive() is the application's, so the
+          // message goes nowhere, and a requester learns why at once rather than at its deadline.
+          if (in.request_id != 0) {
+            (void)in.from.reply_error(
+                in, unimplemented(fmt::format("no laminar protocol serves message type {:#x} here",
+                                              in.message.type)));
+          }
           return;
         }
         {
@@ -1206,7 +1252,7 @@ ucs_status_t TransportCore::am_recv_cb(void* arg, const void*, std::size_t, void
     self->handle_frame(*e, {static_cast<const std::byte*>(data), length});
     return UCS_OK;
   }
-  Op& op = self->new_op(Op::Kind::kReceive, e->id, milliseconds(0), fmt::format("message from {}", e->peer));
+  Op& op = self->new_op(Op::Kind::kReceive, e->id, kForever, fmt::format("message from {}", e->peer));
   op.buffer.resize(length);
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -1327,16 +1373,16 @@ Result<std::string> TransportCore::listen(std::string_view host, std::uint16_t p
   return r;
 }
 
-Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds timeout, bool handshake) {
-  if (timeout == kDefaultTimeout) timeout = options_.connect_timeout;
-  if (timeout.count() <= 0)
-    return invalid_argument(fmt::format("connect timeout {} ms is not positive", timeout.count()));
+Result<Endpoint> TransportCore::connect(std::string_view address, std::optional<Duration> requested,
+                                       bool handshake) {
+  auto timeout = resolve_timeout(requested, options_.connect_timeout, "connect");
+  if (!timeout.ok()) return timeout.status();
   auto ss = parse_address(address);
   if (!ss.ok()) return ss.status();
   auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, std::string(address));
   std::promise<std::future<Result<Endpoint>>> started;
   auto started_future = started.get_future();
-  const bool posted = post([this, e, addr = *ss, timeout, handshake, &started] {
+  const bool posted = post([this, e, addr = *ss, timeout = *timeout, handshake, &started] {
     Op& op = new_op(Op::Kind::kConnect, e->id, timeout, fmt::format("connecting to {}", e->peer));
     started.set_value(op.connect_promise.get_future());
     ucp_ep_params_t ep{};
@@ -1373,10 +1419,14 @@ Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds t
   return started_future.get().get();
 }
 
-Result<Endpoint> TransportCore::accept(milliseconds timeout) {
+Result<Endpoint> TransportCore::accept(Duration timeout) {
+  if (timeout.count() < 0) return invalid_argument(fmt::format("accept timeout of {} ns is negative", timeout.count()));
   std::unique_lock lock(queues_mu_);
-  if (!queues_cv_.wait_for(lock, timeout, [&] { return shut_down_ || !accepted_.empty(); })) {
-    return deadline_exceeded(fmt::format("no peer connected within {} ms", timeout.count()));
+  const auto ready = [&] { return shut_down_ || !accepted_.empty(); };
+  if (timeout == kForever) {
+    queues_cv_.wait(lock, ready);
+  } else if (!queues_cv_.wait_for(lock, timeout, ready)) {
+    return deadline_exceeded(fmt::format("no peer connected within {}", duration_text(timeout)));
   }
   if (shut_down_) return cancelled("transport shut down");
   Endpoint e = std::move(accepted_.front());
@@ -1393,10 +1443,14 @@ void TransportCore::on_message(MessageType type, MessageHandler handler) {
   }
 }
 
-Result<Incoming> TransportCore::receive(milliseconds timeout) {
+Result<Incoming> TransportCore::receive(Duration timeout) {
+  if (timeout.count() < 0) return invalid_argument(fmt::format("receive timeout of {} ns is negative", timeout.count()));
   std::unique_lock lock(queues_mu_);
-  if (!queues_cv_.wait_for(lock, timeout, [&] { return shut_down_ || !inbox_.empty(); })) {
-    return deadline_exceeded(fmt::format("no message arrived within {} ms", timeout.count()));
+  const auto ready = [&] { return shut_down_ || !inbox_.empty(); };
+  if (timeout == kForever) {
+    queues_cv_.wait(lock, ready);
+  } else if (!queues_cv_.wait_for(lock, timeout, ready)) {
+    return deadline_exceeded(fmt::format("no message arrived within {}", duration_text(timeout)));
   }
   if (shut_down_) return cancelled("transport shut down");
   Incoming in = std::move(inbox_.front());
@@ -1438,12 +1492,12 @@ Result<MemoryRegion> TransportCore::map_memory(void* data, std::size_t size, boo
 }
 
 std::future<Status> TransportCore::send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame,
-                                              milliseconds timeout, std::string what) {
+                                              Duration timeout, std::string what) {
   return send_wire(ep, encode_frame(frame), timeout, std::move(what));
 }
 
 std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState>& ep,
-                                             std::vector<std::byte> wire, milliseconds timeout,
+                                             std::vector<std::byte> wire, Duration timeout,
                                              std::string what) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto future = promise->get_future();
@@ -1465,7 +1519,7 @@ std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState
 }
 
 Result<Endpoint> connect_without_handshake(Transport& transport, std::string_view address) {
-  return TransportCore::of(transport).connect(address, milliseconds(5000), /*handshake=*/false);
+  return TransportCore::of(transport).connect(address, std::chrono::seconds(5), /*handshake=*/false);
 }
 
 Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire) {
@@ -1476,7 +1530,7 @@ Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire) {
 }
 
 std::future<Result<Message>> TransportCore::request(const std::shared_ptr<EndpointState>& ep,
-                                                    const Message& m, milliseconds timeout) {
+                                                    const Message& m, Duration timeout) {
   auto promise = std::make_shared<std::promise<Result<Message>>>();
   auto future = promise->get_future();
   Frame f;
@@ -1504,7 +1558,8 @@ std::future<Result<Message>> TransportCore::request(const std::shared_ptr<Endpoi
 std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep, bool is_put,
                                        const MemoryRegion& local, std::size_t local_offset,
                                        const RemoteRegion& remote, std::uint64_t remote_offset,
-                                       std::size_t length, milliseconds timeout, CompletionCallback done) {
+                                       std::size_t length, std::optional<Duration> requested,
+                                       CompletionCallback done) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto future = promise->get_future();
   const auto fail_now = [&](const Status& st) {
@@ -1513,6 +1568,9 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
     return std::move(future);
   };
   const char* verb = is_put ? "put" : "get";
+  const Result<Duration> resolved = operation_timeout(requested, verb);
+  if (!resolved.ok()) return fail_now(resolved.status());
+  const Duration timeout = *resolved;
   if (!local.valid())
     return fail_now(invalid_argument(fmt::format("{}: local memory region is empty", verb)));
   const auto& region = local.state_;
@@ -1626,12 +1684,17 @@ using internal::FrameKind;
 
 namespace {
 Status no_endpoint() { return failed_precondition("empty Endpoint handle"); }
+}  // namespace
 
-template <class T>
-Result<T> wait_result(std::future<Result<T>> f) {
-  return f.get();
+namespace internal {
+namespace {
+std::future<Result<Message>> ready_future(const Status& st) {
+  std::promise<Result<Message>> p;
+  p.set_value(st);
+  return p.get_future();
 }
 }  // namespace
+}  // namespace internal
 
 Message Message::from_string(MessageType type, std::string_view text) {
   const auto* p = reinterpret_cast<const std::byte*>(text.data());
@@ -1654,38 +1717,73 @@ std::string Endpoint::peer_address() const { return state_ ? state_->peer : std:
 Status Endpoint::status() const { return state_ ? state_->status() : no_endpoint(); }
 std::string Endpoint::transport_info() const { return state_ ? state_->info() : std::string(); }
 
-Status Endpoint::send(const Message& message, std::chrono::milliseconds timeout) {
-  if (!state_) return no_endpoint();
-  auto& core = *state_->core;
+namespace internal {
+
+// The paths behind Endpoint's send and request, and the protocol entry points of protocol.h; the
+// message type has been checked by then.
+Status send_message(const std::shared_ptr<EndpointState>& state, const Message& message,
+                    std::optional<Duration> timeout) {
+  if (!state) return no_endpoint();
+  auto& core = *state->core;
   LAMINAR_RETURN_IF_ERROR(core.check_body(message.body.size()));
+  auto t = core.operation_timeout(timeout, "send");
+  if (!t.ok()) return t.status();
   Frame f;
   f.kind = FrameKind::kMessage;
   f.type = message.type;
   f.body = message.body;
   return core
-      .send_frame(state_, std::move(f), core.resolve_timeout(timeout),
-                  fmt::format("message of type {} to {}", message.type, state_->peer))
+      .send_frame(state, std::move(f), *t, fmt::format("message of type {:#x} to {}", message.type, state->peer))
       .get();
 }
 
-std::future<Result<Message>> Endpoint::request_async(const Message& message,
-                                                     std::chrono::milliseconds timeout) {
-  if (!state_) {
-    std::promise<Result<Message>> p;
-    p.set_value(no_endpoint());
-    return p.get_future();
-  }
-  auto& core = *state_->core;
-  if (Status st = core.check_body(message.body.size()); !st.ok()) {
-    std::promise<Result<Message>> p;
-    p.set_value(st);
-    return p.get_future();
-  }
-  return core.request(state_, message, core.resolve_timeout(timeout));
+std::future<Result<Message>> request_message(const std::shared_ptr<EndpointState>& state,
+                                             const Message& message, std::optional<Duration> timeout) {
+  if (!state) return ready_future(no_endpoint());
+  auto& core = *state->core;
+  if (Status st = core.check_body(message.body.size()); !st.ok()) return ready_future(st);
+  auto t = core.operation_timeout(timeout, "request");
+  if (!t.ok()) return ready_future(t.status());
+  return core.request(state, message, *t);
 }
 
-Result<Message> Endpoint::request(const Message& message, std::chrono::milliseconds timeout) {
-  return wait_result(request_async(message, timeout));
+Status on_protocol_message(Transport& transport, MessageType type, MessageHandler handler) {
+  LAMINAR_RETURN_IF_ERROR(check_protocol_type(type, "on_protocol_message"));
+  TransportCore::of(transport).on_message(type, std::move(handler));
+  return ok_status();
+}
+
+Status send_protocol(Endpoint& endpoint, const Message& message, std::optional<Duration> timeout) {
+  LAMINAR_RETURN_IF_ERROR(check_protocol_type(message.type, "send_protocol"));
+  return send_message(TransportCore::state_of(endpoint), message, timeout);
+}
+
+std::future<Result<Message>> request_protocol_async(Endpoint& endpoint, const Message& message,
+                                                    std::optional<Duration> timeout) {
+  if (Status st = check_protocol_type(message.type, "request_protocol"); !st.ok()) return ready_future(st);
+  return request_message(TransportCore::state_of(endpoint), message, timeout);
+}
+
+Result<Message> request_protocol(Endpoint& endpoint, const Message& message, std::optional<Duration> timeout) {
+  return request_protocol_async(endpoint, message, timeout).get();
+}
+
+}  // namespace internal
+
+Status Endpoint::send(const Message& message, std::optional<Duration> timeout) {
+  LAMINAR_RETURN_IF_ERROR(internal::check_application_type(message.type, "send"));
+  return internal::send_message(state_, message, timeout);
+}
+
+std::future<Result<Message>> Endpoint::request_async(const Message& message, std::optional<Duration> timeout) {
+  if (Status st = internal::check_application_type(message.type, "request"); !st.ok()) {
+    return internal::ready_future(st);
+  }
+  return internal::request_message(state_, message, timeout);
+}
+
+Result<Message> Endpoint::request(const Message& message, std::optional<Duration> timeout) {
+  return request_async(message, timeout).get();
 }
 
 Status Endpoint::reply(const Incoming& to, const Message& message) {
@@ -1721,66 +1819,60 @@ Status Endpoint::reply_error(const Incoming& to, const Status& error) {
       .get();
 }
 
-std::future<Status> Endpoint::put(const MemoryRegion& local, std::size_t local_offset,
-                                  const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
-                                  std::chrono::milliseconds timeout, CompletionCallback done) {
-  if (!state_) {
+namespace {
+std::future<Status> rma(const std::shared_ptr<EndpointState>& state, bool is_put, const MemoryRegion& local,
+                        std::size_t local_offset, const RemoteRegion& remote, std::uint64_t remote_offset,
+                        std::size_t length, std::optional<Duration> timeout, CompletionCallback done) {
+  if (!state) {
+    // No transport, so no callback thread: `done` runs here.
+    if (done) done(no_endpoint());
     std::promise<Status> p;
     p.set_value(no_endpoint());
     return p.get_future();
   }
-  auto& core = *state_->core;
-  return core.rma(state_, true, local, local_offset, remote, remote_offset, length,
-                  core.resolve_timeout(timeout), std::move(done));
+  return state->core->rma(state, is_put, local, local_offset, remote, remote_offset, length, timeout,
+                          std::move(done));
+}
+}  // namespace
+
+std::future<Status> Endpoint::put(const MemoryRegion& local, std::size_t local_offset,
+                                  const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
+                                  std::optional<Duration> timeout, CompletionCallback done) {
+  return rma(state_, true, local, local_offset, remote, remote_offset, length, timeout, std::move(done));
 }
 
 std::future<Status> Endpoint::get(const MemoryRegion& local, std::size_t local_offset,
                                   const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
-                                  std::chrono::milliseconds timeout, CompletionCallback done) {
-  if (!state_) {
-    std::promise<Status> p;
-    p.set_value(no_endpoint());
-    return p.get_future();
-  }
-  auto& core = *state_->core;
-  return core.rma(state_, false, local, local_offset, remote, remote_offset, length,
-                  core.resolve_timeout(timeout), std::move(done));
+                                  std::optional<Duration> timeout, CompletionCallback done) {
+  return rma(state_, false, local, local_offset, remote, remote_offset, length, timeout, std::move(done));
 }
 
 void Endpoint::close() {
   if (state_) state_->core->close_endpoint(state_);
 }
 
-Result<Transport> Transport::create(TransportOptions options) {
+Result<std::unique_ptr<Transport>> Transport::create(TransportOptions options) {
   auto core = internal::TransportCore::create(std::move(options));
   if (!core.ok()) return core.status();
-  return Transport(std::move(*core));
+  return std::unique_ptr<Transport>(new Transport(std::move(*core)));
 }
 
 Transport::Transport(std::shared_ptr<internal::TransportCore> core) : core_(std::move(core)) {}
-Transport::Transport(Transport&&) noexcept = default;
-Transport& Transport::operator=(Transport&& other) noexcept {
-  if (this != &other) {
-    if (core_) core_->shutdown();
-    core_ = std::move(other.core_);
-  }
-  return *this;
-}
-Transport::~Transport() {
-  if (core_) core_->shutdown();
-}
+Transport::~Transport() { core_->shutdown(); }
 
 Result<std::string> Transport::listen(std::string_view host, std::uint16_t port) {
   return core_->listen(host, port);
 }
-Result<Endpoint> Transport::connect(std::string_view address, std::chrono::milliseconds timeout) {
+Result<Endpoint> Transport::connect(std::string_view address, std::optional<Duration> timeout) {
   return core_->connect(address, timeout);
 }
-Result<Endpoint> Transport::accept(std::chrono::milliseconds timeout) { return core_->accept(timeout); }
-void Transport::on_message(MessageType type, MessageHandler handler) {
+Result<Endpoint> Transport::accept(Duration timeout) { return core_->accept(timeout); }
+Status Transport::on_message(MessageType type, MessageHandler handler) {
+  LAMINAR_RETURN_IF_ERROR(internal::check_application_type(type, "on_message"));
   core_->on_message(type, std::move(handler));
+  return ok_status();
 }
-Result<Incoming> Transport::receive(std::chrono::milliseconds timeout) { return core_->receive(timeout); }
+Result<Incoming> Transport::receive(Duration timeout) { return core_->receive(timeout); }
 Result<MemoryRegion> Transport::register_memory(void* data, std::size_t size) {
   return core_->map_memory(data, size, false);
 }

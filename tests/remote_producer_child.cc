@@ -33,8 +33,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "producer: %s\n", transport.status().to_string().c_str());
     return 2;
   }
-  auto producer =
-      laminar::RemoteProducer::create(std::make_shared<laminar::Transport>(std::move(*transport)), argv[1]);
+  auto producer = laminar::RemoteProducer::create(std::move(*transport), argv[1]);
   if (!producer.ok()) {
     std::fprintf(stderr, "producer: %s\n", producer.status().to_string().c_str());
     return 2;

@@ -21,6 +21,7 @@
 #include "process.h"
 #include "relay_test_util.h"
 #include "remote_trajectory_protocol.h"
+#include "transport/protocol.h"
 
 using laminar::BatchSpec;
 using laminar::PushOptions;
@@ -31,6 +32,9 @@ using laminar::Trajectory;
 using laminar::TrajectoryQueue;
 using laminar::TrajectoryQueueServer;
 using laminar::Transport;
+using laminar::internal::kQueuePushManyMessage;
+using laminar::internal::kQueuePushMessage;
+using laminar::internal::request_protocol;
 using namespace std::chrono_literals;
 
 namespace {
@@ -43,7 +47,7 @@ std::shared_ptr<Transport> make_transport() {
   o.operation_timeout = 10s;
   auto t = Transport::create(o);
   REQUIRE(t.ok());
-  return std::make_shared<Transport>(std::move(t).value());
+  return std::move(t).value();
 }
 
 void expect_code(const laminar::Status& st, StatusCode code, const char* needle) {
@@ -185,9 +189,9 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   Served served(queue);
   auto ep = served.connect();
 
-  expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, "short")).status(),
+  expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, "short")).status(),
               StatusCode::kDataLoss, "shorter than its 16-byte header");
-  expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, std::string(40, 'x'))).status(),
+  expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, std::string(40, 'x'))).status(),
               StatusCode::kDataLoss, "bad magic");
   // A real push message cut short, as a producer dying mid-send would leave it if it ever arrived.
   std::string body(16, '\0');
@@ -195,12 +199,12 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   std::memcpy(body.data(), &magic, 4);
   laminar::encode_trajectory(laminar::test_remote::make(7), body);
   for (std::size_t cut : {body.size() - 1, body.size() / 2, std::size_t(17)}) {
-    expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, body.substr(0, cut))).status(),
+    expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, body.substr(0, cut))).status(),
                 StatusCode::kDataLoss, "encoded trajectory");
   }
   CHECK(served.server->stats().malformed == 5);
   CHECK(queue->stats().pushed == 0);
-  REQUIRE(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, body)).ok());
+  REQUIRE(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, body)).ok());
   CHECK(queue->stats().pushed == 1);
   laminar::QueueServerOptions no_credit;
   no_credit.credits_per_producer = 0;
@@ -328,7 +332,7 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
   laminar::encode_trajectory(laminar::test_remote::make(2), two[1]);
   const std::string good = message(magic, 2, two);
   auto send = [&](const std::string& body) {
-    return ep.request(laminar::Message::from_string(laminar::kQueuePushManyMessage, body));
+    return request_protocol(ep, laminar::Message::from_string(kQueuePushManyMessage, body));
   };
 
   expect_code(send(good.substr(0, 20)).status(), StatusCode::kDataLoss, "shorter than its 24-byte header");

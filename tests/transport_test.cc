@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "laminar/transport.h"
+#include "transport/protocol.h"
 #include "transport/testing.h"
 #include "transport/wire.h"
 
@@ -37,29 +38,29 @@ TransportOptions options(std::string token = kToken) {
   return o;
 }
 
-Transport make(TransportOptions o = options()) {
+std::unique_ptr<Transport> make(TransportOptions o = options()) {
   auto t = Transport::create(std::move(o));
   INFO(t.status().to_string());
   REQUIRE(t.ok());
-  return std::move(*t);
+  return std::move(t).value();
 }
 
 struct Pair {
-  Transport server = make();
-  Transport client = make();
+  std::unique_ptr<Transport> server = make();
+  std::unique_ptr<Transport> client = make();
   std::string address;
   Endpoint to_server;
   Endpoint to_client;
 
   Pair() {
-    auto a = server.listen("127.0.0.1", 0);
+    auto a = server->listen("127.0.0.1", 0);
     REQUIRE(a.ok());
     address = *a;
-    auto ep = client.connect(address);
+    auto ep = client->connect(address);
     INFO(ep.status().to_string());
     REQUIRE(ep.ok());
     to_server = *ep;
-    auto acc = server.accept(5s);
+    auto acc = server->accept(5s);
     REQUIRE(acc.ok());
     to_client = *acc;
   }
@@ -206,15 +207,15 @@ TEST_CASE("transport: options and addresses are validated", "[transport]") {
   o.operation_timeout = 0ms;
   CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
 
-  Transport t = make();
-  CHECK(t.listen("not-an-ip", 0).status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.connect("127.0.0.1").status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.connect("127.0.0.1:99999").status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.connect("[::1:80").status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.register_memory(nullptr, 10).status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.allocate(0).status().code() == StatusCode::kInvalidArgument);
-  REQUIRE(t.listen("127.0.0.1", 0).ok());
-  CHECK(t.listen("127.0.0.1", 0).status().code() == StatusCode::kFailedPrecondition);
+  std::unique_ptr<Transport> t = make();
+  CHECK(t->listen("not-an-ip", 0).status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->connect("127.0.0.1").status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->connect("127.0.0.1:99999").status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->connect("[::1:80").status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->register_memory(nullptr, 10).status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->allocate(0).status().code() == StatusCode::kInvalidArgument);
+  REQUIRE(t->listen("127.0.0.1", 0).ok());
+  CHECK(t->listen("127.0.0.1", 0).status().code() == StatusCode::kFailedPrecondition);
   Endpoint empty;
   CHECK(empty.send(Message::from_string(1, "x")).code() == StatusCode::kFailedPrecondition);
 }
@@ -227,15 +228,15 @@ TEST_CASE("transport: messages, requests and error replies between two transport
   CHECK_THAT(p.to_server.transport_info(),
              Catch::Contains("posix") || Catch::Contains("sysv") || Catch::Contains("cma"));
 
-  p.server.on_message(1, [](laminar::Incoming in) {
+  REQUIRE(p.server->on_message(1, [](laminar::Incoming in) {
     std::string text(in.message.text());
     std::reverse(text.begin(), text.end());
     // Handlers run on the transport's thread, where Catch may not assert: the requester checks.
     (void)in.from.reply(in, Message::from_string(2, text));
-  });
-  p.server.on_message(3, [](laminar::Incoming in) {
+  }).ok());
+  REQUIRE(p.server->on_message(3, [](laminar::Incoming in) {
     (void)in.from.reply_error(in, laminar::not_found("tensor 'w9'"));
-  });
+  }).ok());
   for (int i = 0; i < 200; ++i) {
     const std::string text = "message-" + std::to_string(i);
     auto r = p.to_server.request(Message::from_string(1, text));
@@ -251,7 +252,7 @@ TEST_CASE("transport: messages, requests and error replies between two transport
   // One-way messages in order, both directions, through receive(); a 4 MiB body goes by rendezvous.
   for (int i = 0; i < 50; ++i) REQUIRE(p.to_server.send(Message::from_string(10, std::to_string(i))).ok());
   for (int i = 0; i < 50; ++i) {
-    auto in = p.server.receive(5s);
+    auto in = p.server->receive(5s);
     REQUIRE(in.ok());
     CHECK(in->message.type == 10);
     CHECK(in->message.text() == std::to_string(i));
@@ -262,19 +263,19 @@ TEST_CASE("transport: messages, requests and error replies between two transport
   std::mt19937_64 rng(7);
   for (auto& b : big) b = std::byte(rng());
   REQUIRE(p.to_client.send(Message::from_bytes(11, big)).ok());
-  auto in = p.client.receive(5s);
+  auto in = p.client->receive(5s);
   REQUIRE(in.ok());
   CHECK(in->message.body == big);
-  CHECK(p.client.receive(50ms).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(p.client->receive(50ms).status().code() == StatusCode::kDeadlineExceeded);
 }
 
 TEST_CASE("transport: put and get move bulk bytes into registered memory", "[transport]") {
   Pair p;
   constexpr std::size_t kBytes = 64 << 20;
-  auto remote_mem = p.server.allocate(kBytes);
+  auto remote_mem = p.server->allocate(kBytes);
   REQUIRE(remote_mem.ok());
   std::vector<std::uint64_t> local_buf(kBytes / 8);
-  auto local = p.client.register_memory(local_buf.data(), kBytes);
+  auto local = p.client->register_memory(local_buf.data(), kBytes);
   REQUIRE(local.ok());
   const std::uint64_t seed = std::random_device{}();
   INFO("seed " << seed);
@@ -291,7 +292,7 @@ TEST_CASE("transport: put and get move bulk bytes into registered memory", "[tra
   for (auto& w : local_buf) w = ~w;
   std::atomic<int> callbacks{0};
   std::atomic<int> callback_errors{0};
-  auto put = p.to_server.put(*local, 4096, *remote, 8192, kBytes - 8192, laminar::kDefaultTimeout,
+  auto put = p.to_server.put(*local, 4096, *remote, 8192, kBytes - 8192, std::nullopt,
                              [&](laminar::Status s) {
                                if (!s.ok()) ++callback_errors;
                                ++callbacks;
@@ -316,59 +317,59 @@ TEST_CASE("transport: put and get move bulk bytes into registered memory", "[tra
 }
 
 TEST_CASE("transport: a wrong token is refused before anything is served", "[transport]") {
-  Transport server = make();
-  auto address = server.listen("127.0.0.1", 0);
+  std::unique_ptr<Transport> server = make();
+  auto address = server->listen("127.0.0.1", 0);
   REQUIRE(address.ok());
   std::atomic<int> served{0};
-  server.on_message(1, [&](laminar::Incoming) { ++served; });
+  REQUIRE(server->on_message(1, [&](laminar::Incoming) { ++served; }).ok());
 
-  Transport intruder = make(options("another-token-entirely-0000"));
-  auto ep = intruder.connect(*address);
+  std::unique_ptr<Transport> intruder = make(options("another-token-entirely-0000"));
+  auto ep = intruder->connect(*address);
   REQUIRE_FALSE(ep.ok());
   CHECK(ep.status().code() == StatusCode::kFailedPrecondition);
   // The client checks the server's proof first, so either side may be the one to notice.
   CHECK_THAT(ep.status().message(), Catch::Contains("cluster token"));
-  CHECK(server.accept(200ms).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(server->accept(200ms).status().code() == StatusCode::kDeadlineExceeded);
   CHECK(served.load() == 0);
 
   // A good client still gets in afterwards.
-  Transport good = make();
-  auto ok = good.connect(*address);
+  std::unique_ptr<Transport> good = make();
+  auto ok = good->connect(*address);
   REQUIRE(ok.ok());
   REQUIRE(ok->send(Message::from_string(1, "hi")).ok());
-  REQUIRE(server.accept(5s).ok());
+  REQUIRE(server->accept(5s).ok());
   for (int i = 0; i < 200 && served.load() == 0; ++i) std::this_thread::sleep_for(10ms);
   CHECK(served.load() == 1);
 }
 
 TEST_CASE("transport: refused connections and timeouts give clear errors", "[transport]") {
-  Transport client = make();
+  std::unique_ptr<Transport> client = make();
   // Nobody listens on this port (taken from a listener that is then closed).
   std::string address;
   {
-    Transport tmp = make();
-    address = tmp.listen("127.0.0.1", 0).value();
+    std::unique_ptr<Transport> tmp = make();
+    address = tmp->listen("127.0.0.1", 0).value();
   }
-  auto refused = client.connect(address, 3s);
+  auto refused = client->connect(address, 3s);
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().code() == StatusCode::kUnavailable);
   CHECK_THAT(refused.status().message(), Catch::Contains(address));
 
   Pair p;
-  p.server.on_message(5, [](laminar::Incoming) {});  // never answers
+  REQUIRE(p.server->on_message(5, [](laminar::Incoming) {}).ok());  // never answers
   auto late = p.to_server.request(Message::from_string(5, "?"), 200ms);
   REQUIRE_FALSE(late.ok());
   CHECK(late.status().code() == StatusCode::kDeadlineExceeded);
   CHECK_THAT(late.status().message(), Catch::Contains("200 ms"));
   // The endpoint stays usable after a timed-out request.
-  p.server.on_message(6, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); });
+  REQUIRE(p.server->on_message(6, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
   CHECK(p.to_server.request(Message::from_string(6, "again")).ok());
 
   // Oversized bodies are refused locally.
   auto o = options();
   o.max_message_bytes = 1024;
-  Transport small = make(o);
-  auto ep = small.connect(p.address);
+  std::unique_ptr<Transport> small = make(o);
+  auto ep = small->connect(p.address);
   REQUIRE(ep.ok());
   auto big = ep->send(Message::from_bytes(1, std::vector<std::byte>(1025)));
   CHECK(big.code() == StatusCode::kInvalidArgument);
@@ -377,17 +378,17 @@ TEST_CASE("transport: refused connections and timeouts give clear errors", "[tra
 
 TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[transport]") {
   Pair p;
-  p.server.on_message(9, [](laminar::Incoming) {});
+  REQUIRE(p.server->on_message(9, [](laminar::Incoming) {}).ok());
   // Two clients: one misbehaves, the other must keep being served.
-  Transport other = make();
-  auto good = other.connect(p.address);
+  std::unique_ptr<Transport> other = make();
+  auto good = other->connect(p.address);
   REQUIRE(good.ok());
-  auto good_at_server = p.server.accept(5s);
+  auto good_at_server = p.server->accept(5s);
   REQUIRE(good_at_server.ok());
-  p.server.on_message(1, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); });
+  REQUIRE(p.server->on_message(1, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
 
   // A request waits on the server side... and the misbehaving client has one pending too.
-  p.client.on_message(2, [](laminar::Incoming) {});
+  REQUIRE(p.client->on_message(2, [](laminar::Incoming) {}).ok());
   auto pending = p.to_client.request_async(Message::from_string(2, "never answered"), 10s);
 
   Frame f;
@@ -413,16 +414,16 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
 }
 
 TEST_CASE("transport: a peer that skips the handshake is refused before anything is served", "[transport]") {
-  Transport server = make();
-  auto address = server.listen("127.0.0.1", 0);
+  std::unique_ptr<Transport> server = make();
+  auto address = server->listen("127.0.0.1", 0);
   REQUIRE(address.ok());
   std::atomic<int> served{0};
-  server.on_message(1, [&](laminar::Incoming in) {
+  REQUIRE(server->on_message(1, [&](laminar::Incoming in) {
     ++served;
     (void)in.from.reply(in, in.message);
-  });
-  Transport rogue = make();
-  auto ep = laminar::internal::connect_without_handshake(rogue, *address);
+  }).ok());
+  std::unique_ptr<Transport> rogue = make();
+  auto ep = laminar::internal::connect_without_handshake(*rogue, *address);
   REQUIRE(ep.ok());
   // Requests straight away: the server answers with a refusal, never with the handler's reply.
   auto r = ep->request(Message::from_string(1, "let me in"), 2s);
@@ -431,5 +432,72 @@ TEST_CASE("transport: a peer that skips the handshake is refused before anything
   for (int i = 0; i < 300 && ep->status().ok(); ++i) std::this_thread::sleep_for(10ms);
   CHECK_FALSE(ep->status().ok());
   CHECK(served.load() == 0);
-  CHECK(server.accept(100ms).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(server->accept(100ms).status().code() == StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("transport: laminar's reserved message types are refused to the application", "[transport]") {
+  Pair p;
+  const laminar::MessageType reserved = laminar::kLaminarMessageTypeFirst + 7;
+  const auto refused = [](const laminar::Status& st) {
+    INFO(st.to_string());
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(st.message(), Catch::Contains("reserved range"));
+  };
+  refused(p.server->on_message(reserved, [](laminar::Incoming) {}));
+  refused(p.server->on_message(0xFFFF'FFFFu, {}));
+  refused(p.to_server.send(Message::from_string(reserved, "x")));
+  refused(p.to_server.request(Message::from_string(reserved, "x")).status());
+  refused(p.to_server.request_async(Message::from_string(reserved, "x")).get().status());
+  // The type just below the range is the application's.
+  const laminar::MessageType last_user_type = laminar::kLaminarMessageTypeFirst - 1;
+  REQUIRE(p.server->on_message(last_user_type, [](laminar::Incoming in) {
+    (void)in.from.reply(in, in.message);
+  }).ok());
+  CHECK(p.to_server.request(Message::from_string(last_user_type, "mine")).ok());
+
+  // laminar's own entry points take reserved types only.
+  CHECK(laminar::internal::on_protocol_message(*p.server, 5, {}).code() == StatusCode::kInvalidArgument);
+  CHECK(laminar::internal::send_protocol(p.to_server, Message::from_string(5, "")).code() ==
+        StatusCode::kInvalidArgument);
+  REQUIRE(laminar::internal::on_protocol_message(*p.server, reserved, [](laminar::Incoming in) {
+    (void)in.from.reply(in, Message::from_string(in.message.type, "protocol"));
+  }).ok());
+  auto r = laminar::internal::request_protocol(p.to_server, Message::from_string(reserved, "?"));
+  REQUIRE(r.ok());
+  CHECK(r->text() == "protocol");
+  // A reserved type nobody serves is answered at once (not at the deadline) and never reaches
+  // the application's receive().
+  auto none = laminar::internal::request_protocol(p.to_server, Message::from_string(reserved + 1, "?"), 60s);
+  CHECK(none.status().code() == StatusCode::kUnimplemented);
+  REQUIRE(laminar::internal::send_protocol(p.to_server, Message::from_string(reserved + 1, "lost")).ok());
+  REQUIRE(p.to_server.send(Message::from_string(3, "kept")).ok());
+  auto in = p.server->receive(5s);
+  REQUIRE(in.ok());
+  CHECK(in->message.text() == "kept");
+}
+
+TEST_CASE("transport: timeouts are positive durations, or kForever", "[transport]") {
+  Pair p;
+  const auto invalid = [](const laminar::Status& st) {
+    INFO(st.to_string());
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+  };
+  invalid(p.to_server.send(Message::from_string(1, "x"), 0ns));
+  invalid(p.to_server.request(Message::from_string(1, "x"), -5ms).status());
+  invalid(p.client->connect(p.address, 0s).status());
+  invalid(p.server->accept(-1ns).status());
+  invalid(p.server->receive(-1ns).status());
+  auto local = p.client->allocate(64);
+  REQUIRE(local.ok());
+  invalid(p.to_server.put(*local, 0, local->remote(), 0, 8, 0ns).get());
+  auto o = options();
+  o.connect_timeout = -1s;
+  invalid(Transport::create(o).status());
+  // Zero waits only for what is already there; kForever is accepted everywhere.
+  CHECK(p.server->accept(0ns).status().code() == StatusCode::kDeadlineExceeded);
+  REQUIRE(p.server->on_message(1, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
+  CHECK(p.to_server.request(Message::from_string(1, "x"), laminar::kForever).ok());
+  o = options();
+  o.operation_timeout = laminar::kForever;
+  CHECK(Transport::create(o).ok());
 }

@@ -39,11 +39,6 @@
 
 namespace laminar {
 
-// Message types of the remote queue protocol on a Transport ("TQ" in the high half).
-inline constexpr MessageType kQueueHelloMessage = 0x54510001u;
-inline constexpr MessageType kQueuePushMessage = 0x54510002u;
-inline constexpr MessageType kQueuePushManyMessage = 0x54510003u;
-
 struct QueueServerOptions {
   // Push and push_many messages one producer may have in flight (granted in the handshake).
   std::uint32_t credits_per_producer = 16;
