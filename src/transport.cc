@@ -1,15 +1,8 @@
-// The UCX-backed transport (include/laminar/transport.h).
-//
-// Threading: every UCP worker call happens on one progress thread. Other threads hand it commands
-// through a queue and an eventfd; it answers through promises. While UCX operations are in flight it
-// polls the worker (full bandwidth); once idle it arms the worker and sleeps in epoll on the worker's
-// wakeup fd, the command eventfd and the nearest deadline. User callbacks (message handlers, put/get
-// completions) run on a second, callback thread, so a slow handler never stalls the wire and a
-// handler may itself block on transport calls. Context-level calls (memory registration) are made
-// from any thread: the context is created with mt_workers_shared for that.
+// The UCX-backed transport (include/laminar/transport.h). Its threads and time: transport/core.h.
 #include <fmt/format.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sodium.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -33,15 +26,16 @@
 #include <unordered_map>
 
 #include "laminar/transport.h"
+#include "transport/core.h"
 #include "transport/listen_socket.h"
 #include "transport/protocol.h"
-#include "transport/testing.h"
 #include "transport/wire.h"
 
 namespace laminar::internal {
 
-using RealTime = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+static_assert(kKeyBytes == crypto_auth_hmacsha256_KEYBYTES);
 
 namespace {
 
@@ -74,45 +68,6 @@ Status check_protocol_type(MessageType type, const char* what) {
   if (is_reserved(type)) return ok_status();
   return invalid_argument(fmt::format("{}: message type {:#x} is not in laminar's reserved range (>= {:#x})",
                                       what, type, kLaminarMessageTypeFirst));
-}
-
-// "host:port" or "[v6]:port" -> sockaddr. kInvalidArgument names what is wrong.
-Result<sockaddr_storage> parse_address(std::string_view address) {
-  std::string host;
-  std::string port_text;
-  if (!address.empty() && address.front() == '[') {
-    const auto close = address.find(']');
-    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':') {
-      return invalid_argument(fmt::format("address '{}' is not [ipv6]:port", address));
-    }
-    host = std::string(address.substr(1, close - 1));
-    port_text = std::string(address.substr(close + 2));
-  } else {
-    const auto colon = address.rfind(':');
-    if (colon == std::string_view::npos || colon == 0) {
-      return invalid_argument(fmt::format("address '{}' is not host:port", address));
-    }
-    host = std::string(address.substr(0, colon));
-    port_text = std::string(address.substr(colon + 1));
-  }
-  char* end = nullptr;
-  const long port = port_text.empty() ? -1 : std::strtol(port_text.c_str(), &end, 10);
-  if (port < 1 || port > 65535 || (end != nullptr && *end != '\0')) {
-    return invalid_argument(fmt::format("address '{}': port '{}' is not in 1..65535", address, port_text));
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
-  if (rc != 0 || found == nullptr) {
-    return invalid_argument(
-        fmt::format("address '{}': host '{}' does not resolve ({})", address, host, gai_strerror(rc)));
-  }
-  sockaddr_storage ss{};
-  std::memcpy(&ss, found->ai_addr, found->ai_addrlen);
-  freeaddrinfo(found);
-  return ss;
 }
 
 // UCX_TLS value that keeps the user's choice but always includes tcp, without which UCX cannot set
@@ -158,8 +113,6 @@ bool may_use_shared_memory(const std::string& tls) {
   return false;
 }
 
-using Key = std::array<unsigned char, crypto_auth_hmacsha256_KEYBYTES>;
-using Nonce = std::array<std::byte, kNonceBytes>;
 
 // HMAC-SHA-256 over role || client nonce || server nonce: each side's proof is bound to this
 // connection's fresh nonces (no replay) and to its role (a proof cannot be reflected back).
@@ -196,254 +149,44 @@ constexpr std::string_view kClientRole = "laminar-transport-client-v1";
 
 }  // namespace
 
-class RegionState {
- public:
-  RegionState(std::shared_ptr<TransportCore> core, ucp_mem_h memh, std::byte* data, std::size_t size,
-              std::vector<std::byte> rkey)
-      : core(std::move(core)), memh(memh), data(data), size(size), packed_rkey(std::move(rkey)) {}
-  ~RegionState();
-  RegionState(const RegionState&) = delete;
-  RegionState& operator=(const RegionState&) = delete;
-
-  std::shared_ptr<TransportCore> core;  // keeps the UCP context alive while registered
-  ucp_mem_h memh;
-  std::byte* data;  // [size]
-  std::size_t size;
-  std::vector<std::byte> packed_rkey;
-};
-
-// Handshake and life of one connection, seen from this side.
-enum class Phase {
-  kAwaitHello,      // server: connection accepted, waiting for the client's nonce
-  kAwaitChallenge,  // client: hello sent
-  kAwaitProof,      // server: challenge sent
-  kAwaitWelcome,    // client: proof sent
-  kRefused,         // server: refused the client, waiting for it to hang up
-  kReady,
-  kClosed,
-};
-
-class EndpointState {
- public:
-  EndpointState(std::shared_ptr<TransportCore> c, std::uint64_t id, std::string peer)
-      : core(std::move(c)), id(id), peer(std::move(peer)) {}
-
-  std::shared_ptr<TransportCore> core;
-  const std::uint64_t id;
-  const std::string peer;
-
-  // Progress thread only.
-  ucp_ep_h ep = nullptr;
-  Phase phase = Phase::kClosed;
-  // Unpacked remote keys by packed bytes. Unpacking attaches the peer's shared-memory segment (a
-  // fresh mapping that faults in page by page), so doing it once per region rather than once per
-  // put/get is what makes repeated transfers run at memory speed. `users` counts operations in
-  // flight on an entry; only unused entries are evicted.
-  struct CachedRkey {
-    ucp_rkey_h handle = nullptr;
-    int users = 0;
-  };
-  std::unordered_map<std::string, CachedRkey> rkeys;
-  Nonce client_nonce{};
-  Nonce server_nonce{};
-  std::uint64_t handshake_op = 0;
-
-  Status status() const {
-    std::lock_guard lock(mu);
-    return error;
-  }
-  std::string info() const {
-    std::lock_guard lock(mu);
-    return ucx_info;
-  }
-  // Keeps the first error.
-  bool set_error(const Status& s) {
-    std::lock_guard lock(mu);
-    if (!error.ok()) return false;
-    error = s;
-    return true;
-  }
-  void set_info(std::string s) {
-    std::lock_guard lock(mu);
-    ucx_info = std::move(s);
-  }
-
- private:
-  mutable std::mutex mu;
-  Status error;
-  std::string ucx_info;
-};
-
-// One operation waiting for UCX and/or the peer. Owned by TransportCore::ops_ and destroyed only
-// once it is resolved and UCX holds no request pointing at it.
-struct Op {
-  enum class Kind { kSend, kRequest, kRma, kConnect, kHandshake, kReceive };
-  Kind kind = Kind::kSend;
-  std::uint64_t id = 0;
-  std::uint64_t ep_id = 0;
-  TransportCore* core = nullptr;
-  bool resolved = false;
-  int ucx_inflight = 0;
-  bool has_deadline = false;
-  std::set<std::pair<Duration, std::uint64_t>>::iterator deadline_it;
-  std::string what;  // "request of type 7 to 10.0.0.2:5000", for timeout messages
-  Duration timeout = kForever;
-
-  std::promise<Status> status_promise;             // kSend, kRma
-  std::promise<Result<Message>> reply_promise;     // kRequest
-  std::promise<Result<Endpoint>> connect_promise;  // kConnect
-  CompletionCallback done;                         // kRma
-  std::vector<std::byte> buffer;                   // frame being sent / received
-  std::shared_ptr<RegionState> region;             // kRma: keeps the registration alive
-  std::string rkey_bytes;                          // kRma: entry of the endpoint's rkey cache in use
-  Status rma_error;                                // kRma: first failure of put + flush
-};
-
-class TransportCore : public std::enable_shared_from_this<TransportCore> {
- public:
-  static Result<std::shared_ptr<TransportCore>> create(TransportOptions options);
-  explicit TransportCore(TransportOptions options) : options_(std::move(options)), clock_(options_.clock) {}
-  ~TransportCore();
-  TransportCore(const TransportCore&) = delete;
-  TransportCore& operator=(const TransportCore&) = delete;
-
-  void shutdown();
-  const TransportOptions& options() const { return options_; }
-  ucp_context_h context() const { return context_; }
-
-  Result<std::string> listen(std::string_view host, std::uint16_t port);
-  Result<Endpoint> connect(std::string_view address, std::optional<Duration> timeout, bool handshake = true);
-  static TransportCore& of(Transport& t) { return *t.core_; }
-  Result<Endpoint> accept(Duration timeout);
-  void on_message(MessageType type, MessageHandler handler);
-  Result<Incoming> receive(Duration timeout);
-  Result<MemoryRegion> map_memory(void* data, std::size_t size, bool allocate);
-
-  std::future<Status> send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame, Duration timeout,
-                                 std::string what);
-  std::future<Result<Message>> request(const std::shared_ptr<EndpointState>& ep, const Message& m,
-                                       Duration timeout);
-  std::future<Status> rma(const std::shared_ptr<EndpointState>& ep, bool is_put, const MemoryRegion& local,
-                          std::size_t local_offset, const RemoteRegion& remote, std::uint64_t remote_offset,
-                          std::size_t length, std::optional<Duration> timeout, CompletionCallback done);
-  void close_endpoint(const std::shared_ptr<EndpointState>& ep);
-
-  // The deadline of one operation: the options' default, or the caller's (positive, or kForever).
-  static Result<Duration> resolve_timeout(std::optional<Duration> t, Duration fallback, const char* what) {
-    if (!t) return fallback;
-    if (t->count() <= 0) {
-      return invalid_argument(fmt::format("{} timeout of {} ns is not positive", what, t->count()));
+// "host:port" or "[v6]:port" -> sockaddr. kInvalidArgument names what is wrong.
+Result<sockaddr_storage> parse_address(std::string_view address) {
+  std::string host;
+  std::string port_text;
+  if (!address.empty() && address.front() == '[') {
+    const auto close = address.find(']');
+    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return invalid_argument(fmt::format("address '{}' is not [ipv6]:port", address));
     }
-    return *t;
-  }
-  Result<Duration> operation_timeout(std::optional<Duration> t, const char* what) const {
-    return resolve_timeout(t, options_.operation_timeout, what);
-  }
-  Status check_body(std::size_t bytes) const {
-    if (bytes > options_.max_message_bytes) {
-      return invalid_argument(fmt::format("message body of {} bytes is over max_message_bytes {}", bytes,
-                                          options_.max_message_bytes));
+    host = std::string(address.substr(1, close - 1));
+    port_text = std::string(address.substr(close + 2));
+  } else {
+    const auto colon = address.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) {
+      return invalid_argument(fmt::format("address '{}' is not host:port", address));
     }
-    return ok_status();
+    host = std::string(address.substr(0, colon));
+    port_text = std::string(address.substr(colon + 1));
   }
-  static Endpoint make_endpoint(std::shared_ptr<EndpointState> s) { return Endpoint(std::move(s)); }
-  static const std::shared_ptr<EndpointState>& state_of(const Endpoint& e) { return e.state_; }
-  std::future<Status> send_wire(const std::shared_ptr<EndpointState>& ep, std::vector<std::byte> wire,
-                                Duration timeout, std::string what);
-
- private:
-  Status start();
-  // Runs fn on the progress thread; false once shutting down (fn is then dropped).
-  bool post(std::function<void()> fn);
-  void post_callback(std::function<void()> fn);
-  void progress_loop();
-  void callback_loop();
-  void run_commands();
-  void expire_deadlines();
-  int epoll_timeout_ms() const;
-  void teardown_on_progress_thread();
-  void close_listener();
-
-  // Progress thread only from here on.
-  Op& new_op(Op::Kind kind, std::uint64_t ep_id, Duration timeout, std::string what);
-  void resolve(Op& op, const Status& s);
-  void resolve_reply(Op& op, Result<Message> r);
-  void resolve_connect(Op& op, std::shared_ptr<EndpointState> e);
-  void maybe_release(Op& op);
-  void sweep();
-  void on_ucx_done(Op& op, ucs_status_t status);
-  void start_send(EndpointState& e, Op& op);
-  void send_internal(EndpointState& e, const Frame& f);
-  void fail_endpoint(EndpointState& e, const Status& s);
-  void handle_frame(EndpointState& e, std::span<const std::byte> wire);
-  void handle_handshake(EndpointState& e, Frame f);
-  bool expect_handshake_frame(EndpointState& e, const Frame& f, FrameKind want, const char* answered);
-  void refuse(EndpointState& e, const std::string& why);
-  std::shared_ptr<EndpointState> find(ucp_ep_h ep);
-  std::shared_ptr<EndpointState> find(std::uint64_t id);
-  void on_connection_request(ucp_conn_request_h req);
-  void close_ucp_ep(EndpointState& e);
-  Result<ucp_rkey_h> acquire_rkey(EndpointState& e, Op& op, const std::vector<std::byte>& packed);
-  void release_rkey(Op& op);
-  void destroy_rkeys(EndpointState& e);
-
-  static void am_send_cb(void* request, ucs_status_t status, void* user);
-  static void am_recv_data_cb(void* request, ucs_status_t status, std::size_t length, void* user);
-  static ucs_status_t am_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
-                                 std::size_t length, const ucp_am_recv_param_t* param);
-  static void ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static void conn_cb(ucp_conn_request_h req, void* arg);
-
-  TransportOptions options_;
-  std::shared_ptr<Clock> clock_;  // options_.clock, or the steady clock
-  Key key_{};
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  int epoll_fd_ = -1;
-  int event_fd_ = -1;
-  int worker_fd_ = -1;
-  std::thread progress_thread_;
-  std::thread callback_thread_;
-  std::atomic<std::uint64_t> next_ep_id_{1};
-
-  std::mutex cmd_mu_;
-  std::vector<std::function<void()>> commands_;
-  bool accepting_commands_ = true;
-  std::atomic<bool> has_commands_{false};
-  std::atomic<bool> stop_{false};
-
-  // Progress thread only.
-  ucp_listener_h listener_ = nullptr;
-  sockaddr_storage listen_addr_{};
-  int listen_fd_ = -1;         // the listener's socket (UCX's), -1 if not found
-  bool tearing_down_ = false;  // connection requests are refused from then on
-  std::set<std::string> refused_peers_;
-  std::unordered_map<std::uint64_t, std::shared_ptr<EndpointState>> endpoints_;
-  std::unordered_map<ucp_ep_h, std::uint64_t> by_handle_;
-  std::unordered_map<std::uint64_t, std::unique_ptr<Op>> ops_;
-  std::set<std::pair<Duration, std::uint64_t>> deadlines_;  // (clock_ time, op id)
-  std::vector<ucp_ep_h> to_close_;                 // failed endpoints, closed outside UCX callbacks
-  std::vector<void*> closing_;                     // ucp_ep_close_nbx requests in flight
-  std::vector<ucp_rkey_h> dead_rkeys_;             // of closed endpoints; destroyed once UCX is idle
-  std::vector<std::uint64_t> release_candidates_;  // ops that may be finished; see maybe_release
-  std::uint64_t next_op_id_ = 1;
-  int ucx_inflight_ = 0;
-
-  std::mutex cb_mu_;
-  std::condition_variable cb_cv_;
-  std::deque<std::function<void()>> callbacks_;
-  bool cb_stop_ = false;
-
-  std::mutex handlers_mu_;
-  std::unordered_map<MessageType, MessageHandler> handlers_;
-
-  std::mutex queues_mu_;
-  std::condition_variable queues_cv_;
-  std::deque<Incoming> inbox_;
-  std::deque<Endpoint> accepted_;
-  bool shut_down_ = false;
-  bool listening_ = false;  // guarded by cmd_mu_
-};
+  char* end = nullptr;
+  const long port = port_text.empty() ? -1 : std::strtol(port_text.c_str(), &end, 10);
+  if (port < 1 || port > 65535 || (end != nullptr && *end != '\0')) {
+    return invalid_argument(fmt::format("address '{}': port '{}' is not in 1..65535", address, port_text));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return invalid_argument(
+        fmt::format("address '{}': host '{}' does not resolve ({})", address, host, gai_strerror(rc)));
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, found->ai_addr, found->ai_addrlen);
+  freeaddrinfo(found);
+  return ss;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Setup and teardown
@@ -553,12 +296,21 @@ Status TransportCore::start() {
       return unavailable(fmt::format("epoll_ctl: {}", std::strerror(errno)));
     }
   }
+  // A jump of a virtual clock wakes whoever waits for a deadline: the progress thread (through the
+  // command eventfd) and accept/receive (through their condition variable).
+  clock_wake_ = clock_->subscribe([this] {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = write(event_fd_, &one, sizeof(one));
+    { std::lock_guard lock(queues_mu_); }
+    queues_cv_.notify_all();
+  });
   progress_thread_ = std::thread([this] { progress_loop(); });
   callback_thread_ = std::thread([this] { callback_loop(); });
   return ok_status();
 }
 
 void TransportCore::shutdown() {
+  clock_wake_.reset();  // it writes to event_fd_, closed below
   {
     std::lock_guard lock(cmd_mu_);
     accepting_commands_ = false;
@@ -575,6 +327,14 @@ void TransportCore::shutdown() {
   }
   cb_cv_.notify_all();
   if (callback_thread_.joinable()) callback_thread_.join();
+  // From now on post_callback runs its job at once; these came after the thread's last look.
+  std::deque<std::function<void()>> late;
+  {
+    std::lock_guard lock(cb_mu_);
+    cb_stopped_ = true;
+    late.swap(callbacks_);
+  }
+  for (auto& job : late) job();
   {
     std::lock_guard lock(queues_mu_);
     shut_down_ = true;
@@ -602,6 +362,57 @@ TransportCore::~TransportCore() {
 
 RegionState::~RegionState() { ucp_mem_unmap(core->context(), memh); }
 
+std::uint64_t EndpointState::watch(std::function<void(Status)> fn) {
+  std::uint64_t id = 0;
+  bool closed = false;
+  {
+    std::lock_guard lock(mu);
+    id = next_watcher++;
+    watchers.emplace(id, std::move(fn));
+    closed = !error.ok();
+  }
+  // The firing scheduled when the endpoint closed may already have run.
+  if (closed) core->post_callback([keep = shared_from_this()] { keep->fire_close_watchers(); });
+  return id;
+}
+
+void EndpointState::unwatch(std::uint64_t id) noexcept {
+  std::unique_lock lock(mu);
+  watchers.erase(id);
+  if (firing_thread == std::this_thread::get_id()) return;  // called from inside a watcher
+  watcher_done.wait(lock, [&] { return firing_watcher != id; });
+}
+
+void EndpointState::fire_close_watchers() {
+  std::unique_lock lock(mu);
+  // Another thread already runs them (possible only once the callback thread has stopped); it
+  // loops until none is left, this one's included.
+  if (error.ok() || firing_watcher != 0) return;
+  const Status reason = error;
+  const auto done_firing = [&] {
+    firing_watcher = 0;
+    firing_thread = {};
+    watcher_done.notify_all();
+  };
+  while (!watchers.empty()) {
+    auto it = watchers.begin();
+    auto fn = std::move(it->second);
+    firing_watcher = it->first;
+    firing_thread = std::this_thread::get_id();
+    watchers.erase(it);
+    lock.unlock();
+    try {
+      fn(reason);
+    } catch (...) {
+      lock.lock();
+      done_firing();
+      throw;  // reported by the callback thread
+    }
+    lock.lock();
+    done_firing();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Threads
 
@@ -619,9 +430,13 @@ bool TransportCore::post(std::function<void()> fn) {
 void TransportCore::post_callback(std::function<void()> fn) {
   {
     std::lock_guard lock(cb_mu_);
-    callbacks_.push_back(std::move(fn));
+    if (!cb_stopped_) {
+      callbacks_.push_back(std::move(fn));
+      cb_cv_.notify_one();
+      return;
+    }
   }
-  cb_cv_.notify_one();
+  fn();
 }
 
 void TransportCore::callback_loop() {
@@ -663,7 +478,7 @@ int TransportCore::epoll_timeout_ms() const {
 }
 
 void TransportCore::progress_loop() {
-  auto last_activity = RealTime::now();
+  Duration last_activity = real_time_->now();
   while (!stop_.load(std::memory_order_acquire)) {
     run_commands();
     unsigned progressed = 0;
@@ -687,7 +502,7 @@ void TransportCore::progress_loop() {
     if (!dead_rkeys_.empty() && closing_.empty() && ucx_inflight_ == 0) {
       for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
     }
-    const auto now = RealTime::now();
+    const Duration now = real_time_->now();
     if (progressed > 0) {
       last_activity = now;
       continue;
@@ -718,14 +533,16 @@ void TransportCore::close_listener() {
   // cut before UCX frees the listener, and no new one may complete meanwhile; see
   // transport/listen_socket.h. A client whose handshake falls into this window retries it 1 s on.
   if (listen_fd_ >= 0 && stop_new_connections(listen_fd_)) {
-    const auto give_up = RealTime::now() + kCloseGrace;
-    while (RealTime::now() < give_up) {
+    const Duration give_up = real_time_->now() + kCloseGrace;
+    while (real_time_->now() < give_up) {
       while (ucp_worker_progress(worker_) != 0) {
       }
       if (accept_queue_length(listen_fd_) == 0 && cut_accepted_connections(listen_addr_, refused_peers_) == 0) {
         break;
       }
-      std::this_thread::sleep_for(milliseconds(1));
+      // Until the next connection lands in the accept queue, or 1 ms for UCX to take one.
+      pollfd pending{listen_fd_, POLLIN, 0};
+      [[maybe_unused]] int n = ::poll(&pending, 1, 1);
     }
   }
   ucp_listener_destroy(listener_);
@@ -749,7 +566,7 @@ void TransportCore::teardown_on_progress_thread() {
     }
   }
   for (auto& [id, e] : endpoints_) {
-    e->set_error(cancelled_st);
+    set_endpoint_error(*e, cancelled_st);
     e->phase = Phase::kClosed;
     destroy_rkeys(*e);
     if (e->ep != nullptr) to_close_.push_back(e->ep);
@@ -764,8 +581,8 @@ void TransportCore::teardown_on_progress_thread() {
     void* req = ucp_ep_close_nbx(ep, &p);
     if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
   }
-  const auto give_up = RealTime::now() + kCloseGrace;
-  while ((!closing_.empty() || ucx_inflight_ > 0) && RealTime::now() < give_up) {
+  const Duration give_up = real_time_->now() + kCloseGrace;
+  while ((!closing_.empty() || ucx_inflight_ > 0) && real_time_->now() < give_up) {
     ucp_worker_progress(worker_);
     closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
                                   [](void* r) {
@@ -1043,7 +860,7 @@ void TransportCore::destroy_rkeys(EndpointState& e) {
 
 void TransportCore::fail_endpoint(EndpointState& e, const Status& s) {
   auto keep = find(e.id);  // e may be erased below
-  e.set_error(s);
+  set_endpoint_error(e, s);
   const Status err = e.status();
   e.phase = Phase::kClosed;
   std::vector<Op*> pending;
@@ -1056,13 +873,18 @@ void TransportCore::fail_endpoint(EndpointState& e, const Status& s) {
   endpoints_.erase(e.id);
 }
 
+void TransportCore::set_endpoint_error(EndpointState& e, const Status& s) {
+  if (!e.set_error(s)) return;
+  post_callback([keep = e.shared_from_this()] { keep->fire_close_watchers(); });
+}
+
 void TransportCore::refuse(EndpointState& e, const std::string& why) {
   Frame f;
   f.kind = FrameKind::kRefused;
   f.error = why;
   send_internal(e, f);
   e.phase = Phase::kRefused;
-  e.set_error(failed_precondition(fmt::format("peer {} refused: {}", e.peer, why)));
+  set_endpoint_error(e, failed_precondition(fmt::format("peer {} refused: {}", e.peer, why)));
   // The client hangs up on reading the refusal; the handshake deadline closes it otherwise.
 }
 
@@ -1373,8 +1195,27 @@ Result<std::string> TransportCore::listen(std::string_view host, std::uint16_t p
   return r;
 }
 
-Result<Endpoint> TransportCore::connect(std::string_view address, std::optional<Duration> requested,
-                                       bool handshake) {
+Status TransportCore::open_client_endpoint(EndpointState& e, const sockaddr_storage& address) {
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
+  ep.sockaddr.addrlen = address.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = &TransportCore::ep_error_cb;
+  ep.err_handler.arg = this;
+  const ucs_status_t s = ucp_ep_create(worker_, &ep, &e.ep);
+  if (s != UCS_OK) {
+    e.ep = nullptr;
+    return unavailable(fmt::format("cannot connect to {}: {}", e.peer, ucs_text(s)));
+  }
+  endpoints_.emplace(e.id, e.shared_from_this());
+  by_handle_.emplace(e.ep, e.id);
+  return ok_status();
+}
+
+Result<Endpoint> TransportCore::connect(std::string_view address, std::optional<Duration> requested) {
   auto timeout = resolve_timeout(requested, options_.connect_timeout, "connect");
   if (!timeout.ok()) return timeout.status();
   auto ss = parse_address(address);
@@ -1382,34 +1223,16 @@ Result<Endpoint> TransportCore::connect(std::string_view address, std::optional<
   auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, std::string(address));
   std::promise<std::future<Result<Endpoint>>> started;
   auto started_future = started.get_future();
-  const bool posted = post([this, e, addr = *ss, timeout = *timeout, handshake, &started] {
+  const bool posted = post([this, e, addr = *ss, timeout = *timeout, &started] {
     Op& op = new_op(Op::Kind::kConnect, e->id, timeout, fmt::format("connecting to {}", e->peer));
     started.set_value(op.connect_promise.get_future());
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    ep.sockaddr.addrlen = addr.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &TransportCore::ep_error_cb;
-    ep.err_handler.arg = this;
-    const ucs_status_t s = ucp_ep_create(worker_, &ep, &e->ep);
-    if (s != UCS_OK) {
-      e->ep = nullptr;
-      resolve(op, unavailable(fmt::format("cannot connect to {}: {}", e->peer, ucs_text(s))));
+    if (Status st = open_client_endpoint(*e, addr); !st.ok()) {
+      resolve(op, st);
       return;
     }
     e->phase = Phase::kAwaitChallenge;
     e->handshake_op = op.id;
     e->client_nonce = fresh_nonce();
-    endpoints_.emplace(e->id, e);
-    by_handle_.emplace(e->ep, e->id);
-    if (!handshake) {
-      e->phase = Phase::kReady;
-      resolve_connect(op, e);
-      return;
-    }
     Frame hello;
     hello.kind = FrameKind::kHello;
     hello.body.assign(e->client_nonce.begin(), e->client_nonce.end());
@@ -1419,13 +1242,21 @@ Result<Endpoint> TransportCore::connect(std::string_view address, std::optional<
   return started_future.get().get();
 }
 
+bool TransportCore::wait_queue(std::unique_lock<std::mutex>& lock, Duration timeout,
+                               const std::function<bool()>& ready) {
+  const Duration now = clock_->now();
+  const Duration deadline = timeout < kForever - now ? now + timeout : kForever;
+  while (!ready()) {
+    if (deadline != kForever && clock_->now() >= deadline) return false;
+    clock_->wait_until(queues_cv_, lock, deadline);
+  }
+  return true;
+}
+
 Result<Endpoint> TransportCore::accept(Duration timeout) {
   if (timeout.count() < 0) return invalid_argument(fmt::format("accept timeout of {} ns is negative", timeout.count()));
   std::unique_lock lock(queues_mu_);
-  const auto ready = [&] { return shut_down_ || !accepted_.empty(); };
-  if (timeout == kForever) {
-    queues_cv_.wait(lock, ready);
-  } else if (!queues_cv_.wait_for(lock, timeout, ready)) {
+  if (!wait_queue(lock, timeout, [&] { return shut_down_ || !accepted_.empty(); })) {
     return deadline_exceeded(fmt::format("no peer connected within {}", duration_text(timeout)));
   }
   if (shut_down_) return cancelled("transport shut down");
@@ -1446,10 +1277,7 @@ void TransportCore::on_message(MessageType type, MessageHandler handler) {
 Result<Incoming> TransportCore::receive(Duration timeout) {
   if (timeout.count() < 0) return invalid_argument(fmt::format("receive timeout of {} ns is negative", timeout.count()));
   std::unique_lock lock(queues_mu_);
-  const auto ready = [&] { return shut_down_ || !inbox_.empty(); };
-  if (timeout == kForever) {
-    queues_cv_.wait(lock, ready);
-  } else if (!queues_cv_.wait_for(lock, timeout, ready)) {
+  if (!wait_queue(lock, timeout, [&] { return shut_down_ || !inbox_.empty(); })) {
     return deadline_exceeded(fmt::format("no message arrived within {}", duration_text(timeout)));
   }
   if (shut_down_) return cancelled("transport shut down");
@@ -1516,17 +1344,6 @@ std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState
       });
   if (!posted) promise->set_value(cancelled("transport shut down"));
   return future;
-}
-
-Result<Endpoint> connect_without_handshake(Transport& transport, std::string_view address) {
-  return TransportCore::of(transport).connect(address, std::chrono::seconds(5), /*handshake=*/false);
-}
-
-Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire) {
-  const auto& state = TransportCore::state_of(endpoint);
-  if (!state) return failed_precondition("empty Endpoint handle");
-  return state->core->send_wire(state, std::move(wire), state->core->options().operation_timeout, "raw frame")
-      .get();
 }
 
 std::future<Result<Message>> TransportCore::request(const std::shared_ptr<EndpointState>& ep,
@@ -1716,6 +1533,28 @@ std::uint64_t Endpoint::id() const noexcept { return state_ ? state_->id : 0; }
 std::string Endpoint::peer_address() const { return state_ ? state_->peer : std::string(); }
 Status Endpoint::status() const { return state_ ? state_->status() : no_endpoint(); }
 std::string Endpoint::transport_info() const { return state_ ? state_->info() : std::string(); }
+
+Result<CloseSubscription> Endpoint::on_close(std::function<void(Status)> callback) const {
+  if (!state_) return no_endpoint();
+  if (!callback) return invalid_argument("on_close: the callback is empty");
+  const std::uint64_t id = state_->watch(std::move(callback));
+  return CloseSubscription(state_, id);
+}
+
+CloseSubscription& CloseSubscription::operator=(CloseSubscription&& other) noexcept {
+  if (this != &other) {
+    reset();
+    endpoint_ = std::move(other.endpoint_);
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+
+void CloseSubscription::reset() noexcept {
+  if (auto state = endpoint_.lock()) state->unwatch(id_);
+  endpoint_.reset();
+  id_ = 0;
+}
 
 namespace internal {
 

@@ -397,7 +397,7 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
   f.body = bytes_of("hello");
   auto wire = encode_frame(f);
   wire.resize(wire.size() - 2);  // truncated
-  REQUIRE(laminar::internal::send_raw_frame(p.to_server, wire).ok());
+  REQUIRE(laminar::testing::send_raw_frame(p.to_server, wire).ok());
   // The server drops the endpoint with kDataLoss; its pending request fails at once, not at 10 s.
   auto r = pending.get();
   REQUIRE_FALSE(r.ok());
@@ -423,7 +423,7 @@ TEST_CASE("transport: a peer that skips the handshake is refused before anything
     (void)in.from.reply(in, in.message);
   }).ok());
   std::unique_ptr<Transport> rogue = make();
-  auto ep = laminar::internal::connect_without_handshake(*rogue, *address);
+  auto ep = laminar::testing::connect_without_handshake(*rogue, *address);
   REQUIRE(ep.ok());
   // Requests straight away: the server answers with a refusal, never with the handler's reply.
   auto r = ep->request(Message::from_string(1, "let me in"), 2s);

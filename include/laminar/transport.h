@@ -43,6 +43,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "laminar/clock.h"
@@ -133,9 +134,31 @@ struct Incoming;
 // Completion callback of put/get. Runs on the transport's callback thread (see MessageHandler).
 using CompletionCallback = std::function<void(Status)>;
 
+// Keeps a callback registered by Endpoint::on_close; unregisters it on destruction or reset(). Once
+// that returns the callback is not running (unless reset from inside the callback itself) and will
+// not run again. Move-only; an empty one holds nothing.
+class CloseSubscription {
+ public:
+  CloseSubscription() = default;
+  CloseSubscription(const CloseSubscription&) = delete;
+  CloseSubscription& operator=(const CloseSubscription&) = delete;
+  CloseSubscription(CloseSubscription&& other) noexcept
+      : endpoint_(std::move(other.endpoint_)), id_(std::exchange(other.id_, 0)) {}
+  CloseSubscription& operator=(CloseSubscription&& other) noexcept;
+  ~CloseSubscription() { reset(); }
+  void reset() noexcept;
+
+ private:
+  friend class Endpoint;
+  CloseSubscription(std::weak_ptr<internal::EndpointState> endpoint, std::uint64_t id)
+      : endpoint_(std::move(endpoint)), id_(id) {}
+  std::weak_ptr<internal::EndpointState> endpoint_;
+  std::uint64_t id_ = 0;
+};
+
 // One authenticated connection to a peer. A cheap handle: copies share the connection. All methods
 // are thread-safe. Once the peer vanishes, the link breaks or close() is called, every pending and
-// later operation fails with the endpoint's error (status()).
+// later operation fails with the endpoint's error (status()), and on_close callbacks run.
 class Endpoint {
  public:
   Endpoint() = default;
@@ -144,9 +167,18 @@ class Endpoint {
   std::uint64_t id() const noexcept;
   // "host:port" of the peer as given to connect, or as seen by the listener.
   std::string peer_address() const;
-  // OK while usable; else the first error (kUnavailable: peer vanished or closed; kDataLoss or
-  // kInvalidArgument: the peer sent a malformed message and was disconnected; kCancelled: closed here).
+  // The connection's state: OK while usable; else the first error, which is why it closed
+  // (kUnavailable: peer vanished or closed; kDataLoss or kInvalidArgument: the peer sent a malformed
+  // message and was disconnected; kCancelled: closed here or the transport shut down). Named
+  // status(), not background_error(): an Endpoint is a handle to one connection, not a component
+  // with background work; its status is the connection's own, as a std::future has one.
   Status status() const;
+  // Calls `callback` once, on the transport's callback thread, with status() when the endpoint
+  // closes for any of those reasons; soon after registration if it is closed already (at once on
+  // the calling thread if the transport is gone). The callback runs as long as the returned
+  // subscription is kept; it must not block on other callbacks of the transport (see
+  // MessageHandler). kFailedPrecondition for an empty Endpoint, kInvalidArgument for an empty callback.
+  [[nodiscard]] Result<CloseSubscription> on_close(std::function<void(Status)> callback) const;
   // The UCX lanes in use ("posix", "cma", "tcp", ...), as UCX prints them; for diagnostics and tests.
   std::string transport_info() const;
 
