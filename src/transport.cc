@@ -1188,11 +1188,19 @@ Result<std::string> TransportCore::listen(std::string_view host, std::uint16_t p
   });
   if (!posted) return cancelled("transport shut down");
   Result<std::string> r = future.get();
+  std::lock_guard lock(cmd_mu_);
   if (!r.ok()) {
-    std::lock_guard lock(cmd_mu_);
     listening_ = false;
+  } else {
+    listen_address_ = *r;
   }
   return r;
+}
+
+std::optional<std::string> TransportCore::listen_address() const {
+  std::lock_guard lock(cmd_mu_);
+  if (listen_address_.empty()) return std::nullopt;
+  return listen_address_;
 }
 
 Status TransportCore::open_client_endpoint(EndpointState& e, const sockaddr_storage& address) {
@@ -1717,5 +1725,6 @@ Result<MemoryRegion> Transport::register_memory(void* data, std::size_t size) {
 }
 Result<MemoryRegion> Transport::allocate(std::size_t size) { return core_->map_memory(nullptr, size, true); }
 const TransportOptions& Transport::options() const noexcept { return core_->options(); }
+std::optional<std::string> Transport::listen_address() const { return core_->listen_address(); }
 
 }  // namespace laminar

@@ -259,6 +259,8 @@ class Transport {
   // kFailedPrecondition: already listening. A port whose last listener is gone can be taken again
   // at once (SO_REUSEADDR), and processes this one starts do not inherit the listening socket.
   Result<std::string> listen(std::string_view host, std::uint16_t port);
+  // The "host:port" listen() bound; none before it succeeded.
+  std::optional<std::string> listen_address() const;
 
   // Connects to "host:port" and authenticates both ways. kInvalidArgument: malformed address;
   // kUnavailable: nobody listens there or the link is down; kFailedPrecondition: the peer refused our

@@ -179,6 +179,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   ucp_context_h context() const { return context_; }
 
   Result<std::string> listen(std::string_view host, std::uint16_t port);
+  std::optional<std::string> listen_address() const;
   Result<Endpoint> connect(std::string_view address, std::optional<Duration> timeout);
   static TransportCore& of(Transport& t) { return *t.core_; }
   Result<Endpoint> accept(Duration timeout);
@@ -287,7 +288,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::thread callback_thread_;
   std::atomic<std::uint64_t> next_ep_id_{1};
 
-  std::mutex cmd_mu_;
+  mutable std::mutex cmd_mu_;
   std::vector<std::function<void()>> commands_;
   bool accepting_commands_ = true;
   std::atomic<bool> has_commands_{false};
@@ -325,5 +326,6 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::deque<Endpoint> accepted_;
   bool shut_down_ = false;
   bool listening_ = false;  // guarded by cmd_mu_
+  std::string listen_address_;  // guarded by cmd_mu_; set once listening
 };
 }  // namespace laminar::internal
