@@ -4,6 +4,11 @@
 #include <catch2/catch.hpp>
 #include <xxhash.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <future>
@@ -551,6 +556,31 @@ TEST_CASE("transport: a request's deadline follows the options' clock", "[transp
   auto late = p.to_server.request_async(Message::from_string(5, "?"));
   CHECK(advance_until_ready(late, *clock, 100ms) >= 30s + options().operation_timeout);
   CHECK(late.get().status().code() == StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("transport: a connect's deadline follows the options' clock", "[transport][clock]") {
+  // A TCP listener that never speaks UCX: the connection opens, the handshake never answers.
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(silent >= 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(at);
+  REQUIRE(::bind(silent, reinterpret_cast<sockaddr*>(&at), len) == 0);
+  REQUIRE(::listen(silent, 16) == 0);
+  REQUIRE(::getsockname(silent, reinterpret_cast<sockaddr*>(&at), &len) == 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(at.sin_port));
+
+  auto clock = std::make_shared<laminar::ManualClock>();
+  auto o = options();
+  o.clock = clock;
+  auto t = make(o);
+  auto connecting = std::async(std::launch::async, [&] { return t->connect(address, 5s); });
+  CHECK(advance_until_ready(connecting, *clock, 100ms) >= 5s);
+  auto ep = connecting.get();
+  CHECK(ep.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(ep.status().message(), Catch::Contains("5000 ms"));
+  ::close(silent);
 }
 
 TEST_CASE("transport: accept and receive time out on the options' clock", "[transport][clock]") {
