@@ -470,6 +470,8 @@ void TransportCore::run_commands() {
   for (auto& fn : batch) fn();
 }
 
+// Until the nearest deadline. On a virtual clock this is only an upper bound in real time: a jump
+// of the clock wakes the thread through the command eventfd (clock_wake_).
 int TransportCore::epoll_timeout_ms() const {
   constexpr int kMaxSleepMs = 500;
   if (deadlines_.empty()) return kMaxSleepMs;

@@ -4,13 +4,21 @@
 #include <catch2/catch.hpp>
 #include <xxhash.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "laminar/transport.h"
+#include "eventually.h"
+#include "laminar/clock.h"
 #include "transport/protocol.h"
 #include "transport/testing.h"
 #include "transport/wire.h"
@@ -25,6 +33,7 @@ using laminar::internal::decode_frame;
 using laminar::internal::encode_frame;
 using laminar::internal::Frame;
 using laminar::internal::FrameKind;
+using laminar::testing::eventually;
 
 namespace {
 
@@ -46,13 +55,14 @@ std::unique_ptr<Transport> make(TransportOptions o = options()) {
 }
 
 struct Pair {
-  std::unique_ptr<Transport> server = make();
-  std::unique_ptr<Transport> client = make();
+  std::unique_ptr<Transport> server;
+  std::unique_ptr<Transport> client;
   std::string address;
   Endpoint to_server;
   Endpoint to_client;
 
-  Pair() {
+  explicit Pair(TransportOptions server_options = options(), TransportOptions client_options = options())
+      : server(make(std::move(server_options))), client(make(std::move(client_options))) {
     auto a = server->listen("127.0.0.1", 0);
     REQUIRE(a.ok());
     address = *a;
@@ -302,8 +312,7 @@ TEST_CASE("transport: put and get move bulk bytes into registered memory", "[tra
     if (words[1024 + i] != local_buf[512 + i]) FAIL("put: word " << i << " differs");
   }
   CHECK(words[0] == (seed ^ 0));  // outside the put range: untouched
-  for (int i = 0; i < 100 && callbacks.load() == 0; ++i) std::this_thread::sleep_for(10ms);
-  CHECK(callbacks.load() == 1);
+  REQUIRE(eventually([&] { return callbacks.load() == 1; }));
   CHECK(callback_errors.load() == 0);
 
   // Out-of-range and foreign-region requests are refused before anything moves.
@@ -338,8 +347,7 @@ TEST_CASE("transport: a wrong token is refused before anything is served", "[tra
   REQUIRE(ok.ok());
   REQUIRE(ok->send(Message::from_string(1, "hi")).ok());
   REQUIRE(server->accept(5s).ok());
-  for (int i = 0; i < 200 && served.load() == 0; ++i) std::this_thread::sleep_for(10ms);
-  CHECK(served.load() == 1);
+  CHECK(eventually([&] { return served.load() == 1; }));
 }
 
 TEST_CASE("transport: refused connections and timeouts give clear errors", "[transport]") {
@@ -397,6 +405,9 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
   f.body = bytes_of("hello");
   auto wire = encode_frame(f);
   wire.resize(wire.size() - 2);  // truncated
+  std::promise<laminar::Status> closed;
+  auto watch = p.to_server.on_close([&](laminar::Status st) { closed.set_value(st); });
+  REQUIRE(watch.ok());
   REQUIRE(laminar::testing::send_raw_frame(p.to_server, wire).ok());
   // The server drops the endpoint with kDataLoss; its pending request fails at once, not at 10 s.
   auto r = pending.get();
@@ -404,7 +415,7 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
   CHECK(r.status().code() == StatusCode::kDataLoss);
   CHECK(p.to_client.status().code() == StatusCode::kDataLoss);
   // The client sees its peer hang up.
-  for (int i = 0; i < 500 && p.to_server.status().ok(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(closed.get_future().get().code() == StatusCode::kUnavailable);
   CHECK(p.to_server.status().code() == StatusCode::kUnavailable);
   CHECK(p.to_server.request(Message::from_string(1, "x")).status().code() == StatusCode::kUnavailable);
 
@@ -425,11 +436,16 @@ TEST_CASE("transport: a peer that skips the handshake is refused before anything
   std::unique_ptr<Transport> rogue = make();
   auto ep = laminar::testing::connect_without_handshake(*rogue, *address);
   REQUIRE(ep.ok());
+  std::promise<laminar::Status> closed;
+  auto watch = ep->on_close([&](laminar::Status st) { closed.set_value(st); });
+  REQUIRE(watch.ok());
   // Requests straight away: the server answers with a refusal, never with the handler's reply.
   auto r = ep->request(Message::from_string(1, "let me in"), 2s);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() != StatusCode::kOk);
-  for (int i = 0; i < 300 && ep->status().ok(); ++i) std::this_thread::sleep_for(10ms);
+  auto future = closed.get_future();
+  REQUIRE(future.wait_for(10s) == std::future_status::ready);
+  CHECK_FALSE(future.get().ok());
   CHECK_FALSE(ep->status().ok());
   CHECK(served.load() == 0);
   CHECK(server->accept(100ms).status().code() == StatusCode::kDeadlineExceeded);
@@ -500,4 +516,147 @@ TEST_CASE("transport: timeouts are positive durations, or kForever", "[transport
   o = options();
   o.operation_timeout = laminar::kForever;
   CHECK(Transport::create(o).ok());
+}
+
+namespace {
+
+// Waits for `f` while moving `clock` forward `step` at a time, as a simulator would; the clock's time
+// when the result came.
+template <class T>
+laminar::Duration advance_until_ready(std::future<T>& f, laminar::ManualClock& clock, laminar::Duration step) {
+  for (int i = 0; i < 100'000 && f.wait_for(1ms) != std::future_status::ready; ++i) REQUIRE(clock.advance(step).ok());
+  REQUIRE(f.wait_for(0s) == std::future_status::ready);
+  return clock.now();
+}
+
+}  // namespace
+
+TEST_CASE("transport: a request's deadline follows the options' clock", "[transport][clock]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  auto client_options = options();
+  client_options.clock = clock;
+  Pair p(options(), client_options);
+  REQUIRE(p.server->on_message(5, [](laminar::Incoming) {}).ok());  // never answers
+  REQUIRE(p.server->on_message(6, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto hanging = p.to_server.request_async(Message::from_string(5, "?"), 30s);
+  // A round trip after it: by then the progress thread has taken the request and set its deadline.
+  REQUIRE(p.to_server.request(Message::from_string(6, "sync")).ok());
+  REQUIRE(clock->advance(29s).ok());
+  REQUIRE(p.to_server.request(Message::from_string(6, "sync")).ok());
+  CHECK(hanging.wait_for(0s) != std::future_status::ready);  // 29 s of the clock's 30 have passed
+  REQUIRE(clock->advance(1s).ok());
+  // The jump alone wakes the progress thread, which expires the request at once.
+  REQUIRE(hanging.wait_for(10s) == std::future_status::ready);
+  auto r = hanging.get();
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(r.status().message(), Catch::Contains("30000 ms"));
+  CHECK(std::chrono::steady_clock::now() - start < 20s);  // virtual seconds, not real ones
+  // The endpoint is still usable, and an operation's default deadline follows the clock too.
+  auto late = p.to_server.request_async(Message::from_string(5, "?"));
+  CHECK(advance_until_ready(late, *clock, 100ms) >= 30s + options().operation_timeout);
+  CHECK(late.get().status().code() == StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("transport: a connect's deadline follows the options' clock", "[transport][clock]") {
+  // A TCP listener that never speaks UCX: the connection opens, the handshake never answers.
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(silent >= 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(at);
+  REQUIRE(::bind(silent, reinterpret_cast<sockaddr*>(&at), len) == 0);
+  REQUIRE(::listen(silent, 16) == 0);
+  REQUIRE(::getsockname(silent, reinterpret_cast<sockaddr*>(&at), &len) == 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(at.sin_port));
+
+  auto clock = std::make_shared<laminar::ManualClock>();
+  auto o = options();
+  o.clock = clock;
+  auto t = make(o);
+  auto connecting = std::async(std::launch::async, [&] { return t->connect(address, 5s); });
+  CHECK(advance_until_ready(connecting, *clock, 100ms) >= 5s);
+  auto ep = connecting.get();
+  CHECK(ep.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(ep.status().message(), Catch::Contains("5000 ms"));
+  ::close(silent);
+}
+
+TEST_CASE("transport: accept and receive time out on the options' clock", "[transport][clock]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  auto o = options();
+  o.clock = clock;
+  auto t = make(o);
+  auto address = t->listen("127.0.0.1", 0);
+  REQUIRE(address.ok());
+
+  // Nothing connects: accept returns once the clock has moved 10 s, never before.
+  auto accepting = std::async(std::launch::async, [&] { return t->accept(10s); });
+  CHECK(advance_until_ready(accepting, *clock, 100ms) >= 10s);
+  auto a = accepting.get();
+  CHECK(a.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(a.status().message(), Catch::Contains("10000 ms"));
+
+  const laminar::Duration before = clock->now();
+  auto receiving = std::async(std::launch::async, [&] { return t->receive(2s); });
+  CHECK(advance_until_ready(receiving, *clock, 10ms) >= before + 2s);
+  CHECK(receiving.get().status().code() == StatusCode::kDeadlineExceeded);
+
+  // kForever waits for the event whatever the clock does.
+  auto forever = std::async(std::launch::async, [&] { return t->accept(laminar::kForever); });
+  REQUIRE(clock->advance(std::chrono::hours(1000)).ok());
+  CHECK(forever.wait_for(0s) != std::future_status::ready);
+  auto client = make();
+  REQUIRE(client->connect(*address).ok());
+  REQUIRE(forever.wait_for(10s) == std::future_status::ready);
+  CHECK(forever.get().ok());
+}
+
+TEST_CASE("transport: an endpoint reports its closing to on_close callbacks", "[transport]") {
+  Pair p;
+  CHECK(Endpoint().on_close([](laminar::Status) {}).status().code() == StatusCode::kFailedPrecondition);
+  CHECK(p.to_server.on_close({}).status().code() == StatusCode::kInvalidArgument);
+
+  std::promise<laminar::Status> client_side;
+  std::promise<laminar::Status> server_side;
+  std::atomic<int> removed_calls{0};
+  auto watch_client = p.to_server.on_close([&](laminar::Status st) { client_side.set_value(st); }).value();
+  auto watch_server = p.to_client.on_close([&](laminar::Status st) { server_side.set_value(st); }).value();
+  auto removed = p.to_server.on_close([&](laminar::Status) { ++removed_calls; }).value();
+  removed.reset();
+
+  p.to_client.close();  // the server hangs up: closed here, gone for the client
+  auto server_reason = server_side.get_future();
+  REQUIRE(server_reason.wait_for(10s) == std::future_status::ready);
+  CHECK(server_reason.get().code() == StatusCode::kCancelled);
+  auto client_reason = client_side.get_future();
+  REQUIRE(client_reason.wait_for(10s) == std::future_status::ready);
+  const laminar::Status reason = client_reason.get();
+  CHECK(reason.code() == StatusCode::kUnavailable);
+  CHECK(reason == p.to_server.status());
+
+  // Registered after the close: called too, with the same reason. The one removed before the close
+  // never was.
+  std::promise<laminar::Status> late;
+  auto watch_late = p.to_server.on_close([&](laminar::Status st) { late.set_value(st); }).value();
+  auto late_reason = late.get_future();
+  REQUIRE(late_reason.wait_for(10s) == std::future_status::ready);
+  CHECK(late_reason.get() == reason);
+  CHECK(removed_calls.load() == 0);
+
+  // Destroying the transport closes what is still open, and tells the watchers.
+  std::unique_ptr<Transport> other = make();
+  auto ep = other->connect(p.address);
+  REQUIRE(ep.ok());
+  std::promise<laminar::Status> shut;
+  auto watch_shut = ep->on_close([&](laminar::Status st) { shut.set_value(st); }).value();
+  other.reset();
+  auto shut_reason = shut.get_future();
+  REQUIRE(shut_reason.wait_for(0s) == std::future_status::ready);  // before the destructor returned
+  CHECK(shut_reason.get().code() == StatusCode::kCancelled);
+  // On an endpoint of a transport that is gone, the callback runs at once on the calling thread.
+  bool called = false;
+  auto after = ep->on_close([&](laminar::Status) { called = true; }).value();
+  CHECK(called);
 }

@@ -22,11 +22,25 @@
 // relay node, queue server, remote producers. Message types from kLaminarMessageTypeFirst up belong
 // to those parts' protocols; the application uses the types below it.
 //
+// Threads. A Transport runs two:
+//   - the progress thread makes every UCX worker call; it never runs user code, so a slow handler
+//     never stalls the wire. It sleeps on the worker's wakeup fd when idle.
+//   - the callback thread runs every MessageHandler, put/get CompletionCallback and on_close
+//     callback, one at a time, in the order their events happened. A callback may call any
+//     Transport or Endpoint method, blocking ones included (a request from inside a handler is
+//     fine), but while it blocks no other callback of this transport runs: it must not wait for
+//     another callback, and the Transport must not be destroyed from one.
+// Every other method is thread-safe and runs on the caller's thread. connect, accept, receive,
+// send, request, reply and reply_error block their caller until done or until their deadline;
+// request_async, put and get return at once with a std::future.
+//
+// Time. Every timeout is a laminar::Duration; an operation without one uses the options' default,
+// and kForever is the only way to wait without a deadline. Deadlines read TransportOptions::clock:
+// with a ManualClock they expire when the clock is moved, however long UCX itself takes.
+//
 // Every call returns a Status; a vanished peer, a refused or unauthenticated connection, a timeout,
 // or a malformed message is reported to the caller and to every pending operation on that endpoint
-// (kUnavailable, kFailedPrecondition, kDeadlineExceeded, kInvalidArgument, kDataLoss). Every timeout
-// is a laminar::Duration; an operation without one uses the options' default, and kForever is the
-// only way to wait without a deadline.
+// (kUnavailable, kFailedPrecondition, kDeadlineExceeded, kInvalidArgument, kDataLoss).
 //
 // Under ThreadSanitizer, run with UCX_MEM_EVENTS=n in the environment: UCX's memory hooks (libucm)
 // and TSan's interceptors crash together at thread exit. tests/CMakeLists.txt's
@@ -175,9 +189,9 @@ class Endpoint {
   Status status() const;
   // Calls `callback` once, on the transport's callback thread, with status() when the endpoint
   // closes for any of those reasons; soon after registration if it is closed already (at once on
-  // the calling thread if the transport is gone). The callback runs as long as the returned
-  // subscription is kept; it must not block on other callbacks of the transport (see
-  // MessageHandler). kFailedPrecondition for an empty Endpoint, kInvalidArgument for an empty callback.
+  // the calling thread if the transport is gone). It stays registered while the returned
+  // subscription lives. kFailedPrecondition for an empty Endpoint, kInvalidArgument for an empty
+  // callback.
   [[nodiscard]] Result<CloseSubscription> on_close(std::function<void(Status)> callback) const;
   // The UCX lanes in use ("posix", "cma", "tcp", ...), as UCX prints them; for diagnostics and tests.
   std::string transport_info() const;
@@ -233,9 +247,8 @@ struct Incoming {
   std::uint64_t request_id = 0;
 };
 
-// Runs on the transport's callback thread, one message at a time in arrival order. It may call any
-// Endpoint or Transport method (including blocking ones), but while it runs no other handler or
-// completion callback of that transport runs.
+// Runs on the transport's callback thread, one message at a time in arrival order (see Threads at
+// the top of this file).
 using MessageHandler = std::function<void(Incoming)>;
 
 // Owns the UCP context, worker, listener, endpoints and the progress and callback threads; one per

@@ -41,7 +41,7 @@
 
 namespace laminar::internal {
 
-class TestingAccess;  // laminar_testing's hooks (tests/support), never part of the shipped library
+class TransportTestingAccess;  // laminar_testing's hooks (tests/support), never part of the shipped library
 
 inline constexpr std::size_t kKeyBytes = 32;  // crypto_auth_hmacsha256_KEYBYTES
 using Key = std::array<unsigned char, kKeyBytes>;
@@ -223,7 +223,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
 
  private:
   Status start();
-  friend class TestingAccess;
+  friend class TransportTestingAccess;
 
   // Runs fn on the progress thread; false once shutting down (fn is then dropped).
   bool post(std::function<void()> fn);

@@ -1,5 +1,5 @@
 // Test hooks of the transport (testing.h), built into laminar_testing only. They reach the core
-// through TestingAccess, a friend the shipped library declares but never defines.
+// through TransportTestingAccess, a friend the shipped library declares but never defines.
 #include "transport/testing.h"
 
 #include <fmt/format.h>
@@ -12,7 +12,7 @@
 
 namespace laminar::internal {
 
-class TestingAccess {
+class TransportTestingAccess {
  public:
   static Result<Endpoint> connect_without_handshake(Transport& transport, std::string_view address) {
     TransportCore& core = TransportCore::of(transport);
@@ -46,7 +46,7 @@ Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire) {
 }
 
 Result<Endpoint> connect_without_handshake(Transport& transport, std::string_view address) {
-  return internal::TestingAccess::connect_without_handshake(transport, address);
+  return internal::TransportTestingAccess::connect_without_handshake(transport, address);
 }
 
 }  // namespace laminar::testing
