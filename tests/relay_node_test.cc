@@ -1,18 +1,28 @@
-// The relay chain across real processes (examples/relay_server, started with laminar_test_support):
+// RelayNode in one process (one Transport hosting a node and a queue server; the node's retries on
+// a ManualClock), and the relay chain across real processes (examples/relay_server built with
+// laminar_testing's faults, started with laminar_test_support):
 // actor + a chain of 4 relays + pullers with every byte checked, a relay killed mid-broadcast, a
 // corrupt chunk, a late joiner, and a puller whose relay dies mid-pull resuming from another.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "eventually.h"
 #include "expect_line.h"
+#include "laminar/relay_node.h"
+#include "laminar/remote_trajectory_queue.h"
+#include "laminar/trajectory_queue.h"
 #include "process.h"
+#include "relay_test_util.h"
+#include "remote_trajectory_protocol.h"
 
 using namespace std::chrono_literals;
 using laminar::testing::ChildOptions;
@@ -55,7 +65,134 @@ std::string stop(ChildProcess& c) {
 
 std::string received(std::uint64_t n) { return "received " + std::to_string(n) + " "; }
 
+std::shared_ptr<laminar::Transport> make_transport() {
+  laminar::TransportOptions o;
+  o.cluster_token = kToken;
+  return laminar::Transport::create(o).value();
+}
+
+// Events a node reported, for a test thread to wait on.
+struct Events {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<laminar::RelayEvent> seen;
+
+  std::function<void(const laminar::RelayEvent&)> callback() {
+    return [this](const laminar::RelayEvent& e) {
+      std::lock_guard lock(mu);
+      seen.push_back(e);
+      cv.notify_all();
+    };
+  }
+  std::size_t count(laminar::RelayEvent::Kind kind) {
+    std::lock_guard lock(mu);
+    return std::size_t(std::count_if(seen.begin(), seen.end(), [&](const auto& e) { return e.kind == kind; }));
+  }
+  // Waits (up to 30 s) until at least n events of `kind` were reported.
+  bool wait_for(laminar::RelayEvent::Kind kind, std::size_t n) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, 30s, [&] {
+      return std::size_t(std::count_if(seen.begin(), seen.end(), [&](const auto& e) { return e.kind == kind; })) >= n;
+    });
+  }
+};
+
 }  // namespace
+
+TEST_CASE("one transport hosts a relay node and a queue server; a peer subscribes and pushes over one link",
+          "[relay_node][remote]") {
+  using laminar::Version;
+  // The actor's process: one transport, listening, shared by its relay node and its queue server.
+  std::shared_ptr<laminar::Transport> actor_tr = make_transport();
+  const std::string addr = actor_tr->listen("127.0.0.1", 0).value();
+  laminar::RelayStoreOptions small_chunks;
+  small_chunks.chunk_bytes = 4096;
+  std::shared_ptr<laminar::RelayStore> actor_store = laminar::RelayStore::create(small_chunks).value();
+  auto head = laminar::RelayNode::create(actor_tr, actor_store).value();
+  CHECK(head->address() == addr);
+  std::shared_ptr<laminar::TrajectoryQueue> queue = laminar::TrajectoryQueue::open(laminar::QueueOptions{}).value();
+  auto server = laminar::TrajectoryQueueServer::create(actor_tr, queue).value();
+  // A second node cannot take over the same transport's relay protocol.
+  CHECK(laminar::RelayNode::create(actor_tr, actor_store).status().code() == laminar::StatusCode::kAlreadyExists);
+
+  // The rollout's process: one transport that does not listen, hosting a leaf node and a producer.
+  std::shared_ptr<laminar::Transport> rollout_tr = make_transport();
+  std::shared_ptr<laminar::RelayStore> rollout_store = laminar::RelayStore::create({}).value();
+  Events events;
+  laminar::RelayNodeOptions o;
+  o.upstreams = {addr};
+  o.on_event = events.callback();
+  auto leaf = laminar::RelayNode::create(rollout_tr, rollout_store, o).value();
+  CHECK_FALSE(leaf->address());
+  auto producer = laminar::RemoteProducer::create(rollout_tr, addr).value();
+
+  laminar::testing::WeightSet w = laminar::testing::WeightSet::make(7, 1);
+  REQUIRE(actor_store->publish(Version(1), w.manifest, w.named).ok());
+  REQUIRE(rollout_store->wait_for_version(Version(1), 30s).ok());
+  auto h = rollout_store->acquire(Version(1)).value();
+  for (std::size_t i = 0; i < w.manifest.size(); ++i) {
+    CHECK(laminar::testing::first_mismatch(h.tensor(w.manifest.entries()[i].name).value(), 7, 1, i) == -1);
+  }
+  CHECK(leaf->upstream() == addr);
+  REQUIRE(events.wait_for(laminar::RelayEvent::Kind::kCommitted, 1));
+  CHECK(events.count(laminar::RelayEvent::Kind::kChunkStored) == h.plan().num_chunks());
+
+  for (std::uint64_t id = 1; id <= 4; ++id) REQUIRE(producer->push(laminar::test_remote::make(id)).ok());
+  CHECK(queue->stats().pushed == 4);
+  CHECK(server->stats().accepted == 4);
+  CHECK(head->stats().subscribers == 1);
+  CHECK(head->background_error().ok());
+  CHECK(leaf->background_error().ok());
+  CHECK_THAT(head->stats().to_json(), Catch::Contains("\"subscribers\":1"));
+
+  // Each part leaves the shared transport to the others when it goes.
+  server.reset();
+  producer.reset();
+  laminar::testing::WeightSet w2 = laminar::testing::WeightSet::make(7, 2);
+  REQUIRE(actor_store->publish(Version(2), w2.manifest, w2.named).ok());
+  REQUIRE(rollout_store->wait_for_version(Version(2), 30s).ok());
+}
+
+TEST_CASE("a node whose upstreams are all down goes round its list again only as its clock moves",
+          "[relay_node][clock]") {
+  // An address nothing listens on: a transport that listened there and is gone.
+  std::string dead;
+  {
+    std::shared_ptr<laminar::Transport> gone = make_transport();
+    dead = gone->listen("127.0.0.1", 0).value();
+  }
+  auto clock = std::make_shared<laminar::ManualClock>();
+  Events events;
+  laminar::RelayNodeOptions o;
+  o.upstreams = {dead};
+  o.retry_interval = std::chrono::seconds(5);
+  o.clock = clock;
+  o.on_event = events.callback();
+  auto node = laminar::RelayNode::create(make_transport(), laminar::RelayStore::create({}).value(), o).value();
+  using K = laminar::RelayEvent::Kind;
+  REQUIRE(events.wait_for(K::kUpstreamUnreachable, 1));
+  // Every further round needs the clock to pass the retry interval: at most one per step.
+  for (std::size_t step = 1; step <= 3; ++step) {
+    CHECK(events.count(K::kUpstreamUnreachable) == step);
+    REQUIRE(clock->advance(std::chrono::seconds(5)).ok());
+    REQUIRE(events.wait_for(K::kUpstreamUnreachable, step + 1));
+  }
+  CHECK(events.count(K::kUpstream) == 0);
+  CHECK_FALSE(node->upstream());
+  node.reset();  // stops while waiting on a clock that will not move again
+
+  auto bad = [](auto&& edit) {
+    laminar::RelayNodeOptions b;
+    edit(b);
+    return laminar::RelayNode::create(make_transport(), laminar::RelayStore::create({}).value(), b).status().code();
+  };
+  CHECK(bad([](laminar::RelayNodeOptions& b) { b.window = 0; }) == laminar::StatusCode::kInvalidArgument);
+  CHECK(bad([](laminar::RelayNodeOptions& b) { b.connect_timeout = {}; }) == laminar::StatusCode::kInvalidArgument);
+  CHECK(bad([](laminar::RelayNodeOptions& b) { b.retry_interval = -1s; }) == laminar::StatusCode::kInvalidArgument);
+  CHECK(laminar::RelayNode::create(nullptr, laminar::RelayStore::create({}).value()).status().code() ==
+        laminar::StatusCode::kInvalidArgument);
+  CHECK(laminar::RelayNode::create(make_transport(), nullptr).status().code() == laminar::StatusCode::kInvalidArgument);
+}
 
 TEST_CASE("actor, a chain of 4 relays and 2 pullers: every relay and puller gets every byte", "[relay_node]") {
   ChildProcess actor = start({"--actor", "--versions", "2", "--interval-ms", "1500"});
@@ -99,13 +236,14 @@ TEST_CASE("a relay killed mid-broadcast: the chain re-forms and the version stil
   // r2 hangs after storing a third of the version, as a wedged relay would, and is then killed.
   ChildProcess r2 = start({"--upstream", a1, "--stall-after", std::to_string(kChunks / 3)});
   const std::string a2 = listening(r2);
-  ChildProcess r3 = start({"--upstream", a2, "--upstream", a1});
+  ChildProcess r3 = start({"--upstream", a2, "--upstream", a1, "--report-chunks"});
   const std::string a3 = listening(r3);
   ChildProcess r4 = start({"--upstream", a3});
   listening(r4);
   CHECK(expect_line(r1, "committed 1 ") == digest);
   CHECK(expect_line(r3, "upstream ") == a2);
-  std::this_thread::sleep_for(300ms);  // r3 has what r2 forwarded before hanging
+  // r3 has every chunk r2 stored before hanging (r2 forwards each one it stores).
+  for (std::uint64_t k = 0; k < kChunks / 3; ++k) expect_line(r3, "stored 1 ");
   r2.kill(SIGKILL);
   CHECK(expect_line(r3, "lost ") == a2);
   CHECK(expect_line(r3, "upstream ") == a1);
@@ -161,13 +299,12 @@ TEST_CASE("a puller whose relay dies mid-pull fails over and resumes from the la
   CHECK(expect_line(r1, "committed 1 ") == digest);
   ChildProcess r2 = start({"--upstream", a1, "--stall-after", std::to_string(kChunks / 2)});
   const std::string a2 = listening(r2);
-  ChildProcess puller = start({"--pull", "--upstream", a2, "--upstream", a1});
+  ChildProcess puller = start({"--pull", "--upstream", a2, "--upstream", a1, "--report-chunks"});
   listening(puller);
   CHECK(expect_line(puller, "upstream ") == a2);
-  // Also stop the puller process itself for a moment mid-transfer; it carries on when continued.
-  std::this_thread::sleep_for(200ms);
+  // Mid-transfer, the puller process itself is stopped and continued; then its relay dies.
+  expect_line(puller, "stored 1 ");
   puller.kill(SIGSTOP);
-  std::this_thread::sleep_for(300ms);
   puller.kill(SIGCONT);
   r2.kill(SIGKILL);
   CHECK(expect_line(puller, "lost ") == a2);
