@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "clock_wait.h"
+#include "handler_gate.h"
 #include "transport/protocol.h"
 
 namespace laminar {
@@ -182,6 +183,7 @@ struct TrajectoryQueueServer::Impl {
   TrajectoryQueueServerStats st;
   std::thread worker;
   ClockSubscription clock_wake;
+  internal::HandlerGate gate;
 
   static void answer(const Incoming& in, const Status& s) {
     // The producer may be gone; then there is nobody to tell, and nothing else to do.
@@ -376,31 +378,33 @@ Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::create(std
   if (!transport) return invalid_argument("queue server: the transport is null");
   if (!queue) return invalid_argument("queue server: the queue is null");
   if (options.credits_per_producer == 0) return invalid_argument("QueueServerOptions: credits_per_producer is 0");
-  auto impl = std::make_shared<Impl>(std::move(transport), std::move(queue), std::move(options));
+  auto impl = std::make_unique<Impl>(std::move(transport), std::move(queue), std::move(options));
   impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
     std::lock_guard<std::mutex> l(raw->mu);
     raw->cv.notify_all();
   });
   impl->worker = std::thread([raw = impl.get()] { raw->run(); });
   // The types are laminar's own, in the reserved range: registering them cannot fail.
-  LAMINAR_CHECK(internal::on_protocol_message(*impl->transport, kQueueHelloMessage,
-                                              [impl](Incoming in) { impl->on_hello(in); })
+  Impl* p = impl.get();
+  LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueueHelloMessage,
+                                              p->gate.wrap([p](Incoming in) { p->on_hello(in); }))
                     .ok());
-  LAMINAR_CHECK(internal::on_protocol_message(*impl->transport, kQueuePushMessage,
-                                              [impl](Incoming in) { impl->on_push(std::move(in)); })
+  LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueuePushMessage,
+                                              p->gate.wrap([p](Incoming in) { p->on_push(std::move(in)); }))
                     .ok());
-  LAMINAR_CHECK(internal::on_protocol_message(*impl->transport, kQueuePushManyMessage,
-                                              [impl](Incoming in) { impl->on_push_many(std::move(in)); })
+  LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueuePushManyMessage,
+                                              p->gate.wrap([p](Incoming in) { p->on_push_many(std::move(in)); }))
                     .ok());
   return std::unique_ptr<TrajectoryQueueServer>(new TrajectoryQueueServer(std::move(impl)));
 }
 
-TrajectoryQueueServer::TrajectoryQueueServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TrajectoryQueueServer::TrajectoryQueueServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TrajectoryQueueServer::~TrajectoryQueueServer() {
   (void)internal::on_protocol_message(*impl_->transport, kQueueHelloMessage, {});
   (void)internal::on_protocol_message(*impl_->transport, kQueuePushMessage, {});
   (void)internal::on_protocol_message(*impl_->transport, kQueuePushManyMessage, {});
+  impl_->gate.close();
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     impl_->stopping = true;

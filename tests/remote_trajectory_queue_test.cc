@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "eventually.h"
 #include "process.h"
 #include "relay_test_util.h"
 #include "remote_trajectory_protocol.h"
@@ -35,6 +36,7 @@ using laminar::Transport;
 using laminar::internal::kQueuePushManyMessage;
 using laminar::internal::kQueuePushMessage;
 using laminar::internal::request_protocol;
+using laminar::testing::eventually;
 using namespace std::chrono_literals;
 
 namespace {
@@ -71,14 +73,6 @@ struct Served {
   }
 };
 
-template <class F>
-bool eventually(F f) {
-  for (int i = 0; i < 5000; ++i) {
-    if (f()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return false;
-}
 
 }  // namespace
 

@@ -65,7 +65,8 @@ class TrajectoryQueueServer {
   static Result<std::unique_ptr<TrajectoryQueueServer>> create(std::shared_ptr<Transport> transport,
                                                                std::shared_ptr<TrajectoryQueue> queue,
                                                                QueueServerOptions options = {});
-  // Removes the handlers and answers every held push with kCancelled.
+  // Removes the handlers (waiting for a call in progress) and answers every held push with
+  // kCancelled.
   ~TrajectoryQueueServer();
   TrajectoryQueueServer(const TrajectoryQueueServer&) = delete;
   TrajectoryQueueServer& operator=(const TrajectoryQueueServer&) = delete;
@@ -74,8 +75,8 @@ class TrajectoryQueueServer {
 
  private:
   struct Impl;
-  explicit TrajectoryQueueServer(std::shared_ptr<Impl> impl);
-  std::shared_ptr<Impl> impl_;  // shared with the installed handlers while they run
+  explicit TrajectoryQueueServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 struct RemoteProducerOptions {
