@@ -16,7 +16,7 @@
 
 namespace laminar::internal {
 
-// Relay chain (relay_chain.cc): 0xF000'01xx.
+// Relay chain (relay_node.cc): 0xF000'01xx.
 inline constexpr MessageType kRelaySubscribeMessage = kLaminarMessageTypeFirst + 0x0101;
 inline constexpr MessageType kRelayBeginMessage = kLaminarMessageTypeFirst + 0x0102;
 inline constexpr MessageType kRelayChunkMessage = kLaminarMessageTypeFirst + 0x0103;
