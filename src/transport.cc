@@ -44,8 +44,6 @@ constexpr unsigned kAmId = 0x1a;
 // After the last UCX event, keep polling this long before arming the wakeup fd: a transfer that
 // continues within it never pays a sleep/wake round trip.
 constexpr auto kSpinAfterActivity = std::chrono::microseconds(50);
-// ucp_worker_progress calls per turn of the progress loop before it looks at commands and deadlines.
-constexpr int kProgressRounds = 1024;
 // How long shutdown waits for endpoints to close before the worker is destroyed anyway.
 constexpr auto kCloseGrace = milliseconds(1000);
 
@@ -486,13 +484,7 @@ void TransportCore::progress_loop() {
   while (!stop_.load(std::memory_order_acquire)) {
     run_commands();
     unsigned progressed = 0;
-    // Bounded: a worker that always reports progress (a peer's socket dying under a connection
-    // attempt can do that) must not starve the commands and deadlines below.
-    for (int round = 0; round < kProgressRounds; ++round) {
-      const unsigned n = ucp_worker_progress(worker_);
-      if (n == 0) break;
-      progressed += n;
-    }
+    while (unsigned n = ucp_worker_progress(worker_)) progressed += n;
     for (ucp_ep_h ep : std::exchange(to_close_, {})) {
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
