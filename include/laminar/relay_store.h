@@ -146,7 +146,7 @@ class RelayStore {
   //   exactly one tensor per manifest entry, by name (unknown or repeated names rejected);
   //   each view with the manifest's dtype and shape, dense row-major, on the host or a CUDA device.
   // kResourceExhausted when the memory budget cannot hold the version next to those readers hold, or
-  // the memory cannot be mapped (v is then spent); kUnimplemented / kUnavailable for device views without CUDA / without a device.
+  // the memory cannot be mapped (v is then spent); kUnimplemented / kFailedPrecondition for device views without CUDA / without a device.
   Status publish(Version v, const WeightManifest& manifest, std::span<const NamedTensor> tensors);
 
   // Starts receiving v from upstream, laid out as manifest and cut as plan (the sender's).

@@ -100,7 +100,7 @@ class WeightPuller {
   //   malformed answer or memory descriptor among them;
   //   at least one destination, each named once and present in v's manifest (kInvalidArgument /
   //   kNotFound), with the manifest's dtype and shape, dense row-major (kInvalidArgument);
-  //   device destinations need CUDA (kUnimplemented / kUnavailable).
+  //   device destinations need CUDA (kUnimplemented / kFailedPrecondition without a device).
   // kDataLoss (nothing copied) when verify_checksums finds a chunk that fails its checksum.
   // kCancelled when cancel() stopped it; the next pull of v into the same destinations resumes.
   Status pull(Version v, std::span<const NamedTensor> destinations, bool has_live_trajectory);
