@@ -296,6 +296,7 @@ int main(int argc, char** argv) {
       memcpy_s.push_back(base);
     }
   }
+  laminar::bench::require_stable_baseline("memcpy", memcpy_s);
   laminar::bench::report_time("relay_publish_stall_" + std::to_string(mib) + "MiB", "s", median(publish_s),
                               "memcpy", median(memcpy_s));
 
@@ -343,6 +344,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  laminar::bench::require_stable_baseline("memcpy", copy_s);
   laminar::bench::report_throughput("relay_pull_host_cross_process_" + std::to_string(mib) + "MiB", "GB/s",
                                     double(bytes) / median(pull_s) / 1e9, "memcpy",
                                     double(bytes) / median(copy_s) / 1e9);
