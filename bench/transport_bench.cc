@@ -84,15 +84,19 @@ int serve(const std::string& tls, std::size_t bytes) {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  (void)t->on_message(kRegion, [&](Incoming in) {
+  std::vector<Status> installed;
+  installed.push_back(t->on_message(kRegion, [&](Incoming in) {
     (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize()));
-  });
-  (void)t->on_message(kExit, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kExit, [&](Incoming in) {
     (void)in.from.reply(in, in.message);
     std::lock_guard lock(mu);
     done = true;
     cv.notify_all();
-  });
+  }));
+  for (const Status& st : installed) {
+    if (!st.ok()) die(st.to_string());
+  }
   auto address = t->listen("127.0.0.1", 0);
   if (!address.ok()) die(address.status().to_string());
   std::printf("%s\n", address->c_str());

@@ -326,7 +326,11 @@ void TransportCore::shutdown() {
     cb_stop_ = true;
   }
   cb_cv_.notify_all();
-  if (callback_thread_.joinable()) callback_thread_.join();
+  if (callback_thread_.joinable()) {
+    LAMINAR_CHECK_MSG(callback_thread_.get_id() != std::this_thread::get_id(),
+                      "a Transport was destroyed from one of its own callbacks");
+    callback_thread_.join();
+  }
   // From now on post_callback runs its job at once; these came after the thread's last look.
   std::deque<std::function<void()>> late;
   {

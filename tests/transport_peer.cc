@@ -56,17 +56,18 @@ int serve(std::size_t region_bytes, const std::string& host) {
   std::condition_variable cv;
   bool exit_now = false;
   std::set<std::uint64_t> peers;
-  (void)t->on_message(kEcho, [&](Incoming in) {
+  std::vector<Status> installed;
+  installed.push_back(t->on_message(kEcho, [&](Incoming in) {
     {
       std::lock_guard lock(mu);
       peers.insert(in.from.id());
     }
     (void)in.from.reply(in, in.message);
-  });
-  (void)t->on_message(kRegion, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kRegion, [&](Incoming in) {
     (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize()));
-  });
-  (void)t->on_message(kVerify, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kVerify, [&](Incoming in) {
     auto v = VerifyRequest::parse(in.message.text());
     if (!v.ok()) {
       (void)in.from.reply_error(in, v.status());
@@ -78,22 +79,25 @@ int serve(std::size_t region_bytes, const std::string& host) {
     }
     const Status s = check_pattern(region->bytes().subspan(v->offset, v->length), v->seed, v->offset);
     (void)(s.ok() ? in.from.reply(in, Message::from_string(kVerify, "ok")) : in.from.reply_error(in, s));
-  });
-  (void)t->on_message(kHang, [](Incoming) {});
-  (void)t->on_message(kPeers, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kHang, [](Incoming) {}));
+  installed.push_back(t->on_message(kPeers, [&](Incoming in) {
     std::size_t n;
     {
       std::lock_guard lock(mu);
       n = peers.size();
     }
     (void)in.from.reply(in, Message::from_string(kPeers, std::to_string(n)));
-  });
-  (void)t->on_message(kExit, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kExit, [&](Incoming in) {
     (void)in.from.reply(in, Message::from_string(kExit, "bye"));
     std::lock_guard lock(mu);
     exit_now = true;
     cv.notify_all();
-  });
+  }));
+  for (const Status& st : installed) {
+    if (!st.ok()) return fail("on_message", st);
+  }
 
   auto address = t->listen(host, 0);
   if (!address.ok()) return fail("listen", address.status());
