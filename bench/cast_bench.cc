@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   auto ours = laminar::bench::measure([&] { ok = ok && laminar::kernels::run(p, laminar::Stream::host()).ok(); });
   auto base = laminar::bench::measure([&] { std::memcpy(copy.data(), src.data(), n * 4); });
   if (!ok) return 1;
+  laminar::bench::require_stable_baseline("memcpy_1thread", base);
   laminar::bench::report_throughput("cast_f32_to_bf16_cpu", "GB/s", bytes / ours.median_s / 1e9,
                                     "memcpy_1thread", bytes / base.median_s / 1e9);
   return 0;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,30 @@ Timing measure(F&& body, MeasureOptions opt = {}) {
   }
   std::sort(t.begin(), t.end());
   return {t[t.size() / 2], t.front(), t.back(), opt.repeats};
+}
+
+// A baseline's repeats must agree before a ratio is taken against it. A median more than
+// kMaxBaselineSpread times the fastest repeat means the machine stalled while the baseline ran (one
+// relay_bench run read a memcpy median of 0.77 s where runs give about 0.11 s), and the ratio would
+// flatter us; such a run prints why and exits with kUnstableBaselineExit instead of reporting.
+inline constexpr double kMaxBaselineSpread = 2.0;
+inline constexpr int kUnstableBaselineExit = 3;
+
+inline void require_stable_baseline(const std::string& baseline, double median_s, double fastest_s) {
+  if (fastest_s > 0 && median_s <= fastest_s * kMaxBaselineSpread) return;
+  std::fprintf(stderr,
+               "baseline %s is unstable: median %.6g s against its fastest repeat %.6g s (more than %.1fx); "
+               "not reported, run again on a quieter machine\n",
+               baseline.c_str(), median_s, fastest_s, kMaxBaselineSpread);
+  std::exit(kUnstableBaselineExit);
+}
+inline void require_stable_baseline(const std::string& baseline, const Timing& t) {
+  require_stable_baseline(baseline, t.median_s, t.min_s);
+}
+inline void require_stable_baseline(const std::string& baseline, std::vector<double> seconds) {
+  if (seconds.empty()) return require_stable_baseline(baseline, 0, 0);
+  std::sort(seconds.begin(), seconds.end());
+  require_stable_baseline(baseline, seconds[seconds.size() / 2], seconds.front());
 }
 
 // Prints {"bench", "metric", "value", "baseline", "baseline_value", "ratio"} on one line. For a

@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
               "%.2f ms per step (KV %.0f MiB), memcpy %.2f ms\n",
               o.dtype.c_str(), o.batch, o.len, o.kv_heads, o.group, o.head_dim, o.page, o.threads,
               ours.median_s * 1e3, bytes / (1 << 20), base.median_s * 1e3);
+  laminar::bench::require_stable_baseline("memcpy", base);
   laminar::bench::report_throughput("paged_decode_cpu_" + o.dtype, "GB/s", bytes / ours.median_s / 1e9,
                                     "memcpy_" + std::to_string(o.threads) + "threads", bytes / base.median_s / 1e9);
   std::free(k);

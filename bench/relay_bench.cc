@@ -1,7 +1,7 @@
 // relay_bench: the relay tier against plain memory copies of the same bytes, in the same run.
 //   relay_publish_stall: time publish() keeps the actor (copy out of its memory; hashing and commit
 //     happen behind it) vs memcpy of the weight set into an already-touched buffer.
-//   relay_pull_host_cross_process: WeightPuller::pull (connect_local) from a relay in another process
+//   relay_pull_host_cross_process: WeightPuller::pull (create_local) from a relay in another process
 //     on this host, through its LocalRelayServer and shared memory, into host destinations, vs
 //     memcpy of the same bytes. Each pull pays the whole path: request, grant, mapping, copy,
 //     unmapping and release.
@@ -33,7 +33,7 @@
 
 #include "harness.h"
 #include "laminar/local_relay.h"
-#include "laminar/relay_chain.h"
+#include "laminar/relay_node.h"
 #include "laminar/relay_store.h"
 #include "laminar/weight_puller.h"
 #include "process.h"
@@ -127,19 +127,22 @@ class Peer {
   std::optional<laminar::testing::ChildProcess> child_;
 };
 
-// Options of a chain node reached at `listen_host`: 127.0.0.1, or its NetnsSwitch host's address
+// The process's transport, listening at `listen_host`: 127.0.0.1, or its NetnsSwitch host's address
 // (Peer then sets UCX_TLS=tcp, so UCX really uses the link).
-laminar::RelayChainOptions node_options(const std::string& listen_host) {
-  laminar::RelayChainOptions o;
-  o.transport.cluster_token = kToken;
-  o.listen_host = listen_host;
-  return o;
+std::shared_ptr<laminar::Transport> listening_transport(const std::string& listen_host) {
+  laminar::TransportOptions o;
+  o.cluster_token = kToken;
+  auto t = laminar::Transport::create(o);
+  check(t.status(), "transport");
+  std::shared_ptr<laminar::Transport> shared = std::move(*t);
+  check(shared->listen(listen_host, 0).status(), "listen");
+  return shared;
 }
 
 int run_relay(const std::string& upstream, const std::string& listen_host) {
-  auto store = laminar::RelayStore::create({}).value();
+  std::shared_ptr<laminar::RelayStore> store = laminar::RelayStore::create({}).value();
   std::mutex out;
-  laminar::RelayChainOptions o = node_options(listen_host);
+  laminar::RelayNodeOptions o;
   o.upstreams = {upstream};
   o.on_event = [&](const laminar::RelayEvent& e) {
     std::lock_guard lock(out);
@@ -149,11 +152,11 @@ int run_relay(const std::string& upstream, const std::string& listen_host) {
     }
     std::fflush(stdout);
   };
-  auto node = laminar::RelayNode::start(store, o);
+  auto node = laminar::RelayNode::create(listening_transport(listen_host), store, o);
   check(node.status(), "relay node");
   {
     std::lock_guard lock(out);
-    std::printf("listening %s\n", (*node)->address().c_str());
+    std::printf("listening %s\n", (*node)->address().value_or("none").c_str());
     std::fflush(stdout);
   }
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -183,10 +186,10 @@ std::atomic<bool> g_publish{false};
 int run_head(const std::string& listen_host, std::size_t mib, std::uint64_t chunk_bytes) {
   laminar::RelayStoreOptions so;
   so.chunk_bytes = chunk_bytes;
-  auto store = laminar::RelayStore::create(so).value();
-  auto node = laminar::RelayNode::start(store, node_options(listen_host));
+  std::shared_ptr<laminar::RelayStore> store = laminar::RelayStore::create(so).value();
+  auto node = laminar::RelayNode::create(listening_transport(listen_host), store);
   check(node.status(), "head node");
-  std::printf("listening %s\n", (*node)->address().c_str());
+  std::printf("listening %s\n", (*node)->address().value_or("none").c_str());
   std::fflush(stdout);
   publish_on_signal(*store, mib);
 }
@@ -194,8 +197,8 @@ int run_head(const std::string& listen_host, std::size_t mib, std::uint64_t chun
 int run_shm_relay(const std::string& socket, std::size_t mib) {
   laminar::RelayStoreOptions so;
   so.shareable = true;
-  auto store = laminar::RelayStore::create(so).value();
-  auto server = laminar::LocalRelayServer::start(store, socket);
+  std::shared_ptr<laminar::RelayStore> store = laminar::RelayStore::create(so).value();
+  auto server = laminar::LocalRelayServer::create(store, socket);
   check(server.status(), "local relay server");
   std::printf("serving %s\n", socket.c_str());
   std::fflush(stdout);
@@ -293,6 +296,7 @@ int main(int argc, char** argv) {
       memcpy_s.push_back(base);
     }
   }
+  laminar::bench::require_stable_baseline("memcpy", memcpy_s);
   laminar::bench::report_time("relay_publish_stall_" + std::to_string(mib) + "MiB", "s", median(publish_s),
                               "memcpy", median(memcpy_s));
 
@@ -310,7 +314,7 @@ int main(int argc, char** argv) {
   {
     Peer relay({"shm-relay", socket, std::to_string(mib)});
     relay.expect("serving ");
-    auto puller = laminar::WeightPuller::connect_local({socket}).value();
+    auto puller = laminar::WeightPuller::create_local({socket}).value();
     // A fresh version every round, published (outside the timing) while no pull runs, as a relay
     // does between a rollout's pulls. Two warm-up rounds: afterwards the relay writes each version
     // into the buffer of a freed one, as in steady state.
@@ -340,6 +344,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  laminar::bench::require_stable_baseline("memcpy", copy_s);
   laminar::bench::report_throughput("relay_pull_host_cross_process_" + std::to_string(mib) + "MiB", "GB/s",
                                     double(bytes) / median(pull_s) / 1e9, "memcpy",
                                     double(bytes) / median(copy_s) / 1e9);

@@ -44,7 +44,7 @@ constexpr std::size_t kGroup = 8;
   std::exit(1);
 }
 
-laminar::Transport make_transport() {
+std::shared_ptr<laminar::Transport> make_transport() {
   laminar::TransportOptions o;
   o.cluster_token = kToken;
   o.operation_timeout = 60s;
@@ -74,11 +74,8 @@ std::vector<Trajectory> make_trajectories(std::uint64_t first, std::size_t n) {
 // per group). Prints the seconds from its first push to its last answer.
 int produce(const std::string& address, const std::string& mode, std::uint64_t first, std::size_t count,
             std::size_t threads) {
-  laminar::Transport t = make_transport();
-  auto ep = t.connect(address);
-  if (!ep.ok()) die("connect", ep.status());
-  auto producer = laminar::RemoteProducer::connect(*ep);
-  if (!producer.ok()) die("handshake", producer.status());
+  auto producer = laminar::RemoteProducer::create(make_transport(), address);
+  if (!producer.ok()) die("connect", producer.status());
   std::vector<Trajectory> ts = make_trajectories(first, count);
   const std::size_t groups = count / kGroup;
   std::atomic<int> failed{0};
@@ -110,10 +107,10 @@ class Served {
     auto q = laminar::TrajectoryQueue::create(std::move(opt));
     if (!q.ok()) die("open", q.status());
     queue_ = std::move(q).value();
-    auto addr = transport_.listen("127.0.0.1", 0);
+    auto addr = transport_->listen("127.0.0.1", 0);
     if (!addr.ok()) die("listen", addr.status());
     address_ = *addr;
-    auto server = laminar::TrajectoryQueueServer::start(transport_, *queue_);
+    auto server = laminar::TrajectoryQueueServer::create(transport_, queue_);
     if (!server.ok()) die("server", server.status());
     server_ = std::move(server).value();
     consumer_ = std::thread([this] {
@@ -134,8 +131,8 @@ class Served {
   const std::string& address() const { return address_; }
 
  private:
-  laminar::Transport transport_;
-  std::unique_ptr<laminar::TrajectoryQueue> queue_;
+  std::shared_ptr<laminar::Transport> transport_;
+  std::shared_ptr<laminar::TrajectoryQueue> queue_;
   std::string address_;
   std::unique_ptr<laminar::TrajectoryQueueServer> server_;
   std::atomic<bool> stop_{false};

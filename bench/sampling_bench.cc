@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
     p.token = tokens.data();
     p.raw_logprob = raw.data();
     p.processed_logprob = processed.data();
-    p.num_threads = threads;
+    p.cpu_threads = threads;
     bool ok = true;
     const auto ours = laminar::bench::measure([&] { ok = ok && laminar::kernels::run(p, laminar::Stream::host()).ok(); },
                                               {1, 7});
@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
         },
         {1, 3});
     std::printf("%s: ours %.3f ms, full sort %.3f ms per batch\n", c.name, ours.median_s * 1e3, base.median_s * 1e3);
+    laminar::bench::require_stable_baseline("full_sort", base);
     laminar::bench::report_time(c.name, "ms_per_batch", ours.median_s * 1e3, "full_sort", base.median_s * 1e3);
   }
   return 0;

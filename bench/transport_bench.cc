@@ -75,23 +75,28 @@ class Peer {
 };
 
 int serve(const std::string& tls, std::size_t bytes) {
-  auto t = Transport::create(options(tls));
-  if (!t.ok()) die(t.status().to_string());
+  auto created = Transport::create(options(tls));
+  if (!created.ok()) die(created.status().to_string());
+  std::unique_ptr<Transport> t = std::move(created).value();
   auto region = t->allocate(bytes);
   if (!region.ok()) die(region.status().to_string());
   std::memset(region->data(), 0, bytes);
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  t->on_message(kRegion, [&](Incoming in) {
+  std::vector<Status> installed;
+  installed.push_back(t->on_message(kRegion, [&](Incoming in) {
     (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize()));
-  });
-  t->on_message(kExit, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kExit, [&](Incoming in) {
     (void)in.from.reply(in, in.message);
     std::lock_guard lock(mu);
     done = true;
     cv.notify_all();
-  });
+  }));
+  for (const Status& st : installed) {
+    if (!st.ok()) die(st.to_string());
+  }
   auto address = t->listen("127.0.0.1", 0);
   if (!address.ok()) die(address.status().to_string());
   std::printf("%s\n", address->c_str());
@@ -129,8 +134,9 @@ int sink(std::size_t bytes) {
 double transport_put_gbps(const std::string& tls, std::size_t bytes, int repeats) {
   Peer peer({"serve", tls, std::to_string(bytes)});
   const std::string address = peer.line();
-  auto t = Transport::create(options(tls));
-  if (!t.ok()) die(t.status().to_string());
+  auto created = Transport::create(options(tls));
+  if (!created.ok()) die(created.status().to_string());
+  std::unique_ptr<Transport> t = std::move(created).value();
   auto ep = t->connect(address);
   if (!ep.ok()) die(ep.status().to_string());
   auto desc = ep->request(Message::from_string(kRegion, ""));

@@ -1,9 +1,8 @@
 // Launcher for the cast kernel: the one place where runtime dtypes become template arguments.
-#include <cuda_runtime.h>
 #include <algorithm>
-#include <string>
 
 #include "cast.cuh"
+#include "launch_status.h"
 #include "laminar/kernels/cast.h"
 
 namespace laminar::kernels::cuda_detail {
@@ -35,11 +34,7 @@ Status launch_cast(const CastParams& p, void* stream) {
     case CastKind::kF16: launch_for_src<CastKind::kF16>(kind_of(p.dst_dtype), p, grid, s); break;
     case CastKind::kBF16: launch_for_src<CastKind::kBF16>(kind_of(p.dst_dtype), p, grid, s); break;
   }
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return unavailable(std::string("cast kernel launch failed: ") + cudaGetErrorString(err));
-  }
-  return ok_status();
+  return launch_status("cast", cudaGetLastError());
 }
 
 }  // namespace laminar::kernels::cuda_detail

@@ -1,8 +1,6 @@
 // Launcher of the paged decode kernels: the one place where the runtime dtype and head_dim become
 // template arguments for the device.
-#include <string>
-
-#include "laminar/status.h"
+#include "launch_status.h"
 #include "paged_decode_launch.cuh"
 
 namespace laminar::kernels::cuda_detail {
@@ -23,8 +21,7 @@ Status launch_paged_decode(const DecodeArgs& a, KvKind kind, int head_dim, std::
                 : launch_split_merge<KvKind::kBF16, 128>(a, num_rows, s);
       break;
   }
-  if (err != cudaSuccess) return unavailable(std::string("paged decode kernel launch failed: ") + cudaGetErrorString(err));
-  return ok_status();
+  return launch_status("paged decode", err);
 }
 
 }  // namespace laminar::kernels::cuda_detail

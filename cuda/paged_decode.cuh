@@ -24,11 +24,17 @@
 //      from +0; out[d] = O[d] / L (rounded once more to the output dtype); lse = M + log(L).
 //      A row of length 0 gives out = 0, lse = -inf.
 // Nothing in it depends on other rows, on the batch, or on the number of threads.
+//
+// Installed as <laminar/cuda/paged_decode.cuh>: a host application's nvcc build can instantiate the
+// kernels for its own dtype and head size (tests/consumer/kernels.cu does), as engines consume
+// FlashInfer's headers:
+//   template __global__ void laminar::kernels::cuda_detail::paged_decode_split_kernel<
+//       laminar::kernels::cuda_detail::KvKind::kBF16, 128>(laminar::kernels::cuda_detail::DecodeArgs);
 #pragma once
 
 #include <cstdint>
 
-#include "emulation/kernel_compat.h"
+#include "kernel_compat.cuh"
 #include "laminar/internal/numerics.h"
 
 namespace laminar::kernels::cuda_detail {

@@ -1,10 +1,8 @@
 // Launchers of the sampling kernels: the one place where the logits dtype becomes a template
-// argument. One block per row; the grid's x dimension covers batches up to 2^31 - 1 rows.
-#include <cuda_runtime.h>
-
-#include <string>
-
+// argument. One block per row; the grid's x dimension covers batches up to 2^31 - 1 rows (can_implement
+// refuses more).
 #include "laminar/kernels/sampling.h"
+#include "launch_status.h"
 #include "sampling.cuh"
 
 namespace laminar::kernels::cuda_detail {
@@ -17,19 +15,12 @@ LogitKind kind_of(DType t) {
   return t == DType::kF32 ? LogitKind::kF32 : t == DType::kF16 ? LogitKind::kF16 : LogitKind::kBF16;
 }
 
-Status launch_status(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return unavailable(std::string(what) + " kernel launch failed: " + cudaGetErrorString(err));
-  return ok_status();
-}
-
 constexpr std::size_t kSmem = sizeof(sampling_detail::SharedState);
 
 }  // namespace
 
 Status launch_sampling(const SamplingParams& p, void* stream) {
   if (p.batch == 0) return ok_status();
-  if (p.batch > 0x7fffffff) return invalid_argument("sample: batch above 2^31 - 1 rows on a CUDA stream");
   auto s = static_cast<cudaStream_t>(stream);
   const std::int64_t stride = p.row_stride == 0 ? p.vocab : p.row_stride;
   const dim3 grid(static_cast<unsigned>(p.batch));
@@ -39,12 +30,11 @@ Status launch_sampling(const SamplingParams& p, void* stream) {
     case LogitKind::kF16: sampling_detail::sampling_kernel<LogitKind::kF16><<<grid, kT, kSmem, s>>>(p, stride); break;
     case LogitKind::kBF16: sampling_detail::sampling_kernel<LogitKind::kBF16><<<grid, kT, kSmem, s>>>(p, stride); break;
   }
-  return launch_status("sampling");
+  return launch_status("sampling", cudaGetLastError());
 }
 
 Status launch_token_logprob(const TokenLogprobParams& p, void* stream) {
   if (p.batch == 0) return ok_status();
-  if (p.batch > 0x7fffffff) return invalid_argument("token_logprob: batch above 2^31 - 1 rows on a CUDA stream");
   auto s = static_cast<cudaStream_t>(stream);
   const std::int64_t stride = p.row_stride == 0 ? p.vocab : p.row_stride;
   const dim3 grid(static_cast<unsigned>(p.batch));
@@ -60,7 +50,7 @@ Status launch_token_logprob(const TokenLogprobParams& p, void* stream) {
       sampling_detail::token_logprob_kernel<LogitKind::kBF16><<<grid, kT, kSmem, s>>>(p, stride);
       break;
   }
-  return launch_status("token_logprob");
+  return launch_status("token_logprob", cudaGetLastError());
 }
 
 }  // namespace laminar::kernels::cuda_detail

@@ -7,11 +7,16 @@
 // compacted the same way. Thresholds come from the same radix selection as on the CPU (four rounds
 // of 256-bin histograms in shared memory); integer atomics make the bins exact, so the order in
 // which threads add to them does not matter.
+//
+// Installed as <laminar/cuda/sampling.cuh>, for a host application's nvcc build to instantiate the
+// kernels (sampling_kernel<LogitKind>, token_logprob_kernel<LogitKind>) or call the row arithmetic
+// of sampling_row.cuh from kernels of its own. A launch takes kThreads threads and
+// sizeof(SharedState) bytes of dynamic shared memory per row.
 #pragma once
 
 #include <cstdint>
 
-#include "emulation/kernel_compat.h"
+#include "kernel_compat.cuh"
 #include "sampling_row.cuh"
 
 namespace laminar::kernels::sampling_detail {

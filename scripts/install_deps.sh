@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  libfmt-dev catch2 nlohmann-json3-dev
+  libfmt-dev catch2 nlohmann-json3-dev libcli11-dev
   libucx-dev ucx-utils libdlpack-dev
   libbenchmark-dev libconcurrentqueue-dev
   libxxhash-dev libhwy-dev libsodium-dev

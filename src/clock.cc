@@ -89,12 +89,20 @@ Status ManualClock::advance(Duration d) {
   if (d < Duration::zero()) {
     return invalid_argument(fmt::format("ManualClock::advance: negative step {} ns", d.count()));
   }
-  now_ns_.fetch_add(d.count(), std::memory_order_acq_rel);
+  std::int64_t cur = now_ns_.load(std::memory_order_acquire);
+  do {
+    // Time stops short of kForever, which means "no deadline" to every waiter.
+    if (d.count() >= kForever.count() - cur) {
+      return invalid_argument(
+          fmt::format("ManualClock::advance: a step of {} ns from {} ns passes kForever", d.count(), cur));
+    }
+  } while (!now_ns_.compare_exchange_weak(cur, cur + d.count(), std::memory_order_acq_rel));
   wake_all();
   return ok_status();
 }
 
 Status ManualClock::set(Duration t) {
+  if (t >= kForever) return invalid_argument("ManualClock::set: kForever is not a time");
   std::int64_t cur = now_ns_.load(std::memory_order_acquire);
   do {
     if (t.count() < cur) {

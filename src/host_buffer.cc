@@ -142,10 +142,10 @@ Status cuda_device_usable() {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
-      return unavailable(fmt::format("no usable CUDA device: cudaGetDeviceCount returned {} ({})",
-                                     cudaGetErrorName(e), cudaGetErrorString(e)));
+      return failed_precondition(fmt::format("no usable CUDA device: cudaGetDeviceCount returned {} ({})",
+                                             cudaGetErrorName(e), cudaGetErrorString(e)));
     }
-    if (count == 0) return unavailable("no usable CUDA device: cudaGetDeviceCount found 0 devices");
+    if (count == 0) return failed_precondition("no usable CUDA device: cudaGetDeviceCount found 0 devices");
     return ok_status();
   }();
   return cached;

@@ -2,9 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <unordered_set>
+#include <utility>
+
+#include "kernels/tensor_args.h"
 
 namespace laminar {
 
@@ -66,6 +71,11 @@ Status validate(const PageTable& t, const KvLayout& l) {
 
 void PagedKvCache::FreeDeleter::operator()(unsigned char* p) const noexcept { std::free(p); }
 
+void PagedKvCache::init_free_list() {
+  free_.reserve(std::size_t(layout_.num_pages));
+  for (std::int32_t p = layout_.num_pages - 1; p >= 0; --p) free_.push_back(p);
+}
+
 Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout) {
   LAMINAR_RETURN_IF_ERROR(validate(layout));
   PagedKvCache c;
@@ -73,17 +83,64 @@ Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout) {
   const auto bytes = std::size_t(layout.pool_bytes());
   // 64-byte alignment: whole cache lines per page start, and aligned vector loads in the kernels.
   const std::size_t rounded = (bytes + 63) / 64 * 64;
-  c.k_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
-  c.v_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
-  if (!c.k_ || !c.v_) {
+  c.k_owned_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
+  c.v_owned_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
+  if (!c.k_owned_ || !c.v_owned_) {
     return resource_exhausted(fmt::format("PagedKvCache: cannot allocate two pools of {} bytes", bytes));
   }
-  std::memset(c.k_.get(), 0, bytes);
-  std::memset(c.v_.get(), 0, bytes);
-  c.free_.reserve(std::size_t(layout.num_pages));
-  for (std::int32_t p = layout.num_pages - 1; p >= 0; --p) c.free_.push_back(p);
+  c.k_ = c.k_owned_.get();
+  c.v_ = c.v_owned_.get();
+  std::memset(c.k_, 0, bytes);
+  std::memset(c.v_, 0, bytes);
+  c.init_free_list();
   return c;
 }
+
+Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout, const TensorView& k_pool,
+                                          const TensorView& v_pool) {
+  namespace ta = kernels::tensor_args;
+  constexpr const char* k = "PagedKvCache";
+  LAMINAR_RETURN_IF_ERROR(validate(layout));
+  const std::int64_t shape[4] = {layout.num_pages, layout.page_size, layout.num_kv_heads, layout.head_dim};
+  for (const auto& [name, pool] : {std::pair<const char*, const TensorView&>{"k_pool", k_pool}, {"v_pool", v_pool}}) {
+    if (!std::equal(pool.shape().begin(), pool.shape().end(), std::begin(shape), std::end(shape))) {
+      return ta::mismatch(k, name, fmt::format("shape {} but the layout gives {}", ta::shape_string(pool.shape()),
+                                               ta::shape_string(shape)));
+    }
+    if (pool.dtype() != layout.dtype) {
+      return ta::mismatch(k, name, fmt::format("dtype {} but the layout's is {}", dtype_name(pool.dtype()),
+                                               dtype_name(layout.dtype)));
+    }
+    LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, name, pool));
+  }
+  ta::Placement where(k);
+  LAMINAR_RETURN_IF_ERROR(where.add("k_pool", k_pool));
+  LAMINAR_RETURN_IF_ERROR(where.add("v_pool", v_pool));
+  const auto k_begin = reinterpret_cast<std::uintptr_t>(k_pool.data());
+  const auto v_begin = reinterpret_cast<std::uintptr_t>(v_pool.data());
+  const auto bytes = std::uintptr_t(layout.pool_bytes());
+  if (k_begin < v_begin + bytes && v_begin < k_begin + bytes) {
+    return invalid_argument("PagedKvCache: v_pool: overlaps k_pool");
+  }
+  PagedKvCache c;
+  c.layout_ = layout;
+  c.k_ = static_cast<unsigned char*>(k_pool.data());
+  c.v_ = static_cast<unsigned char*>(v_pool.data());
+  c.device_ = k_pool.device();
+  c.init_free_list();
+  return c;
+}
+
+TensorView PagedKvCache::pool_view(unsigned char* base) const {
+  const std::int64_t shape[4] = {layout_.num_pages, layout_.page_size, layout_.num_kv_heads, layout_.head_dim};
+  // The layout was validated and the memory is there, so the view is well formed.
+  auto view = TensorView::contiguous(base, layout_.dtype, shape, device_);
+  LAMINAR_CHECK_MSG(view.ok(), view.status().to_string());
+  return *view;
+}
+
+TensorView PagedKvCache::k_pool() const { return pool_view(k_); }
+TensorView PagedKvCache::v_pool() const { return pool_view(v_); }
 
 Status PagedKvCache::add_sequence(SequenceId id) {
   if (seqs_.contains(id)) return already_exists(fmt::format("PagedKvCache: sequence {} is already live", id.value()));

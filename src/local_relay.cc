@@ -19,6 +19,7 @@
 #include <thread>
 #include <utility>
 
+#include "clock_wait.h"
 #include "local_relay_wire.h"
 
 namespace laminar {
@@ -26,8 +27,6 @@ namespace laminar {
 namespace internal {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Descriptors one read may bring; more are refused (the kernel drops what does not fit).
 constexpr std::size_t kMaxFdsPerRead = 4;
@@ -109,20 +108,31 @@ Status send_all(int sock, std::span<const std::span<const std::byte>> parts, int
   return ok_status();
 }
 
-// Reads exactly n bytes by `deadline`, collecting any descriptors that arrive with them in `fds`.
-Status recv_exact(int sock, std::byte* dst, std::size_t n, Clock::time_point deadline, std::vector<UniqueFd>* fds,
-                  bool* ctrunc) {
+// poll() timeout for the time left to `deadline` on `clock`, rounded up to whole milliseconds. A
+// virtual clock's time left is only an upper bound on the real wait: its jumps wake poll() early.
+int poll_timeout_ms(const Clock& clock, Duration deadline) {
+  if (deadline == kForever) return -1;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock.now()).count();
+  return int(std::clamp<long long>(left, 0, 1 << 30));
+}
+
+// Reads exactly n bytes by `deadline` on the waker's clock, collecting any descriptors that arrive
+// with them in `fds`.
+Status recv_exact(int sock, std::byte* dst, std::size_t n, const ClockWaker& waker, Duration deadline,
+                  std::vector<UniqueFd>* fds, bool* ctrunc) {
   std::size_t got = 0;
   while (got < n) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return deadline_exceeded(fmt::format("no reply in time ({} of {} bytes read)", got, n));
-    pollfd p{sock, POLLIN, 0};
-    const int r = poll(&p, 1, int(std::min<long long>(left, 1 << 30)));
+    if (deadline != kForever && waker.clock().now() >= deadline) {
+      return deadline_exceeded(fmt::format("no reply in time ({} of {} bytes read)", got, n));
+    }
+    pollfd p[2] = {{sock, POLLIN, 0}, {waker.fd(), POLLIN, 0}};
+    const int r = poll(p, 2, poll_timeout_ms(waker.clock(), deadline));
     if (r < 0) {
       if (errno == EINTR) continue;
       return unavailable(fmt::format("poll failed: {}", std::strerror(errno)));
     }
-    if (r == 0) continue;
+    if ((p[1].revents & POLLIN) != 0) waker.drain();
+    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
     iovec iov{dst + got, n - got};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)];
     msghdr msg{};
@@ -210,7 +220,26 @@ Result<std::shared_ptr<SharedMapping>> SharedMapping::map(int fd, std::uint64_t 
 
 SharedMapping::~SharedMapping() { munmap(const_cast<std::byte*>(data_), size_); }
 
-Result<std::shared_ptr<LocalRelayConnection>> LocalRelayConnection::connect(const std::string& path) {
+Result<std::shared_ptr<ClockWaker>> ClockWaker::create(std::shared_ptr<Clock> clock) {
+  UniqueFd fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (fd.get() < 0) return unavailable(fmt::format("eventfd failed: {}", std::strerror(errno)));
+  std::shared_ptr<ClockWaker> w(new ClockWaker(std::move(clock), std::move(fd)));
+  w->wake_ = w->clock_->subscribe([raw = w.get()] {
+    const std::uint64_t one = 1;
+    (void)!write(raw->fd_.get(), &one, sizeof one);
+  });
+  return w;
+}
+
+ClockWaker::~ClockWaker() { wake_.reset(); }
+
+void ClockWaker::drain() const noexcept {
+  std::uint64_t n = 0;
+  (void)!read(fd_.get(), &n, sizeof n);
+}
+
+Result<std::shared_ptr<LocalRelayConnection>> LocalRelayConnection::connect(
+    const std::string& path, std::shared_ptr<const ClockWaker> waker) {
   auto addr = socket_address(path);
   LAMINAR_RETURN_IF_ERROR(addr.status());
   UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -218,7 +247,7 @@ Result<std::shared_ptr<LocalRelayConnection>> LocalRelayConnection::connect(cons
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(sockaddr_un)) != 0) {
     return unavailable(fmt::format("local relay '{}': connect failed: {}", path, std::strerror(errno)));
   }
-  return std::shared_ptr<LocalRelayConnection>(new LocalRelayConnection(std::move(fd), path));
+  return std::shared_ptr<LocalRelayConnection>(new LocalRelayConnection(std::move(fd), path, std::move(waker)));
 }
 
 void LocalRelayConnection::mark_broken() noexcept {
@@ -251,13 +280,13 @@ Status LocalRelayConnection::send_request(LocalRequest type, std::uint64_t a, st
   return ok_status();
 }
 
-Status LocalRelayConnection::read_reply(std::chrono::milliseconds timeout, LocalReply* type,
-                                        std::vector<std::byte>* payload, UniqueFd* fd) {
-  const auto deadline = Clock::now() + timeout;
+Status LocalRelayConnection::read_reply(Duration timeout, LocalReply* type, std::vector<std::byte>* payload,
+                                        UniqueFd* fd) {
+  const Duration deadline = deadline_after(waker_->clock(), timeout);
   std::vector<UniqueFd> fds;
   bool ctrunc = false;
   std::array<std::byte, kLocalReplyHeaderBytes> header;
-  Status st = recv_exact(fd_.get(), header.data(), header.size(), deadline, &fds, &ctrunc);
+  Status st = recv_exact(fd_.get(), header.data(), header.size(), *waker_, deadline, &fds, &ctrunc);
   if (!st.ok()) return fail(st);
   if (get_u32(header.data()) != kLocalRelayMagic) {
     return fail(data_loss(fmt::format("reply starts with {:#010x}, not the protocol's magic", get_u32(header.data()))));
@@ -272,7 +301,7 @@ Status LocalRelayConnection::read_reply(std::chrono::milliseconds timeout, Local
     return fail(data_loss(fmt::format("reply payload of {} bytes is over the limit of {}", len, kLocalMaxPayloadBytes)));
   }
   payload->resize(std::size_t(len));
-  st = recv_exact(fd_.get(), payload->data(), payload->size(), deadline, &fds, &ctrunc);
+  st = recv_exact(fd_.get(), payload->data(), payload->size(), *waker_, deadline, &fds, &ctrunc);
   if (!st.ok()) return fail(st);
   if (ctrunc) return fail(data_loss("reply carried more descriptors than the protocol allows"));
   *type = LocalReply(t);
@@ -284,7 +313,7 @@ Status LocalRelayConnection::read_reply(std::chrono::milliseconds timeout, Local
   return ok_status();
 }
 
-Result<std::optional<Version>> LocalRelayConnection::latest(std::chrono::milliseconds timeout) {
+Result<std::optional<Version>> LocalRelayConnection::latest(Duration timeout) {
   LAMINAR_RETURN_IF_ERROR(send_request(LocalRequest::kLatest, 0, 0));
   LocalReply type{};
   std::vector<std::byte> payload;
@@ -301,7 +330,7 @@ Result<std::optional<Version>> LocalRelayConnection::latest(std::chrono::millise
   return std::optional<Version>(Version(get_u64(payload.data() + 8)));
 }
 
-Result<LocalGrant> LocalRelayConnection::acquire(std::optional<Version> v, std::chrono::milliseconds timeout) {
+Result<LocalGrant> LocalRelayConnection::acquire(std::optional<Version> v, Duration timeout) {
   LAMINAR_RETURN_IF_ERROR(send_request(LocalRequest::kAcquire, v ? 1 : 0, v ? v->value() : 0));
   LocalReply type{};
   std::vector<std::byte> payload;
@@ -389,8 +418,9 @@ struct LocalRelayServer::Impl {
   std::thread thread;
   std::vector<std::unique_ptr<Client>> clients;  // the server thread's alone
   std::uint64_t next_lease = 1;
-  mutable std::mutex stats_mu;
+  mutable std::mutex stats_mu;  // guards stats and first_error
   LocalRelayServerStats stats;
+  Status first_error;
 
   void emit(LocalRelayEvent e) {
     if (options.on_event) options.on_event(e);
@@ -438,7 +468,7 @@ struct LocalRelayServer::Impl {
     switch (internal::LocalRequest(type)) {
       case internal::LocalRequest::kLatest: {
         std::vector<std::byte> payload;
-        const std::optional<Version> v = store->latest_version();
+        const std::optional<Version> v = store->newest_version();
         internal::put_u64(payload, v ? 1 : 0);
         internal::put_u64(payload, v ? v->value() : 0);
         return reply(c, internal::LocalReply::kLatestIs, payload, -1);
@@ -553,7 +583,12 @@ struct LocalRelayServer::Impl {
     for (;;) {
       std::vector<pollfd> fds{{wake_fd.get(), POLLIN, 0}, {listen_fd.get(), POLLIN, 0}};
       for (const auto& c : clients) fds.push_back({c->fd.get(), POLLIN, 0});
-      if (poll(fds.data(), fds.size(), -1) < 0) continue;  // EINTR
+      if (poll(fds.data(), fds.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        std::lock_guard lock(stats_mu);
+        first_error = unavailable(fmt::format("local relay server '{}': poll failed: {}", path, std::strerror(errno)));
+        return;
+      }
       if (fds[0].revents != 0) return;
       // Back to front, so dropping a client does not shift the ones still to serve.
       for (std::size_t k = clients.size(); k-- > 0;) {
@@ -583,7 +618,17 @@ LocalRelayServerStats LocalRelayServer::stats() const {
   return impl_->stats;
 }
 
-Result<std::unique_ptr<LocalRelayServer>> LocalRelayServer::start(std::shared_ptr<RelayStore> store,
+Status LocalRelayServer::background_error() const {
+  std::lock_guard lock(impl_->stats_mu);
+  return impl_->first_error;
+}
+
+std::string LocalRelayServerStats::to_json() const {
+  return fmt::format(R"({{"clients":{},"leases":{},"grants":{},"refused_clients":{}}})", clients, leases, grants,
+                     refused_clients);
+}
+
+Result<std::unique_ptr<LocalRelayServer>> LocalRelayServer::create(std::shared_ptr<RelayStore> store,
                                                                   std::string socket_path,
                                                                   LocalRelayServerOptions options) {
   if (!store) return invalid_argument("local relay server: the store is null");
@@ -603,7 +648,9 @@ Result<std::unique_ptr<LocalRelayServer>> LocalRelayServer::start(std::shared_pt
     if (!S_ISSOCK(existing.st_mode)) {
       return already_exists(fmt::format("local relay server: '{}' exists and is not a socket", socket_path));
     }
-    auto probe = internal::LocalRelayConnection::connect(socket_path);
+    auto waker = internal::ClockWaker::create(Clock::steady());
+    LAMINAR_RETURN_IF_ERROR(waker.status().with_context("local relay server"));
+    auto probe = internal::LocalRelayConnection::connect(socket_path, std::move(*waker));
     if (probe.ok()) {
       return already_exists(fmt::format("local relay server: a server is already listening on '{}'", socket_path));
     }

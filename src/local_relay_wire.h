@@ -1,4 +1,4 @@
-// local_relay_wire.h (internal): what a LocalRelayServer and its clients (WeightPuller::connect_local)
+// local_relay_wire.h (internal): what a LocalRelayServer and its clients (WeightPuller::create_local)
 // say over their Unix domain stream socket, and the client side of it.
 //
 // Requests are fixed 24-byte frames {magic, type, a, b} (little-endian, as the host: both ends are
@@ -16,7 +16,6 @@
 // before checking it against what it can hold.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,6 +26,7 @@
 
 #include <sys/types.h>
 
+#include "laminar/clock.h"
 #include "laminar/relay_versions.h"
 #include "laminar/status.h"
 #include "laminar/types.h"
@@ -90,6 +90,27 @@ class SharedMapping {
   FileId id_;
 };
 
+// A clock and an eventfd that becomes readable on every jump of that clock, so a wait in poll() on a
+// socket also ends when a virtual clock passes its deadline.
+class ClockWaker {
+ public:
+  // kUnavailable when the eventfd cannot be made.
+  static Result<std::shared_ptr<ClockWaker>> create(std::shared_ptr<Clock> clock);
+  ~ClockWaker();
+  ClockWaker(const ClockWaker&) = delete;
+  ClockWaker& operator=(const ClockWaker&) = delete;
+  const Clock& clock() const noexcept { return *clock_; }
+  int fd() const noexcept { return fd_.get(); }
+  // Empties the eventfd after poll() reported it readable.
+  void drain() const noexcept;
+
+ private:
+  ClockWaker(std::shared_ptr<Clock> clock, UniqueFd fd) : clock_(std::move(clock)), fd_(std::move(fd)) {}
+  std::shared_ptr<Clock> clock_;
+  UniqueFd fd_;
+  ClockSubscription wake_;
+};
+
 // One version a local relay granted: its layout and checksums, and its memory.
 struct LocalGrant {
   std::uint64_t lease = 0;
@@ -106,7 +127,9 @@ class LocalRelayConnection {
  public:
   // kInvalidArgument for a path that does not fit a socket address, kUnavailable when nothing
   // accepts on it.
-  static Result<std::shared_ptr<LocalRelayConnection>> connect(const std::string& path);
+  // Waits for replies read `waker`'s clock.
+  static Result<std::shared_ptr<LocalRelayConnection>> connect(const std::string& path,
+                                                               std::shared_ptr<const ClockWaker> waker);
 
   const std::string& path() const noexcept { return path_; }
   bool broken() const noexcept { return broken_; }
@@ -114,18 +137,19 @@ class LocalRelayConnection {
   void mark_broken() noexcept;
 
   // Newest committed version of the relay (nullopt: none yet).
-  Result<std::optional<Version>> latest(std::chrono::milliseconds timeout);
+  Result<std::optional<Version>> latest(Duration timeout);
   // Version v (newest when nullopt). The relay's error when it refuses (e.g. kNotFound); kUnavailable
   // / kDeadlineExceeded when the relay is gone or silent, kDataLoss for a malformed reply.
-  Result<LocalGrant> acquire(std::optional<Version> v, std::chrono::milliseconds timeout);
+  Result<LocalGrant> acquire(std::optional<Version> v, Duration timeout);
   // Drops a lease. Best effort: a connection that is gone has dropped every lease already.
   void release(std::uint64_t lease) noexcept;
 
  private:
-  LocalRelayConnection(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
+  LocalRelayConnection(UniqueFd fd, std::string path, std::shared_ptr<const ClockWaker> waker)
+      : fd_(std::move(fd)), path_(std::move(path)), waker_(std::move(waker)) {}
   Status send_request(LocalRequest type, std::uint64_t a, std::uint64_t b);
   // Reads one reply: its type, payload, and the descriptor that came with it (if any).
-  Status read_reply(std::chrono::milliseconds timeout, LocalReply* type, std::vector<std::byte>* payload,
+  Status read_reply(Duration timeout, LocalReply* type, std::vector<std::byte>* payload,
                     UniqueFd* fd);
   Status fail(Status why);
   // The relay's own error carried by an error reply, named after this relay (a reply too short
@@ -134,6 +158,7 @@ class LocalRelayConnection {
 
   UniqueFd fd_;
   std::string path_;
+  std::shared_ptr<const ClockWaker> waker_;
   bool broken_ = false;
 };
 

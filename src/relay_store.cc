@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "laminar/internal/host_buffer.h"
+#include "clock_wait.h"
 #include "relay_chunks.h"
 
 namespace laminar {
@@ -87,9 +88,18 @@ struct VersionSlot {
 };
 
 struct RelayCore {
-  explicit RelayCore(std::uint64_t budget) : ledger(budget), pool(std::make_shared<BufferPool>()) {
-    pool->room = budget;
+  explicit RelayCore(RelayStoreOptions o)
+      : options(std::move(o)),
+        clock(clock_or_steady(options.clock)),
+        ledger(options.memory_budget_bytes),
+        pool(std::make_shared<BufferPool>()) {
+    pool->room = options.memory_budget_bytes;
   }
+
+  Result<std::shared_ptr<VersionSlot>> begin_slot(Version v, const WeightManifest& manifest, const ChunkPlan& plan);
+  Result<std::shared_ptr<VersionSlot>> claim_chunk(Version v, std::uint32_t i, std::uint64_t nbytes,
+                                                   std::uint64_t checksum, bool* already);
+  Status finish_chunk(VersionSlot& slot, std::uint32_t i, std::uint64_t checksum);
 
   // Applies what the ledger decided: drops the slots of freed versions. Caller holds mu.
   void drop(const std::vector<Version>& freed) {
@@ -157,9 +167,13 @@ struct RelayCore {
     if (sealer.joinable()) sealer.join();
   }
 
+  const RelayStoreOptions options;
+  const std::shared_ptr<Clock> clock;
   mutable std::mutex mu;
-  // Signalled on every chunk stored, version begun or version committed.
+  // Signalled on every chunk stored, version begun or version committed, and on every jump of a
+  // virtual clock (clock_wake).
   mutable std::condition_variable changed;
+  ClockSubscription clock_wake;
   VersionLedger ledger;
   std::map<Version, std::shared_ptr<VersionSlot>> slots;
   std::shared_ptr<BufferPool> pool;
@@ -279,27 +293,125 @@ Status ReadHandle::verify(std::uint32_t first, std::uint32_t last) const {
   return internal::verify_chunks(slot_->version, slot_->plan, slot_->buffer.data(), slot_->checksums, first, last);
 }
 
+Result<std::shared_ptr<VersionSlot>> internal::RelayCore::begin_slot(Version v, const WeightManifest& manifest,
+                                                            const ChunkPlan& plan) {
+  if (manifest.empty()) return invalid_argument(fmt::format("version {}: the manifest is empty", v.value()));
+  if (plan.total_bytes() != manifest.total_bytes()) {
+    return invalid_argument(fmt::format("version {}: chunk plan covers {} bytes, the manifest {}", v.value(),
+                                        plan.total_bytes(), manifest.total_bytes()));
+  }
+  {
+    std::lock_guard lock(mu);
+    LAMINAR_RETURN_IF_ERROR(ledger.begin(v, plan));
+    pool->room = ledger.memory_budget() - ledger.bytes_held();
+  }
+  HostBuffer buf = pool->take(plan.total_bytes());
+  if (buf.data() == nullptr) {
+    auto fresh = HostBuffer::allocate(plan.total_bytes(), options.pin_memory, options.shareable);
+    if (!fresh.ok()) {
+      std::lock_guard lock(mu);
+      (void)ledger.abandon(v);
+      pool->room = ledger.memory_budget() - ledger.bytes_held();
+      return fresh.status().with_context(fmt::format("version {}", v.value()));
+    }
+    buf = std::move(*fresh);
+  }
+  auto slot = std::make_shared<VersionSlot>();
+  slot->version = v;
+  slot->manifest = manifest;
+  slot->plan = plan;
+  slot->buffer = std::move(buf);
+  slot->checksums.assign(plan.num_chunks(), 0);
+  slot->state.assign(plan.num_chunks(), VersionSlot::ChunkState::kMissing);
+  slot->pool = pool;
+  std::lock_guard lock(mu);
+  slots.emplace(v, slot);
+  changed.notify_all();
+  return slot;
+}
+
+Result<std::shared_ptr<VersionSlot>> internal::RelayCore::claim_chunk(Version v, std::uint32_t i, std::uint64_t nbytes,
+                                                             std::uint64_t checksum, bool* already) {
+  *already = false;
+  std::lock_guard lock(mu);
+  auto it = slots.find(v);
+  if (it == slots.end()) {
+    return not_found(fmt::format("chunk {} of version {}: that version is not being received (held: {})", i,
+                                 v.value(), held_versions(ledger)));
+  }
+  const std::shared_ptr<VersionSlot>& slot = it->second;
+  if (i >= slot->plan.num_chunks()) {
+    return out_of_range(
+        fmt::format("chunk {} of version {}: the version has {} chunks", i, v.value(), slot->plan.num_chunks()));
+  }
+  if (ledger.is_committed(v)) {
+    // A late duplicate (e.g. resent after a reconnect) of a version already complete.
+    if (slot->checksums[i] == checksum) {
+      *already = true;
+      return slot;
+    }
+    return failed_precondition(fmt::format(
+        "chunk {} of version {}: the version is committed and this chunk does not match it", i, v.value()));
+  }
+  if (nbytes != slot->plan.chunk_size(i)) {
+    ++chunks_rejected;
+    return data_loss(fmt::format("chunk {} of version {}: {} bytes arrived, {} expected", i, v.value(), nbytes,
+                                 slot->plan.chunk_size(i)));
+  }
+  switch (slot->state[i]) {
+    case VersionSlot::ChunkState::kStored: *already = true; break;
+    case VersionSlot::ChunkState::kWriting:
+      return unavailable(fmt::format("chunk {} of version {} is being written by another call", i, v.value()));
+    case VersionSlot::ChunkState::kMissing: slot->state[i] = VersionSlot::ChunkState::kWriting; break;
+  }
+  return slot;
+}
+
+Status internal::RelayCore::finish_chunk(VersionSlot& slot, std::uint32_t i, std::uint64_t checksum) {
+  // Hash what was stored, not what was handed in, so the check also covers the copy.
+  const std::uint64_t h = internal::chunk_checksum(slot.plan, slot.buffer.data(), i);
+  std::lock_guard lock(mu);
+  if (h != checksum) {
+    slot.state[i] = VersionSlot::ChunkState::kMissing;
+    ++chunks_rejected;
+    return data_loss(fmt::format("chunk {} of version {}: bytes hash to {:016x}, the sender's checksum is {:016x}; "
+                                 "fetch it again",
+                                 i, slot.version.value(), h, checksum));
+  }
+  return seal(slot, i, h);
+}
+
 // ---------------------------------------------------------------------------------------------
 // RelayStore
 
-RelayStore::RelayStore(RelayStoreOptions options)
-    : options_(options), core_(std::make_shared<RelayCore>(options.memory_budget_bytes)) {
+RelayStore::RelayStore(std::shared_ptr<RelayCore> core) : core_(std::move(core)) {
+  core_->clock_wake = core_->clock->subscribe([core = core_.get()] {
+    std::lock_guard lock(core->mu);
+    core->changed.notify_all();
+  });
   core_->sealer = std::thread([core = core_.get()] { core->seal_loop(); });
 }
 
-RelayStore::~RelayStore() { core_->stop(); }
+RelayStore::~RelayStore() {
+  core_->clock_wake.reset();
+  core_->stop();
+}
 
-Result<std::shared_ptr<RelayStore>> RelayStore::create(RelayStoreOptions options) {
+const RelayStoreOptions& RelayStore::options() const noexcept { return core_->options; }
+
+Result<std::unique_ptr<RelayStore>> RelayStore::create(RelayStoreOptions options) {
   if (options.chunk_bytes < ChunkPlan::kMinChunkBytes || options.chunk_bytes % WeightManifest::kAlignment != 0) {
     return invalid_argument(fmt::format("relay store: chunk_bytes is {}; it must be at least {} and a multiple of {}",
                                         options.chunk_bytes, ChunkPlan::kMinChunkBytes, WeightManifest::kAlignment));
   }
   if (options.memory_budget_bytes == 0) return invalid_argument("relay store: memory_budget_bytes is 0");
-  return std::shared_ptr<RelayStore>(new RelayStore(options));
+  return std::unique_ptr<RelayStore>(new RelayStore(std::make_shared<RelayCore>(std::move(options))));
 }
 
-Status RelayStore::check_publish(Version v, const WeightManifest& manifest, std::span<const NamedTensor> tensors,
-                                 std::vector<const NamedTensor*>* by_entry) const {
+namespace {
+
+Status check_publish(Version v, const WeightManifest& manifest, std::span<const NamedTensor> tensors,
+                     std::vector<const NamedTensor*>* by_entry) {
   if (manifest.empty()) return invalid_argument(fmt::format("publish version {}: the manifest is empty", v.value()));
   by_entry->assign(manifest.size(), nullptr);
   for (const NamedTensor& t : tensors) {
@@ -329,12 +441,14 @@ Status RelayStore::check_publish(Version v, const WeightManifest& manifest, std:
   return ok_status();
 }
 
+}  // namespace
+
 Status RelayStore::publish(Version v, const WeightManifest& manifest, std::span<const NamedTensor> tensors) {
   std::vector<const NamedTensor*> by_entry;
   LAMINAR_RETURN_IF_ERROR(check_publish(v, manifest, tensors, &by_entry));
-  auto plan = ChunkPlan::make(manifest.total_bytes(), options_.chunk_bytes);
+  auto plan = ChunkPlan::make(manifest.total_bytes(), core_->options.chunk_bytes);
   LAMINAR_RETURN_IF_ERROR(plan.status());
-  auto begun = begin_slot(v, manifest, *plan);
+  auto begun = core_->begin_slot(v, manifest, *plan);
   LAMINAR_RETURN_IF_ERROR(begun.status());
   std::shared_ptr<VersionSlot> slot = std::move(*begun);
   // Whole tensors at a time: large copies let memcpy stream past the caches. Padding between
@@ -349,8 +463,8 @@ Status RelayStore::publish(Version v, const WeightManifest& manifest, std::span<
     if (view.device().is_host()) {
       std::memcpy(base + e.offset, view.data(), e.nbytes);
     } else {
-      Status st = internal::copy_device_to_host(base + e.offset, view.data(), e.nbytes, options_.device_stream,
-                                                options_.chunk_bytes);
+      Status st = internal::copy_device_to_host(base + e.offset, view.data(), e.nbytes, core_->options.device_stream,
+                                                core_->options.chunk_bytes);
       if (!st.ok()) {
         (void)abandon(v);
         return st.with_context(fmt::format("publish version {}: copying tensor '{}' from {}", v.value(), e.name,
@@ -367,104 +481,19 @@ Status RelayStore::publish(Version v, const WeightManifest& manifest, std::span<
 }
 
 Status RelayStore::begin_version(Version v, const WeightManifest& manifest, const ChunkPlan& plan) {
-  return begin_slot(v, manifest, plan).status();
+  return core_->begin_slot(v, manifest, plan).status();
 }
 
-Result<std::shared_ptr<VersionSlot>> RelayStore::begin_slot(Version v, const WeightManifest& manifest,
-                                                            const ChunkPlan& plan) {
-  if (manifest.empty()) return invalid_argument(fmt::format("version {}: the manifest is empty", v.value()));
-  if (plan.total_bytes() != manifest.total_bytes()) {
-    return invalid_argument(fmt::format("version {}: chunk plan covers {} bytes, the manifest {}", v.value(),
-                                        plan.total_bytes(), manifest.total_bytes()));
-  }
-  {
-    std::lock_guard lock(core_->mu);
-    LAMINAR_RETURN_IF_ERROR(core_->ledger.begin(v, plan));
-    core_->pool->room = core_->ledger.memory_budget() - core_->ledger.bytes_held();
-  }
-  internal::HostBuffer buf = core_->pool->take(plan.total_bytes());
-  if (buf.data() == nullptr) {
-    auto fresh = internal::HostBuffer::allocate(plan.total_bytes(), options_.pin_memory, options_.shareable);
-    if (!fresh.ok()) {
-      std::lock_guard lock(core_->mu);
-      (void)core_->ledger.abandon(v);
-      core_->pool->room = core_->ledger.memory_budget() - core_->ledger.bytes_held();
-      return fresh.status().with_context(fmt::format("version {}", v.value()));
-    }
-    buf = std::move(*fresh);
-  }
-  auto slot = std::make_shared<VersionSlot>();
-  slot->version = v;
-  slot->manifest = manifest;
-  slot->plan = plan;
-  slot->buffer = std::move(buf);
-  slot->checksums.assign(plan.num_chunks(), 0);
-  slot->state.assign(plan.num_chunks(), VersionSlot::ChunkState::kMissing);
-  slot->pool = core_->pool;
-  std::lock_guard lock(core_->mu);
-  core_->slots.emplace(v, slot);
-  core_->changed.notify_all();
-  return slot;
-}
 
-Result<std::shared_ptr<VersionSlot>> RelayStore::claim_chunk(Version v, std::uint32_t i, std::uint64_t nbytes,
-                                                             std::uint64_t checksum, bool* already) {
-  *already = false;
-  std::lock_guard lock(core_->mu);
-  auto it = core_->slots.find(v);
-  if (it == core_->slots.end()) {
-    return not_found(fmt::format("chunk {} of version {}: that version is not being received (held: {})", i,
-                                 v.value(), internal::held_versions(core_->ledger)));
-  }
-  const std::shared_ptr<VersionSlot>& slot = it->second;
-  if (i >= slot->plan.num_chunks()) {
-    return out_of_range(
-        fmt::format("chunk {} of version {}: the version has {} chunks", i, v.value(), slot->plan.num_chunks()));
-  }
-  if (core_->ledger.is_committed(v)) {
-    // A late duplicate (e.g. resent after a reconnect) of a version already complete.
-    if (slot->checksums[i] == checksum) {
-      *already = true;
-      return slot;
-    }
-    return failed_precondition(fmt::format(
-        "chunk {} of version {}: the version is committed and this chunk does not match it", i, v.value()));
-  }
-  if (nbytes != slot->plan.chunk_size(i)) {
-    ++core_->chunks_rejected;
-    return data_loss(fmt::format("chunk {} of version {}: {} bytes arrived, {} expected", i, v.value(), nbytes,
-                                 slot->plan.chunk_size(i)));
-  }
-  switch (slot->state[i]) {
-    case VersionSlot::ChunkState::kStored: *already = true; break;
-    case VersionSlot::ChunkState::kWriting:
-      return unavailable(fmt::format("chunk {} of version {} is being written by another call", i, v.value()));
-    case VersionSlot::ChunkState::kMissing: slot->state[i] = VersionSlot::ChunkState::kWriting; break;
-  }
-  return slot;
-}
 
-Status RelayStore::finish_chunk(VersionSlot& slot, std::uint32_t i, std::uint64_t checksum) {
-  // Hash what was stored, not what was handed in, so the check also covers the copy.
-  const std::uint64_t h = internal::chunk_checksum(slot.plan, slot.buffer.data(), i);
-  std::lock_guard lock(core_->mu);
-  if (h != checksum) {
-    slot.state[i] = VersionSlot::ChunkState::kMissing;
-    ++core_->chunks_rejected;
-    return data_loss(fmt::format("chunk {} of version {}: bytes hash to {:016x}, the sender's checksum is {:016x}; "
-                                 "fetch it again",
-                                 i, slot.version.value(), h, checksum));
-  }
-  return core_->seal(slot, i, h);
-}
 
 Status RelayStore::put_chunk(Version v, std::uint32_t i, std::span<const std::byte> bytes, std::uint64_t checksum) {
   bool already = false;
-  auto slot = claim_chunk(v, i, bytes.size(), checksum, &already);
+  auto slot = core_->claim_chunk(v, i, bytes.size(), checksum, &already);
   LAMINAR_RETURN_IF_ERROR(slot.status());
   if (already) return ok_status();
   std::memcpy((*slot)->buffer.data() + (*slot)->plan.chunk_offset(i), bytes.data(), bytes.size());
-  return finish_chunk(**slot, i, checksum);
+  return core_->finish_chunk(**slot, i, checksum);
 }
 
 Status RelayStore::seal_in_place(Version v, std::uint32_t i, std::uint64_t checksum) {
@@ -475,10 +504,10 @@ Status RelayStore::seal_in_place(Version v, std::uint32_t i, std::uint64_t check
     if (it != core_->slots.end() && i < it->second->plan.num_chunks()) size = it->second->plan.chunk_size(i);
   }
   bool already = false;
-  auto slot = claim_chunk(v, i, size, checksum, &already);
+  auto slot = core_->claim_chunk(v, i, size, checksum, &already);
   LAMINAR_RETURN_IF_ERROR(slot.status());
   if (already) return ok_status();
-  return finish_chunk(**slot, i, checksum);
+  return core_->finish_chunk(**slot, i, checksum);
 }
 
 Result<RelayStore::VersionMemory> RelayStore::version_memory(Version v) const {
@@ -514,19 +543,19 @@ Status RelayStore::abandon(Version v) {
   return ok_status();
 }
 
-std::optional<Version> RelayStore::latest_version() const {
+std::optional<Version> RelayStore::newest_version() const {
   std::lock_guard lock(core_->mu);
   return core_->ledger.newest_committed();
 }
 
 Result<ReadHandle> RelayStore::acquire() const {
-  std::optional<Version> v = latest_version();
+  std::optional<Version> v = newest_version();
   if (!v) return not_found("relay store: no version is committed yet");
   // A newer version may commit (and free v) between the two locks; take whatever is newest then.
   for (;;) {
     auto h = acquire(*v);
     if (h.ok() || h.status().code() != StatusCode::kNotFound) return h;
-    v = latest_version();
+    v = newest_version();
   }
 }
 
@@ -544,15 +573,19 @@ Result<ReadHandle> RelayStore::acquire(Version v) const {
   return ReadHandle(core_, it->second);
 }
 
-Status RelayStore::wait_for_version(Version v, std::chrono::milliseconds timeout) const {
+Status RelayStore::wait_for_version(Version v, Duration timeout) const {
+  if (timeout < Duration::zero()) {
+    return invalid_argument(fmt::format("relay store: wait_for_version timeout is negative ({} ns)", timeout.count()));
+  }
+  const Duration deadline = internal::deadline_after(*core_->clock, timeout);
   std::unique_lock lock(core_->mu);
-  const bool ok = core_->changed.wait_for(lock, timeout, [&] {
+  const bool ok = internal::wait_until(*core_->clock, core_->changed, lock, deadline, [&] {
     auto n = core_->ledger.newest_committed();
     return n && *n >= v;
   });
   if (ok) return ok_status();
   auto n = core_->ledger.newest_committed();
-  return deadline_exceeded(fmt::format("relay store: version {} not committed after {} ms (newest committed: {})",
+  return deadline_exceeded(fmt::format("relay store: version {} not committed after {} ns (newest committed: {})",
                                        v.value(), timeout.count(), n ? std::to_string(n->value()) : "none"));
 }
 
@@ -572,12 +605,15 @@ Result<RelayStore::VersionInfo> RelayStore::version_info(Version v) const {
   return VersionInfo{it->second->manifest, it->second->plan, core_->ledger.is_committed(v)};
 }
 
-Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i,
-                                                    std::chrono::milliseconds timeout) const {
+Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i, Duration timeout) const {
+  if (timeout < Duration::zero()) {
+    return invalid_argument(fmt::format("relay store: read_chunk timeout is negative ({} ns)", timeout.count()));
+  }
+  const Duration deadline = internal::deadline_after(*core_->clock, timeout);
   std::unique_lock lock(core_->mu);
   std::shared_ptr<VersionSlot> slot;
   Status why;
-  const bool ready = core_->changed.wait_for(lock, timeout, [&] {
+  const bool ready = internal::wait_until(*core_->clock, core_->changed, lock, deadline, [&] {
     auto it = core_->slots.find(v);
     if (it == core_->slots.end()) {
       why = not_found(fmt::format("relay store: version {} is not held (held: {})", v.value(),
@@ -594,7 +630,7 @@ Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i,
     return true;
   });
   if (!ready) {
-    return deadline_exceeded(fmt::format("relay store: chunk {} of version {} did not arrive in {} ms", i,
+    return deadline_exceeded(fmt::format("relay store: chunk {} of version {} did not arrive in {} ns", i,
                                          v.value(), timeout.count()));
   }
   if (!why.ok()) return why;
@@ -605,9 +641,10 @@ Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i,
   return ref;
 }
 
-bool RelayStore::wait_for_newer(std::optional<Version> than, std::chrono::milliseconds timeout) const {
+bool RelayStore::wait_for_newer(std::optional<Version> than, Duration timeout) const {
+  const Duration deadline = internal::deadline_after(*core_->clock, std::max(timeout, Duration::zero()));
   std::unique_lock lock(core_->mu);
-  return core_->changed.wait_for(lock, timeout, [&] {
+  return internal::wait_until(*core_->clock, core_->changed, lock, deadline, [&] {
     return !core_->slots.empty() && (!than || core_->slots.rbegin()->first > *than);
   });
 }
@@ -623,6 +660,11 @@ RelayStoreStats RelayStore::stats() const {
   }
   s.bytes_recycled = core_->pool->bytes();
   return s;
+}
+
+std::string RelayStoreStats::to_json() const {
+  return fmt::format(R"({{"bytes_held":{},"bytes_recycled":{},"versions_held":{},"chunks_rejected":{},"pinned":{}}})",
+                     bytes_held, bytes_recycled, versions_held, chunks_rejected, pinned);
 }
 
 }  // namespace laminar

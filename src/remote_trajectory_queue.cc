@@ -10,17 +10,26 @@
 #include <thread>
 #include <utility>
 
+#include "clock_wait.h"
+#include "handler_gate.h"
+#include "transport/protocol.h"
+
 namespace laminar {
+using internal::kQueueHelloMessage;
+using internal::kQueuePushManyMessage;
+using internal::kQueuePushMessage;
+
 namespace {
 
 constexpr std::uint32_t kProtocol = 1;
 constexpr std::uint32_t kPushMagic = 0x31505154u;  // "TQP1"
 constexpr std::size_t kPushHeaderBytes = 16;
-// While the queue is full, held pushes are retried this often. Polling rather than blocking in the
-// queue keeps the server independent of the queue's clock (which may be virtual) and stoppable.
-constexpr auto kRetryEvery = std::chrono::milliseconds(1);
-// A blocking push has no deadline of its own; the request still needs one.
-constexpr auto kBlockingRequestTimeout = std::chrono::hours(24);
+// While the queue is full, held pushes are retried this often (on the server's clock). The queue
+// tells nobody when room frees, and blocking in it would leave the server unstoppable.
+constexpr Duration kRetryEvery = std::chrono::milliseconds(1);
+// A timed push's request may take this much longer than the push's own timeout: the server
+// answers kDeadlineExceeded itself, and the slack covers the round trip.
+constexpr Duration kRequestSlack = std::chrono::seconds(5);
 
 struct PushHeader {
   std::uint32_t magic;
@@ -135,7 +144,11 @@ std::vector<std::byte> u32_pair(std::uint32_t a, std::uint32_t b) {
 // Server.
 
 struct TrajectoryQueueServer::Impl {
-  Impl(Transport& t, TrajectoryQueue& q, QueueServerOptions o) : transport(t), queue(q), opt(o) {}
+  Impl(std::shared_ptr<Transport> t, std::shared_ptr<TrajectoryQueue> q, QueueServerOptions o)
+      : transport(std::move(t)),
+        queue(std::move(q)),
+        opt(std::move(o)),
+        clock(internal::clock_or_steady(opt.clock)) {}
 
   // A push or push_many message whose trajectories are not all answered yet.
   struct Held {
@@ -144,8 +157,7 @@ struct TrajectoryQueueServer::Impl {
     std::vector<Trajectory> ts;
     // The answers; kUnavailable for the ones still waiting for room.
     std::vector<Status> out;
-    bool has_deadline = false;
-    std::chrono::steady_clock::time_point deadline;
+    Duration deadline = kForever;  // on the server's clock
 
     bool waiting() const {
       return std::any_of(out.begin(), out.end(), [](const Status& s) { return s.code() == StatusCode::kUnavailable; });
@@ -158,16 +170,20 @@ struct TrajectoryQueueServer::Impl {
     }
   };
 
-  Transport& transport;
-  TrajectoryQueue& queue;
-  QueueServerOptions opt;
+  const std::shared_ptr<Transport> transport;
+  const std::shared_ptr<TrajectoryQueue> queue;
+  const QueueServerOptions opt;
+  const std::shared_ptr<Clock> clock;
 
   mutable std::mutex mu;
+  // Signalled on arrivals, on stopping and on every jump of a virtual clock (clock_wake).
   std::condition_variable cv;
   std::deque<Held> held;  // arrival order; only the worker takes from the front
   bool stopping = false;
-  Stats st;
+  TrajectoryQueueServerStats st;
   std::thread worker;
+  ClockSubscription clock_wake;
+  internal::HandlerGate gate;
 
   static void answer(const Incoming& in, const Status& s) {
     // The producer may be gone; then there is nobody to tell, and nothing else to do.
@@ -204,7 +220,7 @@ struct TrajectoryQueueServer::Impl {
     std::vector<Trajectory> ts;
     ts.reserve(idx.size());
     for (std::uint32_t i : idx) ts.push_back(std::move(h.ts[i]));
-    std::vector<Status> r = queue.push_many(ts, PushOptions::fail_fast());
+    std::vector<Status> r = queue->push_many(ts, PushOptions::fail_fast());
     for (std::size_t k = 0; k < idx.size(); ++k) {
       if (!r[k].ok()) h.ts[idx[k]] = std::move(ts[k]);
       h.out[idx[k]] = std::move(r[k]);
@@ -246,7 +262,7 @@ struct TrajectoryQueueServer::Impl {
     Result<Trajectory> t = decode_trajectory(std::string_view(reinterpret_cast<const char*>(body.data()) + kPushHeaderBytes,
                                                               body.size() - kPushHeaderBytes));
     if (!t.ok()) return refuse_malformed(in, t.status());
-    Held hd{std::move(in), false, {}, {}, false, {}};
+    Held hd{std::move(in), false, {}, {}, kForever};
     hd.ts.push_back(std::move(t).value());
     take(std::move(hd), PushMode(h.mode), h.timeout_ns);
   }
@@ -274,7 +290,7 @@ struct TrajectoryQueueServer::Impl {
                          body.size() - kPushManyHeaderBytes),
         h.count);
     if (!ts.ok()) return refuse_malformed(in, ts.status());
-    take(Held{std::move(in), true, std::move(ts).value(), {}, false, {}}, PushMode(h.mode), h.timeout_ns);
+    take(Held{std::move(in), true, std::move(ts).value(), {}, kForever}, PushMode(h.mode), h.timeout_ns);
   }
 
   // A well-formed message: pushed at once when nothing waits ahead of it and there is room,
@@ -299,8 +315,7 @@ struct TrajectoryQueueServer::Impl {
         return answer(hd);
       }
     }
-    hd.has_deadline = mode == PushMode::kTimeout;
-    if (hd.has_deadline) hd.deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+    if (mode == PushMode::kTimeout) hd.deadline = internal::deadline_after(*clock, Duration(timeout_ns));
     held.push_back(std::move(hd));
     st.held = held.size();
     cv.notify_all();
@@ -313,9 +328,9 @@ struct TrajectoryQueueServer::Impl {
         cv.wait(l);
         continue;
       }
-      const auto now = std::chrono::steady_clock::now();
+      const Duration now = clock->now();
       for (auto it = held.begin(); it != held.end();) {
-        if (it->has_deadline && it->deadline <= now) {
+        if (it->deadline <= now) {
           Held h = std::move(*it);
           it = held.erase(it);
           st.held = held.size();
@@ -334,7 +349,9 @@ struct TrajectoryQueueServer::Impl {
       const bool done = attempt(front);
       l.lock();
       if (!done) {
-        cv.wait_for(l, kRetryEvery);
+        Duration wake = internal::deadline_after(*clock, kRetryEvery);
+        for (const Held& h : held) wake = std::min(wake, h.deadline);
+        if (!stopping) clock->wait_until(cv, l, wake);
         continue;
       }
       Held h = std::move(held.front());
@@ -355,49 +372,76 @@ struct TrajectoryQueueServer::Impl {
   }
 };
 
-Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::start(Transport& transport,
-                                                                            TrajectoryQueue& queue,
-                                                                            QueueServerOptions options) {
+Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::create(std::shared_ptr<Transport> transport,
+                                                                             std::shared_ptr<TrajectoryQueue> queue,
+                                                                             QueueServerOptions options) {
+  if (!transport) return invalid_argument("queue server: the transport is null");
+  if (!queue) return invalid_argument("queue server: the queue is null");
   if (options.credits_per_producer == 0) return invalid_argument("QueueServerOptions: credits_per_producer is 0");
-  auto impl = std::make_shared<Impl>(transport, queue, options);
+  auto impl = std::make_unique<Impl>(std::move(transport), std::move(queue), std::move(options));
+  impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
+    std::lock_guard<std::mutex> l(raw->mu);
+    raw->cv.notify_all();
+  });
   impl->worker = std::thread([raw = impl.get()] { raw->run(); });
-  transport.on_message(kQueueHelloMessage, [impl](Incoming in) { impl->on_hello(in); });
-  transport.on_message(kQueuePushMessage, [impl](Incoming in) { impl->on_push(std::move(in)); });
-  transport.on_message(kQueuePushManyMessage, [impl](Incoming in) { impl->on_push_many(std::move(in)); });
+  // The types are laminar's own, in the reserved range: registering them cannot fail.
+  Impl* p = impl.get();
+  LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueueHelloMessage,
+                                              p->gate.wrap([p](Incoming in) { p->on_hello(in); }))
+                    .ok());
+  LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueuePushMessage,
+                                              p->gate.wrap([p](Incoming in) { p->on_push(std::move(in)); }))
+                    .ok());
+  LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueuePushManyMessage,
+                                              p->gate.wrap([p](Incoming in) { p->on_push_many(std::move(in)); }))
+                    .ok());
   return std::unique_ptr<TrajectoryQueueServer>(new TrajectoryQueueServer(std::move(impl)));
 }
 
-TrajectoryQueueServer::TrajectoryQueueServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TrajectoryQueueServer::TrajectoryQueueServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TrajectoryQueueServer::~TrajectoryQueueServer() {
-  impl_->transport.on_message(kQueueHelloMessage, {});
-  impl_->transport.on_message(kQueuePushMessage, {});
-  impl_->transport.on_message(kQueuePushManyMessage, {});
+  (void)internal::on_protocol_message(*impl_->transport, kQueueHelloMessage, {});
+  (void)internal::on_protocol_message(*impl_->transport, kQueuePushMessage, {});
+  (void)internal::on_protocol_message(*impl_->transport, kQueuePushManyMessage, {});
+  impl_->gate.close();
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     impl_->stopping = true;
   }
   impl_->cv.notify_all();
   impl_->worker.join();
+  impl_->clock_wake.reset();
 }
 
-TrajectoryQueueServer::Stats TrajectoryQueueServer::stats() const {
+TrajectoryQueueServerStats TrajectoryQueueServer::stats() const {
   std::lock_guard<std::mutex> l(impl_->mu);
   return impl_->st;
+}
+
+std::string TrajectoryQueueServerStats::to_json() const {
+  return fmt::format(R"({{"producers":{},"received":{},"accepted":{},"refused":{},"malformed":{},"held":{}}})",
+                     producers, received, accepted, refused, malformed, held);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Producer.
 
 struct RemoteProducer::Impl {
+  std::shared_ptr<Transport> transport;  // kept alive for the endpoint
   Endpoint ep;
+  std::shared_ptr<Clock> clock;
   std::uint32_t granted = 0;
   mutable std::mutex mu;
+  // Signalled when a credit comes back and on every jump of a virtual clock (clock_wake).
   std::condition_variable cv;
   std::uint32_t free = 0;
+  ClockSubscription clock_wake;
 
-  // Takes a credit as `o`, begun at `start`, says; OK when taken.
-  Status acquire(const PushOptions& o, std::chrono::steady_clock::time_point start) {
+  ~Impl() { clock_wake.reset(); }
+
+  // Takes a credit as `o`, begun at `start` (on the clock), says; OK when taken.
+  Status acquire(const PushOptions& o, Duration start) {
     std::unique_lock<std::mutex> l(mu);
     if (free > 0) {
       --free;
@@ -406,9 +450,9 @@ struct RemoteProducer::Impl {
     if (o.mode == PushMode::kFailFast) {
       return unavailable(fmt::format("remote push: all {} credits in flight", granted));
     }
-    if (o.mode == PushMode::kBlock || o.timeout > std::chrono::steady_clock::time_point::max() - start) {
-      cv.wait(l, [&] { return free > 0; });
-    } else if (!cv.wait_until(l, start + o.timeout, [&] { return free > 0; })) {
+    const Duration deadline =
+        o.mode == PushMode::kBlock || o.timeout >= kForever - start ? kForever : start + o.timeout;
+    if (!internal::wait_until(*clock, cv, l, deadline, [&] { return free > 0; })) {
       return deadline_exceeded(fmt::format("remote push: no credit free within {} ns", o.timeout.count()));
     }
     --free;
@@ -423,10 +467,28 @@ struct RemoteProducer::Impl {
   }
 };
 
-Result<std::unique_ptr<RemoteProducer>> RemoteProducer::connect(Endpoint endpoint,
-                                                                std::chrono::milliseconds timeout) {
-  if (!endpoint.valid()) return invalid_argument("RemoteProducer::connect: endpoint is not connected");
-  Result<Message> r = endpoint.request(Message{kQueueHelloMessage, {}}, timeout);
+Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(std::shared_ptr<Transport> transport,
+                                                               std::string_view address,
+                                                               RemoteProducerOptions options) {
+  if (!transport) return invalid_argument("RemoteProducer::create: the transport is null");
+  if (options.connect_timeout <= Duration::zero()) {
+    return invalid_argument(fmt::format("RemoteProducer::create: connect_timeout is {} ns",
+                                        options.connect_timeout.count()));
+  }
+  auto ep = transport->connect(address, options.connect_timeout);
+  if (!ep.ok()) return ep.status().with_context(fmt::format("queue server at {}", address));
+  return create(std::move(transport), std::move(*ep), std::move(options));
+}
+
+Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(std::shared_ptr<Transport> transport,
+                                                               Endpoint endpoint, RemoteProducerOptions options) {
+  if (!transport) return invalid_argument("RemoteProducer::create: the transport is null");
+  if (!endpoint.valid()) return invalid_argument("RemoteProducer::create: endpoint is not connected");
+  if (options.connect_timeout <= Duration::zero()) {
+    return invalid_argument(fmt::format("RemoteProducer::create: connect_timeout is {} ns",
+                                        options.connect_timeout.count()));
+  }
+  Result<Message> r = internal::request_protocol(endpoint, Message{kQueueHelloMessage, {}}, options.connect_timeout);
   if (!r.ok()) return r.status().with_context("queue handshake");
   if (r->type != kQueueHelloMessage || r->body.size() != 8) {
     return data_loss(fmt::format("queue handshake: answer of type {:#x} with {} bytes", r->type, r->body.size()));
@@ -439,9 +501,15 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::connect(Endpoint endpoin
                                  kProtocol, credits));
   }
   auto impl = std::make_unique<Impl>();
+  impl->transport = std::move(transport);
   impl->ep = std::move(endpoint);
+  impl->clock = internal::clock_or_steady(std::move(options.clock));
   impl->granted = credits;
   impl->free = credits;
+  impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
+    std::lock_guard<std::mutex> l(raw->mu);
+    raw->cv.notify_all();
+  });
   return std::unique_ptr<RemoteProducer>(new RemoteProducer(std::move(impl)));
 }
 
@@ -456,14 +524,14 @@ std::uint32_t RemoteProducer::credits_free() const {
 
 namespace {
 
-// What is left of a push's timeout `o` begun at `start`, and how long its request may take: the
-// server answers kDeadlineExceeded itself, and the slack covers the round trip.
-std::pair<std::int64_t, std::chrono::milliseconds> request_limits(const PushOptions& o,
-                                                                  std::chrono::steady_clock::time_point start) {
-  if (o.mode == PushMode::kFailFast) return {0, kDefaultTimeout};
-  if (o.mode == PushMode::kBlock) return {0, kBlockingRequestTimeout};
-  const auto left = std::max(o.timeout - (std::chrono::steady_clock::now() - start), Clock::Duration::zero());
-  return {left.count(), std::chrono::duration_cast<std::chrono::milliseconds>(left) + std::chrono::seconds(5)};
+// What is left of a push's timeout `o` begun at `start`, and how long its request may take (a
+// blocking push waits as long as the server holds it; a broken link still ends it).
+std::pair<std::int64_t, std::optional<Duration>> request_limits(const PushOptions& o, const Clock& clock,
+                                                                Duration start) {
+  if (o.mode == PushMode::kFailFast) return {0, std::nullopt};
+  if (o.mode == PushMode::kBlock) return {0, kForever};
+  const Duration left = std::max(o.timeout - (clock.now() - start), Duration::zero());
+  return {left.count(), left >= kForever - kRequestSlack ? kForever : left + kRequestSlack};
 }
 
 }  // namespace
@@ -475,7 +543,7 @@ std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOpti
               invalid_argument(fmt::format("remote push_many: negative timeout {} ns", options.timeout.count())));
     return out;
   }
-  const auto start = std::chrono::steady_clock::now();
+  const Duration start = impl_->clock->now();
   // Checked here too, so a bad trajectory costs no bytes on the wire.
   std::vector<std::uint32_t> send;
   for (std::uint32_t i = 0; i < ts.size(); ++i) {
@@ -501,11 +569,12 @@ std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOpti
       for (std::uint32_t i : chunk) out[i] = credit;
       continue;
     }
-    const auto [timeout_ns, request_timeout] = request_limits(options, start);
+    const auto [timeout_ns, request_timeout] = request_limits(options, *impl_->clock, start);
     const PushManyHeader h{kPushManyMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns,
                            std::uint32_t(chunk.size()), 0};
     std::memcpy(bytes.data(), &h, sizeof(h));
-    Result<Message> r = impl_->ep.request(
+    Result<Message> r = internal::request_protocol(
+        impl_->ep,
         Message::from_bytes(kQueuePushManyMessage, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))),
         request_timeout);
     impl_->give_back();
@@ -528,14 +597,15 @@ Status RemoteProducer::push(Trajectory&& t, PushOptions options) {
   }
   // Checked here too, so a bad trajectory costs no credit and no round trip.
   LAMINAR_RETURN_IF_ERROR(validate_trajectory(t, /*contents=*/false));
-  const auto start = std::chrono::steady_clock::now();
+  const Duration start = impl_->clock->now();
   LAMINAR_RETURN_IF_ERROR(impl_->acquire(options, start));
   std::string bytes(kPushHeaderBytes, '\0');
-  const auto [timeout_ns, request_timeout] = request_limits(options, start);
+  const auto [timeout_ns, request_timeout] = request_limits(options, *impl_->clock, start);
   const PushHeader h{kPushMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns};
   std::memcpy(bytes.data(), &h, sizeof(h));
   encode_trajectory(t, bytes);
-  Result<Message> r = impl_->ep.request(
+  Result<Message> r = internal::request_protocol(
+      impl_->ep,
       Message::from_bytes(kQueuePushMessage, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))),
       request_timeout);
   impl_->give_back();

@@ -1,15 +1,8 @@
-// The UCX-backed transport (include/laminar/transport.h).
-//
-// Threading: every UCP worker call happens on one progress thread. Other threads hand it commands
-// through a queue and an eventfd; it answers through promises. While UCX operations are in flight it
-// polls the worker (full bandwidth); once idle it arms the worker and sleeps in epoll on the worker's
-// wakeup fd, the command eventfd and the nearest deadline. User callbacks (message handlers, put/get
-// completions) run on a second, callback thread, so a slow handler never stalls the wire and a
-// handler may itself block on transport calls. Context-level calls (memory registration) are made
-// from any thread: the context is created with mt_workers_shared for that.
+// The UCX-backed transport (include/laminar/transport.h). Its threads and time: transport/core.h.
 #include <fmt/format.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sodium.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -33,14 +26,16 @@
 #include <unordered_map>
 
 #include "laminar/transport.h"
+#include "transport/core.h"
 #include "transport/listen_socket.h"
-#include "transport/testing.h"
+#include "transport/protocol.h"
 #include "transport/wire.h"
 
 namespace laminar::internal {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+static_assert(kKeyBytes == crypto_auth_hmacsha256_KEYBYTES);
 
 namespace {
 
@@ -54,43 +49,25 @@ constexpr auto kCloseGrace = milliseconds(1000);
 
 std::string ucs_text(ucs_status_t s) { return ucs_status_string(s); }
 
-// "host:port" or "[v6]:port" -> sockaddr. kInvalidArgument names what is wrong.
-Result<sockaddr_storage> parse_address(std::string_view address) {
-  std::string host;
-  std::string port_text;
-  if (!address.empty() && address.front() == '[') {
-    const auto close = address.find(']');
-    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':') {
-      return invalid_argument(fmt::format("address '{}' is not [ipv6]:port", address));
-    }
-    host = std::string(address.substr(1, close - 1));
-    port_text = std::string(address.substr(close + 2));
-  } else {
-    const auto colon = address.rfind(':');
-    if (colon == std::string_view::npos || colon == 0) {
-      return invalid_argument(fmt::format("address '{}' is not host:port", address));
-    }
-    host = std::string(address.substr(0, colon));
-    port_text = std::string(address.substr(colon + 1));
-  }
-  char* end = nullptr;
-  const long port = port_text.empty() ? -1 : std::strtol(port_text.c_str(), &end, 10);
-  if (port < 1 || port > 65535 || (end != nullptr && *end != '\0')) {
-    return invalid_argument(fmt::format("address '{}': port '{}' is not in 1..65535", address, port_text));
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
-  if (rc != 0 || found == nullptr) {
-    return invalid_argument(
-        fmt::format("address '{}': host '{}' does not resolve ({})", address, host, gai_strerror(rc)));
-  }
-  sockaddr_storage ss{};
-  std::memcpy(&ss, found->ai_addr, found->ai_addrlen);
-  freeaddrinfo(found);
-  return ss;
+// "250 ms", or "1500 ns" below a millisecond, for error messages.
+std::string duration_text(Duration d) {
+  if (d == kForever) return "forever";
+  if (d >= milliseconds(1)) return fmt::format("{} ms", std::chrono::duration_cast<milliseconds>(d).count());
+  return fmt::format("{} ns", d.count());
+}
+
+bool is_reserved(MessageType type) { return type >= kLaminarMessageTypeFirst; }
+
+Status check_application_type(MessageType type, const char* what) {
+  if (!is_reserved(type)) return ok_status();
+  return invalid_argument(fmt::format("{}: message type {:#x} is in laminar's reserved range (>= {:#x})", what,
+                                      type, kLaminarMessageTypeFirst));
+}
+
+Status check_protocol_type(MessageType type, const char* what) {
+  if (is_reserved(type)) return ok_status();
+  return invalid_argument(fmt::format("{}: message type {:#x} is not in laminar's reserved range (>= {:#x})",
+                                      what, type, kLaminarMessageTypeFirst));
 }
 
 // UCX_TLS value that keeps the user's choice but always includes tcp, without which UCX cannot set
@@ -136,8 +113,6 @@ bool may_use_shared_memory(const std::string& tls) {
   return false;
 }
 
-using Key = std::array<unsigned char, crypto_auth_hmacsha256_KEYBYTES>;
-using Nonce = std::array<std::byte, kNonceBytes>;
 
 // HMAC-SHA-256 over role || client nonce || server nonce: each side's proof is bound to this
 // connection's fresh nonces (no replay) and to its role (a proof cannot be reflected back).
@@ -174,245 +149,44 @@ constexpr std::string_view kClientRole = "laminar-transport-client-v1";
 
 }  // namespace
 
-class RegionState {
- public:
-  RegionState(std::shared_ptr<TransportCore> core, ucp_mem_h memh, std::byte* data, std::size_t size,
-              std::vector<std::byte> rkey)
-      : core(std::move(core)), memh(memh), data(data), size(size), packed_rkey(std::move(rkey)) {}
-  ~RegionState();
-  RegionState(const RegionState&) = delete;
-  RegionState& operator=(const RegionState&) = delete;
-
-  std::shared_ptr<TransportCore> core;  // keeps the UCP context alive while registered
-  ucp_mem_h memh;
-  std::byte* data;  // [size]
-  std::size_t size;
-  std::vector<std::byte> packed_rkey;
-};
-
-// Handshake and life of one connection, seen from this side.
-enum class Phase {
-  kAwaitHello,      // server: connection accepted, waiting for the client's nonce
-  kAwaitChallenge,  // client: hello sent
-  kAwaitProof,      // server: challenge sent
-  kAwaitWelcome,    // client: proof sent
-  kRefused,         // server: refused the client, waiting for it to hang up
-  kReady,
-  kClosed,
-};
-
-class EndpointState {
- public:
-  EndpointState(std::shared_ptr<TransportCore> c, std::uint64_t id, std::string peer)
-      : core(std::move(c)), id(id), peer(std::move(peer)) {}
-
-  std::shared_ptr<TransportCore> core;
-  const std::uint64_t id;
-  const std::string peer;
-
-  // Progress thread only.
-  ucp_ep_h ep = nullptr;
-  Phase phase = Phase::kClosed;
-  // Unpacked remote keys by packed bytes. Unpacking attaches the peer's shared-memory segment (a
-  // fresh mapping that faults in page by page), so doing it once per region rather than once per
-  // put/get is what makes repeated transfers run at memory speed. `users` counts operations in
-  // flight on an entry; only unused entries are evicted.
-  struct CachedRkey {
-    ucp_rkey_h handle = nullptr;
-    int users = 0;
-  };
-  std::unordered_map<std::string, CachedRkey> rkeys;
-  Nonce client_nonce{};
-  Nonce server_nonce{};
-  std::uint64_t handshake_op = 0;
-
-  Status status() const {
-    std::lock_guard lock(mu);
-    return error;
-  }
-  std::string info() const {
-    std::lock_guard lock(mu);
-    return ucx_info;
-  }
-  // Keeps the first error.
-  bool set_error(const Status& s) {
-    std::lock_guard lock(mu);
-    if (!error.ok()) return false;
-    error = s;
-    return true;
-  }
-  void set_info(std::string s) {
-    std::lock_guard lock(mu);
-    ucx_info = std::move(s);
-  }
-
- private:
-  mutable std::mutex mu;
-  Status error;
-  std::string ucx_info;
-};
-
-// One operation waiting for UCX and/or the peer. Owned by TransportCore::ops_ and destroyed only
-// once it is resolved and UCX holds no request pointing at it.
-struct Op {
-  enum class Kind { kSend, kRequest, kRma, kConnect, kHandshake, kReceive };
-  Kind kind = Kind::kSend;
-  std::uint64_t id = 0;
-  std::uint64_t ep_id = 0;
-  TransportCore* core = nullptr;
-  bool resolved = false;
-  int ucx_inflight = 0;
-  bool has_deadline = false;
-  std::set<std::pair<Clock::time_point, std::uint64_t>>::iterator deadline_it;
-  std::string what;  // "request of type 7 to 10.0.0.2:5000", for timeout messages
-  milliseconds timeout{0};
-
-  std::promise<Status> status_promise;             // kSend, kRma
-  std::promise<Result<Message>> reply_promise;     // kRequest
-  std::promise<Result<Endpoint>> connect_promise;  // kConnect
-  CompletionCallback done;                         // kRma
-  std::vector<std::byte> buffer;                   // frame being sent / received
-  std::shared_ptr<RegionState> region;             // kRma: keeps the registration alive
-  std::string rkey_bytes;                          // kRma: entry of the endpoint's rkey cache in use
-  Status rma_error;                                // kRma: first failure of put + flush
-};
-
-class TransportCore : public std::enable_shared_from_this<TransportCore> {
- public:
-  static Result<std::shared_ptr<TransportCore>> create(TransportOptions options);
-  explicit TransportCore(TransportOptions options) : options_(std::move(options)) {}
-  ~TransportCore();
-  TransportCore(const TransportCore&) = delete;
-  TransportCore& operator=(const TransportCore&) = delete;
-
-  void shutdown();
-  const TransportOptions& options() const { return options_; }
-  ucp_context_h context() const { return context_; }
-
-  Result<std::string> listen(std::string_view host, std::uint16_t port);
-  Result<Endpoint> connect(std::string_view address, milliseconds timeout, bool handshake = true);
-  static TransportCore& of(Transport& t) { return *t.core_; }
-  Result<Endpoint> accept(milliseconds timeout);
-  void on_message(MessageType type, MessageHandler handler);
-  Result<Incoming> receive(milliseconds timeout);
-  Result<MemoryRegion> map_memory(void* data, std::size_t size, bool allocate);
-
-  std::future<Status> send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame, milliseconds timeout,
-                                 std::string what);
-  std::future<Result<Message>> request(const std::shared_ptr<EndpointState>& ep, const Message& m,
-                                       milliseconds timeout);
-  std::future<Status> rma(const std::shared_ptr<EndpointState>& ep, bool is_put, const MemoryRegion& local,
-                          std::size_t local_offset, const RemoteRegion& remote, std::uint64_t remote_offset,
-                          std::size_t length, milliseconds timeout, CompletionCallback done);
-  void close_endpoint(const std::shared_ptr<EndpointState>& ep);
-
-  milliseconds resolve_timeout(milliseconds t) const {
-    return t == kDefaultTimeout ? options_.operation_timeout : t;
-  }
-  Status check_body(std::size_t bytes) const {
-    if (bytes > options_.max_message_bytes) {
-      return invalid_argument(fmt::format("message body of {} bytes is over max_message_bytes {}", bytes,
-                                          options_.max_message_bytes));
+// "host:port" or "[v6]:port" -> sockaddr. kInvalidArgument names what is wrong.
+Result<sockaddr_storage> parse_address(std::string_view address) {
+  std::string host;
+  std::string port_text;
+  if (!address.empty() && address.front() == '[') {
+    const auto close = address.find(']');
+    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return invalid_argument(fmt::format("address '{}' is not [ipv6]:port", address));
     }
-    return ok_status();
+    host = std::string(address.substr(1, close - 1));
+    port_text = std::string(address.substr(close + 2));
+  } else {
+    const auto colon = address.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) {
+      return invalid_argument(fmt::format("address '{}' is not host:port", address));
+    }
+    host = std::string(address.substr(0, colon));
+    port_text = std::string(address.substr(colon + 1));
   }
-  static Endpoint make_endpoint(std::shared_ptr<EndpointState> s) { return Endpoint(std::move(s)); }
-  static const std::shared_ptr<EndpointState>& state_of(const Endpoint& e) { return e.state_; }
-  std::future<Status> send_wire(const std::shared_ptr<EndpointState>& ep, std::vector<std::byte> wire,
-                                milliseconds timeout, std::string what);
-
- private:
-  Status start();
-  // Runs fn on the progress thread; false once shutting down (fn is then dropped).
-  bool post(std::function<void()> fn);
-  void post_callback(std::function<void()> fn);
-  void progress_loop();
-  void callback_loop();
-  void run_commands();
-  void expire_deadlines();
-  int epoll_timeout_ms() const;
-  void teardown_on_progress_thread();
-  void close_listener();
-
-  // Progress thread only from here on.
-  Op& new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeout, std::string what);
-  void resolve(Op& op, const Status& s);
-  void resolve_reply(Op& op, Result<Message> r);
-  void resolve_connect(Op& op, std::shared_ptr<EndpointState> e);
-  void maybe_release(Op& op);
-  void sweep();
-  void on_ucx_done(Op& op, ucs_status_t status);
-  void start_send(EndpointState& e, Op& op);
-  void send_internal(EndpointState& e, const Frame& f);
-  void fail_endpoint(EndpointState& e, const Status& s);
-  void handle_frame(EndpointState& e, std::span<const std::byte> wire);
-  void handle_handshake(EndpointState& e, Frame f);
-  bool expect_handshake_frame(EndpointState& e, const Frame& f, FrameKind want, const char* answered);
-  void refuse(EndpointState& e, const std::string& why);
-  std::shared_ptr<EndpointState> find(ucp_ep_h ep);
-  std::shared_ptr<EndpointState> find(std::uint64_t id);
-  void on_connection_request(ucp_conn_request_h req);
-  void close_ucp_ep(EndpointState& e);
-  Result<ucp_rkey_h> acquire_rkey(EndpointState& e, Op& op, const std::vector<std::byte>& packed);
-  void release_rkey(Op& op);
-  void destroy_rkeys(EndpointState& e);
-
-  static void am_send_cb(void* request, ucs_status_t status, void* user);
-  static void am_recv_data_cb(void* request, ucs_status_t status, std::size_t length, void* user);
-  static ucs_status_t am_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
-                                 std::size_t length, const ucp_am_recv_param_t* param);
-  static void ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static void conn_cb(ucp_conn_request_h req, void* arg);
-
-  TransportOptions options_;
-  Key key_{};
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  int epoll_fd_ = -1;
-  int event_fd_ = -1;
-  int worker_fd_ = -1;
-  std::thread progress_thread_;
-  std::thread callback_thread_;
-  std::atomic<std::uint64_t> next_ep_id_{1};
-
-  std::mutex cmd_mu_;
-  std::vector<std::function<void()>> commands_;
-  bool accepting_commands_ = true;
-  std::atomic<bool> has_commands_{false};
-  std::atomic<bool> stop_{false};
-
-  // Progress thread only.
-  ucp_listener_h listener_ = nullptr;
-  sockaddr_storage listen_addr_{};
-  int listen_fd_ = -1;         // the listener's socket (UCX's), -1 if not found
-  bool tearing_down_ = false;  // connection requests are refused from then on
-  std::set<std::string> refused_peers_;
-  std::unordered_map<std::uint64_t, std::shared_ptr<EndpointState>> endpoints_;
-  std::unordered_map<ucp_ep_h, std::uint64_t> by_handle_;
-  std::unordered_map<std::uint64_t, std::unique_ptr<Op>> ops_;
-  std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_;
-  std::vector<ucp_ep_h> to_close_;                 // failed endpoints, closed outside UCX callbacks
-  std::vector<void*> closing_;                     // ucp_ep_close_nbx requests in flight
-  std::vector<ucp_rkey_h> dead_rkeys_;             // of closed endpoints; destroyed once UCX is idle
-  std::vector<std::uint64_t> release_candidates_;  // ops that may be finished; see maybe_release
-  std::uint64_t next_op_id_ = 1;
-  int ucx_inflight_ = 0;
-
-  std::mutex cb_mu_;
-  std::condition_variable cb_cv_;
-  std::deque<std::function<void()>> callbacks_;
-  bool cb_stop_ = false;
-
-  std::mutex handlers_mu_;
-  std::unordered_map<MessageType, MessageHandler> handlers_;
-
-  std::mutex queues_mu_;
-  std::condition_variable queues_cv_;
-  std::deque<Incoming> inbox_;
-  std::deque<Endpoint> accepted_;
-  bool shut_down_ = false;
-  bool listening_ = false;  // guarded by cmd_mu_
-};
+  char* end = nullptr;
+  const long port = port_text.empty() ? -1 : std::strtol(port_text.c_str(), &end, 10);
+  if (port < 1 || port > 65535 || (end != nullptr && *end != '\0')) {
+    return invalid_argument(fmt::format("address '{}': port '{}' is not in 1..65535", address, port_text));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return invalid_argument(
+        fmt::format("address '{}': host '{}' does not resolve ({})", address, host, gai_strerror(rc)));
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, found->ai_addr, found->ai_addrlen);
+  freeaddrinfo(found);
+  return ss;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Setup and teardown
@@ -425,12 +199,13 @@ Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions op
   if (options.max_message_bytes == 0) return invalid_argument("max_message_bytes is 0");
   if (options.connect_timeout.count() <= 0) {
     return invalid_argument(
-        fmt::format("connect_timeout {} ms is not positive", options.connect_timeout.count()));
+        fmt::format("connect_timeout of {} ns is not positive", options.connect_timeout.count()));
   }
   if (options.operation_timeout.count() <= 0) {
     return invalid_argument(
-        fmt::format("operation_timeout {} ms is not positive", options.operation_timeout.count()));
+        fmt::format("operation_timeout of {} ns is not positive", options.operation_timeout.count()));
   }
+  if (options.clock == nullptr) options.clock = Clock::steady();
   if (sodium_init() < 0) return unavailable("libsodium failed to initialise");
   auto core = std::make_shared<TransportCore>(std::move(options));
   Status st = core->start();
@@ -521,12 +296,21 @@ Status TransportCore::start() {
       return unavailable(fmt::format("epoll_ctl: {}", std::strerror(errno)));
     }
   }
+  // A jump of a virtual clock wakes whoever waits for a deadline: the progress thread (through the
+  // command eventfd) and accept/receive (through their condition variable).
+  clock_wake_ = clock_->subscribe([this] {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = write(event_fd_, &one, sizeof(one));
+    { std::lock_guard lock(queues_mu_); }
+    queues_cv_.notify_all();
+  });
   progress_thread_ = std::thread([this] { progress_loop(); });
   callback_thread_ = std::thread([this] { callback_loop(); });
   return ok_status();
 }
 
 void TransportCore::shutdown() {
+  clock_wake_.reset();  // it writes to event_fd_, closed below
   {
     std::lock_guard lock(cmd_mu_);
     accepting_commands_ = false;
@@ -542,7 +326,19 @@ void TransportCore::shutdown() {
     cb_stop_ = true;
   }
   cb_cv_.notify_all();
-  if (callback_thread_.joinable()) callback_thread_.join();
+  if (callback_thread_.joinable()) {
+    LAMINAR_CHECK_MSG(callback_thread_.get_id() != std::this_thread::get_id(),
+                      "a Transport was destroyed from one of its own callbacks");
+    callback_thread_.join();
+  }
+  // From now on post_callback runs its job at once; these came after the thread's last look.
+  std::deque<std::function<void()>> late;
+  {
+    std::lock_guard lock(cb_mu_);
+    cb_stopped_ = true;
+    late.swap(callbacks_);
+  }
+  for (auto& job : late) job();
   {
     std::lock_guard lock(queues_mu_);
     shut_down_ = true;
@@ -570,6 +366,57 @@ TransportCore::~TransportCore() {
 
 RegionState::~RegionState() { ucp_mem_unmap(core->context(), memh); }
 
+std::uint64_t EndpointState::watch(std::function<void(Status)> fn) {
+  std::uint64_t id = 0;
+  bool closed = false;
+  {
+    std::lock_guard lock(mu);
+    id = next_watcher++;
+    watchers.emplace(id, std::move(fn));
+    closed = !error.ok();
+  }
+  // The firing scheduled when the endpoint closed may already have run.
+  if (closed) core->post_callback([keep = shared_from_this()] { keep->fire_close_watchers(); });
+  return id;
+}
+
+void EndpointState::unwatch(std::uint64_t id) noexcept {
+  std::unique_lock lock(mu);
+  watchers.erase(id);
+  if (firing_thread == std::this_thread::get_id()) return;  // called from inside a watcher
+  watcher_done.wait(lock, [&] { return firing_watcher != id; });
+}
+
+void EndpointState::fire_close_watchers() {
+  std::unique_lock lock(mu);
+  // Another thread already runs them (possible only once the callback thread has stopped); it
+  // loops until none is left, this one's included.
+  if (error.ok() || firing_watcher != 0) return;
+  const Status reason = error;
+  const auto done_firing = [&] {
+    firing_watcher = 0;
+    firing_thread = {};
+    watcher_done.notify_all();
+  };
+  while (!watchers.empty()) {
+    auto it = watchers.begin();
+    auto fn = std::move(it->second);
+    firing_watcher = it->first;
+    firing_thread = std::this_thread::get_id();
+    watchers.erase(it);
+    lock.unlock();
+    try {
+      fn(reason);
+    } catch (...) {
+      lock.lock();
+      done_firing();
+      throw;  // reported by the callback thread
+    }
+    lock.lock();
+    done_firing();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Threads
 
@@ -587,9 +434,13 @@ bool TransportCore::post(std::function<void()> fn) {
 void TransportCore::post_callback(std::function<void()> fn) {
   {
     std::lock_guard lock(cb_mu_);
-    callbacks_.push_back(std::move(fn));
+    if (!cb_stopped_) {
+      callbacks_.push_back(std::move(fn));
+      cb_cv_.notify_one();
+      return;
+    }
   }
-  cb_cv_.notify_one();
+  fn();
 }
 
 void TransportCore::callback_loop() {
@@ -623,15 +474,17 @@ void TransportCore::run_commands() {
   for (auto& fn : batch) fn();
 }
 
+// Until the nearest deadline. On a virtual clock this is only an upper bound in real time: a jump
+// of the clock wakes the thread through the command eventfd (clock_wake_).
 int TransportCore::epoll_timeout_ms() const {
   constexpr int kMaxSleepMs = 500;
   if (deadlines_.empty()) return kMaxSleepMs;
-  const auto wait = std::chrono::ceil<milliseconds>(deadlines_.begin()->first - Clock::now()).count();
+  const auto wait = std::chrono::ceil<milliseconds>(deadlines_.begin()->first - clock_->now()).count();
   return static_cast<int>(std::clamp<long long>(wait, 0, kMaxSleepMs));
 }
 
 void TransportCore::progress_loop() {
-  auto last_activity = Clock::now();
+  Duration last_activity = real_time_->now();
   while (!stop_.load(std::memory_order_acquire)) {
     run_commands();
     unsigned progressed = 0;
@@ -655,7 +508,7 @@ void TransportCore::progress_loop() {
     if (!dead_rkeys_.empty() && closing_.empty() && ucx_inflight_ == 0) {
       for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
     }
-    const auto now = Clock::now();
+    const Duration now = real_time_->now();
     if (progressed > 0) {
       last_activity = now;
       continue;
@@ -686,14 +539,16 @@ void TransportCore::close_listener() {
   // cut before UCX frees the listener, and no new one may complete meanwhile; see
   // transport/listen_socket.h. A client whose handshake falls into this window retries it 1 s on.
   if (listen_fd_ >= 0 && stop_new_connections(listen_fd_)) {
-    const auto give_up = Clock::now() + kCloseGrace;
-    while (Clock::now() < give_up) {
+    const Duration give_up = real_time_->now() + kCloseGrace;
+    while (real_time_->now() < give_up) {
       while (ucp_worker_progress(worker_) != 0) {
       }
       if (accept_queue_length(listen_fd_) == 0 && cut_accepted_connections(listen_addr_, refused_peers_) == 0) {
         break;
       }
-      std::this_thread::sleep_for(milliseconds(1));
+      // Until the next connection lands in the accept queue, or 1 ms for UCX to take one.
+      pollfd pending{listen_fd_, POLLIN, 0};
+      [[maybe_unused]] int n = ::poll(&pending, 1, 1);
     }
   }
   ucp_listener_destroy(listener_);
@@ -717,7 +572,7 @@ void TransportCore::teardown_on_progress_thread() {
     }
   }
   for (auto& [id, e] : endpoints_) {
-    e->set_error(cancelled_st);
+    set_endpoint_error(*e, cancelled_st);
     e->phase = Phase::kClosed;
     destroy_rkeys(*e);
     if (e->ep != nullptr) to_close_.push_back(e->ep);
@@ -732,8 +587,8 @@ void TransportCore::teardown_on_progress_thread() {
     void* req = ucp_ep_close_nbx(ep, &p);
     if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
   }
-  const auto give_up = Clock::now() + kCloseGrace;
-  while ((!closing_.empty() || ucx_inflight_ > 0) && Clock::now() < give_up) {
+  const Duration give_up = real_time_->now() + kCloseGrace;
+  while ((!closing_.empty() || ucx_inflight_ > 0) && real_time_->now() < give_up) {
     ucp_worker_progress(worker_);
     closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
                                   [](void* r) {
@@ -756,7 +611,7 @@ void TransportCore::teardown_on_progress_thread() {
 // ---------------------------------------------------------------------------------------------
 // Operations (progress thread)
 
-Op& TransportCore::new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeout, std::string what) {
+Op& TransportCore::new_op(Op::Kind kind, std::uint64_t ep_id, Duration timeout, std::string what) {
   auto op = std::make_unique<Op>();
   op->kind = kind;
   op->id = next_op_id_++;
@@ -764,9 +619,13 @@ Op& TransportCore::new_op(Op::Kind kind, std::uint64_t ep_id, milliseconds timeo
   op->core = this;
   op->what = std::move(what);
   op->timeout = timeout;
-  if (timeout.count() > 0) {
-    op->deadline_it = deadlines_.emplace(Clock::now() + timeout, op->id).first;
-    op->has_deadline = true;
+  if (timeout != kForever) {
+    const Duration now = clock_->now();
+    // A deadline past the clock's range is no deadline.
+    if (timeout < kForever - now) {
+      op->deadline_it = deadlines_.emplace(now + timeout, op->id).first;
+      op->has_deadline = true;
+    }
   }
   Op& ref = *op;
   ops_.emplace(ref.id, std::move(op));
@@ -837,14 +696,14 @@ void TransportCore::resolve_reply(Op& op, Result<Message> r) {
 }
 
 void TransportCore::expire_deadlines() {
-  const auto now = Clock::now();
+  const Duration now = clock_->now();
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     const std::uint64_t id = deadlines_.begin()->second;
     auto it = ops_.find(id);
     LAMINAR_CHECK(it != ops_.end());
     Op& op = *it->second;
     const Status late =
-        deadline_exceeded(fmt::format("{} took longer than {} ms", op.what, op.timeout.count()));
+        deadline_exceeded(fmt::format("{} took longer than {}", op.what, duration_text(op.timeout)));
     auto e = (op.kind == Op::Kind::kConnect || op.kind == Op::Kind::kHandshake) ? find(op.ep_id) : nullptr;
     if (e != nullptr) {
       // A half-open connection is useless; failing the endpoint resolves its handshake op too.
@@ -932,7 +791,7 @@ void TransportCore::start_send(EndpointState& e, Op& op) {
 
 void TransportCore::send_internal(EndpointState& e, const Frame& f) {
   // Handshake frames: fire and forget. Their op has no deadline; a failure shows as an endpoint error.
-  Op& op = new_op(Op::Kind::kHandshake, e.id, milliseconds(0), fmt::format("handshake with {}", e.peer));
+  Op& op = new_op(Op::Kind::kHandshake, e.id, kForever, fmt::format("handshake with {}", e.peer));
   op.buffer = encode_frame(f);
   op.resolved = true;
   start_send(e, op);
@@ -1007,7 +866,7 @@ void TransportCore::destroy_rkeys(EndpointState& e) {
 
 void TransportCore::fail_endpoint(EndpointState& e, const Status& s) {
   auto keep = find(e.id);  // e may be erased below
-  e.set_error(s);
+  set_endpoint_error(e, s);
   const Status err = e.status();
   e.phase = Phase::kClosed;
   std::vector<Op*> pending;
@@ -1020,13 +879,18 @@ void TransportCore::fail_endpoint(EndpointState& e, const Status& s) {
   endpoints_.erase(e.id);
 }
 
+void TransportCore::set_endpoint_error(EndpointState& e, const Status& s) {
+  if (!e.set_error(s)) return;
+  post_callback([keep = e.shared_from_this()] { keep->fire_close_watchers(); });
+}
+
 void TransportCore::refuse(EndpointState& e, const std::string& why) {
   Frame f;
   f.kind = FrameKind::kRefused;
   f.error = why;
   send_internal(e, f);
   e.phase = Phase::kRefused;
-  e.set_error(failed_precondition(fmt::format("peer {} refused: {}", e.peer, why)));
+  set_endpoint_error(e, failed_precondition(fmt::format("peer {} refused: {}", e.peer, why)));
   // The client hangs up on reading the refusal; the handshake deadline closes it otherwise.
 }
 
@@ -1060,6 +924,16 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
         }
         if (handler) {
           handler(std::move(in));
+          return;
+        }
+        if (is_reserved(in.message.type)) {
+          // A laminar protocol this process does not run: receive() is the application's, so the
+          // message goes nowhere, and a requester learns why at once rather than at its deadline.
+          if (in.request_id != 0) {
+            (void)in.from.reply_error(
+                in, unimplemented(fmt::format("no laminar protocol serves message type {:#x} here",
+                                              in.message.type)));
+          }
           return;
         }
         {
@@ -1206,7 +1080,7 @@ ucs_status_t TransportCore::am_recv_cb(void* arg, const void*, std::size_t, void
     self->handle_frame(*e, {static_cast<const std::byte*>(data), length});
     return UCS_OK;
   }
-  Op& op = self->new_op(Op::Kind::kReceive, e->id, milliseconds(0), fmt::format("message from {}", e->peer));
+  Op& op = self->new_op(Op::Kind::kReceive, e->id, kForever, fmt::format("message from {}", e->peer));
   op.buffer.resize(length);
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -1320,50 +1194,59 @@ Result<std::string> TransportCore::listen(std::string_view host, std::uint16_t p
   });
   if (!posted) return cancelled("transport shut down");
   Result<std::string> r = future.get();
+  std::lock_guard lock(cmd_mu_);
   if (!r.ok()) {
-    std::lock_guard lock(cmd_mu_);
     listening_ = false;
+  } else {
+    listen_address_ = *r;
   }
   return r;
 }
 
-Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds timeout, bool handshake) {
-  if (timeout == kDefaultTimeout) timeout = options_.connect_timeout;
-  if (timeout.count() <= 0)
-    return invalid_argument(fmt::format("connect timeout {} ms is not positive", timeout.count()));
+std::optional<std::string> TransportCore::listen_address() const {
+  std::lock_guard lock(cmd_mu_);
+  if (listen_address_.empty()) return std::nullopt;
+  return listen_address_;
+}
+
+Status TransportCore::open_client_endpoint(EndpointState& e, const sockaddr_storage& address) {
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
+  ep.sockaddr.addrlen = address.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = &TransportCore::ep_error_cb;
+  ep.err_handler.arg = this;
+  const ucs_status_t s = ucp_ep_create(worker_, &ep, &e.ep);
+  if (s != UCS_OK) {
+    e.ep = nullptr;
+    return unavailable(fmt::format("cannot connect to {}: {}", e.peer, ucs_text(s)));
+  }
+  endpoints_.emplace(e.id, e.shared_from_this());
+  by_handle_.emplace(e.ep, e.id);
+  return ok_status();
+}
+
+Result<Endpoint> TransportCore::connect(std::string_view address, std::optional<Duration> requested) {
+  auto timeout = resolve_timeout(requested, options_.connect_timeout, "connect");
+  if (!timeout.ok()) return timeout.status();
   auto ss = parse_address(address);
   if (!ss.ok()) return ss.status();
   auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, std::string(address));
   std::promise<std::future<Result<Endpoint>>> started;
   auto started_future = started.get_future();
-  const bool posted = post([this, e, addr = *ss, timeout, handshake, &started] {
+  const bool posted = post([this, e, addr = *ss, timeout = *timeout, &started] {
     Op& op = new_op(Op::Kind::kConnect, e->id, timeout, fmt::format("connecting to {}", e->peer));
     started.set_value(op.connect_promise.get_future());
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    ep.sockaddr.addrlen = addr.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &TransportCore::ep_error_cb;
-    ep.err_handler.arg = this;
-    const ucs_status_t s = ucp_ep_create(worker_, &ep, &e->ep);
-    if (s != UCS_OK) {
-      e->ep = nullptr;
-      resolve(op, unavailable(fmt::format("cannot connect to {}: {}", e->peer, ucs_text(s))));
+    if (Status st = open_client_endpoint(*e, addr); !st.ok()) {
+      resolve(op, st);
       return;
     }
     e->phase = Phase::kAwaitChallenge;
     e->handshake_op = op.id;
     e->client_nonce = fresh_nonce();
-    endpoints_.emplace(e->id, e);
-    by_handle_.emplace(e->ep, e->id);
-    if (!handshake) {
-      e->phase = Phase::kReady;
-      resolve_connect(op, e);
-      return;
-    }
     Frame hello;
     hello.kind = FrameKind::kHello;
     hello.body.assign(e->client_nonce.begin(), e->client_nonce.end());
@@ -1373,10 +1256,22 @@ Result<Endpoint> TransportCore::connect(std::string_view address, milliseconds t
   return started_future.get().get();
 }
 
-Result<Endpoint> TransportCore::accept(milliseconds timeout) {
+bool TransportCore::wait_queue(std::unique_lock<std::mutex>& lock, Duration timeout,
+                               const std::function<bool()>& ready) {
+  const Duration now = clock_->now();
+  const Duration deadline = timeout < kForever - now ? now + timeout : kForever;
+  while (!ready()) {
+    if (deadline != kForever && clock_->now() >= deadline) return false;
+    clock_->wait_until(queues_cv_, lock, deadline);
+  }
+  return true;
+}
+
+Result<Endpoint> TransportCore::accept(Duration timeout) {
+  if (timeout.count() < 0) return invalid_argument(fmt::format("accept timeout of {} ns is negative", timeout.count()));
   std::unique_lock lock(queues_mu_);
-  if (!queues_cv_.wait_for(lock, timeout, [&] { return shut_down_ || !accepted_.empty(); })) {
-    return deadline_exceeded(fmt::format("no peer connected within {} ms", timeout.count()));
+  if (!wait_queue(lock, timeout, [&] { return shut_down_ || !accepted_.empty(); })) {
+    return deadline_exceeded(fmt::format("no peer connected within {}", duration_text(timeout)));
   }
   if (shut_down_) return cancelled("transport shut down");
   Endpoint e = std::move(accepted_.front());
@@ -1393,10 +1288,11 @@ void TransportCore::on_message(MessageType type, MessageHandler handler) {
   }
 }
 
-Result<Incoming> TransportCore::receive(milliseconds timeout) {
+Result<Incoming> TransportCore::receive(Duration timeout) {
+  if (timeout.count() < 0) return invalid_argument(fmt::format("receive timeout of {} ns is negative", timeout.count()));
   std::unique_lock lock(queues_mu_);
-  if (!queues_cv_.wait_for(lock, timeout, [&] { return shut_down_ || !inbox_.empty(); })) {
-    return deadline_exceeded(fmt::format("no message arrived within {} ms", timeout.count()));
+  if (!wait_queue(lock, timeout, [&] { return shut_down_ || !inbox_.empty(); })) {
+    return deadline_exceeded(fmt::format("no message arrived within {}", duration_text(timeout)));
   }
   if (shut_down_) return cancelled("transport shut down");
   Incoming in = std::move(inbox_.front());
@@ -1438,12 +1334,12 @@ Result<MemoryRegion> TransportCore::map_memory(void* data, std::size_t size, boo
 }
 
 std::future<Status> TransportCore::send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame,
-                                              milliseconds timeout, std::string what) {
+                                              Duration timeout, std::string what) {
   return send_wire(ep, encode_frame(frame), timeout, std::move(what));
 }
 
 std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState>& ep,
-                                             std::vector<std::byte> wire, milliseconds timeout,
+                                             std::vector<std::byte> wire, Duration timeout,
                                              std::string what) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto future = promise->get_future();
@@ -1464,19 +1360,8 @@ std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState
   return future;
 }
 
-Result<Endpoint> connect_without_handshake(Transport& transport, std::string_view address) {
-  return TransportCore::of(transport).connect(address, milliseconds(5000), /*handshake=*/false);
-}
-
-Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire) {
-  const auto& state = TransportCore::state_of(endpoint);
-  if (!state) return failed_precondition("empty Endpoint handle");
-  return state->core->send_wire(state, std::move(wire), state->core->options().operation_timeout, "raw frame")
-      .get();
-}
-
 std::future<Result<Message>> TransportCore::request(const std::shared_ptr<EndpointState>& ep,
-                                                    const Message& m, milliseconds timeout) {
+                                                    const Message& m, Duration timeout) {
   auto promise = std::make_shared<std::promise<Result<Message>>>();
   auto future = promise->get_future();
   Frame f;
@@ -1504,7 +1389,8 @@ std::future<Result<Message>> TransportCore::request(const std::shared_ptr<Endpoi
 std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep, bool is_put,
                                        const MemoryRegion& local, std::size_t local_offset,
                                        const RemoteRegion& remote, std::uint64_t remote_offset,
-                                       std::size_t length, milliseconds timeout, CompletionCallback done) {
+                                       std::size_t length, std::optional<Duration> requested,
+                                       CompletionCallback done) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto future = promise->get_future();
   const auto fail_now = [&](const Status& st) {
@@ -1513,6 +1399,9 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
     return std::move(future);
   };
   const char* verb = is_put ? "put" : "get";
+  const Result<Duration> resolved = operation_timeout(requested, verb);
+  if (!resolved.ok()) return fail_now(resolved.status());
+  const Duration timeout = *resolved;
   if (!local.valid())
     return fail_now(invalid_argument(fmt::format("{}: local memory region is empty", verb)));
   const auto& region = local.state_;
@@ -1626,12 +1515,17 @@ using internal::FrameKind;
 
 namespace {
 Status no_endpoint() { return failed_precondition("empty Endpoint handle"); }
+}  // namespace
 
-template <class T>
-Result<T> wait_result(std::future<Result<T>> f) {
-  return f.get();
+namespace internal {
+namespace {
+std::future<Result<Message>> ready_future(const Status& st) {
+  std::promise<Result<Message>> p;
+  p.set_value(st);
+  return p.get_future();
 }
 }  // namespace
+}  // namespace internal
 
 Message Message::from_string(MessageType type, std::string_view text) {
   const auto* p = reinterpret_cast<const std::byte*>(text.data());
@@ -1654,38 +1548,95 @@ std::string Endpoint::peer_address() const { return state_ ? state_->peer : std:
 Status Endpoint::status() const { return state_ ? state_->status() : no_endpoint(); }
 std::string Endpoint::transport_info() const { return state_ ? state_->info() : std::string(); }
 
-Status Endpoint::send(const Message& message, std::chrono::milliseconds timeout) {
+Result<CloseSubscription> Endpoint::on_close(std::function<void(Status)> callback) const {
   if (!state_) return no_endpoint();
-  auto& core = *state_->core;
+  if (!callback) return invalid_argument("on_close: the callback is empty");
+  const std::uint64_t id = state_->watch(std::move(callback));
+  return CloseSubscription(state_, id);
+}
+
+CloseSubscription& CloseSubscription::operator=(CloseSubscription&& other) noexcept {
+  if (this != &other) {
+    reset();
+    endpoint_ = std::move(other.endpoint_);
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+
+void CloseSubscription::reset() noexcept {
+  if (auto state = endpoint_.lock()) state->unwatch(id_);
+  endpoint_.reset();
+  id_ = 0;
+}
+
+namespace internal {
+
+// The paths behind Endpoint's send and request, and the protocol entry points of protocol.h; the
+// message type has been checked by then.
+Status send_message(const std::shared_ptr<EndpointState>& state, const Message& message,
+                    std::optional<Duration> timeout) {
+  if (!state) return no_endpoint();
+  auto& core = *state->core;
   LAMINAR_RETURN_IF_ERROR(core.check_body(message.body.size()));
+  auto t = core.operation_timeout(timeout, "send");
+  if (!t.ok()) return t.status();
   Frame f;
   f.kind = FrameKind::kMessage;
   f.type = message.type;
   f.body = message.body;
   return core
-      .send_frame(state_, std::move(f), core.resolve_timeout(timeout),
-                  fmt::format("message of type {} to {}", message.type, state_->peer))
+      .send_frame(state, std::move(f), *t, fmt::format("message of type {:#x} to {}", message.type, state->peer))
       .get();
 }
 
-std::future<Result<Message>> Endpoint::request_async(const Message& message,
-                                                     std::chrono::milliseconds timeout) {
-  if (!state_) {
-    std::promise<Result<Message>> p;
-    p.set_value(no_endpoint());
-    return p.get_future();
-  }
-  auto& core = *state_->core;
-  if (Status st = core.check_body(message.body.size()); !st.ok()) {
-    std::promise<Result<Message>> p;
-    p.set_value(st);
-    return p.get_future();
-  }
-  return core.request(state_, message, core.resolve_timeout(timeout));
+std::future<Result<Message>> request_message(const std::shared_ptr<EndpointState>& state,
+                                             const Message& message, std::optional<Duration> timeout) {
+  if (!state) return ready_future(no_endpoint());
+  auto& core = *state->core;
+  if (Status st = core.check_body(message.body.size()); !st.ok()) return ready_future(st);
+  auto t = core.operation_timeout(timeout, "request");
+  if (!t.ok()) return ready_future(t.status());
+  return core.request(state, message, *t);
 }
 
-Result<Message> Endpoint::request(const Message& message, std::chrono::milliseconds timeout) {
-  return wait_result(request_async(message, timeout));
+Status on_protocol_message(Transport& transport, MessageType type, MessageHandler handler) {
+  LAMINAR_RETURN_IF_ERROR(check_protocol_type(type, "on_protocol_message"));
+  TransportCore::of(transport).on_message(type, std::move(handler));
+  return ok_status();
+}
+
+Status send_protocol(Endpoint& endpoint, const Message& message, std::optional<Duration> timeout) {
+  LAMINAR_RETURN_IF_ERROR(check_protocol_type(message.type, "send_protocol"));
+  return send_message(TransportCore::state_of(endpoint), message, timeout);
+}
+
+std::future<Result<Message>> request_protocol_async(Endpoint& endpoint, const Message& message,
+                                                    std::optional<Duration> timeout) {
+  if (Status st = check_protocol_type(message.type, "request_protocol"); !st.ok()) return ready_future(st);
+  return request_message(TransportCore::state_of(endpoint), message, timeout);
+}
+
+Result<Message> request_protocol(Endpoint& endpoint, const Message& message, std::optional<Duration> timeout) {
+  return request_protocol_async(endpoint, message, timeout).get();
+}
+
+}  // namespace internal
+
+Status Endpoint::send(const Message& message, std::optional<Duration> timeout) {
+  LAMINAR_RETURN_IF_ERROR(internal::check_application_type(message.type, "send"));
+  return internal::send_message(state_, message, timeout);
+}
+
+std::future<Result<Message>> Endpoint::request_async(const Message& message, std::optional<Duration> timeout) {
+  if (Status st = internal::check_application_type(message.type, "request"); !st.ok()) {
+    return internal::ready_future(st);
+  }
+  return internal::request_message(state_, message, timeout);
+}
+
+Result<Message> Endpoint::request(const Message& message, std::optional<Duration> timeout) {
+  return request_async(message, timeout).get();
 }
 
 Status Endpoint::reply(const Incoming& to, const Message& message) {
@@ -1721,70 +1672,65 @@ Status Endpoint::reply_error(const Incoming& to, const Status& error) {
       .get();
 }
 
-std::future<Status> Endpoint::put(const MemoryRegion& local, std::size_t local_offset,
-                                  const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
-                                  std::chrono::milliseconds timeout, CompletionCallback done) {
-  if (!state_) {
+namespace {
+std::future<Status> rma(const std::shared_ptr<EndpointState>& state, bool is_put, const MemoryRegion& local,
+                        std::size_t local_offset, const RemoteRegion& remote, std::uint64_t remote_offset,
+                        std::size_t length, std::optional<Duration> timeout, CompletionCallback done) {
+  if (!state) {
+    // No transport, so no callback thread: `done` runs here.
+    if (done) done(no_endpoint());
     std::promise<Status> p;
     p.set_value(no_endpoint());
     return p.get_future();
   }
-  auto& core = *state_->core;
-  return core.rma(state_, true, local, local_offset, remote, remote_offset, length,
-                  core.resolve_timeout(timeout), std::move(done));
+  return state->core->rma(state, is_put, local, local_offset, remote, remote_offset, length, timeout,
+                          std::move(done));
+}
+}  // namespace
+
+std::future<Status> Endpoint::put(const MemoryRegion& local, std::size_t local_offset,
+                                  const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
+                                  std::optional<Duration> timeout, CompletionCallback done) {
+  return rma(state_, true, local, local_offset, remote, remote_offset, length, timeout, std::move(done));
 }
 
 std::future<Status> Endpoint::get(const MemoryRegion& local, std::size_t local_offset,
                                   const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
-                                  std::chrono::milliseconds timeout, CompletionCallback done) {
-  if (!state_) {
-    std::promise<Status> p;
-    p.set_value(no_endpoint());
-    return p.get_future();
-  }
-  auto& core = *state_->core;
-  return core.rma(state_, false, local, local_offset, remote, remote_offset, length,
-                  core.resolve_timeout(timeout), std::move(done));
+                                  std::optional<Duration> timeout, CompletionCallback done) {
+  return rma(state_, false, local, local_offset, remote, remote_offset, length, timeout, std::move(done));
 }
 
 void Endpoint::close() {
   if (state_) state_->core->close_endpoint(state_);
 }
 
-Result<Transport> Transport::create(TransportOptions options) {
+Result<std::unique_ptr<Transport>> Transport::create(TransportOptions options) {
   auto core = internal::TransportCore::create(std::move(options));
   if (!core.ok()) return core.status();
-  return Transport(std::move(*core));
+  return std::unique_ptr<Transport>(new Transport(std::move(*core)));
 }
 
 Transport::Transport(std::shared_ptr<internal::TransportCore> core) : core_(std::move(core)) {}
-Transport::Transport(Transport&&) noexcept = default;
-Transport& Transport::operator=(Transport&& other) noexcept {
-  if (this != &other) {
-    if (core_) core_->shutdown();
-    core_ = std::move(other.core_);
-  }
-  return *this;
-}
-Transport::~Transport() {
-  if (core_) core_->shutdown();
-}
+Transport::~Transport() { core_->shutdown(); }
 
 Result<std::string> Transport::listen(std::string_view host, std::uint16_t port) {
   return core_->listen(host, port);
 }
-Result<Endpoint> Transport::connect(std::string_view address, std::chrono::milliseconds timeout) {
+Result<Endpoint> Transport::connect(std::string_view address, std::optional<Duration> timeout) {
   return core_->connect(address, timeout);
 }
-Result<Endpoint> Transport::accept(std::chrono::milliseconds timeout) { return core_->accept(timeout); }
-void Transport::on_message(MessageType type, MessageHandler handler) {
+Result<Endpoint> Transport::accept(Duration timeout) { return core_->accept(timeout); }
+Status Transport::on_message(MessageType type, MessageHandler handler) {
+  LAMINAR_RETURN_IF_ERROR(internal::check_application_type(type, "on_message"));
   core_->on_message(type, std::move(handler));
+  return ok_status();
 }
-Result<Incoming> Transport::receive(std::chrono::milliseconds timeout) { return core_->receive(timeout); }
+Result<Incoming> Transport::receive(Duration timeout) { return core_->receive(timeout); }
 Result<MemoryRegion> Transport::register_memory(void* data, std::size_t size) {
   return core_->map_memory(data, size, false);
 }
 Result<MemoryRegion> Transport::allocate(std::size_t size) { return core_->map_memory(nullptr, size, true); }
 const TransportOptions& Transport::options() const noexcept { return core_->options(); }
+std::optional<std::string> Transport::listen_address() const { return core_->listen_address(); }
 
 }  // namespace laminar

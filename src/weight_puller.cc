@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "laminar/internal/host_buffer.h"
+#include "clock_wait.h"
 #include "local_relay_wire.h"
 #include "relay_chunks.h"
 
@@ -46,7 +47,7 @@ namespace {
 class StoreSource final : public PullSource {
  public:
   explicit StoreSource(std::shared_ptr<RelayStore> store) : store_(std::move(store)) {}
-  std::optional<Version> latest() override { return store_->latest_version(); }
+  std::optional<Version> latest() override { return store_->newest_version(); }
   Result<std::shared_ptr<PulledVersion>> acquire(Version v) override {
     auto h = store_->acquire(v);
     LAMINAR_RETURN_IF_ERROR(h.status());
@@ -83,8 +84,8 @@ struct LocalLease {
 // preference; a relay that fails is left for the next.
 class LocalSource final : public PullSource {
  public:
-  LocalSource(std::vector<std::string> paths, std::chrono::milliseconds timeout)
-      : paths_(std::move(paths)), timeout_(timeout) {}
+  LocalSource(std::vector<std::string> paths, Duration timeout, std::shared_ptr<const ClockWaker> waker)
+      : paths_(std::move(paths)), timeout_(timeout), waker_(std::move(waker)) {}
 
   std::optional<Version> latest() override {
     auto r = with_relay<std::optional<Version>>(
@@ -154,7 +155,7 @@ class LocalSource final : public PullSource {
     StatusCode code = StatusCode::kUnavailable;
     for (std::size_t attempt = 0; attempt < paths_.size(); ++attempt) {
       if (!conn_) {
-        auto c = LocalRelayConnection::connect(paths_[current_]);
+        auto c = LocalRelayConnection::connect(paths_[current_], waker_);
         if (!c.ok()) {
           why += fmt::format("{}{}", why.empty() ? "" : "; ", c.status().message());
           current_ = (current_ + 1) % paths_.size();
@@ -173,7 +174,8 @@ class LocalSource final : public PullSource {
   }
 
   std::vector<std::string> paths_;
-  std::chrono::milliseconds timeout_;
+  Duration timeout_;
+  std::shared_ptr<const ClockWaker> waker_;
   std::size_t current_ = 0;
   std::shared_ptr<LocalRelayConnection> conn_;
   std::vector<std::shared_ptr<SharedMapping>> mappings_;  // most recently used first
@@ -189,12 +191,41 @@ std::uint64_t fingerprint(const PulledVersion& h) {
 
 using internal::PulledVersion;
 
-WeightPuller::WeightPuller(std::unique_ptr<internal::PullSource> source, WeightPullerOptions options)
-    : source_(std::move(source)), options_(options) {}
+struct WeightPuller::Impl {
+  struct Target {
+    const WeightManifest::Entry* entry;
+    TensorView view;
+  };
+  // Where a cancelled pull stopped: the version (and a digest of its checksums, so a pull resumed
+  // on another relay only continues over the same bytes), the destinations, and how far it got.
+  struct Progress {
+    Version version;
+    std::uint64_t fingerprint = 0;
+    std::vector<std::pair<std::string, void*>> destinations;
+    std::size_t target = 0;
+    std::uint64_t offset = 0;
+    std::uint64_t bytes_done = 0;
+  };
 
-WeightPuller::~WeightPuller() = default;
+  Impl(std::unique_ptr<internal::PullSource> s, WeightPullerOptions o) : source(std::move(s)), options(std::move(o)) {}
 
-Status WeightPuller::check_options(const WeightPullerOptions& options) {
+  Result<std::vector<Target>> check_destinations(const PulledVersion& h,
+                                                 std::span<const NamedTensor> destinations) const;
+  Status verify(const PulledVersion& h, const std::vector<Target>& targets) const;
+  Status copy_into(const PulledVersion& h, std::span<const NamedTensor> destinations,
+                   const std::vector<Target>& targets);
+
+  std::unique_ptr<internal::PullSource> source;
+  WeightPullerOptions options;
+  std::optional<Version> current;
+  std::shared_ptr<PulledVersion> prefetched;
+  std::optional<Progress> progress;
+  std::atomic<bool> cancel_requested{false};
+};
+
+namespace {
+
+Status check_options(const WeightPullerOptions& options) {
   if (options.copy_chunk_bytes < ChunkPlan::kMinChunkBytes) {
     return invalid_argument(fmt::format("weight puller: copy_chunk_bytes is {}, at least {} is needed",
                                         options.copy_chunk_bytes, ChunkPlan::kMinChunkBytes));
@@ -202,16 +233,22 @@ Status WeightPuller::check_options(const WeightPullerOptions& options) {
   return ok_status();
 }
 
+}  // namespace
+
+WeightPuller::WeightPuller(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+WeightPuller::~WeightPuller() = default;
+
 Result<std::unique_ptr<WeightPuller>> WeightPuller::create(std::shared_ptr<RelayStore> relay,
                                                            WeightPullerOptions options) {
   if (!relay) return invalid_argument("weight puller: the relay is null");
   LAMINAR_RETURN_IF_ERROR(check_options(options));
-  return std::unique_ptr<WeightPuller>(
-      new WeightPuller(std::make_unique<internal::StoreSource>(std::move(relay)), options));
+  auto source = std::make_unique<internal::StoreSource>(std::move(relay));
+  return std::unique_ptr<WeightPuller>(new WeightPuller(std::make_unique<Impl>(std::move(source), std::move(options))));
 }
 
-Result<std::unique_ptr<WeightPuller>> WeightPuller::connect_local(std::vector<std::string> socket_paths,
-                                                                  WeightPullerOptions options) {
+Result<std::unique_ptr<WeightPuller>> WeightPuller::create_local(std::vector<std::string> socket_paths,
+                                                                 WeightPullerOptions options) {
   if (socket_paths.empty()) return invalid_argument("weight puller: no local relay socket given");
   for (const std::string& p : socket_paths) {
     sockaddr_un addr;
@@ -220,33 +257,41 @@ Result<std::unique_ptr<WeightPuller>> WeightPuller::connect_local(std::vector<st
                                           "(1 to {} bytes, no NUL)", p, sizeof(addr.sun_path) - 1));
     }
   }
-  if (options.relay_timeout.count() <= 0) {
-    return invalid_argument(fmt::format("weight puller: relay_timeout is {} ms", options.relay_timeout.count()));
+  if (options.relay_timeout <= Duration::zero()) {
+    return invalid_argument(fmt::format("weight puller: relay_timeout is {} ns", options.relay_timeout.count()));
   }
   LAMINAR_RETURN_IF_ERROR(check_options(options));
-  return std::unique_ptr<WeightPuller>(new WeightPuller(
-      std::make_unique<internal::LocalSource>(std::move(socket_paths), options.relay_timeout), options));
+  auto waker = internal::ClockWaker::create(internal::clock_or_steady(options.clock));
+  LAMINAR_RETURN_IF_ERROR(waker.status().with_context("weight puller"));
+  auto source = std::make_unique<internal::LocalSource>(std::move(socket_paths), options.relay_timeout,
+                                                        std::move(*waker));
+  return std::unique_ptr<WeightPuller>(new WeightPuller(std::make_unique<Impl>(std::move(source), std::move(options))));
 }
 
-std::optional<Version> WeightPuller::latest_version() const { return source_->latest(); }
+std::optional<Version> WeightPuller::newest_version() const { return impl_->source->latest(); }
 
-std::string WeightPuller::relay() const { return source_->name(); }
+std::string WeightPuller::relay() const { return impl_->source->name(); }
+
+std::optional<Version> WeightPuller::current_version() const noexcept { return impl_->current; }
 
 std::optional<Version> WeightPuller::prefetched_version() const {
-  if (!prefetched_) return std::nullopt;
-  return prefetched_->version;
+  if (!impl_->prefetched) return std::nullopt;
+  return impl_->prefetched->version;
 }
 
+void WeightPuller::cancel() noexcept { impl_->cancel_requested.store(true); }
+
 std::optional<WeightPuller::StoppedPull> WeightPuller::stopped_pull() const {
-  if (!progress_) return std::nullopt;
-  return StoppedPull{progress_->version, progress_->bytes_done};
+  if (!impl_->progress) return std::nullopt;
+  return StoppedPull{impl_->progress->version, impl_->progress->bytes_done};
 }
 
 PullDecision WeightPuller::next_action(bool has_live_trajectory) const {
-  return next_pull({current_, prefetched_version(), has_live_trajectory}, latest_version(), options_.policy);
+  return next_pull({impl_->current, prefetched_version(), has_live_trajectory}, newest_version(),
+                   impl_->options.policy);
 }
 
-Result<std::vector<WeightPuller::Target>> WeightPuller::check_destinations(
+Result<std::vector<WeightPuller::Impl::Target>> WeightPuller::Impl::check_destinations(
     const PulledVersion& h, std::span<const NamedTensor> destinations) const {
   const Version v = h.version;
   if (destinations.empty()) {
@@ -276,8 +321,8 @@ Result<std::vector<WeightPuller::Target>> WeightPuller::check_destinations(
   return out;
 }
 
-Status WeightPuller::verify(const PulledVersion& h, const std::vector<Target>& targets) const {
-  if (!options_.verify_checksums) return ok_status();
+Status WeightPuller::Impl::verify(const PulledVersion& h, const std::vector<Target>& targets) const {
+  if (!options.verify_checksums) return ok_status();
   for (const Target& t : targets) {
     auto [first, last] = h.plan.chunks_covering(t.entry->offset, t.entry->nbytes);
     LAMINAR_RETURN_IF_ERROR(internal::verify_chunks(h.version, h.plan, h.bytes.data(), h.checksums, first, last)
@@ -286,52 +331,52 @@ Status WeightPuller::verify(const PulledVersion& h, const std::vector<Target>& t
   return ok_status();
 }
 
-Status WeightPuller::copy_into(const PulledVersion& h, std::span<const NamedTensor> destinations,
+Status WeightPuller::Impl::copy_into(const PulledVersion& h, std::span<const NamedTensor> destinations,
                                const std::vector<Target>& targets) {
   std::vector<std::pair<std::string, void*>> dst_ids;
   for (const NamedTensor& d : destinations) dst_ids.emplace_back(std::string(d.name), d.view.data());
   std::size_t start_target = 0;
   std::uint64_t start_offset = 0;
   const std::uint64_t print = internal::fingerprint(h);
-  if (progress_ && progress_->version == h.version && progress_->fingerprint == print &&
-      progress_->destinations == dst_ids) {
-    start_target = progress_->target;
-    start_offset = progress_->offset;
+  if (progress && progress->version == h.version && progress->fingerprint == print &&
+      progress->destinations == dst_ids) {
+    start_target = progress->target;
+    start_offset = progress->offset;
   }
-  progress_.reset();
-  current_.reset();  // the destinations hold a mix of versions until the copy completes
-  cancel_requested_.store(false);
+  progress.reset();
+  current.reset();  // the destinations hold a mix of versions until the copy completes
+  cancel_requested.store(false);
   std::uint64_t done_before = 0;
   for (std::size_t k = 0; k < start_target; ++k) done_before += targets[k].entry->nbytes;
 
-  const std::uint64_t step = options_.copy_chunk_bytes;
+  const std::uint64_t step = options.copy_chunk_bytes;
   for (std::size_t k = start_target; k < targets.size(); ++k) {
     const Target& t = targets[k];
     const std::byte* src = h.bytes.data() + t.entry->offset;
     auto* dst = static_cast<std::byte*>(t.view.data());
     std::uint64_t off = k == start_target ? start_offset : 0;
     const auto stop_here = [&] {
-      progress_ = Progress{h.version, print, std::move(dst_ids), k, off, done_before + off};
+      progress = Progress{h.version, print, std::move(dst_ids), k, off, done_before + off};
       return cancelled(fmt::format("pull of version {} stopped at tensor '{}' byte {}; pull again to resume",
                                    h.version.value(), t.entry->name, off));
     };
     if (!t.view.device().is_host()) {
-      if (cancel_requested_.exchange(false)) return stop_here();
+      if (cancel_requested.exchange(false)) return stop_here();
       // One call per tensor so consecutive chunks overlap in the double-buffered device copy.
       LAMINAR_RETURN_IF_ERROR(internal::copy_host_to_device(dst + off, src + off, t.entry->nbytes - off, h.pinned,
-                                                            options_.device_stream, step)
+                                                            options.device_stream, step)
                                   .with_context(fmt::format("pull of tensor '{}' into {}", t.entry->name,
                                                             to_string(t.view.device()))));
       done_before += t.entry->nbytes;
       continue;
     }
     for (; off < t.entry->nbytes; off += step) {
-      if (cancel_requested_.exchange(false)) return stop_here();
+      if (cancel_requested.exchange(false)) return stop_here();
       std::memcpy(dst + off, src + off, std::min(step, t.entry->nbytes - off));
     }
     done_before += t.entry->nbytes;
   }
-  current_ = h.version;
+  current = h.version;
   return ok_status();
 }
 
@@ -340,42 +385,42 @@ Status WeightPuller::pull(Version v, std::span<const NamedTensor> destinations, 
     return failed_precondition(fmt::format(
         "pull of version {}: the worker has a live trajectory (on version {}); pull only when idle so each "
         "trajectory is generated by one version",
-        v.value(), current_ ? std::to_string(current_->value()) : "none"));
+        v.value(), impl_->current ? std::to_string(impl_->current->value()) : "none"));
   }
-  auto h = source_->acquire(v);
+  auto h = impl_->source->acquire(v);
   LAMINAR_RETURN_IF_ERROR(h.status().with_context("pull"));
-  auto targets = check_destinations(**h, destinations);
+  auto targets = impl_->check_destinations(**h, destinations);
   LAMINAR_RETURN_IF_ERROR(targets.status());
-  LAMINAR_RETURN_IF_ERROR(verify(**h, *targets));
-  return copy_into(**h, destinations, *targets);
+  LAMINAR_RETURN_IF_ERROR(impl_->verify(**h, *targets));
+  return impl_->copy_into(**h, destinations, *targets);
 }
 
 Status WeightPuller::prefetch(Version v) {
-  if (options_.policy != PullPolicy::kPrefetchThenSwap) {
+  if (impl_->options.policy != PullPolicy::kPrefetchThenSwap) {
     return failed_precondition(fmt::format("prefetch of version {}: the puller's policy is pull-when-idle",
                                            v.value()));
   }
-  auto h = source_->acquire(v);
+  auto h = impl_->source->acquire(v);
   LAMINAR_RETURN_IF_ERROR(h.status().with_context("prefetch"));
-  if (options_.verify_checksums) {
-    std::vector<Target> all;
+  if (impl_->options.verify_checksums) {
+    std::vector<Impl::Target> all;
     for (const auto& e : (*h)->manifest.entries()) all.push_back({&e, TensorView()});
-    LAMINAR_RETURN_IF_ERROR(verify(**h, all).with_context("prefetch"));
+    LAMINAR_RETURN_IF_ERROR(impl_->verify(**h, all).with_context("prefetch"));
   }
-  prefetched_ = std::move(*h);
+  impl_->prefetched = std::move(*h);
   return ok_status();
 }
 
 Status WeightPuller::swap(std::span<const NamedTensor> destinations, bool has_live_trajectory) {
-  if (!prefetched_) return failed_precondition("swap: no version is prefetched");
+  if (!impl_->prefetched) return failed_precondition("swap: no version is prefetched");
   if (has_live_trajectory) {
     return failed_precondition(fmt::format("swap to version {}: the worker has a live trajectory; swap only when idle",
-                                           prefetched_->version.value()));
+                                           impl_->prefetched->version.value()));
   }
-  auto targets = check_destinations(*prefetched_, destinations);
+  auto targets = impl_->check_destinations(*impl_->prefetched, destinations);
   LAMINAR_RETURN_IF_ERROR(targets.status());
-  LAMINAR_RETURN_IF_ERROR(copy_into(*prefetched_, destinations, *targets));
-  prefetched_.reset();
+  LAMINAR_RETURN_IF_ERROR(impl_->copy_into(*impl_->prefetched, destinations, *targets));
+  impl_->prefetched.reset();
   return ok_status();
 }
 

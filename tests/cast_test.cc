@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "laminar/internal/numerics.h"
@@ -104,4 +105,54 @@ TEST_CASE("cast rejects bad parameters", "[cast]") {
   CHECK(code({nullptr, nullptr, 0, DType::kF32, DType::kF16}) == StatusCode::kOk);
   auto st = laminar::kernels::run({a.data(), b.data(), 8, DType::kU8, DType::kF32}, laminar::Stream::host());
   CHECK_THAT(st.message(), Catch::Contains("u8 -> f32 is not supported"));
+}
+
+TEST_CASE("cast from tensors matches the raw-pointer call bit for bit", "[cast][tensors]") {
+  const auto bits = test_f32_bits(99);
+  const std::int64_t n = std::int64_t(bits.size());
+  const std::int64_t shape[2] = {2, n / 2};
+  std::vector<std::uint16_t> via_views(static_cast<std::size_t>(n)), via_raw(static_cast<std::size_t>(n));
+  auto src = laminar::TensorView::contiguous(const_cast<std::uint32_t*>(bits.data()), DType::kF32, shape);
+  auto dst = laminar::TensorView::contiguous(via_views.data(), DType::kBF16, shape);
+  REQUIRE(src.ok());
+  REQUIRE(dst.ok());
+  auto p = CastParams::from_tensors(*src, *dst);
+  REQUIRE(p.ok());
+  CHECK(p->n == shape[0] * shape[1]);
+  CHECK(laminar::kernels::workspace_bytes(*p) == 0);
+  REQUIRE(laminar::kernels::can_implement(*p, laminar::Stream::host()).ok());
+  REQUIRE(laminar::kernels::run(*p, laminar::Stream::host()).ok());
+  CastParams raw{bits.data(), via_raw.data(), shape[0] * shape[1], DType::kF32, DType::kBF16};
+  REQUIRE(laminar::kernels::run(raw, laminar::Stream::host()).ok());
+  CHECK(via_views == via_raw);
+}
+
+TEST_CASE("cast from tensors refuses mismatched tensors, naming them", "[cast][tensors]") {
+  std::vector<float> a(24), b(24);
+  const std::int64_t s23[2] = {2, 3}, s32[2] = {3, 2}, s6[1] = {6};
+  const auto view = [](void* data, DType t, std::span<const std::int64_t> shape,
+                       laminar::Device d = laminar::Device::cpu()) {
+    return laminar::TensorView::contiguous(data, t, shape, d).value();
+  };
+  const auto refused = [](const laminar::TensorView& src, const laminar::TensorView& dst, const char* text) {
+    auto p = CastParams::from_tensors(src, dst);
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.status().code() == laminar::StatusCode::kInvalidArgument);
+    CHECK_THAT(p.status().message(), Catch::Contains(text));
+  };
+  refused(view(a.data(), DType::kF32, s23), view(b.data(), DType::kF16, s32),
+          "cast: dst: shape [3, 2] but src has [2, 3]");
+  refused(view(a.data(), DType::kF32, s6), view(b.data(), DType::kF16, s23), "dst: shape [2, 3] but src has [6]");
+  refused(view(a.data(), DType::kI32, s6), view(b.data(), DType::kF16, s6), "src: dtype i32 but f32, f16 or bf16");
+  refused(view(a.data(), DType::kF32, s6), view(b.data(), DType::kF16, s6, laminar::Device::cuda(0)),
+          "dst: on cuda:0 but src is on cpu:0");
+  refused(view(a.data(), DType::kF32, s6, laminar::Device::cuda(1)),
+          view(b.data(), DType::kF16, s6, laminar::Device::cuda(0)), "dst: on cuda:0 but src is on cuda:1");
+  const std::int64_t strides[2] = {6, 2};
+  auto strided = laminar::TensorView::strided(a.data(), DType::kF32, s23, strides).value();
+  refused(strided, view(b.data(), DType::kF16, s23), "src: strides [6, 2] of shape [2, 3] are not dense");
+  refused(view(a.data(), DType::kF32, s6), view(a.data() + 1, DType::kF32, s6), "src and dst overlap");
+  // Page-locked host memory counts as host: no device mismatch.
+  const laminar::Device pinned{laminar::DeviceType::kCudaHost, 0};
+  CHECK(CastParams::from_tensors(view(a.data(), DType::kF32, s6), view(b.data(), DType::kF16, s6, pinned)).ok());
 }

@@ -1,5 +1,6 @@
 # Installs the build at BUILD_DIR into WORK_DIR/prefix, then builds and runs the consumer project at
-# CONSUMER_SOURCE against it, exactly as a user embedding laminar would.
+# CONSUMER_SOURCE against it, exactly as a user embedding laminar would. With CUDA_COMPILER set, the
+# consumer also compiles laminar's installed CUDA kernel headers into device code of its own.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -20,7 +21,17 @@ if(SANITIZE STREQUAL "address")
 elseif(SANITIZE STREQUAL "thread")
   set(sanitize_args -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread)
 endif()
+set(cuda_args)
+if(CUDA_COMPILER)
+  set(cuda_args -DCMAKE_CUDA_COMPILER=${CUDA_COMPILER} -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES})
+endif()
 run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
-    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release ${sanitize_args})
+    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release ${sanitize_args} ${cuda_args})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+if(CUDA_COMPILER)
+  file(GLOB_RECURSE cuda_objects ${WORK_DIR}/build/*kernels.cu.o)
+  if(NOT cuda_objects)
+    message(FATAL_ERROR "nvcc is present but the consumer's kernels.cu was not compiled")
+  endif()
+endif()
 run(${WORK_DIR}/build/consumer)

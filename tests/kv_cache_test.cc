@@ -1,11 +1,15 @@
 // PagedKvCache: page accounting, per-sequence page lists, CSR page tables, and validation of
-// layouts and page tables given from outside.
+// layouts and page tables given from outside, and pools adopted from the host application.
 #include "laminar/kv_cache.h"
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
+
+#include "laminar/kernels/paged_decode.h"
 
 using laminar::DType;
 using laminar::KvLayout;
@@ -124,4 +128,131 @@ TEST_CASE("bad layouts and page tables are rejected with the offending value", "
   CHECK(laminar::validate(t, l).code() == StatusCode::kInvalidArgument);
   t.indptr = nullptr;
   CHECK(laminar::validate(t, l).code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("PagedKvCache adopts K/V pools the host allocated, without owning them", "[kv_cache][adopt]") {
+  const KvLayout layout{6, 4, 2, 64, DType::kBF16};
+  const std::int64_t shape[4] = {6, 4, 2, 64};
+  const std::size_t elems = 6 * 4 * 2 * 64;
+  // The engine's pools, filled before laminar sees them: adopting must not clear them.
+  std::vector<std::uint16_t> k(elems, 0x3f80), v(elems, 0x4000);
+  {
+    auto kv = laminar::TensorView::contiguous(k.data(), DType::kBF16, shape).value();
+    auto vv = laminar::TensorView::contiguous(v.data(), DType::kBF16, shape).value();
+    auto cache = PagedKvCache::create(layout, kv, vv);
+    REQUIRE(cache.ok());
+    CHECK_FALSE(cache->owns_pools());
+    CHECK(cache->device() == laminar::Device::cpu());
+    CHECK(cache->view().k_pages == k.data());
+    CHECK(cache->view().v_pages == v.data());
+    CHECK(cache->k_pool().data() == k.data());
+    CHECK(cache->k_pool().is_contiguous());
+    CHECK(cache->free_pages() == 6);
+    REQUIRE(cache->add_sequence(SequenceId(3)).ok());
+    REQUIRE(cache->append_tokens(SequenceId(3), 6).ok());
+    auto slot = cache->token_slot(SequenceId(3), 5);
+    REQUIRE(slot.ok());
+    CHECK(static_cast<std::uint16_t*>(slot->k) == k.data() + (std::size_t(slot->page) * 4 + 1) * 2 * 64);
+    CHECK(static_cast<std::uint16_t*>(slot->v) == v.data() + (std::size_t(slot->page) * 4 + 1) * 2 * 64);
+    static_cast<std::uint16_t*>(slot->k)[0] = 0x1234;
+    CHECK(k[(std::size_t(slot->page) * 4 + 1) * 2 * 64] == 0x1234);
+  }
+  // The cache is gone; the engine's memory is still its own, untouched but for the write above.
+  CHECK(std::count(k.begin(), k.end(), std::uint16_t(0x3f80)) == std::ptrdiff_t(elems) - 1);
+  CHECK(std::count(v.begin(), v.end(), std::uint16_t(0x4000)) == std::ptrdiff_t(elems));
+  // A cache that allocates its own pools owns them and hands out host views.
+  auto own = PagedKvCache::create(layout);
+  REQUIRE(own.ok());
+  CHECK(own->owns_pools());
+  CHECK(own->k_pool().dim(3) == 64);
+
+  // Device pools are adopted as device addresses (nothing is read from them here).
+  const auto gpu = laminar::Device::cuda(1);
+  auto kd = laminar::TensorView::contiguous(k.data(), DType::kBF16, shape, gpu).value();
+  auto vd = laminar::TensorView::contiguous(v.data(), DType::kBF16, shape, gpu).value();
+  auto on_device = PagedKvCache::create(layout, kd, vd);
+  REQUIRE(on_device.ok());
+  CHECK(on_device->device() == gpu);
+  CHECK(on_device->k_pool().device() == gpu);
+}
+
+TEST_CASE("PagedKvCache refuses pools that do not match the layout, naming the pool", "[kv_cache][adopt]") {
+  const KvLayout layout{6, 4, 2, 64, DType::kBF16};
+  const std::int64_t shape[4] = {6, 4, 2, 64};
+  std::vector<std::uint16_t> k(6 * 4 * 2 * 64 * 2), v(6 * 4 * 2 * 64 * 2);
+  const auto view = [](void* data, DType t, std::span<const std::int64_t> s,
+                       laminar::Device d = laminar::Device::cpu()) {
+    return laminar::TensorView::contiguous(data, t, s, d).value();
+  };
+  const auto refused = [&](const laminar::TensorView& kv, const laminar::TensorView& vv, const char* text) {
+    auto c = PagedKvCache::create(layout, kv, vv);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(c.status().message(), Catch::Contains(text));
+  };
+  const auto good_k = view(k.data(), DType::kBF16, shape);
+  const auto good_v = view(v.data(), DType::kBF16, shape);
+  REQUIRE(PagedKvCache::create(layout, good_k, good_v).ok());
+  const std::int64_t wrong[4] = {6, 4, 2, 128};
+  refused(good_k, view(v.data(), DType::kBF16, wrong),
+          "PagedKvCache: v_pool: shape [6, 4, 2, 128] but the layout gives [6, 4, 2, 64]");
+  const std::int64_t flat[1] = {6 * 4 * 2 * 64};
+  refused(view(k.data(), DType::kBF16, flat), good_v, "k_pool: shape [3072] but the layout gives");
+  refused(view(k.data(), DType::kF16, shape), good_v, "k_pool: dtype f16 but the layout's is bf16");
+  const std::int64_t strides[4] = {4 * 2 * 128, 2 * 128, 128, 1};
+  refused(good_k, laminar::TensorView::strided(v.data(), DType::kBF16, shape, strides).value(),
+          "v_pool: strides [1024, 256, 128, 1] of shape [6, 4, 2, 64] are not dense");
+  refused(good_k, view(v.data(), DType::kBF16, shape, laminar::Device::cuda(0)),
+          "v_pool: on cuda:0 but k_pool is on cpu:0");
+  refused(good_k, view(k.data() + 64, DType::kBF16, shape), "v_pool: overlaps k_pool");
+  CHECK(PagedKvCache::create({0, 4, 2, 64, DType::kBF16}, good_k, good_v).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a paged decode over adopted pools matches the same data in a cache's own pools", "[kv_cache][adopt]") {
+  const KvLayout layout{8, 4, 2, 64, DType::kF32};
+  auto own = PagedKvCache::create(layout);
+  REQUIRE(own.ok());
+  const std::size_t elems = 8 * 4 * 2 * 64;
+  std::vector<float> k(elems), v(elems);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (std::size_t i = 0; i < elems; ++i) {
+    k[i] = nd(rng);
+    v[i] = nd(rng);
+  }
+  std::memcpy(own->k_page(0), k.data(), elems * sizeof(float));
+  std::memcpy(own->v_page(0), v.data(), elems * sizeof(float));
+  auto adopted =
+      PagedKvCache::create(layout, laminar::TensorView::contiguous(k.data(), DType::kF32, own->k_pool().shape()).value(),
+                           laminar::TensorView::contiguous(v.data(), DType::kF32, own->v_pool().shape()).value());
+  REQUIRE(adopted.ok());
+  const std::int64_t qshape[3] = {2, 4, 64};
+  std::vector<float> q(2 * 4 * 64);
+  for (auto& x : q) x = nd(rng);
+  std::vector<std::vector<float>> outs;
+  for (PagedKvCache* cache : {&*own, &*adopted}) {
+    REQUIRE(cache->add_sequence(SequenceId(1)).ok());
+    REQUIRE(cache->add_sequence(SequenceId(2)).ok());
+    REQUIRE(cache->append_tokens(SequenceId(1), 7).ok());
+    REQUIRE(cache->append_tokens(SequenceId(2), 13).ok());
+    PageTableBuffer table;
+    const SequenceId ids[] = {SequenceId(2), SequenceId(1)};
+    REQUIRE(cache->build_page_table(ids, &table).ok());
+    std::vector<float> out(q.size());
+    laminar::kernels::PagedDecodeTensors t;
+    t.q = laminar::TensorView::contiguous(q.data(), DType::kF32, qshape).value();
+    t.out = laminar::TensorView::contiguous(out.data(), DType::kF32, qshape).value();
+    t.k_pages = cache->k_pool();
+    t.v_pages = cache->v_pool();
+    const std::int64_t n3[1] = {3}, n2[1] = {2}, nnz[1] = {std::int64_t(table.indices.size())};
+    t.indptr = laminar::TensorView::contiguous(table.indptr.data(), DType::kI32, n3).value();
+    t.indices = laminar::TensorView::contiguous(table.indices.data(), DType::kI32, nnz).value();
+    t.last_page_len = laminar::TensorView::contiguous(table.last_page_len.data(), DType::kI32, n2).value();
+    auto p = laminar::kernels::PagedDecodeParams::from_tensors(t);
+    REQUIRE(p.ok());
+    REQUIRE(laminar::kernels::run(*p, laminar::Stream::host()).ok());
+    outs.push_back(out);
+  }
+  CHECK(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)) == 0);
 }

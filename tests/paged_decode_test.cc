@@ -480,3 +480,189 @@ TEST_CASE("paged decode: degenerate and bad input", "[paged_decode]") {
   CHECK(laminar::kernels::workspace_bytes(p) > 0);
   CHECK(laminar::ref::paged_decode(pb.params()).ok());
 }
+
+namespace {
+
+using laminar::TensorView;
+using laminar::kernels::PagedDecodeTensors;
+
+TensorView dense(void* data, DType t, std::vector<std::int64_t> shape, laminar::Device d = laminar::Device::cpu()) {
+  return TensorView::contiguous(data, t, shape, d).value();
+}
+
+// Views of a Problem's buffers, shaped as an engine holds them; index tensors as i32 or, copied
+// into the i64 vectors, as i64.
+struct ProblemViews {
+  std::vector<std::int64_t> indptr64, indices64, last64, qo64;
+  PagedDecodeTensors t;
+
+  ProblemViews(Problem& pb, bool i64) {
+    const std::int64_t heads = pb.qo_heads(), d = pb.s.head_dim;
+    t.q = dense(pb.q.data(), pb.s.dtype, {pb.num_rows, heads, d});
+    t.out = dense(pb.out.data(), pb.s.dtype, {pb.num_rows, heads, d});
+    t.lse = dense(pb.lse.data(), DType::kF32, {pb.num_rows, heads});
+    const std::vector<std::int64_t> pool = {pb.num_pages, pb.s.page_size, pb.s.num_kv_heads, d};
+    t.k_pages = dense(pb.k.data(), pb.s.dtype, pool);
+    t.v_pages = dense(pb.v.data(), pb.s.dtype, pool);
+    const auto index = [&](std::vector<std::int32_t>& v32, std::vector<std::int64_t>& v64) {
+      if (!i64) return dense(v32.data(), DType::kI32, {std::int64_t(v32.size())});
+      v64.assign(v32.begin(), v32.end());
+      return dense(v64.data(), DType::kI64, {std::int64_t(v64.size())});
+    };
+    t.indptr = index(pb.indptr, indptr64);
+    t.indices = index(pb.indices, indices64);
+    t.last_page_len = index(pb.last_page_len, last64);
+    if (pb.prefill) t.qo_indptr = index(pb.qo_indptr, qo64);
+  }
+};
+
+void expect_refused(const PagedDecodeTensors& t, const char* text) {
+  laminar::kernels::PagedDecodeIndexCopies copies;
+  auto p = PagedDecodeParams::from_tensors(t, &copies);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(p.status().message(), Catch::Contains(text));
+}
+
+}  // namespace
+
+TEST_CASE("paged decode from tensors (i32 and i64 page tables) matches the raw-pointer call bit for bit",
+          "[paged_decode][tensors]") {
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed + 11);
+  for (int trial = 0; trial < 4; ++trial) {
+    const Shape s = random_shape(rng);
+    const bool prefill = trial % 2 == 1;
+    const bool i64 = trial >= 2;
+    INFO("trial " << trial << " prefill " << prefill << " i64 " << i64);
+    Problem pb = prefill ? make_problem(s, {300, 17, 0}, rng(), {20, 17, 0}) : make_problem(s, {300, 17, 0}, rng());
+    const Result raw = run_cpu(pb);
+    poison(pb);
+    ProblemViews v(pb, i64);
+    laminar::kernels::PagedDecodeIndexCopies copies;
+    auto p = PagedDecodeParams::from_tensors(v.t, &copies);
+    REQUIRE(p.ok());
+    CHECK(p->max_kv_len == 300);  // the longest sequence, read from the host table
+    CHECK(p->sm_scale == 1.0f / std::sqrt(float(s.head_dim)));
+    CHECK(p->num_qo_heads == pb.qo_heads());
+    CHECK((p->table.indices == pb.indices.data()) == !i64);
+    p->cpu_threads = 2;
+    REQUIRE(laminar::kernels::run(*p, Stream::host()).ok());
+    require_same_bits(raw, Result{pb.out, pb.lse});
+  }
+}
+
+TEST_CASE("paged decode from tensors refuses each kind of mismatch, naming the tensor", "[paged_decode][tensors]") {
+  Shape s;
+  s.dtype = DType::kBF16;
+  s.head_dim = 64;
+  s.num_kv_heads = 2;
+  s.group = 2;
+  s.page_size = 4;
+  Problem pb = make_problem(s, {9, 3}, 5);
+  std::vector<std::uint8_t> other(pb.q.size() * 2);
+  {
+    ProblemViews v(pb, false);
+    REQUIRE(PagedDecodeParams::from_tensors(v.t).ok());
+    // Without max_kv_len or sm_scale given, the defaults; given, they are kept.
+    v.t.max_kv_len = 4096;
+    v.t.sm_scale = 0.5f;
+    auto p = PagedDecodeParams::from_tensors(v.t);
+    REQUIRE(p.ok());
+    CHECK(p->max_kv_len == 4096);
+    CHECK(p->sm_scale == 0.5f);
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.out = dense(other.data(), s.dtype, {2, 4, 32});
+    expect_refused(v.t, "paged_decode: out: shape [2, 4, 32] but q has [2, 4, 64]");
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.q = dense(other.data(), DType::kF16, {2, 4, 64});
+    expect_refused(v.t, "paged_decode: q: dtype f16 but bf16 is needed");
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.q = dense(other.data(), s.dtype, {2, 4, 128});
+    v.t.out = dense(pb.out.data(), s.dtype, {2, 4, 128});
+    expect_refused(v.t, "paged_decode: q: shape [2, 4, 128] but k_pages gives dim 2 = 64");
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.lse = dense(other.data(), DType::kF32, {2, 3});
+    expect_refused(v.t, "paged_decode: lse: shape [2, 3] but q gives dim 1 = 4");
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.v_pages = dense(pb.v.data(), s.dtype, {pb.num_pages - 1, 4, 2, 64});
+    expect_refused(v.t, "paged_decode: v_pages: shape [");
+  }
+  {
+    ProblemViews v(pb, false);
+    const std::int64_t shape[3] = {2, 4, 64}, strides[3] = {4 * 64, 1, 4};
+    v.t.q = TensorView::strided(pb.q.data(), s.dtype, shape, strides).value();
+    expect_refused(v.t, "paged_decode: q: strides [256, 1, 4] of shape [2, 4, 64] are not dense");
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.indptr = dense(pb.indptr.data(), DType::kI32, {2});
+    expect_refused(v.t, "paged_decode: indptr: shape [2] but last_page_len (batch + 1) gives dim 0 = 3");
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.indices = dense(pb.indices.data(), DType::kI32, {2});
+    expect_refused(v.t, "paged_decode: indices: 2 entries but indptr[2] = 4");
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.last_page_len = dense(pb.last_page_len.data(), DType::kF32, {2});
+    expect_refused(v.t, "paged_decode: last_page_len: dtype f32 but i32 (or i64 on the host) is needed");
+  }
+  {
+    ProblemViews v(pb, true);
+    v.indices64[1] = std::int64_t(1) << 33;
+    expect_refused(v.t, "paged_decode: indices: [1] = 8589934592 does not fit int32");
+    auto no_copies = PagedDecodeParams::from_tensors(v.t);
+    REQUIRE_FALSE(no_copies.ok());
+    CHECK_THAT(no_copies.status().message(), Catch::Contains("i64 indices need a buffer"));
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.q = dense(other.data(), s.dtype, {3, 4, 64});
+    v.t.out = dense(pb.out.data(), s.dtype, {3, 4, 64});
+    v.t.lse.reset();
+    expect_refused(v.t, "paged_decode: q: 3 rows but last_page_len holds 2 sequences");
+  }
+  {
+    ProblemViews v(pb, false);
+    v.t.k_pages = dense(pb.k.data(), s.dtype, {pb.num_pages, 4, 2, 64}, laminar::Device::cuda(0));
+    expect_refused(v.t, "paged_decode: k_pages: on cuda:0 but q is on cpu:0");
+  }
+  {
+    // All on one device: i64 page tables are refused there (the kernel reads them in place), and
+    // max_kv_len has to be given.
+    const auto gpu = laminar::Device::cuda(0);
+    ProblemViews v(pb, true);
+    for (TensorView* t :
+         {&v.t.q, &v.t.out, &v.t.k_pages, &v.t.v_pages, &v.t.indptr, &v.t.indices, &v.t.last_page_len}) {
+      *t = dense(t->data(), t->dtype(), {t->shape().begin(), t->shape().end()}, gpu);
+    }
+    v.t.lse = dense(v.t.lse->data(), DType::kF32, {2, 4}, gpu);
+    expect_refused(v.t, "paged_decode: last_page_len: i64 on a CUDA device");
+    v.t.indptr = dense(pb.indptr.data(), DType::kI32, {3}, gpu);
+    v.t.indices = dense(pb.indices.data(), DType::kI32, {4}, gpu);
+    v.t.last_page_len = dense(pb.last_page_len.data(), DType::kI32, {2}, gpu);
+    expect_refused(v.t, "max_kv_len must be given");
+    v.t.max_kv_len = 9;
+    auto p = PagedDecodeParams::from_tensors(v.t);
+    REQUIRE(p.ok());
+    // The workspace comes after: its size depends on the params.
+    CHECK(laminar::kernels::workspace_bytes(*p) > 0);
+    CHECK(laminar::kernels::can_implement(*p, Stream::cuda(nullptr)).code() == StatusCode::kInvalidArgument);
+    std::vector<std::uint8_t> ws(laminar::kernels::workspace_bytes(*p));
+    p->workspace = ws.data();
+    p->workspace_bytes = ws.size();
+    CHECK(laminar::kernels::can_implement(*p, Stream::cuda(nullptr)).ok());
+  }
+}

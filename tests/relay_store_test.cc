@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cstring>
 #include <cstdio>
+#include <future>
 #include <random>
 #include <set>
 #include <thread>
 
+#include "laminar/clock.h"
 #include "laminar/relay_store.h"
 #include "relay_test_util.h"
 
@@ -67,7 +69,7 @@ void publish_and_wait(RelayStore& s, std::uint64_t v, std::int64_t scale = 1) {
 
 TEST_CASE("publish then acquire returns every byte, padding zeroed", "[relay_store]") {
   auto s = make_store();
-  CHECK_FALSE(s->latest_version());
+  CHECK_FALSE(s->newest_version());
   CHECK(s->acquire().status().code() == StatusCode::kNotFound);
   WeightSet w = WeightSet::make(kSeed, 1);
   REQUIRE(w.manifest.total_bytes() > 4 * 4096);  // several chunks, tensors straddling them
@@ -75,7 +77,7 @@ TEST_CASE("publish then acquire returns every byte, padding zeroed", "[relay_sto
   // The source can be reused as soon as publish returns: the store owns a copy.
   w.fill(kSeed, 99);
   REQUIRE(s->wait_for_version(Version(1), kWait).ok());
-  CHECK(s->latest_version() == Version(1));
+  CHECK(s->newest_version() == Version(1));
   auto h = s->acquire();
   REQUIRE(h.ok());
   check_version(*h, 1);
@@ -95,7 +97,7 @@ TEST_CASE("versions going backwards are refused and the committed one is untouch
     CHECK(st.code() == StatusCode::kInvalidArgument);
     CHECK_THAT(st.message(), Catch::Contains("version " + std::to_string(v)));
   }
-  CHECK(s->latest_version() == Version(3));
+  CHECK(s->newest_version() == Version(3));
   check_version(s->acquire().value(), 3);
   publish_and_wait(*s, 4);
   check_version(s->acquire().value(), 4);
@@ -137,7 +139,7 @@ TEST_CASE("publish rejects unknown, missing, repeated, mistyped and misshaped te
   CHECK(empty.code() == StatusCode::kInvalidArgument);
 
   // Nothing above spent version 2 or touched version 1.
-  CHECK(s->latest_version() == Version(1));
+  CHECK(s->newest_version() == Version(1));
   check_version(s->acquire().value(), 1);
   publish_and_wait(*s, 2);
   check_version(s->acquire().value(), 2);
@@ -151,8 +153,8 @@ TEST_CASE("device tensors without a usable device are a clear error", "[relay_st
   named[0].view = TensorView::contiguous(w.storage[0].data(), e.dtype, e.shape, laminar::Device::cuda(0)).value();
   auto st = s->publish(Version(1), w.manifest, named);
   INFO(st.to_string());
-  CHECK((st.code() == StatusCode::kUnimplemented || st.code() == StatusCode::kUnavailable));
-  CHECK_FALSE(s->latest_version());
+  CHECK((st.code() == StatusCode::kUnimplemented || st.code() == StatusCode::kFailedPrecondition));
+  CHECK_FALSE(s->newest_version());
 }
 
 TEST_CASE("publish never waits for readers; old versions live while handles hold them", "[relay_store]") {
@@ -161,7 +163,7 @@ TEST_CASE("publish never waits for readers; old versions live while handles hold
   ReadHandle h1 = s->acquire().value();
   ReadHandle h1_copy = h1;
   for (std::uint64_t v = 2; v <= 5; ++v) publish_and_wait(*s, v);
-  CHECK(s->latest_version() == Version(5));
+  CHECK(s->newest_version() == Version(5));
   check_version(h1, 1);  // still intact under four newer publishes
   CHECK(s->acquire(Version(1)).ok());
   CHECK(s->acquire(Version(3)).status().code() == StatusCode::kNotFound);  // freed: nobody held it
@@ -241,7 +243,7 @@ TEST_CASE("a relay fed chunk by chunk refuses corrupt chunks, resumes, and commi
     auto st = relay->put_chunk(Version(4), i, wire, src.checksum(i).value());
     CHECK(st.code() == (i == corrupt ? StatusCode::kDataLoss : StatusCode::kOk));
   }
-  CHECK_FALSE(relay->latest_version());
+  CHECK_FALSE(relay->newest_version());
   CHECK(relay->acquire(Version(4)).status().code() == StatusCode::kUnavailable);
   CHECK(relay->stats().chunks_rejected == 1);
   CHECK(relay->resume_point(Version(4)).value() == corrupt);
@@ -261,11 +263,11 @@ TEST_CASE("a relay fed chunk by chunk refuses corrupt chunks, resumes, and commi
   std::set<std::uint32_t> missing = {corrupt};
   for (std::uint32_t i = n / 2; i < n; ++i) missing.insert(i);
   for (std::uint32_t i : rest) {
-    CHECK(bool(relay->latest_version()) == missing.empty());
+    CHECK(bool(relay->newest_version()) == missing.empty());
     REQUIRE(relay->put_chunk(Version(4), i, src.chunk(i).value(), src.checksum(i).value()).ok());
     missing.erase(i);
   }
-  CHECK(relay->latest_version() == Version(4));
+  CHECK(relay->newest_version() == Version(4));
   ReadHandle got = relay->acquire().value();
   check_version(got, 4);
   for (std::uint32_t i = 0; i < n; ++i) CHECK(got.checksum(i).value() == src.checksum(i).value());
@@ -330,6 +332,29 @@ TEST_CASE("readers racing a publisher only ever see complete versions", "[relay_
   CHECK(bad.load() == 0);
   CHECK(seen.load() > 0);
   CHECK(s->stats().versions_held == 1);
+}
+
+TEST_CASE("the store's waits end when its clock passes their deadline, not before", "[relay_store]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  RelayStoreOptions o;
+  o.chunk_bytes = 4096;
+  o.clock = clock;
+  std::shared_ptr<RelayStore> s = RelayStore::create(o).value();
+  auto waited = std::async(std::launch::async, [&] {
+    const laminar::Duration start = clock->now();
+    laminar::Status st = s->wait_for_version(Version(1), std::chrono::seconds(30));
+    return std::make_pair(st, clock->now() - start);
+  });
+  REQUIRE(laminar::testing::advance_until_ready(*clock, waited, std::chrono::seconds(1), 1000));
+  const auto [st, took] = waited.get();
+  CHECK(st.code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(st.message(), Catch::Contains("none"));
+  CHECK(took >= std::chrono::seconds(30));
+  auto newer = std::async(std::launch::async, [&] { return s->wait_for_newer(std::nullopt, std::chrono::seconds(5)); });
+  REQUIRE(laminar::testing::advance_until_ready(*clock, newer, std::chrono::seconds(1), 1000));
+  CHECK_FALSE(newer.get());
+  CHECK(s->read_chunk(Version(7), 0, laminar::kForever).status().code() == StatusCode::kNotFound);
+  CHECK(s->wait_for_version(Version(1), std::chrono::seconds(-1)).code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("wait_for_version times out naming what is there; bad options are refused", "[relay_store]") {

@@ -2,16 +2,31 @@
 // tensor), so every byte a reader gets can be checked.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "laminar/clock.h"
 #include "laminar/relay_store.h"
 #include "laminar/weight_manifest.h"
 
 namespace laminar::testing {
+
+// Moves `clock` forward by `step` until `f` is ready (a thread blocked on the clock has returned),
+// at most `max_steps` times; returns whether it became ready. The thread may start waiting at any
+// point of the walk: each step wakes it to re-check its deadline.
+template <class T>
+bool advance_until_ready(ManualClock& clock, std::future<T>& f, Duration step, int max_steps) {
+  for (int i = 0; i < max_steps; ++i) {
+    if (f.wait_for(std::chrono::milliseconds(1)) == std::future_status::ready) return true;
+    if (!clock.advance(step).ok()) return false;
+  }
+  return f.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+}
 
 // splitmix64: cheap, and every (seed, version, tensor, byte) gets its own value.
 inline std::uint64_t mix(std::uint64_t x) {

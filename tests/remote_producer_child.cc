@@ -33,12 +33,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "producer: %s\n", transport.status().to_string().c_str());
     return 2;
   }
-  auto ep = transport->connect(argv[1]);
-  if (!ep.ok()) {
-    std::fprintf(stderr, "producer: %s\n", ep.status().to_string().c_str());
-    return 2;
-  }
-  auto producer = laminar::RemoteProducer::connect(*ep);
+  auto producer = laminar::RemoteProducer::create(std::move(*transport), argv[1]);
   if (!producer.ok()) {
     std::fprintf(stderr, "producer: %s\n", producer.status().to_string().c_str());
     return 2;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <random>
 #include <set>
@@ -17,8 +18,11 @@
 #include <thread>
 #include <vector>
 
+#include "eventually.h"
 #include "process.h"
+#include "relay_test_util.h"
 #include "remote_trajectory_protocol.h"
+#include "transport/protocol.h"
 
 using laminar::BatchSpec;
 using laminar::PushOptions;
@@ -29,13 +33,17 @@ using laminar::Trajectory;
 using laminar::TrajectoryQueue;
 using laminar::TrajectoryQueueServer;
 using laminar::Transport;
+using laminar::internal::kQueuePushManyMessage;
+using laminar::internal::kQueuePushMessage;
+using laminar::internal::request_protocol;
+using laminar::testing::eventually;
 using namespace std::chrono_literals;
 
 namespace {
 
 const char* kToken = "remote-queue-test-token-0123456789";
 
-Transport make_transport() {
+std::shared_ptr<Transport> make_transport() {
   laminar::TransportOptions o;
   o.cluster_token = kToken;
   o.operation_timeout = 10s;
@@ -52,35 +60,29 @@ void expect_code(const laminar::Status& st, StatusCode code, const char* needle)
 
 // A queue served over the transport, and a client transport to reach it.
 struct Served {
-  Transport server_tr = make_transport();
-  std::string addr = server_tr.listen("127.0.0.1", 0).value();
+  std::shared_ptr<Transport> server_tr = make_transport();
+  std::string addr = server_tr->listen("127.0.0.1", 0).value();
   std::unique_ptr<TrajectoryQueueServer> server;
-  Transport client_tr = make_transport();
+  std::shared_ptr<Transport> client_tr = make_transport();
 
-  explicit Served(TrajectoryQueue& q, laminar::QueueServerOptions o = {})
-      : server(TrajectoryQueueServer::start(server_tr, q, o).value()) {}
-  laminar::Endpoint connect() { return client_tr.connect(addr).value(); }
-  std::unique_ptr<RemoteProducer> producer() { return RemoteProducer::connect(connect()).value(); }
+  explicit Served(std::shared_ptr<TrajectoryQueue> q, laminar::QueueServerOptions o = {})
+      : server(TrajectoryQueueServer::create(server_tr, std::move(q), std::move(o)).value()) {}
+  laminar::Endpoint connect() { return client_tr->connect(addr).value(); }
+  std::unique_ptr<RemoteProducer> producer(laminar::RemoteProducerOptions o = {}) {
+    return RemoteProducer::create(client_tr, addr, std::move(o)).value();
+  }
 };
 
-template <class F>
-bool eventually(F f) {
-  for (int i = 0; i < 5000; ++i) {
-    if (f()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return false;
-}
 
 }  // namespace
 
 TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote]") {
   QueueOptions qo;
   qo.capacity_trajectories = 3;
-  auto queue = TrajectoryQueue::create(qo).value();
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
   laminar::QueueServerOptions so;
   so.credits_per_producer = 2;
-  Served served(*queue, so);
+  Served served(queue, so);
   auto producer = served.producer();
   CHECK(producer->credits_granted() == 2);
 
@@ -136,15 +138,54 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
   CHECK(st.malformed == 0);
 }
 
+TEST_CASE("remote push timeouts run on the clocks: the producer's for a credit, the server's for a held push",
+          "[remote][clock]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  QueueOptions qo;
+  qo.capacity_trajectories = 1;
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+  laminar::QueueServerOptions so;
+  so.credits_per_producer = 1;
+  so.clock = clock;
+  Served served(queue, so);
+  laminar::RemoteProducerOptions po;
+  po.clock = clock;
+  auto producer = served.producer(po);
+  REQUIRE(producer->push(laminar::test_remote::make(1)).ok());  // the queue is full now
+
+  using Timed = std::pair<laminar::Status, laminar::Duration>;
+  auto timed_push = [&](std::uint64_t id, laminar::Duration timeout) {
+    const laminar::Duration start = clock->now();
+    laminar::Status st = producer->push(laminar::test_remote::make(id), PushOptions::with_timeout(timeout));
+    return Timed(st, clock->now() - start);
+  };
+  // Held by the server, with the only credit, until the server's clock passes its timeout.
+  std::future<Timed> held = std::async(std::launch::async, timed_push, 2, std::chrono::seconds(1000));
+  REQUIRE(eventually([&] { return served.server->stats().held == 1; }));
+  // Waits for that credit on the producer's clock.
+  std::future<Timed> no_credit = std::async(std::launch::async, timed_push, 3, std::chrono::seconds(5));
+  REQUIRE(laminar::testing::advance_until_ready(*clock, no_credit, std::chrono::seconds(1), 500));
+  const Timed c = no_credit.get();
+  expect_code(c.first, StatusCode::kDeadlineExceeded, "no credit free");
+  CHECK(c.second >= std::chrono::seconds(5));
+  CHECK(held.wait_for(0s) == std::future_status::timeout);
+  REQUIRE(laminar::testing::advance_until_ready(*clock, held, std::chrono::seconds(50), 500));
+  const Timed h = held.get();
+  expect_code(h.first, StatusCode::kDeadlineExceeded, "stayed full");
+  CHECK(h.second >= std::chrono::seconds(1000));
+  CHECK(producer->credits_free() == 1);
+  CHECK(queue->stats().pushed == 1);
+}
+
 TEST_CASE("remote push: malformed and truncated messages are refused, the server keeps serving",
           "[remote][bad-input]") {
-  auto queue = TrajectoryQueue::create(QueueOptions{}).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(QueueOptions{}).value();
+  Served served(queue);
   auto ep = served.connect();
 
-  expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, "short")).status(),
+  expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, "short")).status(),
               StatusCode::kDataLoss, "shorter than its 16-byte header");
-  expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, std::string(40, 'x'))).status(),
+  expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, std::string(40, 'x'))).status(),
               StatusCode::kDataLoss, "bad magic");
   // A real push message cut short, as a producer dying mid-send would leave it if it ever arrived.
   std::string body(16, '\0');
@@ -152,23 +193,28 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   std::memcpy(body.data(), &magic, 4);
   laminar::encode_trajectory(laminar::test_remote::make(7), body);
   for (std::size_t cut : {body.size() - 1, body.size() / 2, std::size_t(17)}) {
-    expect_code(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, body.substr(0, cut))).status(),
+    expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, body.substr(0, cut))).status(),
                 StatusCode::kDataLoss, "encoded trajectory");
   }
   CHECK(served.server->stats().malformed == 5);
   CHECK(queue->stats().pushed == 0);
-  REQUIRE(ep.request(laminar::Message::from_string(laminar::kQueuePushMessage, body)).ok());
+  REQUIRE(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, body)).ok());
   CHECK(queue->stats().pushed == 1);
   laminar::QueueServerOptions no_credit;
   no_credit.credits_per_producer = 0;
-  Transport other = make_transport();
-  expect_code(TrajectoryQueueServer::start(other, *queue, no_credit).status(), StatusCode::kInvalidArgument,
-              "credits_per_producer");
+  expect_code(TrajectoryQueueServer::create(make_transport(), queue, no_credit).status(),
+              StatusCode::kInvalidArgument, "credits_per_producer");
+  expect_code(TrajectoryQueueServer::create(nullptr, queue).status(), StatusCode::kInvalidArgument, "transport");
+  expect_code(TrajectoryQueueServer::create(make_transport(), nullptr).status(), StatusCode::kInvalidArgument,
+              "queue");
+  expect_code(RemoteProducer::create(nullptr, served.addr).status(), StatusCode::kInvalidArgument, "transport");
+  expect_code(RemoteProducer::create(served.client_tr, laminar::Endpoint()).status(), StatusCode::kInvalidArgument,
+              "not connected");
 }
 
 TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones moved from", "[remote]") {
-  auto queue = TrajectoryQueue::create(QueueOptions{}).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(QueueOptions{}).value();
+  Served served(queue);
   auto producer = served.producer();
   REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
 
@@ -214,8 +260,8 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
 TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fails as asked", "[remote]") {
   QueueOptions qo;
   qo.capacity_trajectories = 3;
-  auto queue = TrajectoryQueue::create(qo).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+  Served served(queue);
   auto producer = served.producer();
   auto make_many = [](std::uint64_t first, std::uint64_t n) {
     std::vector<Trajectory> ts;
@@ -257,8 +303,8 @@ TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fai
 
 TEST_CASE("remote push_many: a malformed message is refused whole, the server keeps serving",
           "[remote][bad-input]") {
-  auto queue = TrajectoryQueue::create(QueueOptions{}).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(QueueOptions{}).value();
+  Served served(queue);
   auto ep = served.connect();
 
   // The documented layout: a 24-byte header (magic, mode, padding, timeout, count, padding), then
@@ -280,7 +326,7 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
   laminar::encode_trajectory(laminar::test_remote::make(2), two[1]);
   const std::string good = message(magic, 2, two);
   auto send = [&](const std::string& body) {
-    return ep.request(laminar::Message::from_string(laminar::kQueuePushManyMessage, body));
+    return request_protocol(ep, laminar::Message::from_string(kQueuePushManyMessage, body));
   };
 
   expect_code(send(good.substr(0, 20)).status(), StatusCode::kDataLoss, "shorter than its 24-byte header");
@@ -312,10 +358,9 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
 
 TEST_CASE("remote push_many to a vanished server: each trajectory gets the error, none is moved from",
           "[remote][bad-input]") {
-  auto queue = TrajectoryQueue::create(QueueOptions{}).value();
-  auto served = std::make_unique<Served>(*queue);
-  Transport client_tr = make_transport();
-  auto producer = RemoteProducer::connect(client_tr.connect(served->addr).value()).value();
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(QueueOptions{}).value();
+  auto served = std::make_unique<Served>(queue);
+  auto producer = RemoteProducer::create(make_transport(), served->addr).value();
   std::vector<Trajectory> first(2);
   first[0] = laminar::test_remote::make(1);
   first[1] = laminar::test_remote::make(2);
@@ -344,14 +389,14 @@ TEST_CASE("remote push_many into a queue with wal_fsync: the records survive a r
   qo.wal_path = path;
   qo.wal_fsync = true;
   {
-    auto queue = TrajectoryQueue::create(qo).value();
-    Served served(*queue);
+    std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+    Served served(queue);
     auto producer = served.producer();
     std::vector<Trajectory> ts;
     for (std::uint64_t id = 1; id <= 8; ++id) ts.push_back(laminar::test_remote::make(id));
     for (const laminar::Status& s : producer->push_many(ts)) REQUIRE(s.ok());
   }
-  auto reopened = TrajectoryQueue::create(qo).value();
+  std::shared_ptr<TrajectoryQueue> reopened = TrajectoryQueue::create(qo).value();
   CHECK(reopened->recovery().recovered == 8);
   BatchSpec spec;
   spec.max_trajectories = 8;
@@ -369,8 +414,8 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
   std::mt19937 rng(seed);
   QueueOptions qo;
   qo.capacity_trajectories = 32;  // small: the child's pushes wait for the consumer below
-  auto queue = TrajectoryQueue::create(qo).value();
-  Served served(*queue);
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+  Served served(queue);
 
   // The consumer: pops, checks every byte against the id, acks.
   std::atomic<bool> stop{false};

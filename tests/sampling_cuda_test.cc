@@ -105,3 +105,50 @@ TEST_CASE("CUDA sampling equals the host kernel bit for bit", "[sampling][gpu]")
     CHECK(std::memcmp(back(u.logprob, batch).data(), lp.data(), batch * 4) == 0);
   }
 }
+
+TEST_CASE("CUDA sampling from device tensors equals the host kernel bit for bit", "[sampling][gpu][tensors]") {
+  std::mt19937 rng(7);
+  const std::int64_t batch = 8, vocab = 5000;
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> logits(std::size_t(batch * vocab));
+  for (auto& x : logits) x = nd(rng);
+  std::vector<float> temp(batch, 0.8f);
+  std::vector<std::int64_t> seed(batch), pos(batch);
+  for (std::int64_t r = 0; r < batch; ++r) {
+    seed[std::size_t(r)] = std::int64_t(rng()) << 20;
+    pos[std::size_t(r)] = r * 7;
+  }
+  std::vector<std::int32_t> tok(batch);
+  std::vector<float> raw(batch);
+  laminar::kernels::SamplingParams p;
+  p.logits = logits.data();
+  p.batch = batch;
+  p.vocab = vocab;
+  p.temperature = temp.data();
+  p.seed = reinterpret_cast<const std::uint64_t*>(seed.data());
+  p.position = pos.data();
+  p.token = tok.data();
+  p.raw_logprob = raw.data();
+  REQUIRE(laminar::kernels::run(p, laminar::Stream::host()).ok());
+
+  int device = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  const auto gpu = laminar::Device::cuda(device);
+  DeviceBuffers d;
+  const auto view = [&](void* data, laminar::DType t, std::vector<std::int64_t> shape) {
+    return laminar::TensorView::contiguous(data, t, shape, gpu).value();
+  };
+  laminar::kernels::SamplingTensors t;
+  t.logits = view(d.copy(logits), laminar::DType::kF32, {batch, vocab});
+  t.temperature = view(d.copy(temp), laminar::DType::kF32, {batch});
+  t.seed = view(d.copy(seed), laminar::DType::kI64, {batch});
+  t.position = view(d.copy(pos), laminar::DType::kI64, {batch});
+  t.token = view(d.copy(std::vector<std::int32_t>(batch)), laminar::DType::kI32, {batch});
+  t.raw_logprob = view(d.copy(std::vector<float>(batch)), laminar::DType::kF32, {batch});
+  auto q = laminar::kernels::SamplingParams::from_tensors(t);
+  REQUIRE(q.ok());
+  REQUIRE(laminar::kernels::run(*q, laminar::Stream::cuda(nullptr)).ok());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(back(q->token, batch) == tok);
+  CHECK(std::memcmp(back(q->raw_logprob, batch).data(), raw.data(), batch * 4) == 0);
+}

@@ -325,9 +325,9 @@ TEST_CASE("a request's outputs do not depend on its row, its batch mates or the 
       b.seed[at] = alone.seed[0];
       b.position[at] = alone.position[0];
       SamplingParams p = b.params();
-      p.num_threads = 1 + trial % 3;
+      p.cpu_threads = 1 + trial % 3;
       REQUIRE(laminar::kernels::run(p, Stream::host()).ok());
-      INFO("vocab " << vocab << " batch " << batch << " row " << at << " threads " << p.num_threads);
+      INFO("vocab " << vocab << " batch " << batch << " row " << at << " threads " << p.cpu_threads);
       CHECK(b.token[at] == alone.token[0]);
       CHECK(bits(b.raw[at]) == bits(alone.raw[0]));
       CHECK(bits(b.processed[at]) == bits(alone.processed[0]));
@@ -509,9 +509,9 @@ TEST_CASE("bad input is rejected with the field and value named, outputs untouch
   CHECK(st.code() == laminar::StatusCode::kInvalidArgument);
   CHECK(st.message().find("token[1] = 10") != std::string::npos);
   CHECK(lp == std::vector<float>(3, 1.0f));
-  // A CUDA stream: kUnimplemented without CUDA compiled in, kUnavailable when no device takes the launch.
+  // A CUDA stream: kUnimplemented without CUDA compiled in, kFailedPrecondition when there is no device.
   const laminar::StatusCode cuda_code = laminar::kernels::run(b.params(), Stream::cuda(nullptr)).code();
-  CHECK((cuda_code == laminar::StatusCode::kUnimplemented || cuda_code == laminar::StatusCode::kUnavailable));
+  CHECK((cuda_code == laminar::StatusCode::kUnimplemented || cuda_code == laminar::StatusCode::kFailedPrecondition));
 }
 
 TEST_CASE("SIMD weights equal the scalar definition bit for bit across the whole weight range",
@@ -709,4 +709,205 @@ TEST_CASE("every SIMD target compiled in gives the same bits", "[sampling][simd]
     check_same_bits(results[0], results[i]);
     for (int r = 0; r < 12; ++r) CHECK(bits(logprobs[i][r]) == bits(logprobs[0][r]));
   }
+}
+
+namespace {
+
+laminar::TensorView vec_view(void* data, DType t, std::int64_t n, laminar::Device d = laminar::Device::cpu()) {
+  const std::int64_t shape[1] = {n};
+  return laminar::TensorView::contiguous(data, t, shape, d).value();
+}
+
+// Views of a Batch, logits taken as [batch, vocab] rows `stride` apart inside `logits`, seeds as the
+// i64 tensor a framework holds them in.
+struct BatchViews {
+  std::vector<std::int64_t> seed_i64;
+  laminar::kernels::SamplingTensors t;
+
+  BatchViews(Batch& b, float* logits, std::int64_t stride) : seed_i64(b.seed.size()) {
+    std::memcpy(seed_i64.data(), b.seed.data(), b.seed.size() * sizeof(std::uint64_t));
+    const std::int64_t shape[2] = {b.batch, b.vocab}, strides[2] = {stride, 1};
+    t.logits = laminar::TensorView::strided(logits, DType::kF32, shape, strides).value();
+    t.temperature = vec_view(b.temperature.data(), DType::kF32, b.batch);
+    t.top_k = vec_view(b.top_k.data(), DType::kI32, b.batch);
+    t.top_p = vec_view(b.top_p.data(), DType::kF32, b.batch);
+    t.min_p = vec_view(b.min_p.data(), DType::kF32, b.batch);
+    t.seed = vec_view(seed_i64.data(), DType::kI64, b.batch);
+    t.position = vec_view(b.position.data(), DType::kI64, b.batch);
+    t.token = vec_view(b.token.data(), DType::kI32, b.batch);
+    t.raw_logprob = vec_view(b.raw.data(), DType::kF32, b.batch);
+    t.processed_logprob = vec_view(b.processed.data(), DType::kF32, b.batch);
+    t.kept_mass = vec_view(b.kept.data(), DType::kF32, b.batch);
+  }
+};
+
+void expect_refused(const laminar::kernels::SamplingTensors& t, const char* text) {
+  auto p = SamplingParams::from_tensors(t);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().code() == laminar::StatusCode::kInvalidArgument);
+  CHECK_THAT(p.status().message(), Catch::Contains(text));
+}
+
+}  // namespace
+
+TEST_CASE("sampling from tensors (strided logits, i64 seeds) matches the raw-pointer call bit for bit",
+          "[sampling][tensors]") {
+  Random rnd(4242);
+  const std::int64_t batch = 6, vocab = 900, stride = 1024;
+  Batch raw(batch, vocab);
+  fill_normal(raw.logits, rnd.rng, 2.0f);
+  random_settings(raw, rnd.rng);
+  for (std::int64_t r = 0; r < batch; ++r) raw.seed[std::size_t(r)] = (std::uint64_t(rnd.rng()) << 32) | rnd.rng();
+  raw.seed[0] = ~std::uint64_t(0);  // a seed above INT64_MAX keeps its bits through the i64 tensor
+  Batch viewed = raw;
+  std::vector<float> wide(std::size_t(batch * stride), std::numeric_limits<float>::quiet_NaN());
+  for (std::int64_t r = 0; r < batch; ++r) std::copy(raw.row(r), raw.row(r) + vocab, wide.data() + r * stride);
+  REQUIRE(laminar::kernels::run(raw.params(), Stream::host()).ok());
+  BatchViews v(viewed, wide.data(), stride);
+  auto p = SamplingParams::from_tensors(v.t);
+  REQUIRE(p.ok());
+  CHECK(p->row_stride == stride);
+  CHECK(laminar::kernels::workspace_bytes(*p) == 0);
+  p->cpu_threads = 2;
+  REQUIRE(laminar::kernels::run(*p, Stream::host()).ok());
+  check_same_bits(raw, viewed);
+
+  // Optional settings left out give every row the default, as null pointers do.
+  Batch defaults = raw;
+  SamplingParams d = defaults.params();
+  d.temperature = nullptr;
+  d.top_k = nullptr;
+  d.top_p = nullptr;
+  d.min_p = nullptr;
+  REQUIRE(laminar::kernels::run(d, Stream::host()).ok());
+  Batch defaults_viewed = raw;
+  BatchViews dv(defaults_viewed, wide.data(), stride);
+  dv.t.temperature.reset();
+  dv.t.top_k.reset();
+  dv.t.top_p.reset();
+  dv.t.min_p.reset();
+  auto dp = SamplingParams::from_tensors(dv.t);
+  REQUIRE(dp.ok());
+  CHECK(dp->temperature == nullptr);
+  REQUIRE(laminar::kernels::run(*dp, Stream::host()).ok());
+  check_same_bits(defaults, defaults_viewed);
+}
+
+TEST_CASE("sampling from tensors refuses each kind of mismatch, naming the tensor", "[sampling][tensors]") {
+  Batch b(4, 50);
+  std::vector<std::int64_t> wrong_i64(8);
+  std::vector<float> wrong_f32(8);
+  BatchViews good(b, b.logits.data(), 50);
+  REQUIRE(SamplingParams::from_tensors(good.t).ok());
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    v.t.temperature = vec_view(wrong_f32.data(), DType::kF32, 5);
+    expect_refused(v.t, "sample: temperature: shape [5] but logits gives dim 0 = 4");
+  }
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    v.t.top_k = vec_view(wrong_i64.data(), DType::kI64, 4);
+    expect_refused(v.t, "sample: top_k: dtype i64 but i32 is needed");
+  }
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    v.t.seed = vec_view(b.token.data(), DType::kI32, 4);
+    expect_refused(v.t, "sample: seed: dtype i32 but i64 is needed");
+  }
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    const std::int64_t shape[1] = {4}, strides[1] = {2};
+    v.t.position = laminar::TensorView::strided(wrong_i64.data(), DType::kI64, shape, strides).value();
+    expect_refused(v.t, "sample: position: strides [2] of shape [4] are not dense");
+  }
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    v.t.token = vec_view(b.token.data(), DType::kI32, 4, laminar::Device::cuda(0));
+    expect_refused(v.t, "sample: token: on cuda:0 but logits is on cpu:0");
+  }
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    v.t.kept_mass = vec_view(wrong_f32.data(), DType::kF32, 4, laminar::Device::cuda(0));
+    expect_refused(v.t, "sample: kept_mass: on cuda:0 but logits is on cpu:0");
+  }
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    const std::int64_t shape[2] = {4, 25}, strides[2] = {1, 4};
+    v.t.logits = laminar::TensorView::strided(b.logits.data(), DType::kF32, shape, strides).value();
+    v.t.temperature = vec_view(b.temperature.data(), DType::kF32, 4);
+    expect_refused(v.t, "sample: logits: stride 4 along the vocabulary, not 1");
+  }
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    const std::int64_t shape[2] = {4, 50}, strides[2] = {40, 1};
+    v.t.logits = laminar::TensorView::strided(b.logits.data(), DType::kF32, shape, strides).value();
+    expect_refused(v.t, "sample: logits: row stride 40 below the vocabulary of 50");
+  }
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    v.t.logits = vec_view(b.logits.data(), DType::kF32, 200);
+    expect_refused(v.t, "sample: logits: shape [200] but [batch, vocab] is needed");
+  }
+  {
+    BatchViews v(b, b.logits.data(), 50);
+    const std::int64_t shape[2] = {4, 50};
+    v.t.logits = laminar::TensorView::contiguous(b.logits.data(), DType::kI32, shape).value();
+    expect_refused(v.t, "sample: logits: dtype i32 but f32, f16 or bf16 is needed");
+  }
+}
+
+TEST_CASE("token_logprob from tensors: i32 and i64 token ids match the raw-pointer call bit for bit",
+          "[sampling][tensors]") {
+  Random rnd(777);
+  const std::int64_t batch = 5, vocab = 1300;
+  Batch b(batch, vocab);
+  fill_normal(b.logits, rnd.rng, 2.0f);
+  std::vector<std::int64_t> ids64(static_cast<std::size_t>(batch));
+  for (std::int64_t r = 0; r < batch; ++r) {
+    b.token[std::size_t(r)] = std::int32_t(rnd.rng() % vocab);
+    ids64[std::size_t(r)] = b.token[std::size_t(r)];
+  }
+  const auto n = static_cast<std::size_t>(batch);
+  std::vector<float> raw(n), from32(n), from64(n);
+  TokenLogprobParams rp{b.logits.data(), DType::kF32, batch, vocab, 0, b.token.data(), raw.data(), 0};
+  REQUIRE(laminar::kernels::run(rp, Stream::host()).ok());
+  const std::int64_t shape[2] = {batch, vocab};
+  laminar::kernels::TokenLogprobTensors t{laminar::TensorView::contiguous(b.logits.data(), DType::kF32, shape).value(),
+                                          vec_view(b.token.data(), DType::kI32, batch),
+                                          vec_view(from32.data(), DType::kF32, batch)};
+  auto p32 = TokenLogprobParams::from_tensors(t);
+  REQUIRE(p32.ok());
+  REQUIRE(laminar::kernels::run(*p32, Stream::host()).ok());
+  t.token = vec_view(ids64.data(), DType::kI64, batch);
+  t.logprob = vec_view(from64.data(), DType::kF32, batch);
+  // i64 ids need somewhere to put their i32 copy.
+  auto no_copy = TokenLogprobParams::from_tensors(t);
+  REQUIRE_FALSE(no_copy.ok());
+  CHECK_THAT(no_copy.status().message(), Catch::Contains("token_logprob: token: i64 indices need a buffer"));
+  std::vector<std::int32_t> copy;
+  auto p64 = TokenLogprobParams::from_tensors(t, &copy);
+  REQUIRE(p64.ok());
+  REQUIRE(laminar::kernels::run(*p64, Stream::host()).ok());
+  for (std::int64_t r = 0; r < batch; ++r) {
+    CHECK(bits(from32[std::size_t(r)]) == bits(raw[std::size_t(r)]));
+    CHECK(bits(from64[std::size_t(r)]) == bits(raw[std::size_t(r)]));
+  }
+  // An id that does not fit int32, a wrong length, a wrong output dtype, i64 on a device.
+  ids64[2] = std::int64_t(1) << 40;
+  auto big = TokenLogprobParams::from_tensors(t, &copy);
+  REQUIRE_FALSE(big.ok());
+  CHECK_THAT(big.status().message(), Catch::Contains("token: [2] = 1099511627776 does not fit int32"));
+  t.token = vec_view(ids64.data(), DType::kI64, batch - 1);
+  CHECK_THAT(TokenLogprobParams::from_tensors(t, &copy).status().message(),
+             Catch::Contains("token: shape [4] but logits gives dim 0 = 5"));
+  t.token = vec_view(b.token.data(), DType::kI32, batch);
+  t.logprob = vec_view(ids64.data(), DType::kI64, batch);
+  CHECK_THAT(TokenLogprobParams::from_tensors(t).status().message(),
+             Catch::Contains("logprob: dtype i64 but f32 is needed"));
+  const auto gpu = laminar::Device::cuda(0);
+  t.logits = laminar::TensorView::contiguous(b.logits.data(), DType::kF32, shape, gpu).value();
+  t.token = vec_view(ids64.data(), DType::kI64, batch, gpu);
+  t.logprob = vec_view(from64.data(), DType::kF32, batch, gpu);
+  CHECK_THAT(TokenLogprobParams::from_tensors(t, &copy).status().message(),
+             Catch::Contains("token: i64 on a CUDA device"));
 }

@@ -45,8 +45,9 @@ int fail(const char* what, const Status& s) {
 }
 
 int serve(std::size_t region_bytes, const std::string& host) {
-  auto t = Transport::create(options_from_env());
-  if (!t.ok()) return fail("create", t.status());
+  auto created = Transport::create(options_from_env());
+  if (!created.ok()) return fail("create", created.status());
+  std::unique_ptr<Transport> t = std::move(created).value();
   auto region = t->allocate(region_bytes);
   if (!region.ok()) return fail("allocate", region.status());
   fill_pattern(region->bytes(), kServerSeed);
@@ -55,17 +56,18 @@ int serve(std::size_t region_bytes, const std::string& host) {
   std::condition_variable cv;
   bool exit_now = false;
   std::set<std::uint64_t> peers;
-  t->on_message(kEcho, [&](Incoming in) {
+  std::vector<Status> installed;
+  installed.push_back(t->on_message(kEcho, [&](Incoming in) {
     {
       std::lock_guard lock(mu);
       peers.insert(in.from.id());
     }
     (void)in.from.reply(in, in.message);
-  });
-  t->on_message(kRegion, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kRegion, [&](Incoming in) {
     (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize()));
-  });
-  t->on_message(kVerify, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kVerify, [&](Incoming in) {
     auto v = VerifyRequest::parse(in.message.text());
     if (!v.ok()) {
       (void)in.from.reply_error(in, v.status());
@@ -77,22 +79,25 @@ int serve(std::size_t region_bytes, const std::string& host) {
     }
     const Status s = check_pattern(region->bytes().subspan(v->offset, v->length), v->seed, v->offset);
     (void)(s.ok() ? in.from.reply(in, Message::from_string(kVerify, "ok")) : in.from.reply_error(in, s));
-  });
-  t->on_message(kHang, [](Incoming) {});
-  t->on_message(kPeers, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kHang, [](Incoming) {}));
+  installed.push_back(t->on_message(kPeers, [&](Incoming in) {
     std::size_t n;
     {
       std::lock_guard lock(mu);
       n = peers.size();
     }
     (void)in.from.reply(in, Message::from_string(kPeers, std::to_string(n)));
-  });
-  t->on_message(kExit, [&](Incoming in) {
+  }));
+  installed.push_back(t->on_message(kExit, [&](Incoming in) {
     (void)in.from.reply(in, Message::from_string(kExit, "bye"));
     std::lock_guard lock(mu);
     exit_now = true;
     cv.notify_all();
-  });
+  }));
+  for (const Status& st : installed) {
+    if (!st.ok()) return fail("on_message", st);
+  }
 
   auto address = t->listen(host, 0);
   if (!address.ok()) return fail("listen", address.status());
@@ -135,13 +140,13 @@ int exchange(Endpoint& ep, Transport& t, int k) {
 }
 
 // Keeps connecting to an address that comes and goes (see "a transport shut down while clients keep
-// connecting" in transport_multiprocess_test).
+// connecting" in transport_multiprocess_test), until the test kills it.
 int storm(Transport& t, const std::string& address) {
   int connected = 0;
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while (std::chrono::steady_clock::now() < until) {
+  for (;;) {
     auto ep = t.connect(address, 500ms);
     if (!ep.ok()) {
+      // Nobody listens between two rounds: connecting again at once would only spin a core.
       std::this_thread::sleep_for(1ms);
       continue;
     }
@@ -151,12 +156,12 @@ int storm(Transport& t, const std::string& address) {
       std::fflush(stdout);
     }
   }
-  return 0;
 }
 
 int client(const std::string& address, const std::string& mode, int k) {
-  auto t = Transport::create(options_from_env());
-  if (!t.ok()) return fail("create", t.status());
+  auto created = Transport::create(options_from_env());
+  if (!created.ok()) return fail("create", created.status());
+  std::unique_ptr<Transport> t = std::move(created).value();
   if (mode == "storm") return storm(*t, address);
   auto ep = t->connect(address);
   if (mode == "auth") {
@@ -176,6 +181,7 @@ int client(const std::string& address, const std::string& mode, int k) {
                     r.status().message().c_str());
       }
       std::fflush(stdout);
+      // Paces the probes (10 a second): the test reads their results, never their timing.
       std::this_thread::sleep_for(100ms);
     }
     return 0;

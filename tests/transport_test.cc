@@ -4,13 +4,22 @@
 #include <catch2/catch.hpp>
 #include <xxhash.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "laminar/transport.h"
+#include "eventually.h"
+#include "laminar/clock.h"
+#include "transport/protocol.h"
 #include "transport/testing.h"
 #include "transport/wire.h"
 
@@ -24,6 +33,7 @@ using laminar::internal::decode_frame;
 using laminar::internal::encode_frame;
 using laminar::internal::Frame;
 using laminar::internal::FrameKind;
+using laminar::testing::eventually;
 
 namespace {
 
@@ -37,29 +47,30 @@ TransportOptions options(std::string token = kToken) {
   return o;
 }
 
-Transport make(TransportOptions o = options()) {
+std::unique_ptr<Transport> make(TransportOptions o = options()) {
   auto t = Transport::create(std::move(o));
   INFO(t.status().to_string());
   REQUIRE(t.ok());
-  return std::move(*t);
+  return std::move(t).value();
 }
 
 struct Pair {
-  Transport server = make();
-  Transport client = make();
+  std::unique_ptr<Transport> server;
+  std::unique_ptr<Transport> client;
   std::string address;
   Endpoint to_server;
   Endpoint to_client;
 
-  Pair() {
-    auto a = server.listen("127.0.0.1", 0);
+  explicit Pair(TransportOptions server_options = options(), TransportOptions client_options = options())
+      : server(make(std::move(server_options))), client(make(std::move(client_options))) {
+    auto a = server->listen("127.0.0.1", 0);
     REQUIRE(a.ok());
     address = *a;
-    auto ep = client.connect(address);
+    auto ep = client->connect(address);
     INFO(ep.status().to_string());
     REQUIRE(ep.ok());
     to_server = *ep;
-    auto acc = server.accept(5s);
+    auto acc = server->accept(5s);
     REQUIRE(acc.ok());
     to_client = *acc;
   }
@@ -206,15 +217,15 @@ TEST_CASE("transport: options and addresses are validated", "[transport]") {
   o.operation_timeout = 0ms;
   CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
 
-  Transport t = make();
-  CHECK(t.listen("not-an-ip", 0).status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.connect("127.0.0.1").status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.connect("127.0.0.1:99999").status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.connect("[::1:80").status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.register_memory(nullptr, 10).status().code() == StatusCode::kInvalidArgument);
-  CHECK(t.allocate(0).status().code() == StatusCode::kInvalidArgument);
-  REQUIRE(t.listen("127.0.0.1", 0).ok());
-  CHECK(t.listen("127.0.0.1", 0).status().code() == StatusCode::kFailedPrecondition);
+  std::unique_ptr<Transport> t = make();
+  CHECK(t->listen("not-an-ip", 0).status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->connect("127.0.0.1").status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->connect("127.0.0.1:99999").status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->connect("[::1:80").status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->register_memory(nullptr, 10).status().code() == StatusCode::kInvalidArgument);
+  CHECK(t->allocate(0).status().code() == StatusCode::kInvalidArgument);
+  REQUIRE(t->listen("127.0.0.1", 0).ok());
+  CHECK(t->listen("127.0.0.1", 0).status().code() == StatusCode::kFailedPrecondition);
   Endpoint empty;
   CHECK(empty.send(Message::from_string(1, "x")).code() == StatusCode::kFailedPrecondition);
 }
@@ -227,15 +238,15 @@ TEST_CASE("transport: messages, requests and error replies between two transport
   CHECK_THAT(p.to_server.transport_info(),
              Catch::Contains("posix") || Catch::Contains("sysv") || Catch::Contains("cma"));
 
-  p.server.on_message(1, [](laminar::Incoming in) {
+  REQUIRE(p.server->on_message(1, [](laminar::Incoming in) {
     std::string text(in.message.text());
     std::reverse(text.begin(), text.end());
     // Handlers run on the transport's thread, where Catch may not assert: the requester checks.
     (void)in.from.reply(in, Message::from_string(2, text));
-  });
-  p.server.on_message(3, [](laminar::Incoming in) {
+  }).ok());
+  REQUIRE(p.server->on_message(3, [](laminar::Incoming in) {
     (void)in.from.reply_error(in, laminar::not_found("tensor 'w9'"));
-  });
+  }).ok());
   for (int i = 0; i < 200; ++i) {
     const std::string text = "message-" + std::to_string(i);
     auto r = p.to_server.request(Message::from_string(1, text));
@@ -251,7 +262,7 @@ TEST_CASE("transport: messages, requests and error replies between two transport
   // One-way messages in order, both directions, through receive(); a 4 MiB body goes by rendezvous.
   for (int i = 0; i < 50; ++i) REQUIRE(p.to_server.send(Message::from_string(10, std::to_string(i))).ok());
   for (int i = 0; i < 50; ++i) {
-    auto in = p.server.receive(5s);
+    auto in = p.server->receive(5s);
     REQUIRE(in.ok());
     CHECK(in->message.type == 10);
     CHECK(in->message.text() == std::to_string(i));
@@ -262,19 +273,19 @@ TEST_CASE("transport: messages, requests and error replies between two transport
   std::mt19937_64 rng(7);
   for (auto& b : big) b = std::byte(rng());
   REQUIRE(p.to_client.send(Message::from_bytes(11, big)).ok());
-  auto in = p.client.receive(5s);
+  auto in = p.client->receive(5s);
   REQUIRE(in.ok());
   CHECK(in->message.body == big);
-  CHECK(p.client.receive(50ms).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(p.client->receive(50ms).status().code() == StatusCode::kDeadlineExceeded);
 }
 
 TEST_CASE("transport: put and get move bulk bytes into registered memory", "[transport]") {
   Pair p;
   constexpr std::size_t kBytes = 64 << 20;
-  auto remote_mem = p.server.allocate(kBytes);
+  auto remote_mem = p.server->allocate(kBytes);
   REQUIRE(remote_mem.ok());
   std::vector<std::uint64_t> local_buf(kBytes / 8);
-  auto local = p.client.register_memory(local_buf.data(), kBytes);
+  auto local = p.client->register_memory(local_buf.data(), kBytes);
   REQUIRE(local.ok());
   const std::uint64_t seed = std::random_device{}();
   INFO("seed " << seed);
@@ -291,7 +302,7 @@ TEST_CASE("transport: put and get move bulk bytes into registered memory", "[tra
   for (auto& w : local_buf) w = ~w;
   std::atomic<int> callbacks{0};
   std::atomic<int> callback_errors{0};
-  auto put = p.to_server.put(*local, 4096, *remote, 8192, kBytes - 8192, laminar::kDefaultTimeout,
+  auto put = p.to_server.put(*local, 4096, *remote, 8192, kBytes - 8192, std::nullopt,
                              [&](laminar::Status s) {
                                if (!s.ok()) ++callback_errors;
                                ++callbacks;
@@ -301,8 +312,7 @@ TEST_CASE("transport: put and get move bulk bytes into registered memory", "[tra
     if (words[1024 + i] != local_buf[512 + i]) FAIL("put: word " << i << " differs");
   }
   CHECK(words[0] == (seed ^ 0));  // outside the put range: untouched
-  for (int i = 0; i < 100 && callbacks.load() == 0; ++i) std::this_thread::sleep_for(10ms);
-  CHECK(callbacks.load() == 1);
+  REQUIRE(eventually([&] { return callbacks.load() == 1; }));
   CHECK(callback_errors.load() == 0);
 
   // Out-of-range and foreign-region requests are refused before anything moves.
@@ -316,59 +326,58 @@ TEST_CASE("transport: put and get move bulk bytes into registered memory", "[tra
 }
 
 TEST_CASE("transport: a wrong token is refused before anything is served", "[transport]") {
-  Transport server = make();
-  auto address = server.listen("127.0.0.1", 0);
+  std::unique_ptr<Transport> server = make();
+  auto address = server->listen("127.0.0.1", 0);
   REQUIRE(address.ok());
   std::atomic<int> served{0};
-  server.on_message(1, [&](laminar::Incoming) { ++served; });
+  REQUIRE(server->on_message(1, [&](laminar::Incoming) { ++served; }).ok());
 
-  Transport intruder = make(options("another-token-entirely-0000"));
-  auto ep = intruder.connect(*address);
+  std::unique_ptr<Transport> intruder = make(options("another-token-entirely-0000"));
+  auto ep = intruder->connect(*address);
   REQUIRE_FALSE(ep.ok());
   CHECK(ep.status().code() == StatusCode::kFailedPrecondition);
   // The client checks the server's proof first, so either side may be the one to notice.
   CHECK_THAT(ep.status().message(), Catch::Contains("cluster token"));
-  CHECK(server.accept(200ms).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(server->accept(200ms).status().code() == StatusCode::kDeadlineExceeded);
   CHECK(served.load() == 0);
 
   // A good client still gets in afterwards.
-  Transport good = make();
-  auto ok = good.connect(*address);
+  std::unique_ptr<Transport> good = make();
+  auto ok = good->connect(*address);
   REQUIRE(ok.ok());
   REQUIRE(ok->send(Message::from_string(1, "hi")).ok());
-  REQUIRE(server.accept(5s).ok());
-  for (int i = 0; i < 200 && served.load() == 0; ++i) std::this_thread::sleep_for(10ms);
-  CHECK(served.load() == 1);
+  REQUIRE(server->accept(5s).ok());
+  CHECK(eventually([&] { return served.load() == 1; }));
 }
 
 TEST_CASE("transport: refused connections and timeouts give clear errors", "[transport]") {
-  Transport client = make();
+  std::unique_ptr<Transport> client = make();
   // Nobody listens on this port (taken from a listener that is then closed).
   std::string address;
   {
-    Transport tmp = make();
-    address = tmp.listen("127.0.0.1", 0).value();
+    std::unique_ptr<Transport> tmp = make();
+    address = tmp->listen("127.0.0.1", 0).value();
   }
-  auto refused = client.connect(address, 3s);
+  auto refused = client->connect(address, 3s);
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().code() == StatusCode::kUnavailable);
   CHECK_THAT(refused.status().message(), Catch::Contains(address));
 
   Pair p;
-  p.server.on_message(5, [](laminar::Incoming) {});  // never answers
+  REQUIRE(p.server->on_message(5, [](laminar::Incoming) {}).ok());  // never answers
   auto late = p.to_server.request(Message::from_string(5, "?"), 200ms);
   REQUIRE_FALSE(late.ok());
   CHECK(late.status().code() == StatusCode::kDeadlineExceeded);
   CHECK_THAT(late.status().message(), Catch::Contains("200 ms"));
   // The endpoint stays usable after a timed-out request.
-  p.server.on_message(6, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); });
+  REQUIRE(p.server->on_message(6, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
   CHECK(p.to_server.request(Message::from_string(6, "again")).ok());
 
   // Oversized bodies are refused locally.
   auto o = options();
   o.max_message_bytes = 1024;
-  Transport small = make(o);
-  auto ep = small.connect(p.address);
+  std::unique_ptr<Transport> small = make(o);
+  auto ep = small->connect(p.address);
   REQUIRE(ep.ok());
   auto big = ep->send(Message::from_bytes(1, std::vector<std::byte>(1025)));
   CHECK(big.code() == StatusCode::kInvalidArgument);
@@ -377,17 +386,17 @@ TEST_CASE("transport: refused connections and timeouts give clear errors", "[tra
 
 TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[transport]") {
   Pair p;
-  p.server.on_message(9, [](laminar::Incoming) {});
+  REQUIRE(p.server->on_message(9, [](laminar::Incoming) {}).ok());
   // Two clients: one misbehaves, the other must keep being served.
-  Transport other = make();
-  auto good = other.connect(p.address);
+  std::unique_ptr<Transport> other = make();
+  auto good = other->connect(p.address);
   REQUIRE(good.ok());
-  auto good_at_server = p.server.accept(5s);
+  auto good_at_server = p.server->accept(5s);
   REQUIRE(good_at_server.ok());
-  p.server.on_message(1, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); });
+  REQUIRE(p.server->on_message(1, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
 
   // A request waits on the server side... and the misbehaving client has one pending too.
-  p.client.on_message(2, [](laminar::Incoming) {});
+  REQUIRE(p.client->on_message(2, [](laminar::Incoming) {}).ok());
   auto pending = p.to_client.request_async(Message::from_string(2, "never answered"), 10s);
 
   Frame f;
@@ -396,14 +405,17 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
   f.body = bytes_of("hello");
   auto wire = encode_frame(f);
   wire.resize(wire.size() - 2);  // truncated
-  REQUIRE(laminar::internal::send_raw_frame(p.to_server, wire).ok());
+  std::promise<laminar::Status> closed;
+  auto watch = p.to_server.on_close([&](laminar::Status st) { closed.set_value(st); });
+  REQUIRE(watch.ok());
+  REQUIRE(laminar::testing::send_raw_frame(p.to_server, wire).ok());
   // The server drops the endpoint with kDataLoss; its pending request fails at once, not at 10 s.
   auto r = pending.get();
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kDataLoss);
   CHECK(p.to_client.status().code() == StatusCode::kDataLoss);
   // The client sees its peer hang up.
-  for (int i = 0; i < 500 && p.to_server.status().ok(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(closed.get_future().get().code() == StatusCode::kUnavailable);
   CHECK(p.to_server.status().code() == StatusCode::kUnavailable);
   CHECK(p.to_server.request(Message::from_string(1, "x")).status().code() == StatusCode::kUnavailable);
 
@@ -413,23 +425,238 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
 }
 
 TEST_CASE("transport: a peer that skips the handshake is refused before anything is served", "[transport]") {
-  Transport server = make();
-  auto address = server.listen("127.0.0.1", 0);
+  std::unique_ptr<Transport> server = make();
+  auto address = server->listen("127.0.0.1", 0);
   REQUIRE(address.ok());
   std::atomic<int> served{0};
-  server.on_message(1, [&](laminar::Incoming in) {
+  REQUIRE(server->on_message(1, [&](laminar::Incoming in) {
     ++served;
     (void)in.from.reply(in, in.message);
-  });
-  Transport rogue = make();
-  auto ep = laminar::internal::connect_without_handshake(rogue, *address);
+  }).ok());
+  std::unique_ptr<Transport> rogue = make();
+  auto ep = laminar::testing::connect_without_handshake(*rogue, *address);
   REQUIRE(ep.ok());
+  std::promise<laminar::Status> closed;
+  auto watch = ep->on_close([&](laminar::Status st) { closed.set_value(st); });
+  REQUIRE(watch.ok());
   // Requests straight away: the server answers with a refusal, never with the handler's reply.
   auto r = ep->request(Message::from_string(1, "let me in"), 2s);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() != StatusCode::kOk);
-  for (int i = 0; i < 300 && ep->status().ok(); ++i) std::this_thread::sleep_for(10ms);
+  auto future = closed.get_future();
+  REQUIRE(future.wait_for(10s) == std::future_status::ready);
+  CHECK_FALSE(future.get().ok());
   CHECK_FALSE(ep->status().ok());
   CHECK(served.load() == 0);
-  CHECK(server.accept(100ms).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(server->accept(100ms).status().code() == StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("transport: laminar's reserved message types are refused to the application", "[transport]") {
+  Pair p;
+  const laminar::MessageType reserved = laminar::kLaminarMessageTypeFirst + 7;
+  const auto refused = [](const laminar::Status& st) {
+    INFO(st.to_string());
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(st.message(), Catch::Contains("reserved range"));
+  };
+  refused(p.server->on_message(reserved, [](laminar::Incoming) {}));
+  refused(p.server->on_message(0xFFFF'FFFFu, {}));
+  refused(p.to_server.send(Message::from_string(reserved, "x")));
+  refused(p.to_server.request(Message::from_string(reserved, "x")).status());
+  refused(p.to_server.request_async(Message::from_string(reserved, "x")).get().status());
+  // The type just below the range is the application's.
+  const laminar::MessageType last_user_type = laminar::kLaminarMessageTypeFirst - 1;
+  REQUIRE(p.server->on_message(last_user_type, [](laminar::Incoming in) {
+    (void)in.from.reply(in, in.message);
+  }).ok());
+  CHECK(p.to_server.request(Message::from_string(last_user_type, "mine")).ok());
+
+  // laminar's own entry points take reserved types only.
+  CHECK(laminar::internal::on_protocol_message(*p.server, 5, {}).code() == StatusCode::kInvalidArgument);
+  CHECK(laminar::internal::send_protocol(p.to_server, Message::from_string(5, "")).code() ==
+        StatusCode::kInvalidArgument);
+  REQUIRE(laminar::internal::on_protocol_message(*p.server, reserved, [](laminar::Incoming in) {
+    (void)in.from.reply(in, Message::from_string(in.message.type, "protocol"));
+  }).ok());
+  auto r = laminar::internal::request_protocol(p.to_server, Message::from_string(reserved, "?"));
+  REQUIRE(r.ok());
+  CHECK(r->text() == "protocol");
+  // A reserved type nobody serves is answered at once (not at the deadline) and never reaches
+  // the application's receive().
+  auto none = laminar::internal::request_protocol(p.to_server, Message::from_string(reserved + 1, "?"), 60s);
+  CHECK(none.status().code() == StatusCode::kUnimplemented);
+  REQUIRE(laminar::internal::send_protocol(p.to_server, Message::from_string(reserved + 1, "lost")).ok());
+  REQUIRE(p.to_server.send(Message::from_string(3, "kept")).ok());
+  auto in = p.server->receive(5s);
+  REQUIRE(in.ok());
+  CHECK(in->message.text() == "kept");
+}
+
+TEST_CASE("transport: timeouts are positive durations, or kForever", "[transport]") {
+  Pair p;
+  const auto invalid = [](const laminar::Status& st) {
+    INFO(st.to_string());
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+  };
+  invalid(p.to_server.send(Message::from_string(1, "x"), 0ns));
+  invalid(p.to_server.request(Message::from_string(1, "x"), -5ms).status());
+  invalid(p.client->connect(p.address, 0s).status());
+  invalid(p.server->accept(-1ns).status());
+  invalid(p.server->receive(-1ns).status());
+  auto local = p.client->allocate(64);
+  REQUIRE(local.ok());
+  invalid(p.to_server.put(*local, 0, local->remote(), 0, 8, 0ns).get());
+  auto o = options();
+  o.connect_timeout = -1s;
+  invalid(Transport::create(o).status());
+  // Zero waits only for what is already there; kForever is accepted everywhere.
+  CHECK(p.server->accept(0ns).status().code() == StatusCode::kDeadlineExceeded);
+  REQUIRE(p.server->on_message(1, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
+  CHECK(p.to_server.request(Message::from_string(1, "x"), laminar::kForever).ok());
+  o = options();
+  o.operation_timeout = laminar::kForever;
+  CHECK(Transport::create(o).ok());
+}
+
+namespace {
+
+// Waits for `f` while moving `clock` forward `step` at a time, as a simulator would; the clock's time
+// when the result came.
+template <class T>
+laminar::Duration advance_until_ready(std::future<T>& f, laminar::ManualClock& clock, laminar::Duration step) {
+  for (int i = 0; i < 100'000 && f.wait_for(1ms) != std::future_status::ready; ++i) REQUIRE(clock.advance(step).ok());
+  REQUIRE(f.wait_for(0s) == std::future_status::ready);
+  return clock.now();
+}
+
+}  // namespace
+
+TEST_CASE("transport: a request's deadline follows the options' clock", "[transport][clock]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  auto client_options = options();
+  client_options.clock = clock;
+  Pair p(options(), client_options);
+  REQUIRE(p.server->on_message(5, [](laminar::Incoming) {}).ok());  // never answers
+  REQUIRE(p.server->on_message(6, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto hanging = p.to_server.request_async(Message::from_string(5, "?"), 30s);
+  // A round trip after it: by then the progress thread has taken the request and set its deadline.
+  REQUIRE(p.to_server.request(Message::from_string(6, "sync")).ok());
+  REQUIRE(clock->advance(29s).ok());
+  REQUIRE(p.to_server.request(Message::from_string(6, "sync")).ok());
+  CHECK(hanging.wait_for(0s) != std::future_status::ready);  // 29 s of the clock's 30 have passed
+  REQUIRE(clock->advance(1s).ok());
+  // The jump alone wakes the progress thread, which expires the request at once.
+  REQUIRE(hanging.wait_for(10s) == std::future_status::ready);
+  auto r = hanging.get();
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(r.status().message(), Catch::Contains("30000 ms"));
+  CHECK(std::chrono::steady_clock::now() - start < 20s);  // virtual seconds, not real ones
+  // The endpoint is still usable, and an operation's default deadline follows the clock too.
+  auto late = p.to_server.request_async(Message::from_string(5, "?"));
+  CHECK(advance_until_ready(late, *clock, 100ms) >= 30s + options().operation_timeout);
+  CHECK(late.get().status().code() == StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("transport: a connect's deadline follows the options' clock", "[transport][clock]") {
+  // A TCP listener that never speaks UCX: the connection opens, the handshake never answers.
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(silent >= 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(at);
+  REQUIRE(::bind(silent, reinterpret_cast<sockaddr*>(&at), len) == 0);
+  REQUIRE(::listen(silent, 16) == 0);
+  REQUIRE(::getsockname(silent, reinterpret_cast<sockaddr*>(&at), &len) == 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(at.sin_port));
+
+  auto clock = std::make_shared<laminar::ManualClock>();
+  auto o = options();
+  o.clock = clock;
+  auto t = make(o);
+  auto connecting = std::async(std::launch::async, [&] { return t->connect(address, 5s); });
+  CHECK(advance_until_ready(connecting, *clock, 100ms) >= 5s);
+  auto ep = connecting.get();
+  CHECK(ep.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(ep.status().message(), Catch::Contains("5000 ms"));
+  ::close(silent);
+}
+
+TEST_CASE("transport: accept and receive time out on the options' clock", "[transport][clock]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  auto o = options();
+  o.clock = clock;
+  auto t = make(o);
+  auto address = t->listen("127.0.0.1", 0);
+  REQUIRE(address.ok());
+
+  // Nothing connects: accept returns once the clock has moved 10 s, never before.
+  auto accepting = std::async(std::launch::async, [&] { return t->accept(10s); });
+  CHECK(advance_until_ready(accepting, *clock, 100ms) >= 10s);
+  auto a = accepting.get();
+  CHECK(a.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(a.status().message(), Catch::Contains("10000 ms"));
+
+  const laminar::Duration before = clock->now();
+  auto receiving = std::async(std::launch::async, [&] { return t->receive(2s); });
+  CHECK(advance_until_ready(receiving, *clock, 10ms) >= before + 2s);
+  CHECK(receiving.get().status().code() == StatusCode::kDeadlineExceeded);
+
+  // kForever waits for the event whatever the clock does.
+  auto forever = std::async(std::launch::async, [&] { return t->accept(laminar::kForever); });
+  REQUIRE(clock->advance(std::chrono::hours(1000)).ok());
+  CHECK(forever.wait_for(0s) != std::future_status::ready);
+  auto client = make();
+  REQUIRE(client->connect(*address).ok());
+  REQUIRE(forever.wait_for(10s) == std::future_status::ready);
+  CHECK(forever.get().ok());
+}
+
+TEST_CASE("transport: an endpoint reports its closing to on_close callbacks", "[transport]") {
+  Pair p;
+  CHECK(Endpoint().on_close([](laminar::Status) {}).status().code() == StatusCode::kFailedPrecondition);
+  CHECK(p.to_server.on_close({}).status().code() == StatusCode::kInvalidArgument);
+
+  std::promise<laminar::Status> client_side;
+  std::promise<laminar::Status> server_side;
+  std::atomic<int> removed_calls{0};
+  auto watch_client = p.to_server.on_close([&](laminar::Status st) { client_side.set_value(st); }).value();
+  auto watch_server = p.to_client.on_close([&](laminar::Status st) { server_side.set_value(st); }).value();
+  auto removed = p.to_server.on_close([&](laminar::Status) { ++removed_calls; }).value();
+  removed.reset();
+
+  p.to_client.close();  // the server hangs up: closed here, gone for the client
+  auto server_reason = server_side.get_future();
+  REQUIRE(server_reason.wait_for(10s) == std::future_status::ready);
+  CHECK(server_reason.get().code() == StatusCode::kCancelled);
+  auto client_reason = client_side.get_future();
+  REQUIRE(client_reason.wait_for(10s) == std::future_status::ready);
+  const laminar::Status reason = client_reason.get();
+  CHECK(reason.code() == StatusCode::kUnavailable);
+  CHECK(reason == p.to_server.status());
+
+  // Registered after the close: called too, with the same reason. The one removed before the close
+  // never was.
+  std::promise<laminar::Status> late;
+  auto watch_late = p.to_server.on_close([&](laminar::Status st) { late.set_value(st); }).value();
+  auto late_reason = late.get_future();
+  REQUIRE(late_reason.wait_for(10s) == std::future_status::ready);
+  CHECK(late_reason.get() == reason);
+  CHECK(removed_calls.load() == 0);
+
+  // Destroying the transport closes what is still open, and tells the watchers.
+  std::unique_ptr<Transport> other = make();
+  auto ep = other->connect(p.address);
+  REQUIRE(ep.ok());
+  std::promise<laminar::Status> shut;
+  auto watch_shut = ep->on_close([&](laminar::Status st) { shut.set_value(st); }).value();
+  other.reset();
+  auto shut_reason = shut.get_future();
+  REQUIRE(shut_reason.wait_for(0s) == std::future_status::ready);  // before the destructor returned
+  CHECK(shut_reason.get().code() == StatusCode::kCancelled);
+  // On an endpoint of a transport that is gone, the callback runs at once on the calling thread.
+  bool called = false;
+  auto after = ep->on_close([&](laminar::Status) { called = true; }).value();
+  CHECK(called);
 }

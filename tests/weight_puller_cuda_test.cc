@@ -37,7 +37,7 @@ TEST_CASE("publish from device memory and pull into device memory", "[weight_pul
     laminar::RelayStoreOptions o;
     o.chunk_bytes = 1 << 16;
     o.pin_memory = pin;
-    auto relay = laminar::RelayStore::create(o).value();
+    std::shared_ptr<laminar::RelayStore> relay = laminar::RelayStore::create(o).value();
     auto src = laminar::testing::WeightSet::make(11, 1, 64);
     DeviceTensors dsrc(src);
     for (std::size_t i = 0; i < src.storage.size(); ++i) {

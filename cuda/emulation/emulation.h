@@ -17,7 +17,7 @@
 //     makes readers run before writers. Failures name the seed to replay.
 //
 // Writing a kernel that works under both (see cuda/paged_decode.cuh):
-//   1. include "emulation/kernel_compat.h" and wrap __global__ functions in `#if LAMINAR_KERNELS`;
+//   1. include "kernel_compat.cuh" and wrap __global__ functions in `#if LAMINAR_KERNELS`;
 //   2. reach shared memory only through LAMINAR_DYNAMIC_SHARED(name) (dynamic, sized at launch) or
 //      LAMINAR_SHARED(type, name): a plain function-local `__shared__` array would be private to
 //      each fiber on the host;
@@ -228,4 +228,4 @@ T __ldg(const T* p) {
   return *p;
 }
 
-#include "kernel_compat.h"
+#include "../kernel_compat.cuh"

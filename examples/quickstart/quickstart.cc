@@ -3,14 +3,23 @@
 // converts the f32 master copy to bf16 for the rollout engines, prints the manifest the relays would
 // ship, and shows that a corrupt manifest from a peer is refused with a clear error.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "laminar/laminar.h"
-#include "laminar/internal/numerics.h"
 
 namespace {
+
+// A bf16 value is the top half of the f32 with the same sign, exponent and leading mantissa bits.
+float bf16_to_f32(std::uint16_t bits) {
+  const std::uint32_t wide = std::uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof f);
+  return f;
+}
 
 int fail(const laminar::Status& st) {
   std::fprintf(stderr, "quickstart: %s\n", st.to_string().c_str());
@@ -49,7 +58,7 @@ int main() {
     const auto* out = reinterpret_cast<const std::uint16_t*>(flat.data() + e.offset);
     for (std::size_t i = 0; i < master.size(); ++i) {
       if (master[i] == 0) continue;
-      const double back = laminar::internal::bf16_to_f32(out[i]);
+      const double back = bf16_to_f32(out[i]);
       max_rel_err = std::fmax(max_rel_err, std::fabs(back - master[i]) / std::fabs(master[i]));
     }
   }

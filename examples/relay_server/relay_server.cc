@@ -8,10 +8,14 @@
 //   relay_server --pull --mib 64 --local /tmp/relay0.sock --local /tmp/relay1.sock   # such a puller
 //
 // Lines: "listening ADDR", "published V DIGEST", "committed V DIGEST", "pulled V ok|MISMATCH ...",
-// "upstream ADDR", "lost ADDR", "rejected V CHUNK", and at exit "stats received N sent N resent N
-// failovers N" (chunks stored from upstream, accepted by subscribers, resent after a refusal). DIGEST is the xxh3 of the version's whole
-// buffer, so every process's bytes can be compared with the actor's. Ends on SIGTERM / SIGINT, or
-// after --exit-after-version V is committed (relays) or pulled (rollouts).
+// "upstream ADDR", "lost ADDR", "unreachable ADDR" (connecting failed), "rejected V CHUNK", with --report-chunks "stored V CHUNK" for every
+// chunk stored from upstream, and at exit "stats received N sent N resent N failovers N" (chunks
+// stored from upstream, accepted by subscribers, resent after a refusal). DIGEST is the xxh3 of the
+// version's whole buffer, so every process's bytes can be compared with the actor's. Ends on
+// SIGTERM / SIGINT, or after --exit-after-version V is committed (relays) or pulled (rollouts).
+//
+// The process makes one Transport, listens on it, and hosts its RelayNode on it. Run with --help
+// for every option.
 //
 // With --shm PATH a LocalRelayServer serves the store on that socket too, printing "serving PATH",
 // "lease V PID", "released V PID HOW held N" (HOW: released or disconnected; N: versions the store
@@ -21,6 +25,8 @@
 // prints "holding V" and keeps the lease until it is stopped.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+
+#include <CLI/CLI.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -34,8 +40,12 @@
 #include <vector>
 
 #include "laminar/local_relay.h"
-#include "laminar/relay_chain.h"
+#include "laminar/relay_node.h"
+#include "laminar/transport.h"
 #include "laminar/weight_puller.h"
+#ifdef LAMINAR_RELAY_SERVER_FAULTS
+#include "relay_node/testing.h"
+#endif
 
 namespace {
 
@@ -116,7 +126,7 @@ int run_local_puller(std::vector<std::string> paths, std::size_t mib, std::uint6
                      bool hold) {
   laminar::WeightPullerOptions po;
   if (hold) po.policy = laminar::PullPolicy::kPrefetchThenSwap;
-  auto puller = laminar::WeightPuller::connect_local(std::move(paths), po);
+  auto puller = laminar::WeightPuller::create_local(std::move(paths), po);
   if (!puller.ok()) {
     std::fprintf(stderr, "relay_server: %s\n", puller.status().to_string().c_str());
     return 1;
@@ -125,7 +135,7 @@ int run_local_puller(std::vector<std::string> paths, std::size_t mib, std::uint6
   Buffers engine(manifest);
   bool held = false;
   while (!g_stop) {
-    const std::optional<laminar::Version> latest = (*puller)->latest_version();
+    const std::optional<laminar::Version> latest = (*puller)->newest_version();
     if (hold && !held && latest) {
       laminar::Status st = (*puller)->prefetch(*latest);
       if (!st.ok()) {
@@ -151,96 +161,115 @@ int run_local_puller(std::vector<std::string> paths, std::size_t mib, std::uint6
   return 0;
 }
 
-int usage() {
-  std::fprintf(stderr,
-               "usage: relay_server --token T [--port P] [--upstream ADDR]... [--chunk-kib K]\n"
-               "  [--actor --versions N --interval-ms T [--publish-on-usr1]] [--pull] [--mib M] [--seed S]\n"
-               "  [--exit-after-version V] [--corrupt V:CHUNK] [--stall-after CHUNKS] [--shm PATH]\n"
-               "   or: relay_server --pull --local PATH... [--hold] [--mib M] [--seed S] [--exit-after-version V]\n");
-  return 2;
+int fail(const std::string& what, const laminar::Status& st) {
+  std::fprintf(stderr, "relay_server: %s: %s\n", what.c_str(), st.to_string().c_str());
+  return 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  laminar::RelayChainOptions o;
-  laminar::RelayStoreOptions so;
-  bool actor = false, pull = false, hold = false, publish_on_usr1 = false;
+  CLI::App app{"One node of laminar's relay chain: the actor at its head, a relay, or a rollout that pulls."};
+  std::string token;
+  std::uint16_t port = 0;
+  std::vector<std::string> upstreams, local;
   std::string shm;
-  std::vector<std::string> local;
+  bool actor = false, pull = false, hold = false, publish_on_usr1 = false, report_chunks = false;
   std::size_t mib = 16;
-  std::uint64_t versions = 1, interval_ms = 0, seed = 1, exit_after = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    const char* v = nullptr;
-    if (a == "--actor") actor = true;
-    else if (a == "--pull") pull = true;
-    else if (a == "--hold") hold = true;
-    else if (a == "--publish-on-usr1") publish_on_usr1 = true;
-    else if ((a == "--shm") && (v = next())) shm = v;
-    else if ((a == "--local") && (v = next())) local.push_back(v);
-    else if ((a == "--token") && (v = next())) o.transport.cluster_token = v;
-    else if ((a == "--port") && (v = next())) o.listen_port = std::uint16_t(std::atoi(v));
-    else if ((a == "--upstream") && (v = next())) o.upstreams.push_back(v);
-    else if ((a == "--chunk-kib") && (v = next())) so.chunk_bytes = std::strtoull(v, nullptr, 10) << 10;
-    else if ((a == "--mib") && (v = next())) mib = std::strtoull(v, nullptr, 10);
-    else if ((a == "--versions") && (v = next())) versions = std::strtoull(v, nullptr, 10);
-    else if ((a == "--interval-ms") && (v = next())) interval_ms = std::strtoull(v, nullptr, 10);
-    else if ((a == "--seed") && (v = next())) seed = std::strtoull(v, nullptr, 10);
-    else if ((a == "--exit-after-version") && (v = next())) exit_after = std::strtoull(v, nullptr, 10);
-    else if ((a == "--stall-after") && (v = next())) o.stall_after_chunks = std::strtoull(v, nullptr, 10);
-    else if ((a == "--corrupt") && (v = next())) {
-      unsigned long long ver = 0, chunk = 0;
-      if (std::sscanf(v, "%llu:%llu", &ver, &chunk) != 2) return usage();
-      o.corrupt_chunk_once = std::pair{laminar::Version(ver), std::uint32_t(chunk)};
-    } else {
-      return usage();
+  std::uint64_t chunk_kib = 0, versions = 1, interval_ms = 0, seed = 1, exit_after = 0;
+  app.add_option("--token", token, "cluster token shared by every peer (not needed with --local)");
+  app.add_option("--port", port, "port to listen on (0: any free one)");
+  app.add_option("--upstream", upstreams, "upstream relay host:port, preferred first; repeat to list fallbacks");
+  app.add_flag("--actor", actor, "head of the chain: publishes --versions versions");
+  app.add_option("--versions", versions, "versions the actor publishes");
+  app.add_option("--interval-ms", interval_ms, "pause between the actor's versions");
+  app.add_flag("--publish-on-usr1", publish_on_usr1, "the actor publishes one more version on every SIGUSR1");
+  app.add_flag("--pull", pull, "a rollout: pulls every new version into engine buffers and checks it");
+  app.add_option("--local", local, "pull from the local relay serving this socket instead (repeatable)");
+  app.add_flag("--hold", hold, "with --local: prefetch the newest version and hold its lease");
+  app.add_option("--shm", shm, "also serve same-host pullers on this Unix socket");
+  app.add_option("--mib", mib, "MiB of weights per version");
+  app.add_option("--chunk-kib", chunk_kib, "chunk size of published versions (default: the store's)");
+  app.add_option("--seed", seed, "seed of the weights' contents");
+  app.add_option("--exit-after-version", exit_after, "exit once this version is committed or pulled");
+  app.add_flag("--report-chunks", report_chunks, "print a line for every chunk stored from upstream");
+#ifdef LAMINAR_RELAY_SERVER_FAULTS
+  std::string corrupt;
+  laminar::testing::RelayNodeFaults faults;
+  app.add_option("--corrupt", corrupt, "V:CHUNK: corrupt that chunk once on its way downstream (tests)");
+  app.add_option("--stall-after", faults.stall_after_chunks, "hang after storing this many chunks (tests)");
+#endif
+  CLI11_PARSE(app, argc, argv);
+#ifdef LAMINAR_RELAY_SERVER_FAULTS
+  if (!corrupt.empty()) {
+    unsigned long long ver = 0, chunk = 0;
+    if (std::sscanf(corrupt.c_str(), "%llu:%llu", &ver, &chunk) != 2) {
+      std::fprintf(stderr, "relay_server: --corrupt takes V:CHUNK, not '%s'\n", corrupt.c_str());
+      return 2;
     }
+    faults.corrupt_chunk_once = std::pair{laminar::Version(ver), std::uint32_t(chunk)};
   }
+#endif
+
   std::signal(SIGTERM, [](int) { g_stop = true; });
   std::signal(SIGINT, [](int) { g_stop = true; });
   std::signal(SIGUSR1, [](int) { g_publish = true; });
   if (!local.empty()) {
-    if (!pull || actor || !o.upstreams.empty() || !shm.empty()) {
+    if (!pull || actor || !upstreams.empty() || !shm.empty()) {
       std::fprintf(stderr, "relay_server: --local goes with --pull only\n");
-      return usage();
+      return 2;
     }
     return run_local_puller(local, mib, seed, exit_after, hold);
   }
-  if (actor == !o.upstreams.empty()) {
+  if (actor == !upstreams.empty()) {
     std::fprintf(stderr, "relay_server: give --actor or at least one --upstream, not both\n");
-    return usage();
+    return 2;
   }
+  laminar::RelayStoreOptions so;
+  if (chunk_kib != 0) so.chunk_bytes = chunk_kib << 10;
   so.shareable = !shm.empty();
-  auto store = laminar::RelayStore::create(so);
-  if (!store.ok()) {
-    std::fprintf(stderr, "relay_server: %s\n", store.status().to_string().c_str());
-    return 1;
-  }
+  auto created = laminar::RelayStore::create(so);
+  if (!created.ok()) return fail("store", created.status());
+  std::shared_ptr<laminar::RelayStore> store = std::move(*created);
+
+  laminar::TransportOptions to;
+  to.cluster_token = token;
+  auto transport = laminar::Transport::create(to);
+  if (!transport.ok()) return fail("transport", transport.status());
+  std::shared_ptr<laminar::Transport> shared_transport = std::move(*transport);
+  auto listened = shared_transport->listen("127.0.0.1", port);
+  if (!listened.ok()) return fail("listen", listened.status());
+
   std::atomic<std::uint64_t> committed{0};
+  laminar::RelayNodeOptions o;
+  o.upstreams = upstreams;
   o.on_event = [&](const laminar::RelayEvent& e) {
     using K = laminar::RelayEvent::Kind;
     switch (e.kind) {
       case K::kUpstream: say("upstream " + e.upstream); break;
       case K::kUpstreamLost: say("lost " + e.upstream); break;
+      case K::kUpstreamUnreachable: say("unreachable " + e.upstream); break;
+      case K::kChunkStored:
+        if (report_chunks) say("stored " + std::to_string(e.version.value()) + " " + std::to_string(e.chunk));
+        break;
       case K::kChunkRejected:
         say("rejected " + std::to_string(e.version.value()) + " " + std::to_string(e.chunk));
         break;
       case K::kCommitted: {
-        auto h = (*store)->acquire(e.version);
+        auto h = store->acquire(e.version);
         if (h.ok() && !pull) say("committed " + std::to_string(e.version.value()) + " " + digest(*h));
         committed = e.version.value();
         break;
       }
     }
   };
-  auto node = laminar::RelayNode::start(*store, o);
-  if (!node.ok()) {
-    std::fprintf(stderr, "relay_server: %s\n", node.status().to_string().c_str());
-    return 1;
-  }
-  say("listening " + (*node)->address());
+#ifdef LAMINAR_RELAY_SERVER_FAULTS
+  auto node = laminar::testing::create_faulty_relay_node(shared_transport, store, o, faults);
+#else
+  auto node = laminar::RelayNode::create(shared_transport, store, o);
+#endif
+  if (!node.ok()) return fail("relay node", node.status());
+  say("listening " + (*node)->address().value_or("none"));
 
   std::unique_ptr<laminar::LocalRelayServer> local_server;
   if (!shm.empty()) {
@@ -253,16 +282,13 @@ int main(int argc, char** argv) {
         case K::kReleased:
           say("released " + std::to_string(e.version.value()) + " " + pid +
               (e.disconnected ? " disconnected" : " released") + " held " +
-              std::to_string((*store)->stats().versions_held));
+              std::to_string(store->stats().versions_held));
           break;
         case K::kRefused: say("refused " + pid + " " + e.detail); break;
       }
     };
-    auto server = laminar::LocalRelayServer::start(*store, shm, lo);
-    if (!server.ok()) {
-      std::fprintf(stderr, "relay_server: %s\n", server.status().to_string().c_str());
-      return 1;
-    }
+    auto server = laminar::LocalRelayServer::create(store, shm, lo);
+    if (!server.ok()) return fail("local relay server", server.status());
     local_server = std::move(*server);
     say("serving " + shm);
   }
@@ -273,14 +299,14 @@ int main(int argc, char** argv) {
   const auto publish_next = [&]() -> bool {
     const std::uint64_t v = ++published;
     fill(weights->data, seed, v);
-    laminar::Status st = (*store)->publish(laminar::Version(v), manifest, weights->named);
-    if (st.ok()) st = (*store)->wait_for_version(laminar::Version(v), std::chrono::seconds(60));
+    laminar::Status st = store->publish(laminar::Version(v), manifest, weights->named);
+    if (st.ok()) st = store->wait_for_version(laminar::Version(v), std::chrono::seconds(60));
     if (!st.ok()) {
       std::fprintf(stderr, "relay_server: publish %llu: %s\n", static_cast<unsigned long long>(v),
                    st.to_string().c_str());
       return false;
     }
-    say("published " + std::to_string(v) + " " + digest((*store)->acquire(laminar::Version(v)).value()));
+    say("published " + std::to_string(v) + " " + digest(store->acquire(laminar::Version(v)).value()));
     committed = v;
     return true;
   };
@@ -295,7 +321,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<laminar::WeightPuller> puller;
   std::unique_ptr<Buffers> engine;
   if (pull) {
-    puller = laminar::WeightPuller::create(*store).value();
+    puller = laminar::WeightPuller::create(store).value();
     engine = std::make_unique<Buffers>(manifest);
   }
   while (!g_stop) {
@@ -318,6 +344,7 @@ int main(int argc, char** argv) {
     } else if (exit_after != 0 && committed.load() >= exit_after) {
       break;
     }
+    // Signals only set flags; look at them again shortly.
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const laminar::RelayNodeStats st = (*node)->stats();

@@ -123,9 +123,11 @@ class ManualClock final : public Clock {
                   Duration deadline) const override;
   [[nodiscard]] ClockSubscription subscribe(std::function<void()> wake) override;
 
-  // Moves time forward by `d`, then wakes every subscriber. kInvalidArgument for a negative `d`.
+  // Moves time forward by `d`, then wakes every subscriber. kInvalidArgument for a negative `d`, or
+  // one that would reach kForever.
   Status advance(Duration d);
-  // Jumps to `t`. kInvalidArgument when `t` is before now(): time never goes backwards.
+  // Jumps to `t`. kInvalidArgument when `t` is before now() (time never goes backwards) or is
+  // kForever.
   Status set(Duration t);
 
  private:

@@ -13,6 +13,10 @@
 //   LAMINAR_RETURN_IF_ERROR(cache->append_tokens(SequenceId(7), prompt_len));  // reserves pages
 //   auto slot = cache->token_slot(SequenceId(7), 0);                          // write K/V there
 //   LAMINAR_RETURN_IF_ERROR(cache->build_page_table(batch_ids, &table));      // for the kernel
+//
+// An engine that already holds its K/V pools (its own tensors, on the host or a CUDA device) hands
+// them over as views instead: PagedKvCache::create(layout, k_view, v_view) keeps the page
+// bookkeeping and leaves the memory to its owner.
 #pragma once
 
 #include <cstddef>
@@ -87,13 +91,20 @@ struct PageTableBuffer {
   }
 };
 
-// Host-memory K/V pools with a page allocator and per-sequence page lists. Not thread-safe: one
-// rollout worker's decode loop owns it.
+// K/V pools (allocated in host memory, or adopted from the host application) with a page allocator
+// and per-sequence page lists. Not thread-safe: one rollout worker's decode loop owns it.
 class PagedKvCache {
  public:
   // Allocates both pools (zero-filled). kInvalidArgument for a bad layout, kResourceExhausted when
   // the memory is not there.
   static Result<PagedKvCache> create(const KvLayout& layout);
+  // Adopts pools the host already allocated, without owning them: they are neither cleared nor
+  // freed, and must outlive the cache. Preconditions:
+  //   k_pool and v_pool are [num_pages, page_size, num_kv_heads, head_dim] of layout.dtype, dense;
+  //   both on the host (pageable or page-locked) or both on one CUDA device.
+  // On a device, token_slot() and k_page() / v_page() give device addresses. kInvalidArgument
+  // naming the pool and the mismatch.
+  static Result<PagedKvCache> create(const KvLayout& layout, const TensorView& k_pool, const TensorView& v_pool);
 
   // Where token `pos` of a sequence lives: its K and V rows, each [num_kv_heads, head_dim].
   struct TokenSlot {
@@ -123,9 +134,16 @@ class PagedKvCache {
   Status build_page_table(std::span<const SequenceId> ids, PageTableBuffer* out) const;
 
   const KvLayout& layout() const noexcept { return layout_; }
-  PagedKv view() const noexcept { return {k_.get(), v_.get(), layout_}; }
-  void* k_page(std::int32_t page) noexcept { return k_.get() + std::int64_t(page) * layout_.page_bytes(); }
-  void* v_page(std::int32_t page) noexcept { return v_.get() + std::int64_t(page) * layout_.page_bytes(); }
+  PagedKv view() const noexcept { return {k_, v_, layout_}; }
+  // The pools as tensors: [num_pages, page_size, num_kv_heads, head_dim] of layout().dtype.
+  TensorView k_pool() const;
+  TensorView v_pool() const;
+  // Where the pools live: the host for pools the cache allocated.
+  Device device() const noexcept { return device_; }
+  // False for pools adopted from the host application.
+  bool owns_pools() const noexcept { return k_owned_ != nullptr; }
+  void* k_page(std::int32_t page) noexcept { return k_ + std::int64_t(page) * layout_.page_bytes(); }
+  void* v_page(std::int32_t page) noexcept { return v_ + std::int64_t(page) * layout_.page_bytes(); }
   std::int32_t free_pages() const noexcept { return std::int32_t(free_.size()); }
   std::int32_t used_pages() const noexcept { return layout_.num_pages - free_pages(); }
   std::size_t num_sequences() const noexcept { return seqs_.size(); }
@@ -144,9 +162,16 @@ class PagedKvCache {
     return (tokens + layout_.page_size - 1) / layout_.page_size;
   }
 
+  void init_free_list();
+  TensorView pool_view(unsigned char* base) const;
+
   KvLayout layout_;
-  std::unique_ptr<unsigned char[], FreeDeleter> k_;
-  std::unique_ptr<unsigned char[], FreeDeleter> v_;
+  unsigned char* k_ = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] of layout_.dtype
+  unsigned char* v_ = nullptr;
+  Device device_ = Device::cpu();
+  // Set when the cache allocated the pools; null for adopted ones.
+  std::unique_ptr<unsigned char[], FreeDeleter> k_owned_;
+  std::unique_ptr<unsigned char[], FreeDeleter> v_owned_;
   std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
   std::unordered_map<SequenceId, Sequence> seqs_;
 };

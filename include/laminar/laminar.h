@@ -7,7 +7,7 @@
 #include "laminar/kernels/sampling.h"
 #include "laminar/kv_cache.h"
 #include "laminar/local_relay.h"
-#include "laminar/relay_chain.h"
+#include "laminar/relay_node.h"
 #include "laminar/relay_store.h"
 #include "laminar/relay_versions.h"
 #include "laminar/remote_trajectory_queue.h"

@@ -2,7 +2,7 @@
 // versions in place, through shared memory.
 //
 // Every version a shareable RelayStore (RelayStoreOptions::shareable) holds lives in a sealed memfd (fixed size; only the store's own mapping
-// writes to it). The server listens on a Unix domain socket; a client (WeightPuller::connect_local)
+// writes to it). The server listens on a Unix domain socket; a client (WeightPuller::create_local)
 // asks for the newest or a given committed version and receives its manifest, chunk plan and
 // checksums plus the memfd itself (SCM_RIGHTS). It maps the memfd read-only and copies straight into
 // its destinations: one copy, relay memory to engine memory. While a client holds a lease on a
@@ -11,10 +11,13 @@
 //
 //   laminar::RelayStoreOptions so;
 //   so.shareable = true;
-//   auto store = laminar::RelayStore::create(so).value();
-//   auto server = laminar::LocalRelayServer::start(store, "/run/laminar/relay0.sock").value();
+//   std::shared_ptr<laminar::RelayStore> store = laminar::RelayStore::create(so).value();
+//   auto server = laminar::LocalRelayServer::create(store, "/run/laminar/relay0.sock").value();
 //   // in a rollout process:
-//   auto puller = laminar::WeightPuller::connect_local({"/run/laminar/relay0.sock"}).value();
+//   auto puller = laminar::WeightPuller::create_local({"/run/laminar/relay0.sock"}).value();
+//
+// Threads: the server runs one thread of its own, which accepts, answers every client and calls
+// on_event; the calls below may come from any thread.
 #pragma once
 
 #include <sys/types.h>
@@ -58,6 +61,8 @@ struct LocalRelayServerStats {
   std::size_t leases = 0;            // held now, over all clients
   std::uint64_t grants = 0;          // leases ever granted
   std::uint64_t refused_clients = 0; // disconnected for a malformed request
+
+  std::string to_json() const;
 };
 
 class LocalRelayServer {
@@ -66,9 +71,9 @@ class LocalRelayServer {
   // accepts on it) is replaced. kInvalidArgument for a null store, an empty path or one longer than
   // a socket address holds, or zero limits; kFailedPrecondition for a store that is not shareable; kAlreadyExists when a live server owns the path;
   // kUnavailable when the socket cannot be created or bound.
-  static Result<std::unique_ptr<LocalRelayServer>> start(std::shared_ptr<RelayStore> store,
-                                                         std::string socket_path,
-                                                         LocalRelayServerOptions options = {});
+  static Result<std::unique_ptr<LocalRelayServer>> create(std::shared_ptr<RelayStore> store,
+                                                          std::string socket_path,
+                                                          LocalRelayServerOptions options = {});
   // Stops serving, drops every lease and removes the socket file.
   ~LocalRelayServer();
   LocalRelayServer(const LocalRelayServer&) = delete;
@@ -76,6 +81,9 @@ class LocalRelayServer {
 
   const std::string& socket_path() const noexcept;
   LocalRelayServerStats stats() const;
+  // The failure that stopped the server's thread (its socket could no longer be polled); OK while it
+  // serves. A misbehaving client is not an error: it is disconnected and reported through on_event.
+  Status background_error() const;
 
  private:
   struct Impl;

@@ -14,6 +14,10 @@
 // (local_relay.h) can hand a committed version to pullers in other processes on this host, which
 // read it in place.
 //
+// Threads: one sealer thread per store hashes published chunks. Every other call runs on the
+// caller's thread; the waits (wait_for_version, read_chunk, wait_for_newer) read
+// RelayStoreOptions::clock, so a virtual clock's jump ends them.
+//
 //   auto store = laminar::RelayStore::create({}).value();
 //   laminar::NamedTensor w{"w", view};                          // view: f32[1024, 1024]
 //   laminar::Status st = store->publish(laminar::Version(1), manifest, {&w, 1});
@@ -22,7 +26,6 @@
 //   auto bytes = h->tensor("w");                                // span over the store's copy
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "laminar/clock.h"
 #include "laminar/relay_versions.h"
 #include "laminar/status.h"
 #include "laminar/types.h"
@@ -59,6 +63,8 @@ struct RelayStoreOptions {
   bool shareable = false;
   // Stream for copies out of device memory during publish (the legacy default stream when null).
   Stream device_stream = Stream::cuda(nullptr);
+  // Time of every wait (null: Clock::steady()).
+  std::shared_ptr<Clock> clock;
 };
 
 struct RelayStoreStats {
@@ -67,6 +73,8 @@ struct RelayStoreStats {
   std::size_t versions_held = 0;
   std::uint64_t chunks_rejected = 0;  // put_chunk calls refused for a checksum or size mismatch
   bool pinned = false;                // the newest buffer is page-locked
+
+  std::string to_json() const;
 };
 
 namespace internal {
@@ -122,8 +130,10 @@ class ReadHandle {
 
 class RelayStore {
  public:
-  // kInvalidArgument for chunk_bytes below ChunkPlan::kMinChunkBytes or not a multiple of 256.
-  static Result<std::shared_ptr<RelayStore>> create(RelayStoreOptions options);
+  // kInvalidArgument for chunk_bytes below ChunkPlan::kMinChunkBytes or not a multiple of 256, or a
+  // zero memory budget. Callers that share the store (a RelayNode, a LocalRelayServer, a
+  // WeightPuller) hold it as a std::shared_ptr.
+  static Result<std::unique_ptr<RelayStore>> create(RelayStoreOptions options = {});
   ~RelayStore();
   RelayStore(const RelayStore&) = delete;
   RelayStore& operator=(const RelayStore&) = delete;
@@ -136,7 +146,7 @@ class RelayStore {
   //   exactly one tensor per manifest entry, by name (unknown or repeated names rejected);
   //   each view with the manifest's dtype and shape, dense row-major, on the host or a CUDA device.
   // kResourceExhausted when the memory budget cannot hold the version next to those readers hold, or
-  // the memory cannot be mapped (v is then spent); kUnimplemented / kUnavailable for device views without CUDA / without a device.
+  // the memory cannot be mapped (v is then spent); kUnimplemented / kFailedPrecondition for device views without CUDA / without a device.
   Status publish(Version v, const WeightManifest& manifest, std::span<const NamedTensor> tensors);
 
   // Starts receiving v from upstream, laid out as manifest and cut as plan (the sender's).
@@ -158,17 +168,18 @@ class RelayStore {
   Status abandon(Version v);
 
   // Newest committed version, if any.
-  std::optional<Version> latest_version() const;
+  std::optional<Version> newest_version() const;
   // kNotFound when nothing is committed yet.
   Result<ReadHandle> acquire() const;
   // kNotFound when v is not held; kUnavailable when v is still arriving.
   Result<ReadHandle> acquire(Version v) const;
-  // Waits until a version >= v is committed. kDeadlineExceeded naming v and the newest committed
-  // version when the timeout passes first.
-  Status wait_for_version(Version v, std::chrono::milliseconds timeout) const;
+  // Waits until a version >= v is committed (kForever: no deadline). kDeadlineExceeded naming v and
+  // the newest committed version when the timeout passes first; kInvalidArgument for a negative
+  // timeout.
+  Status wait_for_version(Version v, Duration timeout) const;
 
   RelayStoreStats stats() const;
-  const RelayStoreOptions& options() const noexcept { return options_; }
+  const RelayStoreOptions& options() const noexcept;
 
   // For forwarding down a relay chain before a version is complete.
   //
@@ -189,8 +200,8 @@ class RelayStore {
   };
   // Chunk i of v once it is stored and verified, waiting up to timeout for it to arrive.
   // kNotFound when v is not held (or is dropped while waiting), kOutOfRange for a bad index,
-  // kDeadlineExceeded when it does not arrive in time.
-  Result<ChunkRef> read_chunk(Version v, std::uint32_t i, std::chrono::milliseconds timeout) const;
+  // kDeadlineExceeded when it does not arrive in time, kInvalidArgument for a negative timeout.
+  Result<ChunkRef> read_chunk(Version v, std::uint32_t i, Duration timeout) const;
   // The whole buffer of a held version [plan.total_bytes()], for a transport to register: the
   // sender reads verified chunks from it, the receiver has missing chunks written straight into it
   // and then calls seal_in_place. `keep` holds the memory valid even if the version is dropped.
@@ -204,20 +215,11 @@ class RelayStore {
   // where it lies and stores it (the version commits with its last chunk). Errors as put_chunk.
   Status seal_in_place(Version v, std::uint32_t i, std::uint64_t checksum);
   // Waits until some version newer than `than` is held (any version when `than` is empty), or the
-  // timeout passes; returns whether one is.
-  bool wait_for_newer(std::optional<Version> than, std::chrono::milliseconds timeout) const;
+  // timeout passes (a negative one is none); returns whether one is.
+  bool wait_for_newer(std::optional<Version> than, Duration timeout) const;
 
  private:
-  explicit RelayStore(RelayStoreOptions options);
-  Result<std::shared_ptr<internal::VersionSlot>> begin_slot(Version v, const WeightManifest& manifest,
-                                                            const ChunkPlan& plan);
-  Result<std::shared_ptr<internal::VersionSlot>> claim_chunk(Version v, std::uint32_t i, std::uint64_t nbytes,
-                                                             std::uint64_t checksum, bool* already);
-  Status finish_chunk(internal::VersionSlot& slot, std::uint32_t i, std::uint64_t checksum);
-  Status check_publish(Version v, const WeightManifest& manifest, std::span<const NamedTensor> tensors,
-                       std::vector<const NamedTensor*>* by_entry) const;
-
-  RelayStoreOptions options_;
+  explicit RelayStore(std::shared_ptr<internal::RelayCore> core);
   std::shared_ptr<internal::RelayCore> core_;
 };
 

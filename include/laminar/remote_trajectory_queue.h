@@ -12,77 +12,99 @@
 // the pushes it got (at most the credits it granted) and answers them as space frees, so a full
 // queue stops producers at the source instead of piling up messages in the server.
 //
-//   auto server = laminar::TrajectoryQueueServer::start(server_transport, *queue).value();
-//   // in the rollout process:
-//   auto ep = client_transport.connect(address).value();
-//   auto producer = laminar::RemoteProducer::connect(ep).value();
+// Threads: the server's handlers run on its transport's callback thread and push at once when
+// there is room; one worker thread of the server retries held pushes (every millisecond of the
+// server's clock while the queue stays full) and answers them, or answers kDeadlineExceeded when
+// their timeout passes on that clock. A producer has no thread: push and push_many block the
+// calling thread, waiting for a credit on the producer's clock.
+//
+//   // the actor's process, on the one Transport it made (listening):
+//   auto server = laminar::TrajectoryQueueServer::create(transport, queue).value();
+//   // a rollout process, on its own Transport:
+//   auto producer = laminar::RemoteProducer::create(transport, "10.0.0.1:4000").value();
 //   laminar::Status st = producer->push(std::move(trajectory));   // the queue's answer
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include "laminar/clock.h"
 #include "laminar/status.h"
 #include "laminar/trajectory_queue.h"
 #include "laminar/transport.h"
 
 namespace laminar {
 
-// Message types of the remote queue protocol on a Transport ("TQ" in the high half).
-inline constexpr MessageType kQueueHelloMessage = 0x54510001u;
-inline constexpr MessageType kQueuePushMessage = 0x54510002u;
-inline constexpr MessageType kQueuePushManyMessage = 0x54510003u;
-
 struct QueueServerOptions {
   // Push and push_many messages one producer may have in flight (granted in the handshake).
   std::uint32_t credits_per_producer = 16;
+  // Time of the producers' push timeouts and of the retries while the queue is full (null:
+  // Clock::steady()).
+  std::shared_ptr<Clock> clock;
+};
+
+struct TrajectoryQueueServerStats {
+  std::uint64_t producers = 0;  // handshakes answered
+  std::uint64_t received = 0;   // push and push_many messages
+  std::uint64_t accepted = 0;   // trajectories pushed into the queue
+  std::uint64_t refused = 0;    // trajectories answered with an error (invalid, duplicate, full, ...)
+  std::uint64_t malformed = 0;  // undecodable messages (kDataLoss / kInvalidArgument)
+  std::uint64_t held = 0;       // messages waiting for space right now
+
+  std::string to_json() const;
 };
 
 class TrajectoryQueueServer {
  public:
-  struct Stats {
-    std::uint64_t producers = 0;  // handshakes answered
-    std::uint64_t received = 0;   // push and push_many messages
-    std::uint64_t accepted = 0;   // trajectories pushed into the queue
-    std::uint64_t refused = 0;    // trajectories answered with an error (invalid, duplicate, full, ...)
-    std::uint64_t malformed = 0;  // undecodable messages (kDataLoss / kInvalidArgument)
-    std::uint64_t held = 0;       // messages waiting for space right now
-  };
-
-  // Serves `queue` on `transport` (installs handlers for the three message types). kInvalidArgument
-  // for zero credits. Both must outlive the server.
-  static Result<std::unique_ptr<TrajectoryQueueServer>> start(Transport& transport, TrajectoryQueue& queue,
-                                                              QueueServerOptions options = {});
-  // Removes the handlers and answers every held push with kCancelled.
+  // Serves `queue` on `transport` (installs handlers for the queue's message types; the host makes
+  // the transport listen). kInvalidArgument for a null transport or queue, or zero credits.
+  static Result<std::unique_ptr<TrajectoryQueueServer>> create(std::shared_ptr<Transport> transport,
+                                                               std::shared_ptr<TrajectoryQueue> queue,
+                                                               QueueServerOptions options = {});
+  // Removes the handlers (waiting for a call in progress) and answers every held push with
+  // kCancelled.
   ~TrajectoryQueueServer();
   TrajectoryQueueServer(const TrajectoryQueueServer&) = delete;
   TrajectoryQueueServer& operator=(const TrajectoryQueueServer&) = delete;
 
-  Stats stats() const;
+  TrajectoryQueueServerStats stats() const;
 
  private:
   struct Impl;
-  explicit TrajectoryQueueServer(std::shared_ptr<Impl> impl);
-  std::shared_ptr<Impl> impl_;  // shared with the installed handlers while they run
+  explicit TrajectoryQueueServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct RemoteProducerOptions {
+  // Connecting (when given an address) plus the handshake.
+  Duration connect_timeout = std::chrono::seconds(10);
+  // Time of push timeouts (null: Clock::steady()).
+  std::shared_ptr<Clock> clock;
 };
 
 class RemoteProducer {
  public:
-  // Handshake over an authenticated endpoint: learns how many credits the server grants. Errors of
-  // the transport as they come (kUnavailable, kDeadlineExceeded, ...); kDataLoss for a malformed
-  // answer.
-  static Result<std::unique_ptr<RemoteProducer>> connect(
-      Endpoint endpoint, std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // Connects to the queue server at "host:port" through `transport`, then handshakes: learns how
+  // many credits the server grants. kInvalidArgument for a null transport or a non-positive
+  // connect_timeout; errors of the transport as they come (kUnavailable, kDeadlineExceeded, ...);
+  // kDataLoss for a malformed answer.
+  static Result<std::unique_ptr<RemoteProducer>> create(std::shared_ptr<Transport> transport,
+                                                        std::string_view address,
+                                                        RemoteProducerOptions options = {});
+  // The same over an endpoint `transport` connected already (kInvalidArgument when it is not valid).
+  static Result<std::unique_ptr<RemoteProducer>> create(std::shared_ptr<Transport> transport, Endpoint endpoint,
+                                                        RemoteProducerOptions options = {});
   RemoteProducer(const RemoteProducer&) = delete;
   RemoteProducer& operator=(const RemoteProducer&) = delete;
   ~RemoteProducer();
 
   // TrajectoryQueue::push across the wire; thread-safe (threads share the credits). Takes a credit
   // first (options.mode says what to do when none is free: wait, kUnavailable, or
-  // kDeadlineExceeded after options.timeout), then returns the queue's answer, the same codes as
+  // kDeadlineExceeded after options.timeout on the producer's clock), then returns the queue's answer, the same codes as
   // TrajectoryQueue::push, or the transport's error (the peer vanished: kUnavailable). `t` is moved
   // from only on OK. After a transport error the trajectory may or may not be in the queue; pushing
   // it again is safe: the queue refuses a duplicate id.

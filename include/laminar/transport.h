@@ -12,16 +12,35 @@
 //
 //   laminar::TransportOptions opt;
 //   opt.cluster_token = token;                                   // same secret on every peer
-//   auto server = laminar::Transport::create(opt).value();
-//   std::string addr = server.listen("127.0.0.1", 0).value();    // "127.0.0.1:41234"
+//   std::shared_ptr<laminar::Transport> server = laminar::Transport::create(opt).value();
+//   std::string addr = server->listen("127.0.0.1", 0).value();   // "127.0.0.1:41234"
 //   auto client = laminar::Transport::create(opt).value();
-//   laminar::Endpoint ep = client.connect(addr).value();         // authenticated both ways
+//   laminar::Endpoint ep = client->connect(addr).value();        // authenticated both ways
 //   laminar::Result<laminar::Message> r = ep.request(laminar::Message::from_string(7, "hi"));
+//
+// A process makes one Transport and shares it (std::shared_ptr) with every laminar part it hosts:
+// relay node, queue server, remote producers. Message types from kLaminarMessageTypeFirst up belong
+// to those parts' protocols; the application uses the types below it.
+//
+// Threads. A Transport runs two:
+//   - the progress thread makes every UCX worker call; it never runs user code, so a slow handler
+//     never stalls the wire. It sleeps on the worker's wakeup fd when idle.
+//   - the callback thread runs every MessageHandler, put/get CompletionCallback and on_close
+//     callback, one at a time, in the order their events happened. A callback may call any
+//     Transport or Endpoint method, blocking ones included (a request from inside a handler is
+//     fine), but while it blocks no other callback of this transport runs: it must not wait for
+//     another callback, and the Transport must not be destroyed from one.
+// Every other method is thread-safe and runs on the caller's thread. connect, accept, receive,
+// send, request, reply and reply_error block their caller until done or until their deadline;
+// request_async, put and get return at once with a std::future.
+//
+// Time. Every timeout is a laminar::Duration; an operation without one uses the options' default,
+// and kForever is the only way to wait without a deadline. Deadlines read TransportOptions::clock:
+// with a ManualClock they expire when the clock is moved, however long UCX itself takes.
 //
 // Every call returns a Status; a vanished peer, a refused or unauthenticated connection, a timeout,
 // or a malformed message is reported to the caller and to every pending operation on that endpoint
-// (kUnavailable, kFailedPrecondition, kDeadlineExceeded, kInvalidArgument, kDataLoss). Nothing waits
-// forever: every operation carries a deadline.
+// (kUnavailable, kFailedPrecondition, kDeadlineExceeded, kInvalidArgument, kDataLoss).
 //
 // Under ThreadSanitizer, run with UCX_MEM_EVENTS=n in the environment: UCX's memory hooks (libucm)
 // and TSan's interceptors crash together at thread exit. tests/CMakeLists.txt's
@@ -34,11 +53,14 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "laminar/clock.h"
 #include "laminar/status.h"
 
 namespace laminar {
@@ -49,12 +71,14 @@ class EndpointState;
 class RegionState;
 }  // namespace internal
 
-// Application-defined message kind; the whole 32-bit range is free (laminar's own handshake and
-// reply frames are told apart on the wire by another field).
+// Message kind. [0, kLaminarMessageTypeFirst) is the application's; [kLaminarMessageTypeFirst,
+// 2^32) is reserved for laminar's own protocols (relay chain, remote queue, ...), which share the
+// process's one Transport with the application. The public on_message, send and request answer
+// kInvalidArgument for a reserved type, so an application handler can never take over, or be taken
+// over by, a laminar protocol. (The transport's handshake and reply frames are told apart on the
+// wire by another field and use no type at all.)
 using MessageType = std::uint32_t;
-
-// "Use TransportOptions::operation_timeout" where a call takes a timeout.
-inline constexpr std::chrono::milliseconds kDefaultTimeout{-1};
+inline constexpr MessageType kLaminarMessageTypeFirst = 0xF000'0000u;
 
 struct TransportOptions {
   // Shared secret of the cluster, at least kMinTokenBytes bytes. Peers prove they hold it with a
@@ -68,10 +92,12 @@ struct TransportOptions {
   // Largest control message body accepted or sent; bigger ones are kInvalidArgument. Bulk data goes
   // through put/get, which has no such limit.
   std::size_t max_message_bytes = std::size_t{16} << 20;
-  // Connection setup including authentication.
-  std::chrono::milliseconds connect_timeout{10'000};
-  // Default deadline of send / request / put / get.
-  std::chrono::milliseconds operation_timeout{30'000};
+  // Default deadline of connection setup including authentication (positive, or kForever).
+  Duration connect_timeout = std::chrono::seconds(10);
+  // Default deadline of send / request / put / get (positive, or kForever).
+  Duration operation_timeout = std::chrono::seconds(30);
+  // The time every deadline of this transport reads; null means Clock::steady().
+  std::shared_ptr<Clock> clock;
 
   static constexpr std::size_t kMinTokenBytes = 16;
 };
@@ -122,9 +148,31 @@ struct Incoming;
 // Completion callback of put/get. Runs on the transport's callback thread (see MessageHandler).
 using CompletionCallback = std::function<void(Status)>;
 
+// Keeps a callback registered by Endpoint::on_close; unregisters it on destruction or reset(). Once
+// that returns the callback is not running (unless reset from inside the callback itself) and will
+// not run again. Move-only; an empty one holds nothing.
+class CloseSubscription {
+ public:
+  CloseSubscription() = default;
+  CloseSubscription(const CloseSubscription&) = delete;
+  CloseSubscription& operator=(const CloseSubscription&) = delete;
+  CloseSubscription(CloseSubscription&& other) noexcept
+      : endpoint_(std::move(other.endpoint_)), id_(std::exchange(other.id_, 0)) {}
+  CloseSubscription& operator=(CloseSubscription&& other) noexcept;
+  ~CloseSubscription() { reset(); }
+  void reset() noexcept;
+
+ private:
+  friend class Endpoint;
+  CloseSubscription(std::weak_ptr<internal::EndpointState> endpoint, std::uint64_t id)
+      : endpoint_(std::move(endpoint)), id_(id) {}
+  std::weak_ptr<internal::EndpointState> endpoint_;
+  std::uint64_t id_ = 0;
+};
+
 // One authenticated connection to a peer. A cheap handle: copies share the connection. All methods
 // are thread-safe. Once the peer vanishes, the link breaks or close() is called, every pending and
-// later operation fails with the endpoint's error (status()).
+// later operation fails with the endpoint's error (status()), and on_close callbacks run.
 class Endpoint {
  public:
   Endpoint() = default;
@@ -133,27 +181,40 @@ class Endpoint {
   std::uint64_t id() const noexcept;
   // "host:port" of the peer as given to connect, or as seen by the listener.
   std::string peer_address() const;
-  // OK while usable; else the first error (kUnavailable: peer vanished or closed; kDataLoss or
-  // kInvalidArgument: the peer sent a malformed message and was disconnected; kCancelled: closed here).
+  // The connection's state: OK while usable; else the first error, which is why it closed
+  // (kUnavailable: peer vanished or closed; kDataLoss or kInvalidArgument: the peer sent a malformed
+  // message and was disconnected; kCancelled: closed here or the transport shut down). Named
+  // status(), not background_error(): an Endpoint is a handle to one connection, not a component
+  // with background work; its status is the connection's own, as a std::future has one.
   Status status() const;
+  // Calls `callback` once, on the transport's callback thread, with status() when the endpoint
+  // closes for any of those reasons; soon after registration if it is closed already (at once on
+  // the calling thread if the transport is gone). It stays registered while the returned
+  // subscription lives. kFailedPrecondition for an empty Endpoint, kInvalidArgument for an empty
+  // callback.
+  [[nodiscard]] Result<CloseSubscription> on_close(std::function<void(Status)> callback) const;
   // The UCX lanes in use ("posix", "cma", "tcp", ...), as UCX prints them; for diagnostics and tests.
   std::string transport_info() const;
 
+  // Every `timeout` below: std::nullopt means TransportOptions::operation_timeout; otherwise
+  // positive or kForever (else kInvalidArgument).
+
   // One-way message. Returns once UCX no longer needs the body (not a delivery receipt).
-  // kInvalidArgument: body larger than max_message_bytes. kUnavailable: endpoint broken.
-  Status send(const Message& message, std::chrono::milliseconds timeout = kDefaultTimeout);
+  // kInvalidArgument: body larger than max_message_bytes, or a type in laminar's reserved range.
+  // kUnavailable: endpoint broken.
+  [[nodiscard]] Status send(const Message& message, std::optional<Duration> timeout = std::nullopt);
 
   // Request/reply: the peer's handler answers with reply() or reply_error(). The reply's Status is
   // returned as is for reply_error; kDeadlineExceeded when no answer comes in time (a late answer is
-  // dropped); kUnavailable when the endpoint breaks first.
-  Result<Message> request(const Message& message, std::chrono::milliseconds timeout = kDefaultTimeout);
+  // dropped); kUnavailable when the endpoint breaks first; kInvalidArgument as for send.
+  Result<Message> request(const Message& message, std::optional<Duration> timeout = std::nullopt);
   std::future<Result<Message>> request_async(const Message& message,
-                                             std::chrono::milliseconds timeout = kDefaultTimeout);
+                                             std::optional<Duration> timeout = std::nullopt);
 
   // Answers a request received on this endpoint (to.request_id != 0, else kInvalidArgument).
-  Status reply(const Incoming& to, const Message& message);
+  [[nodiscard]] Status reply(const Incoming& to, const Message& message);
   // Makes the requester's request() return `error` (not OK, else kInvalidArgument).
-  Status reply_error(const Incoming& to, const Status& error);
+  [[nodiscard]] Status reply_error(const Incoming& to, const Status& error);
 
   // One-sided bulk copy of `length` bytes from local[local_offset] to the peer's remote[remote_offset]
   // (put) or back (get). The future (and `done`, if given) completes when the bytes have arrived at
@@ -163,10 +224,10 @@ class Endpoint {
   // remote_offset + length <= remote.size.
   std::future<Status> put(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                           std::uint64_t remote_offset, std::size_t length,
-                          std::chrono::milliseconds timeout = kDefaultTimeout, CompletionCallback done = {});
+                          std::optional<Duration> timeout = std::nullopt, CompletionCallback done = {});
   std::future<Status> get(const MemoryRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                           std::uint64_t remote_offset, std::size_t length,
-                          std::chrono::milliseconds timeout = kDefaultTimeout, CompletionCallback done = {});
+                          std::optional<Duration> timeout = std::nullopt, CompletionCallback done = {});
 
   // Disconnects; pending operations fail with kCancelled. Idempotent.
   void close();
@@ -186,13 +247,13 @@ struct Incoming {
   std::uint64_t request_id = 0;
 };
 
-// Runs on the transport's callback thread, one message at a time in arrival order. It may call any
-// Endpoint or Transport method (including blocking ones), but while it runs no other handler or
-// completion callback of that transport runs.
+// Runs on the transport's callback thread, one message at a time in arrival order (see Threads at
+// the top of this file).
 using MessageHandler = std::function<void(Incoming)>;
 
-// Owns the UCP context, worker, listener, endpoints and the progress and callback threads. Movable,
-// not copyable. Destroying it closes every endpoint and fails every pending operation (kCancelled);
+// Owns the UCP context, worker, listener, endpoints and the progress and callback threads; one per
+// process, shared by whoever talks over it. Destroying it closes every endpoint and fails every
+// pending operation (kCancelled);
 // MemoryRegions and Endpoint handles may outlive it (their operations then fail). Peers connecting
 // while it shuts down are refused (one whose handshake lands in the last moments learns it about
 // 1 s later, from its own retry).
@@ -200,10 +261,8 @@ class Transport {
  public:
   // kInvalidArgument: token shorter than kMinTokenBytes, zero max_message_bytes, non-positive timeouts.
   // kUnavailable: UCX could not start. (UCX warns about, and skips, unknown names in ucx_transports.)
-  static Result<Transport> create(TransportOptions options);
+  static Result<std::unique_ptr<Transport>> create(TransportOptions options = {});
 
-  Transport(Transport&&) noexcept;
-  Transport& operator=(Transport&&) noexcept;
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
   ~Transport();
@@ -213,22 +272,27 @@ class Transport {
   // kFailedPrecondition: already listening. A port whose last listener is gone can be taken again
   // at once (SO_REUSEADDR), and processes this one starts do not inherit the listening socket.
   Result<std::string> listen(std::string_view host, std::uint16_t port);
+  // The "host:port" listen() bound; none before it succeeded.
+  std::optional<std::string> listen_address() const;
 
   // Connects to "host:port" and authenticates both ways. kInvalidArgument: malformed address;
   // kUnavailable: nobody listens there or the link is down; kFailedPrecondition: the peer refused our
   // token or could not prove it holds the same one; kDeadlineExceeded: no answer within timeout
-  // (default connect_timeout).
-  Result<Endpoint> connect(std::string_view address, std::chrono::milliseconds timeout = kDefaultTimeout);
+  // (std::nullopt: connect_timeout; else positive or kForever).
+  Result<Endpoint> connect(std::string_view address, std::optional<Duration> timeout = std::nullopt);
 
-  // Next peer that connected to our listener and authenticated. kDeadlineExceeded after timeout.
-  Result<Endpoint> accept(std::chrono::milliseconds timeout);
+  // Next peer that connected to our listener and authenticated. kDeadlineExceeded after `timeout`
+  // (zero: only one already waiting; kForever: until one comes or the transport shuts down);
+  // kInvalidArgument for a negative one.
+  Result<Endpoint> accept(Duration timeout);
 
   // Routes messages of `type` to `handler` (replacing any earlier one; an empty function removes it).
-  // Messages of types without a handler queue up for receive().
-  void on_message(MessageType type, MessageHandler handler);
-  // Next message of a type without a handler. kDeadlineExceeded after timeout; kCancelled once the
-  // transport is shutting down.
-  Result<Incoming> receive(std::chrono::milliseconds timeout);
+  // Messages of application types without a handler queue up for receive(). kInvalidArgument for a
+  // type in laminar's reserved range.
+  [[nodiscard]] Status on_message(MessageType type, MessageHandler handler);
+  // Next message of a type without a handler. kDeadlineExceeded after `timeout` (as for accept);
+  // kCancelled once the transport is shutting down.
+  Result<Incoming> receive(Duration timeout);
 
   // Registers [data, data + size) for put/get. kInvalidArgument: null or empty.
   Result<MemoryRegion> register_memory(void* data, std::size_t size);

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "../../cuda/cast.cuh"
+#include "tensor_args.h"
 
 namespace laminar::kernels {
 
@@ -40,7 +43,35 @@ void cast_host_for_src(CastKind dst, const CastParams& p) {
 
 }  // namespace
 
-Status can_implement(const CastParams& p) {
+Result<CastParams> CastParams::from_tensors(const TensorView& src, const TensorView& dst) {
+  tensor_args::Placement where("cast");
+  LAMINAR_RETURN_IF_ERROR(where.add("src", src));
+  LAMINAR_RETURN_IF_ERROR(where.add("dst", dst));
+  if (!std::equal(dst.shape().begin(), dst.shape().end(), src.shape().begin(), src.shape().end())) {
+    return invalid_argument(fmt::format("cast: dst: shape {} but src has {}", tensor_args::shape_string(dst.shape()),
+                                        tensor_args::shape_string(src.shape())));
+  }
+  LAMINAR_RETURN_IF_ERROR(tensor_args::expect_dense("cast", "src", src));
+  LAMINAR_RETURN_IF_ERROR(tensor_args::expect_dense("cast", "dst", dst));
+  for (const auto& [name, v] : {std::pair<const char*, const TensorView&>{"src", src}, {"dst", dst}}) {
+    if (!is_float(v.dtype())) {
+      return tensor_args::mismatch("cast", name,
+                                   fmt::format("dtype {} but f32, f16 or bf16 is needed", dtype_name(v.dtype())));
+    }
+  }
+  CastParams p;
+  p.src = src.data();
+  p.dst = dst.data();
+  p.n = src.numel();
+  p.src_dtype = src.dtype();
+  p.dst_dtype = dst.dtype();
+  LAMINAR_RETURN_IF_ERROR(can_implement(p, where.on_device() ? Stream::cuda(nullptr) : Stream::host()));
+  return p;
+}
+
+std::size_t workspace_bytes(const CastParams&) { return 0; }
+
+Status can_implement(const CastParams& p, Stream) {
   if (p.n < 0) return invalid_argument(fmt::format("cast: n is negative ({})", p.n));
   if (!is_float(p.src_dtype) || !is_float(p.dst_dtype)) {
     return invalid_argument(fmt::format("cast: {} -> {} is not supported (f32, f16, bf16 only)",
@@ -62,7 +93,7 @@ Status can_implement(const CastParams& p) {
 }
 
 Status run(const CastParams& p, Stream stream) {
-  LAMINAR_RETURN_IF_ERROR(can_implement(p));
+  LAMINAR_RETURN_IF_ERROR(can_implement(p, stream));
   if (stream.on_device) {
 #if defined(LAMINAR_HAVE_CUDA)
     return cuda_detail::launch_cast(p, stream.handle);

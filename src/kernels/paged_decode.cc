@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <thread>
 #include <vector>
 
 #include "paged_decode_args.h"
 #include "paged_decode_cpu.h"
+#include "tensor_args.h"
 
 namespace laminar::kernels {
 
@@ -145,7 +147,10 @@ std::size_t workspace_bytes(const PagedDecodeParams& p) {
   return decode_row_floats(p) * sizeof(float) * std::size_t(chunk_rows(p, kCudaWorkspaceBudget));
 }
 
-Status can_implement(const PagedDecodeParams& p, Stream stream) {
+namespace {
+
+// The checks of can_implement that do not depend on where the kernel runs.
+Status check_params(const PagedDecodeParams& p) {
   const KvLayout& l = p.kv.layout;
   LAMINAR_RETURN_IF_ERROR(validate(l).with_context("paged_decode"));
   if (l.head_dim != 64 && l.head_dim != 128) {
@@ -167,6 +172,9 @@ Status can_implement(const PagedDecodeParams& p, Stream stream) {
     return invalid_argument(fmt::format("paged_decode: negative count (num_rows {}, batch {}, max_kv_len {})", p.num_rows,
                                         p.table.batch, p.max_kv_len));
   }
+  if (p.cpu_threads < 0) {
+    return invalid_argument(fmt::format("paged_decode: cpu_threads is negative ({})", p.cpu_threads));
+  }
   if (p.qo_indptr == nullptr && p.num_rows != p.table.batch) {
     return invalid_argument(
         fmt::format("paged_decode: decode needs num_rows == batch, got {} and {}", p.num_rows, p.table.batch));
@@ -184,17 +192,153 @@ Status can_implement(const PagedDecodeParams& p, Stream stream) {
   if (misaligned(p.kv.k_pages) || misaligned(p.kv.v_pages) || misaligned(p.q) || misaligned(p.out)) {
     return invalid_argument("paged_decode: q, out and the page pools must be 16-byte aligned");
   }
+  return ok_status();
+}
+
+Status check_device_table(const PagedDecodeParams& p) {
+  if (p.table.indptr == nullptr || (p.table.batch > 0 && p.table.last_page_len == nullptr)) {
+    return invalid_argument("paged_decode: null page table");
+  }
+  return ok_status();
+}
+
+Status check_workspace(const PagedDecodeParams& p) {
+  if (p.num_rows > 0 && (p.workspace == nullptr || p.workspace_bytes < workspace_bytes(p))) {
+    return invalid_argument(
+        fmt::format("paged_decode: workspace of {} bytes, {} needed", p.workspace_bytes, workspace_bytes(p)));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status can_implement(const PagedDecodeParams& p, Stream stream) {
+  LAMINAR_RETURN_IF_ERROR(check_params(p));
   if (stream.on_device) {
-    if (p.num_rows > 0 && (p.workspace == nullptr || p.workspace_bytes < workspace_bytes(p))) {
-      return invalid_argument(fmt::format("paged_decode: workspace of {} bytes, {} needed", p.workspace_bytes,
-                                          workspace_bytes(p)));
-    }
-    if (p.table.indptr == nullptr || (p.table.batch > 0 && p.table.last_page_len == nullptr)) {
-      return invalid_argument("paged_decode: null page table");
-    }
-    return ok_status();
+    LAMINAR_RETURN_IF_ERROR(check_workspace(p));
+    return check_device_table(p);
   }
   return check_host_table(p);
+}
+
+Result<PagedDecodeParams> PagedDecodeParams::from_tensors(const PagedDecodeTensors& t,
+                                                         PagedDecodeIndexCopies* index_copies) {
+  namespace ta = tensor_args;
+  constexpr const char* k = "paged_decode";
+  ta::Placement where(k);
+  LAMINAR_RETURN_IF_ERROR(where.add("q", t.q));
+  LAMINAR_RETURN_IF_ERROR(where.add("out", t.out));
+  LAMINAR_RETURN_IF_ERROR(where.add("lse", t.lse));
+  LAMINAR_RETURN_IF_ERROR(where.add("k_pages", t.k_pages));
+  LAMINAR_RETURN_IF_ERROR(where.add("v_pages", t.v_pages));
+  LAMINAR_RETURN_IF_ERROR(where.add("indptr", t.indptr));
+  LAMINAR_RETURN_IF_ERROR(where.add("indices", t.indices));
+  LAMINAR_RETURN_IF_ERROR(where.add("last_page_len", t.last_page_len));
+  LAMINAR_RETURN_IF_ERROR(where.add("qo_indptr", t.qo_indptr));
+  LAMINAR_RETURN_IF_ERROR(where.add("workspace", t.workspace));
+  const bool on_device = where.on_device();
+
+  // The pools fix the layout; every other tensor is checked against them.
+  LAMINAR_RETURN_IF_ERROR(
+      ta::expect_ndim(k, "k_pages", t.k_pages, 4, "[num_pages, page_size, num_kv_heads, head_dim]"));
+  LAMINAR_RETURN_IF_ERROR(ta::expect_like(k, "v_pages", t.v_pages, "k_pages", t.k_pages));
+  LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, "k_pages", t.k_pages));
+  LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, "v_pages", t.v_pages));
+  for (int i = 0; i < 4; ++i) {
+    if (t.k_pages.dim(i) > std::numeric_limits<std::int32_t>::max()) {
+      return ta::mismatch(k, "k_pages", fmt::format("dim {} = {} does not fit int32", i, t.k_pages.dim(i)));
+    }
+  }
+  PagedDecodeParams p;
+  p.kv.k_pages = t.k_pages.data();
+  p.kv.v_pages = t.v_pages.data();
+  p.kv.layout = {std::int32_t(t.k_pages.dim(0)), std::int32_t(t.k_pages.dim(1)), std::int32_t(t.k_pages.dim(2)),
+                 std::int32_t(t.k_pages.dim(3)), t.k_pages.dtype()};
+  LAMINAR_RETURN_IF_ERROR(validate(p.kv.layout).with_context("paged_decode: k_pages"));
+
+  LAMINAR_RETURN_IF_ERROR(ta::expect_ndim(k, "q", t.q, 3, "[num_rows, num_qo_heads, head_dim]"));
+  LAMINAR_RETURN_IF_ERROR(ta::expect_dim(k, "q", t.q, 2, t.k_pages.dim(3), "k_pages"));
+  LAMINAR_RETURN_IF_ERROR(ta::expect_dtype(k, "q", t.q, t.k_pages.dtype()));
+  LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, "q", t.q));
+  LAMINAR_RETURN_IF_ERROR(ta::expect_like(k, "out", t.out, "q", t.q));
+  LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, "out", t.out));
+  if (t.q.dim(0) > std::numeric_limits<std::int32_t>::max() || t.q.dim(1) > std::numeric_limits<std::int32_t>::max()) {
+    return ta::mismatch(k, "q", fmt::format("shape {} does not fit int32 counts", ta::shape_string(t.q.shape())));
+  }
+  p.q = t.q.data();
+  p.out = t.out.data();
+  p.num_rows = std::int32_t(t.q.dim(0));
+  p.num_qo_heads = std::int32_t(t.q.dim(1));
+  if (t.lse) {
+    LAMINAR_RETURN_IF_ERROR(ta::expect_ndim(k, "lse", *t.lse, 2, "[num_rows, num_qo_heads]"));
+    LAMINAR_RETURN_IF_ERROR(ta::expect_dim(k, "lse", *t.lse, 0, t.q.dim(0), "q"));
+    LAMINAR_RETURN_IF_ERROR(ta::expect_dim(k, "lse", *t.lse, 1, t.q.dim(1), "q"));
+    LAMINAR_RETURN_IF_ERROR(ta::expect_dtype(k, "lse", *t.lse, DType::kF32));
+    LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, "lse", *t.lse));
+    p.lse = t.lse->data_as<float>();
+  }
+
+  // The page table: batch from last_page_len, the rest sized by it.
+  LAMINAR_RETURN_IF_ERROR(ta::expect_ndim(k, "last_page_len", t.last_page_len, 1, "[batch]"));
+  const std::int64_t batch = t.last_page_len.dim(0);
+  if (batch >= std::numeric_limits<std::int32_t>::max()) {
+    return ta::mismatch(k, "last_page_len", fmt::format("batch {} does not fit int32", batch));
+  }
+  // A 1-D index tensor, of length batch + 1 where `batch_plus_one` says so.
+  const auto index_vector = [&](const char* name, const TensorView& v, bool batch_plus_one,
+                                std::vector<std::int32_t>* copy) -> Result<const std::int32_t*> {
+    LAMINAR_RETURN_IF_ERROR(ta::expect_ndim(k, name, v, 1, "a 1-D index tensor"));
+    if (batch_plus_one) LAMINAR_RETURN_IF_ERROR(ta::expect_dim(k, name, v, 0, batch + 1, "last_page_len (batch + 1)"));
+    LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, name, v));
+    return ta::int32_indices(k, name, v, on_device, copy);
+  };
+  const auto copy_of = [&](std::vector<std::int32_t> PagedDecodeIndexCopies::*member) {
+    return index_copies != nullptr ? &(index_copies->*member) : nullptr;
+  };
+  p.table.batch = std::int32_t(batch);
+  LAMINAR_ASSIGN_OR_RETURN(p.table.last_page_len, index_vector("last_page_len", t.last_page_len, false,
+                                                               copy_of(&PagedDecodeIndexCopies::last_page_len)));
+  LAMINAR_ASSIGN_OR_RETURN(p.table.indptr, index_vector("indptr", t.indptr, true,
+                                                        copy_of(&PagedDecodeIndexCopies::indptr)));
+  LAMINAR_ASSIGN_OR_RETURN(p.table.indices,
+                           index_vector("indices", t.indices, false, copy_of(&PagedDecodeIndexCopies::indices)));
+  if (t.qo_indptr) {
+    LAMINAR_ASSIGN_OR_RETURN(p.qo_indptr,
+                             index_vector("qo_indptr", *t.qo_indptr, true, copy_of(&PagedDecodeIndexCopies::qo_indptr)));
+  } else if (t.q.dim(0) != batch) {
+    return ta::mismatch(k, "q", fmt::format("{} rows but last_page_len holds {} sequences (decode: one row each; "
+                                            "prefill needs qo_indptr)", t.q.dim(0), batch));
+  }
+  if (!on_device && p.table.indptr[batch] > t.indices.dim(0)) {
+    return ta::mismatch(k, "indices", fmt::format("{} entries but indptr[{}] = {}", t.indices.dim(0), batch,
+                                                  p.table.indptr[batch]));
+  }
+
+  p.sm_scale = t.sm_scale.value_or(1.0f / std::sqrt(float(p.kv.layout.head_dim)));
+  if (t.max_kv_len) {
+    p.max_kv_len = *t.max_kv_len;
+  } else if (!on_device) {
+    LAMINAR_RETURN_IF_ERROR(validate(p.table, p.kv.layout).with_context("paged_decode"));
+    for (std::int32_t b = 0; b < p.table.batch; ++b) {
+      const std::int64_t len = sequence_length(p.table, b, p.kv.layout.page_size);
+      // A length beyond int32 is clamped, so can_implement names the sequence that exceeds it.
+      p.max_kv_len = std::int32_t(std::min<std::int64_t>(std::max<std::int64_t>(p.max_kv_len, len),
+                                                         std::numeric_limits<std::int32_t>::max()));
+    }
+  } else if (p.num_rows > 0) {
+    return invalid_argument("paged_decode: max_kv_len must be given for tensors on a CUDA device (the page table is in "
+                            "device memory)");
+  }
+  if (t.workspace) {
+    LAMINAR_RETURN_IF_ERROR(ta::expect_dense(k, "workspace", *t.workspace));
+    p.workspace = t.workspace->data();
+    p.workspace_bytes = t.workspace->nbytes();
+  }
+  LAMINAR_RETURN_IF_ERROR(check_params(p));
+  if (!on_device) LAMINAR_RETURN_IF_ERROR(check_host_table(p));
+  // On a device the workspace may come later: its size is workspace_bytes() of these params.
+  if (on_device && t.workspace) LAMINAR_RETURN_IF_ERROR(check_workspace(p));
+  return p;
 }
 
 Status run(const PagedDecodeParams& p, Stream stream) {

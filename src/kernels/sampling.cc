@@ -167,6 +167,8 @@ HWY_AFTER_NAMESPACE();
 #include <thread>
 #include <vector>
 
+#include "tensor_args.h"
+
 namespace laminar::kernels {
 
 #if defined(LAMINAR_HAVE_CUDA)
@@ -189,7 +191,7 @@ bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DTy
 
 // Structural checks shared by both kernels.
 Status check_shape(const char* kernel, const void* logits, DType dtype, std::int64_t batch, std::int64_t vocab,
-                   std::int64_t row_stride, int num_threads) {
+                   std::int64_t row_stride, int cpu_threads) {
   if (batch < 0) return invalid_argument(fmt::format("{}: batch is negative ({})", kernel, batch));
   if (vocab < 1 || vocab > kMaxSamplingVocab) {
     return invalid_argument(fmt::format("{}: vocab = {} is outside 1..{}", kernel, vocab, kMaxSamplingVocab));
@@ -201,7 +203,7 @@ Status check_shape(const char* kernel, const void* logits, DType dtype, std::int
     return invalid_argument(
         fmt::format("{}: logits_dtype {} is not supported (f32, f16, bf16 only)", kernel, dtype_name(dtype)));
   }
-  if (num_threads < 0) return invalid_argument(fmt::format("{}: num_threads is negative ({})", kernel, num_threads));
+  if (cpu_threads < 0) return invalid_argument(fmt::format("{}: cpu_threads is negative ({})", kernel, cpu_threads));
   if (batch > 0 && logits == nullptr) return invalid_argument(fmt::format("{}: logits is null with batch = {}", kernel, batch));
   return ok_status();
 }
@@ -347,12 +349,12 @@ float token_logprob_row(const float* x, std::int64_t vocab, std::int32_t token, 
   return raw_logprob(x[token], m, z_raw);
 }
 
-// Runs row_fn(row, scratch) for every row on up to num_threads threads (rows handed out one at a
+// Runs row_fn(row, scratch) for every row on up to cpu_threads threads (rows handed out one at a
 // time, so uneven rows balance); each row's result depends only on the row.
 template <class RowFn>
-void for_each_row(std::int64_t batch, std::int64_t vocab, int num_threads, RowFn&& row_fn) {
+void for_each_row(std::int64_t batch, std::int64_t vocab, int cpu_threads, RowFn&& row_fn) {
   if (batch == 0) return;
-  std::int64_t threads = num_threads > 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
+  std::int64_t threads = cpu_threads > 0 ? cpu_threads : std::max(1u, std::thread::hardware_concurrency());
   // Below ~64k logits per thread a thread costs more to start than it saves.
   threads = std::min({threads, batch, std::max<std::int64_t>(1, batch * vocab / 65536)});
   std::atomic<std::int64_t> next{0};
@@ -370,9 +372,97 @@ void for_each_row(std::int64_t batch, std::int64_t vocab, int num_threads, RowFn
 }  // namespace
 }  // namespace sampling_detail
 
-Status can_implement(const SamplingParams& p) {
+namespace sampling_detail {
+namespace {
+
+namespace ta = tensor_args;
+
+// The logits' batch, vocab and row stride: a 2-D view of a float dtype whose last dim is dense.
+Status logits_shape(const char* kernel, const TensorView& logits, std::int64_t* batch, std::int64_t* vocab,
+                    std::int64_t* row_stride) {
+  LAMINAR_RETURN_IF_ERROR(ta::expect_ndim(kernel, "logits", logits, 2, "[batch, vocab]"));
+  if (!is_float(logits.dtype())) {
+    return ta::mismatch(kernel, "logits",
+                        fmt::format("dtype {} but f32, f16 or bf16 is needed", dtype_name(logits.dtype())));
+  }
+  *batch = logits.dim(0);
+  *vocab = logits.dim(1);
+  if (*vocab > 1 && logits.stride(1) != 1) {
+    return ta::mismatch(kernel, "logits", fmt::format("stride {} along the vocabulary, not 1", logits.stride(1)));
+  }
+  // One row has no row stride to speak of (frameworks give size-1 dims any stride).
+  *row_stride = *batch > 1 ? logits.stride(0) : 0;
+  if (*batch > 1 && *row_stride < *vocab) {
+    return ta::mismatch(kernel, "logits",
+                        fmt::format("row stride {} below the vocabulary of {}", *row_stride, *vocab));
+  }
+  return ok_status();
+}
+
+template <class T>
+Result<T*> row_vector(const char* kernel, const char* name, const TensorView& v, std::int64_t batch, DType dtype) {
+  LAMINAR_RETURN_IF_ERROR(ta::expect_vector(kernel, name, v, batch, "logits", dtype));
+  return v.data_as<T>();
+}
+
+template <class T>
+Result<T*> optional_row_vector(const char* kernel, const char* name, const std::optional<TensorView>& v,
+                               std::int64_t batch, DType dtype) {
+  if (!v) return static_cast<T*>(nullptr);
+  return row_vector<T>(kernel, name, *v, batch, dtype);
+}
+
+Stream stream_for(const ta::Placement& where) { return where.on_device() ? Stream::cuda(nullptr) : Stream::host(); }
+
+}  // namespace
+}  // namespace sampling_detail
+
+Result<SamplingParams> SamplingParams::from_tensors(const SamplingTensors& t) {
+  using sampling_detail::optional_row_vector;
+  using sampling_detail::row_vector;
+  constexpr const char* k = "sample";
+  tensor_args::Placement where(k);
+  LAMINAR_RETURN_IF_ERROR(where.add("logits", t.logits));
+  LAMINAR_RETURN_IF_ERROR(where.add("temperature", t.temperature));
+  LAMINAR_RETURN_IF_ERROR(where.add("top_k", t.top_k));
+  LAMINAR_RETURN_IF_ERROR(where.add("top_p", t.top_p));
+  LAMINAR_RETURN_IF_ERROR(where.add("min_p", t.min_p));
+  LAMINAR_RETURN_IF_ERROR(where.add("seed", t.seed));
+  LAMINAR_RETURN_IF_ERROR(where.add("position", t.position));
+  LAMINAR_RETURN_IF_ERROR(where.add("token", t.token));
+  LAMINAR_RETURN_IF_ERROR(where.add("raw_logprob", t.raw_logprob));
+  LAMINAR_RETURN_IF_ERROR(where.add("processed_logprob", t.processed_logprob));
+  LAMINAR_RETURN_IF_ERROR(where.add("kept_mass", t.kept_mass));
+  SamplingParams p;
+  LAMINAR_RETURN_IF_ERROR(sampling_detail::logits_shape(k, t.logits, &p.batch, &p.vocab, &p.row_stride));
+  p.logits = t.logits.data();
+  p.logits_dtype = t.logits.dtype();
+  const std::int64_t b = p.batch;
+  LAMINAR_ASSIGN_OR_RETURN(p.temperature,
+                           optional_row_vector<const float>(k, "temperature", t.temperature, b, DType::kF32));
+  LAMINAR_ASSIGN_OR_RETURN(p.top_k, optional_row_vector<const std::int32_t>(k, "top_k", t.top_k, b, DType::kI32));
+  LAMINAR_ASSIGN_OR_RETURN(p.top_p, optional_row_vector<const float>(k, "top_p", t.top_p, b, DType::kF32));
+  LAMINAR_ASSIGN_OR_RETURN(p.min_p, optional_row_vector<const float>(k, "min_p", t.min_p, b, DType::kF32));
+  // An int64_t read through uint64_t is the same bits (signed and unsigned variants may alias).
+  LAMINAR_ASSIGN_OR_RETURN(p.seed, row_vector<const std::uint64_t>(k, "seed", t.seed, b, DType::kI64));
+  LAMINAR_ASSIGN_OR_RETURN(p.position, row_vector<const std::int64_t>(k, "position", t.position, b, DType::kI64));
+  LAMINAR_ASSIGN_OR_RETURN(p.token, row_vector<std::int32_t>(k, "token", t.token, b, DType::kI32));
+  LAMINAR_ASSIGN_OR_RETURN(p.raw_logprob, optional_row_vector<float>(k, "raw_logprob", t.raw_logprob, b, DType::kF32));
+  LAMINAR_ASSIGN_OR_RETURN(p.processed_logprob,
+                           optional_row_vector<float>(k, "processed_logprob", t.processed_logprob, b, DType::kF32));
+  LAMINAR_ASSIGN_OR_RETURN(p.kept_mass, optional_row_vector<float>(k, "kept_mass", t.kept_mass, b, DType::kF32));
+  LAMINAR_RETURN_IF_ERROR(can_implement(p, sampling_detail::stream_for(where)));
+  return p;
+}
+
+std::size_t workspace_bytes(const SamplingParams&) { return 0; }
+
+Status can_implement(const SamplingParams& p, Stream stream) {
   LAMINAR_RETURN_IF_ERROR(sampling_detail::check_shape("sample", p.logits, p.logits_dtype, p.batch, p.vocab,
-                                                       p.row_stride, p.num_threads));
+                                                       p.row_stride, p.cpu_threads));
+  if (stream.on_device && p.batch > 0x7fffffff) {
+    return invalid_argument(fmt::format("sample: batch {} is above 2^31 - 1 rows on a CUDA stream", p.batch));
+  }
   if (p.batch > 0) {
     if (p.seed == nullptr) return invalid_argument(fmt::format("sample: seed is null with batch = {}", p.batch));
     if (p.position == nullptr) return invalid_argument(fmt::format("sample: position is null with batch = {}", p.batch));
@@ -403,7 +493,7 @@ Status check_row_settings(const SamplingParams& p) {
 }
 
 Status run(const SamplingParams& p, Stream stream) {
-  LAMINAR_RETURN_IF_ERROR(can_implement(p));
+  LAMINAR_RETURN_IF_ERROR(can_implement(p, stream));
   if (stream.on_device) {
 #if defined(LAMINAR_HAVE_CUDA)
     return cuda_detail::launch_sampling(p, stream.handle);
@@ -413,7 +503,7 @@ Status run(const SamplingParams& p, Stream stream) {
   }
   LAMINAR_RETURN_IF_ERROR(check_row_settings(p));
   const std::int64_t stride = p.row_stride == 0 ? p.vocab : p.row_stride;
-  sampling_detail::for_each_row(p.batch, p.vocab, p.num_threads, [&](std::int64_t row, sampling_detail::Scratch& s) {
+  sampling_detail::for_each_row(p.batch, p.vocab, p.cpu_threads, [&](std::int64_t row, sampling_detail::Scratch& s) {
     const float* x = sampling_detail::row_f32(p.logits, p.logits_dtype, stride, row, p.vocab, s);
     const sampling_detail::RowSettings r = sampling_detail::row_settings(p, row);
     sampling_detail::write_result(p, row, sampling_detail::sample_row(x, p.vocab, r, s));
@@ -421,9 +511,35 @@ Status run(const SamplingParams& p, Stream stream) {
   return ok_status();
 }
 
-Status can_implement(const TokenLogprobParams& p) {
+Result<TokenLogprobParams> TokenLogprobParams::from_tensors(const TokenLogprobTensors& t,
+                                                           std::vector<std::int32_t>* token_copy) {
+  using sampling_detail::row_vector;
+  constexpr const char* k = "token_logprob";
+  tensor_args::Placement where(k);
+  LAMINAR_RETURN_IF_ERROR(where.add("logits", t.logits));
+  LAMINAR_RETURN_IF_ERROR(where.add("token", t.token));
+  LAMINAR_RETURN_IF_ERROR(where.add("logprob", t.logprob));
+  TokenLogprobParams p;
+  LAMINAR_RETURN_IF_ERROR(sampling_detail::logits_shape(k, t.logits, &p.batch, &p.vocab, &p.row_stride));
+  p.logits = t.logits.data();
+  p.logits_dtype = t.logits.dtype();
+  LAMINAR_RETURN_IF_ERROR(tensor_args::expect_ndim(k, "token", t.token, 1, "[batch]"));
+  LAMINAR_RETURN_IF_ERROR(tensor_args::expect_dim(k, "token", t.token, 0, p.batch, "logits"));
+  LAMINAR_RETURN_IF_ERROR(tensor_args::expect_dense(k, "token", t.token));
+  LAMINAR_ASSIGN_OR_RETURN(p.token, tensor_args::int32_indices(k, "token", t.token, where.on_device(), token_copy));
+  LAMINAR_ASSIGN_OR_RETURN(p.logprob, row_vector<float>(k, "logprob", t.logprob, p.batch, DType::kF32));
+  LAMINAR_RETURN_IF_ERROR(can_implement(p, sampling_detail::stream_for(where)));
+  return p;
+}
+
+std::size_t workspace_bytes(const TokenLogprobParams&) { return 0; }
+
+Status can_implement(const TokenLogprobParams& p, Stream stream) {
   LAMINAR_RETURN_IF_ERROR(sampling_detail::check_shape("token_logprob", p.logits, p.logits_dtype, p.batch, p.vocab,
-                                                       p.row_stride, p.num_threads));
+                                                       p.row_stride, p.cpu_threads));
+  if (stream.on_device && p.batch > 0x7fffffff) {
+    return invalid_argument(fmt::format("token_logprob: batch {} is above 2^31 - 1 rows on a CUDA stream", p.batch));
+  }
   if (p.batch > 0 && p.token == nullptr) {
     return invalid_argument(fmt::format("token_logprob: token is null with batch = {}", p.batch));
   }
@@ -434,7 +550,7 @@ Status can_implement(const TokenLogprobParams& p) {
 }
 
 Status run(const TokenLogprobParams& p, Stream stream) {
-  LAMINAR_RETURN_IF_ERROR(can_implement(p));
+  LAMINAR_RETURN_IF_ERROR(can_implement(p, stream));
   if (stream.on_device) {
 #if defined(LAMINAR_HAVE_CUDA)
     return cuda_detail::launch_token_logprob(p, stream.handle);
@@ -448,7 +564,7 @@ Status run(const TokenLogprobParams& p, Stream stream) {
     }
   }
   const std::int64_t stride = p.row_stride == 0 ? p.vocab : p.row_stride;
-  sampling_detail::for_each_row(p.batch, p.vocab, p.num_threads, [&](std::int64_t row, sampling_detail::Scratch& s) {
+  sampling_detail::for_each_row(p.batch, p.vocab, p.cpu_threads, [&](std::int64_t row, sampling_detail::Scratch& s) {
     const float* x = sampling_detail::row_f32(p.logits, p.logits_dtype, stride, row, p.vocab, s);
     p.logprob[row] = sampling_detail::token_logprob_row(x, p.vocab, p.token[row], s);
   });

@@ -85,7 +85,7 @@ void store(void* p, DType t, std::int64_t i, double v) {
 }  // namespace
 
 Status cast(const kernels::CastParams& p) {
-  LAMINAR_RETURN_IF_ERROR(kernels::can_implement(p));
+  LAMINAR_RETURN_IF_ERROR(kernels::can_implement(p, Stream::host()));
   for (std::int64_t i = 0; i < p.n; ++i) {
     if (p.src_dtype == p.dst_dtype) {
       std::memcpy(static_cast<char*>(p.dst) + i * dtype_size(p.dst_dtype),

@@ -145,7 +145,7 @@ Sampled sample_row(const std::vector<float>& x, const Row& r) {
 }  // namespace
 
 Status sample(const kernels::SamplingParams& p) {
-  LAMINAR_RETURN_IF_ERROR(kernels::can_implement(p));
+  LAMINAR_RETURN_IF_ERROR(kernels::can_implement(p, Stream::host()));
   LAMINAR_RETURN_IF_ERROR(kernels::check_row_settings(p));
   const std::int64_t stride = p.row_stride == 0 ? p.vocab : p.row_stride;
   for (std::int64_t b = 0; b < p.batch; ++b) {
@@ -166,7 +166,7 @@ Status sample(const kernels::SamplingParams& p) {
 }
 
 Status token_logprob(const kernels::TokenLogprobParams& p) {
-  LAMINAR_RETURN_IF_ERROR(kernels::can_implement(p));
+  LAMINAR_RETURN_IF_ERROR(kernels::can_implement(p, Stream::host()));
   for (std::int64_t b = 0; b < p.batch; ++b) {
     if (p.token[b] < 0 || p.token[b] >= p.vocab) {
       return invalid_argument("token_logprob: token[" + std::to_string(b) + "] = " +

@@ -1,4 +1,6 @@
-// testing.h (internal): hooks that let tests act as a misbehaving peer. Not part of the API.
+// testing.h: hooks that let tests act as a misbehaving transport peer. Compiled into the
+// laminar_testing library (tests/support/CMakeLists.txt), which only tests link; the shipped laminar
+// library holds none of it.
 #pragma once
 
 #include <cstddef>
@@ -8,7 +10,7 @@
 #include "laminar/status.h"
 #include "laminar/transport.h"
 
-namespace laminar::internal {
+namespace laminar::testing {
 
 // Sends `wire` as one frame on an authenticated endpoint, bypassing the encoder, so tests can make
 // a real peer receive truncated, corrupt or oversized frames. Returns once UCX is done with it.
@@ -18,4 +20,4 @@ Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire);
 // skips the handshake would be. The server must refuse whatever it sends.
 Result<Endpoint> connect_without_handshake(Transport& transport, std::string_view address);
 
-}  // namespace laminar::internal
+}  // namespace laminar::testing

@@ -8,15 +8,17 @@
 #include <spawn.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 
 #include <fmt/format.h>
+
+#include "eventually.h"
 
 extern char** environ;
 
@@ -239,6 +241,14 @@ Result<std::string> ChildProcess::read_line(std::chrono::milliseconds timeout) {
 Result<int> ChildProcess::wait(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return invalid_argument("wait on an empty ChildProcess");
   if (reaped_) return exit_code_;
+  // The child's pidfd becomes readable when it exits: the wait is for that event.
+  struct PidFd {
+    int fd;
+    ~PidFd() {
+      if (fd >= 0) close(fd);
+    }
+  } pidfd{static_cast<int>(syscall(SYS_pidfd_open, pid_, 0))};
+  if (pidfd.fd < 0) return unavailable(fmt::format("pidfd_open {}: {}", pid_, std::strerror(errno)));
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     int status = 0;
@@ -250,10 +260,12 @@ Result<int> ChildProcess::wait(std::chrono::milliseconds timeout) {
     }
     if (r < 0 && errno != EINTR)
       return unavailable(fmt::format("waitpid {}: {}", pid_, std::strerror(errno)));
-    if (Clock::now() >= deadline) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
       return deadline_exceeded(fmt::format("child {} still running after {} ms", pid_, timeout.count()));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    pollfd p{pidfd.fd, POLLIN, 0};
+    [[maybe_unused]] const int n = poll(&p, 1, static_cast<int>(left));
   }
 }
 
@@ -328,17 +340,14 @@ void NetnsPair::destroy() noexcept {
 }
 
 Status NetnsPair::wait_for_carrier(std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    bool up = true;
-    for (int side = 0; side < 2; ++side) up = up && has_carrier(names_[side], veth_[side]);
-    if (up) return ok_status();
-    if (Clock::now() >= deadline) {
-      return unavailable(
-          fmt::format("veth {}/{} has no carrier after {} ms", veth_[0], veth_[1], timeout.count()));
+  const auto up = [&] {
+    for (int side = 0; side < 2; ++side) {
+      if (!has_carrier(names_[side], veth_[side])) return false;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+    return true;
+  };
+  if (eventually(up, timeout)) return ok_status();
+  return unavailable(fmt::format("veth {}/{} has no carrier after {} ms", veth_[0], veth_[1], timeout.count()));
 }
 
 Status NetnsPair::link_down() { return run_ip({"-n", names_[0], "link", "set", veth_[0], "down"}); }
@@ -389,9 +398,8 @@ Result<NetnsSwitch> NetnsSwitch::create(const std::string& prefix, int hosts, st
   const auto deadline = Clock::now() + std::chrono::seconds(5);
   for (int h = 0; h < hosts; ++h) {
     const std::string host_end = host_end_of(h);
-    while (!has_carrier(net.hosts_[h], host_end)) {
-      if (Clock::now() >= deadline) return unavailable(fmt::format("veth {} has no carrier after 5 s", host_end));
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!eventually([&] { return has_carrier(net.hosts_[h], host_end); }, deadline - Clock::now())) {
+      return unavailable(fmt::format("veth {} has no carrier after 5 s", host_end));
     }
   }
   return net;

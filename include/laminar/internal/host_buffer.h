@@ -47,7 +47,7 @@ class HostBuffer {
 };
 
 // Whether a CUDA device can be used by this process: kUnimplemented in a build without CUDA,
-// kUnavailable (naming the CUDA error) when the runtime finds no device.
+// kFailedPrecondition (naming the CUDA error) when the runtime finds no device: not retryable.
 Status cuda_device_usable();
 
 // Copies n bytes from device memory to host memory (dst [n] on the host, src [n] on device) in

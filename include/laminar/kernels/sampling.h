@@ -14,6 +14,11 @@
 //   p.token = out_tokens; p.raw_logprob = out_logprobs;
 //   laminar::Status st = laminar::kernels::run(p, laminar::Stream::host());
 //
+// From tensors (DLPack views of an engine's buffers, every shape, dtype, stride and device checked):
+//   laminar::kernels::SamplingTensors t{.logits = logits_view, .seed = seeds, .position = positions,
+//                                       .token = tokens};
+//   auto p = laminar::kernels::SamplingParams::from_tensors(t);
+//
 // Semantics (the readable reference in ref/sampling.h spells out the same rules):
 // - Temperature T < 1e-5 (0 included) is greedy: the largest logit, ties to the lowest token id.
 // - Randomness: Philox4x32-10 keyed by the row's seed, counter = its position. Give each sequence
@@ -33,7 +38,10 @@
 //   kInvalidToken, its log-probs NaN and its kept mass 0.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "laminar/status.h"
 #include "laminar/types.h"
@@ -44,6 +52,9 @@ namespace laminar::kernels {
 inline constexpr std::int64_t kMaxSamplingVocab = std::int64_t(1) << 23;
 // Token written for a row with no valid distribution (NaN or +inf logits, or all -inf).
 inline constexpr std::int32_t kInvalidToken = -1;
+
+struct SamplingTensors;
+struct TokenLogprobTensors;
 
 struct SamplingParams {
   const void* logits = nullptr;  // [batch, row_stride] of logits_dtype; the first vocab of each row
@@ -67,17 +78,42 @@ struct SamplingParams {
   float* kept_mass = nullptr;            // [batch] out, optional: mass of the kept set under the
                                          //   temperature-scaled softmax (1 for greedy)
 
-  int num_threads = 0;  // host stream only: worker threads over rows; 0 = hardware concurrency
+  std::int32_t cpu_threads = 0;  // host stream only: worker threads over rows; 0 = hardware concurrency
+
+  // Fills every field but cpu_threads from the views (see SamplingTensors), which must all be on
+  // the host or all on one CUDA device. kInvalidArgument naming the tensor and the mismatch.
+  static Result<SamplingParams> from_tensors(const SamplingTensors& t);
+};
+
+// The tensors of one sample() call. Per-row tensors are dense [batch]; an absent optional one gives
+// every row the default. Seeds are i64 as frameworks hold them (torch has no uint64): their bits are
+// the uint64 seed. top_k is i32 and token i32, the types the kernels read and write in place.
+struct SamplingTensors {
+  TensorView logits;                      // [batch, vocab] f32/f16/bf16; dim 1 dense, any row stride >= vocab
+  std::optional<TensorView> temperature;  // [batch] f32
+  std::optional<TensorView> top_k;        // [batch] i32
+  std::optional<TensorView> top_p;        // [batch] f32
+  std::optional<TensorView> min_p;        // [batch] f32
+  TensorView seed;                        // [batch] i64
+  TensorView position;                    // [batch] i64
+  TensorView token;                       // [batch] i32 out
+  std::optional<TensorView> raw_logprob;        // [batch] f32 out
+  std::optional<TensorView> processed_logprob;  // [batch] f32 out
+  std::optional<TensorView> kept_mass;          // [batch] f32 out
 };
 
 // kInvalidArgument for a negative batch, a vocab outside 1..kMaxSamplingVocab, a row_stride below
-// vocab, a dtype other than f32/f16/bf16, a negative num_threads, or a null required pointer
+// vocab, a dtype other than f32/f16/bf16, a negative cpu_threads, or a null required pointer
 // (logits, seed, position, token) with batch > 0.
-Status can_implement(const SamplingParams& p);
+// On a CUDA stream, also a batch above 2^31 - 1 rows (one block per row).
+Status can_implement(const SamplingParams& p, Stream stream);
+// Always 0: each row's scratch lives in the kernel's own memory (shared memory on CUDA).
+std::size_t workspace_bytes(const SamplingParams& p);
 // Host stream: also checks every row's settings (kInvalidArgument naming the row, the field and
-// its value) before writing any output, then runs on num_threads threads. CUDA stream: pointers
+// its value) before writing any output, then runs on cpu_threads threads. CUDA stream: pointers
 // are device memory; a row whose settings are out of range gets kInvalidToken; returns without
-// waiting. kUnimplemented for a CUDA stream in a build without CUDA.
+// waiting. kUnimplemented for a CUDA stream in a build without CUDA; kFailedPrecondition when no
+// CUDA device or driver takes the launch.
 Status run(const SamplingParams& p, Stream stream);
 // Checks every row's settings in host memory (the per-row part of run() on the host stream):
 // kInvalidArgument naming the row, the field and its value.
@@ -92,13 +128,29 @@ struct TokenLogprobParams {
   const std::int32_t* token = nullptr;  // [batch]; in [0, vocab)
   float* logprob = nullptr;             // [batch] out: log-softmax(logits[row])[token[row]],
                                         //   bit-identical to SamplingParams::raw_logprob
-  int num_threads = 0;  // host stream only; 0 = hardware concurrency
+  std::int32_t cpu_threads = 0;  // host stream only; 0 = hardware concurrency
+
+  // Fills every field but cpu_threads from the views (see TokenLogprobTensors). An i64 token tensor
+  // (the dtype frameworks hold token ids in) is accepted on the host: it is copied, each id checked
+  // to fit int32, into *token_copy, which must then be given and outlive the params. On a CUDA
+  // device the kernel reads the ids in place, so they must be i32 there.
+  static Result<TokenLogprobParams> from_tensors(const TokenLogprobTensors& t,
+                                                 std::vector<std::int32_t>* token_copy = nullptr);
+};
+
+struct TokenLogprobTensors {
+  TensorView logits;   // [batch, vocab] f32/f16/bf16; dim 1 dense, any row stride >= vocab
+  TensorView token;    // [batch] i32 (i64 on the host)
+  TensorView logprob;  // [batch] f32 out
 };
 
 // Same structural checks as for SamplingParams.
-Status can_implement(const TokenLogprobParams& p);
+Status can_implement(const TokenLogprobParams& p, Stream stream);
+// Always 0.
+std::size_t workspace_bytes(const TokenLogprobParams& p);
 // Host stream: kInvalidArgument naming the row when a token id is outside [0, vocab). CUDA stream:
-// such a row gets NaN. A row with NaN or +inf logits, or all -inf, gets NaN.
+// such a row gets NaN; kFailedPrecondition when no CUDA device or driver takes the launch. A row
+// with NaN or +inf logits, or all -inf, gets NaN.
 Status run(const TokenLogprobParams& p, Stream stream);
 
 }  // namespace laminar::kernels

@@ -1,5 +1,6 @@
-// kernel_compat.h: what a kernel .cuh includes so that one source builds under nvcc and under the
-// host execution harness (cuda/emulation/emulation.h, which explains the rules).
+// kernel_compat.cuh: what a kernel .cuh includes so that one source builds under nvcc and under the
+// host execution harness (cuda/emulation/emulation.h, which explains the rules). Installed with the
+// kernel headers (laminar/cuda/), so a host application's nvcc build finds it next to them.
 //
 // LAMINAR_KERNELS is 1 where __global__ kernels can be compiled: under nvcc, and in a host
 // translation unit that included emulation.h first. Elsewhere (the CPU library sources that only

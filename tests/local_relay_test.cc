@@ -1,5 +1,5 @@
 // Same-host pulls through shared memory across real processes: relays are examples/relay_server
-// with --shm (a LocalRelayServer), the puller is WeightPuller::connect_local in this process, or a
+// with --shm (a LocalRelayServer), the puller is WeightPuller::create_local in this process, or a
 // relay_server --local child where the test needs a puller it can kill. Every pulled byte is checked
 // against the relay's workload; fault cases: a relay killed mid-pull and after a stopped pull
 // (failover, resume), a client killed holding a lease, malformed requests, and a fake relay in this
@@ -15,10 +15,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <optional>
 #include <random>
 #include <string>
@@ -30,6 +32,7 @@
 #include "local_relay_wire.h"
 #include "expect_line.h"
 #include "process.h"
+#include "relay_test_util.h"
 
 using namespace std::chrono_literals;
 using laminar::NamedTensor;
@@ -177,8 +180,8 @@ TEST_CASE("local relay: a puller in another process gets every byte through shar
   ChildProcess relay = start_relay(sock, 2);
   WeightPullerOptions o;
   o.verify_checksums = true;
-  auto puller = WeightPuller::connect_local({sock}, o).value();
-  CHECK(puller->latest_version() == Version(2));
+  auto puller = WeightPuller::create_local({sock}, o).value();
+  CHECK(puller->newest_version() == Version(2));
   auto d = puller->next_action(false);
   REQUIRE(d.action == laminar::PullAction::kPull);
   CHECK(d.version == Version(2));
@@ -213,7 +216,7 @@ TEST_CASE("local relay: successive versions, written into recycled relay buffers
   TempDir dir;
   const std::string sock = dir.socket("r");
   ChildProcess relay = start_relay(sock, 1, {"--publish-on-usr1"});
-  auto puller = WeightPuller::connect_local({sock}).value();
+  auto puller = WeightPuller::create_local({sock}).value();
   Engine engine;
   const std::size_t maps_before = memfd_mappings();
   for (std::uint64_t v = 1; v <= 5; ++v) {
@@ -236,7 +239,7 @@ TEST_CASE("local relay: prefetch holds a lease across newer versions and swap re
   ChildProcess relay = start_relay(sock, 1, {"--publish-on-usr1"});
   WeightPullerOptions o;
   o.policy = laminar::PullPolicy::kPrefetchThenSwap;
-  auto puller = WeightPuller::connect_local({sock}, o).value();
+  auto puller = WeightPuller::create_local({sock}, o).value();
   auto d = puller->next_action(/*has_live_trajectory=*/true);
   REQUIRE(d.action == laminar::PullAction::kPrefetch);
   REQUIRE(puller->prefetch(d.version).ok());
@@ -262,7 +265,7 @@ TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail ove
   ChildProcess r3 = start_relay(s3, 1);
   WeightPullerOptions o;
   o.copy_chunk_bytes = 4096;  // many chunk boundaries where a cancel can land
-  auto puller = WeightPuller::connect_local({s1, s2, s3}, o).value();
+  auto puller = WeightPuller::create_local({s1, s2, s3}, o).value();
 
   // The relay dies once it has granted the lease, while its memory is being copied: the mapping
   // keeps the pages, so the pull still delivers every byte.
@@ -277,20 +280,26 @@ TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail ove
     CHECK(engine.holds(1));
     CHECK(r1.wait(10s).ok());
   }
-  CHECK(puller->latest_version() == Version(1));
+  CHECK(puller->newest_version() == Version(1));
   CHECK(puller->relay() == s2);
 
   // A pull stopped half way, then its relay dies: pulling again resumes on the next relay at the
   // byte it stopped at (bytes already copied are marked, and must stay marked).
   const std::uint64_t seed = std::random_device{}();
-  std::printf("relay_local_test cancel seed %llu\n", static_cast<unsigned long long>(seed));
+  std::printf("local_relay_test cancel seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937 rng(std::uint32_t(seed & 0xffffffffu));
   Engine engine;
   std::optional<WeightPuller::StoppedPull> stopped;
   for (int attempt = 0; attempt < 200 && !stopped; ++attempt) {
     laminar::Status st;
-    std::thread t([&] { st = puller->pull(Version(1), engine.named, false); });
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
+    std::atomic<bool> started{false};
+    std::thread t([&] {
+      started = true;
+      st = puller->pull(Version(1), engine.named, false);
+    });
+    while (!started) std::this_thread::yield();
+    // A random cancel point: some attempts stop the pull half way, which is what is looked for.
+    for (std::uint32_t k = rng() % 20000; k > 0; --k) std::this_thread::yield();
     puller->cancel();
     t.join();
     if (st.code() == StatusCode::kCancelled) {
@@ -325,7 +334,7 @@ TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail ove
   auto st = puller->pull(Version(1), engine.named, false);
   CHECK(st.code() == StatusCode::kUnavailable);
   CHECK_THAT(st.message(), Catch::Contains(s1) && Catch::Contains(s3));
-  CHECK_FALSE(puller->latest_version());
+  CHECK_FALSE(puller->newest_version());
 }
 
 TEST_CASE("local relay: a client killed while holding a lease has it released and the version freed",
@@ -340,7 +349,7 @@ TEST_CASE("local relay: a client killed while holding a lease has it released an
   expect_line(relay, "published 2 ");
   // v1 is still held for the client, so a pull of it works.
   Engine engine;
-  auto puller = WeightPuller::connect_local({sock}).value();
+  auto puller = WeightPuller::create_local({sock}).value();
   REQUIRE(puller->pull(Version(1), engine.named, false).ok());
   CHECK(engine.holds(1));
   CHECK_THAT(expect_line(relay, "released 1 "), Catch::EndsWith("released held 2"));
@@ -438,7 +447,7 @@ TEST_CASE("local relay: malformed requests are refused and the relay keeps servi
   CHECK_THAT(expect_line(relay, "released 1 "), Catch::Contains("disconnected"));
   // Still serving.
   Engine engine;
-  auto puller = WeightPuller::connect_local({sock}).value();
+  auto puller = WeightPuller::create_local({sock}).value();
   REQUIRE(puller->pull(Version(1), engine.named, false).ok());
   CHECK(engine.holds(1));
   stop(relay);
@@ -637,7 +646,6 @@ TEST_CASE("local relay: truncated, corrupt or unsafe replies are clear errors an
          (void)send(c, h.data(), h.size(), MSG_NOSIGNAL);
        },
        StatusCode::kDataLoss, "unknown status code 200"},
-      {"silence", [](int) { std::this_thread::sleep_for(1500ms); }, StatusCode::kDeadlineExceeded, "in time"},
   };
   WeightPullerOptions o;
   o.relay_timeout = 500ms;
@@ -646,7 +654,7 @@ TEST_CASE("local relay: truncated, corrupt or unsafe replies are clear errors an
       const std::size_t fds_before = open_fds();
       const std::size_t maps_before = memfd_mappings();
       {
-        auto puller = WeightPuller::connect_local({sock}, o).value();
+        auto puller = WeightPuller::create_local({sock}, o).value();
         laminar::Status st;
         {
           FakeRelay fake(sock, k.reply);
@@ -664,37 +672,65 @@ TEST_CASE("local relay: truncated, corrupt or unsafe replies are clear errors an
   }
 }
 
+TEST_CASE("local relay: a silent relay is given up after relay_timeout on the puller's clock", "[relay_local]") {
+  TempDir dir;
+  const std::string sock = dir.socket("silent");
+  Engine engine;
+  auto clock = std::make_shared<laminar::ManualClock>();
+  WeightPullerOptions o;
+  o.relay_timeout = 500ms;
+  o.clock = clock;
+  auto puller = WeightPuller::create_local({sock}, o).value();
+  std::promise<void> hang_up;
+  auto hang_up_f = hang_up.get_future().share();
+  FakeRelay fake(sock, [hang_up_f](int) { hang_up_f.wait(); });  // reads the request, answers nothing
+  auto pulled = std::async(std::launch::async, [&] {
+    const laminar::Duration start = clock->now();
+    laminar::Status st = puller->pull(Version(1), engine.named, false);
+    return std::make_pair(st, clock->now() - start);
+  });
+  const bool ended = laminar::testing::advance_until_ready(*clock, pulled, 50ms, 10000);
+  hang_up.set_value();
+  REQUIRE(ended);
+  const auto [st, took] = pulled.get();
+  INFO(st.to_string());
+  CHECK(st.code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(st.message(), Catch::Contains("in time") && Catch::Contains(sock));
+  CHECK(took >= 500ms);
+  CHECK_FALSE(puller->current_version());
+}
+
 TEST_CASE("local relay: bad socket paths and options are refused up front", "[relay_local]") {
-  CHECK(WeightPuller::connect_local({}).status().code() == StatusCode::kInvalidArgument);
-  CHECK(WeightPuller::connect_local({""}).status().code() == StatusCode::kInvalidArgument);
-  auto st = WeightPuller::connect_local({std::string(200, 'x')}).status();
+  CHECK(WeightPuller::create_local({}).status().code() == StatusCode::kInvalidArgument);
+  CHECK(WeightPuller::create_local({""}).status().code() == StatusCode::kInvalidArgument);
+  auto st = WeightPuller::create_local({std::string(200, 'x')}).status();
   CHECK(st.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(st.message(), Catch::Contains("socket path"));
   WeightPullerOptions o;
   o.relay_timeout = 0ms;
-  CHECK(WeightPuller::connect_local({"/tmp/x.sock"}, o).status().code() == StatusCode::kInvalidArgument);
+  CHECK(WeightPuller::create_local({"/tmp/x.sock"}, o).status().code() == StatusCode::kInvalidArgument);
   // Nothing listens: a clear error on use, not at creation.
-  auto puller = WeightPuller::connect_local({"/tmp/laminar-no-such-relay.sock"}).value();
-  CHECK_FALSE(puller->latest_version());
+  auto puller = WeightPuller::create_local({"/tmp/laminar-no-such-relay.sock"}).value();
+  CHECK_FALSE(puller->newest_version());
   Engine engine;
   auto pst = puller->pull(Version(1), engine.named, false);
   CHECK(pst.code() == StatusCode::kUnavailable);
   CHECK_THAT(pst.message(), Catch::Contains("/tmp/laminar-no-such-relay.sock"));
 
-  auto plain = laminar::RelayStore::create({}).value();
-  auto refused = laminar::LocalRelayServer::start(plain, "/tmp/x.sock").status();
+  std::shared_ptr<laminar::RelayStore> plain = laminar::RelayStore::create({}).value();
+  auto refused = laminar::LocalRelayServer::create(plain, "/tmp/x.sock").status();
   CHECK(refused.code() == StatusCode::kFailedPrecondition);
   CHECK_THAT(refused.message(), Catch::Contains("shareable"));
   laminar::RelayStoreOptions so;
   so.shareable = true;
-  auto store = laminar::RelayStore::create(so).value();
-  CHECK(laminar::LocalRelayServer::start(nullptr, "/tmp/x.sock").status().code() == StatusCode::kInvalidArgument);
-  CHECK(laminar::LocalRelayServer::start(store, std::string(200, 'y')).status().code() ==
+  std::shared_ptr<laminar::RelayStore> store = laminar::RelayStore::create(so).value();
+  CHECK(laminar::LocalRelayServer::create(nullptr, "/tmp/x.sock").status().code() == StatusCode::kInvalidArgument);
+  CHECK(laminar::LocalRelayServer::create(store, std::string(200, 'y')).status().code() ==
         StatusCode::kInvalidArgument);
   TempDir dir;
   const std::string sock = dir.socket("s");
-  auto server = laminar::LocalRelayServer::start(store, sock).value();
-  auto again = laminar::LocalRelayServer::start(store, sock);
+  auto server = laminar::LocalRelayServer::create(store, sock).value();
+  auto again = laminar::LocalRelayServer::create(store, sock);
   CHECK(again.status().code() == StatusCode::kAlreadyExists);
   server.reset();
   CHECK(access(sock.c_str(), F_OK) != 0);  // removed on stop

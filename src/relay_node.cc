@@ -1,25 +1,42 @@
-#include "laminar/relay_chain.h"
+#include "laminar/relay_node.h"
 
 #include <fmt/format.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <future>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
+
+#include "clock_wait.h"
+#include "handler_gate.h"
+#include "relay_node_hooks.h"
+#include "transport/protocol.h"
 
 namespace laminar {
 
 namespace {
 
-// Message types of the relay protocol ("RLY" + kind).
-constexpr MessageType kSubscribe = 0x524c5901;  // downstream -> upstream: u8 has, u64 newest committed
+// Message types of the relay protocol (reserved range, transport/protocol.h).
+// downstream -> upstream: u8 has, u64 newest committed.
+constexpr MessageType kSubscribe = internal::kRelaySubscribeMessage;
 // upstream -> downstream: u64 v, u64 chunk_bytes, manifest JSON. Reply: u32 n, u32 missing[n], the
 // downstream's RemoteRegion for v's buffer (the upstream puts the missing chunks straight into it).
-constexpr MessageType kBegin = 0x524c5902;
+constexpr MessageType kBegin = internal::kRelayBeginMessage;
 // upstream -> downstream, after the put of chunk i completed: u64 v, u32 i, u64 xxh3.
-constexpr MessageType kChunk = 0x524c5903;
+constexpr MessageType kChunk = internal::kRelayChunkMessage;
+
+// A sender waiting for a newer version, or for a chunk its own upstream has not delivered yet,
+// re-checks for stop this often (on the store's clock).
+constexpr Duration kSenderPoll = std::chrono::milliseconds(100);
+constexpr Duration kChunkPoll = std::chrono::milliseconds(200);
+
+// The relay protocol's handlers are per transport, so a transport hosts at most one node.
+std::mutex g_hosts_mu;
+std::set<const Transport*> g_hosts;
 
 // Little-endian packing of the few integers the protocol carries.
 class Writer {
@@ -62,19 +79,31 @@ class Reader {
 }  // namespace
 
 struct RelayNode::Impl {
-  std::shared_ptr<RelayStore> store;
-  RelayChainOptions options;
-  std::optional<Transport> transport;
+  Impl(std::shared_ptr<Transport> t, std::shared_ptr<RelayStore> st, RelayNodeOptions o, internal::RelayNodeHooks h)
+      : transport(std::move(t)),
+        store(std::move(st)),
+        options(std::move(o)),
+        clock(internal::clock_or_steady(options.clock)),
+        hooks(std::move(h)) {}
+
+  const std::shared_ptr<Transport> transport;
+  const std::shared_ptr<RelayStore> store;
+  const RelayNodeOptions options;
+  const std::shared_ptr<Clock> clock;
+  const internal::RelayNodeHooks hooks;
 
   std::atomic<bool> stopping{false};
   mutable std::mutex mu;  // guards everything below
+  // Wakes the subscriber thread: stop, a jump of a virtual clock.
+  std::condition_variable cv;
+  ClockSubscription clock_wake;
+  internal::HandlerGate gate;
   std::vector<std::thread> senders;
   std::vector<Endpoint> downstreams;
   std::optional<std::string> upstream;
   Endpoint upstream_ep;
   RelayNodeStats stats;
   Status first_error;
-  bool corrupt_done = false;
   std::thread subscriber;
   // Registered version buffers, one registration per version for all peers.
   struct Registered {
@@ -90,6 +119,12 @@ struct RelayNode::Impl {
   void record_error(const Status& s) {
     std::lock_guard lock(mu);
     if (first_error.ok()) first_error = s;
+  }
+
+  // Waits on the node's clock until `deadline` or stop; true when stopping.
+  bool wait_for_stop(Duration deadline) {
+    std::unique_lock lock(mu);
+    return internal::wait_until(*clock, cv, lock, deadline, [&] { return stopping.load(); });
   }
 
   // The transport registration of version v's buffer; versions no longer held are unregistered.
@@ -110,16 +145,6 @@ struct RelayNode::Impl {
 
   // ---- upstream side: push versions to one subscriber ----
 
-  bool corrupt_now(Version v, std::uint32_t i) {
-    std::lock_guard lock(mu);
-    if (!options.corrupt_chunk_once || corrupt_done || options.corrupt_chunk_once->first != v ||
-        options.corrupt_chunk_once->second != i) {
-      return false;
-    }
-    corrupt_done = true;
-    return true;
-  }
-
   static Message chunk_done(Version v, std::uint32_t i, std::uint64_t checksum) {
     Writer w;
     w.put<std::uint64_t>(v.value());
@@ -138,7 +163,7 @@ struct RelayNode::Impl {
     w.put<std::uint64_t>(info->plan.chunk_bytes());
     const std::string json = info->manifest.to_json();
     w.put_bytes(std::as_bytes(std::span(json)));
-    auto reply = ep.request(Message{kBegin, w.take()});
+    auto reply = internal::request_protocol(ep, Message{kBegin, w.take()});
     if (!reply.ok()) return ep.status().ok();  // refused (e.g. it holds something newer): skip v
     Reader r(reply->body, "begin reply");
     auto count = r.get<std::uint32_t>();
@@ -163,7 +188,7 @@ struct RelayNode::Impl {
       std::uint32_t i;
       std::uint64_t checksum;
       std::future<Status> done;
-      MemoryRegion scratch;  // the corrupted copy a fault-injection put reads from
+      MemoryRegion scratch;  // bytes a test hook put in the chunk's place
     };
     struct Confirm {
       std::uint32_t i;
@@ -179,7 +204,7 @@ struct RelayNode::Impl {
         todo.push_front(p.i);
         return true;
       }
-      confirms.push_back({p.i, ep.request_async(chunk_done(v, p.i, p.checksum))});
+      confirms.push_back({p.i, internal::request_protocol_async(ep, chunk_done(v, p.i, p.checksum))});
       return true;
     };
     auto settle_confirm = [&]() -> bool {
@@ -216,7 +241,7 @@ struct RelayNode::Impl {
       }
       const std::uint32_t i = todo.front();
       // Forward as soon as this store has the chunk: this is what pipelines the chain.
-      auto c = store->read_chunk(v, i, std::chrono::milliseconds(200));
+      auto c = store->read_chunk(v, i, kChunkPoll);
       if (!c.ok()) {
         if (c.status().code() == StatusCode::kDeadlineExceeded) continue;  // upstream of ours is slow
         return true;  // v was dropped (a newer version committed here): stop sending it
@@ -225,11 +250,12 @@ struct RelayNode::Impl {
       const std::uint64_t off = plan.chunk_offset(i);
       const std::size_t len = c->bytes.size();
       Put p{i, c->checksum, {}, {}};
-      if (corrupt_now(v, i)) {
+      std::optional<std::vector<std::byte>> replaced;
+      if (hooks.replace_outgoing_chunk) replaced = hooks.replace_outgoing_chunk(v, i, c->bytes);
+      if (replaced && replaced->size() == len) {
         auto scratch = transport->allocate(len);
         if (!scratch.ok()) return true;
-        std::memcpy(scratch->data(), c->bytes.data(), len);
-        scratch->data()[len / 2] ^= std::byte{0x40};
+        std::memcpy(scratch->data(), replaced->data(), len);
         p.scratch = *scratch;
         p.done = ep.put(p.scratch, 0, *remote, off, len);
       } else {
@@ -242,7 +268,7 @@ struct RelayNode::Impl {
 
   void serve(Endpoint ep, std::optional<Version> have) {
     while (!stopping.load() && ep.status().ok()) {
-      if (!store->wait_for_newer(have, std::chrono::milliseconds(100))) continue;
+      if (!store->wait_for_newer(have, kSenderPoll)) continue;
       const std::optional<Version> v = store->newest_held();
       if (!v) continue;
       if (!send_version(ep, *v)) break;
@@ -324,13 +350,17 @@ struct RelayNode::Impl {
       return;
     }
     const Version ver(*v);
-    if (options.stall_after_chunks != 0) {
-      std::lock_guard lock(mu);
+    if (hooks.ignore_incoming_chunk) {
+      std::uint64_t received = 0;
+      {
+        std::lock_guard lock(mu);
+        received = stats.chunks_received;
+      }
       // Hung: the chunk is neither stored nor answered. The callback thread stays free, so
       // subscribers are still served what is already here.
-      if (stats.chunks_received >= options.stall_after_chunks) return;
+      if (hooks.ignore_incoming_chunk(ver, *i, received)) return;
     }
-    const bool had = store->latest_version() == ver;
+    const bool had = store->newest_version() == ver;
     Status st = store->seal_in_place(ver, *i, *h);
     if (st.code() == StatusCode::kDataLoss) emit({RelayEvent::Kind::kChunkRejected, ver, *i, {}});
     if (!st.ok()) {
@@ -341,27 +371,50 @@ struct RelayNode::Impl {
       std::lock_guard lock(mu);
       ++stats.chunks_received;
     }
+    emit({RelayEvent::Kind::kChunkStored, ver, *i, {}});
     (void)in.from.reply(in, Message{kChunk, {}});
-    if (!had && store->latest_version() == ver) emit({RelayEvent::Kind::kCommitted, ver, 0, {}});
+    if (!had && store->newest_version() == ver) emit({RelayEvent::Kind::kCommitted, ver, 0, {}});
+  }
+
+  // Waits until the upstream link closes (the transport reports it) or the node stops; true when
+  // stopping.
+  bool wait_while_linked(const Endpoint& ep) {
+    auto closed = std::make_shared<bool>(false);  // guarded by mu
+    auto watch = ep.on_close([this, closed](const Status&) {
+      std::lock_guard lock(mu);
+      *closed = true;
+      cv.notify_all();
+    });
+    if (!watch.ok()) return stopping.load();
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return stopping.load() || *closed; });
+    const bool stop = stopping.load();
+    lock.unlock();
+    watch->reset();  // waits for a running callback, which takes mu: not under the lock
+    return stop;
   }
 
   void subscribe_loop() {
     std::size_t k = 0;
     while (!stopping.load()) {
       const std::string addr = options.upstreams[k % options.upstreams.size()];
+      ++k;
       auto ep = transport->connect(addr, options.connect_timeout);
-      if (!ep.ok()) {
-        ++k;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
+      Status subscribed = ep.status();
+      if (ep.ok()) {
+        const std::optional<Version> have = store->newest_version();
+        Writer w;
+        w.put<std::uint8_t>(have ? 1 : 0);
+        w.put<std::uint64_t>(have ? have->value() : 0);
+        subscribed = internal::request_protocol(*ep, Message{kSubscribe, w.take()}).status();
+        if (!subscribed.ok()) ep->close();
       }
-      const std::optional<Version> have = store->latest_version();
-      Writer w;
-      w.put<std::uint8_t>(have ? 1 : 0);
-      w.put<std::uint64_t>(have ? have->value() : 0);
-      if (!ep->request(Message{kSubscribe, w.take()}).ok()) {
-        ep->close();
-        ++k;
+      if (!subscribed.ok()) {
+        emit({RelayEvent::Kind::kUpstreamUnreachable, Version(), 0, addr});
+        // Once round the whole list without a link: pause before the next round.
+        if (k % options.upstreams.size() == 0 && wait_for_stop(internal::deadline_after(*clock, options.retry_interval))) {
+          break;
+        }
         continue;
       }
       {
@@ -370,44 +423,84 @@ struct RelayNode::Impl {
         upstream_ep = *ep;
       }
       emit({RelayEvent::Kind::kUpstream, Version(), 0, addr});
-      while (!stopping.load() && ep->status().ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (stopping.load()) break;
+      if (wait_while_linked(*ep)) break;
       {
         std::lock_guard lock(mu);
         upstream.reset();
         ++stats.failovers;
       }
       emit({RelayEvent::Kind::kUpstreamLost, Version(), 0, addr});
-      ++k;  // re-form around the lost relay: try the next one up the list
+      // The next round starts after the lost relay: the chain re-forms around it.
     }
   }
 };
 
-RelayNode::RelayNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+namespace internal {
 
-Result<std::unique_ptr<RelayNode>> RelayNode::start(std::shared_ptr<RelayStore> store, RelayChainOptions options) {
-  if (!store) return invalid_argument("relay node: the store is null");
-  if (options.window == 0) return invalid_argument("relay node: window is 0");
-  auto impl = std::make_unique<Impl>();
-  impl->store = std::move(store);
-  impl->options = std::move(options);
-  auto t = Transport::create(impl->options.transport);
-  LAMINAR_RETURN_IF_ERROR(t.status().with_context("relay node"));
-  impl->transport.emplace(std::move(*t));
-  Impl* p = impl.get();
-  impl->transport->on_message(kSubscribe, [p](Incoming in) { p->on_subscribe(std::move(in)); });
-  impl->transport->on_message(kBegin, [p](Incoming in) { p->on_begin(std::move(in)); });
-  impl->transport->on_message(kChunk, [p](Incoming in) { p->on_chunk(std::move(in)); });
-  auto addr = impl->transport->listen(impl->options.listen_host, impl->options.listen_port);
-  LAMINAR_RETURN_IF_ERROR(addr.status().with_context("relay node"));
-  std::unique_ptr<RelayNode> node(new RelayNode(std::move(impl)));
-  node->address_ = *addr;
-  if (!p->options.upstreams.empty()) p->subscriber = std::thread([p] { p->subscribe_loop(); });
-  return node;
+struct RelayNodeAccess {
+  static Result<std::unique_ptr<RelayNode>> create(std::shared_ptr<Transport> transport,
+                                                   std::shared_ptr<RelayStore> store, RelayNodeOptions options,
+                                                   RelayNodeHooks hooks) {
+    if (!transport) return invalid_argument("relay node: the transport is null");
+    if (!store) return invalid_argument("relay node: the store is null");
+    if (options.window == 0) return invalid_argument("relay node: window is 0");
+    if (options.connect_timeout <= Duration::zero()) {
+      return invalid_argument(fmt::format("relay node: connect_timeout is {} ns", options.connect_timeout.count()));
+    }
+    if (options.retry_interval < Duration::zero()) {
+      return invalid_argument(fmt::format("relay node: retry_interval is {} ns", options.retry_interval.count()));
+    }
+    {
+      std::lock_guard lock(g_hosts_mu);
+      if (!g_hosts.insert(transport.get()).second) {
+        return already_exists("relay node: another relay node already serves on this transport");
+      }
+    }
+    auto impl = std::make_unique<RelayNode::Impl>(std::move(transport), std::move(store), std::move(options),
+                                                  std::move(hooks));
+    impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
+      std::lock_guard lock(raw->mu);
+      raw->cv.notify_all();
+    });
+    Transport& t = *impl->transport;
+    // The types are laminar's own, in the reserved range: registering them cannot fail.
+    RelayNode::Impl* p = impl.get();
+    LAMINAR_CHECK(on_protocol_message(t, kSubscribe, p->gate.wrap([p](Incoming in) { p->on_subscribe(std::move(in)); }))
+                      .ok());
+    LAMINAR_CHECK(on_protocol_message(t, kBegin, p->gate.wrap([p](Incoming in) { p->on_begin(std::move(in)); })).ok());
+    LAMINAR_CHECK(on_protocol_message(t, kChunk, p->gate.wrap([p](Incoming in) { p->on_chunk(std::move(in)); })).ok());
+    if (!impl->options.upstreams.empty()) impl->subscriber = std::thread([p = impl.get()] { p->subscribe_loop(); });
+    return std::unique_ptr<RelayNode>(new RelayNode(std::move(impl)));
+  }
+};
+
+Result<std::unique_ptr<RelayNode>> create_relay_node(std::shared_ptr<Transport> transport,
+                                                     std::shared_ptr<RelayStore> store, RelayNodeOptions options,
+                                                     RelayNodeHooks hooks) {
+  return RelayNodeAccess::create(std::move(transport), std::move(store), std::move(options), std::move(hooks));
 }
 
+}  // namespace internal
+
+Result<std::unique_ptr<RelayNode>> RelayNode::create(std::shared_ptr<Transport> transport,
+                                                     std::shared_ptr<RelayStore> store, RelayNodeOptions options) {
+  return internal::RelayNodeAccess::create(std::move(transport), std::move(store), std::move(options), {});
+}
+
+RelayNode::RelayNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 RelayNode::~RelayNode() {
-  impl_->stopping = true;
+  Transport& t = *impl_->transport;
+  (void)internal::on_protocol_message(t, kSubscribe, {});
+  (void)internal::on_protocol_message(t, kBegin, {});
+  (void)internal::on_protocol_message(t, kChunk, {});
+  // A handler that started before its removal finishes before anything it uses goes.
+  impl_->gate.close();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+    impl_->cv.notify_all();
+  }
   if (impl_->subscriber.joinable()) impl_->subscriber.join();
   std::vector<std::thread> senders;
   {
@@ -416,10 +509,17 @@ RelayNode::~RelayNode() {
     if (impl_->upstream_ep.valid()) impl_->upstream_ep.close();
     senders.swap(impl_->senders);
   }
-  for (auto& t : senders) t.join();
-  // Handlers reference impl_: the transport (and its callback thread) goes first.
-  impl_->transport.reset();
+  for (auto& th : senders) th.join();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->registered.clear();
+  }
+  impl_->clock_wake.reset();
+  std::lock_guard lock(g_hosts_mu);
+  g_hosts.erase(impl_->transport.get());
 }
+
+std::optional<std::string> RelayNode::address() const { return impl_->transport->listen_address(); }
 
 std::optional<std::string> RelayNode::upstream() const {
   std::lock_guard lock(impl_->mu);
@@ -431,9 +531,14 @@ RelayNodeStats RelayNode::stats() const {
   return impl_->stats;
 }
 
-Status RelayNode::error() const {
+Status RelayNode::background_error() const {
   std::lock_guard lock(impl_->mu);
   return impl_->first_error;
+}
+
+std::string RelayNodeStats::to_json() const {
+  return fmt::format(R"({{"chunks_received":{},"chunks_sent":{},"chunks_resent":{},"failovers":{},"subscribers":{}}})",
+                     chunks_received, chunks_sent, chunks_resent, failovers, subscribers);
 }
 
 }  // namespace laminar

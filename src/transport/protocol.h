@@ -1,0 +1,39 @@
+// protocol.h (internal): the message types of laminar's own protocols and the entry points through
+// which laminar's components use them.
+//
+// The public Transport and Endpoint calls refuse types at or above kLaminarMessageTypeFirst, so an
+// application cannot collide with a protocol laminar runs on the same Transport. laminar's
+// components register and send their types through these functions instead, which in turn accept
+// reserved types only. Every protocol's types are listed here, so no two protocols share one.
+#pragma once
+
+#include <future>
+#include <optional>
+
+#include "laminar/clock.h"
+#include "laminar/status.h"
+#include "laminar/transport.h"
+
+namespace laminar::internal {
+
+// Relay chain (relay_node.cc): 0xF000'01xx.
+inline constexpr MessageType kRelaySubscribeMessage = kLaminarMessageTypeFirst + 0x0101;
+inline constexpr MessageType kRelayBeginMessage = kLaminarMessageTypeFirst + 0x0102;
+inline constexpr MessageType kRelayChunkMessage = kLaminarMessageTypeFirst + 0x0103;
+// Remote trajectory queue (remote_trajectory_queue.cc): 0xF000'02xx.
+inline constexpr MessageType kQueueHelloMessage = kLaminarMessageTypeFirst + 0x0201;
+inline constexpr MessageType kQueuePushMessage = kLaminarMessageTypeFirst + 0x0202;
+inline constexpr MessageType kQueuePushManyMessage = kLaminarMessageTypeFirst + 0x0203;
+
+// As Transport::on_message, for a type in the reserved range (else kInvalidArgument).
+[[nodiscard]] Status on_protocol_message(Transport& transport, MessageType type, MessageHandler handler);
+// As Endpoint::send / request / request_async, for a type in the reserved range (else
+// kInvalidArgument).
+[[nodiscard]] Status send_protocol(Endpoint& endpoint, const Message& message,
+                                   std::optional<Duration> timeout = std::nullopt);
+Result<Message> request_protocol(Endpoint& endpoint, const Message& message,
+                                 std::optional<Duration> timeout = std::nullopt);
+std::future<Result<Message>> request_protocol_async(Endpoint& endpoint, const Message& message,
+                                                    std::optional<Duration> timeout = std::nullopt);
+
+}  // namespace laminar::internal

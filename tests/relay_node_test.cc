@@ -1,0 +1,317 @@
+// RelayNode in one process (one Transport hosting a node and a queue server; the node's retries on
+// a ManualClock), and the relay chain across real processes (examples/relay_server built with
+// laminar_testing's faults, started with laminar_test_support):
+// actor + a chain of 4 relays + pullers with every byte checked, a relay killed mid-broadcast, a
+// corrupt chunk, a late joiner, and a puller whose relay dies mid-pull resuming from another.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "eventually.h"
+#include "expect_line.h"
+#include "laminar/relay_node.h"
+#include "laminar/remote_trajectory_queue.h"
+#include "laminar/trajectory_queue.h"
+#include "process.h"
+#include "relay_test_util.h"
+#include "remote_trajectory_protocol.h"
+
+using namespace std::chrono_literals;
+using laminar::testing::ChildOptions;
+using laminar::testing::ChildProcess;
+
+namespace {
+
+const std::string kToken = "relay-chain-test-token-0123456789";
+constexpr int kMib = 16;
+constexpr int kChunkKib = 256;
+// relay_server's workload: kMib MiB of tensors plus one small tensor padded to 256 bytes.
+constexpr std::uint64_t kChunks = ((std::uint64_t(kMib) << 20) + 256 + (kChunkKib << 10) - 1) / (kChunkKib << 10);
+
+ChildProcess start(std::vector<std::string> args) {
+  ChildOptions o;
+  o.program = LAMINAR_RELAY_SERVER;
+  o.args = {"--token", kToken, "--mib", std::to_string(kMib), "--chunk-kib", std::to_string(kChunkKib)};
+  o.args.insert(o.args.end(), args.begin(), args.end());
+  auto child = ChildProcess::spawn(std::move(o));
+  INFO(child.status().to_string());
+  REQUIRE(child.ok());
+  return std::move(*child);
+}
+
+std::string expect_line(ChildProcess& child, const std::string& prefix, std::vector<std::string>* seen = nullptr) {
+  return laminar::testing::expect_line(child, prefix, 30s, seen);
+}
+
+std::string listening(ChildProcess& c) { return expect_line(c, "listening "); }
+
+// Stops a child with SIGTERM and returns its final "stats" line.
+std::string stop(ChildProcess& c) {
+  c.kill(SIGTERM);
+  std::string stats = expect_line(c, "stats ");
+  auto code = c.wait(10s);
+  REQUIRE(code.ok());
+  CHECK(*code == 0);
+  return stats;
+}
+
+std::string received(std::uint64_t n) { return "received " + std::to_string(n) + " "; }
+
+std::shared_ptr<laminar::Transport> make_transport() {
+  laminar::TransportOptions o;
+  o.cluster_token = kToken;
+  return laminar::Transport::create(o).value();
+}
+
+// Events a node reported, for a test thread to wait on.
+struct Events {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<laminar::RelayEvent> seen;
+
+  std::function<void(const laminar::RelayEvent&)> callback() {
+    return [this](const laminar::RelayEvent& e) {
+      std::lock_guard lock(mu);
+      seen.push_back(e);
+      cv.notify_all();
+    };
+  }
+  std::size_t count(laminar::RelayEvent::Kind kind) {
+    std::lock_guard lock(mu);
+    return std::size_t(std::count_if(seen.begin(), seen.end(), [&](const auto& e) { return e.kind == kind; }));
+  }
+  // Waits (up to 30 s) until at least n events of `kind` were reported.
+  bool wait_for(laminar::RelayEvent::Kind kind, std::size_t n) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, 30s, [&] {
+      return std::size_t(std::count_if(seen.begin(), seen.end(), [&](const auto& e) { return e.kind == kind; })) >= n;
+    });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("one transport hosts a relay node and a queue server; a peer subscribes and pushes over one link",
+          "[relay_node][remote]") {
+  using laminar::Version;
+  // The actor's process: one transport, listening, shared by its relay node and its queue server.
+  std::shared_ptr<laminar::Transport> actor_tr = make_transport();
+  const std::string addr = actor_tr->listen("127.0.0.1", 0).value();
+  laminar::RelayStoreOptions small_chunks;
+  small_chunks.chunk_bytes = 4096;
+  std::shared_ptr<laminar::RelayStore> actor_store = laminar::RelayStore::create(small_chunks).value();
+  auto head = laminar::RelayNode::create(actor_tr, actor_store).value();
+  CHECK(head->address() == addr);
+  std::shared_ptr<laminar::TrajectoryQueue> queue = laminar::TrajectoryQueue::create(laminar::QueueOptions{}).value();
+  auto server = laminar::TrajectoryQueueServer::create(actor_tr, queue).value();
+  // A second node cannot take over the same transport's relay protocol.
+  CHECK(laminar::RelayNode::create(actor_tr, actor_store).status().code() == laminar::StatusCode::kAlreadyExists);
+
+  // The rollout's process: one transport that does not listen, hosting a leaf node and a producer.
+  std::shared_ptr<laminar::Transport> rollout_tr = make_transport();
+  std::shared_ptr<laminar::RelayStore> rollout_store = laminar::RelayStore::create({}).value();
+  Events events;
+  laminar::RelayNodeOptions o;
+  o.upstreams = {addr};
+  o.on_event = events.callback();
+  auto leaf = laminar::RelayNode::create(rollout_tr, rollout_store, o).value();
+  CHECK_FALSE(leaf->address());
+  auto producer = laminar::RemoteProducer::create(rollout_tr, addr).value();
+
+  laminar::testing::WeightSet w = laminar::testing::WeightSet::make(7, 1);
+  REQUIRE(actor_store->publish(Version(1), w.manifest, w.named).ok());
+  REQUIRE(rollout_store->wait_for_version(Version(1), 30s).ok());
+  auto h = rollout_store->acquire(Version(1)).value();
+  for (std::size_t i = 0; i < w.manifest.size(); ++i) {
+    CHECK(laminar::testing::first_mismatch(h.tensor(w.manifest.entries()[i].name).value(), 7, 1, i) == -1);
+  }
+  CHECK(leaf->upstream() == addr);
+  REQUIRE(events.wait_for(laminar::RelayEvent::Kind::kCommitted, 1));
+  CHECK(events.count(laminar::RelayEvent::Kind::kChunkStored) == h.plan().num_chunks());
+
+  for (std::uint64_t id = 1; id <= 4; ++id) REQUIRE(producer->push(laminar::test_remote::make(id)).ok());
+  CHECK(queue->stats().pushed == 4);
+  CHECK(server->stats().accepted == 4);
+  CHECK(head->stats().subscribers == 1);
+  CHECK(head->background_error().ok());
+  CHECK(leaf->background_error().ok());
+  CHECK_THAT(head->stats().to_json(), Catch::Contains("\"subscribers\":1"));
+
+  // Each part leaves the shared transport to the others when it goes.
+  server.reset();
+  producer.reset();
+  laminar::testing::WeightSet w2 = laminar::testing::WeightSet::make(7, 2);
+  REQUIRE(actor_store->publish(Version(2), w2.manifest, w2.named).ok());
+  REQUIRE(rollout_store->wait_for_version(Version(2), 30s).ok());
+}
+
+TEST_CASE("a node whose upstreams are all down goes round its list again only as its clock moves",
+          "[relay_node][clock]") {
+  // An address nothing listens on: a transport that listened there and is gone.
+  std::string dead;
+  {
+    std::shared_ptr<laminar::Transport> gone = make_transport();
+    dead = gone->listen("127.0.0.1", 0).value();
+  }
+  auto clock = std::make_shared<laminar::ManualClock>();
+  Events events;
+  laminar::RelayNodeOptions o;
+  o.upstreams = {dead};
+  o.retry_interval = std::chrono::seconds(5);
+  o.clock = clock;
+  o.on_event = events.callback();
+  auto node = laminar::RelayNode::create(make_transport(), laminar::RelayStore::create({}).value(), o).value();
+  using K = laminar::RelayEvent::Kind;
+  REQUIRE(events.wait_for(K::kUpstreamUnreachable, 1));
+  // Every further round needs the clock to pass the retry interval: at most one per step.
+  for (std::size_t step = 1; step <= 3; ++step) {
+    CHECK(events.count(K::kUpstreamUnreachable) == step);
+    REQUIRE(clock->advance(std::chrono::seconds(5)).ok());
+    REQUIRE(events.wait_for(K::kUpstreamUnreachable, step + 1));
+  }
+  CHECK(events.count(K::kUpstream) == 0);
+  CHECK_FALSE(node->upstream());
+  node.reset();  // stops while waiting on a clock that will not move again
+
+  auto bad = [](auto&& edit) {
+    laminar::RelayNodeOptions b;
+    edit(b);
+    return laminar::RelayNode::create(make_transport(), laminar::RelayStore::create({}).value(), b).status().code();
+  };
+  CHECK(bad([](laminar::RelayNodeOptions& b) { b.window = 0; }) == laminar::StatusCode::kInvalidArgument);
+  CHECK(bad([](laminar::RelayNodeOptions& b) { b.connect_timeout = {}; }) == laminar::StatusCode::kInvalidArgument);
+  CHECK(bad([](laminar::RelayNodeOptions& b) { b.retry_interval = -1s; }) == laminar::StatusCode::kInvalidArgument);
+  CHECK(laminar::RelayNode::create(nullptr, laminar::RelayStore::create({}).value()).status().code() ==
+        laminar::StatusCode::kInvalidArgument);
+  CHECK(laminar::RelayNode::create(make_transport(), nullptr).status().code() == laminar::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("actor, a chain of 4 relays and 2 pullers: every relay and puller gets every byte", "[relay_node]") {
+  ChildProcess actor = start({"--actor", "--versions", "2", "--interval-ms", "1500"});
+  std::string up = listening(actor);
+  std::vector<ChildProcess> relays;
+  std::vector<std::string> addrs;
+  for (int k = 0; k < 4; ++k) {
+    relays.push_back(start({"--upstream", up}));
+    up = listening(relays.back());
+    addrs.push_back(up);
+  }
+  ChildProcess p_tail = start({"--pull", "--upstream", addrs[3], "--exit-after-version", "2"});
+  ChildProcess p_mid = start({"--pull", "--upstream", addrs[1], "--exit-after-version", "2"});
+  const std::string d1 = expect_line(actor, "published 1 ");
+  const std::string d2 = expect_line(actor, "published 2 ");
+  for (auto& r : relays) {
+    // v1 may have been published before this relay subscribed; it then starts at v2.
+    std::vector<std::string> seen;
+    CHECK(expect_line(r, "committed 2 ", &seen) == d2);
+    for (const auto& l : seen) {
+      if (l.rfind("committed 1 ", 0) == 0) CHECK(l.substr(12) == d1);
+    }
+  }
+  for (ChildProcess* p : {&p_tail, &p_mid}) {
+    CHECK(expect_line(*p, "pulled 2 ") == "ok");
+    auto code = p->wait(10s);
+    REQUIRE(code.ok());
+    CHECK(*code == 0);
+  }
+  for (auto& r : relays) stop(r);
+  stop(actor);
+}
+
+TEST_CASE("a relay killed mid-broadcast: the chain re-forms and the version still reaches everyone",
+          "[relay_node]") {
+  ChildProcess actor = start({"--actor", "--versions", "1"});
+  const std::string a = listening(actor);
+  const std::string digest = expect_line(actor, "published 1 ");
+  ChildProcess r1 = start({"--upstream", a});
+  const std::string a1 = listening(r1);
+  // r2 hangs after storing a third of the version, as a wedged relay would, and is then killed.
+  ChildProcess r2 = start({"--upstream", a1, "--stall-after", std::to_string(kChunks / 3)});
+  const std::string a2 = listening(r2);
+  ChildProcess r3 = start({"--upstream", a2, "--upstream", a1, "--report-chunks"});
+  const std::string a3 = listening(r3);
+  ChildProcess r4 = start({"--upstream", a3});
+  listening(r4);
+  CHECK(expect_line(r1, "committed 1 ") == digest);
+  CHECK(expect_line(r3, "upstream ") == a2);
+  // r3 has every chunk r2 stored before hanging (r2 forwards each one it stores).
+  for (std::uint64_t k = 0; k < kChunks / 3; ++k) expect_line(r3, "stored 1 ");
+  r2.kill(SIGKILL);
+  CHECK(expect_line(r3, "lost ") == a2);
+  CHECK(expect_line(r3, "upstream ") == a1);
+  CHECK(expect_line(r3, "committed 1 ") == digest);
+  CHECK(expect_line(r4, "committed 1 ") == digest);
+  // r3 resumed: it stored every chunk exactly once across both upstreams.
+  CHECK_THAT(stop(r3), Catch::StartsWith(received(kChunks)) && Catch::EndsWith("failovers 1"));
+  stop(r4);
+  stop(r1);
+  stop(actor);
+}
+
+TEST_CASE("a corrupt chunk on the wire is refused, resent, and never served", "[relay_node]") {
+  ChildProcess actor = start({"--actor", "--versions", "1"});
+  const std::string a = listening(actor);
+  const std::string digest = expect_line(actor, "published 1 ");
+  ChildProcess r1 = start({"--upstream", a, "--corrupt", "1:5"});
+  const std::string a1 = listening(r1);
+  ChildProcess r2 = start({"--upstream", a1});
+  const std::string a2 = listening(r2);
+  ChildProcess puller = start({"--pull", "--upstream", a2, "--exit-after-version", "1"});
+  CHECK(expect_line(r2, "rejected ") == "1 5");
+  CHECK(expect_line(r2, "committed 1 ") == digest);
+  CHECK(expect_line(puller, "pulled 1 ") == "ok");
+  REQUIRE(puller.wait(10s).ok());
+  CHECK_THAT(stop(r1), Catch::Contains("resent 1 "));
+  CHECK_THAT(stop(r2), Catch::StartsWith(received(kChunks)));
+  stop(actor);
+}
+
+TEST_CASE("a relay that joins late gets the newest version", "[relay_node]") {
+  ChildProcess actor = start({"--actor", "--versions", "3"});
+  const std::string a = listening(actor);
+  expect_line(actor, "published 1 ");
+  expect_line(actor, "published 2 ");
+  const std::string d3 = expect_line(actor, "published 3 ");
+  ChildProcess late = start({"--upstream", a, "--exit-after-version", "3"});
+  listening(late);
+  std::vector<std::string> seen;
+  CHECK(expect_line(late, "committed ", &seen) == "3 " + d3);  // its first version is the newest
+  CHECK_THAT(expect_line(late, "stats "), Catch::StartsWith(received(kChunks)));
+  REQUIRE(late.wait(10s).ok());
+  stop(actor);
+}
+
+TEST_CASE("a puller whose relay dies mid-pull fails over and resumes from the last verified chunk",
+          "[relay_node]") {
+  ChildProcess actor = start({"--actor", "--versions", "1"});
+  const std::string a = listening(actor);
+  const std::string digest = expect_line(actor, "published 1 ");
+  ChildProcess r1 = start({"--upstream", a});
+  const std::string a1 = listening(r1);
+  CHECK(expect_line(r1, "committed 1 ") == digest);
+  ChildProcess r2 = start({"--upstream", a1, "--stall-after", std::to_string(kChunks / 2)});
+  const std::string a2 = listening(r2);
+  ChildProcess puller = start({"--pull", "--upstream", a2, "--upstream", a1, "--report-chunks"});
+  listening(puller);
+  CHECK(expect_line(puller, "upstream ") == a2);
+  // The puller holds every chunk r2 stored before hanging; the puller process itself is stopped
+  // and continued, then its relay dies.
+  for (std::uint64_t k = 0; k < kChunks / 2; ++k) expect_line(puller, "stored 1 ");
+  puller.kill(SIGSTOP);
+  puller.kill(SIGCONT);
+  r2.kill(SIGKILL);
+  CHECK(expect_line(puller, "lost ") == a2);
+  CHECK(expect_line(puller, "upstream ") == a1);
+  CHECK(expect_line(puller, "pulled 1 ") == "ok");
+  CHECK_THAT(stop(puller), Catch::StartsWith(received(kChunks)) && Catch::EndsWith("failovers 1"));
+  stop(r1);
+  stop(actor);
+}
