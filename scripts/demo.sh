@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # The README's main command: installs dependencies, builds, and runs the most complete example there
 # is today. Part 1 (quickstart): the actor prepares a policy version (manifest, DLPack views, f32 ->
-# bf16). Part 2 (relay_server, real processes over UCX): an actor publishes three versions, a chain of
-# two relays forwards them chunk by chunk, and a rollout pulls the newest version, every byte checked
-# against the actor's digest.
+# bf16). Part 2 (core_loop): the asynchronous loop in one process, learning a toy policy. Part 3
+# (relay_server, real processes over UCX): an actor publishes three versions, a chain of two relays
+# forwards them chunk by chunk, and a rollout pulls the newest version, every byte checked against
+# the actor's digest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh >/dev/null
 cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc)" --target quickstart relay_server >/dev/null
+cmake --build --preset default -j "$(nproc)" --target quickstart core_loop relay_server >/dev/null
 bin=build/default/examples
 
 echo "== part 1: quickstart"
 "$bin/quickstart"
 
 echo
-echo "== part 2: actor -> relay A -> relay B -> rollout (pulls from B, falls back to A)"
+echo "== part 2: core_loop (actor and rollout in one process)"
+"$bin/core_loop"
+
+echo
+echo "== part 3: actor -> relay A -> relay B -> rollout (pulls from B, falls back to A)"
 dir=$(mktemp -d)
 pids=()
 cleanup() {
