@@ -103,7 +103,7 @@ int produce(const std::string& address, const std::string& mode, std::uint64_t f
 // A queue served on its own transport, with a consumer thread popping and acking everything.
 class Served {
  public:
-  explicit Served(laminar::QueueOptions opt) : transport_(make_transport()) {
+  explicit Served(laminar::TrajectoryQueueOptions opt) : transport_(make_transport()) {
     auto q = laminar::TrajectoryQueue::create(std::move(opt));
     if (!q.ok()) die("open", q.status());
     queue_ = std::move(q).value();
@@ -186,11 +186,11 @@ int main(int argc, char** argv) {
               "with wal_fsync), %d runs each, alternating\n",
               cfg.threads, cfg.count, cfg.fsync_count, cfg.repeats);
 
-  laminar::QueueOptions opt;
+  laminar::TrajectoryQueueOptions opt;
   opt.group_timeout = std::chrono::seconds(60);
   const std::string wal_path = cfg.wal_dir + "/laminar_remote_bench_" + std::to_string(::getpid()) + ".wal";
   std::filesystem::remove(wal_path);
-  laminar::QueueOptions wal_opt = opt;
+  laminar::TrajectoryQueueOptions wal_opt = opt;
   wal_opt.wal_path = wal_path;
   wal_opt.wal_fsync = true;
   std::vector<double> one, many, one_sync, many_sync;

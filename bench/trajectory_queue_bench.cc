@@ -14,7 +14,7 @@
 // TrajectoryQueue runs with every semantic on: validation of the trajectory's own fields
 // (lengths, a reward present, group fields), version check, unique ids, GRPO groups of 8 released
 // whole, leases acked per batch, staleness keep-and-mark, statistics; a second instance also
-// scans token ids, log-probs, rewards and metadata JSON (QueueOptions::validate_contents),
+// scans token ids, log-probs, rewards and metadata JSON (TrajectoryQueueOptions::validate_contents),
 // reported on its own line. moodycamel moves the objects with producer and consumer
 // tokens and bulk dequeue, its fastest use. A second pair of runs pushes each group of 8 with one
 // call: push_many() against moodycamel's enqueue_bulk(). Then the same TrajectoryQueue with its
@@ -462,7 +462,7 @@ void paced_producer(const std::vector<Trajectory>& pool, std::size_t groups, dou
 // The p99 latency through a TrajectoryQueue with every semantic on (as the throughput runs, plus
 // contents validation, which is on by default).
 double latency_laminar(const std::vector<Trajectory>& pool, std::size_t groups, double rate) {
-  laminar::QueueOptions opt;
+  laminar::TrajectoryQueueOptions opt;
   opt.group_timeout = std::chrono::seconds(10);
   auto q = laminar::TrajectoryQueue::create(opt);
   if (!q.ok()) die("create", q.status());
@@ -580,12 +580,12 @@ int main(int argc, char** argv) {
   // The headline runs the validation the issue asks for (lengths, version, unique ids, group
   // fields); the "contents checked" run also scans every token id, log-prob, reward and the
   // metadata JSON.
-  laminar::QueueOptions opt;
+  laminar::TrajectoryQueueOptions opt;
   opt.group_timeout = std::chrono::seconds(10);
   opt.validate_contents = false;
   auto q = laminar::TrajectoryQueue::create(opt);
   if (!q.ok()) die("open", q.status());
-  laminar::QueueOptions checked_opt = opt;
+  laminar::TrajectoryQueueOptions checked_opt = opt;
   checked_opt.validate_contents = true;
   auto qc = laminar::TrajectoryQueue::create(checked_opt);
   if (!qc.ok()) die("open", qc.status());
@@ -637,7 +637,7 @@ int main(int argc, char** argv) {
   const std::string wal_path = cfg.wal_dir + "/laminar_tq_bench_" + std::to_string(::getpid()) + ".wal";
   auto run_logged = [&](const Config& c, std::vector<Trajectory>& p, bool fsync, std::size_t per_push,
                         std::uint64_t* bytes = nullptr) {
-    laminar::QueueOptions wopt = opt;
+    laminar::TrajectoryQueueOptions wopt = opt;
     wopt.wal_path = wal_path;
     wopt.wal_fsync = fsync;
     std::filesystem::remove(wal_path);

@@ -144,7 +144,7 @@ std::vector<std::byte> u32_pair(std::uint32_t a, std::uint32_t b) {
 // Server.
 
 struct TrajectoryQueueServer::Impl {
-  Impl(std::shared_ptr<Transport> t, std::shared_ptr<TrajectoryQueue> q, QueueServerOptions o)
+  Impl(std::shared_ptr<Transport> t, std::shared_ptr<TrajectoryQueue> q, TrajectoryQueueServerOptions o)
       : transport(std::move(t)),
         queue(std::move(q)),
         opt(std::move(o)),
@@ -172,7 +172,7 @@ struct TrajectoryQueueServer::Impl {
 
   const std::shared_ptr<Transport> transport;
   const std::shared_ptr<TrajectoryQueue> queue;
-  const QueueServerOptions opt;
+  const TrajectoryQueueServerOptions opt;
   const std::shared_ptr<Clock> clock;
 
   mutable std::mutex mu;
@@ -374,10 +374,10 @@ struct TrajectoryQueueServer::Impl {
 
 Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::create(std::shared_ptr<Transport> transport,
                                                                              std::shared_ptr<TrajectoryQueue> queue,
-                                                                             QueueServerOptions options) {
+                                                                             TrajectoryQueueServerOptions options) {
   if (!transport) return invalid_argument("queue server: the transport is null");
   if (!queue) return invalid_argument("queue server: the queue is null");
-  if (options.credits_per_producer == 0) return invalid_argument("QueueServerOptions: credits_per_producer is 0");
+  if (options.credits_per_producer == 0) return invalid_argument("TrajectoryQueueServerOptions: credits_per_producer is 0");
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(queue), std::move(options));
   impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
     std::lock_guard<std::mutex> l(raw->mu);

@@ -132,7 +132,7 @@ void sort_members(std::vector<Trajectory>& members) {
 // together; producers wait on space_cv, consumers on data_cv. The O(tokens) work of a push
 // (validation, encoding its log record) is done before the lock is taken.
 struct TrajectoryQueue::Impl {
-  explicit Impl(QueueOptions o)
+  explicit Impl(TrajectoryQueueOptions o)
       : opt(std::move(o)),
         clock(opt.clock ? opt.clock : Clock::steady()),
         ids(opt.id_dedup_window),
@@ -140,7 +140,7 @@ struct TrajectoryQueue::Impl {
         expired_batches(kExpiredBatchMemory),
         newest(opt.initial_version) {}
 
-  const QueueOptions opt;
+  const TrajectoryQueueOptions opt;
   const std::shared_ptr<Clock> clock;
   std::unique_ptr<TrajectoryWal> wal;  // set by create()
   RecoveryReport recovery;             // set by create()
@@ -183,7 +183,7 @@ struct TrajectoryQueue::Impl {
   std::uint64_t pushed = 0, delivered = 0, acked = 0, nacked_batches = 0, expired_leases = 0, redelivered = 0;
   std::uint64_t rejected_invalid = 0, rejected_full = 0;
   std::uint64_t dropped_stale = 0, dropped_group_timeout = 0, dropped_late_for_group = 0;
-  std::uint64_t staleness[QueueStats::kStalenessBuckets] = {};
+  std::uint64_t staleness[TrajectoryQueueStats::kStalenessBuckets] = {};
   WaitHistogram group_wait;
   std::uint64_t wal_live_bytes = 0, compactions = 0;
   Status bg_error;
@@ -621,25 +621,25 @@ TrajectoryQueue::~TrajectoryQueue() {
   impl_->clock_sub.reset();
 }
 
-Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::create(QueueOptions options) {
-  if (options.capacity_trajectories == 0) return invalid_argument("QueueOptions: capacity_trajectories is 0");
-  if (options.capacity_tokens == 0) return invalid_argument("QueueOptions: capacity_tokens is 0");
+Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::create(TrajectoryQueueOptions options) {
+  if (options.capacity_trajectories == 0) return invalid_argument("TrajectoryQueueOptions: capacity_trajectories is 0");
+  if (options.capacity_tokens == 0) return invalid_argument("TrajectoryQueueOptions: capacity_tokens is 0");
   if (options.capacity_trajectories > kMaxCapacityTrajectories || options.capacity_tokens > kMaxCapacityTokens) {
     return invalid_argument(fmt::format(
-        "QueueOptions: capacity of {} trajectories and {} tokens is above the limit of {} and {}",
+        "TrajectoryQueueOptions: capacity of {} trajectories and {} tokens is above the limit of {} and {}",
         options.capacity_trajectories, options.capacity_tokens, kMaxCapacityTrajectories, kMaxCapacityTokens));
   }
   if (options.default_lease <= Duration::zero()) {
     return invalid_argument(
-        fmt::format("QueueOptions: default_lease {} ns is not positive", options.default_lease.count()));
+        fmt::format("TrajectoryQueueOptions: default_lease {} ns is not positive", options.default_lease.count()));
   }
   if (options.group_timeout <= Duration::zero()) {
     return invalid_argument(
-        fmt::format("QueueOptions: group_timeout {} ns is not positive", options.group_timeout.count()));
+        fmt::format("TrajectoryQueueOptions: group_timeout {} ns is not positive", options.group_timeout.count()));
   }
   if (options.id_dedup_window == 0 || options.id_dedup_window > kMaxWindow) {
     return invalid_argument(
-        fmt::format("QueueOptions: id_dedup_window {} is not in [1, {}]", options.id_dedup_window, kMaxWindow));
+        fmt::format("TrajectoryQueueOptions: id_dedup_window {} is not in [1, {}]", options.id_dedup_window, kMaxWindow));
   }
   auto impl = std::make_unique<Impl>(std::move(options));
   Impl& q = *impl;
@@ -814,7 +814,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
             const bool over = spec.staleness_rule == StalenessRule::kKeepAndMark && s > spec.max_staleness;
             d->info.push_back(TrajectoryInfo{s, over, u.partial_group, u.deliveries + 1});
             d->unit_len.push_back(k == 0 ? u.len : 0);
-            ++q.staleness[std::min<std::uint64_t>(s, QueueStats::kStalenessBuckets - 1)];
+            ++q.staleness[std::min<std::uint64_t>(s, TrajectoryQueueStats::kStalenessBuckets - 1)];
           }
         }
         d->items = std::move(taken);
@@ -923,10 +923,10 @@ void TrajectoryQueue::close() {
   q.notify(Wake{true, true});
 }
 
-QueueStats TrajectoryQueue::stats() const {
+TrajectoryQueueStats TrajectoryQueue::stats() const {
   const Impl& q = *impl_;
   std::lock_guard<std::mutex> l(q.mu);
-  QueueStats s;
+  TrajectoryQueueStats s;
   s.ready = q.ready.size();
   s.ready_tokens = q.ready_tokens;
   s.pending_groups = q.groups.size();

@@ -1,11 +1,11 @@
-// QueueStats and RecoveryReport as JSON.
+// TrajectoryQueueStats and RecoveryReport as JSON.
 #include <nlohmann/json.hpp>
 
 #include "laminar/trajectory_queue.h"
 
 namespace laminar {
 
-std::string QueueStats::to_json() const {
+std::string TrajectoryQueueStats::to_json() const {
   nlohmann::ordered_json j;
   j["depth"] = {{"ready", ready},
                 {"ready_tokens", ready_tokens},

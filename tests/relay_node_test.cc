@@ -110,7 +110,7 @@ TEST_CASE("one transport hosts a relay node and a queue server; a peer subscribe
   std::shared_ptr<laminar::RelayStore> actor_store = laminar::RelayStore::create(small_chunks).value();
   auto head = laminar::RelayNode::create(actor_tr, actor_store).value();
   CHECK(head->address() == addr);
-  std::shared_ptr<laminar::TrajectoryQueue> queue = laminar::TrajectoryQueue::create(laminar::QueueOptions{}).value();
+  std::shared_ptr<laminar::TrajectoryQueue> queue = laminar::TrajectoryQueue::create(laminar::TrajectoryQueueOptions{}).value();
   auto server = laminar::TrajectoryQueueServer::create(actor_tr, queue).value();
   // A second node cannot take over the same transport's relay protocol.
   CHECK(laminar::RelayNode::create(actor_tr, actor_store).status().code() == laminar::StatusCode::kAlreadyExists);

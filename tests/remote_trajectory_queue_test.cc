@@ -26,7 +26,7 @@
 
 using laminar::BatchSpec;
 using laminar::PushOptions;
-using laminar::QueueOptions;
+using laminar::TrajectoryQueueOptions;
 using laminar::RemoteProducer;
 using laminar::StatusCode;
 using laminar::Trajectory;
@@ -65,7 +65,7 @@ struct Served {
   std::unique_ptr<TrajectoryQueueServer> server;
   std::shared_ptr<Transport> client_tr = make_transport();
 
-  explicit Served(std::shared_ptr<TrajectoryQueue> q, laminar::QueueServerOptions o = {})
+  explicit Served(std::shared_ptr<TrajectoryQueue> q, laminar::TrajectoryQueueServerOptions o = {})
       : server(TrajectoryQueueServer::create(server_tr, std::move(q), std::move(o)).value()) {}
   laminar::Endpoint connect() { return client_tr->connect(addr).value(); }
   std::unique_ptr<RemoteProducer> producer(laminar::RemoteProducerOptions o = {}) {
@@ -77,10 +77,10 @@ struct Served {
 }  // namespace
 
 TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote]") {
-  QueueOptions qo;
+  TrajectoryQueueOptions qo;
   qo.capacity_trajectories = 3;
   std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
-  laminar::QueueServerOptions so;
+  laminar::TrajectoryQueueServerOptions so;
   so.credits_per_producer = 2;
   Served served(queue, so);
   auto producer = served.producer();
@@ -141,10 +141,10 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
 TEST_CASE("remote push timeouts run on the clocks: the producer's for a credit, the server's for a held push",
           "[remote][clock]") {
   auto clock = std::make_shared<laminar::ManualClock>();
-  QueueOptions qo;
+  TrajectoryQueueOptions qo;
   qo.capacity_trajectories = 1;
   std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
-  laminar::QueueServerOptions so;
+  laminar::TrajectoryQueueServerOptions so;
   so.credits_per_producer = 1;
   so.clock = clock;
   Served served(queue, so);
@@ -179,7 +179,7 @@ TEST_CASE("remote push timeouts run on the clocks: the producer's for a credit, 
 
 TEST_CASE("remote push: malformed and truncated messages are refused, the server keeps serving",
           "[remote][bad-input]") {
-  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(QueueOptions{}).value();
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(TrajectoryQueueOptions{}).value();
   Served served(queue);
   auto ep = served.connect();
 
@@ -200,7 +200,7 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   CHECK(queue->stats().pushed == 0);
   REQUIRE(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, body)).ok());
   CHECK(queue->stats().pushed == 1);
-  laminar::QueueServerOptions no_credit;
+  laminar::TrajectoryQueueServerOptions no_credit;
   no_credit.credits_per_producer = 0;
   expect_code(TrajectoryQueueServer::create(make_transport(), queue, no_credit).status(),
               StatusCode::kInvalidArgument, "credits_per_producer");
@@ -213,7 +213,7 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
 }
 
 TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones moved from", "[remote]") {
-  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(QueueOptions{}).value();
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(TrajectoryQueueOptions{}).value();
   Served served(queue);
   auto producer = served.producer();
   REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
@@ -258,7 +258,7 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
 }
 
 TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fails as asked", "[remote]") {
-  QueueOptions qo;
+  TrajectoryQueueOptions qo;
   qo.capacity_trajectories = 3;
   std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
   Served served(queue);
@@ -303,7 +303,7 @@ TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fai
 
 TEST_CASE("remote push_many: a malformed message is refused whole, the server keeps serving",
           "[remote][bad-input]") {
-  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(QueueOptions{}).value();
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(TrajectoryQueueOptions{}).value();
   Served served(queue);
   auto ep = served.connect();
 
@@ -358,7 +358,7 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
 
 TEST_CASE("remote push_many to a vanished server: each trajectory gets the error, none is moved from",
           "[remote][bad-input]") {
-  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(QueueOptions{}).value();
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(TrajectoryQueueOptions{}).value();
   auto served = std::make_unique<Served>(queue);
   auto producer = RemoteProducer::create(make_transport(), served->addr).value();
   std::vector<Trajectory> first(2);
@@ -385,7 +385,7 @@ TEST_CASE("remote push_many into a queue with wal_fsync: the records survive a r
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("laminar_remote_many_" + std::to_string(::getpid()) + ".wal")).string();
   std::filesystem::remove(path);
-  QueueOptions qo;
+  TrajectoryQueueOptions qo;
   qo.wal_path = path;
   qo.wal_fsync = true;
   {
@@ -412,7 +412,7 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
   const unsigned seed = std::random_device{}();
   std::printf("remote kill seed %u\n", seed);
   std::mt19937 rng(seed);
-  QueueOptions qo;
+  TrajectoryQueueOptions qo;
   qo.capacity_trajectories = 32;  // small: the child's pushes wait for the consumer below
   std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
   Served served(queue);

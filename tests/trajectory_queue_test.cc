@@ -28,7 +28,7 @@ using laminar::Clock;
 using laminar::ManualClock;
 using laminar::PartialGroupPolicy;
 using laminar::PushOptions;
-using laminar::QueueOptions;
+using laminar::TrajectoryQueueOptions;
 using laminar::StalenessRule;
 using laminar::StatusCode;
 using laminar::Trajectory;
@@ -106,7 +106,7 @@ Trajectory make_member(std::uint64_t id, std::uint64_t group, std::uint32_t n, s
   return t;
 }
 
-std::unique_ptr<TrajectoryQueue> make_queue(QueueOptions opt = {}) {
+std::unique_ptr<TrajectoryQueue> make_queue(TrajectoryQueueOptions opt = {}) {
   auto q = TrajectoryQueue::create(std::move(opt));
   REQUIRE(q.ok());
   return std::move(q).value();
@@ -140,7 +140,7 @@ std::string temp_path(const char* name) {
 
 TEST_CASE("the usage example of trajectory_queue.h compiles and runs", "[queue]") {
   // Verbatim from the header.
-  auto q = laminar::TrajectoryQueue::create(laminar::QueueOptions{}).value();
+  auto q = laminar::TrajectoryQueue::create(laminar::TrajectoryQueueOptions{}).value();
   laminar::Trajectory t;
   t.id = laminar::TrajectoryId(1);
   t.response_tokens = {5, 6};
@@ -236,7 +236,7 @@ TEST_CASE("validation names the field and value that are wrong", "[queue][bad-in
 }
 
 TEST_CASE("versions: push must not be ahead, publish must not go back", "[queue][bad-input]") {
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.initial_version = Version(3);
   auto q = make_queue(opt);
   expect_code(q->push(make_traj(1, 4)), StatusCode::kInvalidArgument,
@@ -254,7 +254,7 @@ TEST_CASE("versions: push must not be ahead, publish must not go back", "[queue]
 }
 
 TEST_CASE("ids are unique while queued and for a window after ack", "[queue][bad-input]") {
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.id_dedup_window = 2;
   auto q = make_queue(opt);
   CHECK(q->push(make_traj(1)).ok());
@@ -279,7 +279,7 @@ TEST_CASE("ids are unique while queued and for a window after ack", "[queue][bad
 }
 
 TEST_CASE("options and batch specs are validated", "[queue][bad-input]") {
-  QueueOptions bad;
+  TrajectoryQueueOptions bad;
   bad.capacity_trajectories = 0;
   expect_code(TrajectoryQueue::create(bad).status(), StatusCode::kInvalidArgument, "capacity_trajectories");
   bad = {};
@@ -309,7 +309,7 @@ TEST_CASE("options and batch specs are validated", "[queue][bad-input]") {
   expect_code(q->pop_batch(count_spec(2)).status(), StatusCode::kUnavailable, "0 trajectories ready");
   expect_code(q->ack(laminar::BatchId(42)), StatusCode::kNotFound, "batch 42");
   expect_code(q->nack(laminar::BatchId(42)), StatusCode::kNotFound, "batch 42");
-  QueueOptions small;
+  TrajectoryQueueOptions small;
   small.capacity_tokens = 10;
   auto q2 = make_queue(small);
   expect_code(q2->push(make_traj(1, 0, 20)), StatusCode::kInvalidArgument, "22 tokens exceed");
@@ -319,7 +319,7 @@ TEST_CASE("push_many answers each trajectory as push would, and takes only the a
   enum Mode { kNoLog, kLog, kLogFsync };
   for (Mode mode : {kNoLog, kLog, kLogFsync}) {
     INFO("mode " << int(mode));
-    QueueOptions opt;
+    TrajectoryQueueOptions opt;
     const std::string path = temp_path("push_many");
     std::filesystem::remove(path);
     if (mode != kNoLog) opt.wal_path = path;
@@ -397,7 +397,7 @@ TEST_CASE("push_many answers each trajectory as push would, and takes only the a
 }
 
 TEST_CASE("push_many waits, fails fast or is cancelled like push when the queue is full", "[queue]") {
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.capacity_trajectories = 3;
   auto q = make_queue(opt);
   std::vector<Trajectory> ts;
@@ -479,7 +479,7 @@ TEST_CASE("pop_batch by count and by token budget, never splitting a unit", "[qu
 TEST_CASE("pop_batch waits for min_trajectories in virtual time", "[queue]") {
   auto manual = std::make_shared<ManualClock>();
   auto clock = std::make_shared<CountingClock>(manual);
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.clock = clock;
   auto q = make_queue(opt);
   REQUIRE(q->push(make_traj(1)).ok());
@@ -513,7 +513,7 @@ TEST_CASE("pop_batch waits for min_trajectories in virtual time", "[queue]") {
 
 TEST_CASE("a consumer waiting for min_trajectories is woken once they are ready, not by each push", "[queue]") {
   auto clock = std::make_shared<CountingClock>(Clock::steady());
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.clock = clock;
   auto q = make_queue(opt);
   BatchSpec full = count_spec(16);
@@ -569,7 +569,7 @@ TEST_CASE("a consumer waiting for min_trajectories is woken once they are ready,
 
 TEST_CASE("push backpressure: fail fast, timeout and block", "[queue]") {
   auto clock = std::make_shared<ManualClock>();
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.clock = clock;
   opt.capacity_trajectories = 2;
   opt.capacity_tokens = 1000;
@@ -605,7 +605,7 @@ TEST_CASE("push backpressure: fail fast, timeout and block", "[queue]") {
   CHECK(blocked.ok());
 
   // Token capacity binds too.
-  QueueOptions tok;
+  TrajectoryQueueOptions tok;
   tok.capacity_tokens = 10;
   auto q2 = make_queue(tok);
   REQUIRE(q2->push(make_traj(1)).ok());  // 6 tokens
@@ -655,7 +655,7 @@ bool pin_to_cpu(int cpu) {
 TEST_CASE("a queue takes exactly its capacity when pushed from many threads and CPUs", "[queue]") {
   for (const bool by_tokens : {false, true}) {
     INFO("bound by " << (by_tokens ? "tokens" : "count"));
-    QueueOptions opt;
+    TrajectoryQueueOptions opt;
     opt.capacity_trajectories = by_tokens ? 8192 : 2048;
     opt.capacity_tokens = by_tokens ? 6 * 1500 : std::size_t(1) << 20;
     const std::size_t capacity = by_tokens ? 1500 : 2048;
@@ -688,7 +688,7 @@ TEST_CASE("a queue takes exactly its capacity when pushed from many threads and 
     WARN("CPUs 0 and 1 are not both available: the two-CPU part is skipped");
     return;
   }
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.capacity_trajectories = 2048;
   auto q = make_queue(opt);
   const bool pinned = pin_to_cpu(0) && q->push(make_traj(1)).ok() && pin_to_cpu(1);
@@ -699,7 +699,7 @@ TEST_CASE("a queue takes exactly its capacity when pushed from many threads and 
 }
 
 TEST_CASE("staleness rules: drop, keep, keep and mark", "[queue][staleness]") {
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.initial_version = Version(10);
   auto fill = [&](TrajectoryQueue& q) {
     for (std::uint64_t v : {10, 9, 7, 4}) REQUIRE(q.push(make_traj(v, v)).ok());
@@ -794,7 +794,7 @@ TEST_CASE("group timeout releases or drops a partial group", "[queue][groups]") 
   for (auto policy : {PartialGroupPolicy::kRelease, PartialGroupPolicy::kDrop}) {
     INFO((policy == PartialGroupPolicy::kRelease ? "release" : "drop"));
     auto clock = std::make_shared<ManualClock>();
-    QueueOptions opt;
+    TrajectoryQueueOptions opt;
     opt.clock = clock;
     opt.group_timeout = 10s;
     opt.partial_group_policy = policy;
@@ -824,7 +824,7 @@ TEST_CASE("group timeout releases or drops a partial group", "[queue][groups]") 
 
 TEST_CASE("a member arriving at its group's deadline is refused, with no pop in between", "[queue][groups]") {
   auto clock = std::make_shared<ManualClock>();
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.clock = clock;
   opt.group_timeout = 10s;
   auto q = make_queue(opt);
@@ -842,7 +842,7 @@ TEST_CASE("a member arriving at its group's deadline is refused, with no pop in 
 
 TEST_CASE("timers of finished groups and leases are dropped, the live ones still fire", "[queue][groups][lease]") {
   auto clock = std::make_shared<ManualClock>();
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.clock = clock;
   opt.group_timeout = 10s;
   opt.default_lease = 30s;
@@ -881,7 +881,7 @@ TEST_CASE("timers of finished groups and leases are dropped, the live ones still
 
 TEST_CASE("leases: ack commits, nack and expiry redeliver, late ack is refused", "[queue][lease]") {
   auto clock = std::make_shared<ManualClock>();
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.clock = clock;
   opt.default_lease = 30s;
   auto q = make_queue(opt);
@@ -926,7 +926,7 @@ TEST_CASE("leases: ack commits, nack and expiry redeliver, late ack is refused",
 
 TEST_CASE("statistics come out as JSON", "[queue][stats]") {
   auto clock = std::make_shared<ManualClock>();
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.clock = clock;
   opt.initial_version = Version(3);
   auto q = make_queue(opt);
@@ -958,7 +958,7 @@ TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue]
   const unsigned seed = std::random_device{}();
   std::printf("stress seed %u\n", seed);
   constexpr int kProducers = 4, kConsumers = 3, kPerProducer = 3000;
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.capacity_trajectories = 64;  // small, so producers block and wake a lot
   // Long enough that no member blocked waiting for room finds its group timed out: it would be
   // refused (rightly) and break the count below, and at 50 ms a slow run under TSan on a loaded
@@ -1044,7 +1044,7 @@ TEST_CASE("a group's members from different threads, one id from many, capacity 
   std::printf("shards seed %u\n", seed);
   constexpr int kProducers = 4, kConsumers = 2, kRounds = 300, kGroupsPerRound = 4;
   constexpr std::uint64_t kContendedBase = 1'000'000;
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.capacity_trajectories = 24;
   opt.capacity_tokens = 400;
   auto q = make_queue(opt);
@@ -1126,7 +1126,7 @@ TEST_CASE("exactly-once under random consumer death", "[queue][stress][lease]") 
   constexpr std::uint64_t kTotal = 4000;
   constexpr int kConsumers = 4;
   auto clock = std::make_shared<ManualClock>();
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.clock = clock;
   opt.default_lease = 5s;
   auto q = make_queue(opt);
@@ -1188,7 +1188,7 @@ TEST_CASE("exactly-once under random consumer death", "[queue][stress][lease]") 
 TEST_CASE("WAL: push and push_many from many threads while consumers ack, then a restart", "[queue][wal][stress]") {
   const std::string path = temp_path("threads");
   std::filesystem::remove(path);
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.wal_path = path;
   opt.capacity_trajectories = 32;  // producers wait for acks
   constexpr std::uint64_t kEach = 600;
@@ -1248,7 +1248,7 @@ TEST_CASE("WAL: push and push_many from many threads while consumers ack, then a
 TEST_CASE("WAL: a reopened queue redelivers exactly the unacked trajectories", "[queue][wal]") {
   const std::string path = temp_path("reopen");
   std::filesystem::remove(path);
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.wal_path = path;
   opt.group_timeout = 1h;
   {
@@ -1300,7 +1300,7 @@ TEST_CASE("WAL: a reopened queue redelivers exactly the unacked trajectories", "
 TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle refuses to open",
           "[queue][wal][bad-input]") {
   const std::string path = temp_path("torn");
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.wal_path = path;
   auto write_log = [&] {
     std::filesystem::remove(path);
@@ -1358,7 +1358,7 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
 TEST_CASE("WAL: compaction keeps the log small and the state intact", "[queue][wal]") {
   const std::string path = temp_path("compact");
   std::filesystem::remove(path);
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.wal_path = path;
   opt.wal_compact_bytes = 64 << 10;
   {
@@ -1389,7 +1389,7 @@ TEST_CASE("WAL: compaction keeps the log small and the state intact", "[queue][w
 }
 
 TEST_CASE("validate_contents off keeps the O(1) checks only", "[queue][bad-input]") {
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.validate_contents = false;
   auto q = make_queue(opt);
   Trajectory odd = make_traj(1);
@@ -1422,7 +1422,7 @@ TEST_CASE("the id dedup window stays exact through heavy churn", "[queue][bad-in
   const unsigned seed = std::random_device{}();
   std::printf("dedup seed %u\n", seed);
   std::mt19937_64 rng(seed);
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.id_dedup_window = 97;
   auto q = make_queue(opt);
   std::deque<std::uint64_t> window;  // model: the last 97 retired ids
@@ -1445,7 +1445,7 @@ TEST_CASE("the id dedup window stays exact through heavy churn", "[queue][bad-in
 }
 
 TEST_CASE("after acks from many threads the window holds exactly the last ids retired", "[queue][stress]") {
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.id_dedup_window = 3;
   auto q = make_queue(opt);
   constexpr std::uint64_t kThreads = 4, kEach = 3000;
@@ -1478,7 +1478,7 @@ TEST_CASE("after acks from many threads the window holds exactly the last ids re
 }
 
 TEST_CASE("a closed group is remembered for exactly id_dedup_window group closings", "[queue][groups]") {
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.id_dedup_window = 3;
   auto q = make_queue(opt);
   std::uint64_t id = 1;
@@ -1527,7 +1527,7 @@ TEST_CASE("exactly-once while expiry, stale drops and group timeouts race pushes
   const PartialGroupPolicy policy = GENERATE(PartialGroupPolicy::kRelease, PartialGroupPolicy::kDrop);
   constexpr int kProducers = 2, kConsumers = 3, kGroupsPerProducer = 300;
   auto clock = std::make_shared<ManualClock>();
-  QueueOptions opt;
+  TrajectoryQueueOptions opt;
   opt.clock = clock;
   opt.capacity_trajectories = 48;  // small, so producers block on the space acks and drops free
   opt.default_lease = 2s;

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   }
   const std::uint64_t first = std::strtoull(argv[2], nullptr, 10);
   const std::uint64_t count = std::strtoull(argv[3], nullptr, 10);
-  laminar::QueueOptions opt;
+  laminar::TrajectoryQueueOptions opt;
   opt.wal_path = argv[1];
   opt.group_timeout = std::chrono::milliseconds(30);
   opt.partial_group_policy = laminar::PartialGroupPolicy::kRelease;

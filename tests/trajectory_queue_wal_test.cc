@@ -132,7 +132,7 @@ TEST_CASE("WAL survives SIGKILL mid-stream: every trajectory acked exactly once"
   }
 
   // Recover in this process and drain everything the log still holds.
-  laminar::QueueOptions opt;
+  laminar::TrajectoryQueueOptions opt;
   opt.wal_path = wal;
   opt.group_timeout = std::chrono::milliseconds(30);
   auto q = laminar::TrajectoryQueue::create(opt);

@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   WeightManifest manifest;
   if (Status st = manifest.add("logits", DType::kF32, {kVocab}); !st.ok()) return fail("manifest", st);
   std::shared_ptr<RelayStore> relay = RelayStore::create().value();
-  QueueOptions qo;
+  TrajectoryQueueOptions qo;
   qo.capacity_trajectories = 8 * kGroup;  // backpressure: rollouts run at most a few batches ahead
   qo.group_timeout = 30s;
   std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();

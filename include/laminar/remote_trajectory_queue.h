@@ -39,7 +39,7 @@
 
 namespace laminar {
 
-struct QueueServerOptions {
+struct TrajectoryQueueServerOptions {
   // Push and push_many messages one producer may have in flight (granted in the handshake).
   std::uint32_t credits_per_producer = 16;
   // Time of the producers' push timeouts and of the retries while the queue is full (null:
@@ -64,7 +64,7 @@ class TrajectoryQueueServer {
   // the transport listen). kInvalidArgument for a null transport or queue, or zero credits.
   static Result<std::unique_ptr<TrajectoryQueueServer>> create(std::shared_ptr<Transport> transport,
                                                                std::shared_ptr<TrajectoryQueue> queue,
-                                                               QueueServerOptions options = {});
+                                                               TrajectoryQueueServerOptions options = {});
   // Removes the handlers (waiting for a call in progress) and answers every held push with
   // kCancelled.
   ~TrajectoryQueueServer();

@@ -46,7 +46,7 @@ struct TrajectoryTimings {
 
 // One finished rollout sample.
 struct Trajectory {
-  TrajectoryId id;               // unique (see QueueOptions::id_dedup_window)
+  TrajectoryId id;               // unique (see TrajectoryQueueOptions::id_dedup_window)
   std::uint64_t prompt_id = 0;
   std::uint64_t group_id = 0;    // GRPO group; unused when group_size == 1
   std::uint32_t group_size = 1;  // samples in the group (n); 1: not grouped

@@ -12,7 +12,7 @@
 // thread, under one lock; timeouts (leases, groups) fire inside whichever call comes next, and a
 // waiting call wakes for the earliest of them.
 //
-//   auto q = laminar::TrajectoryQueue::create(laminar::QueueOptions{}).value();
+//   auto q = laminar::TrajectoryQueue::create(laminar::TrajectoryQueueOptions{}).value();
 //   laminar::Trajectory t;
 //   t.id = laminar::TrajectoryId(1);
 //   t.response_tokens = {5, 6};
@@ -63,14 +63,14 @@ enum class StalenessRule : std::uint8_t {
   kKeepAndMark,  // deliver everything; TrajectoryInfo::over_limit marks staleness > max_staleness
 };
 
-// What happens to a GRPO group still incomplete when QueueOptions::group_timeout runs out. Either
+// What happens to a GRPO group still incomplete when TrajectoryQueueOptions::group_timeout runs out. Either
 // way the group is then closed: a member arriving later is refused with kFailedPrecondition.
 enum class PartialGroupPolicy : std::uint8_t {
   kRelease,  // deliver the members present as one unit, marked partial_group
   kDrop,     // drop them (counted as "group_timeout")
 };
 
-struct QueueOptions {
+struct TrajectoryQueueOptions {
   // Bounds on what the queue holds: waiting in groups, ready, and leased out (unacked). At most
   // 2^24 - 1 trajectories and 2^40 - 1 tokens.
   std::size_t capacity_trajectories = 1 << 16;
@@ -118,7 +118,7 @@ struct BatchSpec {
   Version consumer_version;
   StalenessRule staleness_rule = StalenessRule::kKeep;
   std::uint64_t max_staleness = 0;
-  Duration lease{0};  // 0: QueueOptions::default_lease; kForever: never expires
+  Duration lease{0};  // 0: TrajectoryQueueOptions::default_lease; kForever: never expires
 };
 
 // Per-trajectory facts attached to a batch, parallel to Batch::trajectories().
@@ -162,7 +162,7 @@ struct WaitHistogram {
   std::uint64_t buckets[kBuckets] = {};
 };
 
-struct QueueStats {
+struct TrajectoryQueueStats {
   // Depth.
   std::size_t ready = 0;               // trajectories ready to pop
   std::size_t ready_tokens = 0;
@@ -226,7 +226,7 @@ class TrajectoryQueue {
   // not a laminar WAL or has a corrupt record followed by good ones (a damaged middle is not
   // silently skipped: records after it could be the acks that keep delivery exactly-once); a torn
   // or corrupt tail is cut and reported in recovery().
-  static Result<std::unique_ptr<TrajectoryQueue>> create(QueueOptions options = {});
+  static Result<std::unique_ptr<TrajectoryQueue>> create(TrajectoryQueueOptions options = {});
   // Preconditions: no thread is inside a call of this queue.
   ~TrajectoryQueue();
   TrajectoryQueue(const TrajectoryQueue&) = delete;
@@ -238,7 +238,7 @@ class TrajectoryQueue {
   Version newest_version() const noexcept;
 
   // Takes `t` (moved from only on success). Refusals, each leaving `t` untouched:
-  //   kInvalidArgument: validate_trajectory (with QueueOptions::validate_contents) failed, version
+  //   kInvalidArgument: validate_trajectory (with TrajectoryQueueOptions::validate_contents) failed, version
   //     ahead of newest_version(), id already in the queue or recently retired, a group member
   //     disagreeing with the group (group_size, prompt_id) or repeating a sample_index, or a
   //     trajectory larger than capacity_tokens;
@@ -274,7 +274,7 @@ class TrajectoryQueue {
   // nacks are still taken, so a consumer can commit what it holds.
   void close();
 
-  QueueStats stats() const;
+  TrajectoryQueueStats stats() const;
   const RecoveryReport& recovery() const noexcept;
   // The first error of work no caller was waiting on: writing the log for a lease expiry, a group
   // timeout, a stale drop, a group's completion, or a compaction. OK when there was none. Such a
