@@ -410,11 +410,12 @@ struct RelayNode::Impl {
         if (!subscribed.ok()) ep->close();
       }
       if (!subscribed.ok()) {
+        // The pause is timed from the failure, read before the event goes out: whoever reacts to
+        // the event by moving the clock then always moves it past this deadline.
+        const Duration retry_at = internal::deadline_after(*clock, options.retry_interval);
         emit({RelayEvent::Kind::kUpstreamUnreachable, Version(), 0, addr});
         // Once round the whole list without a link: pause before the next round.
-        if (k % options.upstreams.size() == 0 && wait_for_stop(internal::deadline_after(*clock, options.retry_interval))) {
-          break;
-        }
+        if (k % options.upstreams.size() == 0 && wait_for_stop(retry_at)) break;
         continue;
       }
       {
