@@ -115,7 +115,9 @@ class ByteReader {
   void array(std::string_view field, std::size_t n, std::vector<T>& out) {
     static_assert(std::is_trivially_copyable_v<T>);
     const std::byte* p = take(field, n, sizeof(T));
-    if (p == nullptr) return;
+    // take() already refused any n whose bytes are not there; the second test lets the compiler
+    // see that the copy below is bounded (GCC's -Wstringop-overflow, with a constant huge n).
+    if (p == nullptr || n > std::size_t(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(T)) return;
     out.resize(n);
     if (n != 0) std::memcpy(out.data(), p, n * sizeof(T));
   }
