@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""The hostile-peer suite: what a stranger on the network (or on the host) can throw at a laminar
+process, thrown at every socket the process listens on.
+
+It starts the built examples, a relay (examples/relay_server with a local relay socket) and a queue
+server (examples/queue_server), finds every TCP port and Unix socket each listens on from /proc
+(laminar's own and whatever UCX opened), and runs each attack. After each one the process must be
+alive, serve a good client (a real laminar peer) within its normal latency, and come back to the
+file descriptors, memory and idle CPU it had before. Figures go to stdout, one line per attack.
+
+Usage: hostile_peers.py RELAY_SERVER QUEUE_SERVER [unittest args]
+"""
+import os
+import random
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+RELAY_SERVER = QUEUE_SERVER = None
+TOKEN = "hostile-suite-token-0123456789"
+SEED = int(os.environ.get("LAMINAR_HOSTILE_SEED", str(random.randrange(1 << 30))))
+UCX_TCP_MAGIC = struct.pack("<Q", 0xCAFEBABE12345678)
+# Longest an attack on one process goes on (a wedged target makes every connect wait).
+ATTACK_SECONDS = 30
+
+
+def eventually(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
+
+
+class Process:
+    """A child the suite started, read line by line; stopped by its pid only."""
+
+    def __init__(self, args):
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+
+    def wait_line(self, prefix, timeout=30):
+        with self.cond:
+            ok = self.cond.wait_for(lambda: any(l.startswith(prefix) for l in self.lines), timeout)
+            if not ok:
+                raise AssertionError(f"{self.proc.args[0]} printed no '{prefix}' line: {self.lines}")
+            return next(l for l in self.lines if l.startswith(prefix))
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return self.proc.returncode
+
+
+def socket_inodes(pid):
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def listening_tcp(pid):
+    """(host, port) of every TCP socket the process listens on, v4 and v6."""
+    inodes = socket_inodes(pid)
+    found = []
+    for table, v6 in (("tcp", False), ("tcp6", True)):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            next(f)
+            for row in f:
+                cols = row.split()
+                if cols[3] != "0A" or int(cols[9]) not in inodes:
+                    continue
+                hexaddr, hexport = cols[1].split(":")
+                raw = bytes.fromhex(hexaddr)
+                if v6:
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    host = socket.inet_ntop(socket.AF_INET6, words)
+                else:
+                    host = socket.inet_ntop(socket.AF_INET, raw[::-1])
+                if host in ("0.0.0.0", "::"):
+                    host = "127.0.0.1" if not v6 else "::1"
+                found.append((host, int(hexport, 16)))
+    return sorted(set(found))
+
+
+def listening_unix(pid):
+    inodes = socket_inodes(pid)
+    paths = []
+    with open(f"/proc/{pid}/net/unix") as f:
+        next(f)
+        for row in f:
+            cols = row.split()
+            # Flags 00010000: __SO_ACCEPTCON, a listening socket.
+            if len(cols) >= 8 and int(cols[6]) in inodes and int(cols[3], 16) & 0x10000:
+                paths.append(cols[7])
+    return sorted(set(paths))
+
+
+def fd_count(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu_share(pid, seconds=1.0):
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / seconds
+
+
+def tcp_send(host, port, data, linger=0.05):
+    try:
+        with socket.create_connection((host, port), timeout=1) as s:
+            s.sendall(data)
+            time.sleep(linger)
+    except OSError:
+        pass  # refused or reset: the target chose to drop us, which is allowed
+
+
+def timed(args, timeout=60):
+    start = time.monotonic()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    return done, time.monotonic() - start
+
+
+class Target:
+    """One served process, its good client and its resting figures."""
+
+    def __init__(self, name, process, good_client):
+        self.name, self.process, self.good_client = name, process, good_client
+        self.baseline_s = None
+        self.rest = None
+
+    def serve_good_client(self):
+        done, seconds = self.good_client()
+        if done.returncode != 0:
+            raise AssertionError(f"{self.name}: good client failed ({done.returncode}): {done.stdout} {done.stderr}")
+        return seconds
+
+    def measure_rest(self):
+        pid = self.process.pid
+        return {"fds": fd_count(pid), "rss_kib": rss_kib(pid), "cpu": idle_cpu_share(pid)}
+
+
+class HostilePeers(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        print(f"hostile_peers: seed {SEED}", flush=True)
+        cls.tmp = tempfile.TemporaryDirectory(prefix="laminar-hostile-")
+        shm = os.path.join(cls.tmp.name, "relay.sock")
+        relay = Process([RELAY_SERVER, "--token", TOKEN, "--actor", "--mib", "1", "--shm", shm])
+        queue = Process([QUEUE_SERVER, "--token", TOKEN])
+        cls.children = [relay, queue]
+        relay_addr = relay.wait_line("listening").split()[1]
+        relay.wait_line("published 1")
+        queue_addr = queue.wait_line("listening").split()[1]
+        ids = iter(range(0, 1 << 40, 64))
+        cls.relay = Target("relay", relay, lambda: timed(
+            [RELAY_SERVER, "--token", TOKEN, "--pull", "--mib", "1", "--upstream", relay_addr,
+             "--exit-after-version", "1"]))
+        cls.local = Target("local relay", relay, lambda: timed(
+            [RELAY_SERVER, "--pull", "--mib", "1", "--local", shm, "--exit-after-version", "1"]))
+        cls.queue = Target("queue server", queue, lambda: timed(
+            [QUEUE_SERVER, "--token", TOKEN, "--produce", queue_addr, "--count", "64", "--first-id", str(next(ids))]))
+        for t in (cls.relay, cls.local, cls.queue):
+            t.serve_good_client()  # warm: the first client pays for first-touch costs
+            t.baseline_s = min(t.serve_good_client() for _ in range(3))
+        for p in cls.children:
+            eventually(lambda: idle_cpu_share(p.pid, 0.5) < 0.2, 20, f"{p.proc.args[0]} idle before the attacks")
+        cls.rest = {p.pid: {"fds": fd_count(p.pid), "rss_kib": rss_kib(p.pid)} for p in cls.children}
+        print(f"hostile_peers: listening tcp relay {listening_tcp(relay.pid)} queue {listening_tcp(queue.pid)}"
+              f" unix {listening_unix(relay.pid)}", flush=True)
+
+    def setUp(self):
+        # One attack that killed a process must not fail every later one too.
+        if not all(p.alive() for p in self.children):
+            type(self).tearDownClass()
+            type(self).setUpClass()
+
+    @classmethod
+    def tearDownClass(cls):
+        for p in cls.children:
+            p.stop()
+        cls.tmp.cleanup()
+
+    def recovered(self, target, attack, started):
+        """Alive, serving within its normal latency, and back to its resting figures."""
+        p = target.process
+        if not p.alive():
+            self.fail(f"{target.name} died after {attack}: exit {p.proc.returncode}; stderr: {p.proc.stderr.read()}")
+        seconds = target.serve_good_client()
+        limit = max(3 * target.baseline_s, target.baseline_s + 2.0)
+        self.assertLess(seconds, limit, f"{target.name} served a good client in {seconds:.2f} s after {attack} "
+                                        f"(normal {target.baseline_s:.2f} s)")
+        rest = self.rest[p.pid]
+        eventually(lambda: fd_count(p.pid) <= rest["fds"] + 2, 30,
+                   f"{target.name} back to {rest['fds']} fds after {attack} (has {fd_count(p.pid)})")
+        eventually(lambda: idle_cpu_share(p.pid, 0.5) < 0.2, 20, f"{target.name} idle after {attack}")
+        grown = rss_kib(p.pid) - rest["rss_kib"]
+        self.assertLess(grown, 64 << 10, f"{target.name} kept {grown} KiB after {attack}")
+        print(f"hostile_peers: {target.name}: {attack}: survived; good client {seconds:.2f} s "
+              f"(normal {target.baseline_s:.2f} s); fds {fd_count(p.pid)} (rest {rest['fds']}); "
+              f"rss +{grown} KiB; {time.monotonic() - started:.1f} s", flush=True)
+
+    def tcp_targets(self):
+        return [(t, listening_tcp(t.process.pid)) for t in (self.relay, self.queue)]
+
+    def each_tcp_port(self, attack, send):
+        """send(host, port, live) on each port; live() is false once the target died or the attack ran
+        past its time, so an attack against a dead or wedged process ends."""
+        for target, ports in self.tcp_targets():
+            started = time.monotonic()
+
+            def live():
+                return target.process.alive() and time.monotonic() - started < ATTACK_SECONDS
+            for host, port in ports:
+                if live():
+                    send(host, port, live)
+            self.recovered(target, f"{attack} on {len(ports)} ports", started)
+
+    def test_wrapped_length(self):
+        self.each_tcp_port("wrapped 64-bit length", lambda h, p, live: tcp_send(
+            h, p, struct.pack("<Q", 0xFFFFFFFFFFFFFFF0) + bytes(8)))
+
+    def test_huge_lengths(self):
+        def send(h, p, live):
+            for n in (0xFFFFFFFF, 0x7FFFFFFF, 1 << 31, 1 << 24):
+                tcp_send(h, p, struct.pack("<I", n) + os.urandom(64))
+                tcp_send(h, p, struct.pack("<Q", n) + os.urandom(64))
+        self.each_tcp_port("huge length fields", send)
+
+    def test_ucx_magic_then_garbage(self):
+        rng = random.Random(SEED)
+
+        def send(h, p, live):
+            tcp_send(h, p, UCX_TCP_MAGIC + bytes([32]) + struct.pack("<I", 0))
+            tcp_send(h, p, UCX_TCP_MAGIC + bytes([32]) + struct.pack("<I", 4) + struct.pack("<I", 1))
+            tcp_send(h, p, UCX_TCP_MAGIC + bytes([0]) + struct.pack("<I", 0xFFFFFFF0) + os.urandom(64))
+            for _ in range(20):
+                if live():
+                    tcp_send(h, p, UCX_TCP_MAGIC + rng.randbytes(rng.randrange(1, 300)), linger=0.01)
+        self.each_tcp_port("UCX magic then bad packets", send)
+
+    def test_random_bytes(self):
+        rng = random.Random(SEED + 1)
+
+        def send(h, p, live):
+            for _ in range(20):
+                if live():
+                    tcp_send(h, p, rng.randbytes(rng.randrange(1, 8192)), linger=0.01)
+        self.each_tcp_port("random bytes", send)
+
+    def test_connect_and_close_flood(self):
+        def send(h, p, live):
+            for i in range(500):
+                if i % 50 == 0 and not live():
+                    return
+                tcp_send(h, p, struct.pack("<Q", 1 << 40) + bytes(2048) if i % 2 else b"", linger=0)
+        self.each_tcp_port("500 connect-and-close (half with a large length and 2 KiB)", send)
+
+    def test_idle_and_slowloris_connections_do_not_lock_out_a_good_client(self):
+        for target, ports in self.tcp_targets():
+            started = time.monotonic()
+            held = []
+            try:
+                for host, port in ports:
+                    for _ in range(100):
+                        try:
+                            held.append(socket.create_connection((host, port), timeout=1))
+                        except OSError:
+                            break
+                # Slowloris: a byte at a time from half of them while a good client comes.
+                stop = threading.Event()
+
+                def drip():
+                    while not stop.is_set():
+                        for s in held[::2]:
+                            try:
+                                s.send(b"\x01")
+                            except OSError:
+                                pass
+                        stop.wait(0.2)
+                dripper = threading.Thread(target=drip, daemon=True)
+                dripper.start()
+                seconds = target.serve_good_client()
+                limit = max(3 * target.baseline_s, target.baseline_s + 2.0)
+                stop.set()
+                dripper.join()
+                self.assertLess(seconds, limit, f"{target.name}: good client took {seconds:.2f} s beside "
+                                                f"{len(held)} idle and dripping connections")
+            finally:
+                for s in held:
+                    s.close()
+            self.recovered(target, f"{len(held)} idle/slowloris connections", started)
+
+    def test_local_relay_garbage_and_idle_flood(self):
+        path = listening_unix(self.local.process.pid)
+        self.assertTrue(path, "the relay serves no local socket")
+        started = time.monotonic()
+        rng = random.Random(SEED + 2)
+        for _ in range(50):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                try:
+                    s.connect(path[0])
+                    s.sendall(rng.randbytes(rng.randrange(1, 4096)))
+                except OSError:
+                    pass
+        held = []
+        try:
+            for _ in range(100):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    s.connect(path[0])
+                except OSError:
+                    s.close()
+                    break
+                held.append(s)
+            seconds = self.local.serve_good_client()
+            limit = max(3 * self.local.baseline_s, self.local.baseline_s + 2.0)
+            self.assertLess(seconds, limit, f"local relay: good client took {seconds:.2f} s beside {len(held)} "
+                                            f"idle connections")
+        finally:
+            for s in held:
+                s.close()
+        self.recovered(self.local, f"garbage and {len(held)} idle local connections", started)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    RELAY_SERVER, QUEUE_SERVER = sys.argv[1], sys.argv[2]
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
