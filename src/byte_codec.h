@@ -17,6 +17,7 @@
 //   Status st = r.finish();                           // OK: nothing left over
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -77,6 +78,9 @@ class ByteWriter {
     if constexpr (std::is_same_v<Out, std::string>) {
       out_->append(b, n);
     } else {
+      // Grown first, so that insert never reallocates: GCC 12 misreads its reallocation path into a
+      // fresh vector as an overflow (-Wstringop-overflow at -O2 and above).
+      if (out_->capacity() - out_->size() < n) out_->reserve(std::max(out_->size() + n, 2 * out_->capacity()));
       out_->insert(out_->end(), b, b + n);
     }
   }

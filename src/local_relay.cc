@@ -31,28 +31,6 @@ namespace {
 // Descriptors one read may bring; more are refused (the kernel drops what does not fit).
 constexpr std::size_t kMaxFdsPerRead = 4;
 
-void put_u32(std::vector<std::byte>& out, std::uint32_t x) {
-  const auto* p = reinterpret_cast<const std::byte*>(&x);
-  out.insert(out.end(), p, p + 4);
-}
-
-void put_u64(std::vector<std::byte>& out, std::uint64_t x) {
-  const auto* p = reinterpret_cast<const std::byte*>(&x);
-  out.insert(out.end(), p, p + 8);
-}
-
-std::uint32_t get_u32(const std::byte* p) {
-  std::uint32_t x;
-  std::memcpy(&x, p, 4);
-  return x;
-}
-
-std::uint64_t get_u64(const std::byte* p) {
-  std::uint64_t x;
-  std::memcpy(&x, p, 8);
-  return x;
-}
-
 Result<sockaddr_un> socket_address(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -163,13 +141,6 @@ Status recv_exact(int sock, std::byte* dst, std::size_t n, const ClockWaker& wak
   return ok_status();
 }
 
-Status status_from_wire(std::uint32_t code, std::string message) {
-  if (code == 0 || code > std::uint32_t(StatusCode::kInternal)) {
-    return data_loss(fmt::format("error reply with unknown status code {}", code));
-  }
-  return Status(StatusCode(code), std::move(message));
-}
-
 }  // namespace
 
 UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
@@ -261,19 +232,14 @@ Status LocalRelayConnection::fail(Status why) {
 }
 
 Status LocalRelayConnection::error_reply(std::span<const std::byte> payload) {
-  if (payload.size() < 4) return fail(data_loss("error reply shorter than its status code"));
-  return status_from_wire(get_u32(payload.data()),
-                          std::string(reinterpret_cast<const char*>(payload.data()) + 4, payload.size() - 4))
-      .with_context(fmt::format("local relay '{}'", path_));
+  auto e = decode_local_error(payload);
+  if (!e.ok()) return fail(e.status());
+  return Status(e->code, std::move(e->message)).with_context(fmt::format("local relay '{}'", path_));
 }
 
-Status LocalRelayConnection::send_request(LocalRequest type, std::uint64_t a, std::uint64_t b) {
+Status LocalRelayConnection::send_request(const LocalRequestFrame& request) {
   if (broken_) return unavailable(fmt::format("local relay '{}': the connection is closed", path_));
-  std::vector<std::byte> req;
-  put_u32(req, kLocalRelayMagic);
-  put_u32(req, std::uint32_t(type));
-  put_u64(req, a);
-  put_u64(req, b);
+  const auto req = encode_local_request(request);
   const std::span<const std::byte> parts[] = {req};
   Status st = send_all(fd_.get(), parts, -1);
   if (!st.ok()) return fail(st);
@@ -288,50 +254,41 @@ Status LocalRelayConnection::read_reply(Duration timeout, LocalReply* type, std:
   std::array<std::byte, kLocalReplyHeaderBytes> header;
   Status st = recv_exact(fd_.get(), header.data(), header.size(), *waker_, deadline, &fds, &ctrunc);
   if (!st.ok()) return fail(st);
-  if (get_u32(header.data()) != kLocalRelayMagic) {
-    return fail(data_loss(fmt::format("reply starts with {:#010x}, not the protocol's magic", get_u32(header.data()))));
-  }
-  const std::uint32_t t = get_u32(header.data() + 4);
-  if (t != std::uint32_t(LocalReply::kLatestIs) && t != std::uint32_t(LocalReply::kGrant) &&
-      t != std::uint32_t(LocalReply::kError)) {
-    return fail(data_loss(fmt::format("reply of unknown type {}", t)));
-  }
-  const std::uint64_t len = get_u64(header.data() + 8);
-  if (len > kLocalMaxPayloadBytes) {
-    return fail(data_loss(fmt::format("reply payload of {} bytes is over the limit of {}", len, kLocalMaxPayloadBytes)));
-  }
-  payload->resize(std::size_t(len));
+  auto h = decode_local_reply_header(header);
+  if (!h.ok()) return fail(h.status());
+  // The header's decoder bounded the length by kLocalMaxPayloadBytes.
+  payload->resize(std::size_t(h->payload_bytes));
   st = recv_exact(fd_.get(), payload->data(), payload->size(), *waker_, deadline, &fds, &ctrunc);
   if (!st.ok()) return fail(st);
   if (ctrunc) return fail(data_loss("reply carried more descriptors than the protocol allows"));
-  *type = LocalReply(t);
+  *type = h->type;
   const std::size_t want_fds = *type == LocalReply::kGrant ? 1 : 0;
   if (fds.size() != want_fds) {
-    return fail(data_loss(fmt::format("reply of type {} carried {} descriptors, {} expected", t, fds.size(), want_fds)));
+    return fail(data_loss(fmt::format("reply of type {} carried {} descriptors, {} expected", std::uint32_t(*type),
+                                      fds.size(), want_fds)));
   }
   if (want_fds == 1) *fd = std::move(fds[0]);
   return ok_status();
 }
 
 Result<std::optional<Version>> LocalRelayConnection::latest(Duration timeout) {
-  LAMINAR_RETURN_IF_ERROR(send_request(LocalRequest::kLatest, 0, 0));
+  LAMINAR_RETURN_IF_ERROR(send_request({LocalRequest::kLatest, std::nullopt, 0}));
   LocalReply type{};
   std::vector<std::byte> payload;
   UniqueFd fd;
   LAMINAR_RETURN_IF_ERROR(read_reply(timeout, &type, &payload, &fd));
   if (type == LocalReply::kError) return error_reply(payload);
-  if (type != LocalReply::kLatestIs || payload.size() != 16) {
-    return fail(data_loss(fmt::format("answer to 'latest' is of type {} with {} payload bytes, not {} with 16",
-                                      std::uint32_t(type), payload.size(), std::uint32_t(LocalReply::kLatestIs))));
+  if (type != LocalReply::kLatestIs) {
+    return fail(data_loss(fmt::format("answer to 'latest' is of type {}, not {}", std::uint32_t(type),
+                                      std::uint32_t(LocalReply::kLatestIs))));
   }
-  const std::uint64_t has = get_u64(payload.data());
-  if (has > 1) return fail(data_loss(fmt::format("answer to 'latest' has flag {}, not 0 or 1", has)));
-  if (has == 0) return std::optional<Version>();
-  return std::optional<Version>(Version(get_u64(payload.data() + 8)));
+  auto newest = decode_local_latest(payload);
+  if (!newest.ok()) return fail(newest.status());
+  return *newest;
 }
 
 Result<LocalGrant> LocalRelayConnection::acquire(std::optional<Version> v, Duration timeout) {
-  LAMINAR_RETURN_IF_ERROR(send_request(LocalRequest::kAcquire, v ? 1 : 0, v ? v->value() : 0));
+  LAMINAR_RETURN_IF_ERROR(send_request({LocalRequest::kAcquire, v, 0}));
   LocalReply type{};
   std::vector<std::byte> payload;
   UniqueFd fd;
@@ -345,44 +302,33 @@ Result<LocalGrant> LocalRelayConnection::acquire(std::optional<Version> v, Durat
   if (type != LocalReply::kGrant) {
     return fail(data_loss(fmt::format("answer to 'acquire' is of type {}", std::uint32_t(type))));
   }
-  constexpr std::size_t kFixed = 48;
-  if (payload.size() < kFixed) return fail(data_loss(fmt::format("grant of {} bytes is truncated", payload.size())));
-  LocalGrant g;
-  g.lease = get_u64(payload.data());
-  g.version = Version(get_u64(payload.data() + 8));
-  const std::uint64_t total = get_u64(payload.data() + 16);
-  const std::uint64_t chunk_bytes = get_u64(payload.data() + 24);
-  const std::uint64_t num_chunks = get_u64(payload.data() + 32);
-  const std::uint64_t json_bytes = get_u64(payload.data() + 40);
-  const std::uint64_t rest = payload.size() - kFixed;
-  if (num_chunks > rest / 8 || json_bytes != rest - num_chunks * 8) {
-    return fail(data_loss(fmt::format("grant says {} checksums and {} manifest bytes but carries {} bytes after its "
-                                      "header", num_chunks, json_bytes, rest)));
-  }
-  if (v && g.version != *v) {
+  auto wire = decode_local_grant(payload);
+  if (!wire.ok()) return fail(wire.status());
+  if (v && wire->version != *v) {
     return fail(data_loss(fmt::format("asked for version {}, the grant is for version {}", v->value(),
-                                      g.version.value())));
+                                      wire->version.value())));
   }
-  auto manifest = WeightManifest::from_json(
-      std::string_view(reinterpret_cast<const char*>(payload.data()) + kFixed + num_chunks * 8, json_bytes));
+  auto manifest = WeightManifest::from_json(wire->manifest_json);
   if (!manifest.ok()) return fail(data_loss("grant's manifest: " + manifest.status().message()));
-  auto plan = ChunkPlan::make(total, chunk_bytes);
+  auto plan = ChunkPlan::make(wire->total_bytes, wire->chunk_bytes);
   if (!plan.ok()) return fail(data_loss("grant's chunk plan: " + plan.status().message()));
-  if (plan->num_chunks() != num_chunks || manifest->total_bytes() != total) {
+  if (plan->num_chunks() != wire->checksums.size() || manifest->total_bytes() != wire->total_bytes) {
     return fail(data_loss(fmt::format("grant of version {}: {} bytes in {} chunks of {} do not fit its manifest "
-                                      "({} bytes)", g.version.value(), total, num_chunks, chunk_bytes,
-                                      manifest->total_bytes())));
+                                      "({} bytes)", wire->version.value(), wire->total_bytes, wire->checksums.size(),
+                                      wire->chunk_bytes, manifest->total_bytes())));
   }
+  LocalGrant g;
+  g.lease = wire->lease;
+  g.version = wire->version;
   g.manifest = std::move(*manifest);
   g.plan = *plan;
-  g.checksums.resize(std::size_t(num_chunks));
-  std::memcpy(g.checksums.data(), payload.data() + kFixed, num_chunks * 8);
+  g.checksums = std::move(wire->checksums);
   g.fd = std::move(fd);
   return g;
 }
 
 void LocalRelayConnection::release(std::uint64_t lease) noexcept {
-  if (!broken_) (void)send_request(LocalRequest::kRelease, lease, 0);
+  if (!broken_) (void)send_request({LocalRequest::kRelease, std::nullopt, lease});
 }
 
 }  // namespace internal
@@ -435,66 +381,43 @@ struct LocalRelayServer::Impl {
   }
 
   Status reply(Client& c, internal::LocalReply type, std::span<const std::byte> payload, int fd) {
-    std::vector<std::byte> header;
-    internal::put_u32(header, internal::kLocalRelayMagic);
-    internal::put_u32(header, std::uint32_t(type));
-    internal::put_u64(header, payload.size());
+    const auto header = internal::encode_local_reply_header({type, payload.size()});
     const std::span<const std::byte> parts[] = {header, payload};
     return internal::send_all(c.fd.get(), parts, fd);
   }
 
   Status reply_error(Client& c, const Status& st) {
-    std::vector<std::byte> payload;
-    internal::put_u32(payload, std::uint32_t(st.code()));
-    const std::string msg = st.message().substr(0, internal::kLocalMaxErrorTextBytes);
-    const auto* p = reinterpret_cast<const std::byte*>(msg.data());
-    payload.insert(payload.end(), p, p + msg.size());
-    return reply(c, internal::LocalReply::kError, payload, -1);
+    return reply(c, internal::LocalReply::kError, internal::encode_local_error(st), -1);
   }
 
   // Answers one request; an error means the client must be dropped (`refused` says whether it
   // misbehaved rather than vanished).
   Status handle(Client& c, bool* refused) {
-    const std::uint32_t magic = internal::get_u32(c.in.data());
-    const std::uint32_t type = internal::get_u32(c.in.data() + 4);
-    const std::uint64_t a = internal::get_u64(c.in.data() + 8);
-    const std::uint64_t b = internal::get_u64(c.in.data() + 16);
+    // The client sent it wrong: it is told so (kInvalidArgument, its input to fix) and dropped.
     const auto refuse = [&](std::string why) {
       *refused = true;
       (void)reply_error(c, invalid_argument(why));
       return invalid_argument(std::move(why));
     };
-    if (magic != internal::kLocalRelayMagic) return refuse(fmt::format("request starts with {:#010x}", magic));
-    switch (internal::LocalRequest(type)) {
-      case internal::LocalRequest::kLatest: {
-        std::vector<std::byte> payload;
-        const std::optional<Version> v = store->newest_version();
-        internal::put_u64(payload, v ? 1 : 0);
-        internal::put_u64(payload, v ? v->value() : 0);
-        return reply(c, internal::LocalReply::kLatestIs, payload, -1);
-      }
+    auto request = internal::decode_local_request(c.in);
+    if (!request.ok()) return refuse(request.status().message());
+    switch (request->type) {
+      case internal::LocalRequest::kLatest:
+        return reply(c, internal::LocalReply::kLatestIs, internal::encode_local_latest(store->newest_version()), -1);
       case internal::LocalRequest::kAcquire: {
-        if (a > 1) return refuse(fmt::format("acquire with flag {}", a));
         if (c.leases.size() >= options.max_leases_per_client) {
           return reply_error(c, resource_exhausted(fmt::format("this client holds {} leases already, the most allowed",
                                                                c.leases.size())));
         }
-        auto h = a == 1 ? store->acquire(Version(b)) : store->acquire();
+        auto h = request->version ? store->acquire(*request->version) : store->acquire();
         if (!h.ok()) return reply_error(c, h.status());
-        const std::string json = h->manifest().to_json();
         const ChunkPlan& plan = h->plan();
         const std::uint64_t lease = next_lease++;
-        std::vector<std::byte> payload;
-        payload.reserve(48 + std::size_t(plan.num_chunks()) * 8 + json.size());
-        internal::put_u64(payload, lease);
-        internal::put_u64(payload, h->version().value());
-        internal::put_u64(payload, plan.total_bytes());
-        internal::put_u64(payload, plan.chunk_bytes());
-        internal::put_u64(payload, plan.num_chunks());
-        internal::put_u64(payload, json.size());
-        for (std::uint32_t i = 0; i < plan.num_chunks(); ++i) internal::put_u64(payload, h->checksum(i).value());
-        const auto* p = reinterpret_cast<const std::byte*>(json.data());
-        payload.insert(payload.end(), p, p + json.size());
+        internal::LocalGrantPayload grant{lease, h->version(), plan.total_bytes(), plan.chunk_bytes(), {},
+                                          h->manifest().to_json()};
+        grant.checksums.reserve(plan.num_chunks());
+        for (std::uint32_t i = 0; i < plan.num_chunks(); ++i) grant.checksums.push_back(h->checksum(i).value());
+        const std::vector<std::byte> payload = internal::encode_local_grant(grant);
         // Leased before the reply goes out: the client may release it the moment it arrives.
         const Version v = h->version();
         const int fd = h->shared_fd();
@@ -508,15 +431,17 @@ struct LocalRelayServer::Impl {
         return ok_status();
       }
       case internal::LocalRequest::kRelease: {
-        auto it = c.leases.find(a);
-        if (it == c.leases.end()) return refuse(fmt::format("release of lease {}, which this client does not hold", a));
+        auto it = c.leases.find(request->lease);
+        if (it == c.leases.end()) {
+          return refuse(fmt::format("release of lease {}, which this client does not hold", request->lease));
+        }
         const Version v = it->second.version();
         c.leases.erase(it);
         emit({LocalRelayEvent::Kind::kReleased, v, c.pid, false, ""});
         return ok_status();
       }
     }
-    return refuse(fmt::format("request of unknown type {}", type));
+    LAMINAR_CHECK(false);  // decode_local_request accepts the three types only
   }
 
   void drop(std::size_t k, bool refused, const std::string& why) {

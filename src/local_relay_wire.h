@@ -1,21 +1,29 @@
 // local_relay_wire.h (internal): what a LocalRelayServer and its clients (WeightPuller::create_local)
-// say over their Unix domain stream socket, and the client side of it.
+// say over their Unix domain stream socket, the codec of its frames, and the client side of it.
 //
-// Requests are fixed 24-byte frames {magic, type, a, b} (little-endian, as the host: both ends are
-// on the same machine). Replies are a 16-byte header {magic, type, payload bytes} and a payload; a
-// grant carries the version's memfd as SCM_RIGHTS ancillary data on its first byte.
+// Requests are fixed 24-byte frames {u32 magic, u32 type, u64 a, u64 b}. Replies are a 16-byte
+// header {u32 magic, u32 type, u64 payload bytes} and a payload; a grant carries the version's memfd
+// as SCM_RIGHTS ancillary data on its first byte. Little-endian (ByteWriter / ByteReader); a word a
+// request does not use is 0.
 //
-//   request kLatest                      -> kLatestIs {u64 has, u64 version}
+//   request kLatest                      -> kLatestIs {u64 has, u64 version (0 unless has)}
 //   request kAcquire {a: 1 = version b,  -> kGrant {u64 lease, version, total_bytes, chunk_bytes,
 //                     0 = newest}              num_chunks, json_bytes, u64 checksums[num_chunks],
 //                                              manifest JSON} + fd
 //   request kRelease {a: lease}          -> no reply
 //   any request                          -> kError {u32 status code, message} instead
 //
-// The client validates everything (sizes, codes, the fd's seals and size) and never trusts a length
-// before checking it against what it can hold.
+// The decoders below accept exactly what their encoders write and need no socket (the fuzz target
+// tests/fuzz/local_relay_decode_fuzz.cc calls them); anything else is kDataLoss naming the frame,
+// the field and its offset, and no length is trusted before it is checked against the bytes there.
+// What the fields mean (a manifest that parses, a plan that fits it, the fd's seals and size) the
+// connection checks.
+//
+//   auto frame = encode_local_request({LocalRequest::kRelease, std::nullopt, lease});
+//   Result<LocalRequestFrame> r = decode_local_request(frame);   // r->lease == lease
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,6 +51,50 @@ inline constexpr std::size_t kLocalMaxErrorTextBytes = 1024;
 
 enum class LocalRequest : std::uint32_t { kLatest = 1, kAcquire = 2, kRelease = 3 };
 enum class LocalReply : std::uint32_t { kLatestIs = 11, kGrant = 12, kError = 13 };
+
+struct LocalRequestFrame {
+  LocalRequest type = LocalRequest::kLatest;
+  std::optional<Version> version;  // kAcquire: the version asked for; nullopt: the newest
+  std::uint64_t lease = 0;         // kRelease
+  friend bool operator==(const LocalRequestFrame&, const LocalRequestFrame&) = default;
+};
+std::array<std::byte, kLocalRequestBytes> encode_local_request(const LocalRequestFrame& r);
+Result<LocalRequestFrame> decode_local_request(std::span<const std::byte> frame);
+
+struct LocalReplyHeader {
+  LocalReply type = LocalReply::kError;
+  std::uint64_t payload_bytes = 0;  // at most kLocalMaxPayloadBytes
+  friend bool operator==(const LocalReplyHeader&, const LocalReplyHeader&) = default;
+};
+std::array<std::byte, kLocalReplyHeaderBytes> encode_local_reply_header(const LocalReplyHeader& h);
+Result<LocalReplyHeader> decode_local_reply_header(std::span<const std::byte> header);
+
+// kLatestIs: the relay's newest committed version.
+std::vector<std::byte> encode_local_latest(std::optional<Version> newest);
+Result<std::optional<Version>> decode_local_latest(std::span<const std::byte> payload);
+
+// kGrant, less the descriptor.
+struct LocalGrantPayload {
+  std::uint64_t lease = 0;
+  Version version;
+  std::uint64_t total_bytes = 0;
+  std::uint64_t chunk_bytes = 0;
+  std::vector<std::uint64_t> checksums;  // [number of chunks]
+  std::string manifest_json;
+  friend bool operator==(const LocalGrantPayload&, const LocalGrantPayload&) = default;
+};
+std::vector<std::byte> encode_local_grant(const LocalGrantPayload& g);
+Result<LocalGrantPayload> decode_local_grant(std::span<const std::byte> payload);
+
+// kError: the relay's own error, its message cut to kLocalMaxErrorTextBytes.
+struct LocalErrorPayload {
+  StatusCode code = StatusCode::kInternal;  // never kOk
+  std::string message;
+  friend bool operator==(const LocalErrorPayload&, const LocalErrorPayload&) = default;
+};
+// Precondition: !st.ok().
+std::vector<std::byte> encode_local_error(const Status& st);
+Result<LocalErrorPayload> decode_local_error(std::span<const std::byte> payload);
 
 // A file descriptor closed on destruction.
 class UniqueFd {
@@ -147,7 +199,7 @@ class LocalRelayConnection {
  private:
   LocalRelayConnection(UniqueFd fd, std::string path, std::shared_ptr<const ClockWaker> waker)
       : fd_(std::move(fd)), path_(std::move(path)), waker_(std::move(waker)) {}
-  Status send_request(LocalRequest type, std::uint64_t a, std::uint64_t b);
+  Status send_request(const LocalRequestFrame& request);
   // Reads one reply: its type, payload, and the descriptor that came with it (if any).
   Status read_reply(Duration timeout, LocalReply* type, std::vector<std::byte>* payload,
                     UniqueFd* fd);

@@ -14,19 +14,18 @@
 #include "clock_wait.h"
 #include "handler_gate.h"
 #include "relay_node_hooks.h"
+#include "relay_node_wire.h"
 #include "transport/protocol.h"
 
 namespace laminar {
 
 namespace {
 
-// Message types of the relay protocol (reserved range, transport/protocol.h).
-// downstream -> upstream: u8 has, u64 newest committed.
+// Message types of the relay protocol (reserved range, transport/protocol.h); their bodies are in
+// relay_node_wire.h. A begin's reply names the chunks the downstream lacks and its RemoteRegion for
+// v's buffer: the upstream puts those chunks straight into it.
 constexpr MessageType kSubscribe = internal::kRelaySubscribeMessage;
-// upstream -> downstream: u64 v, u64 chunk_bytes, manifest JSON. Reply: u32 n, u32 missing[n], the
-// downstream's RemoteRegion for v's buffer (the upstream puts the missing chunks straight into it).
 constexpr MessageType kBegin = internal::kRelayBeginMessage;
-// upstream -> downstream, after the put of chunk i completed: u64 v, u32 i, u64 xxh3.
 constexpr MessageType kChunk = internal::kRelayChunkMessage;
 
 // A sender waiting for a newer version, or for a chunk its own upstream has not delivered yet,
@@ -37,44 +36,6 @@ constexpr Duration kChunkPoll = std::chrono::milliseconds(200);
 // The relay protocol's handlers are per transport, so a transport hosts at most one node.
 std::mutex g_hosts_mu;
 std::set<const Transport*> g_hosts;
-
-// Little-endian packing of the few integers the protocol carries.
-class Writer {
- public:
-  explicit Writer(std::size_t reserve = 0) { out_.reserve(reserve); }
-  template <class T>
-  void put(T x) {
-    const auto* p = reinterpret_cast<const std::byte*>(&x);
-    out_.insert(out_.end(), p, p + sizeof(T));
-  }
-  void put_bytes(std::span<const std::byte> b) { out_.insert(out_.end(), b.begin(), b.end()); }
-  std::vector<std::byte> take() { return std::move(out_); }
-
- private:
-  std::vector<std::byte> out_;
-};
-
-class Reader {
- public:
-  Reader(std::span<const std::byte> in, const char* what) : in_(in), what_(what) {}
-  template <class T>
-  Result<T> get() {
-    if (in_.size() - pos_ < sizeof(T)) {
-      return data_loss(fmt::format("relay {} message truncated: {} bytes, needed {} more at offset {}", what_,
-                                   in_.size(), sizeof(T), pos_));
-    }
-    T x;
-    std::memcpy(&x, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return x;
-  }
-  std::span<const std::byte> rest() const { return in_.subspan(pos_); }
-
- private:
-  std::span<const std::byte> in_;
-  const char* what_;
-  std::size_t pos_ = 0;
-};
 
 }  // namespace
 
@@ -146,11 +107,7 @@ struct RelayNode::Impl {
   // ---- upstream side: push versions to one subscriber ----
 
   static Message chunk_done(Version v, std::uint32_t i, std::uint64_t checksum) {
-    Writer w;
-    w.put<std::uint64_t>(v.value());
-    w.put<std::uint32_t>(i);
-    w.put<std::uint64_t>(checksum);
-    return Message{kChunk, w.take()};
+    return Message{kChunk, internal::encode_relay_chunk({v, i, checksum})};
   }
 
   // Sends version v's missing chunks with up to `window` in flight. Returns false when the
@@ -158,29 +115,26 @@ struct RelayNode::Impl {
   bool send_version(Endpoint& ep, Version v) {
     auto info = store->version_info(v);
     if (!info.ok()) return true;  // dropped meanwhile; the caller moves on to the newest
-    Writer w;
-    w.put<std::uint64_t>(v.value());
-    w.put<std::uint64_t>(info->plan.chunk_bytes());
-    const std::string json = info->manifest.to_json();
-    w.put_bytes(std::as_bytes(std::span(json)));
-    auto reply = internal::request_protocol(ep, Message{kBegin, w.take()});
+    const ChunkPlan& plan = info->plan;
+    const internal::RelayBegin begin{v, plan.chunk_bytes(), info->manifest.to_json()};
+    auto reply = internal::request_protocol(ep, Message{kBegin, internal::encode_relay_begin(begin)});
     if (!reply.ok()) return ep.status().ok();  // refused (e.g. it holds something newer): skip v
-    Reader r(reply->body, "begin reply");
-    auto count = r.get<std::uint32_t>();
-    std::deque<std::uint32_t> todo;
-    for (std::uint32_t k = 0; count.ok() && k < *count; ++k) {
-      auto i = r.get<std::uint32_t>();
-      if (!i.ok()) break;
-      todo.push_back(*i);
-    }
-    auto remote = RemoteRegion::deserialize(r.rest());
-    if (!count.ok() || todo.size() != *count || !remote.ok()) {
-      record_error(data_loss(fmt::format("relay: subscriber {} sent a malformed begin reply", ep.peer_address())));
+    // A subscriber that answers nonsense is dropped: nothing it says about v can be trusted.
+    const auto malformed = [&](const Status& why) {
+      record_error(why.with_context(fmt::format("relay: subscriber {}", ep.peer_address())));
       return false;
+    };
+    auto answer = internal::decode_relay_begin_reply(reply->body);
+    if (!answer.ok()) return malformed(answer.status());
+    auto remote = RemoteRegion::deserialize(answer->region);
+    if (!remote.ok()) return malformed(remote.status().with_context("relay begin reply"));
+    if (!answer->missing.empty() && answer->missing.back() >= plan.num_chunks()) {
+      return malformed(data_loss(fmt::format("relay begin reply: missing chunk {} of version {}, which has {} chunks",
+                                             answer->missing.back(), v.value(), plan.num_chunks())));
     }
+    std::deque<std::uint32_t> todo(answer->missing.begin(), answer->missing.end());
     auto local = region_for(v);
     if (!local.ok()) return true;  // dropped meanwhile
-    const ChunkPlan& plan = info->plan;
 
     // Chunk i goes out as a one-sided put straight into the subscriber's buffer; once the put has
     // landed, a small message asks the subscriber to check it in place.
@@ -279,15 +233,12 @@ struct RelayNode::Impl {
   }
 
   void on_subscribe(Incoming in) {
-    Reader r(in.message.body, "subscribe");
-    auto has = r.get<std::uint8_t>();
-    auto newest = r.get<std::uint64_t>();
-    if (!has.ok() || !newest.ok()) {
-      (void)in.from.reply_error(in, data_loss("relay: malformed subscribe message"));
+    auto m = internal::decode_relay_subscribe(in.message.body);
+    if (!m.ok()) {
+      (void)in.from.reply_error(in, m.status());
       return;
     }
-    std::optional<Version> have;
-    if (*has != 0) have = Version(*newest);
+    const std::optional<Version> have = m->have;
     (void)in.from.reply(in, Message{kSubscribe, {}});
     std::lock_guard lock(mu);
     if (stopping.load()) return;
@@ -299,23 +250,20 @@ struct RelayNode::Impl {
   // ---- downstream side: take versions from the upstream ----
 
   void on_begin(Incoming in) {
-    Reader r(in.message.body, "begin");
-    auto v = r.get<std::uint64_t>();
-    auto chunk_bytes = r.get<std::uint64_t>();
-    if (!v.ok() || !chunk_bytes.ok()) {
-      (void)in.from.reply_error(in, v.ok() ? chunk_bytes.status() : v.status());
+    auto m = internal::decode_relay_begin(in.message.body);
+    if (!m.ok()) {
+      (void)in.from.reply_error(in, m.status());
       return;
     }
-    const auto rest = r.rest();
-    auto manifest = WeightManifest::from_json({reinterpret_cast<const char*>(rest.data()), rest.size()});
+    auto manifest = WeightManifest::from_json(m->manifest_json);
     if (!manifest.ok()) {
       (void)in.from.reply_error(in, manifest.status());
       return;
     }
-    const Version ver(*v);
+    const Version ver = m->version;
     auto missing = store->missing_chunks(ver);
     if (!missing.ok()) {
-      auto plan = ChunkPlan::make(manifest->total_bytes(), *chunk_bytes);
+      auto plan = ChunkPlan::make(manifest->total_bytes(), m->chunk_bytes);
       Status st = plan.ok() ? store->begin_version(ver, *manifest, *plan) : plan.status();
       if (!st.ok()) {
         (void)in.from.reply_error(in, st);
@@ -332,24 +280,18 @@ struct RelayNode::Impl {
       (void)in.from.reply_error(in, region.status());
       return;
     }
-    Writer w(4 + missing->size() * 4);
-    w.put<std::uint32_t>(std::uint32_t(missing->size()));
-    for (std::uint32_t i : *missing) w.put<std::uint32_t>(i);
-    w.put_bytes(region->remote().serialize());
-    (void)in.from.reply(in, Message{kBegin, w.take()});
+    const internal::RelayBeginReply answer{std::move(*missing), region->remote().serialize()};
+    (void)in.from.reply(in, Message{kBegin, internal::encode_relay_begin_reply(answer)});
   }
 
   void on_chunk(Incoming in) {
-    Reader r(in.message.body, "chunk");
-    auto v = r.get<std::uint64_t>();
-    auto i = r.get<std::uint32_t>();
-    auto h = r.get<std::uint64_t>();
-    if (!v.ok() || !i.ok() || !h.ok() || !r.rest().empty()) {
-      (void)in.from.reply_error(in, data_loss(fmt::format("relay: chunk message of {} bytes, 20 expected",
-                                                          in.message.body.size())));
+    auto m = internal::decode_relay_chunk(in.message.body);
+    if (!m.ok()) {
+      (void)in.from.reply_error(in, m.status());
       return;
     }
-    const Version ver(*v);
+    const Version ver = m->version;
+    const std::uint32_t i = m->index;
     if (hooks.ignore_incoming_chunk) {
       std::uint64_t received = 0;
       {
@@ -358,11 +300,11 @@ struct RelayNode::Impl {
       }
       // Hung: the chunk is neither stored nor answered. The callback thread stays free, so
       // subscribers are still served what is already here.
-      if (hooks.ignore_incoming_chunk(ver, *i, received)) return;
+      if (hooks.ignore_incoming_chunk(ver, i, received)) return;
     }
     const bool had = store->newest_version() == ver;
-    Status st = store->seal_in_place(ver, *i, *h);
-    if (st.code() == StatusCode::kDataLoss) emit({RelayEvent::Kind::kChunkRejected, ver, *i, {}});
+    Status st = store->seal_in_place(ver, i, m->checksum);
+    if (st.code() == StatusCode::kDataLoss) emit({RelayEvent::Kind::kChunkRejected, ver, i, {}});
     if (!st.ok()) {
       (void)in.from.reply_error(in, st);
       return;
@@ -371,7 +313,7 @@ struct RelayNode::Impl {
       std::lock_guard lock(mu);
       ++stats.chunks_received;
     }
-    emit({RelayEvent::Kind::kChunkStored, ver, *i, {}});
+    emit({RelayEvent::Kind::kChunkStored, ver, i, {}});
     (void)in.from.reply(in, Message{kChunk, {}});
     if (!had && store->newest_version() == ver) emit({RelayEvent::Kind::kCommitted, ver, 0, {}});
   }
@@ -402,11 +344,8 @@ struct RelayNode::Impl {
       auto ep = transport->connect(addr, options.connect_timeout);
       Status subscribed = ep.status();
       if (ep.ok()) {
-        const std::optional<Version> have = store->newest_version();
-        Writer w;
-        w.put<std::uint8_t>(have ? 1 : 0);
-        w.put<std::uint64_t>(have ? have->value() : 0);
-        subscribed = internal::request_protocol(*ep, Message{kSubscribe, w.take()}).status();
+        const internal::RelaySubscribe m{store->newest_version()};
+        subscribed = internal::request_protocol(*ep, Message{kSubscribe, internal::encode_relay_subscribe(m)}).status();
         if (!subscribed.ok()) ep->close();
       }
       if (!subscribed.ok()) {

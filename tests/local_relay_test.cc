@@ -552,6 +552,57 @@ int make_memfd(std::uint64_t bytes, int seals) {
 
 }  // namespace
 
+TEST_CASE("local relay frames: each decoder takes what its encoder writes and refuses the rest, naming field and "
+          "offset", "[relay_local][bad-input]") {
+  namespace in = laminar::internal;
+  using laminar::internal::LocalReply;
+  using laminar::internal::LocalRequest;
+  const auto refused = [](const laminar::Status& st, const char* needle) {
+    INFO(st.to_string());
+    CHECK(st.code() == StatusCode::kDataLoss);
+    CHECK_THAT(st.message(), Catch::Contains(needle) && Catch::Contains("at offset"));
+  };
+  for (const in::LocalRequestFrame& r :
+       {in::LocalRequestFrame{LocalRequest::kLatest, std::nullopt, 0}, {LocalRequest::kAcquire, std::nullopt, 0},
+        {LocalRequest::kAcquire, Version(0), 0}, {LocalRequest::kAcquire, Version(9), 0},
+        {LocalRequest::kRelease, std::nullopt, 42}}) {
+    CHECK(in::decode_local_request(in::encode_local_request(r)).value() == r);
+  }
+  const in::LocalReplyHeader header{LocalReply::kGrant, 100};
+  CHECK(in::decode_local_reply_header(in::encode_local_reply_header(header)).value() == header);
+  CHECK(in::decode_local_latest(in::encode_local_latest(Version(4))).value() == Version(4));
+  CHECK(in::decode_local_latest(in::encode_local_latest(std::nullopt)).value() == std::nullopt);
+  const in::LocalGrantPayload grant{7, Version(2), 100000, 65536, {11, 22}, R"({"tensors":[]})"};
+  CHECK(in::decode_local_grant(in::encode_local_grant(grant)).value() == grant);
+  const in::LocalErrorPayload error{StatusCode::kNotFound, "no version 3"};
+  CHECK(in::decode_local_error(in::encode_local_error(laminar::Status(error.code, error.message))).value() == error);
+
+  auto req = in::encode_local_request({LocalRequest::kRelease, std::nullopt, 42});
+  req[16] = std::byte{5};
+  refused(in::decode_local_request(req).status(), "b is 5, but a release request leaves it 0 at offset 16");
+  refused(in::decode_local_request(std::span(req).first(20)).status(), "b cut short at offset 16");
+  auto latest = in::encode_local_latest(std::nullopt);
+  latest[8] = std::byte{1};
+  refused(in::decode_local_latest(latest).status(), "version is 1 without has at offset 8");
+  latest[0] = std::byte{2};
+  refused(in::decode_local_latest(latest).status(), "has is 2, not 0 or 1 at offset 0");
+  auto g = in::encode_local_grant(grant);
+  refused(in::decode_local_grant(std::span(g).first(47)).status(), "json_bytes cut short at offset 40");
+  g.pop_back();
+  refused(in::decode_local_grant(g).status(),
+          "2 checksums and 14 manifest bytes announced, 29 bytes follow at offset 32");
+  // A count far beyond the bytes there is refused before anything is allocated for it.
+  g = in::encode_local_grant(grant);
+  std::fill(g.begin() + 32, g.begin() + 40, std::byte{0xff});
+  refused(in::decode_local_grant(g).status(), "18446744073709551615 checksums");
+  // The relay cuts a long message to the limit; a longer one is refused.
+  auto e = in::encode_local_error(laminar::Status(StatusCode::kNotFound, std::string(2000, 'x')));
+  CHECK(in::decode_local_error(e).value().message.size() == in::kLocalMaxErrorTextBytes);
+  e.push_back(std::byte{'x'});
+  refused(in::decode_local_error(e).status(), "message of 1025 bytes is over the limit of 1024 at offset 4");
+  refused(in::decode_local_error(std::vector<std::byte>(4)).status(), "status code 0 (OK) in an error reply");
+}
+
 TEST_CASE("local relay: truncated, corrupt or unsafe replies are clear errors and leak nothing", "[relay_local]") {
   using laminar::internal::LocalReply;
   TempDir dir;

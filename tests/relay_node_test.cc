@@ -21,8 +21,10 @@
 #include "laminar/remote_trajectory_queue.h"
 #include "laminar/trajectory_queue.h"
 #include "process.h"
+#include "relay_node_wire.h"
 #include "relay_test_util.h"
 #include "remote_trajectory_protocol.h"
+#include "transport/protocol.h"
 
 using namespace std::chrono_literals;
 using laminar::testing::ChildOptions;
@@ -192,6 +194,73 @@ TEST_CASE("a node whose upstreams are all down goes round its list again only as
   CHECK(laminar::RelayNode::create(nullptr, laminar::RelayStore::create({}).value()).status().code() ==
         laminar::StatusCode::kInvalidArgument);
   CHECK(laminar::RelayNode::create(make_transport(), nullptr).status().code() == laminar::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("relay messages: each decoder takes what its encoder writes and refuses the rest, naming field and offset",
+          "[relay_node][bad-input]") {
+  namespace in = laminar::internal;
+  using laminar::Version;
+  const auto refused = [](const laminar::Status& st, const char* needle) {
+    INFO(st.to_string());
+    CHECK(st.code() == laminar::StatusCode::kDataLoss);
+    CHECK_THAT(st.message(), Catch::Contains(needle) && Catch::Contains("at offset"));
+  };
+  const in::RelaySubscribe sub{Version(5)};
+  CHECK(in::decode_relay_subscribe(in::encode_relay_subscribe(sub)).value() == sub);
+  CHECK(in::decode_relay_subscribe(in::encode_relay_subscribe({})).value() == in::RelaySubscribe{});
+  const in::RelayBegin begin{Version(3), 4096, R"({"tensors":[]})"};
+  CHECK(in::decode_relay_begin(in::encode_relay_begin(begin)).value() == begin);
+  const in::RelayBeginReply reply{{0, 2, 9}, {std::byte{1}, std::byte{2}}};
+  CHECK(in::decode_relay_begin_reply(in::encode_relay_begin_reply(reply)).value() == reply);
+  const in::RelayChunk chunk{Version(3), 7, 0xfeed};
+  CHECK(in::decode_relay_chunk(in::encode_relay_chunk(chunk)).value() == chunk);
+
+  std::vector<std::byte> b = in::encode_relay_subscribe(sub);
+  b[0] = std::byte{2};
+  refused(in::decode_relay_subscribe(b).status(), "has is 2");
+  b = in::encode_relay_subscribe({});
+  b[1] = std::byte{1};
+  refused(in::decode_relay_subscribe(b).status(), "newest is 1 without has");
+  b = in::encode_relay_begin(begin);
+  refused(in::decode_relay_begin(std::span(b).first(12)).status(), "chunk_bytes cut short at offset 8");
+  b = in::encode_relay_begin_reply(reply);
+  refused(in::decode_relay_begin_reply(std::span(b).first(10)).status(), "missing cut short at offset 4");
+  b = in::encode_relay_begin_reply({{4, 4}, {}});
+  refused(in::decode_relay_begin_reply(b).status(), "missing chunk 4 follows chunk 4; they must ascend at offset 8");
+  // A count far beyond the bytes there is refused before anything is allocated for it.
+  b = {std::byte{0xff}, std::byte{0xff}, std::byte{0xff}, std::byte{0xff}};
+  refused(in::decode_relay_begin_reply(b).status(), "missing cut short at offset 4 (0 of 4294967295 x 4 bytes)");
+  b = in::encode_relay_chunk(chunk);
+  b.push_back(std::byte{0});
+  refused(in::decode_relay_chunk(b).status(), "1 trailing bytes at offset 20");
+  refused(in::decode_relay_chunk(std::span(b).first(19)).status(), "checksum cut short at offset 12");
+}
+
+TEST_CASE("a relay node answers malformed messages from a peer with kDataLoss and keeps serving",
+          "[relay_node][bad-input]") {
+  namespace in = laminar::internal;
+  std::shared_ptr<laminar::Transport> node_tr = make_transport();
+  const std::string addr = node_tr->listen("127.0.0.1", 0).value();
+  auto node = laminar::RelayNode::create(node_tr, laminar::RelayStore::create({}).value()).value();
+  std::shared_ptr<laminar::Transport> peer_tr = make_transport();
+  laminar::Endpoint ep = peer_tr->connect(addr).value();
+  const auto send = [&](laminar::MessageType type, std::vector<std::byte> body) {
+    return in::request_protocol(ep, laminar::Message{type, std::move(body)}).status();
+  };
+  const auto refused = [](const laminar::Status& st, const char* needle) {
+    INFO(st.to_string());
+    CHECK(st.code() == laminar::StatusCode::kDataLoss);
+    CHECK_THAT(st.message(), Catch::Contains(needle) && Catch::Contains("at offset"));
+  };
+  refused(send(in::kRelaySubscribeMessage, {std::byte{1}}), "relay subscribe message: newest cut short");
+  refused(send(in::kRelayBeginMessage, std::vector<std::byte>(12)), "relay begin message: chunk_bytes cut short");
+  refused(send(in::kRelayChunkMessage, std::vector<std::byte>(21)), "relay chunk message: 1 trailing bytes");
+  CHECK(node->background_error().ok());
+  CHECK(node->stats().subscribers == 0);
+  // A well-formed subscribe on the same link is still served.
+  CHECK(send(in::kRelaySubscribeMessage, in::encode_relay_subscribe({})).ok());
+  // The node answers before it counts the subscriber.
+  CHECK(laminar::testing::eventually([&] { return node->stats().subscribers == 1; }));
 }
 
 TEST_CASE("actor, a chain of 4 relays and 2 pullers: every relay and puller gets every byte", "[relay_node]") {
