@@ -47,6 +47,26 @@ Status io_error(std::string_view what, const std::string& path, int e) {
   return e == ENOSPC || e == EDQUOT ? resource_exhausted(m) : data_loss(m);
 }
 
+Status not_a_regular_file(const std::string& path, mode_t mode) {
+  const char* kind = S_ISDIR(mode)    ? "a directory"
+                     : S_ISFIFO(mode) ? "a FIFO"
+                     : S_ISSOCK(mode) ? "a socket"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                                      : "not a regular file";
+  return failed_precondition(fmt::format("WAL {}: is {}; a write-ahead log is a regular file", path, kind));
+}
+
+// The file at the path holds `first` (its first bytes), which are not a laminar WAL's.
+Status not_a_wal(const std::string& path, std::string_view first) {
+  first = first.substr(0, kFileMagic.size());
+  std::string hex;
+  for (unsigned char c : first) hex += fmt::format("{:02x}", c);
+  return failed_precondition(fmt::format("WAL {}: not a laminar write-ahead log (it starts with bytes {}, not the "
+                                         "magic \"{}\"); refusing to overwrite it",
+                                         path, hex, kFileMagic));
+}
+
 // 0, or the errno of the failed write.
 int write_all(int fd, const void* data, std::size_t n) {
   const char* p = static_cast<const char*>(data);
@@ -110,12 +130,17 @@ Result<std::string> read_file(int fd, const std::string& path) {
   return data;
 }
 
-Status write_file_header(int fd, const std::string& path) {
+std::string file_header() {
   std::string h;
   ByteWriter w(h);
   w.bytes(kFileMagic);
   w.u32(kFormat);
   w.u32(0);
+  return h;
+}
+
+Status write_file_header(int fd, const std::string& path) {
+  const std::string h = file_header();
   if (::ftruncate(fd, 0) != 0) return io_error("ftruncate", path, errno);
   if (::lseek(fd, 0, SEEK_SET) < 0) return io_error("lseek", path, errno);
   if (const int e = write_all(fd, h.data(), h.size()); e != 0) return io_error("write header", path, e);
@@ -235,20 +260,33 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
   contents = Contents{};
   Replayer replay(path, contents);
   if (path.empty()) return invalid_argument("WAL path is empty");
-  Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  // The type is checked before the open, which would fail on a directory and could block on a
+  // FIFO, and again after it on what was opened, in case the path changed in between.
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return not_a_regular_file(path, st.st_mode);
+  // O_NONBLOCK: opening a FIFO never waits for a writer; it changes nothing for a regular file.
+  Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644));
   if (fd.get() < 0) {
-    return Status(errno == ENOENT || errno == ENOTDIR || errno == EACCES ? StatusCode::kInvalidArgument
-                                                                          : StatusCode::kUnavailable,
-                  fmt::format("WAL {}: cannot open: {}", path, errno_text(errno)));
+    const int e = errno;
+    return Status(e == ENOENT || e == ENOTDIR || e == EACCES ? StatusCode::kInvalidArgument
+                  : e == EISDIR || e == ENXIO             ? StatusCode::kFailedPrecondition
+                                                          : StatusCode::kUnavailable,
+                  fmt::format("WAL {}: cannot open: {}", path, errno_text(e)));
   }
+  if (::fstat(fd.get(), &st) != 0) return io_error("fstat", path, errno);
+  if (!S_ISREG(st.st_mode)) return not_a_regular_file(path, st.st_mode);
   Result<std::string> content = read_file(fd.get(), path);
   if (!content.ok()) return content.status();
   const std::string_view file = *content;
 
   std::uint64_t good_end = kFileHeaderBytes;
   std::uint64_t records = 0;
+  const std::string header_bytes = file_header();
   if (file.size() < kFileHeaderBytes) {
-    // Empty, or the header itself was torn while the file was being created: nothing was logged.
+    // Empty: open(O_CREAT) made it, or a crash came before the header. A prefix of the header
+    // this build writes: the crash came while writing it. Either way nothing was logged. Any
+    // other bytes are someone else's, and are not overwritten.
+    if (file != std::string_view(header_bytes).substr(0, file.size())) return not_a_wal(path, file);
     if (!file.empty()) {
       report.replayed = true;
       report.discarded_bytes = file.size();
@@ -259,16 +297,16 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
     LAMINAR_RETURN_IF_ERROR(write_file_header(fd.get(), path));
   } else {
     const std::string what = "WAL " + path;
-    ByteReader header(file.substr(0, kFileHeaderBytes), what);
-    if (header.bytes("file magic", kFileMagic.size()) != kFileMagic) {
-      header.fail(0, "not a laminar write-ahead log (bad file magic)");
-    }
+    if (file.substr(0, kFileMagic.size()) != kFileMagic) return not_a_wal(path, file);
+    ByteReader header(file.substr(kFileMagic.size(), kFileHeaderBytes - kFileMagic.size()), what,
+                      kFileMagic.size());
     const std::uint32_t format = header.u32("format");
     if (format != kFormat) {
-      header.fail(8, fmt::format("unsupported format {} (expected {})", format, kFormat));
+      return failed_precondition(fmt::format("WAL {}: written in format {}, which this build does not read "
+                                             "(it reads format {}); refusing to replay or overwrite it",
+                                             path, format, kFormat));
     }
     // Bytes 12..16 are reserved: written as zero, not checked.
-    LAMINAR_RETURN_IF_ERROR(header.status());
     report.replayed = true;
     std::uint64_t off = kFileHeaderBytes;
     while (off < file.size()) {

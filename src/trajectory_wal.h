@@ -60,8 +60,12 @@ class TrajectoryWal {
     std::uint64_t retired = 0;                 // pushes it retires
   };
 
-  // Opens `path` (creating it) and replays it into `contents` and `report`. kDataLoss for a
-  // malformed record, a trajectory pushed twice while live, or a damaged middle (see above).
+  // Opens `path` (creating it) and replays it into `contents` and `report`. kFailedPrecondition,
+  // naming the path, when it is not a regular file or not a laminar WAL of this format: such a file
+  // is never written to. An empty file is a new log (open made it, then a crash came before the
+  // header); so is one that holds a prefix of the header this build writes (the crash came while
+  // writing it), which is reported as a cut tail. kDataLoss for a malformed record, a trajectory
+  // pushed twice while live, or a damaged middle (see above).
   static Result<std::unique_ptr<TrajectoryWal>> open(const std::string& path, bool fsync_each,
                                                      Contents& contents, RecoveryReport& report);
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <nlohmann/json.hpp>
@@ -1350,7 +1351,10 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
   }
   SECTION("not a WAL") {
     std::ofstream(path, std::ios::trunc) << "this is not a log at all";
-    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kDataLoss, "not a laminar write-ahead log");
+    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kFailedPrecondition,
+                "not a laminar write-ahead log");
+    std::ifstream f(path);
+    CHECK(std::string(std::istreambuf_iterator<char>(f), {}) == "this is not a log at all");  // left as it was
   }
   std::filesystem::remove(path);
 }

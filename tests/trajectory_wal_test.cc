@@ -1,5 +1,8 @@
 #include "trajectory_wal.h"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -199,8 +202,8 @@ TEST_CASE("WAL: a malformed record names the record, the field and its offset", 
               wal + ": push record at offset 16: encoded trajectory: format cut short at offset 0");
 
   std::string file = log_of({{WalRecordType::kVersion, u64_payload(3)}});
-  file[8] = 2;
-  expect_code(refused(file), StatusCode::kDataLoss, wal + ": unsupported format 2 (expected 1) at offset 8");
+  file[8] = 7;
+  expect_code(refused(file), StatusCode::kFailedPrecondition, wal + ": written in format 7, which this build does not read");
 
   // The last record's header: damage there is a torn tail, cut and reported.
   const std::string good = log_of({{WalRecordType::kVersion, u64_payload(3)}});
@@ -213,5 +216,67 @@ TEST_CASE("WAL: a malformed record names the record, the field and its offset", 
   std::memset(huge.data() + good.size() + 8, 0xff, 8);
   expect_code(tail(huge), StatusCode::kDataLoss, "implausible record length 18446744073709551615 at offset 56");
   expect_code(tail(good + "LMWR"), StatusCode::kDataLoss, "record header cut short at offset 48 (4 of 24 bytes)");
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("WAL: open refuses what is not a regular file, naming the path and what it is", "[wal][bad-input]") {
+  const std::string path = temp_path("kind");
+  std::filesystem::remove_all(path);
+
+  REQUIRE(std::filesystem::create_directory(path));
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition, "WAL " + path + ": is a directory");
+  std::filesystem::remove(path);
+
+  // A FIFO with no writer: open must answer, not wait for one.
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition, "WAL " + path + ": is a FIFO");
+  std::filesystem::remove(path);
+
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  REQUIRE(sock >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  REQUIRE(path.size() < sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  REQUIRE(::bind(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0);
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition, "WAL " + path + ": is a socket");
+  ::close(sock);
+  std::filesystem::remove(path);
+
+  expect_code(open_log("/dev/null").status, StatusCode::kFailedPrecondition, "WAL /dev/null: is a character device");
+}
+
+TEST_CASE("WAL: a file that is not a laminar WAL is refused and left as it was", "[wal][bad-input]") {
+  const std::string path = temp_path("foreign");
+  std::filesystem::remove(path);
+  {
+    const Opened fresh = open_log(path);
+    REQUIRE(fresh.status.ok());
+  }
+  const std::string header = read_all(path);
+  REQUIRE(header.size() == 16);
+
+  // Short ones too: only a prefix of the header this build writes is taken as a log of its own.
+  for (const std::string& foreign : {std::string("x"), std::string("hello"), std::string(15, '\0'),
+                                     header.substr(0, 8) + std::string(3, '\xff'), std::string(16, '\0'),
+                                     std::string("this is not a log at all")}) {
+    INFO("file bytes: " << foreign);
+    write_all(path, foreign);
+    expect_code(open_log(path).status, StatusCode::kFailedPrecondition,
+                "WAL " + path + ": not a laminar write-ahead log");
+    CHECK(read_all(path) == foreign);
+  }
+
+  // An empty file is a new log; a prefix of the header is a creation cut short, started afresh.
+  for (std::size_t n = 0; n < header.size(); ++n) {
+    INFO("the header's first " << n << " bytes");
+    write_all(path, header.substr(0, n));
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    CHECK(o.report.replayed == (n > 0));
+    CHECK(o.report.tail.ok() == (n == 0));
+    CHECK(o.report.discarded_bytes == n);
+    CHECK(read_all(path) == header);
+  }
   std::filesystem::remove(path);
 }

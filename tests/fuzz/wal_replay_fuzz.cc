@@ -4,13 +4,16 @@
 // wal_replay_fuzz; seeds in wal_replay_corpus/.
 //
 // Properties: open never crashes, hangs or trips a sanitizer, whatever the bytes. It either refuses
-// with kDataLoss naming an offset, or keeps a prefix of whole records and cuts the rest; the log it
-// leaves then takes an append and replays to the same contents plus that record, with a clean tail.
+// a file that is not a laminar WAL with kFailedPrecondition naming the path, leaving it as it was,
+// or refuses with kDataLoss naming an offset, or keeps a prefix of whole records and cuts the rest;
+// the log it leaves then takes an append and replays to the same contents plus that record, with a
+// clean tail.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "trajectory_wal.h"
@@ -50,6 +53,13 @@ void write_log(const std::uint8_t* data, std::size_t size) {
   }
 }
 
+// Whether the log still holds exactly the input.
+bool same_as_input(const std::uint8_t* data, std::size_t size) {
+  std::string now(size + 1, '\0');
+  const ssize_t n = ::pread(the_log().fd, now.data(), now.size(), 0);
+  return n == ssize_t(size) && std::memcmp(now.data(), data, size) == 0;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -59,6 +69,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   {
     auto wal = TrajectoryWal::open(the_log().path, false, first, first_report);
     if (!wal.ok()) {
+      // Not a laminar WAL of this format: refused, naming the path, and left as it was.
+      if (wal.status().code() == StatusCode::kFailedPrecondition) {
+        LAMINAR_CHECK_MSG(wal.status().message().find(the_log().path) != std::string::npos,
+                          wal.status().to_string());
+        LAMINAR_CHECK(same_as_input(data, size));
+        return 0;
+      }
       LAMINAR_CHECK_MSG(wal.status().code() == StatusCode::kDataLoss, wal.status().to_string());
       LAMINAR_CHECK_MSG(wal.status().message().find(" at offset ") != std::string::npos,
                         wal.status().to_string());
