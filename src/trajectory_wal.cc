@@ -184,7 +184,8 @@ class Replayer {
     const std::uint64_t payload_at = off + kRecordHeaderBytes;
     switch (type) {
       case WalRecordType::kPush: {
-        Result<Trajectory> t = decode_trajectory(p);
+        // Contents as the queue checked them at push (validate_contents); the fields always.
+        Result<Trajectory> t = decode_trajectory(p, /*contents=*/false);
         if (!t.ok()) {
           return t.status().with_context(fmt::format("WAL {}: push record at offset {}", path_, off));
         }

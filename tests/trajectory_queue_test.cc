@@ -1407,6 +1407,30 @@ TEST_CASE("validate_contents off keeps the O(1) checks only", "[queue][bad-input
   CHECK(laminar::validate_trajectory(make_traj(4), false).ok());
 }
 
+// The log brings back what the queue took, as it took it: contents it did not check do not
+// stop a restart.
+TEST_CASE("WAL: with validate_contents off, what the queue took comes back after a restart", "[queue][wal]") {
+  const std::string path = temp_path("unchecked");
+  std::filesystem::remove(path);
+  TrajectoryQueueOptions opt;
+  opt.validate_contents = false;
+  opt.wal_path = path;
+  Trajectory odd = make_traj(1);
+  odd.response_tokens[0] = -3;
+  odd.rewards[0] = INFINITY;
+  odd.metadata = "not JSON";
+  REQUIRE(make_queue(opt)->push(Trajectory(odd)).ok());
+  auto q = TrajectoryQueue::create(opt);
+  INFO(q.status().to_string());
+  REQUIRE(q.ok());
+  CHECK((*q)->recovery().recovered == 1);
+  auto b = (*q)->pop_batch(count_spec(1));
+  REQUIRE(b.ok());
+  CHECK(b->trajectories()[0] == odd);
+  q->reset();
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("Batch::release copies while the queue still holds the lease", "[queue][lease]") {
   auto q = make_queue();
   REQUIRE(q->push(make_traj(1)).ok());
