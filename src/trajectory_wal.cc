@@ -24,16 +24,19 @@ namespace laminar::internal {
 namespace {
 
 constexpr std::string_view kFileMagic = "LAMWAL01";
-constexpr std::uint32_t kFormat = 1;
+constexpr std::uint32_t kFormat = 2;
 constexpr std::uint64_t kFileHeaderBytes = 16;
 constexpr std::uint32_t kRecordMagic = 0x52574D4Cu;  // "LMWR"
-constexpr std::uint64_t kRecordHeaderBytes = 24;
+constexpr std::uint64_t kRecordHeaderBytes = 32;
+constexpr std::uint64_t kHeaderCheckedBytes = 24;  // what the header checksum covers: all before it
 // A bigger length field is damage, not a trajectory (which the capacity bounds far below this).
 constexpr std::uint64_t kMaxPayload = std::uint64_t(1) << 32;
 
+constexpr std::uint64_t kSeed = 0x6C616D696E6172ull;
+
 std::uint64_t record_checksum(std::uint32_t type, std::uint64_t length, std::string_view payload) {
   XXH64_state_t state;
-  XXH64_reset(&state, 0x6C616D696E6172ull);
+  XXH64_reset(&state, kSeed);
   XXH64_update(&state, &type, sizeof(type));
   XXH64_update(&state, &length, sizeof(length));
   XXH64_update(&state, payload.data(), payload.size());
@@ -82,34 +85,65 @@ int write_all(int fd, const void* data, std::size_t n) {
   return 0;
 }
 
-struct RecordView {
-  WalRecordType type;
-  std::string_view payload;
+// A record header: magic, type, length and payload checksum, then the checksum of those.
+void put_record_header(std::string& out, WalRecordType type, std::uint64_t length, std::uint64_t payload_sum) {
+  const std::size_t at = out.size();
+  ByteWriter w(out);
+  w.u32(kRecordMagic);
+  w.u32(std::uint32_t(type));
+  w.u64(length);
+  w.u64(payload_sum);
+  w.u64(XXH64(out.data() + at, kHeaderCheckedBytes, kSeed));
+}
+
+// What replay finds where the chain of records leads.
+struct Found {
+  enum Kind {
+    kGood,
+    kTorn,     // the file ends inside it
+    kDamaged,  // all there, but a checksum fails
+  };
+  Kind kind;
+  WalRecordType type{};
+  std::string_view payload;  // kGood
+  // kDamaged: where the bytes that follow it begin (past its payload when its header is good,
+  // past its header when not: then its length is not known).
+  std::uint64_t after = 0;
+  Status why;  // kTorn, kDamaged: what is wrong, naming the offset
 };
 
-// The record at `off`, its checksum verified, or kDataLoss naming what is wrong with it.
-Result<RecordView> read_record(std::string_view file, std::uint64_t off, std::string_view what) {
+// The record at `off`. An error for one whose checksums pass but whose header makes no sense:
+// that is not damage a crash or a bad disk leaves, and replay refuses it wherever it is.
+Result<Found> read_record(std::string_view file, std::uint64_t off, std::string_view what) {
   ByteReader r(file.substr(off), what, off);
   ByteReader h = r.sub("record header", kRecordHeaderBytes);
+  if (!h.ok()) return Found{Found::kTorn, {}, {}, 0, h.status()};
   const std::uint32_t magic = h.u32("record magic");
-  if (magic != kRecordMagic) h.fail(off, fmt::format("bad record magic {:#010x}", magic));
   const std::uint32_t type = h.u32("record type");
+  const std::uint64_t length = h.u64("record length");
+  const std::uint64_t stored = h.u64("record checksum");
+  const std::uint64_t stored_header = h.u64("record header checksum");
+  const std::uint64_t header_sum = XXH64(file.data() + off, kHeaderCheckedBytes, kSeed);
+  if (header_sum != stored_header) {
+    h.fail(off + kHeaderCheckedBytes,
+           fmt::format("record header checksum mismatch (stored {:#018x}, computed {:#018x})", stored_header,
+                       header_sum));
+    return Found{Found::kDamaged, {}, {}, off + kRecordHeaderBytes, h.status()};
+  }
+  if (magic != kRecordMagic) h.fail(off, fmt::format("bad record magic {:#010x}", magic));
   if (type < std::uint32_t(WalRecordType::kPush) || type > std::uint32_t(WalRecordType::kVersion)) {
     h.fail(off + 4, fmt::format("unknown record type {}", type));
   }
-  const std::uint64_t length = h.u64("record length");
   if (length > kMaxPayload) h.fail(off + 8, fmt::format("implausible record length {}", length));
-  const std::uint64_t stored = h.u64("record checksum");
   LAMINAR_RETURN_IF_ERROR(h.status());
   const std::string_view payload = r.bytes("record payload", length);
-  LAMINAR_RETURN_IF_ERROR(r.status());
+  if (!r.ok()) return Found{Found::kTorn, {}, {}, 0, r.status()};
   const std::uint64_t sum = record_checksum(type, length, payload);
   if (sum != stored) {
-    r.fail(off + 16,
-           fmt::format("record checksum mismatch (stored {:#018x}, computed {:#018x})", stored, sum));
-    return r.status();
+    r.fail(off + 16, fmt::format("record checksum mismatch (stored {:#018x}, computed {:#018x})", stored, sum));
+    return Found{Found::kDamaged, {}, {}, off + kRecordHeaderBytes + length, r.status()};
   }
-  return RecordView{WalRecordType(type), payload};
+  return Found{Found::kGood, WalRecordType(type), payload, 0, {}};
 }
 
 Result<std::string> read_file(int fd, const std::string& path) {
@@ -311,27 +345,29 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
     report.replayed = true;
     std::uint64_t off = kFileHeaderBytes;
     while (off < file.size()) {
-      Result<RecordView> rec = read_record(file, off, what);
-      if (!rec.ok()) {
-        // A later good record means damage in the middle, not a torn append.
-        for (std::uint64_t scan = off + 1; scan + kRecordHeaderBytes <= file.size(); ++scan) {
-          // The magic first: most offsets fail it, and cheaply.
-          if (std::memcmp(file.data() + scan, &kRecordMagic, sizeof(kRecordMagic)) == 0 &&
-              read_record(file, scan, what).ok()) {
-            return data_loss(fmt::format("{}, but a good record follows at offset {}; refusing to skip "
-                                         "records in the middle of the log",
-                                         rec.status().message(), scan));
-          }
-        }
-        report.discarded_bytes = file.size() - off;
-        report.tail = data_loss(fmt::format("{}; torn or corrupt tail: {} bytes cut, {} earlier records kept",
-                                            rec.status().message(), report.discarded_bytes, records));
-        break;
+      Result<Found> rec = read_record(file, off, what);
+      if (!rec.ok()) return rec.status();
+      if (rec->kind == Found::kGood) {
+        LAMINAR_RETURN_IF_ERROR(replay.record(rec->type, rec->payload, off));
+        ++records;
+        off += kRecordHeaderBytes + rec->payload.size();
+        good_end = off;
+        continue;
       }
-      LAMINAR_RETURN_IF_ERROR(replay.record(rec->type, rec->payload, off));
-      ++records;
-      off += kRecordHeaderBytes + rec->payload.size();
-      good_end = off;
+      if (rec->kind == Found::kDamaged) {
+        // Every record starts with a nonzero magic, so zeros hide none; anything else might.
+        const std::size_t nonzero = file.find_first_not_of('\0', rec->after);
+        if (nonzero != std::string_view::npos) {
+          return data_loss(fmt::format(
+              "{}, and {} bytes that are not all zero follow it (the first nonzero one at offset {}): records "
+              "may lie past the damage, so the log is not cut (cutting it to {} bytes would drop them)",
+              rec->why.message(), file.size() - rec->after, nonzero, off));
+        }
+      }
+      report.discarded_bytes = file.size() - off;
+      report.tail = data_loss(fmt::format("{}; torn or corrupt tail: {} bytes cut, {} earlier records kept",
+                                          rec->why.message(), report.discarded_bytes, records));
+      break;
     }
     if (good_end < file.size()) {
       if (::ftruncate(fd.get(), off_t(good_end)) != 0) return io_error("ftruncate", path, errno);
@@ -405,14 +441,8 @@ Status TrajectoryWal::append(WalRecordType type, std::string_view payload, std::
 
 Status TrajectoryWal::append_all(std::span<const Record> records, bool sync) {
   std::string headers;
-  ByteWriter w(headers);
-  w.reserve(kRecordHeaderBytes * records.size());
-  for (const Record& r : records) {
-    w.u32(kRecordMagic);
-    w.u32(std::uint32_t(r.type));
-    w.u64(r.payload.size());
-    w.u64(r.checksum);
-  }
+  headers.reserve(kRecordHeaderBytes * records.size());
+  for (const Record& r : records) put_record_header(headers, r.type, r.payload.size(), r.checksum);
   std::uint64_t written = 0;
   for (std::size_t i = 0; i < records.size(); ++i) {
     const Record& r = records[i];

@@ -1308,7 +1308,7 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
     auto q = make_queue(opt);
     for (std::uint64_t id = 1; id <= 5; ++id) REQUIRE(q->push(make_traj(id)).ok());
   };
-  const std::uintmax_t record = 24 + 80 + 4 * (2 + 4 + 4) + 4;  // one push record
+  const std::uintmax_t record = 32 + 80 + 4 * (2 + 4 + 4) + 4;  // one push record
   write_log();
   const std::uintmax_t full = std::filesystem::file_size(path);
   REQUIRE(full == 16 + 5 * record);
@@ -1347,7 +1347,7 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
       f.seekp(std::streamoff(16 + record + 60));
       f.put('\x5a');
     }
-    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kDataLoss, "a good record follows");
+    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kDataLoss, "that are not all zero follow it");
   }
   SECTION("not a WAL") {
     std::ofstream(path, std::ios::trunc) << "this is not a log at all";

@@ -55,17 +55,23 @@ void write_all(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-// A log's file header, then each record framed as the WAL frames it.
+// One record framed as the WAL frames it.
+std::string record_of(WalRecordType type, const std::string& payload) {
+  std::string r;
+  ByteWriter w(r);
+  w.u32(0x52574D4Cu);
+  w.u32(std::uint32_t(type));
+  w.u64(payload.size());
+  w.u64(TrajectoryWal::checksum(type, payload));
+  w.u64(XXH64(r.data(), 24, 0x6C616D696E6172ull));
+  w.bytes(payload);
+  return r;
+}
+
+// A log's file header, then each record.
 std::string log_of(const std::vector<std::pair<WalRecordType, std::string>>& records) {
-  std::string file("LAMWAL01\x01\0\0\0\0\0\0\0", 16);
-  ByteWriter w(file);
-  for (const auto& [type, payload] : records) {
-    w.u32(0x52574D4Cu);
-    w.u32(std::uint32_t(type));
-    w.u64(payload.size());
-    w.u64(TrajectoryWal::checksum(type, payload));
-    w.bytes(payload);
-  }
+  std::string file("LAMWAL01\x02\0\0\0\0\0\0\0", 16);
+  for (const auto& [type, payload] : records) file += record_of(type, payload);
   return file;
 }
 
@@ -127,8 +133,17 @@ TEST_CASE("WAL: the bytes of every record type are pinned", "[wal][encoding]") {
     REQUIRE((*wal)->append_u64(WalRecordType::kVersion, 5).ok());
   }
   const std::string file = read_all(path);
-  CHECK(file.size() == 16 + 3 * (24 + 80 + 4 * (2 + 3 + 3 + 1)) + (24 + 32) + 2 * (24 + 8));
-  CHECK(XXH3_64bits(file.data(), file.size()) == 0x2a5c6b51b61e5b76ull);
+  CHECK(file.size() == 16 + 3 * (32 + 80 + 4 * (2 + 3 + 3 + 1)) + (32 + 32) + 2 * (32 + 8));
+  std::vector<std::pair<WalRecordType, std::string>> records;
+  for (std::uint64_t id : {1, 2, 3}) {
+    records.emplace_back(WalRecordType::kPush, "");
+    encode_trajectory(make_traj(id), records.back().second);
+  }
+  records.emplace_back(WalRecordType::kRetire, retire_payload(0, 2, {1, 3}));
+  records.emplace_back(WalRecordType::kGroupClosed, u64_payload(77));
+  records.emplace_back(WalRecordType::kVersion, u64_payload(5));
+  CHECK(file == log_of(records));
+  CHECK(XXH3_64bits(file.data(), file.size()) == 0x423b85f49dc95f81ull);
 
   TrajectoryWal::Contents c;
   laminar::RecoveryReport report;
@@ -153,7 +168,7 @@ TEST_CASE("WAL: a log cut at any byte replays its whole records and trims the re
                                    {WalRecordType::kPush, push},
                                    {WalRecordType::kRetire, retire_payload(0, 1, {1})},
                                    {WalRecordType::kGroupClosed, u64_payload(9)}});
-  const std::vector<std::size_t> ends = {16, 16 + 32, 16 + 32 + 24 + push.size(), full.size() - 32, full.size()};
+  const std::vector<std::size_t> ends = {16, 16 + 40, 16 + 40 + 32 + push.size(), full.size() - 40, full.size()};
   for (std::size_t n = 0; n <= full.size(); ++n) {
     INFO("first " << n << " bytes");
     write_all(path, full.substr(0, n));
@@ -185,37 +200,44 @@ TEST_CASE("WAL: a malformed record names the record, the field and its offset", 
   const std::string wal = "WAL " + path;
 
   expect_code(refused(log_of({{WalRecordType::kRetire, retire_payload(9, 1, {1})}})), StatusCode::kDataLoss,
-              wal + ": retire record: reason 9 is not a WalRetireReason at offset 40");
+              wal + ": retire record: reason 9 is not a WalRetireReason at offset 48");
   expect_code(refused(log_of({{WalRecordType::kRetire, retire_payload(0, 3, {1, 2})}})), StatusCode::kDataLoss,
-              wal + ": retire record: ids cut short at offset 56 (16 of 3 x 8 bytes)");
+              wal + ": retire record: ids cut short at offset 64 (16 of 3 x 8 bytes)");
   expect_code(refused(log_of({{WalRecordType::kRetire, retire_payload(0, ~0ull, {1})}})), StatusCode::kDataLoss,
-              "ids cut short at offset 56 (8 of 18446744073709551615 x 8 bytes)");
+              "ids cut short at offset 64 (8 of 18446744073709551615 x 8 bytes)");
   std::string padded = retire_payload(0, 1, {1});
   padded[3] = 1;
   expect_code(refused(log_of({{WalRecordType::kRetire, padded}})), StatusCode::kDataLoss,
-              "retire record: nonzero padding at offset 41");
+              "retire record: nonzero padding at offset 49");
   expect_code(refused(log_of({{WalRecordType::kVersion, u64_payload(3) + "x"}})), StatusCode::kDataLoss,
-              wal + ": version record: 1 trailing bytes at offset 48");
+              wal + ": version record: 1 trailing bytes at offset 56");
   expect_code(refused(log_of({{WalRecordType::kGroupClosed, "abc"}})), StatusCode::kDataLoss,
-              "group-closed record: group id cut short at offset 40 (3 of 8 bytes)");
+              "group-closed record: group id cut short at offset 48 (3 of 8 bytes)");
   expect_code(refused(log_of({{WalRecordType::kPush, "abc"}})), StatusCode::kDataLoss,
               wal + ": push record at offset 16: encoded trajectory: format cut short at offset 0");
+  // A header whose checksum passes was written whole: one that makes no sense is refused, last or not.
+  const std::string good = log_of({{WalRecordType::kVersion, u64_payload(3)}});
+  expect_code(refused(good + record_of(WalRecordType(9), u64_payload(4))), StatusCode::kDataLoss,
+              wal + ": unknown record type 9 at offset 60");
+  std::string huge = record_of(WalRecordType::kVersion, "");
+  std::memset(huge.data() + 8, 0xff, 8);
+  const std::uint64_t header_sum = XXH64(huge.data(), 24, 0x6C616D696E6172ull);
+  std::memcpy(huge.data() + 24, &header_sum, 8);
+  expect_code(refused(good + huge), StatusCode::kDataLoss,
+              "implausible record length 18446744073709551615 at offset 64");
+  std::string magic = record_of(WalRecordType::kVersion, u64_payload(4));
+  magic[0] = 'X';
+  const std::uint64_t magic_sum = XXH64(magic.data(), 24, 0x6C616D696E6172ull);
+  std::memcpy(magic.data() + 24, &magic_sum, 8);
+  expect_code(refused(good + magic), StatusCode::kDataLoss, "bad record magic 0x52574d58 at offset 56");
 
   std::string file = log_of({{WalRecordType::kVersion, u64_payload(3)}});
   file[8] = 7;
-  expect_code(refused(file), StatusCode::kFailedPrecondition, wal + ": written in format 7, which this build does not read");
+  expect_code(refused(file), StatusCode::kFailedPrecondition,
+              wal + ": written in format 7, which this build does not read");
 
-  // The last record's header: damage there is a torn tail, cut and reported.
-  const std::string good = log_of({{WalRecordType::kVersion, u64_payload(3)}});
-  const std::string two =
-      log_of({{WalRecordType::kVersion, u64_payload(3)}, {WalRecordType::kVersion, u64_payload(4)}});
-  std::string bad_type = two;
-  bad_type[good.size() + 4] = 9;
-  expect_code(tail(bad_type), StatusCode::kDataLoss, wal + ": unknown record type 9 at offset 52");
-  std::string huge = two;
-  std::memset(huge.data() + good.size() + 8, 0xff, 8);
-  expect_code(tail(huge), StatusCode::kDataLoss, "implausible record length 18446744073709551615 at offset 56");
-  expect_code(tail(good + "LMWR"), StatusCode::kDataLoss, "record header cut short at offset 48 (4 of 24 bytes)");
+  // A header cut short is a torn tail, cut and reported.
+  expect_code(tail(good + "LMWR"), StatusCode::kDataLoss, "record header cut short at offset 56 (4 of 32 bytes)");
   std::filesystem::remove(path);
 }
 
@@ -278,5 +300,122 @@ TEST_CASE("WAL: a file that is not a laminar WAL is refused and left as it was",
     CHECK(o.report.discarded_bytes == n);
     CHECK(read_all(path) == header);
   }
+  std::filesystem::remove(path);
+}
+
+// The tail rule must not hang on what a payload holds: a producer chooses its token ids, and so
+// can write bytes that frame a whole record, here one that would retire an unacked trajectory.
+TEST_CASE("WAL: a torn last record is cut whatever its payload holds, a record planted in it too",
+          "[wal][bad-input]") {
+  const std::string path = temp_path("planted");
+  std::filesystem::remove(path);
+  const std::string planted = record_of(WalRecordType::kRetire, retire_payload(0, 1, {1}));
+  REQUIRE(planted.size() % 4 == 0);
+  Trajectory carrier = make_traj(2);
+  carrier.response_tokens.assign(planted.size() / 4 + 8, 0);  // the planted record, then 8 more tokens
+  std::memcpy(carrier.response_tokens.data(), planted.data(), planted.size());
+  carrier.logprobs.assign(carrier.response_tokens.size(), -0.5f);
+  std::uint64_t before = 0;  // the log's size without the carrier
+  {
+    Opened o;
+    auto wal = TrajectoryWal::open(path, false, o.contents, o.report);
+    REQUIRE(wal.ok());
+    std::string payload;
+    encode_trajectory(make_traj(1), payload);
+    REQUIRE((*wal)->append(WalRecordType::kPush, payload).ok());
+    before = (*wal)->bytes();
+    payload.clear();
+    encode_trajectory(carrier, payload);
+    REQUIRE((*wal)->append(WalRecordType::kPush, payload).ok());
+  }
+  const std::string full = read_all(path);
+  const std::size_t at = full.find(planted);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(at > before + 32);
+  {
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    CHECK(o.report.tail.ok());
+    REQUIRE(o.contents.live.size() == 2);
+    CHECK(o.contents.live[1] == carrier);
+  }
+  // Cut anywhere past the planted record: the carrier is torn, and only it is cut.
+  for (std::size_t n = at + planted.size(); n < full.size(); ++n) {
+    INFO("the log's first " << n << " bytes");
+    write_all(path, full.substr(0, n));
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    expect_code(o.report.tail, StatusCode::kDataLoss,
+                "record payload cut short at offset " + std::to_string(before + 32));
+    CHECK(o.report.discarded_bytes == n - before);
+    CHECK(o.report.records == 1);
+    REQUIRE(o.contents.live.size() == 1);
+    CHECK(o.contents.live[0] == make_traj(1));
+    CHECK(o.contents.retired_ids.empty());
+    CHECK(std::filesystem::file_size(path) == before);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("WAL: a damaged record with more than zeros after it is refused, with only zeros after it cut",
+          "[wal][bad-input]") {
+  const std::string path = temp_path("damage");
+  std::vector<std::pair<WalRecordType, std::string>> records;
+  for (std::uint64_t id : {1, 2, 3}) {
+    records.emplace_back(WalRecordType::kPush, "");
+    encode_trajectory(make_traj(id), records.back().second);
+  }
+  const std::string full = log_of(records);
+  const std::size_t second = 16 + 32 + records[0].second.size();
+  const std::size_t third = second + 32 + records[1].second.size();
+
+  // One bit flipped anywhere in the second record or the third.
+  for (std::size_t i = second; i < full.size(); ++i) {
+    INFO("bit 5 of byte " << i << " flipped");
+    std::string bad = full;
+    bad[i] = char(bad[i] ^ 0x20);
+    write_all(path, bad);
+    const Opened o = open_log(path);
+    if (i < third + 32) {
+      // The second record, with the third after it; or the third's header, with its payload
+      // after it, which could as well be more records. Either way the log is left as it was.
+      expect_code(o.status, StatusCode::kDataLoss, "that are not all zero follow it");
+      CHECK(read_all(path) == bad);
+    } else {
+      // The last record's payload, with nothing after it: a tail torn by a power cut.
+      REQUIRE(o.status.ok());
+      expect_code(o.report.tail, StatusCode::kDataLoss, "record checksum mismatch");
+      CHECK(o.contents.live.size() == 2);
+      CHECK(std::filesystem::file_size(path) == third);
+    }
+  }
+
+  // Blocks a power cut left unwritten read as zeros.
+  struct ZeroTail {
+    const char* what;
+    std::string file;
+    std::size_t live;
+  };
+  const std::vector<ZeroTail> tails = {
+      {"the last payload's end", full.substr(0, full.size() - 40) + std::string(40, '\0'), 2},
+      {"the whole last record", full.substr(0, third) + std::string(full.size() - third, '\0'), 2},
+      {"a block past the last record", full + std::string(4096, '\0'), 3},
+      {"less than a header past the last record", full + std::string(20, '\0'), 3},
+  };
+  for (const ZeroTail& t : tails) {
+    INFO("zeros in " << t.what);
+    write_all(path, t.file);
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    CHECK(o.report.tail.code() == StatusCode::kDataLoss);
+    CHECK(o.contents.live.size() == t.live);
+    CHECK(std::filesystem::file_size(path) == (t.live == 3 ? full.size() : third));
+  }
+  // Zeros, then anything else: records may lie past the zeros. (The zeros from full.size() on
+  // are a damaged header; 4096 - 32 + 1 bytes follow it.)
+  write_all(path, full + std::string(4096, '\0') + "x");
+  expect_code(open_log(path).status, StatusCode::kDataLoss,
+              "4065 bytes that are not all zero follow it (the first nonzero one at offset " +
+                  std::to_string(full.size() + 4096) + ")");
   std::filesystem::remove(path);
 }
