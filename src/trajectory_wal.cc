@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <optional>
+#include <iterator>
+#include <list>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -31,6 +33,8 @@ constexpr std::uint64_t kRecordHeaderBytes = 32;
 constexpr std::uint64_t kHeaderCheckedBytes = 24;  // what the header checksum covers: all before it
 // A bigger length field is damage, not a trajectory (which the capacity bounds far below this).
 constexpr std::uint64_t kMaxPayload = std::uint64_t(1) << 32;
+// Replay reads the log in pieces of this many bytes (one record at a time when it is larger).
+constexpr std::size_t kReadChunk = std::size_t(1) << 20;
 
 constexpr std::uint64_t kSeed = 0x6C616D696E6172ull;
 
@@ -112,18 +116,87 @@ struct Found {
   Status why;  // kTorn, kDamaged: what is wrong, naming the offset
 };
 
+// Reads the log front to back through one buffer of kReadChunk bytes, or of the largest record
+// read when that is larger: replay's memory does not grow with the log.
+class FileReader {
+ public:
+  FileReader(int fd, std::uint64_t size, const std::string& path) : fd_(fd), size_(size), path_(path) {}
+
+  std::uint64_t size() const noexcept { return size_; }
+
+  // The file's bytes [off, off + n), valid until the next read.
+  // Preconditions:
+  //   off + n <= size().
+  Result<std::string_view> read(std::uint64_t off, std::size_t n) {
+    if (off >= start_ && off + n <= start_ + len_) return std::string_view(buf_.get() + (off - start_), n);
+    const std::size_t want = std::max<std::uint64_t>(n, std::min<std::uint64_t>(kReadChunk, size_ - off));
+    if (want > cap_) {
+      buf_.reset();  // before the new one, so the two are never held together
+      buf_ = std::make_unique_for_overwrite<char[]>(want);
+      cap_ = want;
+    }
+    const std::size_t fill = std::size_t(std::min<std::uint64_t>(cap_, size_ - off));
+    std::size_t got = 0;
+    while (got < fill) {
+      const ssize_t r = ::pread(fd_, buf_.get() + got, fill - got, off_t(off + got));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        len_ = 0;
+        return io_error("read", path_, errno);
+      }
+      if (r == 0) break;
+      got += std::size_t(r);
+    }
+    start_ = off;
+    len_ = got;
+    if (got < n) {
+      return aborted(fmt::format("WAL {}: the file shrank from {} to {} bytes while being replayed (is another "
+                                 "process writing it?)",
+                                 path_, size_, off + got));
+    }
+    return std::string_view(buf_.get(), n);
+  }
+
+  // The offset of the first byte at or past `from` that is not zero, or size() when none is.
+  Result<std::uint64_t> first_nonzero(std::uint64_t from) {
+    for (std::uint64_t off = from; off < size_;) {
+      const std::size_t n = std::size_t(std::min<std::uint64_t>(kReadChunk, size_ - off));
+      Result<std::string_view> bytes = read(off, n);
+      if (!bytes.ok()) return bytes.status();
+      if (const std::size_t i = bytes->find_first_not_of('\0'); i != std::string_view::npos) return off + i;
+      off += n;
+    }
+    return size_;
+  }
+
+ private:
+  int fd_;
+  std::uint64_t size_;  // when replay began
+  const std::string& path_;
+  std::unique_ptr<char[]> buf_;
+  std::size_t cap_ = 0;
+  std::uint64_t start_ = 0;  // buf_ holds the file's bytes [start_, start_ + len_)
+  std::size_t len_ = 0;
+};
+
 // The record at `off`. An error for one whose checksums pass but whose header makes no sense:
 // that is not damage a crash or a bad disk leaves, and replay refuses it wherever it is.
-Result<Found> read_record(std::string_view file, std::uint64_t off, std::string_view what) {
-  ByteReader r(file.substr(off), what, off);
-  ByteReader h = r.sub("record header", kRecordHeaderBytes);
-  if (!h.ok()) return Found{Found::kTorn, {}, {}, 0, h.status()};
+Result<Found> read_record(FileReader& in, std::uint64_t off, std::string_view what) {
+  const std::uint64_t left = in.size() - off;
+  if (left < kRecordHeaderBytes) {
+    return Found{Found::kTorn, {}, {}, 0,
+                 data_loss(fmt::format("{}: record header cut short at offset {} ({} of {} bytes)", what, off, left,
+                                       kRecordHeaderBytes))};
+  }
+  Result<std::string_view> header = in.read(off, kRecordHeaderBytes);
+  if (!header.ok()) return header.status();
+  ByteReader h(*header, what, off);
   const std::uint32_t magic = h.u32("record magic");
   const std::uint32_t type = h.u32("record type");
   const std::uint64_t length = h.u64("record length");
   const std::uint64_t stored = h.u64("record checksum");
   const std::uint64_t stored_header = h.u64("record header checksum");
-  const std::uint64_t header_sum = XXH64(file.data() + off, kHeaderCheckedBytes, kSeed);
+  const std::uint64_t header_sum = XXH64(header->data(), kHeaderCheckedBytes, kSeed);
   if (header_sum != stored_header) {
     h.fail(off + kHeaderCheckedBytes,
            fmt::format("record header checksum mismatch (stored {:#018x}, computed {:#018x})", stored_header,
@@ -136,32 +209,21 @@ Result<Found> read_record(std::string_view file, std::uint64_t off, std::string_
   }
   if (length > kMaxPayload) h.fail(off + 8, fmt::format("implausible record length {}", length));
   LAMINAR_RETURN_IF_ERROR(h.status());
-  const std::string_view payload = r.bytes("record payload", length);
-  if (!r.ok()) return Found{Found::kTorn, {}, {}, 0, r.status()};
-  const std::uint64_t sum = record_checksum(type, length, payload);
+  const std::uint64_t payload_at = off + kRecordHeaderBytes;
+  if (length > left - kRecordHeaderBytes) {
+    return Found{Found::kTorn, {}, {}, 0,
+                 data_loss(fmt::format("{}: record payload cut short at offset {} ({} of {} bytes)", what,
+                                       payload_at, left - kRecordHeaderBytes, length))};
+  }
+  Result<std::string_view> payload = in.read(payload_at, std::size_t(length));
+  if (!payload.ok()) return payload.status();
+  const std::uint64_t sum = record_checksum(type, length, *payload);
   if (sum != stored) {
-    r.fail(off + 16, fmt::format("record checksum mismatch (stored {:#018x}, computed {:#018x})", stored, sum));
-    return Found{Found::kDamaged, {}, {}, off + kRecordHeaderBytes + length, r.status()};
+    return Found{Found::kDamaged, {}, {}, payload_at + length,
+                 data_loss(fmt::format("{}: record checksum mismatch (stored {:#018x}, computed {:#018x}) at offset {}",
+                                       what, stored, sum, off + 16))};
   }
-  return Found{Found::kGood, WalRecordType(type), payload, 0, {}};
-}
-
-Result<std::string> read_file(int fd, const std::string& path) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return io_error("fstat", path, errno);
-  std::string data(std::size_t(st.st_size), '\0');
-  std::size_t got = 0;
-  while (got < data.size()) {
-    const ssize_t r = ::pread(fd, data.data() + got, data.size() - got, off_t(got));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return io_error("read", path, errno);
-    }
-    if (r == 0) break;
-    got += std::size_t(r);
-  }
-  data.resize(got);
-  return data;
+  return Found{Found::kGood, WalRecordType(type), *payload, 0, {}};
 }
 
 std::string file_header() {
@@ -207,11 +269,12 @@ Fd::~Fd() {
 
 namespace {
 
-// Replays records into Contents: pushes are kept in log order, and a retire record tombstones
-// the live ones it names.
+// Replays records into Contents: it holds the pushes not yet retired, in log order, and passes
+// retired ids and closed groups on to the listener, so that what it keeps is what the queue will.
 class Replayer {
  public:
-  Replayer(const std::string& path, TrajectoryWal::Contents& c) : path_(path), c_(c) {}
+  Replayer(const std::string& path, const TrajectoryWal::Listener& listener, TrajectoryWal::Contents& c)
+      : path_(path), listener_(listener), c_(c) {}
 
   // The record at `off`, its payload `p`.
   Status record(WalRecordType type, std::string_view p, std::uint64_t off) {
@@ -224,12 +287,13 @@ class Replayer {
           return t.status().with_context(fmt::format("WAL {}: push record at offset {}", path_, off));
         }
         const std::uint64_t id = t->id.value();
-        if (!index_.emplace(id, order_.size()).second) {
+        if (index_.count(id) != 0) {
           return data_loss(
               fmt::format("WAL {}: push record at offset {}: trajectory {} pushed twice", path_, off, id));
         }
         c_.newest = std::max(c_.newest, t->version);
-        order_.emplace_back(std::move(*t));
+        live_.push_back(std::move(*t));
+        index_.emplace(id, std::prev(live_.end()));
         return ok_status();
       }
       case WalRecordType::kRetire: {
@@ -245,9 +309,9 @@ class Replayer {
         r.array("ids", n, ids_);
         if (Status st = r.finish(); !st.ok()) return st.with_context(fmt::format("WAL {}", path_));
         for (std::uint64_t id : ids_) {
-          c_.retired_ids.push_back(id);
+          if (listener_.retired) listener_.retired(id);
           if (auto it = index_.find(id); it != index_.end()) {
-            order_[it->second].reset();
+            live_.erase(it->second);
             index_.erase(it);
             ++c_.retired;
           }
@@ -262,8 +326,8 @@ class Replayer {
         if (Status st = r.finish(); !st.ok()) return st.with_context(fmt::format("WAL {}", path_));
         if (version) {
           c_.newest = std::max(c_.newest, Version(v));
-        } else {
-          c_.closed_groups.push_back(v);
+        } else if (listener_.group_closed) {
+          listener_.group_closed(v);
         }
         return ok_status();
       }
@@ -272,28 +336,32 @@ class Replayer {
   }
 
   void finish() {
-    for (std::optional<Trajectory>& t : order_) {
-      if (!t) continue;
-      c_.live_bytes += TrajectoryWal::push_record_bytes(*t);
-      c_.live.push_back(std::move(*t));
+    c_.live.reserve(live_.size());
+    for (Trajectory& t : live_) {
+      c_.live_bytes += TrajectoryWal::push_record_bytes(t);
+      c_.live.push_back(std::move(t));
     }
+    live_.clear();
+    index_.clear();
   }
 
  private:
   const std::string& path_;
+  const TrajectoryWal::Listener& listener_;
   TrajectoryWal::Contents& c_;
-  std::vector<std::optional<Trajectory>> order_;
-  std::unordered_map<std::uint64_t, std::size_t> index_;
+  std::list<Trajectory> live_;  // pushed, not yet retired, in log order
+  std::unordered_map<std::uint64_t, std::list<Trajectory>::iterator> index_;
   std::vector<std::uint64_t> ids_;  // of the retire record being read, kept to reuse its memory
 };
 
 }  // namespace
 
 Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& path, bool fsync_each,
-                                                           Contents& contents, RecoveryReport& report) {
+                                                           const Listener& listener, Contents& contents,
+                                                           RecoveryReport& report) {
   report = RecoveryReport{};
   contents = Contents{};
-  Replayer replay(path, contents);
+  Replayer replay(path, listener, contents);
   if (path.empty()) return invalid_argument("WAL path is empty");
   // The type is checked before the open, which would fail on a directory and could block on a
   // FIFO, and again after it on what was opened, in case the path changed in between.
@@ -310,68 +378,69 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
   }
   if (::fstat(fd.get(), &st) != 0) return io_error("fstat", path, errno);
   if (!S_ISREG(st.st_mode)) return not_a_regular_file(path, st.st_mode);
-  Result<std::string> content = read_file(fd.get(), path);
-  if (!content.ok()) return content.status();
-  const std::string_view file = *content;
-
   std::uint64_t good_end = kFileHeaderBytes;
   std::uint64_t records = 0;
-  const std::string header_bytes = file_header();
-  if (file.size() < kFileHeaderBytes) {
-    // Empty: open(O_CREAT) made it, or a crash came before the header. A prefix of the header
-    // this build writes: the crash came while writing it. Either way nothing was logged. Any
-    // other bytes are someone else's, and are not overwritten.
-    if (file != std::string_view(header_bytes).substr(0, file.size())) return not_a_wal(path, file);
-    if (!file.empty()) {
+  {
+    FileReader in(fd.get(), std::uint64_t(st.st_size), path);
+    Result<std::string_view> first = in.read(0, std::size_t(std::min<std::uint64_t>(in.size(), kFileHeaderBytes)));
+    if (!first.ok()) return first.status();
+    const std::string header_bytes = file_header();
+    if (in.size() < kFileHeaderBytes) {
+      // Empty: open(O_CREAT) made it, or a crash came before the header. A prefix of the header
+      // this build writes: the crash came while writing it. Either way nothing was logged. Any
+      // other bytes are someone else's, and are not overwritten.
+      if (*first != std::string_view(header_bytes).substr(0, first->size())) return not_a_wal(path, *first);
+      if (!first->empty()) {
+        report.replayed = true;
+        report.discarded_bytes = first->size();
+        report.tail = data_loss(
+            fmt::format("WAL {}: file header cut short at offset 0 ({} of {} bytes); started afresh", path,
+                        first->size(), kFileHeaderBytes));
+      }
+      LAMINAR_RETURN_IF_ERROR(write_file_header(fd.get(), path));
+    } else {
+      if (first->substr(0, kFileMagic.size()) != kFileMagic) return not_a_wal(path, *first);
+      const std::string what = "WAL " + path;
+      ByteReader header(first->substr(kFileMagic.size()), what, kFileMagic.size());
+      const std::uint32_t format = header.u32("format");
+      if (format != kFormat) {
+        return failed_precondition(fmt::format("WAL {}: written in format {}, which this build does not read "
+                                               "(it reads format {}); refusing to replay or overwrite it",
+                                               path, format, kFormat));
+      }
+      // Bytes 12..16 are reserved: written as zero, not checked.
       report.replayed = true;
-      report.discarded_bytes = file.size();
-      report.tail = data_loss(
-          fmt::format("WAL {}: file header cut short at offset 0 ({} of {} bytes); started afresh", path,
-                      file.size(), kFileHeaderBytes));
-    }
-    LAMINAR_RETURN_IF_ERROR(write_file_header(fd.get(), path));
-  } else {
-    const std::string what = "WAL " + path;
-    if (file.substr(0, kFileMagic.size()) != kFileMagic) return not_a_wal(path, file);
-    ByteReader header(file.substr(kFileMagic.size(), kFileHeaderBytes - kFileMagic.size()), what,
-                      kFileMagic.size());
-    const std::uint32_t format = header.u32("format");
-    if (format != kFormat) {
-      return failed_precondition(fmt::format("WAL {}: written in format {}, which this build does not read "
-                                             "(it reads format {}); refusing to replay or overwrite it",
-                                             path, format, kFormat));
-    }
-    // Bytes 12..16 are reserved: written as zero, not checked.
-    report.replayed = true;
-    std::uint64_t off = kFileHeaderBytes;
-    while (off < file.size()) {
-      Result<Found> rec = read_record(file, off, what);
-      if (!rec.ok()) return rec.status();
-      if (rec->kind == Found::kGood) {
-        LAMINAR_RETURN_IF_ERROR(replay.record(rec->type, rec->payload, off));
-        ++records;
-        off += kRecordHeaderBytes + rec->payload.size();
-        good_end = off;
-        continue;
-      }
-      if (rec->kind == Found::kDamaged) {
-        // Every record starts with a nonzero magic, so zeros hide none; anything else might.
-        const std::size_t nonzero = file.find_first_not_of('\0', rec->after);
-        if (nonzero != std::string_view::npos) {
-          return data_loss(fmt::format(
-              "{}, and {} bytes that are not all zero follow it (the first nonzero one at offset {}): records "
-              "may lie past the damage, so the log is not cut (cutting it to {} bytes would drop them)",
-              rec->why.message(), file.size() - rec->after, nonzero, off));
+      std::uint64_t off = kFileHeaderBytes;
+      while (off < in.size()) {
+        Result<Found> rec = read_record(in, off, what);
+        if (!rec.ok()) return rec.status();
+        if (rec->kind == Found::kGood) {
+          LAMINAR_RETURN_IF_ERROR(replay.record(rec->type, rec->payload, off));
+          ++records;
+          off += kRecordHeaderBytes + rec->payload.size();
+          good_end = off;
+          continue;
         }
+        if (rec->kind == Found::kDamaged) {
+          // Every record starts with a nonzero magic, so zeros hide none; anything else might.
+          Result<std::uint64_t> nonzero = in.first_nonzero(rec->after);
+          if (!nonzero.ok()) return nonzero.status();
+          if (*nonzero < in.size()) {
+            return data_loss(fmt::format(
+                "{}, and {} bytes that are not all zero follow it (the first nonzero one at offset {}): records "
+                "may lie past the damage, so the log is not cut (cutting it to {} bytes would drop them)",
+                rec->why.message(), in.size() - rec->after, *nonzero, off));
+          }
+        }
+        report.discarded_bytes = in.size() - off;
+        report.tail = data_loss(fmt::format("{}; torn or corrupt tail: {} bytes cut, {} earlier records kept",
+                                            rec->why.message(), report.discarded_bytes, records));
+        break;
       }
-      report.discarded_bytes = file.size() - off;
-      report.tail = data_loss(fmt::format("{}; torn or corrupt tail: {} bytes cut, {} earlier records kept",
-                                          rec->why.message(), report.discarded_bytes, records));
-      break;
-    }
-    if (good_end < file.size()) {
-      if (::ftruncate(fd.get(), off_t(good_end)) != 0) return io_error("ftruncate", path, errno);
-      if (::fsync(fd.get()) != 0) return io_error("fsync", path, errno);
+      if (good_end < in.size()) {
+        if (::ftruncate(fd.get(), off_t(good_end)) != 0) return io_error("ftruncate", path, errno);
+        if (::fsync(fd.get()) != 0) return io_error("fsync", path, errno);
+      }
     }
   }
   report.records = records;

@@ -6,7 +6,10 @@
 // (the kernel keeps it across a kill of this process; fsync, when asked for, across power loss
 // too). Replay turns the records into Contents; compaction writes a Snapshot in their place.
 //
-// Replay follows the chain of records from the file header: each record is looked for only where
+// Replay streams the file through one buffer (1 MiB, or the largest record), and keeps only the
+// pushes not yet retired: its memory is what the queue will hold, plus about one record.
+//
+// It follows the chain of records from the file header: each record is looked for only where
 // the one before it ends, and its length is believed only once its header checksum passes, so no
 // byte inside a payload (which a producer chooses: token ids) is ever read as a record. The chain
 // ends at the first record that is not whole and good:
@@ -65,12 +68,18 @@ class TrajectoryWal {
  public:
   // What a log holds: the state a queue restarts from.
   struct Contents {
-    Version newest;                            // the newest version it records (0 if none)
-    std::vector<Trajectory> live;              // pushed and never retired, in log order
-    std::vector<std::uint64_t> retired_ids;    // every id it retires, in log order
-    std::vector<std::uint64_t> closed_groups;  // in log order
-    std::uint64_t live_bytes = 0;              // bytes of the records of `live`
-    std::uint64_t retired = 0;                 // pushes it retires
+    Version newest;                // the newest version it records (0 if none)
+    std::vector<Trajectory> live;  // pushed and never retired, in log order
+    std::uint64_t live_bytes = 0;  // bytes of the records of `live`
+    std::uint64_t retired = 0;     // pushes it retires
+  };
+  // Told, in log order as replay reads them, of each id a retire record names and each group a
+  // group-closed record names (either may be empty). Replay keeps neither list: the caller keeps
+  // what it needs (the queue: its dedup windows), so replay's memory does not grow with the log.
+  // When open fails, what they were told counts for nothing.
+  struct Listener {
+    std::function<void(std::uint64_t id)> retired;
+    std::function<void(std::uint64_t group_id)> group_closed;
   };
 
   // Opens `path` (creating it) and replays it into `contents` and `report`. kFailedPrecondition,
@@ -80,7 +89,8 @@ class TrajectoryWal {
   // writing it), which is reported as a cut tail. kDataLoss for a malformed record, a trajectory
   // pushed twice while live, or a damaged record with more than zeros after it (see above).
   static Result<std::unique_ptr<TrajectoryWal>> open(const std::string& path, bool fsync_each,
-                                                     Contents& contents, RecoveryReport& report);
+                                                     const Listener& listener, Contents& contents,
+                                                     RecoveryReport& report);
 
   // What compact() writes: everything a restart needs, nothing retired.
   struct Snapshot {

@@ -1,17 +1,21 @@
 #include "trajectory_wal.h"
 
+#include <malloc.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +28,51 @@ using laminar::internal::ByteWriter;
 using laminar::internal::TrajectoryWal;
 using laminar::internal::WalRecordType;
 using laminar::internal::WalRetireReason;
+
+// The heap bytes this process has in use, and their peak, counted by the replacements of the
+// global allocation functions below: a test reads what a call allocated at most. (Its RSS would
+// also count what the sanitizers hold back, and pages the allocator keeps.)
+namespace {
+
+std::atomic<std::size_t> heap_in_use{0};
+std::atomic<std::size_t> heap_peak{0};
+
+void* counted_alloc(std::size_t n) {
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  const std::size_t now = heap_in_use.fetch_add(malloc_usable_size(p)) + malloc_usable_size(p);
+  std::size_t peak = heap_peak.load();
+  while (now > peak && !heap_peak.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+
+void counted_free(void* p) noexcept {
+  if (p == nullptr) return;
+  heap_in_use.fetch_sub(malloc_usable_size(p));
+  std::free(p);
+}
+
+void* counted_alloc_nothrow(std::size_t n) noexcept {
+  try {
+    return counted_alloc(n);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_alloc(n); }
+void* operator new[](std::size_t n) { return counted_alloc(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc_nothrow(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc_nothrow(n); }
+void operator delete(void* p) noexcept { counted_free(p); }
+void operator delete[](void* p) noexcept { counted_free(p); }
+void operator delete(void* p, std::size_t) noexcept { counted_free(p); }
+void operator delete[](void* p, std::size_t) noexcept { counted_free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { counted_free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { counted_free(p); }
 
 namespace {
 
@@ -91,16 +140,23 @@ std::string retire_payload(std::uint8_t reason, std::uint64_t count, const std::
   return p;
 }
 
+// What open() gave, and what it told its listener.
 struct Opened {
   laminar::Status status;
+  std::unique_ptr<TrajectoryWal> wal;  // open while this lives, when status is OK
   TrajectoryWal::Contents contents;
+  std::vector<std::uint64_t> retired_ids;
+  std::vector<std::uint64_t> closed_groups;
   laminar::RecoveryReport report;
 };
 
 Opened open_log(const std::string& path) {
   Opened o;
-  auto wal = TrajectoryWal::open(path, false, o.contents, o.report);
+  const TrajectoryWal::Listener listener{[&o](std::uint64_t id) { o.retired_ids.push_back(id); },
+                                         [&o](std::uint64_t gid) { o.closed_groups.push_back(gid); }};
+  auto wal = TrajectoryWal::open(path, false, listener, o.contents, o.report);
   o.status = wal.status();
+  if (wal.ok()) o.wal = std::move(wal).value();
   return o;
 }
 
@@ -117,20 +173,18 @@ TEST_CASE("WAL: the bytes of every record type are pinned", "[wal][encoding]") {
   const std::string path = temp_path("pinned");
   std::filesystem::remove(path);
   {
-    TrajectoryWal::Contents c;
-    laminar::RecoveryReport report;
-    auto wal = TrajectoryWal::open(path, false, c, report);
-    REQUIRE(wal.ok());
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
     std::string payload;
     for (std::uint64_t id : {1, 2, 3}) {
       payload.clear();
       encode_trajectory(make_traj(id), payload);
-      REQUIRE((*wal)->append(WalRecordType::kPush, payload).ok());
+      REQUIRE(o.wal->append(WalRecordType::kPush, payload).ok());
     }
     const std::vector<std::uint64_t> acked = {1, 3};
-    REQUIRE((*wal)->append_retire(WalRetireReason::kAck, acked).ok());
-    REQUIRE((*wal)->append_u64(WalRecordType::kGroupClosed, 77).ok());
-    REQUIRE((*wal)->append_u64(WalRecordType::kVersion, 5).ok());
+    REQUIRE(o.wal->append_retire(WalRetireReason::kAck, acked).ok());
+    REQUIRE(o.wal->append_u64(WalRecordType::kGroupClosed, 77).ok());
+    REQUIRE(o.wal->append_u64(WalRecordType::kVersion, 5).ok());
   }
   const std::string file = read_all(path);
   CHECK(file.size() == 16 + 3 * (32 + 80 + 4 * (2 + 3 + 3 + 1)) + (32 + 32) + 2 * (32 + 8));
@@ -145,18 +199,16 @@ TEST_CASE("WAL: the bytes of every record type are pinned", "[wal][encoding]") {
   CHECK(file == log_of(records));
   CHECK(XXH3_64bits(file.data(), file.size()) == 0x423b85f49dc95f81ull);
 
-  TrajectoryWal::Contents c;
-  laminar::RecoveryReport report;
-  auto wal = TrajectoryWal::open(path, false, c, report);
-  REQUIRE(wal.ok());
-  CHECK(report.tail.ok());
-  CHECK(report.records == 6);
-  REQUIRE(c.live.size() == 1);
-  CHECK(c.live[0] == make_traj(2));
-  CHECK(c.retired_ids == std::vector<std::uint64_t>{1, 3});
-  CHECK(c.closed_groups == std::vector<std::uint64_t>{77});
-  CHECK(c.newest == laminar::Version(5));
-  CHECK(c.retired == 2);
+  const Opened o = open_log(path);
+  REQUIRE(o.status.ok());
+  CHECK(o.report.tail.ok());
+  CHECK(o.report.records == 6);
+  REQUIRE(o.contents.live.size() == 1);
+  CHECK(o.contents.live[0] == make_traj(2));
+  CHECK(o.retired_ids == std::vector<std::uint64_t>{1, 3});
+  CHECK(o.closed_groups == std::vector<std::uint64_t>{77});
+  CHECK(o.contents.newest == laminar::Version(5));
+  CHECK(o.contents.retired == 2);
   std::filesystem::remove(path);
 }
 
@@ -317,16 +369,15 @@ TEST_CASE("WAL: a torn last record is cut whatever its payload holds, a record p
   carrier.logprobs.assign(carrier.response_tokens.size(), -0.5f);
   std::uint64_t before = 0;  // the log's size without the carrier
   {
-    Opened o;
-    auto wal = TrajectoryWal::open(path, false, o.contents, o.report);
-    REQUIRE(wal.ok());
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
     std::string payload;
     encode_trajectory(make_traj(1), payload);
-    REQUIRE((*wal)->append(WalRecordType::kPush, payload).ok());
-    before = (*wal)->bytes();
+    REQUIRE(o.wal->append(WalRecordType::kPush, payload).ok());
+    before = o.wal->bytes();
     payload.clear();
     encode_trajectory(carrier, payload);
-    REQUIRE((*wal)->append(WalRecordType::kPush, payload).ok());
+    REQUIRE(o.wal->append(WalRecordType::kPush, payload).ok());
   }
   const std::string full = read_all(path);
   const std::size_t at = full.find(planted);
@@ -351,7 +402,7 @@ TEST_CASE("WAL: a torn last record is cut whatever its payload holds, a record p
     CHECK(o.report.records == 1);
     REQUIRE(o.contents.live.size() == 1);
     CHECK(o.contents.live[0] == make_traj(1));
-    CHECK(o.contents.retired_ids.empty());
+    CHECK(o.retired_ids.empty());
     CHECK(std::filesystem::file_size(path) == before);
   }
   std::filesystem::remove(path);
@@ -417,5 +468,55 @@ TEST_CASE("WAL: a damaged record with more than zeros after it is refused, with 
   expect_code(open_log(path).status, StatusCode::kDataLoss,
               "4065 bytes that are not all zero follow it (the first nonzero one at offset " +
                   std::to_string(full.size() + 4096) + ")");
+  std::filesystem::remove(path);
+}
+
+// A restart after a long run reads a long log, mostly of what was acked long ago: replay holds
+// about one record at a time, not the file, and nothing for each record it has read.
+TEST_CASE("WAL: replay's memory stays near one record however long the log", "[wal][memory]") {
+  const std::string path = temp_path("memory");
+  std::filesystem::remove(path);
+  constexpr std::size_t kBigTokens = 64 << 10;  // a 512 KiB push record
+  constexpr std::uint64_t kBig = 64, kSmall = 100000;
+  {
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    std::string payload;
+    std::vector<std::uint64_t> ids;
+    for (std::uint64_t id = 1; id <= kBig + kSmall; ++id) {
+      Trajectory t = make_traj(id);
+      if (id <= kBig) {
+        t.response_tokens.assign(kBigTokens, 7);
+        t.logprobs.assign(kBigTokens, -0.5f);
+      }
+      payload.clear();
+      encode_trajectory(t, payload);
+      REQUIRE(o.wal->append(WalRecordType::kPush, payload).ok());
+      ids.push_back(id);
+      if (ids.size() == 1000 || id <= kBig) {
+        REQUIRE(o.wal->append_retire(WalRetireReason::kAck, ids).ok());
+        ids.clear();
+      }
+    }
+  }
+  const std::uint64_t log_bytes = std::filesystem::file_size(path);
+  REQUIRE(log_bytes > (40u << 20));
+
+  TrajectoryWal::Contents c;
+  laminar::RecoveryReport report;
+  std::uint64_t retired = 0;
+  const TrajectoryWal::Listener count{[&retired](std::uint64_t) { ++retired; }, nullptr};
+  const std::size_t before = heap_in_use.load();
+  heap_peak.store(before);
+  auto wal = TrajectoryWal::open(path, false, count, c, report);
+  const std::size_t peak = heap_peak.load() - before;
+  REQUIRE(wal.ok());
+  CHECK(report.tail.ok());
+  CHECK(retired == kBig + kSmall);
+  CHECK(c.live.empty());
+  INFO("a " << log_bytes << "-byte log took at most " << peak << " heap bytes to replay");
+  // The read buffer (1 MiB, or the largest record) and the largest trajectory, decoded, with room
+  // to spare; the whole file would be 40 MiB, an entry per record 10 MiB or more.
+  CHECK(peak < (4u << 20));
   std::filesystem::remove(path);
 }
