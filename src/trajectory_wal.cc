@@ -64,14 +64,13 @@ Status not_a_regular_file(const std::string& path, mode_t mode) {
   return failed_precondition(fmt::format("WAL {}: is {}; a write-ahead log is a regular file", path, kind));
 }
 
-// The file at the path holds `first` (its first bytes), which are not a laminar WAL's.
+// The file at the path begins with `first`, which is not how a laminar WAL of this build begins.
 Status not_a_wal(const std::string& path, std::string_view first) {
-  first = first.substr(0, kFileMagic.size());
   std::string hex;
-  for (unsigned char c : first) hex += fmt::format("{:02x}", c);
-  return failed_precondition(fmt::format("WAL {}: not a laminar write-ahead log (it starts with bytes {}, not the "
-                                         "magic \"{}\"); refusing to overwrite it",
-                                         path, hex, kFileMagic));
+  for (unsigned char c : first.substr(0, kFileHeaderBytes)) hex += fmt::format("{:02x}", c);
+  return failed_precondition(fmt::format("WAL {}: not a laminar write-ahead log (its first bytes are {}; a log "
+                                         "begins \"{}\" and format {}); refusing to overwrite it",
+                                         path, hex, kFileMagic, kFormat));
 }
 
 // 0, or the errno of the failed write.
@@ -398,6 +397,11 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
                         first->size(), kFileHeaderBytes));
       }
       LAMINAR_RETURN_IF_ERROR(write_file_header(fd.get(), path));
+      if (fsync_each) {
+        // The first records' fdatasync would make the header durable but not the file's name.
+        if (::fsync(fd.get()) != 0) return io_error("fsync", path, errno);
+        LAMINAR_RETURN_IF_ERROR(sync_dir_of(path));
+      }
     } else {
       if (first->substr(0, kFileMagic.size()) != kFileMagic) return not_a_wal(path, *first);
       const std::string what = "WAL " + path;

@@ -340,6 +340,10 @@ TEST_CASE("WAL: a file that is not a laminar WAL is refused and left as it was",
                 "WAL " + path + ": not a laminar write-ahead log");
     CHECK(read_all(path) == foreign);
   }
+  // The message shows what is there: here the header of another format, cut short.
+  write_all(path, header.substr(0, 8) + std::string(3, '\xff'));
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition,
+              "its first bytes are 4c414d57414c3031ffffff; a log begins \"LAMWAL01\" and format 2");
 
   // An empty file is a new log; a prefix of the header is a creation cut short, started afresh.
   for (std::size_t n = 0; n < header.size(); ++n) {
