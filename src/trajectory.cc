@@ -168,7 +168,7 @@ void encode_trajectory(const Trajectory& t, std::string& out) {
   w.bytes(t.metadata);
 }
 
-Result<Trajectory> decode_trajectory(std::string_view bytes) {
+Result<Trajectory> decode_trajectory(std::string_view bytes, bool contents) {
   internal::ByteReader r(bytes, "encoded trajectory");
   const std::uint32_t format = r.u32("format");
   if (format != kEncodingFormat) r.fail(0, fmt::format("format {} (expected {})", format, kEncodingFormat));
@@ -194,7 +194,7 @@ Result<Trajectory> decode_trajectory(std::string_view bytes) {
   r.array("rewards", num_rewards, t.rewards);
   t.metadata = r.bytes("metadata", num_metadata);
   LAMINAR_RETURN_IF_ERROR(r.finish());
-  Status st = validate_trajectory(t);
+  Status st = validate_trajectory(t, contents);
   if (!st.ok()) return st.with_context("decoded trajectory");
   return t;
 }

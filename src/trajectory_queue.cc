@@ -645,15 +645,16 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::create(TrajectoryQueue
   Impl& q = *impl;
   if (!q.opt.wal_path.empty()) {
     TrajectoryWal::Contents c;
-    Result<std::unique_ptr<TrajectoryWal>> wal = TrajectoryWal::open(q.opt.wal_path, q.opt.wal_fsync, c, q.recovery);
+    // Straight into the windows, which keep as many as a queue that never restarted would.
+    const TrajectoryWal::Listener listener{[&q](std::uint64_t id) { q.ids.retire(id); },
+                                           [&q](std::uint64_t gid) { q.closed_groups.retire(gid); }};
+    Result<std::unique_ptr<TrajectoryWal>> wal =
+        TrajectoryWal::open(q.opt.wal_path, q.opt.wal_fsync, listener, c, q.recovery);
     if (!wal.ok()) return wal.status();
     q.wal = std::move(wal).value();
     q.recovery.retired = c.retired;
     q.newest = std::max(q.newest, c.newest);
     q.wal_live_bytes = c.live_bytes;
-    for (std::uint64_t id : c.retired_ids) q.ids.retire(id);
-    for (std::uint64_t gid : c.closed_groups) q.closed_groups.retire(gid);
-    const std::unordered_set<std::uint64_t> closed_in_log(c.closed_groups.begin(), c.closed_groups.end());
     const Duration now = q.clock->now();
     Wake w;
     std::vector<std::uint64_t> group_order;
@@ -680,7 +681,7 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::create(TrajectoryQueue
     for (std::uint64_t gid : group_order) {
       auto it = q.groups.find(gid);
       const bool complete = it->second.members.size() == it->second.group_size;
-      if (complete || closed_in_log.count(gid) != 0) {
+      if (complete || q.closed_groups.retired(gid)) {
         // Released as they were (or would have been) before the restart; the log already says so.
         PendingGroup& g = it->second;
         if (!q.closed_groups.retired(gid)) q.closed_groups.retire(gid);

@@ -1,12 +1,28 @@
 // trajectory_wal.h (private to src/): the append-only log behind TrajectoryQueue's durability.
 //
-// File: a 16-byte header ("LAMWAL01", u32 format 1, u32 zero) then records, each a 24-byte
-// header {u32 magic, u32 type, u64 payload length, u64 XXH64 of type, length and payload} and the
-// payload. A record is appended with one write (the kernel keeps it across a kill of this process;
-// fsync, when asked for, across power loss too). Replay stops at the first record that is short
-// or fails its checksum: if no good record follows, that is a torn tail, cut off and reported; if
-// one does, the middle of the log is damaged and open fails rather than skip records. Replay
-// turns the records into Contents; compaction writes a Snapshot in their place.
+// File: a 16-byte header ("LAMWAL01", u32 format 2, u32 zero) then records, each a 32-byte header
+// {u32 magic, u32 type, u64 payload length, u64 XXH64 of type, length and payload, u64 XXH64 of
+// the header's first 24 bytes} and the payload. A record is appended with one write at the end
+// (the kernel keeps it across a kill of this process; fsync, when asked for, across power loss
+// too). Replay turns the records into Contents; compaction writes a Snapshot in their place.
+//
+// Replay streams the file through one buffer (1 MiB, or the largest record), and keeps only the
+// pushes not yet retired: its memory is what the queue will hold, plus about one record.
+//
+// It follows the chain of records from the file header: each record is looked for only where
+// the one before it ends, and its length is believed only once its header checksum passes, so no
+// byte inside a payload (which a producer chooses: token ids) is ever read as a record. The chain
+// ends at the first record that is not whole and good:
+//   - torn: the file ends inside it (less than a header is left, or the header is good and the
+//     payload runs past the end). A crash mid-append leaves this: it is cut and reported.
+//   - damaged: it is all there but fails a checksum. If only zero bytes follow it (past its
+//     payload when its header is good, else past its header), it was the last write and a power
+//     cut tore it (blocks never written read as zeros): cut and reported. Otherwise records may
+//     follow it, and they could be the acks that keep delivery exactly-once: open refuses the log
+//     (kDataLoss) rather than cut them.
+//   - malformed: its checksums pass but it makes no sense (a bad type or contents): kDataLoss.
+// So what is cut never hides a record: every record begins with a nonzero magic. A kill of the
+// process only ever leaves a torn record; a damaged one takes a power cut or a bad disk.
 #pragma once
 
 #include <cstdint>
@@ -52,18 +68,29 @@ class TrajectoryWal {
  public:
   // What a log holds: the state a queue restarts from.
   struct Contents {
-    Version newest;                            // the newest version it records (0 if none)
-    std::vector<Trajectory> live;              // pushed and never retired, in log order
-    std::vector<std::uint64_t> retired_ids;    // every id it retires, in log order
-    std::vector<std::uint64_t> closed_groups;  // in log order
-    std::uint64_t live_bytes = 0;              // bytes of the records of `live`
-    std::uint64_t retired = 0;                 // pushes it retires
+    Version newest;                // the newest version it records (0 if none)
+    std::vector<Trajectory> live;  // pushed and never retired, in log order
+    std::uint64_t live_bytes = 0;  // bytes of the records of `live`
+    std::uint64_t retired = 0;     // pushes it retires
+  };
+  // Told, in log order as replay reads them, of each id a retire record names and each group a
+  // group-closed record names (either may be empty). Replay keeps neither list: the caller keeps
+  // what it needs (the queue: its dedup windows), so replay's memory does not grow with the log.
+  // When open fails, what they were told counts for nothing.
+  struct Listener {
+    std::function<void(std::uint64_t id)> retired;
+    std::function<void(std::uint64_t group_id)> group_closed;
   };
 
-  // Opens `path` (creating it) and replays it into `contents` and `report`. kDataLoss for a
-  // malformed record, a trajectory pushed twice while live, or a damaged middle (see above).
+  // Opens `path` (creating it) and replays it into `contents` and `report`. kFailedPrecondition,
+  // naming the path, when it is not a regular file or not a laminar WAL of this format: such a file
+  // is never written to. An empty file is a new log (open made it, then a crash came before the
+  // header); so is one that holds a prefix of the header this build writes (the crash came while
+  // writing it), which is reported as a cut tail. kDataLoss for a malformed record, a trajectory
+  // pushed twice while live, or a damaged record with more than zeros after it (see above).
   static Result<std::unique_ptr<TrajectoryWal>> open(const std::string& path, bool fsync_each,
-                                                     Contents& contents, RecoveryReport& report);
+                                                     const Listener& listener, Contents& contents,
+                                                     RecoveryReport& report);
 
   // What compact() writes: everything a restart needs, nothing retired.
   struct Snapshot {

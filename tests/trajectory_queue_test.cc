@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <nlohmann/json.hpp>
@@ -1307,7 +1308,7 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
     auto q = make_queue(opt);
     for (std::uint64_t id = 1; id <= 5; ++id) REQUIRE(q->push(make_traj(id)).ok());
   };
-  const std::uintmax_t record = 24 + 80 + 4 * (2 + 4 + 4) + 4;  // one push record
+  const std::uintmax_t record = 32 + 80 + 4 * (2 + 4 + 4) + 4;  // one push record
   write_log();
   const std::uintmax_t full = std::filesystem::file_size(path);
   REQUIRE(full == 16 + 5 * record);
@@ -1346,11 +1347,14 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
       f.seekp(std::streamoff(16 + record + 60));
       f.put('\x5a');
     }
-    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kDataLoss, "a good record follows");
+    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kDataLoss, "that are not all zero follow it");
   }
   SECTION("not a WAL") {
     std::ofstream(path, std::ios::trunc) << "this is not a log at all";
-    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kDataLoss, "not a laminar write-ahead log");
+    expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kFailedPrecondition,
+                "not a laminar write-ahead log");
+    std::ifstream f(path);
+    CHECK(std::string(std::istreambuf_iterator<char>(f), {}) == "this is not a log at all");  // left as it was
   }
   std::filesystem::remove(path);
 }
@@ -1401,6 +1405,30 @@ TEST_CASE("validate_contents off keeps the O(1) checks only", "[queue][bad-input
   expect_code(q->push(std::move(short_lp)), StatusCode::kInvalidArgument, "3 logprobs for 4 response tokens");
   expect_code(q->push(make_traj(3, 1)), StatusCode::kInvalidArgument, "ahead of the newest");
   CHECK(laminar::validate_trajectory(make_traj(4), false).ok());
+}
+
+// The log brings back what the queue took, as it took it: contents it did not check do not
+// stop a restart.
+TEST_CASE("WAL: with validate_contents off, what the queue took comes back after a restart", "[queue][wal]") {
+  const std::string path = temp_path("unchecked");
+  std::filesystem::remove(path);
+  TrajectoryQueueOptions opt;
+  opt.validate_contents = false;
+  opt.wal_path = path;
+  Trajectory odd = make_traj(1);
+  odd.response_tokens[0] = -3;
+  odd.rewards[0] = INFINITY;
+  odd.metadata = "not JSON";
+  REQUIRE(make_queue(opt)->push(Trajectory(odd)).ok());
+  auto q = TrajectoryQueue::create(opt);
+  INFO(q.status().to_string());
+  REQUIRE(q.ok());
+  CHECK((*q)->recovery().recovered == 1);
+  auto b = (*q)->pop_batch(count_spec(1));
+  REQUIRE(b.ok());
+  CHECK(b->trajectories()[0] == odd);
+  q->reset();
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("Batch::release copies while the queue still holds the lease", "[queue][lease]") {

@@ -111,4 +111,11 @@ TEST_CASE("trajectory decoding refuses truncated, padded or corrupt bytes, namin
   const float nan = NAN;
   std::memcpy(bad_lp.data() + lp0, &nan, 4);
   expect_code(laminar::decode_trajectory(bad_lp).status(), StatusCode::kInvalidArgument, "logprobs[0]");
+  // Without the contents check it decodes as it was written; the fields are checked still.
+  auto unchecked = laminar::decode_trajectory(bad_lp, /*contents=*/false);
+  REQUIRE(unchecked.ok());
+  CHECK(std::isnan(unchecked->logprobs[0]));
+  std::string bad_index = bytes;
+  bad_index[40] = 7;  // sample_index 7 in a group of 3
+  expect_code(laminar::decode_trajectory(bad_index, false).status(), StatusCode::kInvalidArgument, "sample_index");
 }

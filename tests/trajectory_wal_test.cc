@@ -1,14 +1,21 @@
 #include "trajectory_wal.h"
 
+#include <malloc.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +28,51 @@ using laminar::internal::ByteWriter;
 using laminar::internal::TrajectoryWal;
 using laminar::internal::WalRecordType;
 using laminar::internal::WalRetireReason;
+
+// The heap bytes this process has in use, and their peak, counted by the replacements of the
+// global allocation functions below: a test reads what a call allocated at most. (Its RSS would
+// also count what the sanitizers hold back, and pages the allocator keeps.)
+namespace {
+
+std::atomic<std::size_t> heap_in_use{0};
+std::atomic<std::size_t> heap_peak{0};
+
+void* counted_alloc(std::size_t n) {
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  const std::size_t now = heap_in_use.fetch_add(malloc_usable_size(p)) + malloc_usable_size(p);
+  std::size_t peak = heap_peak.load();
+  while (now > peak && !heap_peak.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+
+void counted_free(void* p) noexcept {
+  if (p == nullptr) return;
+  heap_in_use.fetch_sub(malloc_usable_size(p));
+  std::free(p);
+}
+
+void* counted_alloc_nothrow(std::size_t n) noexcept {
+  try {
+    return counted_alloc(n);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_alloc(n); }
+void* operator new[](std::size_t n) { return counted_alloc(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc_nothrow(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc_nothrow(n); }
+void operator delete(void* p) noexcept { counted_free(p); }
+void operator delete[](void* p) noexcept { counted_free(p); }
+void operator delete(void* p, std::size_t) noexcept { counted_free(p); }
+void operator delete[](void* p, std::size_t) noexcept { counted_free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { counted_free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { counted_free(p); }
 
 namespace {
 
@@ -52,17 +104,23 @@ void write_all(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-// A log's file header, then each record framed as the WAL frames it.
+// One record framed as the WAL frames it.
+std::string record_of(WalRecordType type, const std::string& payload) {
+  std::string r;
+  ByteWriter w(r);
+  w.u32(0x52574D4Cu);
+  w.u32(std::uint32_t(type));
+  w.u64(payload.size());
+  w.u64(TrajectoryWal::checksum(type, payload));
+  w.u64(XXH64(r.data(), 24, 0x6C616D696E6172ull));
+  w.bytes(payload);
+  return r;
+}
+
+// A log's file header, then each record.
 std::string log_of(const std::vector<std::pair<WalRecordType, std::string>>& records) {
-  std::string file("LAMWAL01\x01\0\0\0\0\0\0\0", 16);
-  ByteWriter w(file);
-  for (const auto& [type, payload] : records) {
-    w.u32(0x52574D4Cu);
-    w.u32(std::uint32_t(type));
-    w.u64(payload.size());
-    w.u64(TrajectoryWal::checksum(type, payload));
-    w.bytes(payload);
-  }
+  std::string file("LAMWAL01\x02\0\0\0\0\0\0\0", 16);
+  for (const auto& [type, payload] : records) file += record_of(type, payload);
   return file;
 }
 
@@ -82,16 +140,23 @@ std::string retire_payload(std::uint8_t reason, std::uint64_t count, const std::
   return p;
 }
 
+// What open() gave, and what it told its listener.
 struct Opened {
   laminar::Status status;
+  std::unique_ptr<TrajectoryWal> wal;  // open while this lives, when status is OK
   TrajectoryWal::Contents contents;
+  std::vector<std::uint64_t> retired_ids;
+  std::vector<std::uint64_t> closed_groups;
   laminar::RecoveryReport report;
 };
 
 Opened open_log(const std::string& path) {
   Opened o;
-  auto wal = TrajectoryWal::open(path, false, o.contents, o.report);
+  const TrajectoryWal::Listener listener{[&o](std::uint64_t id) { o.retired_ids.push_back(id); },
+                                         [&o](std::uint64_t gid) { o.closed_groups.push_back(gid); }};
+  auto wal = TrajectoryWal::open(path, false, listener, o.contents, o.report);
   o.status = wal.status();
+  if (wal.ok()) o.wal = std::move(wal).value();
   return o;
 }
 
@@ -108,37 +173,42 @@ TEST_CASE("WAL: the bytes of every record type are pinned", "[wal][encoding]") {
   const std::string path = temp_path("pinned");
   std::filesystem::remove(path);
   {
-    TrajectoryWal::Contents c;
-    laminar::RecoveryReport report;
-    auto wal = TrajectoryWal::open(path, false, c, report);
-    REQUIRE(wal.ok());
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
     std::string payload;
     for (std::uint64_t id : {1, 2, 3}) {
       payload.clear();
       encode_trajectory(make_traj(id), payload);
-      REQUIRE((*wal)->append(WalRecordType::kPush, payload).ok());
+      REQUIRE(o.wal->append(WalRecordType::kPush, payload).ok());
     }
     const std::vector<std::uint64_t> acked = {1, 3};
-    REQUIRE((*wal)->append_retire(WalRetireReason::kAck, acked).ok());
-    REQUIRE((*wal)->append_u64(WalRecordType::kGroupClosed, 77).ok());
-    REQUIRE((*wal)->append_u64(WalRecordType::kVersion, 5).ok());
+    REQUIRE(o.wal->append_retire(WalRetireReason::kAck, acked).ok());
+    REQUIRE(o.wal->append_u64(WalRecordType::kGroupClosed, 77).ok());
+    REQUIRE(o.wal->append_u64(WalRecordType::kVersion, 5).ok());
   }
   const std::string file = read_all(path);
-  CHECK(file.size() == 16 + 3 * (24 + 80 + 4 * (2 + 3 + 3 + 1)) + (24 + 32) + 2 * (24 + 8));
-  CHECK(XXH3_64bits(file.data(), file.size()) == 0x2a5c6b51b61e5b76ull);
+  CHECK(file.size() == 16 + 3 * (32 + 80 + 4 * (2 + 3 + 3 + 1)) + (32 + 32) + 2 * (32 + 8));
+  std::vector<std::pair<WalRecordType, std::string>> records;
+  for (std::uint64_t id : {1, 2, 3}) {
+    records.emplace_back(WalRecordType::kPush, "");
+    encode_trajectory(make_traj(id), records.back().second);
+  }
+  records.emplace_back(WalRecordType::kRetire, retire_payload(0, 2, {1, 3}));
+  records.emplace_back(WalRecordType::kGroupClosed, u64_payload(77));
+  records.emplace_back(WalRecordType::kVersion, u64_payload(5));
+  CHECK(file == log_of(records));
+  CHECK(XXH3_64bits(file.data(), file.size()) == 0x423b85f49dc95f81ull);
 
-  TrajectoryWal::Contents c;
-  laminar::RecoveryReport report;
-  auto wal = TrajectoryWal::open(path, false, c, report);
-  REQUIRE(wal.ok());
-  CHECK(report.tail.ok());
-  CHECK(report.records == 6);
-  REQUIRE(c.live.size() == 1);
-  CHECK(c.live[0] == make_traj(2));
-  CHECK(c.retired_ids == std::vector<std::uint64_t>{1, 3});
-  CHECK(c.closed_groups == std::vector<std::uint64_t>{77});
-  CHECK(c.newest == laminar::Version(5));
-  CHECK(c.retired == 2);
+  const Opened o = open_log(path);
+  REQUIRE(o.status.ok());
+  CHECK(o.report.tail.ok());
+  CHECK(o.report.records == 6);
+  REQUIRE(o.contents.live.size() == 1);
+  CHECK(o.contents.live[0] == make_traj(2));
+  CHECK(o.retired_ids == std::vector<std::uint64_t>{1, 3});
+  CHECK(o.closed_groups == std::vector<std::uint64_t>{77});
+  CHECK(o.contents.newest == laminar::Version(5));
+  CHECK(o.contents.retired == 2);
   std::filesystem::remove(path);
 }
 
@@ -150,7 +220,7 @@ TEST_CASE("WAL: a log cut at any byte replays its whole records and trims the re
                                    {WalRecordType::kPush, push},
                                    {WalRecordType::kRetire, retire_payload(0, 1, {1})},
                                    {WalRecordType::kGroupClosed, u64_payload(9)}});
-  const std::vector<std::size_t> ends = {16, 16 + 32, 16 + 32 + 24 + push.size(), full.size() - 32, full.size()};
+  const std::vector<std::size_t> ends = {16, 16 + 40, 16 + 40 + 32 + push.size(), full.size() - 40, full.size()};
   for (std::size_t n = 0; n <= full.size(); ++n) {
     INFO("first " << n << " bytes");
     write_all(path, full.substr(0, n));
@@ -182,36 +252,275 @@ TEST_CASE("WAL: a malformed record names the record, the field and its offset", 
   const std::string wal = "WAL " + path;
 
   expect_code(refused(log_of({{WalRecordType::kRetire, retire_payload(9, 1, {1})}})), StatusCode::kDataLoss,
-              wal + ": retire record: reason 9 is not a WalRetireReason at offset 40");
+              wal + ": retire record: reason 9 is not a WalRetireReason at offset 48");
   expect_code(refused(log_of({{WalRecordType::kRetire, retire_payload(0, 3, {1, 2})}})), StatusCode::kDataLoss,
-              wal + ": retire record: ids cut short at offset 56 (16 of 3 x 8 bytes)");
+              wal + ": retire record: ids cut short at offset 64 (16 of 3 x 8 bytes)");
   expect_code(refused(log_of({{WalRecordType::kRetire, retire_payload(0, ~0ull, {1})}})), StatusCode::kDataLoss,
-              "ids cut short at offset 56 (8 of 18446744073709551615 x 8 bytes)");
+              "ids cut short at offset 64 (8 of 18446744073709551615 x 8 bytes)");
   std::string padded = retire_payload(0, 1, {1});
   padded[3] = 1;
   expect_code(refused(log_of({{WalRecordType::kRetire, padded}})), StatusCode::kDataLoss,
-              "retire record: nonzero padding at offset 41");
+              "retire record: nonzero padding at offset 49");
   expect_code(refused(log_of({{WalRecordType::kVersion, u64_payload(3) + "x"}})), StatusCode::kDataLoss,
-              wal + ": version record: 1 trailing bytes at offset 48");
+              wal + ": version record: 1 trailing bytes at offset 56");
   expect_code(refused(log_of({{WalRecordType::kGroupClosed, "abc"}})), StatusCode::kDataLoss,
-              "group-closed record: group id cut short at offset 40 (3 of 8 bytes)");
+              "group-closed record: group id cut short at offset 48 (3 of 8 bytes)");
   expect_code(refused(log_of({{WalRecordType::kPush, "abc"}})), StatusCode::kDataLoss,
               wal + ": push record at offset 16: encoded trajectory: format cut short at offset 0");
+  // A header whose checksum passes was written whole: one that makes no sense is refused, last or not.
+  const std::string good = log_of({{WalRecordType::kVersion, u64_payload(3)}});
+  expect_code(refused(good + record_of(WalRecordType(9), u64_payload(4))), StatusCode::kDataLoss,
+              wal + ": unknown record type 9 at offset 60");
+  std::string huge = record_of(WalRecordType::kVersion, "");
+  std::memset(huge.data() + 8, 0xff, 8);
+  const std::uint64_t header_sum = XXH64(huge.data(), 24, 0x6C616D696E6172ull);
+  std::memcpy(huge.data() + 24, &header_sum, 8);
+  expect_code(refused(good + huge), StatusCode::kDataLoss,
+              "implausible record length 18446744073709551615 at offset 64");
+  std::string magic = record_of(WalRecordType::kVersion, u64_payload(4));
+  magic[0] = 'X';
+  const std::uint64_t magic_sum = XXH64(magic.data(), 24, 0x6C616D696E6172ull);
+  std::memcpy(magic.data() + 24, &magic_sum, 8);
+  expect_code(refused(good + magic), StatusCode::kDataLoss, "bad record magic 0x52574d58 at offset 56");
 
   std::string file = log_of({{WalRecordType::kVersion, u64_payload(3)}});
-  file[8] = 2;
-  expect_code(refused(file), StatusCode::kDataLoss, wal + ": unsupported format 2 (expected 1) at offset 8");
+  file[8] = 7;
+  expect_code(refused(file), StatusCode::kFailedPrecondition,
+              wal + ": written in format 7, which this build does not read");
 
-  // The last record's header: damage there is a torn tail, cut and reported.
-  const std::string good = log_of({{WalRecordType::kVersion, u64_payload(3)}});
-  const std::string two =
-      log_of({{WalRecordType::kVersion, u64_payload(3)}, {WalRecordType::kVersion, u64_payload(4)}});
-  std::string bad_type = two;
-  bad_type[good.size() + 4] = 9;
-  expect_code(tail(bad_type), StatusCode::kDataLoss, wal + ": unknown record type 9 at offset 52");
-  std::string huge = two;
-  std::memset(huge.data() + good.size() + 8, 0xff, 8);
-  expect_code(tail(huge), StatusCode::kDataLoss, "implausible record length 18446744073709551615 at offset 56");
-  expect_code(tail(good + "LMWR"), StatusCode::kDataLoss, "record header cut short at offset 48 (4 of 24 bytes)");
+  // A header cut short is a torn tail, cut and reported.
+  expect_code(tail(good + "LMWR"), StatusCode::kDataLoss, "record header cut short at offset 56 (4 of 32 bytes)");
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("WAL: open refuses what is not a regular file, naming the path and what it is", "[wal][bad-input]") {
+  const std::string path = temp_path("kind");
+  std::filesystem::remove_all(path);
+
+  REQUIRE(std::filesystem::create_directory(path));
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition, "WAL " + path + ": is a directory");
+  std::filesystem::remove(path);
+
+  // A FIFO with no writer: open must answer, not wait for one.
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition, "WAL " + path + ": is a FIFO");
+  std::filesystem::remove(path);
+
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  REQUIRE(sock >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  REQUIRE(path.size() < sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  REQUIRE(::bind(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0);
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition, "WAL " + path + ": is a socket");
+  ::close(sock);
+  std::filesystem::remove(path);
+
+  expect_code(open_log("/dev/null").status, StatusCode::kFailedPrecondition, "WAL /dev/null: is a character device");
+}
+
+TEST_CASE("WAL: a file that is not a laminar WAL is refused and left as it was", "[wal][bad-input]") {
+  const std::string path = temp_path("foreign");
+  std::filesystem::remove(path);
+  {
+    const Opened fresh = open_log(path);
+    REQUIRE(fresh.status.ok());
+  }
+  const std::string header = read_all(path);
+  REQUIRE(header.size() == 16);
+
+  // Short ones too: only a prefix of the header this build writes is taken as a log of its own.
+  for (const std::string& foreign : {std::string("x"), std::string("hello"), std::string(15, '\0'),
+                                     header.substr(0, 8) + std::string(3, '\xff'), std::string(16, '\0'),
+                                     std::string("this is not a log at all")}) {
+    INFO("file bytes: " << foreign);
+    write_all(path, foreign);
+    expect_code(open_log(path).status, StatusCode::kFailedPrecondition,
+                "WAL " + path + ": not a laminar write-ahead log");
+    CHECK(read_all(path) == foreign);
+  }
+  // The message shows what is there: here the header of another format, cut short.
+  write_all(path, header.substr(0, 8) + std::string(3, '\xff'));
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition,
+              "its first bytes are 4c414d57414c3031ffffff; a log begins \"LAMWAL01\" and format 2");
+
+  // An empty file is a new log; a prefix of the header is a creation cut short, started afresh.
+  for (std::size_t n = 0; n < header.size(); ++n) {
+    INFO("the header's first " << n << " bytes");
+    write_all(path, header.substr(0, n));
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    CHECK(o.report.replayed == (n > 0));
+    CHECK(o.report.tail.ok() == (n == 0));
+    CHECK(o.report.discarded_bytes == n);
+    CHECK(read_all(path) == header);
+  }
+  std::filesystem::remove(path);
+}
+
+// The tail rule must not hang on what a payload holds: a producer chooses its token ids, and so
+// can write bytes that frame a whole record, here one that would retire an unacked trajectory.
+TEST_CASE("WAL: a torn last record is cut whatever its payload holds, a record planted in it too",
+          "[wal][bad-input]") {
+  const std::string path = temp_path("planted");
+  std::filesystem::remove(path);
+  const std::string planted = record_of(WalRecordType::kRetire, retire_payload(0, 1, {1}));
+  REQUIRE(planted.size() % 4 == 0);
+  Trajectory carrier = make_traj(2);
+  carrier.response_tokens.assign(planted.size() / 4 + 8, 0);  // the planted record, then 8 more tokens
+  std::memcpy(carrier.response_tokens.data(), planted.data(), planted.size());
+  carrier.logprobs.assign(carrier.response_tokens.size(), -0.5f);
+  std::uint64_t before = 0;  // the log's size without the carrier
+  {
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    std::string payload;
+    encode_trajectory(make_traj(1), payload);
+    REQUIRE(o.wal->append(WalRecordType::kPush, payload).ok());
+    before = o.wal->bytes();
+    payload.clear();
+    encode_trajectory(carrier, payload);
+    REQUIRE(o.wal->append(WalRecordType::kPush, payload).ok());
+  }
+  const std::string full = read_all(path);
+  const std::size_t at = full.find(planted);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(at > before + 32);
+  {
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    CHECK(o.report.tail.ok());
+    REQUIRE(o.contents.live.size() == 2);
+    CHECK(o.contents.live[1] == carrier);
+  }
+  // Cut anywhere past the planted record: the carrier is torn, and only it is cut.
+  for (std::size_t n = at + planted.size(); n < full.size(); ++n) {
+    INFO("the log's first " << n << " bytes");
+    write_all(path, full.substr(0, n));
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    expect_code(o.report.tail, StatusCode::kDataLoss,
+                "record payload cut short at offset " + std::to_string(before + 32));
+    CHECK(o.report.discarded_bytes == n - before);
+    CHECK(o.report.records == 1);
+    REQUIRE(o.contents.live.size() == 1);
+    CHECK(o.contents.live[0] == make_traj(1));
+    CHECK(o.retired_ids.empty());
+    CHECK(std::filesystem::file_size(path) == before);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("WAL: a damaged record with more than zeros after it is refused, with only zeros after it cut",
+          "[wal][bad-input]") {
+  const std::string path = temp_path("damage");
+  std::vector<std::pair<WalRecordType, std::string>> records;
+  for (std::uint64_t id : {1, 2, 3}) {
+    records.emplace_back(WalRecordType::kPush, "");
+    encode_trajectory(make_traj(id), records.back().second);
+  }
+  const std::string full = log_of(records);
+  const std::size_t second = 16 + 32 + records[0].second.size();
+  const std::size_t third = second + 32 + records[1].second.size();
+
+  // One bit flipped anywhere in the second record or the third.
+  for (std::size_t i = second; i < full.size(); ++i) {
+    INFO("bit 5 of byte " << i << " flipped");
+    std::string bad = full;
+    bad[i] = char(bad[i] ^ 0x20);
+    write_all(path, bad);
+    const Opened o = open_log(path);
+    if (i < third + 32) {
+      // The second record, with the third after it; or the third's header, with its payload
+      // after it, which could as well be more records. Either way the log is left as it was.
+      expect_code(o.status, StatusCode::kDataLoss, "that are not all zero follow it");
+      CHECK(read_all(path) == bad);
+    } else {
+      // The last record's payload, with nothing after it: a tail torn by a power cut.
+      REQUIRE(o.status.ok());
+      expect_code(o.report.tail, StatusCode::kDataLoss, "record checksum mismatch");
+      CHECK(o.contents.live.size() == 2);
+      CHECK(std::filesystem::file_size(path) == third);
+    }
+  }
+
+  // Blocks a power cut left unwritten read as zeros.
+  struct ZeroTail {
+    const char* what;
+    std::string file;
+    std::size_t live;
+  };
+  const std::vector<ZeroTail> tails = {
+      {"the last payload's end", full.substr(0, full.size() - 40) + std::string(40, '\0'), 2},
+      {"the whole last record", full.substr(0, third) + std::string(full.size() - third, '\0'), 2},
+      {"a block past the last record", full + std::string(4096, '\0'), 3},
+      {"less than a header past the last record", full + std::string(20, '\0'), 3},
+  };
+  for (const ZeroTail& t : tails) {
+    INFO("zeros in " << t.what);
+    write_all(path, t.file);
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    CHECK(o.report.tail.code() == StatusCode::kDataLoss);
+    CHECK(o.contents.live.size() == t.live);
+    CHECK(std::filesystem::file_size(path) == (t.live == 3 ? full.size() : third));
+  }
+  // Zeros, then anything else: records may lie past the zeros. (The zeros from full.size() on
+  // are a damaged header; 4096 - 32 + 1 bytes follow it.)
+  write_all(path, full + std::string(4096, '\0') + "x");
+  expect_code(open_log(path).status, StatusCode::kDataLoss,
+              "4065 bytes that are not all zero follow it (the first nonzero one at offset " +
+                  std::to_string(full.size() + 4096) + ")");
+  std::filesystem::remove(path);
+}
+
+// A restart after a long run reads a long log, mostly of what was acked long ago: replay holds
+// about one record at a time, not the file, and nothing for each record it has read.
+TEST_CASE("WAL: replay's memory stays near one record however long the log", "[wal][memory]") {
+  const std::string path = temp_path("memory");
+  std::filesystem::remove(path);
+  constexpr std::size_t kBigTokens = 64 << 10;  // a 512 KiB push record
+  constexpr std::uint64_t kBig = 64, kSmall = 100000;
+  {
+    const Opened o = open_log(path);
+    REQUIRE(o.status.ok());
+    std::string payload;
+    std::vector<std::uint64_t> ids;
+    for (std::uint64_t id = 1; id <= kBig + kSmall; ++id) {
+      Trajectory t = make_traj(id);
+      if (id <= kBig) {
+        t.response_tokens.assign(kBigTokens, 7);
+        t.logprobs.assign(kBigTokens, -0.5f);
+      }
+      payload.clear();
+      encode_trajectory(t, payload);
+      REQUIRE(o.wal->append(WalRecordType::kPush, payload).ok());
+      ids.push_back(id);
+      if (ids.size() == 1000 || id <= kBig) {
+        REQUIRE(o.wal->append_retire(WalRetireReason::kAck, ids).ok());
+        ids.clear();
+      }
+    }
+  }
+  const std::uint64_t log_bytes = std::filesystem::file_size(path);
+  REQUIRE(log_bytes > (40u << 20));
+
+  TrajectoryWal::Contents c;
+  laminar::RecoveryReport report;
+  std::uint64_t retired = 0;
+  const TrajectoryWal::Listener count{[&retired](std::uint64_t) { ++retired; }, nullptr};
+  const std::size_t before = heap_in_use.load();
+  heap_peak.store(before);
+  auto wal = TrajectoryWal::open(path, false, count, c, report);
+  const std::size_t peak = heap_peak.load() - before;
+  REQUIRE(wal.ok());
+  CHECK(report.tail.ok());
+  CHECK(retired == kBig + kSmall);
+  CHECK(c.live.empty());
+  INFO("a " << log_bytes << "-byte log took at most " << peak << " heap bytes to replay");
+  // The read buffer (1 MiB, or the largest record) and the largest trajectory, decoded, with room
+  // to spare; the whole file would be 40 MiB, an entry per record 10 MiB or more.
+  CHECK(peak < (4u << 20));
   std::filesystem::remove(path);
 }

@@ -76,10 +76,12 @@ Status validate_trajectory(const Trajectory& t, bool contents = true);
 // The binary encoding used by the write-ahead log and by remote producers (little-endian, format
 // 1): an 80-byte fixed header then the token, log-prob, reward and metadata arrays. encode appends
 // to `out`. decode checks the header, that the arrays fill exactly `bytes` (a truncated or padded
-// buffer is kDataLoss naming the field and its offset) and then validate_trajectory.
+// buffer is kDataLoss naming the field and its offset) and then validate_trajectory(t, contents):
+// the log's replay passes false, as it brings back what a queue took, checked as that queue's
+// validate_contents said.
 void encode_trajectory(const Trajectory& t, std::string& out);
 // The bytes encode_trajectory(t, ...) appends.
 std::size_t encoded_trajectory_size(const Trajectory& t) noexcept;
-Result<Trajectory> decode_trajectory(std::string_view bytes);
+Result<Trajectory> decode_trajectory(std::string_view bytes, bool contents = true);
 
 }  // namespace laminar
