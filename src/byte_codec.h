@@ -17,6 +17,7 @@
 //   Status st = r.finish();                           // OK: nothing left over
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -77,6 +78,9 @@ class ByteWriter {
     if constexpr (std::is_same_v<Out, std::string>) {
       out_->append(b, n);
     } else {
+      // Grown before the insert, as insert itself would: otherwise GCC 12 at -O2 and above reports
+      // insert's own reallocation as -Wstringop-overflow (a false positive, an error under -Werror).
+      if (n > out_->capacity() - out_->size()) out_->reserve(std::max(out_->size() + n, 2 * out_->capacity()));
       out_->insert(out_->end(), b, b + n);
     }
   }
