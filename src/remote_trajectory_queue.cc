@@ -427,8 +427,8 @@ std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOpti
     }
     const auto [timeout_ns, request_timeout] = request_limits(options, *impl_->clock, start);
     internal::write_queue_push_many_header({options.mode, timeout_ns}, std::uint32_t(chunk.size()), bytes);
-    Result<Message> r = internal::request_protocol(impl_->ep, Message::from_bytes(kQueuePushManyMessage, as_bytes(bytes)),
-                                                   request_timeout);
+    Result<Message> r = internal::request_protocol(
+        impl_->ep, Message::from_bytes(kQueuePushManyMessage, as_bytes(bytes)), request_timeout);
     impl_->give_back();
     Result<std::vector<Status>> answers =
         !r.ok() ? Result<std::vector<Status>>(r.status())

@@ -123,10 +123,12 @@ Result<QueuePush> decode_queue_push_many(std::span<const std::byte> body) {
   }
   push.trajectories.reserve(count);
   for (std::uint32_t i = 0; i < count; ++i) {
-    const std::uint64_t len = r.u64(fmt::format("length of trajectory {} of {}", i, count));
+    // Which trajectory is named only on failure: formatting it for every field read would cost
+    // more than reading it.
+    const std::uint64_t len = r.u64("length");
     const std::size_t at = r.offset();
-    const std::string_view bytes = r.bytes(fmt::format("trajectory {} of {}", i, count), len);
-    if (!r.ok()) return r.status();
+    const std::string_view bytes = r.bytes("encoding", len);
+    if (!r.ok()) return r.status().with_context(fmt::format("trajectory {} of {}", i, count));
     Result<Trajectory> t = decode_trajectory(bytes);
     if (!t.ok()) {
       return t.status().with_context(fmt::format("{}: trajectory {} of {} at offset {}", kWhat, i, count, at));

@@ -363,8 +363,10 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
   expect_code(send(message(2000, two)).status(), StatusCode::kInvalidArgument, "2000 trajectories");
   // Cut inside the second trajectory, as a producer dying mid-send would leave it: the first,
   // whole, does not go in either.
-  expect_code(send(good.substr(0, good.size() - 10)).status(), StatusCode::kDataLoss, "trajectory 1 of 2 cut short");
-  expect_code(send(message(3, two)).status(), StatusCode::kDataLoss, "length of trajectory 2 of 3 cut short");
+  expect_code(send(good.substr(0, good.size() - 10)).status(), StatusCode::kDataLoss,
+              "trajectory 1 of 2: queue push_many message: encoding cut short");
+  expect_code(send(message(3, two)).status(), StatusCode::kDataLoss,
+              "trajectory 2 of 3: queue push_many message: length cut short");
   expect_code(send(good + "xy").status(), StatusCode::kDataLoss, "2 trailing bytes");
   // Bytes of the second trajectory's 80-byte header changed: its response length (at 68), so the
   // sizes no longer add up, or its sample index (at 40), which no longer fits its group.
