@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -12,6 +11,7 @@
 
 #include "clock_wait.h"
 #include "handler_gate.h"
+#include "remote_trajectory_queue_wire.h"
 #include "transport/protocol.h"
 
 namespace laminar {
@@ -21,122 +21,17 @@ using internal::kQueuePushMessage;
 
 namespace {
 
-constexpr std::uint32_t kProtocol = 1;
-constexpr std::uint32_t kPushMagic = 0x31505154u;  // "TQP1"
-constexpr std::size_t kPushHeaderBytes = 16;
 // While the queue is full, held pushes are retried this often (on the server's clock). The queue
 // tells nobody when room frees, and blocking in it would leave the server unstoppable.
 constexpr Duration kRetryEvery = std::chrono::milliseconds(1);
 // A timed push's request may take this much longer than the push's own timeout: the server
 // answers kDeadlineExceeded itself, and the slack covers the round trip.
 constexpr Duration kRequestSlack = std::chrono::seconds(5);
-
-struct PushHeader {
-  std::uint32_t magic;
-  std::uint8_t mode;
-  std::uint8_t pad[3];
-  std::int64_t timeout_ns;
-};
-static_assert(sizeof(PushHeader) == kPushHeaderBytes);
-
-// A push_many message: this header, then `count` times a u64 length and that many bytes of one
-// encoded trajectory. Its answer: a u32 count, then per trajectory a u8 StatusCode, 3 bytes of
-// padding, a u32 length and the Status's message.
-constexpr std::uint32_t kPushManyMagic = 0x314d5154u;  // "TQM1"
-constexpr std::size_t kPushManyHeaderBytes = 24;
-struct PushManyHeader {
-  std::uint32_t magic;
-  std::uint8_t mode;
-  std::uint8_t pad[3];
-  std::int64_t timeout_ns;
-  std::uint32_t count;
-  std::uint32_t pad2;
-};
-static_assert(sizeof(PushManyHeader) == kPushManyHeaderBytes);
 // RemoteProducer::push_many splits a longer span, and a message past kPushManyBytes, over
 // several messages (a trajectory larger than that goes alone).
-constexpr std::uint32_t kMaxPushManyCount = 1024;
 constexpr std::size_t kPushManyBytes = std::size_t(4) << 20;
 
-Status check_mode(std::string_view what, std::uint8_t mode, std::int64_t timeout_ns) {
-  if (mode > std::uint8_t(PushMode::kTimeout) || timeout_ns < 0) {
-    return invalid_argument(fmt::format("{}: push mode {} with timeout {} ns", what, int(mode), timeout_ns));
-  }
-  return ok_status();
-}
-
-template <class T>
-void append_pod(std::string& out, const T& v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-// The trajectories of a push_many message, whole or not at all.
-Result<std::vector<Trajectory>> decode_many(std::string_view bytes, std::uint32_t count) {
-  std::vector<Trajectory> ts;
-  ts.reserve(count);
-  for (std::uint32_t i = 0; i < count; ++i) {
-    std::uint64_t len = 0;
-    if (bytes.size() < sizeof(len)) {
-      return data_loss(fmt::format("queue push_many message: ends before trajectory {} of {}", i, count));
-    }
-    std::memcpy(&len, bytes.data(), sizeof(len));
-    bytes.remove_prefix(sizeof(len));
-    if (len > bytes.size()) {
-      return data_loss(fmt::format("queue push_many message: trajectory {} of {} claims {} bytes, {} are left", i,
-                                   count, len, bytes.size()));
-    }
-    Result<Trajectory> t = decode_trajectory(bytes.substr(0, len));
-    if (!t.ok()) return t.status().with_context(fmt::format("queue push_many message: trajectory {} of {}", i, count));
-    ts.push_back(std::move(t).value());
-    bytes.remove_prefix(len);
-  }
-  if (!bytes.empty()) {
-    return data_loss(fmt::format("queue push_many message: {} bytes after its {} trajectories", bytes.size(), count));
-  }
-  return ts;
-}
-
-std::string encode_statuses(const std::vector<Status>& out) {
-  std::string b;
-  append_pod(b, std::uint32_t(out.size()));
-  for (const Status& s : out) {
-    const std::uint8_t code[4] = {std::uint8_t(s.code()), 0, 0, 0};
-    b.append(reinterpret_cast<const char*>(code), 4);
-    append_pod(b, std::uint32_t(s.message().size()));
-    b.append(s.message());
-  }
-  return b;
-}
-
-Result<std::vector<Status>> decode_statuses(std::span<const std::byte> body, std::size_t want) {
-  std::string_view b(reinterpret_cast<const char*>(body.data()), body.size());
-  std::uint32_t n = 0;
-  if (b.size() < 4 || (std::memcpy(&n, b.data(), 4), n != want)) {
-    return data_loss(fmt::format("push_many answer of {} bytes: not {} statuses", b.size(), want));
-  }
-  b.remove_prefix(4);
-  std::vector<Status> out;
-  out.reserve(n);
-  for (std::uint32_t i = 0; i < n; ++i) {
-    std::uint32_t len = 0;
-    if (b.size() < 8 || (std::memcpy(&len, b.data() + 4, 4), len > b.size() - 8) ||
-        std::uint8_t(b[0]) > std::uint8_t(StatusCode::kInternal)) {
-      return data_loss(fmt::format("push_many answer: status {} of {} is malformed", i, n));
-    }
-    const auto code = StatusCode(std::uint8_t(b[0]));
-    out.push_back(code == StatusCode::kOk ? ok_status() : Status(code, std::string(b.substr(8, len))));
-    b.remove_prefix(8 + len);
-  }
-  if (!b.empty()) return data_loss(fmt::format("push_many answer: {} bytes after its statuses", b.size()));
-  return out;
-}
-
-std::vector<std::byte> u32_pair(std::uint32_t a, std::uint32_t b) {
-  std::vector<std::byte> out(8);
-  std::memcpy(out.data(), &a, 4);
-  std::memcpy(out.data() + 4, &b, 4);
-  return out;
-}
+std::span<const std::byte> as_bytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
 }  // namespace
 
@@ -205,10 +100,9 @@ struct TrajectoryQueueServer::Impl {
       answer(h.in, h.out[0]);
       return;
     }
-    const std::string body = encode_statuses(h.out);
+    const std::string body = internal::encode_queue_statuses(h.out);
     Endpoint from = h.in.from;
-    (void)from.reply(h.in, Message::from_bytes(kQueuePushManyMessage,
-                                               std::as_bytes(std::span<const char>(body.data(), body.size()))));
+    (void)from.reply(h.in, Message::from_bytes(kQueuePushManyMessage, as_bytes(body)));
   }
 
   // Pushes what waits for room, without waiting; true once none is left waiting.
@@ -234,7 +128,7 @@ struct TrajectoryQueueServer::Impl {
       ++st.producers;
     }
     Endpoint from = in.from;
-    (void)from.reply(in, Message{kQueueHelloMessage, u32_pair(kProtocol, opt.credits_per_producer)});
+    (void)from.reply(in, Message{kQueueHelloMessage, internal::encode_queue_hello(opt.credits_per_producer)});
   }
 
   // Answers a message that could not be read; nothing of it was pushed.
@@ -247,55 +141,17 @@ struct TrajectoryQueueServer::Impl {
     answer(in, s);
   }
 
-  void on_push(Incoming in) {
-    const auto& body = in.message.body;
-    if (body.size() < kPushHeaderBytes) {
-      return refuse_malformed(in, data_loss(fmt::format("queue push message of {} bytes, shorter than its {}-byte header",
-                                                        body.size(), kPushHeaderBytes)));
-    }
-    PushHeader h{};
-    std::memcpy(&h, body.data(), sizeof(h));
-    if (h.magic != kPushMagic) {
-      return refuse_malformed(in, data_loss(fmt::format("queue push message: bad magic {:#010x}", h.magic)));
-    }
-    if (Status bad = check_mode("queue push message", h.mode, h.timeout_ns); !bad.ok()) return refuse_malformed(in, bad);
-    Result<Trajectory> t = decode_trajectory(std::string_view(reinterpret_cast<const char*>(body.data()) + kPushHeaderBytes,
-                                                              body.size() - kPushHeaderBytes));
-    if (!t.ok()) return refuse_malformed(in, t.status());
-    Held hd{std::move(in), false, {}, {}, kForever};
-    hd.ts.push_back(std::move(t).value());
-    take(std::move(hd), PushMode(h.mode), h.timeout_ns);
-  }
-
-  void on_push_many(Incoming in) {
-    const auto& body = in.message.body;
-    if (body.size() < kPushManyHeaderBytes) {
-      return refuse_malformed(in, data_loss(fmt::format("queue push_many message of {} bytes, shorter than its "
-                                                        "{}-byte header", body.size(), kPushManyHeaderBytes)));
-    }
-    PushManyHeader h{};
-    std::memcpy(&h, body.data(), sizeof(h));
-    if (h.magic != kPushManyMagic) {
-      return refuse_malformed(in, data_loss(fmt::format("queue push_many message: bad magic {:#010x}", h.magic)));
-    }
-    if (Status bad = check_mode("queue push_many message", h.mode, h.timeout_ns); !bad.ok()) {
-      return refuse_malformed(in, bad);
-    }
-    if (h.count == 0 || h.count > kMaxPushManyCount) {
-      return refuse_malformed(in, invalid_argument(fmt::format("queue push_many message: {} trajectories, not in [1, {}]",
-                                                               h.count, kMaxPushManyCount)));
-    }
-    Result<std::vector<Trajectory>> ts = decode_many(
-        std::string_view(reinterpret_cast<const char*>(body.data()) + kPushManyHeaderBytes,
-                         body.size() - kPushManyHeaderBytes),
-        h.count);
-    if (!ts.ok()) return refuse_malformed(in, ts.status());
-    take(Held{std::move(in), true, std::move(ts).value(), {}, kForever}, PushMode(h.mode), h.timeout_ns);
+  // A push message (`many` false) or a push_many message.
+  void on_push(Incoming in, bool many) {
+    Result<internal::QueuePush> p =
+        many ? internal::decode_queue_push_many(in.message.body) : internal::decode_queue_push(in.message.body);
+    if (!p.ok()) return refuse_malformed(in, p.status());
+    take(Held{std::move(in), many, std::move(p->trajectories), {}, kForever}, p->wait);
   }
 
   // A well-formed message: pushed at once when nothing waits ahead of it and there is room,
   // otherwise (for a blocking or timed push) held for the worker.
-  void take(Held hd, PushMode mode, std::int64_t timeout_ns) {
+  void take(Held hd, internal::QueuePushWait wait) {
     hd.out.assign(hd.ts.size(), unavailable("waiting for room"));
     std::unique_lock<std::mutex> l(mu);
     ++st.received;
@@ -307,7 +163,7 @@ struct TrajectoryQueueServer::Impl {
     if (held.empty()) {
       // Nobody is waiting ahead of it: try at once, without holding up the transport's thread.
       l.unlock();
-      if (attempt(hd) || mode == PushMode::kFailFast) return answer(hd);
+      if (attempt(hd) || wait.mode == PushMode::kFailFast) return answer(hd);
       l.lock();
       if (stopping) {
         l.unlock();
@@ -315,7 +171,7 @@ struct TrajectoryQueueServer::Impl {
         return answer(hd);
       }
     }
-    if (mode == PushMode::kTimeout) hd.deadline = internal::deadline_after(*clock, Duration(timeout_ns));
+    if (wait.mode == PushMode::kTimeout) hd.deadline = internal::deadline_after(*clock, Duration(wait.timeout_ns));
     held.push_back(std::move(hd));
     st.held = held.size();
     cv.notify_all();
@@ -390,10 +246,10 @@ Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::create(std
                                               p->gate.wrap([p](Incoming in) { p->on_hello(in); }))
                     .ok());
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueuePushMessage,
-                                              p->gate.wrap([p](Incoming in) { p->on_push(std::move(in)); }))
+                                              p->gate.wrap([p](Incoming in) { p->on_push(std::move(in), false); }))
                     .ok());
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueuePushManyMessage,
-                                              p->gate.wrap([p](Incoming in) { p->on_push_many(std::move(in)); }))
+                                              p->gate.wrap([p](Incoming in) { p->on_push(std::move(in), true); }))
                     .ok());
   return std::unique_ptr<TrajectoryQueueServer>(new TrajectoryQueueServer(std::move(impl)));
 }
@@ -490,22 +346,17 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(std::shared_ptr<T
   }
   Result<Message> r = internal::request_protocol(endpoint, Message{kQueueHelloMessage, {}}, options.connect_timeout);
   if (!r.ok()) return r.status().with_context("queue handshake");
-  if (r->type != kQueueHelloMessage || r->body.size() != 8) {
-    return data_loss(fmt::format("queue handshake: answer of type {:#x} with {} bytes", r->type, r->body.size()));
+  if (r->type != kQueueHelloMessage) {
+    return data_loss(fmt::format("queue handshake: answer of type {:#x}", r->type));
   }
-  std::uint32_t protocol = 0, credits = 0;
-  std::memcpy(&protocol, r->body.data(), 4);
-  std::memcpy(&credits, r->body.data() + 4, 4);
-  if (protocol != kProtocol || credits == 0) {
-    return data_loss(fmt::format("queue handshake: protocol {} (expected {}) granting {} credits", protocol,
-                                 kProtocol, credits));
-  }
+  Result<std::uint32_t> credits = internal::decode_queue_hello(r->body);
+  if (!credits.ok()) return credits.status().with_context("queue handshake");
   auto impl = std::make_unique<Impl>();
   impl->transport = std::move(transport);
   impl->ep = std::move(endpoint);
   impl->clock = internal::clock_or_steady(std::move(options.clock));
-  impl->granted = credits;
-  impl->free = credits;
+  impl->granted = *credits;
+  impl->free = *credits;
   impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
     std::lock_guard<std::mutex> l(raw->mu);
     raw->cv.notify_all();
@@ -534,6 +385,15 @@ std::pair<std::int64_t, std::optional<Duration>> request_limits(const PushOption
   return {left.count(), left >= kForever - kRequestSlack ? kForever : left + kRequestSlack};
 }
 
+// The server's answer to a push_many message of `want` trajectories.
+Result<std::vector<Status>> decode_answers(std::span<const std::byte> body, std::size_t want) {
+  Result<std::vector<Status>> out = internal::decode_queue_statuses(body);
+  if (out.ok() && out->size() != want) {
+    return data_loss(fmt::format("queue push_many answer: {} statuses for {} trajectories", out->size(), want));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOptions options) {
@@ -553,15 +413,11 @@ std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOpti
   std::string bytes;
   std::vector<std::uint32_t> chunk;
   for (std::size_t next = 0; next < send.size();) {
-    bytes.assign(kPushManyHeaderBytes, '\0');
+    bytes.assign(internal::kQueuePushManyHeaderBytes, '\0');
     chunk.clear();
-    while (next < send.size() && chunk.size() < kMaxPushManyCount &&
+    while (next < send.size() && chunk.size() < internal::kMaxPushManyCount &&
            (chunk.empty() || bytes.size() < kPushManyBytes)) {
-      const std::size_t at = bytes.size();
-      append_pod(bytes, std::uint64_t(0));
-      encode_trajectory(ts[send[next]], bytes);
-      const std::uint64_t len = bytes.size() - at - 8;
-      std::memcpy(bytes.data() + at, &len, 8);
+      internal::append_queue_push_many_item(ts[send[next]], bytes);
       chunk.push_back(send[next++]);
     }
     Status credit = impl_->acquire(options, start);
@@ -570,19 +426,15 @@ std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOpti
       continue;
     }
     const auto [timeout_ns, request_timeout] = request_limits(options, *impl_->clock, start);
-    const PushManyHeader h{kPushManyMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns,
-                           std::uint32_t(chunk.size()), 0};
-    std::memcpy(bytes.data(), &h, sizeof(h));
+    internal::write_queue_push_many_header({options.mode, timeout_ns}, std::uint32_t(chunk.size()), bytes);
     Result<Message> r = internal::request_protocol(
-        impl_->ep,
-        Message::from_bytes(kQueuePushManyMessage, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))),
-        request_timeout);
+        impl_->ep, Message::from_bytes(kQueuePushManyMessage, as_bytes(bytes)), request_timeout);
     impl_->give_back();
     Result<std::vector<Status>> answers =
         !r.ok() ? Result<std::vector<Status>>(r.status())
         : r->type != kQueuePushManyMessage
             ? Result<std::vector<Status>>(data_loss(fmt::format("push_many answer of type {:#x}", r->type)))
-            : decode_statuses(r->body, chunk.size());
+            : decode_answers(r->body, chunk.size());
     for (std::size_t k = 0; k < chunk.size(); ++k) {
       out[chunk[k]] = answers.ok() ? std::move((*answers)[k]) : answers.status();
       if (out[chunk[k]].ok()) ts[chunk[k]] = Trajectory{};
@@ -599,15 +451,11 @@ Status RemoteProducer::push(Trajectory&& t, PushOptions options) {
   LAMINAR_RETURN_IF_ERROR(validate_trajectory(t, /*contents=*/false));
   const Duration start = impl_->clock->now();
   LAMINAR_RETURN_IF_ERROR(impl_->acquire(options, start));
-  std::string bytes(kPushHeaderBytes, '\0');
   const auto [timeout_ns, request_timeout] = request_limits(options, *impl_->clock, start);
-  const PushHeader h{kPushMagic, std::uint8_t(options.mode), {0, 0, 0}, timeout_ns};
-  std::memcpy(bytes.data(), &h, sizeof(h));
-  encode_trajectory(t, bytes);
-  Result<Message> r = internal::request_protocol(
-      impl_->ep,
-      Message::from_bytes(kQueuePushMessage, std::as_bytes(std::span<const char>(bytes.data(), bytes.size()))),
-      request_timeout);
+  std::string bytes;
+  internal::encode_queue_push(t, {options.mode, timeout_ns}, bytes);
+  Result<Message> r =
+      internal::request_protocol(impl_->ep, Message::from_bytes(kQueuePushMessage, as_bytes(bytes)), request_timeout);
   impl_->give_back();
   if (!r.ok()) return r.status();
   t = Trajectory{};

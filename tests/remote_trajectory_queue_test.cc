@@ -7,7 +7,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <future>
 #include <map>
@@ -22,6 +21,7 @@
 #include "process.h"
 #include "relay_test_util.h"
 #include "remote_trajectory_protocol.h"
+#include "remote_trajectory_queue_wire.h"
 #include "transport/protocol.h"
 
 using laminar::BatchSpec;
@@ -177,6 +177,39 @@ TEST_CASE("remote push timeouts run on the clocks: the producer's for a credit, 
   CHECK(queue->stats().pushed == 1);
 }
 
+TEST_CASE("queue wire: answers round-trip, and answers cut short or out of range are refused", "[remote][bad-input]") {
+  using laminar::internal::decode_queue_hello;
+  using laminar::internal::decode_queue_statuses;
+  auto bytes = [](const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); };
+
+  const std::vector<std::byte> hello = laminar::internal::encode_queue_hello(5);
+  REQUIRE(decode_queue_hello(hello).ok());
+  CHECK(*decode_queue_hello(hello) == 5);
+  expect_code(decode_queue_hello(std::span(hello).first(7)).status(), StatusCode::kDataLoss,
+              "credits cut short at offset 4");
+  expect_code(decode_queue_hello(bytes(std::string("\2\0\0\0\5\0\0\0", 8))).status(), StatusCode::kDataLoss,
+              "protocol 2 (expected 1)");
+  expect_code(decode_queue_hello(laminar::internal::encode_queue_hello(0)).status(), StatusCode::kDataLoss,
+              "no credits granted");
+
+  const std::vector<laminar::Status> statuses = {laminar::ok_status(), laminar::not_found("no such group"),
+                                                 laminar::unavailable("queue full")};
+  const std::string answer = laminar::internal::encode_queue_statuses(statuses);
+  auto back = decode_queue_statuses(bytes(answer));
+  REQUIRE(back.ok());
+  CHECK(*back == statuses);
+  for (std::size_t n = 0; n < answer.size(); ++n) {
+    INFO("cut to " << n);
+    CHECK(decode_queue_statuses(bytes(answer.substr(0, n))).status().code() == StatusCode::kDataLoss);
+  }
+  std::string lie = answer;
+  lie[0] = char(200);  // far more statuses than the bytes could hold
+  expect_code(decode_queue_statuses(bytes(lie)).status(), StatusCode::kDataLoss, "count 200 does not fit");
+  lie = answer;
+  lie[4] = char(200);
+  expect_code(decode_queue_statuses(bytes(lie)).status(), StatusCode::kDataLoss, "status code 200 at offset 4");
+}
+
 TEST_CASE("remote push: malformed and truncated messages are refused, the server keeps serving",
           "[remote][bad-input]") {
   std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(TrajectoryQueueOptions{}).value();
@@ -184,14 +217,12 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   auto ep = served.connect();
 
   expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, "short")).status(),
-              StatusCode::kDataLoss, "shorter than its 16-byte header");
+              StatusCode::kDataLoss, "header cut short at offset 0 (5 of 16 bytes)");
   expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, std::string(40, 'x'))).status(),
               StatusCode::kDataLoss, "bad magic");
   // A real push message cut short, as a producer dying mid-send would leave it if it ever arrived.
-  std::string body(16, '\0');
-  const std::uint32_t magic = 0x31505154u;
-  std::memcpy(body.data(), &magic, 4);
-  laminar::encode_trajectory(laminar::test_remote::make(7), body);
+  std::string body;
+  laminar::internal::encode_queue_push(laminar::test_remote::make(7), {}, body);
   for (std::size_t cut : {body.size() - 1, body.size() / 2, std::size_t(17)}) {
     expect_code(request_protocol(ep, laminar::Message::from_string(kQueuePushMessage, body.substr(0, cut))).status(),
                 StatusCode::kDataLoss, "encoded trajectory");
@@ -307,47 +338,43 @@ TEST_CASE("remote push_many: a malformed message is refused whole, the server ke
   Served served(queue);
   auto ep = served.connect();
 
-  // The documented layout: a 24-byte header (magic, mode, padding, timeout, count, padding), then
-  // each trajectory as a u64 length and its encoding.
-  auto message = [](std::uint32_t magic, std::uint32_t count, const std::vector<std::string>& encoded) {
-    std::string body(24, '\0');
-    std::memcpy(body.data(), &magic, 4);
-    body[4] = char(laminar::PushMode::kFailFast);
-    std::memcpy(body.data() + 16, &count, 4);
-    for (const std::string& e : encoded) {
-      const std::uint64_t len = e.size();
-      body.append(reinterpret_cast<const char*>(&len), 8).append(e);
-    }
+  auto message = [](std::uint32_t count, const std::vector<Trajectory>& ts) {
+    std::string body(laminar::internal::kQueuePushManyHeaderBytes, '\0');
+    for (const Trajectory& t : ts) laminar::internal::append_queue_push_many_item(t, body);
+    laminar::internal::write_queue_push_many_header({laminar::PushMode::kFailFast, 0}, count, body);
     return body;
   };
-  const std::uint32_t magic = 0x314d5154u;
-  std::vector<std::string> two(2);
-  laminar::encode_trajectory(laminar::test_remote::make(1), two[0]);
-  laminar::encode_trajectory(laminar::test_remote::make(2), two[1]);
-  const std::string good = message(magic, 2, two);
+  const std::vector<Trajectory> two = {laminar::test_remote::make(1), laminar::test_remote::make(2)};
+  const std::string good = message(2, two);
   auto send = [&](const std::string& body) {
     return request_protocol(ep, laminar::Message::from_string(kQueuePushManyMessage, body));
   };
+  auto changed = [&](std::size_t at, char x) {
+    std::string b = good;
+    b[at] = char(b[at] ^ x);
+    return b;
+  };
 
-  expect_code(send(good.substr(0, 20)).status(), StatusCode::kDataLoss, "shorter than its 24-byte header");
-  expect_code(send(message(0x31505154u, 2, two)).status(), StatusCode::kDataLoss, "bad magic");
-  expect_code(send(message(magic, 0, {})).status(), StatusCode::kInvalidArgument, "0 trajectories");
-  expect_code(send(message(magic, 2000, two)).status(), StatusCode::kInvalidArgument, "2000 trajectories");
+  expect_code(send(good.substr(0, 20)).status(), StatusCode::kDataLoss, "header cut short at offset 0 (20 of 24");
+  expect_code(send(changed(0, 1)).status(), StatusCode::kDataLoss, "bad magic");
+  expect_code(send(changed(4, 7)).status(), StatusCode::kInvalidArgument, "push mode 6");
+  expect_code(send(changed(5, 1)).status(), StatusCode::kDataLoss, "nonzero padding at offset 5");
+  expect_code(send(message(0, {})).status(), StatusCode::kInvalidArgument, "0 trajectories");
+  expect_code(send(message(2000, two)).status(), StatusCode::kInvalidArgument, "2000 trajectories");
   // Cut inside the second trajectory, as a producer dying mid-send would leave it: the first,
   // whole, does not go in either.
-  expect_code(send(good.substr(0, good.size() - 10)).status(), StatusCode::kDataLoss, "trajectory 1 of 2");
-  expect_code(send(message(magic, 3, two)).status(), StatusCode::kDataLoss, "ends before trajectory 2 of 3");
-  expect_code(send(good + "xy").status(), StatusCode::kDataLoss, "2 bytes after its 2 trajectories");
+  expect_code(send(good.substr(0, good.size() - 10)).status(), StatusCode::kDataLoss,
+              "trajectory 1 of 2: queue push_many message: encoding cut short");
+  expect_code(send(message(3, two)).status(), StatusCode::kDataLoss,
+              "trajectory 2 of 3: queue push_many message: length cut short");
+  expect_code(send(good + "xy").status(), StatusCode::kDataLoss, "2 trailing bytes");
   // Bytes of the second trajectory's 80-byte header changed: its response length (at 68), so the
   // sizes no longer add up, or its sample index (at 40), which no longer fits its group.
-  const std::size_t second = 24 + 8 + two[0].size() + 8;
-  std::string corrupt = good;
-  corrupt[second + 68] ^= 0x7f;
-  expect_code(send(corrupt).status(), StatusCode::kDataLoss, "trajectory 1 of 2");
-  corrupt = good;
-  corrupt[second + 40] ^= 0x7f;
-  expect_code(send(corrupt).status(), StatusCode::kInvalidArgument, "trajectory 1 of 2: decoded trajectory");
-  CHECK(served.server->stats().malformed == 9);
+  const std::size_t second = 24 + 8 + laminar::encoded_trajectory_size(two[0]) + 8;
+  expect_code(send(changed(second + 68, 0x7f)).status(), StatusCode::kDataLoss, "trajectory 1 of 2");
+  expect_code(send(changed(second + 40, 0x7f)).status(), StatusCode::kInvalidArgument,
+              "trajectory 1 of 2 at offset");
+  CHECK(served.server->stats().malformed == 11);
   CHECK(queue->stats().pushed == 0);
 
   auto r = send(good);

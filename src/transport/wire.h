@@ -1,10 +1,19 @@
-// wire.h (internal): the frames laminar's transport exchanges, and their CBOR encoding.
+// wire.h (internal): the frames laminar's transport exchanges, and their encoding.
 //
-// Every UCP active message laminar sends carries exactly one frame: a CBOR map (RFC 8949, written
-// and read by wire.cc itself) with a format version, a kind, and the fields that kind needs. Message bodies carry an
-// XXH3 checksum so a corrupted body is caught even when the CBOR around it still parses. The
-// decoder is the one place untrusted bytes from a peer are parsed; it is fuzzed
-// (tests/fuzz/transport_wire_fuzz.cc) and never throws.
+// Every UCP active message laminar sends carries exactly one frame, written with ByteWriter and
+// read with ByteReader (byte_codec.h), all little-endian: a u8 format version (kWireVersion), a u8
+// FrameKind, then that kind's fields:
+//   kHello, kProof:   32-byte nonce / proof
+//   kChallenge:       32-byte nonce, 32-byte proof
+//   kWelcome:         nothing
+//   kRefused:         u32 length, error text
+//   kMessage:         u32 message type, u64 XXH3 of the body, u64 length, body
+//   kRequest, kReply: u64 request id (not 0), then as kMessage
+//   kErrorReply:      u64 request id (not 0), u8 StatusCode (not kOk), u32 length, error text
+// The body's checksum catches a corrupted body even where the fields around it still read. A
+// RemoteRegion (serialize / deserialize) is a u8 version, u64 address, u64 size, u32 length and the
+// packed remote key. The decoders are where the transport parses untrusted bytes from a peer; they
+// are fuzzed (tests/fuzz/transport_wire_fuzz.cc) and never throw.
 #pragma once
 
 #include <array>
@@ -19,12 +28,13 @@
 
 namespace laminar::internal {
 
-inline constexpr std::uint32_t kWireVersion = 1;
+// 1 was a CBOR map; a peer of another version is refused at its first frame.
+inline constexpr std::uint8_t kWireVersion = 2;
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kMacBytes = 32;
 // Longest error text a peer may send in an error reply or refusal.
 inline constexpr std::size_t kMaxErrorTextBytes = 1024;
-// Bytes a frame may carry beyond its body (map keys, integers, checksum, error text).
+// Bytes a frame may carry beyond its body (its fields and error text), with room to spare.
 inline constexpr std::size_t kFrameOverheadBytes = 256 + kMaxErrorTextBytes;
 
 enum class FrameKind : std::uint8_t {
@@ -53,8 +63,8 @@ struct Frame {
 std::vector<std::byte> encode_frame(const Frame& frame);
 
 // Validates everything: kInvalidArgument when the frame or its body is larger than allowed
-// (max_body_bytes), kDataLoss for anything truncated, corrupt, of another version, missing a
-// field, with a field of the wrong type or size, or failing its checksum. Messages name the field.
+// (max_body_bytes), kDataLoss for anything truncated, of another version or kind, with a field out
+// of range, failing its checksum, or with bytes left over. Messages name the field and its offset.
 Result<Frame> decode_frame(std::span<const std::byte> wire, std::size_t max_body_bytes);
 
 }  // namespace laminar::internal
