@@ -28,6 +28,11 @@ namespace {
 
 const std::string kToken = "multiprocess-test-token-42-abcdef";
 
+// A serving peer fills its whole region before it prints its address. For 256 MiB under TSan,
+// which writes shadow memory for every word, that takes about 12 s on two busy cores. The line is
+// the event waited for; this bound only says how long a broken peer may hold the test.
+constexpr auto kBulkServeStartup = 60s;
+
 TransportOptions options(const std::string& tls = "") {
   TransportOptions o;
   o.cluster_token = kToken;
@@ -61,7 +66,7 @@ std::unique_ptr<Transport> make(TransportOptions o) {
 void exchange_bulk(bool tcp) {
   constexpr std::size_t kRegionBytes = std::size_t{256} << 20;
   ChildProcess server = start({"serve", std::to_string(kRegionBytes)}, tcp);
-  const std::string address = expect_line(server, "ADDRESS ", 15s);
+  const std::string address = expect_line(server, "ADDRESS ", kBulkServeStartup);
   std::unique_ptr<Transport> t = make(options(tcp ? "tcp" : ""));
   auto ep = t->connect(address);
   INFO(ep.status().to_string());
@@ -216,7 +221,7 @@ TEST_CASE("transport multiprocess: a peer killed mid-transfer fails every pendin
     INFO((tcp ? "tcp" : "shared memory"));
     constexpr std::size_t kRegionBytes = std::size_t{256} << 20;
     ChildProcess server = start({"serve", std::to_string(kRegionBytes)}, tcp);
-    const std::string address = expect_line(server, "ADDRESS ", 15s);
+    const std::string address = expect_line(server, "ADDRESS ", kBulkServeStartup);
     std::unique_ptr<Transport> t = make(options(tcp ? "tcp" : ""));
     auto ep = t->connect(address);
     REQUIRE(ep.ok());
