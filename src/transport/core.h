@@ -1,4 +1,4 @@
-// core.h (internal): the state behind Transport, Endpoint and MemoryRegion (transport.cc).
+// core.h (internal): the state behind Transport, Endpoint and MemoryRegion (transport.cc and transport/).
 //
 // Threading: every UCP worker call happens on one progress thread. Other threads hand it commands
 // through a queue and an eventfd; it answers through promises. While UCX operations are in flight it
@@ -14,11 +14,13 @@
 // polling window after activity and the grace given to closing endpoints read the steady clock.
 #pragma once
 
+#include <fmt/format.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -46,6 +48,21 @@ class TransportTestingAccess;  // laminar_testing's hooks (tests/support), never
 inline constexpr std::size_t kKeyBytes = 32;  // crypto_auth_hmacsha256_KEYBYTES
 using Key = std::array<unsigned char, kKeyBytes>;
 using Nonce = std::array<std::byte, kNonceBytes>;
+
+// The single UCP active-message id laminar registers; every frame travels on it.
+inline constexpr unsigned kAmId = 0x1a;
+
+inline std::string ucs_text(ucs_status_t s) { return ucs_status_string(s); }
+
+// "250 ms", or "1500 ns" below a millisecond, for error messages.
+inline std::string duration_text(Duration d) {
+  using std::chrono::milliseconds;
+  if (d == kForever) return "forever";
+  if (d >= milliseconds(1)) return fmt::format("{} ms", std::chrono::duration_cast<milliseconds>(d).count());
+  return fmt::format("{} ns", d.count());
+}
+
+inline bool is_reserved(MessageType type) { return type >= kLaminarMessageTypeFirst; }
 
 // "host:port" or "[v6]:port" -> sockaddr. kInvalidArgument names what is wrong.
 Result<sockaddr_storage> parse_address(std::string_view address);
