@@ -19,6 +19,7 @@
 #include "laminar/transport.h"
 #include "eventually.h"
 #include "laminar/clock.h"
+#include "transport/bootstrap_wire.h"
 #include "transport/protocol.h"
 #include "transport/testing.h"
 #include "transport/wire.h"
@@ -424,7 +425,7 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
   CHECK(still->text() == "still served");
 }
 
-TEST_CASE("transport: a peer that skips the handshake is refused before anything is served", "[transport]") {
+TEST_CASE("transport: a UCX peer that skipped the handshake is never heard", "[transport]") {
   std::unique_ptr<Transport> server = make();
   auto address = server->listen("127.0.0.1", 0);
   REQUIRE(address.ok());
@@ -433,22 +434,76 @@ TEST_CASE("transport: a peer that skips the handshake is refused before anything
     ++served;
     (void)in.from.reply(in, in.message);
   }).ok());
+  // A rogue that learned the server's UCX worker address some other way, and guesses a token.
   std::unique_ptr<Transport> rogue = make();
-  auto ep = laminar::testing::connect_without_handshake(*rogue, *address);
+  auto ep = laminar::testing::connect_ucx_only(*rogue, *server, 0x1234'5678'9abc'def0u);
   REQUIRE(ep.ok());
-  std::promise<laminar::Status> closed;
-  auto watch = ep->on_close([&](laminar::Status st) { closed.set_value(st); });
-  REQUIRE(watch.ok());
-  // Requests straight away: the server answers with a refusal, never with the handler's reply.
-  auto r = ep->request(Message::from_string(1, "let me in"), 2s);
-  REQUIRE_FALSE(r.ok());
-  CHECK(r.status().code() != StatusCode::kOk);
-  auto future = closed.get_future();
-  REQUIRE(future.wait_for(10s) == std::future_status::ready);
-  CHECK_FALSE(future.get().ok());
-  CHECK_FALSE(ep->status().ok());
+  REQUIRE(ep->send(Message::from_string(1, "let me in")).ok());
+  auto r = ep->request(Message::from_string(1, "let me in"), 500ms);
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(eventually([&] { return laminar::testing::dropped_frames(*server) == 2; }));
   CHECK(served.load() == 0);
-  CHECK(server->accept(100ms).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(server->accept(0s).status().code() == StatusCode::kDeadlineExceeded);
+
+  // A real client, sharing the rogue's UCX endpoint to the server, is still served; the wrong
+  // token on a real connection is dropped too.
+  auto good = rogue->connect(*address);
+  REQUIRE(good.ok());
+  REQUIRE(server->accept(5s).ok());
+  CHECK(good->request(Message::from_string(1, "hello")).ok());
+  CHECK(served.load() == 1);
+  Frame hi;
+  hi.kind = FrameKind::kMessage;
+  hi.type = 1;
+  REQUIRE(laminar::testing::send_raw_frame(*good, encode_frame(hi), 0x1111u).ok());
+  CHECK(eventually([&] { return laminar::testing::dropped_frames(*server) == 3; }));
+  CHECK(good->request(Message::from_string(1, "still")).ok());
+  CHECK(served.load() == 2);
+}
+
+TEST_CASE("transport: bytes that are no handshake close the connection, and the listener serves on",
+          "[transport]") {
+  auto o = options();
+  o.handshake_timeout = 10s;
+  std::unique_ptr<Transport> server = make(o);
+  auto address = server->listen("127.0.0.1", 0);
+  REQUIRE(address.ok());
+  const auto port = static_cast<std::uint16_t>(std::stoi(address->substr(address->rfind(':') + 1)));
+  laminar::internal::BootstrapFrame proof;
+  proof.kind = laminar::internal::BootstrapKind::kProof;
+  proof.token = 1;
+  proof.worker_address = bytes_of("not a worker address");
+  const std::vector<std::byte> early_proof = laminar::internal::encode_bootstrap_frame(proof);
+  const std::vector<std::vector<std::uint8_t>> attacks = {
+      {0xF0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0},  // a wrapped length
+      {0x02, 0x00, 0x00, 0x00, 0x01, 0x03},                                      // a proof, cut short
+      {0x02, 0x00, 0x00, 0x00, 0x07, 0x01},                                      // another version
+      {reinterpret_cast<const std::uint8_t*>(early_proof.data()),                // a proof before the hello
+       reinterpret_cast<const std::uint8_t*>(early_proof.data()) + early_proof.size()},
+  };
+  for (const auto& bytes : attacks) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    at.sin_port = htons(port);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) == 0);
+    REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+    // The server answers with a refusal, or just closes: either way the connection ends, long
+    // before the handshake deadline.
+    char buffer[4096];
+    ssize_t n = 0;
+    const auto start = std::chrono::steady_clock::now();
+    while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) {
+    }
+    CHECK(n <= 0);
+    CHECK(std::chrono::steady_clock::now() - start < 5s);
+    ::close(fd);
+  }
+  auto client = make();
+  CHECK(client->connect(*address).ok());
+  CHECK(server->accept(5s).ok());
 }
 
 TEST_CASE("transport: laminar's reserved message types are refused to the application", "[transport]") {

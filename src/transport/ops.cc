@@ -7,6 +7,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -131,14 +132,20 @@ void TransportCore::on_ucx_done(Op& op, ucs_status_t status) {
                                    : unavailable(fmt::format("{} failed: {}", op.what, ucs_text(status))));
       break;
     case Op::Kind::kRequest:
+      // The frame left; the answer resolves the op.
+      if (status != UCS_OK) resolve(op, unavailable(fmt::format("{} failed: {}", op.what, ucs_text(status))));
+      break;
     case Op::Kind::kConnect:
-    case Op::Kind::kHandshake:
-      // The frame left; the answer resolves the op. A failed send means the endpoint is failing too.
-      if (status != UCS_OK) {
-        if (op.kind == Op::Kind::kRequest) {
-          resolve(op, unavailable(fmt::format("{} failed: {}", op.what, ucs_text(status))));
+      // The flush of a new UCP endpoint: UCX has connected the two workers, or cannot.
+      if (auto e = find(op.ep_id); e != nullptr && e->phase == Phase::kWireup) {
+        if (status == UCS_OK) {
+          finish_connect(*e);
+        } else {
+          fail_endpoint(*e, unavailable(fmt::format("cannot connect to {}: {}", e->peer, ucs_text(status))));
         }
       }
+      break;
+    case Op::Kind::kHandshake:
       break;
     case Op::Kind::kRma:
       if (status != UCS_OK && op.rma_error.ok()) {
@@ -176,53 +183,27 @@ void TransportCore::am_recv_data_cb(void* request, ucs_status_t status, std::siz
 
 void TransportCore::start_send(EndpointState& e, Op& op) {
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = &TransportCore::am_send_cb;
   p.user_data = &op;
-  p.flags = UCP_AM_SEND_FLAG_REPLY;
-  void* req = ucp_am_send_nbx(e.ep, kAmId, nullptr, 0, op.buffer.data(), op.buffer.size(), &p);
+  // The header is the receiver's token for this connection (op.header, set by the caller).
+  void* req =
+      ucp_am_send_nbx(e.ep(), kAmId, &op.header, sizeof(op.header), op.buffer.data(), op.buffer.size(), &p);
   if (req == nullptr) {
     if (op.kind == Op::Kind::kSend) resolve(op, ok_status());
     return;
   }
   if (UCS_PTR_IS_ERR(req)) {
-    const Status st = unavailable(fmt::format("{} failed: {}", op.what, ucs_text(UCS_PTR_STATUS(req))));
-    if (op.kind == Op::Kind::kSend || op.kind == Op::Kind::kRequest) {
-      resolve(op, st);
-    } else {
-      fail_endpoint(e, st);
-    }
+    resolve(op, unavailable(fmt::format("{} failed: {}", op.what, ucs_text(UCS_PTR_STATUS(req)))));
     return;
   }
   ++op.ucx_inflight;
   ++ucx_inflight_;
 }
 
-void TransportCore::send_internal(EndpointState& e, const Frame& f) {
-  // Handshake frames: fire and forget. Their op has no deadline; a failure shows as an endpoint error.
-  Op& op = new_op(Op::Kind::kHandshake, e.id, kForever, fmt::format("handshake with {}", e.peer));
-  op.buffer = encode_frame(f);
-  op.resolved = true;
-  start_send(e, op);
-  maybe_release(op);
-}
-
-std::shared_ptr<EndpointState> TransportCore::find(ucp_ep_h ep) {
-  auto it = by_handle_.find(ep);
-  return it == by_handle_.end() ? nullptr : find(it->second);
-}
-
 std::shared_ptr<EndpointState> TransportCore::find(std::uint64_t id) {
   auto it = endpoints_.find(id);
   return it == endpoints_.end() ? nullptr : it->second;
-}
-
-void TransportCore::close_ucp_ep(EndpointState& e) {
-  if (e.ep == nullptr) return;
-  by_handle_.erase(e.ep);
-  // Closed from the loop, never from inside the UCX callback that noticed the failure.
-  to_close_.push_back(e.ep);
-  e.ep = nullptr;
 }
 
 Result<ucp_rkey_h> TransportCore::acquire_rkey(EndpointState& e, Op& op,
@@ -242,7 +223,7 @@ Result<ucp_rkey_h> TransportCore::acquire_rkey(EndpointState& e, Op& op,
       }
     }
     ucp_rkey_h handle = nullptr;
-    const ucs_status_t s = ucp_ep_rkey_unpack(e.ep, packed.data(), &handle);
+    const ucs_status_t s = ucp_ep_rkey_unpack(e.ep(), packed.data(), &handle);
     if (s != UCS_OK) {
       // A malformed key is the caller's; a well-formed one that cannot be attached (shared memory of
       // a peer that died or freed the region) is the peer's state, like any vanished peer.
@@ -284,7 +265,7 @@ void TransportCore::fail_endpoint(EndpointState& e, const Status& s) {
   }
   for (Op* op : pending) resolve(*op, err);
   destroy_rkeys(e);
-  close_ucp_ep(e);
+  close_connection(e);
   endpoints_.erase(e.id);
 }
 
@@ -294,21 +275,13 @@ void TransportCore::set_endpoint_error(EndpointState& e, const Status& s) {
 }
 
 void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wire) {
-  if (e.phase == Phase::kClosed || e.phase == Phase::kRefused) return;
+  if (e.phase != Phase::kReady) return;
   Result<Frame> decoded = decode_frame(wire, options_.max_message_bytes);
   if (!decoded.ok()) {
-    if (e.phase == Phase::kAwaitHello || e.phase == Phase::kAwaitProof) {
-      refuse(e, "malformed handshake: " + decoded.status().message());
-      return;
-    }
     fail_endpoint(e, decoded.status().with_context(fmt::format("message from {}", e.peer)));
     return;
   }
   Frame f = std::move(*decoded);
-  if (e.phase != Phase::kReady) {
-    handle_handshake(e, std::move(f));
-    return;
-  }
   switch (f.kind) {
     case FrameKind::kMessage:
     case FrameKind::kRequest: {
@@ -357,29 +330,32 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
       return;
     }
     default:
-      fail_endpoint(e, data_loss(fmt::format("peer {} sent handshake frame kind {} after authentication",
+      // The handshake runs on the bootstrap socket; over UCX a peer sends messages and replies only.
+      fail_endpoint(e, data_loss(fmt::format("peer {} sent frame kind {} over UCX, which carries only "
+                                             "messages, requests and replies",
                                              e.peer, static_cast<int>(f.kind))));
   }
 }
 
-ucs_status_t TransportCore::am_recv_cb(void* arg, const void*, std::size_t, void* data, std::size_t length,
-                                       const ucp_am_recv_param_t* param) {
+ucs_status_t TransportCore::am_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
+                                       std::size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<TransportCore*>(arg);
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
-  auto e = self->find(param->reply_ep);
-  if (e == nullptr) return UCS_OK;  // an endpoint already failed or closed
-  // Before authentication a peer gets no more than a handshake frame's worth of our memory.
-  constexpr std::size_t kHandshakeFrameLimit = 4096;
-  const std::size_t limit = e->phase == Phase::kReady ? self->options_.max_message_bytes + kFrameOverheadBytes
-                                                      : kHandshakeFrameLimit;
+  // The header names the connection by the token this side gave it in the handshake; a frame
+  // without a token of an open connection is dropped before a byte of it is read.
+  std::uint64_t token = 0;
+  if (header_length == sizeof(token)) std::memcpy(&token, header, sizeof(token));
+  const auto by_token = token == 0 ? self->by_token_.end() : self->by_token_.find(token);
+  auto e = by_token == self->by_token_.end() ? nullptr : self->find(by_token->second);
+  // The client's first frame may overtake its ready on the bootstrap socket; either one opens it.
+  if (e != nullptr && e->phase == Phase::kAwaitReady) self->open_accepted(*e);
+  if (e == nullptr || e->phase != Phase::kReady) {
+    self->dropped_frames_.fetch_add(1, std::memory_order_relaxed);
+    return UCS_OK;
+  }
+  const std::size_t limit = self->options_.max_message_bytes + kFrameOverheadBytes;
   if (length > limit) {
-    const Status st = invalid_argument(
-        fmt::format("peer {} sent a frame of {} bytes, over the limit of {}", e->peer, length, limit));
-    if (e->phase == Phase::kReady) {
-      self->fail_endpoint(*e, st);
-    } else {
-      self->refuse(*e, st.message());
-    }
+    self->fail_endpoint(*e, invalid_argument(fmt::format("peer {} sent a frame of {} bytes, over the limit of {}",
+                                                         e->peer, length, limit)));
     return UCS_OK;
   }
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
@@ -409,12 +385,21 @@ ucs_status_t TransportCore::am_recv_cb(void* arg, const void*, std::size_t, void
 
 void TransportCore::ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* self = static_cast<TransportCore*>(arg);
-  auto e = self->find(ep);
-  if (e == nullptr) return;
-  const bool connecting = e->phase == Phase::kAwaitChallenge || e->phase == Phase::kAwaitWelcome;
-  self->fail_endpoint(
-      *e, unavailable(connecting ? fmt::format("cannot connect to {}: {}", e->peer, ucs_text(status))
-                                 : fmt::format("peer {} vanished: {}", e->peer, ucs_text(status))));
+  auto it = self->by_handle_.find(ep);
+  if (it == self->by_handle_.end()) return;
+  // Every connection to that worker rode on this endpoint.
+  const std::shared_ptr<PeerWorker> w = it->second;
+  for (const std::uint64_t id : std::set<std::uint64_t>(w->endpoints)) {
+    if (auto e = self->find(id)) {
+      const std::string what = e->phase == Phase::kWireup ? fmt::format("cannot connect to {}", e->peer)
+                                                          : fmt::format("peer {} vanished", e->peer);
+      self->fail_endpoint(*e, unavailable(fmt::format("{}: {}", what, ucs_text(status))));
+    }
+  }
+  self->by_handle_.erase(ep);
+  self->peers_.erase(w->address);
+  // Closed from the loop, never from inside the UCX callback that noticed the failure.
+  self->to_close_.push_back(std::exchange(w->ep, nullptr));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -508,6 +493,7 @@ std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState
         Op& op = new_op(Op::Kind::kSend, e->id, timeout, std::move(what));
         op.status_promise = std::move(*promise);
         op.buffer = std::move(wire);
+        op.header = e->peer_token;
         start_send(*e, op);
       });
   if (!posted) promise->set_value(cancelled("transport shut down"));
@@ -534,6 +520,7 @@ std::future<Result<Message>> TransportCore::request(const std::shared_ptr<Endpoi
     op.reply_promise = std::move(*promise);
     f.id = op.id;
     op.buffer = encode_frame(f);
+    op.header = e->peer_token;
     start_send(*e, op);
   });
   if (!posted) promise->set_value(cancelled("transport shut down"));
@@ -615,8 +602,8 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
     p.cb.send = &TransportCore::am_send_cb;
     p.user_data = &op;
     p.memh = region->memh;
-    void* req = is_put ? ucp_put_nbx(e->ep, local_ptr, length, raddr, *rkey_handle, &p)
-                       : ucp_get_nbx(e->ep, local_ptr, length, raddr, *rkey_handle, &p);
+    void* req = is_put ? ucp_put_nbx(e->ep(), local_ptr, length, raddr, *rkey_handle, &p)
+                       : ucp_get_nbx(e->ep(), local_ptr, length, raddr, *rkey_handle, &p);
     const auto track = [&](void* r) {
       if (UCS_PTR_IS_ERR(r)) {
         if (op.rma_error.ok())
@@ -633,7 +620,7 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
       fp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       fp.cb.send = &TransportCore::am_send_cb;
       fp.user_data = &op;
-      track(ucp_ep_flush_nbx(e->ep, &fp));
+      track(ucp_ep_flush_nbx(e->ep(), &fp));
     }
     if (op.ucx_inflight == 0) {
       release_rkey(op);

@@ -3,7 +3,6 @@
 #include <sodium.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <poll.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -31,35 +30,14 @@ namespace {
 constexpr auto kSpinAfterActivity = std::chrono::microseconds(50);
 // How long shutdown waits for endpoints to close before the worker is destroyed anyway.
 constexpr auto kCloseGrace = milliseconds(1000);
+// While UCX keeps the progress thread busy it never sleeps in epoll; it looks at the sockets this often.
+constexpr auto kSocketPollInterval = milliseconds(1);
 
-// UCX_TLS value that keeps the user's choice but always includes tcp, without which UCX cannot set
-// up a client/server (sockaddr) connection.
-std::string transports_with_tcp(std::string tls) {
-  if (tls.empty() || tls == "all") return tls;
-  std::vector<std::string> items;
-  std::size_t start = 0;
-  const bool exclude = tls.front() == '^';
-  if (exclude) start = 1;
-  while (start <= tls.size()) {
-    const auto comma = tls.find(',', start);
-    const auto end = comma == std::string::npos ? tls.size() : comma;
-    if (end > start) items.push_back(tls.substr(start, end - start));
-    start = end + 1;
-  }
-  const auto is_tcp = [](const std::string& s) { return s == "tcp"; };
-  const bool has_tcp = std::any_of(items.begin(), items.end(), is_tcp);
-  if (exclude) {
-    items.erase(std::remove_if(items.begin(), items.end(), is_tcp), items.end());
-    if (items.empty()) return "all";
-  } else if (!has_tcp) {
-    items.emplace_back("tcp");
-  }
-  std::string out = exclude ? "^" : "";
-  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
-  return out;
-}
+// UCX's listening sockets are told apart as the ones that appear while a worker is created, so two
+// transports must not create their workers at once.
+std::mutex worker_creation_mu;
 
-// Whether a UCX_TLS value (after transports_with_tcp) lets UCX pick a shared-memory transport.
+// Whether a UCX_TLS value lets UCX pick a shared-memory transport.
 bool may_use_shared_memory(const std::string& tls) {
   if (tls.empty() || tls == "all" || tls.front() == '^') return true;
   for (const char* name : {"sm", "shm", "mm", "posix", "sysv"}) {
@@ -94,6 +72,11 @@ Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions op
     return invalid_argument(
         fmt::format("operation_timeout of {} ns is not positive", options.operation_timeout.count()));
   }
+  if (options.handshake_timeout.count() <= 0) {
+    return invalid_argument(
+        fmt::format("handshake_timeout of {} ns is not positive", options.handshake_timeout.count()));
+  }
+  if (options.max_unauthenticated_connections == 0) return invalid_argument("max_unauthenticated_connections is 0");
   if (options.clock == nullptr) options.clock = Clock::steady();
   if (sodium_init() < 0) return unavailable("libsodium failed to initialise");
   auto core = std::make_shared<TransportCore>(std::move(options));
@@ -119,7 +102,6 @@ Status TransportCore::start() {
     const char* env = std::getenv("UCX_TLS");
     tls = env != nullptr ? env : "";
   }
-  tls = transports_with_tcp(tls);
   if (!tls.empty()) s = ucp_config_modify(config, "TLS", tls.c_str());
   // Endpoints use peer error handling (to learn that a peer vanished). UCX then drops its shared
   // memory transports unless they are told to support it, silently falling back to tcp. The name
@@ -133,11 +115,6 @@ Status TransportCore::start() {
     if (s == UCS_OK && std::getenv((std::string("UCX_TCP_") + name).c_str()) == nullptr) {
       s = ucp_config_modify(config, name, value);
     }
-  }
-  // A listener that restarts on its port must not wait for the last run's connections to leave
-  // TIME_WAIT. Two live listeners still cannot share a port (that would need SO_REUSEPORT).
-  if (s == UCS_OK && std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr) {
-    s = ucp_config_modify(config, "CM_REUSEADDR", "y");
   }
   if (s != UCS_OK) {
     ucp_config_release(config);
@@ -156,11 +133,36 @@ Status TransportCore::start() {
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-  s = ucp_worker_create(context_, &wp, &worker_);
-  if (s != UCS_OK) {
-    worker_ = nullptr;
-    return unavailable("UCX worker creation failed: " + ucs_text(s));
+  {
+    std::lock_guard lock(worker_creation_mu);
+    const auto before = listening_tcp_sockets();
+    s = ucp_worker_create(context_, &wp, &worker_);
+    if (s != UCS_OK) {
+      worker_ = nullptr;
+      return unavailable("UCX worker creation failed: " + ucs_text(s));
+    }
+    for (const auto& socket : listening_tcp_sockets()) {
+      if (before.count(socket) == 0) ucx_listeners_.push_back(socket.first);
+    }
   }
+  // Nobody has authenticated yet: UCX's sockets admit no one (see listen_socket.h).
+  for (int fd : ucx_listeners_) {
+    if (!admit_only(fd, {})) {
+      return unavailable(fmt::format("cannot filter UCX's listening socket {}: {}", fd, std::strerror(errno)));
+    }
+  }
+  ucp_address_t* address = nullptr;
+  std::size_t address_bytes = 0;
+  s = ucp_worker_get_address(worker_, &address, &address_bytes);
+  if (s != UCS_OK) return unavailable("UCX worker address: " + ucs_text(s));
+  const auto* first = reinterpret_cast<const std::byte*>(address);
+  worker_address_.assign(first, first + address_bytes);
+  ucp_worker_release_address(worker_, address);
+  if (worker_address_.size() > kMaxWorkerAddressBytes) {
+    return unavailable(fmt::format("UCX worker address of {} bytes is over the {} a handshake carries",
+                                   worker_address_.size(), kMaxWorkerAddressBytes));
+  }
+  own_addresses_ = local_addresses(kMaxPeerAddresses);
   s = ucp_worker_get_efd(worker_, &worker_fd_);
   if (s != UCS_OK) return unavailable("UCX worker has no wakeup fd: " + ucs_text(s));
 
@@ -177,10 +179,10 @@ Status TransportCore::start() {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (event_fd_ < 0 || epoll_fd_ < 0)
     return unavailable(fmt::format("eventfd/epoll: {}", std::strerror(errno)));
-  for (int fd : {event_fd_, worker_fd_}) {
+  for (const auto& [fd, tag] : {std::pair{event_fd_, kEventFdTag}, std::pair{worker_fd_, kWorkerFdTag}}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.fd = fd;
+    ev.data.u64 = tag;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
       return unavailable(fmt::format("epoll_ctl: {}", std::strerror(errno)));
     }
@@ -339,12 +341,13 @@ void TransportCore::progress_loop() {
                                     return true;
                                   }),
                    closing_.end());
+    const Duration now = real_time_->now();
+    if (now - last_socket_poll_ >= kSocketPollInterval) poll_events(0);
     expire_deadlines();
     sweep();
     if (!dead_rkeys_.empty() && closing_.empty() && ucx_inflight_ == 0) {
       for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
     }
-    const Duration now = real_time_->now();
     if (progressed > 0) {
       last_activity = now;
       continue;
@@ -356,40 +359,27 @@ void TransportCore::progress_loop() {
     if (now - last_activity < kSpinAfterActivity) continue;
     if (has_commands_.load(std::memory_order_acquire)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
-    epoll_event events[4];
     // With operations in flight, a transport without reliable wakeups must not stall them: nap 1 ms.
-    const int n = epoll_wait(epoll_fd_, events, 4, busy ? 1 : epoll_timeout_ms());
-    for (int i = 0; i < n; ++i) {
-      if (events[i].data.fd == event_fd_) {
-        std::uint64_t v;
-        [[maybe_unused]] auto r = read(event_fd_, &v, sizeof(v));
-      }
-    }
+    poll_events(busy ? 1 : epoll_timeout_ms());
   }
   teardown_on_progress_thread();
 }
 
-void TransportCore::close_listener() {
-  if (listener_ == nullptr) return;
-  // Every connection the listener accepted must have delivered its request (and been refused) or be
-  // cut before UCX frees the listener, and no new one may complete meanwhile; see
-  // transport/listen_socket.h. A client whose handshake falls into this window retries it 1 s on.
-  if (listen_fd_ >= 0 && stop_new_connections(listen_fd_)) {
-    const Duration give_up = real_time_->now() + kCloseGrace;
-    while (real_time_->now() < give_up) {
-      while (ucp_worker_progress(worker_) != 0) {
-      }
-      if (accept_queue_length(listen_fd_) == 0 && cut_accepted_connections(listen_addr_, refused_peers_) == 0) {
-        break;
-      }
-      // Until the next connection lands in the accept queue, or 1 ms for UCX to take one.
-      pollfd pending{listen_fd_, POLLIN, 0};
-      [[maybe_unused]] int n = ::poll(&pending, 1, 1);
+void TransportCore::poll_events(int timeout_ms) {
+  epoll_event events[16];
+  const int n = epoll_wait(epoll_fd_, events, 16, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t tag = events[i].data.u64;
+    if (tag == kEventFdTag) {
+      std::uint64_t v;
+      [[maybe_unused]] auto r = read(event_fd_, &v, sizeof(v));
+    } else if (tag == kListenTag) {
+      accept_connections();
+    } else if (tag != kWorkerFdTag) {  // the worker is progressed at the top of the loop
+      on_socket_event(tag, events[i].events);
     }
   }
-  ucp_listener_destroy(listener_);
-  listener_ = nullptr;
-  listen_fd_ = -1;
+  last_socket_poll_ = real_time_->now();
 }
 
 void TransportCore::teardown_on_progress_thread() {
@@ -397,6 +387,7 @@ void TransportCore::teardown_on_progress_thread() {
   has_commands_.store(true);
   run_commands();
   tearing_down_ = true;
+  listen_socket_.reset();
   const Status cancelled_st = cancelled("transport shut down");
   for (auto& [id, op] : ops_) {
     if (!op->resolved) {
@@ -411,10 +402,11 @@ void TransportCore::teardown_on_progress_thread() {
     set_endpoint_error(*e, cancelled_st);
     e->phase = Phase::kClosed;
     destroy_rkeys(*e);
-    if (e->ep != nullptr) to_close_.push_back(e->ep);
-    e->ep = nullptr;
+    close_connection(*e);
   }
   endpoints_.clear();
+  for (auto& [address, w] : peers_) to_close_.push_back(std::exchange(w->ep, nullptr));
+  peers_.clear();
   by_handle_.clear();
   for (ucp_ep_h ep : std::exchange(to_close_, {})) {
     ucp_request_param_t p{};
@@ -437,7 +429,6 @@ void TransportCore::teardown_on_progress_thread() {
   for (void* r : closing_) ucp_request_free(r);
   closing_.clear();
   for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
-  close_listener();
   // Ops UCX never completed keep their buffers until here; the worker is destroyed next.
   release_candidates_.clear();
   ops_.clear();
