@@ -45,6 +45,7 @@ std::vector<IpAddress> read_addresses(ByteReader& r) {
       break;
     }
     const std::string_view b = r.bytes("address", a.size());
+    if (b.empty()) break;  // cut short: the reader holds the error
     std::memcpy(a.bytes.data(), b.data(), b.size());
     out.push_back(a);
   }
@@ -54,7 +55,7 @@ std::vector<IpAddress> read_addresses(ByteReader& r) {
 template <std::size_t N>
 void read_array(ByteReader& r, std::string_view field, std::array<std::byte, N>& out) {
   const std::string_view b = r.bytes(field, N);
-  std::memcpy(out.data(), b.data(), b.size());
+  if (!b.empty()) std::memcpy(out.data(), b.data(), N);
 }
 
 }  // namespace
