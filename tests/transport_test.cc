@@ -426,7 +426,11 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
 }
 
 TEST_CASE("transport: a UCX peer that skipped the handshake is never heard", "[transport]") {
-  std::unique_ptr<Transport> server = make();
+  // Shared memory, so the rogue's frames do reach the server's UCX worker; over tcp the filter on
+  // UCX's listening sockets would not even let it connect.
+  auto o = options();
+  o.ucx_transports = "sm";
+  std::unique_ptr<Transport> server = make(o);
   auto address = server->listen("127.0.0.1", 0);
   REQUIRE(address.ok());
   std::atomic<int> served{0};
@@ -435,7 +439,7 @@ TEST_CASE("transport: a UCX peer that skipped the handshake is never heard", "[t
     (void)in.from.reply(in, in.message);
   }).ok());
   // A rogue that learned the server's UCX worker address some other way, and guesses a token.
-  std::unique_ptr<Transport> rogue = make();
+  std::unique_ptr<Transport> rogue = make(o);
   auto ep = laminar::testing::connect_ucx_only(*rogue, *server, 0x1234'5678'9abc'def0u);
   REQUIRE(ep.ok());
   REQUIRE(ep->send(Message::from_string(1, "let me in")).ok());

@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -37,20 +39,32 @@ constexpr auto kSocketPollInterval = milliseconds(1);
 // transports must not create their workers at once.
 std::mutex worker_creation_mu;
 
-// Whether a UCX_TLS value lets UCX pick a shared-memory transport.
-bool may_use_shared_memory(const std::string& tls) {
-  if (tls.empty() || tls == "all" || tls.front() == '^') return true;
-  for (const char* name : {"sm", "shm", "mm", "posix", "sysv"}) {
-    const std::string n(name);
-    std::size_t at = 0;
-    while ((at = tls.find(n, at)) != std::string::npos) {
-      const bool starts = at == 0 || tls[at - 1] == ',';
-      const bool ends = at + n.size() == tls.size() || tls[at + n.size()] == ',' || tls[at + n.size()] == ':';
-      if (starts && ends) return true;
-      at += n.size();
+// Whether a UCX_TLS value names one of `names` among its transports ("posix" and "posix:aux" both
+// name posix).
+bool names_any(const std::string& tls, std::initializer_list<std::string_view> names) {
+  std::size_t start = !tls.empty() && tls.front() == '^' ? 1 : 0;
+  while (start < tls.size()) {
+    const std::size_t comma = std::min(tls.find(',', start), tls.size());
+    const std::string_view item(tls.data() + start, comma - start);
+    const std::string_view name = item.substr(0, item.find(':'));
+    for (std::string_view n : names) {
+      if (name == n) return true;
     }
+    start = comma + 1;
   }
   return false;
+}
+
+// Whether a UCX_TLS value lets UCX pick a shared-memory transport. An exclusion list may leave one.
+bool may_use_shared_memory(const std::string& tls) {
+  if (tls.empty() || tls == "all" || tls.front() == '^') return true;
+  return names_any(tls, {"sm", "shm", "mm", "posix", "sysv"});
+}
+
+// Whether a UCX_TLS value lets UCX pick tcp.
+bool may_use_tcp(const std::string& tls) {
+  if (tls.empty() || tls == "all") return true;
+  return (tls.front() == '^') != names_any(tls, {"tcp"});
 }
 
 }  // namespace
@@ -110,9 +124,10 @@ Status TransportCore::start() {
   if (s == UCS_OK && may_use_shared_memory(tls)) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
   // UCX's tcp defaults (8 KiB send segments) cost about half the bandwidth of a plain socket loop on
   // bulk puts (transport_bench); bigger segments close most of the gap. UCX_TCP_* in the environment
-  // still wins. Keys are given without the "TCP_" component prefix, as UCX matches them.
+  // still wins. Keys are given without the "TCP_" component prefix, as UCX matches them; without
+  // tcp among the transports UCX would warn that nobody reads them.
   for (const auto& [name, value] : {std::pair{"TX_SEG_SIZE", "64K"}, std::pair{"RX_SEG_SIZE", "256K"}}) {
-    if (s == UCS_OK && std::getenv((std::string("UCX_TCP_") + name).c_str()) == nullptr) {
+    if (s == UCS_OK && may_use_tcp(tls) && std::getenv((std::string("UCX_TCP_") + name).c_str()) == nullptr) {
       s = ucp_config_modify(config, name, value);
     }
   }
