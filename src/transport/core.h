@@ -10,10 +10,12 @@
 // worker addresses and one random 64-bit token each; only then does either side create a UCP
 // endpoint. Every frame laminar sends over UCX carries the receiver's token as its active-message
 // header, and a frame whose token names no open connection is dropped unread. The bootstrap socket
-// stays open for the connection's life: its end is the end of the connection (handshake.cc). User callbacks (message handlers, put/get
-// completions, close watchers) run on a second, callback thread, so a slow handler never stalls the
-// wire and a handler may itself block on transport calls. Context-level calls (memory registration)
-// are made from any thread: the context is created with mt_workers_shared for that.
+// stays open for the connection's life: its end is the end of the connection (handshake.cc).
+//
+// User callbacks (message handlers, put/get completions, close watchers) run on a second, callback
+// thread, so a slow handler never stalls the wire and a handler may itself block on transport calls.
+// Context-level calls (memory registration) are made from any thread: the context is created with
+// mt_workers_shared for that.
 //
 // Time: every deadline (connect, handshake, request, send, put/get, accept, receive) reads the
 // options' Clock, and the core subscribes to it, so a jump of a ManualClock wakes the progress thread
@@ -221,7 +223,7 @@ struct Op {
   std::shared_ptr<RegionState> region;             // kRma: keeps the registration alive
   std::string rkey_bytes;                          // kRma: entry of the endpoint's rkey cache in use
   Status rma_error;                                // kRma: first failure of put + flush
-  std::uint64_t header = 0;                        // the receiver's token; UCX reads it until the send completes
+  std::uint64_t header = 0;                        // the receiver's token, read by UCX until sent
 };
 
 class TransportCore : public std::enable_shared_from_this<TransportCore> {
@@ -378,7 +380,6 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   bool tearing_down_ = false;  // connections are refused from then on
   int unauthenticated_ = 0;    // accepted connections that have not proven the token yet
   std::unordered_map<std::uint64_t, std::shared_ptr<EndpointState>> endpoints_;
-  std::unordered_map<int, std::uint64_t> by_socket_;        // bootstrap socket -> endpoint id
   std::unordered_map<std::uint64_t, std::uint64_t> by_token_;  // our token -> endpoint id
   std::map<std::string, std::shared_ptr<PeerWorker>> peers_;  // by worker address bytes
   std::unordered_map<ucp_ep_h, std::shared_ptr<PeerWorker>> by_handle_;

@@ -165,7 +165,8 @@ Result<std::string> TransportCore::listen(std::string_view host, std::uint16_t p
     ev.events = EPOLLIN;
     ev.data.u64 = kListenTag;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd.get(), &ev) != 0) {
-      watched.set_value(unavailable(fmt::format("cannot listen on {}:{}: epoll: {}", host, port, std::strerror(errno))));
+      watched.set_value(
+          unavailable(fmt::format("cannot listen on {}:{}: epoll: {}", host, port, std::strerror(errno))));
       return;
     }
     listen_socket_ = std::move(fd);

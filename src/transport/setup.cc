@@ -36,7 +36,8 @@ constexpr auto kCloseGrace = milliseconds(1000);
 constexpr auto kSocketPollInterval = milliseconds(1);
 
 // UCX's listening sockets are told apart as the ones that appear while a worker is created, so two
-// transports must not create their workers at once.
+// transports must not create their workers at once. (A TCP listener another thread of the
+// application opens in those milliseconds would be taken for UCX's, and filtered too.)
 std::mutex worker_creation_mu;
 
 // Whether a UCX_TLS value names one of `names` among its transports ("posix" and "posix:aux" both
