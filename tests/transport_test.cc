@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,12 +15,14 @@
 #include <future>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "laminar/transport.h"
 #include "eventually.h"
 #include "laminar/clock.h"
 #include "transport/bootstrap_wire.h"
+#include "transport/listen_socket.h"
 #include "transport/protocol.h"
 #include "transport/testing.h"
 #include "transport/wire.h"
@@ -207,6 +210,97 @@ TEST_CASE("wire: remote region descriptors validate", "[transport]") {
   CHECK(bad.status().code() == StatusCode::kDataLoss);
   laminar::RemoteRegion overflow{~std::uint64_t{0} - 10, 100, bytes_of("k")};
   CHECK(laminar::RemoteRegion::deserialize(overflow.serialize()).status().code() == StatusCode::kDataLoss);
+}
+
+namespace {
+
+// Whether a TCP connection from `from` (port 0) to `to` is established within `wait`. A dropped SYN
+// gets no answer at all, so "no" is only ever learned by waiting.
+bool connects(const sockaddr_storage& from, const sockaddr_storage& to, std::chrono::milliseconds wait) {
+  const int fd = ::socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  REQUIRE(fd >= 0);
+  const socklen_t len = to.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&from), len) == 0);
+  bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&to), len) == 0;
+  if (!ok && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    int error = 0;
+    socklen_t error_len = sizeof(error);
+    ok = ::poll(&p, 1, static_cast<int>(wait.count())) == 1 &&
+         getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) == 0 && error == 0;
+  }
+  ::close(fd);
+  return ok;
+}
+
+sockaddr_storage socket_address(const char* ip) {
+  sockaddr_storage ss{};
+  if (inet_pton(AF_INET, ip, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr) == 1) {
+    ss.ss_family = AF_INET;
+  } else {
+    REQUIRE(inet_pton(AF_INET6, ip, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr) == 1);
+    ss.ss_family = AF_INET6;
+  }
+  return ss;
+}
+
+laminar::internal::IpAddress ip(const char* text) { return *laminar::internal::ip_of(socket_address(text)); }
+
+}  // namespace
+
+TEST_CASE("listen_socket: the filter admits exactly the listed source addresses, IPv4 and IPv6",
+          "[transport]") {
+  using laminar::internal::admit_only;
+  using laminar::internal::IpAddress;
+  // Loopback answers from all of 127/8, so two IPv4 sources are at hand everywhere; IPv6 has ::1.
+  for (const char* listen_at : {"127.0.0.1", "::1"}) {
+    INFO(listen_at);
+    const bool v6 = std::string_view(listen_at) == "::1";
+    sockaddr_storage at = socket_address(listen_at);
+    const int listener = ::socket(at.ss_family, SOCK_STREAM, 0);
+    REQUIRE(listener >= 0);
+    socklen_t len = v6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&at), len) == 0);
+    REQUIRE(::listen(listener, 64) == 0);
+    REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &len) == 0);
+    const sockaddr_storage self = socket_address(listen_at);
+    const sockaddr_storage other = socket_address("127.0.0.2");
+
+    CHECK(connects(self, at, 5s));  // no filter yet
+    REQUIRE(admit_only(listener, {}));
+    CHECK_FALSE(connects(self, at, 300ms));
+    REQUIRE(admit_only(listener, {ip(listen_at)}));
+    CHECK(connects(self, at, 5s));
+    // Near misses: the other family's loopback, an address one bit away, or the other source.
+    REQUIRE(admit_only(listener, {ip(v6 ? "127.0.0.1" : "::1"), ip(v6 ? "::3" : "127.0.0.3")}));
+    CHECK_FALSE(connects(self, at, 300ms));
+    if (!v6) {
+      REQUIRE(admit_only(listener, {ip("127.0.0.2")}));
+      CHECK(connects(other, at, 5s));
+      CHECK_FALSE(connects(self, at, 300ms));
+    }
+    // A long program, with jumps over more than 255 instructions: the listed address behind 300
+    // others of both families.
+    std::set<IpAddress> many{ip(listen_at)};
+    for (int i = 0; i < 300; ++i) {
+      IpAddress a = ip(i % 2 ? "10.0.0.0" : "fd00::");
+      a.bytes[2] = std::byte(i >> 8);
+      a.bytes[3] = std::byte(i);
+      many.insert(a);
+    }
+    REQUIRE(admit_only(listener, many));
+    CHECK(connects(self, at, 5s));
+    // More than the kernel takes: refused, and the filter in place stays.
+    for (int i = 0; i < 1000; ++i) {
+      IpAddress a = ip("fd01::");
+      a.bytes[2] = std::byte(i >> 8);
+      a.bytes[3] = std::byte(i);
+      many.insert(a);
+    }
+    CHECK_FALSE(admit_only(listener, many));
+    CHECK(connects(self, at, 5s));
+    ::close(listener);
+  }
 }
 
 TEST_CASE("transport: options and addresses are validated", "[transport]") {
