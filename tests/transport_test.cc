@@ -311,6 +311,16 @@ TEST_CASE("transport: options and addresses are validated", "[transport]") {
   auto o = options();
   o.operation_timeout = 0ms;
   CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
+  o = options();
+  o.handshake_timeout = -1s;
+  auto no_handshake = Transport::create(o);
+  CHECK(no_handshake.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(no_handshake.status().message(), Catch::Contains("handshake_timeout"));
+  o = options();
+  o.max_unauthenticated_connections = 0;
+  auto no_room = Transport::create(o);
+  CHECK(no_room.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(no_room.status().message(), Catch::Contains("max_unauthenticated_connections"));
 
   std::unique_ptr<Transport> t = make();
   CHECK(t->listen("not-an-ip", 0).status().code() == StatusCode::kInvalidArgument);
@@ -372,6 +382,24 @@ TEST_CASE("transport: messages, requests and error replies between two transport
   REQUIRE(in.ok());
   CHECK(in->message.body == big);
   CHECK(p.client->receive(50ms).status().code() == StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("transport: a connection over IPv6", "[transport]") {
+  std::unique_ptr<Transport> server = make();
+  auto address = server->listen("::1", 0);
+  REQUIRE(address.ok());
+  CHECK(address->rfind("[::1]:", 0) == 0);
+  REQUIRE(server->on_message(3, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
+  std::unique_ptr<Transport> client = make();
+  auto ep = client->connect(*address);
+  INFO(ep.status().to_string());
+  REQUIRE(ep.ok());
+  auto r = ep->request(Message::from_string(3, "over v6"));
+  REQUIRE(r.ok());
+  CHECK(r->text() == "over v6");
+  auto in = server->accept(5s);
+  REQUIRE(in.ok());
+  CHECK(in->peer_address().rfind("[::1]:", 0) == 0);
 }
 
 TEST_CASE("transport: put and get move bulk bytes into registered memory", "[transport]") {
