@@ -1,5 +1,6 @@
 // transport_peer: the other process of transport_multiprocess_test (and a small example of a
-// transport server). The cluster token comes from LAMINAR_TEST_TOKEN (never argv, which `ps` shows).
+// transport server). The cluster token comes from LAMINAR_TEST_TOKEN (never argv, which `ps` shows);
+// LAMINAR_TEST_HANDSHAKE_MS and LAMINAR_TEST_MAX_UNAUTHENTICATED, when set, override those options.
 //
 //   transport_peer serve <region_bytes> [host]    prints "ADDRESS host:port", serves until told to exit
 //   transport_peer client <address> exchange <k>  echo requests + get/put slice k of the server region
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "laminar/transport.h"
+#include "transport/testing.h"
 #include "transport_peer_protocol.h"
 
 using namespace std::chrono_literals;
@@ -36,6 +38,12 @@ TransportOptions options_from_env() {
   o.cluster_token = token != nullptr ? token : "";
   o.connect_timeout = 10s;
   o.operation_timeout = 10s;
+  if (const char* ms = std::getenv("LAMINAR_TEST_HANDSHAKE_MS")) {
+    o.handshake_timeout = std::chrono::milliseconds(std::strtoll(ms, nullptr, 10));
+  }
+  if (const char* n = std::getenv("LAMINAR_TEST_MAX_UNAUTHENTICATED")) {
+    o.max_unauthenticated_connections = std::strtoull(n, nullptr, 10);
+  }
   return o;
 }
 
@@ -88,6 +96,10 @@ int serve(std::size_t region_bytes, const std::string& host) {
       n = peers.size();
     }
     (void)in.from.reply(in, Message::from_string(kPeers, std::to_string(n)));
+  }));
+  installed.push_back(t->on_message(kDropped, [&](Incoming in) {
+    const std::uint64_t n = laminar::testing::dropped_frames(*t);
+    (void)in.from.reply(in, Message::from_string(kDropped, std::to_string(n)));
   }));
   installed.push_back(t->on_message(kExit, [&](Incoming in) {
     (void)in.from.reply(in, Message::from_string(kExit, "bye"));

@@ -16,12 +16,13 @@
 namespace laminar::test_peer {
 
 enum : MessageType {
-  kEcho = 1,    // replies with the same message
-  kRegion = 2,  // replies with the serialized RemoteRegion of the server's region
-  kVerify = 3,  // body "seed offset length": replies "ok" or an error reply naming the first bad word
-  kHang = 4,    // never replies
-  kPeers = 5,   // replies with the number of distinct peers that sent kEcho
-  kExit = 6,    // replies, then the server exits 0
+  kEcho = 1,       // replies with the same message
+  kRegion = 2,     // replies with the serialized RemoteRegion of the server's region
+  kVerify = 3,     // body "seed offset length": replies "ok" or an error reply naming the first bad word
+  kHang = 4,       // never replies
+  kPeers = 5,      // replies with the number of distinct peers that sent kEcho
+  kExit = 6,       // replies, then the server exits 0
+  kDropped = 7,    // replies with the number of frames the server dropped for naming no connection
 };
 
 inline constexpr std::uint64_t kServerSeed = 0x5eed;

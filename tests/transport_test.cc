@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,11 +14,14 @@
 #include <cstring>
 #include <future>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "laminar/transport.h"
 #include "eventually.h"
 #include "laminar/clock.h"
+#include "transport/bootstrap_wire.h"
+#include "transport/listen_socket.h"
 #include "transport/protocol.h"
 #include "transport/testing.h"
 #include "transport/wire.h"
@@ -229,6 +233,97 @@ TEST_CASE("wire: remote region descriptors validate", "[transport]") {
   CHECK(laminar::RemoteRegion::deserialize(overflow.serialize()).status().code() == StatusCode::kDataLoss);
 }
 
+namespace {
+
+// Whether a TCP connection from `from` (port 0) to `to` is established within `wait`. A dropped SYN
+// gets no answer at all, so "no" is only ever learned by waiting.
+bool connects(const sockaddr_storage& from, const sockaddr_storage& to, std::chrono::milliseconds wait) {
+  const int fd = ::socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  REQUIRE(fd >= 0);
+  const socklen_t len = to.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&from), len) == 0);
+  bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&to), len) == 0;
+  if (!ok && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    int error = 0;
+    socklen_t error_len = sizeof(error);
+    ok = ::poll(&p, 1, static_cast<int>(wait.count())) == 1 &&
+         getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) == 0 && error == 0;
+  }
+  ::close(fd);
+  return ok;
+}
+
+sockaddr_storage socket_address(const char* ip) {
+  sockaddr_storage ss{};
+  if (inet_pton(AF_INET, ip, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr) == 1) {
+    ss.ss_family = AF_INET;
+  } else {
+    REQUIRE(inet_pton(AF_INET6, ip, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr) == 1);
+    ss.ss_family = AF_INET6;
+  }
+  return ss;
+}
+
+laminar::internal::IpAddress ip(const char* text) { return *laminar::internal::ip_of(socket_address(text)); }
+
+}  // namespace
+
+TEST_CASE("listen_socket: the filter admits exactly the listed source addresses, IPv4 and IPv6",
+          "[transport]") {
+  using laminar::internal::admit_only;
+  using laminar::internal::IpAddress;
+  // Loopback answers from all of 127/8, so two IPv4 sources are at hand everywhere; IPv6 has ::1.
+  for (const char* listen_at : {"127.0.0.1", "::1"}) {
+    INFO(listen_at);
+    const bool v6 = std::string_view(listen_at) == "::1";
+    sockaddr_storage at = socket_address(listen_at);
+    const int listener = ::socket(at.ss_family, SOCK_STREAM, 0);
+    REQUIRE(listener >= 0);
+    socklen_t len = v6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&at), len) == 0);
+    REQUIRE(::listen(listener, 64) == 0);
+    REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &len) == 0);
+    const sockaddr_storage self = socket_address(listen_at);
+    const sockaddr_storage other = socket_address("127.0.0.2");
+
+    CHECK(connects(self, at, 5s));  // no filter yet
+    REQUIRE(admit_only(listener, {}));
+    CHECK_FALSE(connects(self, at, 300ms));
+    REQUIRE(admit_only(listener, {ip(listen_at)}));
+    CHECK(connects(self, at, 5s));
+    // Near misses: the other family's loopback, an address one bit away, or the other source.
+    REQUIRE(admit_only(listener, {ip(v6 ? "127.0.0.1" : "::1"), ip(v6 ? "::3" : "127.0.0.3")}));
+    CHECK_FALSE(connects(self, at, 300ms));
+    if (!v6) {
+      REQUIRE(admit_only(listener, {ip("127.0.0.2")}));
+      CHECK(connects(other, at, 5s));
+      CHECK_FALSE(connects(self, at, 300ms));
+    }
+    // A long program, with jumps over more than 255 instructions: the listed address behind 300
+    // others of both families.
+    std::set<IpAddress> many{ip(listen_at)};
+    for (int i = 0; i < 300; ++i) {
+      IpAddress a = ip(i % 2 ? "10.0.0.0" : "fd00::");
+      a.bytes[2] = std::byte(i >> 8);
+      a.bytes[3] = std::byte(i);
+      many.insert(a);
+    }
+    REQUIRE(admit_only(listener, many));
+    CHECK(connects(self, at, 5s));
+    // More than the kernel takes: refused, and the filter in place stays.
+    for (int i = 0; i < 1000; ++i) {
+      IpAddress a = ip("fd01::");
+      a.bytes[2] = std::byte(i >> 8);
+      a.bytes[3] = std::byte(i);
+      many.insert(a);
+    }
+    CHECK_FALSE(admit_only(listener, many));
+    CHECK(connects(self, at, 5s));
+    ::close(listener);
+  }
+}
+
 TEST_CASE("transport: options and addresses are validated", "[transport]") {
   auto short_token = Transport::create(options("short"));
   REQUIRE_FALSE(short_token.ok());
@@ -237,6 +332,16 @@ TEST_CASE("transport: options and addresses are validated", "[transport]") {
   auto o = options();
   o.operation_timeout = 0ms;
   CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
+  o = options();
+  o.handshake_timeout = -1s;
+  auto no_handshake = Transport::create(o);
+  CHECK(no_handshake.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(no_handshake.status().message(), Catch::Contains("handshake_timeout"));
+  o = options();
+  o.max_unauthenticated_connections = 0;
+  auto no_room = Transport::create(o);
+  CHECK(no_room.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(no_room.status().message(), Catch::Contains("max_unauthenticated_connections"));
 
   std::unique_ptr<Transport> t = make();
   CHECK(t->listen("not-an-ip", 0).status().code() == StatusCode::kInvalidArgument);
@@ -298,6 +403,24 @@ TEST_CASE("transport: messages, requests and error replies between two transport
   REQUIRE(in.ok());
   CHECK(in->message.body == big);
   CHECK(p.client->receive(50ms).status().code() == StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("transport: a connection over IPv6", "[transport]") {
+  std::unique_ptr<Transport> server = make();
+  auto address = server->listen("::1", 0);
+  REQUIRE(address.ok());
+  CHECK(address->rfind("[::1]:", 0) == 0);
+  REQUIRE(server->on_message(3, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
+  std::unique_ptr<Transport> client = make();
+  auto ep = client->connect(*address);
+  INFO(ep.status().to_string());
+  REQUIRE(ep.ok());
+  auto r = ep->request(Message::from_string(3, "over v6"));
+  REQUIRE(r.ok());
+  CHECK(r->text() == "over v6");
+  auto in = server->accept(5s);
+  REQUIRE(in.ok());
+  CHECK(in->peer_address().rfind("[::1]:", 0) == 0);
 }
 
 TEST_CASE("transport: put and get move bulk bytes into registered memory", "[transport]") {
@@ -445,8 +568,12 @@ TEST_CASE("transport: malformed frames from a peer fail that endpoint only", "[t
   CHECK(still->text() == "still served");
 }
 
-TEST_CASE("transport: a peer that skips the handshake is refused before anything is served", "[transport]") {
-  std::unique_ptr<Transport> server = make();
+TEST_CASE("transport: a UCX peer that skipped the handshake is never heard", "[transport]") {
+  // Shared memory, so the rogue's frames do reach the server's UCX worker; over tcp the filter on
+  // UCX's listening sockets would not even let it connect.
+  auto o = options();
+  o.ucx_transports = "sm";
+  std::unique_ptr<Transport> server = make(o);
   auto address = server->listen("127.0.0.1", 0);
   REQUIRE(address.ok());
   std::atomic<int> served{0};
@@ -454,22 +581,76 @@ TEST_CASE("transport: a peer that skips the handshake is refused before anything
     ++served;
     (void)in.from.reply(in, in.message);
   }).ok());
-  std::unique_ptr<Transport> rogue = make();
-  auto ep = laminar::testing::connect_without_handshake(*rogue, *address);
+  // A rogue that learned the server's UCX worker address some other way, and guesses a token.
+  std::unique_ptr<Transport> rogue = make(o);
+  auto ep = laminar::testing::connect_ucx_only(*rogue, *server, 0x1234'5678'9abc'def0u);
   REQUIRE(ep.ok());
-  std::promise<laminar::Status> closed;
-  auto watch = ep->on_close([&](laminar::Status st) { closed.set_value(st); });
-  REQUIRE(watch.ok());
-  // Requests straight away: the server answers with a refusal, never with the handler's reply.
-  auto r = ep->request(Message::from_string(1, "let me in"), 2s);
-  REQUIRE_FALSE(r.ok());
-  CHECK(r.status().code() != StatusCode::kOk);
-  auto future = closed.get_future();
-  REQUIRE(future.wait_for(10s) == std::future_status::ready);
-  CHECK_FALSE(future.get().ok());
-  CHECK_FALSE(ep->status().ok());
+  REQUIRE(ep->send(Message::from_string(1, "let me in")).ok());
+  auto r = ep->request(Message::from_string(1, "let me in"), 500ms);
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(eventually([&] { return laminar::testing::dropped_frames(*server) == 2; }));
   CHECK(served.load() == 0);
-  CHECK(server->accept(100ms).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(server->accept(0s).status().code() == StatusCode::kDeadlineExceeded);
+
+  // A real client, sharing the rogue's UCX endpoint to the server, is still served; the wrong
+  // token on a real connection is dropped too.
+  auto good = rogue->connect(*address);
+  REQUIRE(good.ok());
+  REQUIRE(server->accept(5s).ok());
+  CHECK(good->request(Message::from_string(1, "hello")).ok());
+  CHECK(served.load() == 1);
+  Frame hi;
+  hi.kind = FrameKind::kMessage;
+  hi.type = 1;
+  REQUIRE(laminar::testing::send_raw_frame(*good, encode_frame(hi), 0x1111u).ok());
+  CHECK(eventually([&] { return laminar::testing::dropped_frames(*server) == 3; }));
+  CHECK(good->request(Message::from_string(1, "still")).ok());
+  CHECK(served.load() == 2);
+}
+
+TEST_CASE("transport: bytes that are no handshake close the connection, and the listener serves on",
+          "[transport]") {
+  auto o = options();
+  o.handshake_timeout = 10s;
+  std::unique_ptr<Transport> server = make(o);
+  auto address = server->listen("127.0.0.1", 0);
+  REQUIRE(address.ok());
+  const auto port = static_cast<std::uint16_t>(std::stoi(address->substr(address->rfind(':') + 1)));
+  laminar::internal::BootstrapFrame proof;
+  proof.kind = laminar::internal::BootstrapKind::kProof;
+  proof.token = 1;
+  proof.worker_address = bytes_of("not a worker address");
+  const std::vector<std::byte> early_proof = laminar::internal::encode_bootstrap_frame(proof);
+  const std::vector<std::vector<std::uint8_t>> attacks = {
+      {0xF0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0},  // a wrapped length
+      {0x02, 0x00, 0x00, 0x00, 0x01, 0x03},                                      // a proof, cut short
+      {0x02, 0x00, 0x00, 0x00, 0x07, 0x01},                                      // another version
+      {reinterpret_cast<const std::uint8_t*>(early_proof.data()),                // a proof before the hello
+       reinterpret_cast<const std::uint8_t*>(early_proof.data()) + early_proof.size()},
+  };
+  for (const auto& bytes : attacks) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    at.sin_port = htons(port);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) == 0);
+    REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+    // The server answers with a refusal, or just closes: either way the connection ends, long
+    // before the handshake deadline.
+    char buffer[4096];
+    ssize_t n = 0;
+    const auto start = std::chrono::steady_clock::now();
+    while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) {
+    }
+    CHECK(n <= 0);
+    CHECK(std::chrono::steady_clock::now() - start < 5s);
+    ::close(fd);
+  }
+  auto client = make();
+  CHECK(client->connect(*address).ok());
+  CHECK(server->accept(5s).ok());
 }
 
 TEST_CASE("transport: laminar's reserved message types are refused to the application", "[transport]") {

@@ -2,8 +2,9 @@
 //
 // Built on UCX (UCP): a Transport owns one UCP context and worker, driven by its own progress thread
 // that sleeps on the worker's wakeup fd when idle, so the host application never spins. Peers connect
-// by host:port (UCP listener / sockaddr) and authenticate with a shared cluster token before anything
-// else is served. Two kinds of traffic flow over an Endpoint:
+// by host:port to a plain TCP socket of laminar's own and authenticate with a shared cluster token
+// there; only then do they exchange UCX worker addresses, so no UCX code reads a byte from a peer
+// that has not authenticated (see Exposure below). Two kinds of traffic flow over an Endpoint:
 //   - control messages: small typed messages (UCP active messages) of at most max_message_bytes,
 //     one-way (send) or request/reply (request), delivered to per-type handlers or to receive();
 //   - bulk bytes: memory registered once (MemoryRegion), then one-sided put/get against a peer's
@@ -23,8 +24,8 @@
 // to those parts' protocols; the application uses the types below it.
 //
 // Threads. A Transport runs two:
-//   - the progress thread makes every UCX worker call; it never runs user code, so a slow handler
-//     never stalls the wire. It sleeps on the worker's wakeup fd when idle.
+//   - the progress thread makes every UCX worker call and does all the IO of laminar's own sockets;
+//     it never runs user code, so a slow handler never stalls the wire. It sleeps in epoll when idle.
 //   - the callback thread runs every MessageHandler, put/get CompletionCallback and on_close
 //     callback, one at a time, in the order their events happened. A callback may call any
 //     Transport or Endpoint method, blocking ones included (a request from inside a handler is
@@ -41,6 +42,18 @@
 // Every call returns a Status; a vanished peer, a refused or unauthenticated connection, a timeout,
 // or a malformed message is reported to the caller and to every pending operation on that endpoint
 // (kUnavailable, kFailedPrecondition, kDeadlineExceeded, kInvalidArgument, kDataLoss).
+//
+// Exposure. The listen() socket is laminar's: it reads at most max_unauthenticated_connections
+// connections at a time, each for at most handshake_timeout, in frames of at most 4 KiB, and closes
+// any that fails to prove the token. UCX itself also listens wherever tcp is among its transports:
+// one socket per network device, opened when the Transport is created, whose parser a single bad
+// packet can abort. laminar attaches a socket filter to those sockets that drops every packet
+// whose source address is not one of an authenticated peer's (its bootstrap connection's address
+// and the interface addresses it listed), from before the peer learns where to connect until its
+// last connection closes. What remains reachable: a process on the host of a peer that is connected
+// now (for a peer on this host, any local process, through 127.0.0.1) can still reach UCX's tcp
+// sockets. Shared memory and RDMA transports listen on no socket. Setting ucx_transports to
+// exclude tcp ("^tcp", or e.g. "sm" on one host) removes UCX's sockets entirely.
 //
 // Under ThreadSanitizer, run with UCX_MEM_EVENTS=n in the environment: UCX's memory hooks (libucm)
 // and TSan's interceptors crash together at thread exit. tests/CMakeLists.txt's
@@ -86,14 +99,22 @@ struct TransportOptions {
   // never crosses the wire. A peer that fails is refused before any message or memory is served.
   std::string cluster_token;
   // UCX transports in UCX_TLS syntax ("tcp" forces the network, "" lets UCX choose, e.g. shared
-  // memory on one host). "tcp" is always added because UCX's sockaddr connection setup needs it, and
-  // shared memory is kept usable under peer-failure detection (UCX drops it unless told otherwise).
+  // memory on one host), as given; empty reads UCX_TLS from the environment. Connection setup needs
+  // none in particular (it runs on laminar's own socket), but two peers need one transport in common.
+  // Shared memory is kept usable under peer-failure detection (UCX drops it unless told otherwise).
   std::string ucx_transports;
   // Largest control message body accepted or sent; bigger ones are kInvalidArgument. Bulk data goes
   // through put/get, which has no such limit.
   std::size_t max_message_bytes = std::size_t{16} << 20;
-  // Default deadline of connection setup including authentication (positive, or kForever).
+  // Default deadline of connect(): the TCP connection, authentication, and UCX connecting the two
+  // workers (positive, or kForever).
   Duration connect_timeout = std::chrono::seconds(10);
+  // How long a peer that connected to our listener has to authenticate before it is disconnected
+  // (positive).
+  Duration handshake_timeout = std::chrono::seconds(5);
+  // Connections to our listener that have not authenticated yet, at most; one more is closed as
+  // soon as it is accepted (positive).
+  std::size_t max_unauthenticated_connections = 64;
   // Default deadline of send / request / put / get (positive, or kForever).
   Duration operation_timeout = std::chrono::seconds(30);
   // The time every deadline of this transport reads; null means Clock::steady().
@@ -251,15 +272,15 @@ struct Incoming {
 // the top of this file).
 using MessageHandler = std::function<void(Incoming)>;
 
-// Owns the UCP context, worker, listener, endpoints and the progress and callback threads; one per
-// process, shared by whoever talks over it. Destroying it closes every endpoint and fails every
-// pending operation (kCancelled);
-// MemoryRegions and Endpoint handles may outlive it (their operations then fail). Peers connecting
-// while it shuts down are refused (one whose handshake lands in the last moments learns it about
-// 1 s later, from its own retry).
+// Owns the UCP context, worker, listening socket, endpoints and the progress and callback threads;
+// one per process, shared by whoever talks over it. Destroying it closes every endpoint and fails
+// every pending operation (kCancelled); MemoryRegions and Endpoint handles may outlive it (their
+// operations then fail). Peers connecting while it shuts down see the connection closed
+// (kUnavailable).
 class Transport {
  public:
-  // kInvalidArgument: token shorter than kMinTokenBytes, zero max_message_bytes, non-positive timeouts.
+  // kInvalidArgument: token shorter than kMinTokenBytes, zero max_message_bytes or
+  // max_unauthenticated_connections, non-positive timeouts.
   // kUnavailable: UCX could not start. (UCX warns about, and skips, unknown names in ucx_transports.)
   static Result<std::unique_ptr<Transport>> create(TransportOptions options = {});
 
@@ -275,13 +296,14 @@ class Transport {
   // The "host:port" listen() bound; none before it succeeded.
   std::optional<std::string> listen_address() const;
 
-  // Connects to "host:port" and authenticates both ways. kInvalidArgument: malformed address;
+  // Connects to "host:port", authenticates both ways and connects the two UCX workers.
+  // kInvalidArgument: malformed address;
   // kUnavailable: nobody listens there or the link is down; kFailedPrecondition: the peer refused our
   // token or could not prove it holds the same one; kDeadlineExceeded: no answer within timeout
   // (std::nullopt: connect_timeout; else positive or kForever).
   Result<Endpoint> connect(std::string_view address, std::optional<Duration> timeout = std::nullopt);
 
-  // Next peer that connected to our listener and authenticated. kDeadlineExceeded after `timeout`
+  // Next peer that connected to our listener, authenticated and has its UCX endpoint. kDeadlineExceeded after `timeout`
   // (zero: only one already waiting; kForever: until one comes or the transport shuts down);
   // kInvalidArgument for a negative one.
   Result<Endpoint> accept(Duration timeout);

@@ -1,12 +1,21 @@
-// core.h (internal): the state behind Transport, Endpoint and MemoryRegion (transport.cc).
+// core.h (internal): the state behind Transport, Endpoint and MemoryRegion (transport.cc and transport/).
 //
 // Threading: every UCP worker call happens on one progress thread. Other threads hand it commands
 // through a queue and an eventfd; it answers through promises. While UCX operations are in flight it
 // polls the worker (full bandwidth); once idle it arms the worker and sleeps in epoll on the worker's
-// wakeup fd, the command eventfd and the nearest deadline. User callbacks (message handlers, put/get
-// completions, close watchers) run on a second, callback thread, so a slow handler never stalls the
-// wire and a handler may itself block on transport calls. Context-level calls (memory registration)
-// are made from any thread: the context is created with mt_workers_shared for that.
+// wakeup fd, the command eventfd, the bootstrap sockets and the nearest deadline.
+//
+// Connections: a peer first reaches laminar's own TCP listening socket (listen()). On that bootstrap
+// socket the two sides authenticate each other (HMAC over fresh nonces), then exchange their UCP
+// worker addresses and one random 64-bit token each; only then does either side create a UCP
+// endpoint. Every frame laminar sends over UCX carries the receiver's token as its active-message
+// header, and a frame whose token names no open connection is dropped unread. The bootstrap socket
+// stays open for the connection's life: its end is the end of the connection (handshake.cc).
+//
+// User callbacks (message handlers, put/get completions, close watchers) run on a second, callback
+// thread, so a slow handler never stalls the wire and a handler may itself block on transport calls.
+// Context-level calls (memory registration) are made from any thread: the context is created with
+// mt_workers_shared for that.
 //
 // Time: every deadline (connect, handshake, request, send, put/get, accept, receive) reads the
 // options' Clock, and the core subscribes to it, so a jump of a ManualClock wakes the progress thread
@@ -14,11 +23,13 @@
 // polling window after activity and the grace given to closing endpoints read the steady clock.
 #pragma once
 
+#include <fmt/format.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,6 +48,8 @@
 #include "laminar/clock.h"
 #include "laminar/status.h"
 #include "laminar/transport.h"
+#include "transport/bootstrap_wire.h"
+#include "transport/listen_socket.h"
 #include "transport/wire.h"
 
 namespace laminar::internal {
@@ -45,7 +58,27 @@ class TransportTestingAccess;  // laminar_testing's hooks (tests/support), never
 
 inline constexpr std::size_t kKeyBytes = 32;  // crypto_auth_hmacsha256_KEYBYTES
 using Key = std::array<unsigned char, kKeyBytes>;
-using Nonce = std::array<std::byte, kNonceBytes>;
+using Nonce = std::array<std::byte, kBootstrapNonceBytes>;
+
+// The single UCP active-message id laminar registers; every frame travels on it.
+inline constexpr unsigned kAmId = 0x1a;
+
+inline std::string ucs_text(ucs_status_t s) { return ucs_status_string(s); }
+
+// "250 ms", or "1500 ns" below a millisecond, for error messages.
+inline std::string duration_text(Duration d) {
+  using std::chrono::milliseconds;
+  if (d == kForever) return "forever";
+  if (d >= milliseconds(1)) return fmt::format("{} ms", std::chrono::duration_cast<milliseconds>(d).count());
+  return fmt::format("{} ns", d.count());
+}
+
+inline bool is_reserved(MessageType type) { return type >= kLaminarMessageTypeFirst; }
+
+// epoll tags of the progress thread's own descriptors; a bootstrap socket's tag is its endpoint's id.
+inline constexpr std::uint64_t kEventFdTag = ~std::uint64_t{0};
+inline constexpr std::uint64_t kWorkerFdTag = kEventFdTag - 1;
+inline constexpr std::uint64_t kListenTag = kEventFdTag - 2;
 
 // "host:port" or "[v6]:port" -> sockaddr. kInvalidArgument names what is wrong.
 Result<sockaddr_storage> parse_address(std::string_view address);
@@ -66,15 +99,29 @@ class RegionState {
   std::vector<std::byte> packed_rkey;
 };
 
-// Handshake and life of one connection, seen from this side.
+// Handshake and life of one connection, seen from this side (frames: bootstrap_wire.h).
 enum class Phase {
-  kAwaitHello,      // server: connection accepted, waiting for the client's nonce
+  kConnecting,      // client: TCP connection to the peer's bootstrap socket in progress
   kAwaitChallenge,  // client: hello sent
-  kAwaitProof,      // server: challenge sent
   kAwaitWelcome,    // client: proof sent
-  kRefused,         // server: refused the client, waiting for it to hang up
+  kWireup,          // client: UCP endpoint created, waiting for UCX to connect it
+  kAwaitHello,      // server: connection accepted, waiting for the client's nonce
+  kAwaitProof,      // server: challenge sent
+  kAwaitReady,      // server: welcome sent; the client's ready, or its first frame, opens it
+  kRefused,         // server: refusal being written; closed once it has left
   kReady,
   kClosed,
+};
+
+// The UCP endpoint to one peer worker, shared by every connection between the two transports. UCX
+// pairs the endpoints two workers create to each other by how many each created before (connection
+// matching); endpoints made and closed per connection would be paired with the wrong partner once
+// one side created one the other did not (a handshake that failed halfway, or two that crossed).
+// So each side keeps one per peer worker, until UCX reports it failed or the transport shuts down.
+struct PeerWorker {
+  ucp_ep_h ep = nullptr;
+  std::string address;                // the peer's worker address; key of TransportCore::peers_
+  std::set<std::uint64_t> endpoints;  // ids of the connections it carries
 };
 
 class EndpointState : public std::enable_shared_from_this<EndpointState> {
@@ -87,8 +134,20 @@ class EndpointState : public std::enable_shared_from_this<EndpointState> {
   const std::string peer;
 
   // Progress thread only.
-  ucp_ep_h ep = nullptr;
   Phase phase = Phase::kClosed;
+  std::shared_ptr<PeerWorker> worker;  // set once the peer's worker address is known
+  ucp_ep_h ep() const { return worker ? worker->ep : nullptr; }
+  // The bootstrap connection: the handshake's frames, then only its end.
+  UniqueFd socket;
+  bool outgoing = false;             // we connected (client side)
+  bool unauthenticated = false;      // counted in TransportCore::unauthenticated_
+  std::uint32_t watching = 0;        // the epoll events asked for; 0: not yet registered
+  std::vector<std::byte> in;         // bytes read, not yet a whole frame
+  std::vector<std::byte> out;        // bytes not yet written
+  std::optional<IpAddress> peer_ip;  // the bootstrap connection's remote address
+  std::vector<IpAddress> admitted;   // what this connection added to the filter (admit_peer)
+  std::uint64_t token = 0;           // ours: the peer sends it in the header of every frame to us
+  std::uint64_t peer_token = 0;      // the peer's: we send it in ours
   // Unpacked remote keys by packed bytes. Unpacking attaches the peer's shared-memory segment (a
   // fresh mapping that faults in page by page), so doing it once per region rather than once per
   // put/get is what makes repeated transfers run at memory speed. `users` counts operations in
@@ -164,6 +223,7 @@ struct Op {
   std::shared_ptr<RegionState> region;             // kRma: keeps the registration alive
   std::string rkey_bytes;                          // kRma: entry of the endpoint's rkey cache in use
   Status rma_error;                                // kRma: first failure of put + flush
+  std::uint64_t header = 0;                        // the receiver's token, read by UCX until sent
 };
 
 class TransportCore : public std::enable_shared_from_this<TransportCore> {
@@ -232,8 +292,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void run_commands();
   void expire_deadlines();
   int epoll_timeout_ms() const;
+  // Handles what epoll reports within timeout_ms (0: only what is ready now).
+  void poll_events(int timeout_ms);
   void teardown_on_progress_thread();
-  void close_listener();
 
   // Progress thread only from here on.
   Op& new_op(Op::Kind kind, std::uint64_t ep_id, Duration timeout, std::string what);
@@ -244,33 +305,48 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void sweep();
   void on_ucx_done(Op& op, ucs_status_t status);
   void start_send(EndpointState& e, Op& op);
-  void send_internal(EndpointState& e, const Frame& f);
   void fail_endpoint(EndpointState& e, const Status& s);
   // Keeps the endpoint's first error and, the first time, schedules its close watchers.
   void set_endpoint_error(EndpointState& e, const Status& s);
-  // Creates the UCP endpoint of an outgoing connection and files it under e's id; the handshake is
-  // the caller's next step.
-  Status open_client_endpoint(EndpointState& e, const sockaddr_storage& address);
   // Until now >= deadline on clock_, or ready(); the caller holds `lock` on queues_mu_.
   bool wait_queue(std::unique_lock<std::mutex>& lock, Duration timeout, const std::function<bool()>& ready);
   void handle_frame(EndpointState& e, std::span<const std::byte> wire);
-  void handle_handshake(EndpointState& e, Frame f);
-  bool expect_handshake_frame(EndpointState& e, const Frame& f, FrameKind want, const char* answered);
-  void refuse(EndpointState& e, const std::string& why);
-  std::shared_ptr<EndpointState> find(ucp_ep_h ep);
   std::shared_ptr<EndpointState> find(std::uint64_t id);
-  void on_connection_request(ucp_conn_request_h req);
-  void close_ucp_ep(EndpointState& e);
   Result<ucp_rkey_h> acquire_rkey(EndpointState& e, Op& op, const std::vector<std::byte>& packed);
   void release_rkey(Op& op);
   void destroy_rkeys(EndpointState& e);
+
+  // Bootstrap connections and the handshake (handshake.cc).
+  void accept_connections();
+  // Asks epoll for what e's socket waits for now (to connect, to read, to write what is queued).
+  Status watch_socket(EndpointState& e);
+  void on_socket_event(std::uint64_t id, std::uint32_t events);
+  void read_socket(EndpointState& e);
+  void write_socket(EndpointState& e);
+  void send_bootstrap(EndpointState& e, const BootstrapFrame& f);
+  void handle_server_frame(EndpointState& e, BootstrapFrame f);
+  void handle_client_frame(EndpointState& e, BootstrapFrame f);
+  void refuse(EndpointState& e, const std::string& why);
+  // Server: the client is authenticated and wired up; accept() may hand the endpoint out.
+  void open_accepted(EndpointState& e);
+  // Client: UCX connected the endpoint; connect() returns it.
+  void finish_connect(EndpointState& e);
+  // Releases what a connection holds besides its ops: socket, token, filter addresses, worker.
+  void close_connection(EndpointState& e);
+  // Lets the peer's addresses (the bootstrap connection's and those it listed) through the filter of
+  // UCX's listening sockets, before the peer learns anything that makes its UCX connect to ours.
+  Status admit_peer(EndpointState& e, const std::vector<IpAddress>& listed);
+  // False if the kernel refused a filter (the old one stays).
+  bool update_filters();
+  // The UCP endpoint to the worker at `address`, created on first use.
+  Result<std::shared_ptr<PeerWorker>> peer_worker(const std::vector<std::byte>& address);
+  std::uint64_t new_token();
 
   static void am_send_cb(void* request, ucs_status_t status, void* user);
   static void am_recv_data_cb(void* request, ucs_status_t status, std::size_t length, void* user);
   static ucs_status_t am_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
                                  std::size_t length, const ucp_am_recv_param_t* param);
   static void ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static void conn_cb(ucp_conn_request_h req, void* arg);
 
   TransportOptions options_;
   std::shared_ptr<Clock> clock_;  // options_.clock, or the steady clock: every deadline reads it
@@ -281,12 +357,17 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   Key key_{};
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
+  std::vector<std::byte> worker_address_;  // ours, from which peers create their endpoint to us
+  std::vector<IpAddress> own_addresses_;   // this host's, listed to peers for their filters
+  std::vector<int> ucx_listeners_;         // UCX's listening tcp sockets (UCX owns them)
   int epoll_fd_ = -1;
   int event_fd_ = -1;
   int worker_fd_ = -1;
   std::thread progress_thread_;
   std::thread callback_thread_;
   std::atomic<std::uint64_t> next_ep_id_{1};
+  // Frames that named no open connection (unauthenticated senders, or late ones of closed connections).
+  std::atomic<std::uint64_t> dropped_frames_{0};
 
   mutable std::mutex cmd_mu_;
   std::vector<std::function<void()>> commands_;
@@ -295,13 +376,14 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::atomic<bool> stop_{false};
 
   // Progress thread only.
-  ucp_listener_h listener_ = nullptr;
-  sockaddr_storage listen_addr_{};
-  int listen_fd_ = -1;         // the listener's socket (UCX's), -1 if not found
-  bool tearing_down_ = false;  // connection requests are refused from then on
-  std::set<std::string> refused_peers_;
+  UniqueFd listen_socket_;
+  bool tearing_down_ = false;  // connections are refused from then on
+  int unauthenticated_ = 0;    // accepted connections that have not proven the token yet
   std::unordered_map<std::uint64_t, std::shared_ptr<EndpointState>> endpoints_;
-  std::unordered_map<ucp_ep_h, std::uint64_t> by_handle_;
+  std::unordered_map<std::uint64_t, std::uint64_t> by_token_;  // our token -> endpoint id
+  std::map<std::string, std::shared_ptr<PeerWorker>> peers_;  // by worker address bytes
+  std::unordered_map<ucp_ep_h, std::shared_ptr<PeerWorker>> by_handle_;
+  std::map<IpAddress, int> admitted_;  // what the filter lets through, with its connection counts
   std::unordered_map<std::uint64_t, std::unique_ptr<Op>> ops_;
   std::set<std::pair<Duration, std::uint64_t>> deadlines_;  // (clock_ time, op id)
   std::vector<ucp_ep_h> to_close_;                 // failed endpoints, closed outside UCX callbacks
@@ -310,6 +392,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::vector<std::uint64_t> release_candidates_;  // ops that may be finished; see maybe_release
   std::uint64_t next_op_id_ = 1;
   int ucx_inflight_ = 0;
+  Duration last_socket_poll_{};  // real time; sockets are polled now and then while UCX keeps it busy
 
   std::mutex cb_mu_;
   std::condition_variable cb_cv_;

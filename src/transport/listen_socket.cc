@@ -1,13 +1,16 @@
+// Finding UCX's listening sockets and filtering who may reach them (listen_socket.h).
 #include "transport/listen_socket.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fmt/format.h>
+#include <ifaddrs.h>
 #include <linux/filter.h>
+#include <net/if.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <sys/stat.h>
 
-#include <cstdint>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -15,32 +18,10 @@ namespace laminar::internal {
 
 namespace {
 
-std::uint16_t port_of(const sockaddr_storage& ss) {
-  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
-  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
-  return 0;
-}
-
-bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
-  if (a.ss_family != b.ss_family || port_of(a) != port_of(b)) return false;
-  if (a.ss_family == AF_INET) {
-    return reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr ==
-           reinterpret_cast<const sockaddr_in*>(&b)->sin_addr.s_addr;
-  }
-  return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr,
-                     &reinterpret_cast<const sockaddr_in6*>(&b)->sin6_addr, sizeof(in6_addr)) == 0;
-}
-
 bool is_listening(int fd) {
   int v = 0;
   socklen_t len = sizeof(v);
   return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &len) == 0 && v != 0;
-}
-
-bool address_of(int fd, bool peer, sockaddr_storage& out) {
-  socklen_t len = sizeof(out);
-  auto* sa = reinterpret_cast<sockaddr*>(&out);
-  return (peer ? getpeername(fd, sa, &len) : getsockname(fd, sa, &len)) == 0;
 }
 
 // Calls fn(fd) for each TCP socket this process has open.
@@ -61,44 +42,112 @@ void for_each_tcp_socket(Fn fn) {
   closedir(dir);
 }
 
+// A 32-bit word of an address as BPF loads it from a packet (network order, read big-endian).
+std::uint32_t word_of(const IpAddress& a, std::size_t i) {
+  std::uint32_t w = 0;
+  std::memcpy(&w, a.bytes.data() + 4 * i, 4);
+  return ntohl(w);
+}
+
+sock_filter load_word(int offset) {
+  return BPF_STMT(BPF_LD | BPF_W | BPF_ABS, static_cast<std::uint32_t>(SKF_NET_OFF + offset));
+}
+
+constexpr std::uint32_t kAccept = 0xFFFFFFFFu;  // keep the whole packet
+constexpr std::uint32_t kDrop = 0;
+
 }  // namespace
 
-int find_listening_socket(const sockaddr_storage& bound) {
-  int found = -1;
+std::optional<IpAddress> ip_of(const sockaddr_storage& ss) {
+  IpAddress a;
+  if (ss.ss_family == AF_INET) {
+    std::memcpy(a.bytes.data(), &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, 4);
+    return a;
+  }
+  if (ss.ss_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(&v6)) {
+      std::memcpy(a.bytes.data(), v6.s6_addr + 12, 4);
+      return a;
+    }
+    a.family = 6;
+    std::memcpy(a.bytes.data(), v6.s6_addr, 16);
+    return a;
+  }
+  return std::nullopt;
+}
+
+std::string ip_text(const IpAddress& a) {
+  char text[INET6_ADDRSTRLEN] = {};
+  inet_ntop(a.family == 4 ? AF_INET : AF_INET6, a.bytes.data(), text, sizeof(text));
+  return text;
+}
+
+std::set<std::pair<int, unsigned long>> listening_tcp_sockets() {
+  std::set<std::pair<int, unsigned long>> found;
   for_each_tcp_socket([&](int fd) {
-    sockaddr_storage local{};
-    if (found < 0 && is_listening(fd) && address_of(fd, false, local) && same_address(local, bound)) found = fd;
+    struct stat st {};
+    if (is_listening(fd) && fstat(fd, &st) == 0) found.emplace(fd, static_cast<unsigned long>(st.st_ino));
   });
   return found;
 }
 
-bool stop_new_connections(int listen_fd) {
-  sock_filter drop_all[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
-  const sock_fprog program{1, drop_all};
-  return setsockopt(listen_fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof(program)) == 0;
-}
-
-int accept_queue_length(int listen_fd) {
-  tcp_info info{};
-  socklen_t len = sizeof(info);
-  // For a listening socket the kernel reports its accept queue's length as tcpi_unacked.
-  if (getsockopt(listen_fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return 0;
-  return static_cast<int>(info.tcpi_unacked);
-}
-
-int cut_accepted_connections(const sockaddr_storage& bound, const std::set<std::string>& spare) {
-  int cut = 0;
-  for_each_tcp_socket([&](int fd) {
-    sockaddr_storage local{};
-    sockaddr_storage peer{};
-    if (is_listening(fd) || !address_of(fd, false, local) || local.ss_family != bound.ss_family ||
-        port_of(local) != port_of(bound) || !address_of(fd, true, peer) || spare.count(sockaddr_text(peer)) != 0) {
-      return;
+std::vector<IpAddress> local_addresses(std::size_t limit) {
+  std::vector<IpAddress> out;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return out;
+  for (const ifaddrs* i = list; i != nullptr && out.size() < limit; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || (i->ifa_flags & IFF_UP) == 0) continue;
+    sockaddr_storage ss{};
+    if (i->ifa_addr->sa_family == AF_INET) {
+      std::memcpy(&ss, i->ifa_addr, sizeof(sockaddr_in));
+    } else if (i->ifa_addr->sa_family == AF_INET6) {
+      std::memcpy(&ss, i->ifa_addr, sizeof(sockaddr_in6));
+    } else {
+      continue;
     }
-    ::shutdown(fd, SHUT_RDWR);
-    ++cut;
-  });
-  return cut;
+    const auto a = ip_of(ss);
+    if (a && std::find(out.begin(), out.end(), *a) == out.end()) out.push_back(*a);
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+bool admit_only(int fd, const std::set<IpAddress>& allowed) {
+  // Every jump is short (to the next instruction or past one block), so the program has no limit
+  // but the kernel's length.
+  std::vector<sock_filter> p;
+  if (!allowed.empty()) {
+    p.push_back(BPF_STMT(BPF_LD | BPF_B | BPF_ABS, static_cast<std::uint32_t>(SKF_NET_OFF)));
+    p.push_back(BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xF0));  // the IP version nibble
+    p.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x40, 1, 0));
+    const std::size_t to_v6 = p.size();
+    p.push_back(BPF_STMT(BPF_JMP | BPF_JA, 0));  // patched below: to the IPv6 block
+    p.push_back(load_word(12));                   // IPv4 source address
+    for (const IpAddress& a : allowed) {
+      if (a.family != 4) continue;
+      p.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, word_of(a, 0), 0, 1));
+      p.push_back(BPF_STMT(BPF_RET | BPF_K, kAccept));
+    }
+    p.push_back(BPF_STMT(BPF_RET | BPF_K, kDrop));
+    p[to_v6].k = static_cast<std::uint32_t>(p.size() - to_v6 - 1);
+    // The accumulator still holds the version nibble here.
+    p.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x60, 1, 0));
+    p.push_back(BPF_STMT(BPF_RET | BPF_K, kDrop));
+    for (const IpAddress& a : allowed) {
+      if (a.family != 6) continue;
+      // The source address is bytes 8..24 of the IPv6 header; a mismatch skips to the next address.
+      for (std::size_t i = 0; i < 4; ++i) {
+        p.push_back(load_word(static_cast<int>(8 + 4 * i)));
+        p.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, word_of(a, i), 0, static_cast<std::uint8_t>(7 - 2 * i)));
+      }
+      p.push_back(BPF_STMT(BPF_RET | BPF_K, kAccept));
+    }
+  }
+  p.push_back(BPF_STMT(BPF_RET | BPF_K, kDrop));
+  if (p.size() > BPF_MAXINSNS) return false;
+  const sock_fprog program{static_cast<unsigned short>(p.size()), p.data()};
+  return setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof(program)) == 0;
 }
 
 std::string sockaddr_text(const sockaddr_storage& ss) {

@@ -4,7 +4,8 @@
 #pragma once
 
 #include <cstddef>
-#include <string_view>
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "laminar/status.h"
@@ -13,11 +14,18 @@
 namespace laminar::testing {
 
 // Sends `wire` as one frame on an authenticated endpoint, bypassing the encoder, so tests can make
-// a real peer receive truncated, corrupt or oversized frames. Returns once UCX is done with it.
-Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire);
+// a real peer receive truncated, corrupt or oversized frames. With `token`, the frame carries that
+// token in its UCX header instead of the one the peer gave the connection. Returns once UCX is done
+// with it.
+Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire,
+                      std::optional<std::uint64_t> token = std::nullopt);
 
-// Connects without authenticating: the endpoint is usable at once on this side, as a peer that
-// skips the handshake would be. The server must refuse whatever it sends.
-Result<Endpoint> connect_without_handshake(Transport& transport, std::string_view address);
+// An endpoint from `from` straight to `to`'s UCX worker, as a peer that learned the worker address
+// without authenticating would have: no bootstrap connection, and frames carry `token`. The
+// receiver must drop whatever it sends. Both transports live in this process.
+Result<Endpoint> connect_ucx_only(Transport& from, Transport& to, std::uint64_t token);
+
+// Frames `transport` dropped because their header named no open connection of its own.
+std::uint64_t dropped_frames(Transport& transport);
 
 }  // namespace laminar::testing

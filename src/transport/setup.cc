@@ -1,0 +1,454 @@
+// Starting and stopping a Transport: UCX context and worker, progress and callback threads, teardown.
+#include <fmt/format.h>
+#include <sodium.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "transport/core.h"
+#include "transport/listen_socket.h"
+
+namespace laminar::internal {
+
+using std::chrono::milliseconds;
+
+namespace {
+
+// After the last UCX event, keep polling this long before arming the wakeup fd: a transfer that
+// continues within it never pays a sleep/wake round trip.
+constexpr auto kSpinAfterActivity = std::chrono::microseconds(50);
+// How long shutdown waits for endpoints to close before the worker is destroyed anyway.
+constexpr auto kCloseGrace = milliseconds(1000);
+// While UCX keeps the progress thread busy it never sleeps in epoll; it looks at the sockets this often.
+constexpr auto kSocketPollInterval = milliseconds(1);
+
+// UCX's listening sockets are told apart as the ones that appear while a worker is created, so two
+// transports must not create their workers at once. (A TCP listener another thread of the
+// application opens in those milliseconds would be taken for UCX's, and filtered too.)
+std::mutex worker_creation_mu;
+
+// Whether a UCX_TLS value names one of `names` among its transports ("posix" and "posix:aux" both
+// name posix).
+bool names_any(const std::string& tls, std::initializer_list<std::string_view> names) {
+  std::size_t start = !tls.empty() && tls.front() == '^' ? 1 : 0;
+  while (start < tls.size()) {
+    const std::size_t comma = std::min(tls.find(',', start), tls.size());
+    const std::string_view item(tls.data() + start, comma - start);
+    const std::string_view name = item.substr(0, item.find(':'));
+    for (std::string_view n : names) {
+      if (name == n) return true;
+    }
+    start = comma + 1;
+  }
+  return false;
+}
+
+// Whether a UCX_TLS value lets UCX pick a shared-memory transport. An exclusion list may leave one.
+bool may_use_shared_memory(const std::string& tls) {
+  if (tls.empty() || tls == "all" || tls.front() == '^') return true;
+  return names_any(tls, {"sm", "shm", "mm", "posix", "sysv"});
+}
+
+// Whether a UCX_TLS value lets UCX pick tcp.
+bool may_use_tcp(const std::string& tls) {
+  if (tls.empty() || tls == "all") return true;
+  return (tls.front() == '^') != names_any(tls, {"tcp"});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Setup and teardown
+
+Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions options) {
+  if (options.cluster_token.size() < TransportOptions::kMinTokenBytes) {
+    return invalid_argument(fmt::format("cluster_token of {} bytes is shorter than the minimum {}",
+                                        options.cluster_token.size(), TransportOptions::kMinTokenBytes));
+  }
+  if (options.max_message_bytes == 0) return invalid_argument("max_message_bytes is 0");
+  if (options.connect_timeout.count() <= 0) {
+    return invalid_argument(
+        fmt::format("connect_timeout of {} ns is not positive", options.connect_timeout.count()));
+  }
+  if (options.operation_timeout.count() <= 0) {
+    return invalid_argument(
+        fmt::format("operation_timeout of {} ns is not positive", options.operation_timeout.count()));
+  }
+  if (options.handshake_timeout.count() <= 0) {
+    return invalid_argument(
+        fmt::format("handshake_timeout of {} ns is not positive", options.handshake_timeout.count()));
+  }
+  if (options.max_unauthenticated_connections == 0) return invalid_argument("max_unauthenticated_connections is 0");
+  if (options.clock == nullptr) options.clock = Clock::steady();
+  if (sodium_init() < 0) return unavailable("libsodium failed to initialise");
+  auto core = std::make_shared<TransportCore>(std::move(options));
+  Status st = core->start();
+  if (!st.ok()) {
+    core->shutdown();
+    return st;
+  }
+  return core;
+}
+
+Status TransportCore::start() {
+  // The token is hashed into the MAC key so its length and bytes never matter beyond this line.
+  crypto_generichash(key_.data(), key_.size(),
+                     reinterpret_cast<const unsigned char*>(options_.cluster_token.data()),
+                     options_.cluster_token.size(), nullptr, 0);
+
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return unavailable("UCX configuration could not be read: " + ucs_text(s));
+  std::string tls = options_.ucx_transports;
+  if (tls.empty()) {
+    const char* env = std::getenv("UCX_TLS");
+    tls = env != nullptr ? env : "";
+  }
+  if (!tls.empty()) s = ucp_config_modify(config, "TLS", tls.c_str());
+  // Endpoints use peer error handling (to learn that a peer vanished). UCX then drops its shared
+  // memory transports unless they are told to support it, silently falling back to tcp. The name
+  // is the mm base table's ("MM_"), which UCX applies to both posix and sysv; "POSIX_..." set this
+  // way is ignored with a warning.
+  if (s == UCS_OK && may_use_shared_memory(tls)) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+  // UCX's tcp defaults (8 KiB send segments) cost about half the bandwidth of a plain socket loop on
+  // bulk puts (transport_bench); bigger segments close most of the gap. UCX_TCP_* in the environment
+  // still wins. Keys are given without the "TCP_" component prefix, as UCX matches them; without
+  // tcp among the transports UCX would warn that nobody reads them.
+  for (const auto& [name, value] : {std::pair{"TX_SEG_SIZE", "64K"}, std::pair{"RX_SEG_SIZE", "256K"}}) {
+    if (s == UCS_OK && may_use_tcp(tls) && std::getenv((std::string("UCX_TCP_") + name).c_str()) == nullptr) {
+      s = ucp_config_modify(config, name, value);
+    }
+  }
+  if (s != UCS_OK) {
+    ucp_config_release(config);
+    return invalid_argument(fmt::format("UCX rejected transports '{}': {}", tls, ucs_text(s)));
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;
+  s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (s != UCS_OK) {
+    context_ = nullptr;
+    return unavailable(fmt::format("UCX context with transports '{}' failed: {}", tls, ucs_text(s)));
+  }
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  {
+    std::lock_guard lock(worker_creation_mu);
+    const auto before = listening_tcp_sockets();
+    s = ucp_worker_create(context_, &wp, &worker_);
+    if (s != UCS_OK) {
+      worker_ = nullptr;
+      return unavailable("UCX worker creation failed: " + ucs_text(s));
+    }
+    for (const auto& socket : listening_tcp_sockets()) {
+      if (before.count(socket) == 0) ucx_listeners_.push_back(socket.first);
+    }
+  }
+  // Nobody has authenticated yet: UCX's sockets admit no one (see listen_socket.h).
+  for (int fd : ucx_listeners_) {
+    if (!admit_only(fd, {})) {
+      return unavailable(fmt::format("cannot filter UCX's listening socket {}: {}", fd, std::strerror(errno)));
+    }
+  }
+  ucp_address_t* address = nullptr;
+  std::size_t address_bytes = 0;
+  s = ucp_worker_get_address(worker_, &address, &address_bytes);
+  if (s != UCS_OK) return unavailable("UCX worker address: " + ucs_text(s));
+  const auto* first = reinterpret_cast<const std::byte*>(address);
+  worker_address_.assign(first, first + address_bytes);
+  ucp_worker_release_address(worker_, address);
+  if (worker_address_.size() > kMaxWorkerAddressBytes) {
+    return unavailable(fmt::format("UCX worker address of {} bytes is over the {} a handshake carries",
+                                   worker_address_.size(), kMaxWorkerAddressBytes));
+  }
+  own_addresses_ = local_addresses(kMaxPeerAddresses);
+  s = ucp_worker_get_efd(worker_, &worker_fd_);
+  if (s != UCS_OK) return unavailable("UCX worker has no wakeup fd: " + ucs_text(s));
+
+  ucp_am_handler_param_t ap{};
+  ap.field_mask =
+      UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  ap.id = kAmId;
+  ap.cb = &TransportCore::am_recv_cb;
+  ap.arg = this;
+  s = ucp_worker_set_am_recv_handler(worker_, &ap);
+  if (s != UCS_OK) return unavailable("UCX active-message handler: " + ucs_text(s));
+
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (event_fd_ < 0 || epoll_fd_ < 0)
+    return unavailable(fmt::format("eventfd/epoll: {}", std::strerror(errno)));
+  for (const auto& [fd, tag] : {std::pair{event_fd_, kEventFdTag}, std::pair{worker_fd_, kWorkerFdTag}}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return unavailable(fmt::format("epoll_ctl: {}", std::strerror(errno)));
+    }
+  }
+  // A jump of a virtual clock wakes whoever waits for a deadline: the progress thread (through the
+  // command eventfd) and accept/receive (through their condition variable).
+  clock_wake_ = clock_->subscribe([this] {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = write(event_fd_, &one, sizeof(one));
+    { std::lock_guard lock(queues_mu_); }
+    queues_cv_.notify_all();
+  });
+  progress_thread_ = std::thread([this] { progress_loop(); });
+  callback_thread_ = std::thread([this] { callback_loop(); });
+  return ok_status();
+}
+
+void TransportCore::shutdown() {
+  clock_wake_.reset();  // it writes to event_fd_, closed below
+  {
+    std::lock_guard lock(cmd_mu_);
+    accepting_commands_ = false;
+  }
+  stop_.store(true);
+  if (event_fd_ >= 0) {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = write(event_fd_, &one, sizeof(one));
+  }
+  if (progress_thread_.joinable()) progress_thread_.join();
+  {
+    std::lock_guard lock(cb_mu_);
+    cb_stop_ = true;
+  }
+  cb_cv_.notify_all();
+  if (callback_thread_.joinable()) {
+    LAMINAR_CHECK_MSG(callback_thread_.get_id() != std::this_thread::get_id(),
+                      "a Transport was destroyed from one of its own callbacks");
+    callback_thread_.join();
+  }
+  // From now on post_callback runs its job at once; these came after the thread's last look.
+  std::deque<std::function<void()>> late;
+  {
+    std::lock_guard lock(cb_mu_);
+    cb_stopped_ = true;
+    late.swap(callbacks_);
+  }
+  for (auto& job : late) job();
+  {
+    std::lock_guard lock(queues_mu_);
+    shut_down_ = true;
+    inbox_.clear();
+    accepted_.clear();
+  }
+  queues_cv_.notify_all();
+  {
+    std::lock_guard lock(handlers_mu_);
+    handlers_.clear();  // handlers may hold Endpoint handles, which hold this core
+  }
+  if (worker_ != nullptr) {
+    ucp_worker_destroy(worker_);
+    worker_ = nullptr;
+  }
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (event_fd_ >= 0) close(event_fd_);
+  epoll_fd_ = event_fd_ = -1;
+}
+
+TransportCore::~TransportCore() {
+  shutdown();
+  if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+bool TransportCore::post(std::function<void()> fn) {
+  // Under the lock: shutdown closes event_fd_ only after it stopped accepting commands.
+  std::lock_guard lock(cmd_mu_);
+  if (!accepting_commands_) return false;
+  commands_.push_back(std::move(fn));
+  has_commands_.store(true, std::memory_order_release);
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto n = write(event_fd_, &one, sizeof(one));
+  return true;
+}
+
+void TransportCore::post_callback(std::function<void()> fn) {
+  {
+    std::lock_guard lock(cb_mu_);
+    if (!cb_stopped_) {
+      callbacks_.push_back(std::move(fn));
+      cb_cv_.notify_one();
+      return;
+    }
+  }
+  fn();
+}
+
+void TransportCore::callback_loop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock lock(cb_mu_);
+      cb_cv_.wait(lock, [&] { return cb_stop_ || !callbacks_.empty(); });
+      if (callbacks_.empty()) return;  // stopping, and every queued job has run
+      job = std::move(callbacks_.front());
+      callbacks_.pop_front();
+    }
+    try {
+      job();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "laminar transport: a message handler or callback threw: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "laminar transport: a message handler or callback threw\n");
+    }
+  }
+}
+
+void TransportCore::run_commands() {
+  if (!has_commands_.load(std::memory_order_acquire)) return;
+  std::vector<std::function<void()>> batch;
+  {
+    std::lock_guard lock(cmd_mu_);
+    batch.swap(commands_);
+    has_commands_.store(false, std::memory_order_relaxed);
+  }
+  for (auto& fn : batch) fn();
+}
+
+// Until the nearest deadline. On a virtual clock this is only an upper bound in real time: a jump
+// of the clock wakes the thread through the command eventfd (clock_wake_).
+int TransportCore::epoll_timeout_ms() const {
+  constexpr int kMaxSleepMs = 500;
+  if (deadlines_.empty()) return kMaxSleepMs;
+  const auto wait = std::chrono::ceil<milliseconds>(deadlines_.begin()->first - clock_->now()).count();
+  return static_cast<int>(std::clamp<long long>(wait, 0, kMaxSleepMs));
+}
+
+void TransportCore::progress_loop() {
+  Duration last_activity = real_time_->now();
+  while (!stop_.load(std::memory_order_acquire)) {
+    run_commands();
+    unsigned progressed = 0;
+    while (unsigned n = ucp_worker_progress(worker_)) progressed += n;
+    for (ucp_ep_h ep : std::exchange(to_close_, {})) {
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* req = ucp_ep_close_nbx(ep, &p);
+      if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+    }
+    closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
+                                  [](void* r) {
+                                    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+                                    ucp_request_free(r);
+                                    return true;
+                                  }),
+                   closing_.end());
+    const Duration now = real_time_->now();
+    if (now - last_socket_poll_ >= kSocketPollInterval) poll_events(0);
+    expire_deadlines();
+    sweep();
+    if (!dead_rkeys_.empty() && closing_.empty() && ucx_inflight_ == 0) {
+      for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+    }
+    if (progressed > 0) {
+      last_activity = now;
+      continue;
+    }
+    // Keep polling briefly after any activity: data tends to come in bursts (a receiver of a bulk
+    // transfer has nothing in flight itself), and a sleep/wake round trip per segment halves tcp
+    // bandwidth. Idle longer than that, and the thread sleeps.
+    const bool busy = ucx_inflight_ > 0 || !closing_.empty();
+    if (now - last_activity < kSpinAfterActivity) continue;
+    if (has_commands_.load(std::memory_order_acquire)) continue;
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    // With operations in flight, a transport without reliable wakeups must not stall them: nap 1 ms.
+    poll_events(busy ? 1 : epoll_timeout_ms());
+  }
+  teardown_on_progress_thread();
+}
+
+void TransportCore::poll_events(int timeout_ms) {
+  epoll_event events[16];
+  const int n = epoll_wait(epoll_fd_, events, 16, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t tag = events[i].data.u64;
+    if (tag == kEventFdTag) {
+      std::uint64_t v;
+      [[maybe_unused]] auto r = read(event_fd_, &v, sizeof(v));
+    } else if (tag == kListenTag) {
+      accept_connections();
+    } else if (tag != kWorkerFdTag) {  // the worker is progressed at the top of the loop
+      on_socket_event(tag, events[i].events);
+    }
+  }
+  last_socket_poll_ = real_time_->now();
+}
+
+void TransportCore::teardown_on_progress_thread() {
+  // Commands posted before accepting_commands_ went false still run, so their callers get answers.
+  has_commands_.store(true);
+  run_commands();
+  tearing_down_ = true;
+  listen_socket_.reset();
+  const Status cancelled_st = cancelled("transport shut down");
+  for (auto& [id, op] : ops_) {
+    if (!op->resolved) {
+      if (op->kind == Op::Kind::kRequest) {
+        resolve_reply(*op, cancelled_st);
+      } else {
+        resolve(*op, cancelled_st);
+      }
+    }
+  }
+  for (auto& [id, e] : endpoints_) {
+    set_endpoint_error(*e, cancelled_st);
+    e->phase = Phase::kClosed;
+    destroy_rkeys(*e);
+    close_connection(*e);
+  }
+  endpoints_.clear();
+  for (auto& [address, w] : peers_) to_close_.push_back(std::exchange(w->ep, nullptr));
+  peers_.clear();
+  by_handle_.clear();
+  for (ucp_ep_h ep : std::exchange(to_close_, {})) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+  }
+  const Duration give_up = real_time_->now() + kCloseGrace;
+  while ((!closing_.empty() || ucx_inflight_ > 0) && real_time_->now() < give_up) {
+    ucp_worker_progress(worker_);
+    closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
+                                  [](void* r) {
+                                    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+                                    ucp_request_free(r);
+                                    return true;
+                                  }),
+                   closing_.end());
+  }
+  for (void* r : closing_) ucp_request_free(r);
+  closing_.clear();
+  for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+  // Ops UCX never completed keep their buffers until here; the worker is destroyed next.
+  release_candidates_.clear();
+  ops_.clear();
+  deadlines_.clear();
+}
+
+}  // namespace laminar::internal
