@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -71,6 +72,17 @@ Status not_a_wal(const std::string& path, std::string_view first) {
   return failed_precondition(fmt::format("WAL {}: not a laminar write-ahead log (its first bytes are {}; a log "
                                          "begins \"{}\" and format {}); refusing to overwrite it",
                                          path, hex, kFileMagic, kFormat));
+}
+
+// A log has one writer: a second queue on it, in this process or another, would interleave its
+// records with the first's. The lock goes with the file description, so a killed holder frees it.
+Status lock(int fd, const std::string& path) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return ok_status();
+  if (errno == EWOULDBLOCK) {
+    return failed_precondition(
+        fmt::format("WAL {}: in use by another queue, which holds its lock; a log has one queue at a time", path));
+  }
+  return io_error("flock", path, errno);
 }
 
 // 0, or the errno of the failed write.
@@ -377,6 +389,7 @@ Result<std::unique_ptr<TrajectoryWal>> TrajectoryWal::open(const std::string& pa
   }
   if (::fstat(fd.get(), &st) != 0) return io_error("fstat", path, errno);
   if (!S_ISREG(st.st_mode)) return not_a_regular_file(path, st.st_mode);
+  LAMINAR_RETURN_IF_ERROR(lock(fd.get(), path));
   std::uint64_t good_end = kFileHeaderBytes;
   std::uint64_t records = 0;
   {
@@ -563,6 +576,8 @@ Status TrajectoryWal::rewrite(const std::function<Status(TrajectoryWal&)>& write
   const std::string tmp = path_ + ".compact";
   Fd fd(::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return io_error("open", tmp, errno);
+  // Locked before it takes the log's name, so the log is never without its lock.
+  LAMINAR_RETURN_IF_ERROR(lock(fd.get(), tmp));
   LAMINAR_RETURN_IF_ERROR(write_file_header(fd.get(), tmp));
   TrajectoryWal fresh(tmp, std::move(fd), kFileHeaderBytes, false);
   Status st = write_live(fresh);

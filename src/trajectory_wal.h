@@ -84,7 +84,8 @@ class TrajectoryWal {
 
   // Opens `path` (creating it) and replays it into `contents` and `report`. kFailedPrecondition,
   // naming the path, when it is not a regular file or not a laminar WAL of this format: such a file
-  // is never written to. An empty file is a new log (open made it, then a crash came before the
+  // is never written to; or when another TrajectoryWal, in any process, has it open (an exclusive
+  // flock, which compaction carries over to the new file and a process's death releases). An empty file is a new log (open made it, then a crash came before the
   // header); so is one that holds a prefix of the header this build writes (the crash came while
   // writing it), which is reported as a cut tail. kDataLoss for a malformed record, a trajectory
   // pushed twice while live, or a damaged record with more than zeros after it (see above).

@@ -1359,6 +1359,21 @@ TEST_CASE("WAL: torn and corrupt tails are cut and reported, a damaged middle re
   std::filesystem::remove(path);
 }
 
+TEST_CASE("WAL: a second queue on the same log is refused while the first is open", "[queue][wal][bad-input]") {
+  const std::string path = temp_path("two_queues");
+  std::filesystem::remove(path);
+  TrajectoryQueueOptions opt;
+  opt.wal_path = path;
+  auto q = make_queue(opt);
+  REQUIRE(q->push(make_traj(1)).ok());
+  expect_code(TrajectoryQueue::create(opt).status(), StatusCode::kFailedPrecondition, "in use by another queue");
+  q.reset();
+  auto again = make_queue(opt);
+  CHECK(again->recovery().recovered == 1);
+  again.reset();
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("WAL: compaction keeps the log small and the state intact", "[queue][wal]") {
   const std::string path = temp_path("compact");
   std::filesystem::remove(path);

@@ -524,3 +524,30 @@ TEST_CASE("WAL: replay's memory stays near one record however long the log", "[w
   CHECK(peak < (4u << 20));
   std::filesystem::remove(path);
 }
+
+TEST_CASE("WAL: a log has one writer: a second open is refused while the first holds it", "[wal][bad-input]") {
+  const std::string path = temp_path("lock");
+  std::filesystem::remove(path);
+  Opened first = open_log(path);
+  REQUIRE(first.status.ok());
+  REQUIRE(first.wal->append_u64(WalRecordType::kVersion, 3).ok());
+  const std::string bytes = read_all(path);
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition, "WAL " + path + ": in use by another queue");
+  CHECK(read_all(path) == bytes);
+
+  // Compaction puts a new file in the log's place, locked before it gets there.
+  const Trajectory t = make_traj(1);
+  TrajectoryWal::Snapshot s;
+  s.newest = laminar::Version(4);
+  s.live = {&t};
+  REQUIRE(first.wal->compact(s).ok());
+  expect_code(open_log(path).status, StatusCode::kFailedPrecondition, "in use by another queue");
+
+  first.wal.reset();
+  const Opened again = open_log(path);
+  REQUIRE(again.status.ok());
+  REQUIRE(again.contents.live.size() == 1);
+  CHECK(again.contents.live[0] == t);
+  CHECK(again.contents.newest == laminar::Version(4));
+  std::filesystem::remove(path);
+}

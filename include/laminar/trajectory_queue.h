@@ -223,11 +223,11 @@ class TrajectoryQueue {
  public:
   // kInvalidArgument for zero or too large capacities, a non-positive default_lease or
   // group_timeout, or an id_dedup_window of 0 or above 2^29. With a WAL: kFailedPrecondition if
-  // the path is not a regular file (a directory, a FIFO, ...) or holds a file that is not a
-  // laminar WAL, which is never overwritten; kDataLoss if it has a corrupt record followed by
-  // anything but zero bytes (a damaged middle is not silently skipped: records after it could be
-  // the acks that keep delivery exactly-once); a torn or corrupt tail is cut and reported in
-  // recovery().
+  // the path is not a regular file (a directory, a FIFO, ...), holds a file that is not a laminar
+  // WAL (which is never overwritten), or is a log another queue has open; kDataLoss if it has a
+  // corrupt record followed by anything but zero bytes (a damaged middle is not silently skipped:
+  // records after it could be the acks that keep delivery exactly-once); a torn or corrupt tail is
+  // cut and reported in recovery().
   static Result<std::unique_ptr<TrajectoryQueue>> create(TrajectoryQueueOptions options = {});
   // Preconditions: no thread is inside a call of this queue.
   ~TrajectoryQueue();
