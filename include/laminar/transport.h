@@ -45,12 +45,12 @@
 //
 // Exposure. The listen() socket is laminar's: it reads at most max_unauthenticated_connections
 // connections at a time (one more closes the oldest), each for at most handshake_timeout, in frames
-// of at most 4 KiB, and closes any that fails to prove the token. UCX itself also listens wherever tcp is among its transports:
-// one socket per network device, opened when the Transport is created, whose parser a single bad
-// packet can abort. laminar attaches a socket filter to those sockets that drops every packet
-// whose source address is not one of an authenticated peer's (its bootstrap connection's address
-// and the interface addresses it listed), from before the peer learns where to connect until its
-// last connection closes. What remains reachable: a process on the host of a peer that is connected
+// of at most 4 KiB, and closes any that fails to prove the token. UCX itself also listens wherever
+// tcp is among its transports: one socket per network device, opened when the Transport is
+// created, whose parser a single bad packet can abort. laminar attaches a socket filter to those
+// sockets that drops every packet whose source address is not one of an authenticated peer's (its
+// bootstrap connection's address and the interface addresses it listed), from before the peer
+// learns where to connect until its last connection closes. What remains reachable: a process on the host of a peer that is connected
 // now (for a peer on this host, any local process, through 127.0.0.1) can still reach UCX's tcp
 // sockets. Shared memory and RDMA transports listen on no socket. Setting ucx_transports to
 // exclude tcp ("^tcp", or e.g. "sm" on one host) removes UCX's sockets entirely.
