@@ -44,13 +44,13 @@
 // (kUnavailable, kFailedPrecondition, kDeadlineExceeded, kInvalidArgument, kDataLoss).
 //
 // Exposure. The listen() socket is laminar's: it reads at most max_unauthenticated_connections
-// connections at a time, each for at most handshake_timeout, in frames of at most 4 KiB, and closes
-// any that fails to prove the token. UCX itself also listens wherever tcp is among its transports:
-// one socket per network device, opened when the Transport is created, whose parser a single bad
-// packet can abort. laminar attaches a socket filter to those sockets that drops every packet
-// whose source address is not one of an authenticated peer's (its bootstrap connection's address
-// and the interface addresses it listed), from before the peer learns where to connect until its
-// last connection closes. What remains reachable: a process on the host of a peer that is connected
+// connections at a time (one more closes the oldest), each for at most handshake_timeout, in frames
+// of at most 4 KiB, and closes any that fails to prove the token. UCX itself also listens wherever
+// tcp is among its transports: one socket per network device, opened when the Transport is
+// created, whose parser a single bad packet can abort. laminar attaches a socket filter to those
+// sockets that drops every packet whose source address is not one of an authenticated peer's (its
+// bootstrap connection's address and the interface addresses it listed), from before the peer
+// learns where to connect until its last connection closes. What remains reachable: a process on the host of a peer that is connected
 // now (for a peer on this host, any local process, through 127.0.0.1) can still reach UCX's tcp
 // sockets. Shared memory and RDMA transports listen on no socket. Setting ucx_transports to
 // exclude tcp ("^tcp", or e.g. "sm" on one host) removes UCX's sockets entirely.
@@ -112,8 +112,9 @@ struct TransportOptions {
   // How long a peer that connected to our listener has to authenticate before it is disconnected
   // (positive).
   Duration handshake_timeout = std::chrono::seconds(5);
-  // Connections to our listener that have not authenticated yet, at most; one more is closed as
-  // soon as it is accepted (positive).
+  // Connections to our listener that have not authenticated yet, at most (positive). When one more
+  // comes, the oldest of them is closed: idle connections can delay a good client no longer than it
+  // takes to open this many new ones, rather than keep it out until their deadline.
   std::size_t max_unauthenticated_connections = 64;
   // Default deadline of send / request / put / get (positive, or kForever).
   Duration operation_timeout = std::chrono::seconds(30);

@@ -140,7 +140,6 @@ class EndpointState : public std::enable_shared_from_this<EndpointState> {
   // The bootstrap connection: the handshake's frames, then only its end.
   UniqueFd socket;
   bool outgoing = false;             // we connected (client side)
-  bool unauthenticated = false;      // counted in TransportCore::unauthenticated_
   std::uint32_t watching = 0;        // the epoll events asked for; 0: not yet registered
   std::vector<std::byte> in;         // bytes read, not yet a whole frame
   std::vector<std::byte> out;        // bytes not yet written
@@ -378,7 +377,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   // Progress thread only.
   UniqueFd listen_socket_;
   bool tearing_down_ = false;  // connections are refused from then on
-  int unauthenticated_ = 0;    // accepted connections that have not proven the token yet
+  std::set<std::uint64_t> unauthenticated_;  // accepted, not yet proven the token; oldest first
   std::unordered_map<std::uint64_t, std::shared_ptr<EndpointState>> endpoints_;
   std::unordered_map<std::uint64_t, std::uint64_t> by_token_;  // our token -> endpoint id
   std::map<std::string, std::shared_ptr<PeerWorker>> peers_;  // by worker address bytes

@@ -3,7 +3,8 @@
 // The bootstrap socket is laminar's own TCP connection between the two peers. Until the peer has
 // proven it holds the cluster token, the only bytes read from it are bootstrap frames (bounded,
 // bootstrap_wire.h), and nothing of UCX is involved; a listener holds at most
-// max_unauthenticated_connections such connections, each for at most handshake_timeout. The socket
+// max_unauthenticated_connections such connections (the oldest goes when one more comes), each for
+// at most handshake_timeout. The socket
 // then stays open, unused, for the connection's life: its end is how either side learns of the
 // other's close at once, whatever UCX's own failure detection takes.
 #include <arpa/inet.h>
@@ -243,15 +244,21 @@ void TransportCore::accept_connections() {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return;  // none left (or out of descriptors: the next event tries again)
     }
-    // Over the limit, or shutting down: closed at once, before a byte is read.
-    if (tearing_down_ || unauthenticated_ >= static_cast<int>(options_.max_unauthenticated_connections)) continue;
+    if (tearing_down_) continue;  // closed at once
+    // Full: the connection that has had the longest to authenticate makes room. Refusing the newcomer
+    // instead would let a few idle connections, renewed at each deadline, keep every client out.
+    if (unauthenticated_.size() >= options_.max_unauthenticated_connections) {
+      const auto oldest = find(*unauthenticated_.begin());
+      LAMINAR_CHECK(oldest != nullptr);
+      fail_endpoint(*oldest, unavailable(fmt::format("{} did not authenticate before {} newer connections came",
+                                                     oldest->peer, unauthenticated_.size())));
+    }
     no_delay(fd.get());
     auto e = std::make_shared<EndpointState>(shared_from_this(), next_ep_id_++, sockaddr_text(from));
     e->socket = std::move(fd);
     e->peer_ip = ip_of(from);
     e->phase = Phase::kAwaitHello;
-    e->unauthenticated = true;
-    ++unauthenticated_;
+    unauthenticated_.insert(e->id);
     endpoints_.emplace(e->id, e);
     // A client that never completes the handshake is dropped at the deadline.
     Op& hs = new_op(Op::Kind::kHandshake, e->id, options_.handshake_timeout,
@@ -413,8 +420,7 @@ void TransportCore::handle_server_frame(EndpointState& e, BootstrapFrame f) {
         refuse(e, "cluster token does not match");
         return;
       }
-      e.unauthenticated = false;
-      --unauthenticated_;
+      unauthenticated_.erase(e.id);
       if (f.token == 0 || f.worker_address.empty()) {
         refuse(e, "the proof carries no token or no worker address");
         return;
@@ -572,8 +578,7 @@ void TransportCore::close_connection(EndpointState& e) {
   }
   e.watching = 0;
   if (e.token != 0) by_token_.erase(e.token);
-  if (e.unauthenticated) --unauthenticated_;
-  e.unauthenticated = false;
+  unauthenticated_.erase(e.id);
   bool changed = false;
   for (const IpAddress& a : std::exchange(e.admitted, {})) {
     auto it = admitted_.find(a);
