@@ -329,6 +329,14 @@ void TransportCore::read_socket(EndpointState& e) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n <= 0) {
       const std::string how = n == 0 ? "closed the connection" : fmt::format("failed: {}", std::strerror(errno));
+      if (e.phase == Phase::kReady) {
+        // The close travels apart from the data and can overtake it: what the peer sent over UCX
+        // before closing (a last reply, say) may be waiting in the worker. Deliver that first. The
+        // bound only stops other, busy connections from holding this one open.
+        for (int i = 0; i < 1024 && ucp_worker_progress(worker_) != 0; ++i) {
+        }
+        if (find(id) == nullptr) return;
+      }
       fail_endpoint(e, unavailable(in_handshake(e.phase)
                                        ? fmt::format("peer {} {} during the handshake", e.peer, how)
                                        : fmt::format("peer {} {}", e.peer, how)));
