@@ -324,11 +324,20 @@ void TransportCore::read_socket(EndpointState& e) {
     const std::size_t had = e.in.size();
     e.in.resize(had + room);
     const ssize_t n = ::recv(e.socket.get(), e.in.data() + had, room, 0);
+    const int error = errno;
     e.in.resize(had + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0 && error == EINTR) continue;
+    if (n < 0 && (error == EAGAIN || error == EWOULDBLOCK)) return;
     if (n <= 0) {
-      const std::string how = n == 0 ? "closed the connection" : fmt::format("failed: {}", std::strerror(errno));
+      const std::string how = n == 0 ? "closed the connection" : fmt::format("failed: {}", std::strerror(error));
+      if (e.phase == Phase::kReady) {
+        // The close travels apart from the data and can overtake it: what the peer sent over UCX
+        // before closing (a last reply, say) may be waiting in the worker. Deliver that first. The
+        // bound only stops other, busy connections from holding this one open.
+        for (int i = 0; i < 1024 && ucp_worker_progress(worker_) != 0; ++i) {
+        }
+        if (find(id) == nullptr) return;
+      }
       fail_endpoint(e, unavailable(in_handshake(e.phase)
                                        ? fmt::format("peer {} {} during the handshake", e.peer, how)
                                        : fmt::format("peer {} {}", e.peer, how)));
