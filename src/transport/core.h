@@ -287,6 +287,10 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   // Runs fn on the progress thread; false once shutting down (fn is then dropped).
   bool post(std::function<void()> fn);
   void progress_loop();
+  // Force-closes the endpoints queued in to_close_ (progress thread).
+  void close_queued_endpoints();
+  // Frees the close requests in closing_ that have finished (progress thread).
+  void reap_closed_requests();
   void callback_loop();
   void run_commands();
   void expire_deadlines();

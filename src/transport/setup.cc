@@ -337,26 +337,32 @@ int TransportCore::epoll_timeout_ms() const {
   return static_cast<int>(std::clamp<long long>(wait, 0, kMaxSleepMs));
 }
 
+void TransportCore::close_queued_endpoints() {
+  for (ucp_ep_h ep : std::exchange(to_close_, {})) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+  }
+}
+
+void TransportCore::reap_closed_requests() {
+  std::erase_if(closing_, [](void* r) {
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+    ucp_request_free(r);
+    return true;
+  });
+}
+
 void TransportCore::progress_loop() {
   Duration last_activity = real_time_->now();
   while (!stop_.load(std::memory_order_acquire)) {
     run_commands();
     unsigned progressed = 0;
     while (unsigned n = ucp_worker_progress(worker_)) progressed += n;
-    for (ucp_ep_h ep : std::exchange(to_close_, {})) {
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void* req = ucp_ep_close_nbx(ep, &p);
-      if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
-    }
-    closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
-                                  [](void* r) {
-                                    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
-                                    ucp_request_free(r);
-                                    return true;
-                                  }),
-                   closing_.end());
+    close_queued_endpoints();
+    reap_closed_requests();
     const Duration now = real_time_->now();
     if (now - last_socket_poll_ >= kSocketPollInterval) poll_events(0);
     expire_deadlines();
@@ -424,23 +430,11 @@ void TransportCore::teardown_on_progress_thread() {
   for (auto& [address, w] : peers_) to_close_.push_back(std::exchange(w->ep, nullptr));
   peers_.clear();
   by_handle_.clear();
-  for (ucp_ep_h ep : std::exchange(to_close_, {})) {
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* req = ucp_ep_close_nbx(ep, &p);
-    if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
-  }
+  close_queued_endpoints();
   const Duration give_up = real_time_->now() + kCloseGrace;
   while ((!closing_.empty() || ucx_inflight_ > 0) && real_time_->now() < give_up) {
     ucp_worker_progress(worker_);
-    closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
-                                  [](void* r) {
-                                    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
-                                    ucp_request_free(r);
-                                    return true;
-                                  }),
-                   closing_.end());
+    reap_closed_requests();
   }
   for (void* r : closing_) ucp_request_free(r);
   closing_.clear();
