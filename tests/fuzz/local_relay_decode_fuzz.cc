@@ -6,45 +6,24 @@
 // Every input goes to each decoder. Properties: decoding never crashes, leaks or trips a sanitizer,
 // whatever the bytes; a refusal is kDataLoss naming an offset; anything that decodes re-encodes to
 // exactly the same bytes, which decode to the same frame.
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <span>
-#include <string>
 
 #include "local_relay_wire.h"
+#include "round_trip.h"
 
-namespace {
-
-using laminar::Result;
 using laminar::Status;
-using laminar::StatusCode;
-
-template <class M, class Encode>
-void check(std::span<const std::byte> bytes, Result<M> (*decode)(std::span<const std::byte>), Encode encode) {
-  Result<M> m = decode(bytes);
-  if (!m.ok()) {
-    LAMINAR_CHECK_MSG(m.status().code() == StatusCode::kDataLoss, m.status().to_string());
-    LAMINAR_CHECK_MSG(m.status().message().find(" at offset ") != std::string::npos, m.status().message());
-    return;
-  }
-  const auto again = encode(*m);
-  LAMINAR_CHECK(std::ranges::equal(again, bytes));
-  Result<M> twice = decode(again);
-  LAMINAR_CHECK(twice.ok() && *twice == *m);
-}
-
-}  // namespace
+using laminar::fuzz::check_round_trip;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace in = laminar::internal;
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
-  check(bytes, in::decode_local_request, in::encode_local_request);
-  check(bytes, in::decode_local_reply_header, in::encode_local_reply_header);
-  check(bytes, in::decode_local_latest, in::encode_local_latest);
-  check(bytes, in::decode_local_grant, in::encode_local_grant);
-  check(bytes, in::decode_local_error,
-        [](const in::LocalErrorPayload& e) { return in::encode_local_error(Status(e.code, e.message)); });
+  check_round_trip(bytes, in::decode_local_request, in::encode_local_request);
+  check_round_trip(bytes, in::decode_local_reply_header, in::encode_local_reply_header);
+  check_round_trip(bytes, in::decode_local_latest, in::encode_local_latest);
+  check_round_trip(bytes, in::decode_local_grant, in::encode_local_grant);
+  check_round_trip(bytes, in::decode_local_error,
+                   [](const in::LocalErrorPayload& e) { return in::encode_local_error(Status(e.code, e.message)); });
   return 0;
 }

@@ -6,42 +6,21 @@
 // Every input goes to each decoder. Properties: decoding never crashes, leaks or trips a sanitizer,
 // whatever the bytes; a refusal is kDataLoss naming an offset; anything that decodes re-encodes to
 // exactly the same bytes, which decode to the same message.
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string>
-#include <vector>
 
 #include "relay_node_wire.h"
+#include "round_trip.h"
 
-namespace {
-
-using laminar::Result;
-using laminar::StatusCode;
-
-template <class M, class Encode>
-void check(std::span<const std::byte> bytes, Result<M> (*decode)(std::span<const std::byte>), Encode encode) {
-  Result<M> m = decode(bytes);
-  if (!m.ok()) {
-    LAMINAR_CHECK_MSG(m.status().code() == StatusCode::kDataLoss, m.status().to_string());
-    LAMINAR_CHECK_MSG(m.status().message().find(" at offset ") != std::string::npos, m.status().message());
-    return;
-  }
-  const std::vector<std::byte> again = encode(*m);
-  LAMINAR_CHECK(std::ranges::equal(again, bytes));
-  Result<M> twice = decode(again);
-  LAMINAR_CHECK(twice.ok() && *twice == *m);
-}
-
-}  // namespace
+using laminar::fuzz::check_round_trip;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace in = laminar::internal;
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
-  check(bytes, in::decode_relay_subscribe, in::encode_relay_subscribe);
-  check(bytes, in::decode_relay_begin, in::encode_relay_begin);
-  check(bytes, in::decode_relay_begin_reply, in::encode_relay_begin_reply);
-  check(bytes, in::decode_relay_chunk, in::encode_relay_chunk);
+  check_round_trip(bytes, in::decode_relay_subscribe, in::encode_relay_subscribe);
+  check_round_trip(bytes, in::decode_relay_begin, in::encode_relay_begin);
+  check_round_trip(bytes, in::decode_relay_begin_reply, in::encode_relay_begin_reply);
+  check_round_trip(bytes, in::decode_relay_chunk, in::encode_relay_chunk);
   return 0;
 }
