@@ -312,6 +312,12 @@ Result<MemoryRegion> Transport::register_memory(void* data, std::size_t size) {
 }
 Result<MemoryRegion> Transport::allocate(std::size_t size) { return core_->map_memory(nullptr, size, true); }
 const TransportOptions& Transport::options() const noexcept { return core_->options(); }
+TransportStats Transport::stats() const { return core_->stats(); }
+
+std::string TransportStats::to_json() const {
+  return fmt::format(R"({{"inbox_messages":{},"inbox_bytes":{},"inbox_refused":{},"dropped_frames":{}}})",
+                     inbox_messages, inbox_bytes, inbox_refused, dropped_frames);
+}
 std::optional<std::string> Transport::listen_address() const { return core_->listen_address(); }
 
 }  // namespace laminar

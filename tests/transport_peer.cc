@@ -98,7 +98,7 @@ int serve(std::size_t region_bytes, const std::string& host) {
     (void)in.from.reply(in, Message::from_string(kPeers, std::to_string(n)));
   }));
   installed.push_back(t->on_message(kDropped, [&](Incoming in) {
-    const std::uint64_t n = laminar::testing::dropped_frames(*t);
+    const std::uint64_t n = t->stats().dropped_frames;
     (void)in.from.reply(in, Message::from_string(kDropped, std::to_string(n)));
   }));
   installed.push_back(t->on_message(kExit, [&](Incoming in) {

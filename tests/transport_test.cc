@@ -588,7 +588,7 @@ TEST_CASE("transport: a UCX peer that skipped the handshake is never heard", "[t
   REQUIRE(ep->send(Message::from_string(1, "let me in")).ok());
   auto r = ep->request(Message::from_string(1, "let me in"), 500ms);
   CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
-  CHECK(eventually([&] { return laminar::testing::dropped_frames(*server) == 2; }));
+  CHECK(eventually([&] { return server->stats().dropped_frames == 2; }));
   CHECK(served.load() == 0);
   CHECK(server->accept(0s).status().code() == StatusCode::kDeadlineExceeded);
 
@@ -603,7 +603,7 @@ TEST_CASE("transport: a UCX peer that skipped the handshake is never heard", "[t
   hi.kind = FrameKind::kMessage;
   hi.type = 1;
   REQUIRE(laminar::testing::send_raw_frame(*good, encode_frame(hi), 0x1111u).ok());
-  CHECK(eventually([&] { return laminar::testing::dropped_frames(*server) == 3; }));
+  CHECK(eventually([&] { return server->stats().dropped_frames == 3; }));
   CHECK(good->request(Message::from_string(1, "still")).ok());
   CHECK(served.load() == 2);
 }
@@ -692,6 +692,55 @@ TEST_CASE("transport: laminar's reserved message types are refused to the applic
   auto in = p.server->receive(5s);
   REQUIRE(in.ok());
   CHECK(in->message.text() == "kept");
+}
+
+TEST_CASE("transport: messages without a handler wait for receive() within bounds; past them they are refused",
+          "[transport]") {
+  const std::size_t cost = 1024 + TransportOptions::kInboxOverheadBytes;
+  auto so = options();
+  so.max_inbox_bytes_per_connection = 4 * cost;
+  so.max_inbox_bytes = 6 * cost;
+  Pair p(so);
+  const std::string kib(1024, 'x');
+  for (int i = 0; i < 4; ++i) REQUIRE(p.to_server.send(Message::from_string(9, kib)).ok());
+  // The connection's share is full: a request is answered at once, a one-way message is dropped.
+  auto refused = p.to_server.request(Message::from_string(9, kib), 60s);
+  INFO(refused.status().to_string());
+  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  REQUIRE(p.to_server.send(Message::from_string(9, kib)).ok());
+  CHECK(eventually([&] { return p.server->stats().inbox_refused == 2; }));
+  CHECK(p.server->stats().inbox_messages == 4);
+  CHECK(p.server->stats().inbox_bytes == 4 * cost);
+
+  // Another connection has a share of its own, within what the whole process may hold.
+  auto other = p.client->connect(p.address);
+  REQUIRE(other.ok());
+  REQUIRE(p.server->accept(5s).ok());
+  for (int i = 0; i < 2; ++i) REQUIRE(other->send(Message::from_string(9, kib)).ok());
+  CHECK(other->request(Message::from_string(9, kib), 60s).status().code() == StatusCode::kResourceExhausted);
+  CHECK(p.server->stats().inbox_messages == 6);
+
+  // receive() frees the room: every queued message is there, in order per connection.
+  for (int i = 0; i < 6; ++i) {
+    auto in = p.server->receive(5s);
+    REQUIRE(in.ok());
+    CHECK(in->message.text() == kib);
+  }
+  CHECK(p.server->stats().inbox_bytes == 0);
+  auto answered = p.to_server.request_async(Message::from_string(9, "again"), 60s);
+  auto in = p.server->receive(5s);
+  REQUIRE(in.ok());
+  REQUIRE(in->from.reply(*in, Message::from_string(9, "yes")).ok());
+  auto r = answered.get();
+  REQUIRE(r.ok());
+  CHECK(r->text() == "yes");
+
+  auto o = options();
+  o.max_inbox_bytes_per_connection = 0;
+  CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
+  o = options();
+  o.max_inbox_bytes = 0;
+  CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("transport: timeouts are positive durations, or kForever", "[transport]") {

@@ -118,10 +118,27 @@ struct TransportOptions {
   std::size_t max_unauthenticated_connections = 64;
   // Default deadline of send / request / put / get (positive, or kForever).
   Duration operation_timeout = std::chrono::seconds(30);
+  // Bytes of messages without a handler that may wait for receive(): from one connection, and from
+  // all together (positive). Each message counts its body plus kInboxOverheadBytes. A message past
+  // either bound is not queued: a request is answered kResourceExhausted, a one-way message is
+  // dropped (TransportStats::inbox_refused counts both). Messages stay queued after their sender
+  // leaves, within the total.
+  std::size_t max_inbox_bytes_per_connection = std::size_t{64} << 20;
+  std::size_t max_inbox_bytes = std::size_t{256} << 20;
   // The time every deadline of this transport reads; null means Clock::steady().
   std::shared_ptr<Clock> clock;
 
   static constexpr std::size_t kMinTokenBytes = 16;
+  static constexpr std::size_t kInboxOverheadBytes = 256;
+};
+
+struct TransportStats {
+  std::size_t inbox_messages = 0;    // waiting for receive()
+  std::size_t inbox_bytes = 0;       // their bodies plus kInboxOverheadBytes each
+  std::uint64_t inbox_refused = 0;   // messages without a handler refused by the inbox bounds
+  std::uint64_t dropped_frames = 0;  // UCX frames without the token of an open connection
+
+  std::string to_json() const;
 };
 
 struct Message {
@@ -310,8 +327,8 @@ class Transport {
   Result<Endpoint> accept(Duration timeout);
 
   // Routes messages of `type` to `handler` (replacing any earlier one; an empty function removes it).
-  // Messages of application types without a handler queue up for receive(). kInvalidArgument for a
-  // type in laminar's reserved range.
+  // Messages of application types without a handler queue up for receive(), within the inbox bounds
+  // of TransportOptions. kInvalidArgument for a type in laminar's reserved range.
   [[nodiscard]] Status on_message(MessageType type, MessageHandler handler);
   // Next message of a type without a handler. kDeadlineExceeded after `timeout` (as for accept);
   // kCancelled once the transport is shutting down.
@@ -323,6 +340,7 @@ class Transport {
   Result<MemoryRegion> allocate(std::size_t size);
 
   const TransportOptions& options() const noexcept;
+  TransportStats stats() const;
 
  private:
   friend class internal::TransportCore;

@@ -244,6 +244,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   Result<Endpoint> accept(Duration timeout);
   void on_message(MessageType type, MessageHandler handler);
   Result<Incoming> receive(Duration timeout);
+  TransportStats stats();
+  Status enqueue(Incoming&& in);
+  static std::size_t inbox_cost(const Incoming& in);
   Result<MemoryRegion> map_memory(void* data, std::size_t size, bool allocate);
 
   std::future<Status> send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame, Duration timeout,
@@ -409,6 +412,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::mutex queues_mu_;
   std::condition_variable queues_cv_;
   std::deque<Incoming> inbox_;
+  std::unordered_map<std::uint64_t, std::size_t> inbox_bytes_by_endpoint_;  // queued from each connection
+  std::size_t inbox_bytes_ = 0;
+  std::uint64_t inbox_refused_ = 0;
   std::deque<Endpoint> accepted_;
   bool shut_down_ = false;
   bool listening_ = false;  // guarded by cmd_mu_

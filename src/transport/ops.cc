@@ -308,12 +308,9 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
           }
           return;
         }
-        {
-          std::lock_guard lock(queues_mu_);
-          if (shut_down_) return;
-          inbox_.push_back(std::move(in));
+        if (Status refused = enqueue(std::move(in)); !refused.ok() && in.request_id != 0) {
+          (void)in.from.reply_error(in, refused);
         }
-        queues_cv_.notify_all();
       });
       return;
     }
@@ -434,7 +431,53 @@ Result<Incoming> TransportCore::receive(Duration timeout) {
   if (shut_down_) return cancelled("transport shut down");
   Incoming in = std::move(inbox_.front());
   inbox_.pop_front();
+  const std::size_t bytes = inbox_cost(in);
+  inbox_bytes_ -= bytes;
+  auto it = inbox_bytes_by_endpoint_.find(in.from.id());
+  if ((it->second -= bytes) == 0) inbox_bytes_by_endpoint_.erase(it);
   return in;
+}
+
+std::size_t TransportCore::inbox_cost(const Incoming& in) {
+  return in.message.body.size() + TransportOptions::kInboxOverheadBytes;
+}
+
+// Callback thread. On refusal `in` is left intact, so the caller can still answer the request.
+Status TransportCore::enqueue(Incoming&& in) {
+  const std::size_t bytes = inbox_cost(in);
+  {
+    std::lock_guard lock(queues_mu_);
+    if (shut_down_) return ok_status();
+    std::size_t& mine = inbox_bytes_by_endpoint_[in.from.id()];
+    const bool over_connection = mine + bytes > options_.max_inbox_bytes_per_connection;
+    if (over_connection || inbox_bytes_ + bytes > options_.max_inbox_bytes) {
+      if (mine == 0) inbox_bytes_by_endpoint_.erase(in.from.id());
+      ++inbox_refused_;
+      return resource_exhausted(fmt::format(
+          "message type {} has no handler here and the receive() queue of {} is full ({} of {} bytes{})",
+          in.message.type, over_connection ? "this connection" : "this process",
+          over_connection ? mine : inbox_bytes_,
+          over_connection ? options_.max_inbox_bytes_per_connection : options_.max_inbox_bytes,
+          over_connection ? " from this connection" : ""));
+    }
+    mine += bytes;
+    inbox_bytes_ += bytes;
+    inbox_.push_back(std::move(in));
+  }
+  queues_cv_.notify_all();
+  return ok_status();
+}
+
+TransportStats TransportCore::stats() {
+  TransportStats s;
+  {
+    std::lock_guard lock(queues_mu_);
+    s.inbox_messages = inbox_.size();
+    s.inbox_bytes = inbox_bytes_;
+    s.inbox_refused = inbox_refused_;
+  }
+  s.dropped_frames = dropped_frames_.load(std::memory_order_relaxed);
+  return s;
 }
 
 Result<MemoryRegion> TransportCore::map_memory(void* data, std::size_t size, bool allocate) {

@@ -60,10 +60,6 @@ class TransportTestingAccess {
     if (!posted) return cancelled("transport shut down");
     return future.get();
   }
-
-  static std::uint64_t dropped_frames(Transport& transport) {
-    return TransportCore::of(transport).dropped_frames_.load(std::memory_order_relaxed);
-  }
 };
 
 }  // namespace laminar::internal
@@ -76,10 +72,6 @@ Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire, std
 
 Result<Endpoint> connect_ucx_only(Transport& from, Transport& to, std::uint64_t token) {
   return internal::TransportTestingAccess::connect_ucx_only(from, to, token);
-}
-
-std::uint64_t dropped_frames(Transport& transport) {
-  return internal::TransportTestingAccess::dropped_frames(transport);
 }
 
 }  // namespace laminar::testing

@@ -25,7 +25,4 @@ Status send_raw_frame(const Endpoint& endpoint, std::vector<std::byte> wire,
 // receiver must drop whatever it sends. Both transports live in this process.
 Result<Endpoint> connect_ucx_only(Transport& from, Transport& to, std::uint64_t token);
 
-// Frames `transport` dropped because their header named no open connection of its own.
-std::uint64_t dropped_frames(Transport& transport);
-
 }  // namespace laminar::testing
