@@ -25,10 +25,8 @@ std::vector<std::byte> copy(std::string_view b) {
 
 // What the errors of each kind call its frames.
 std::string_view frame_name(FrameKind kind) {
-  static constexpr std::string_view kNames[] = {
-      "transport hello frame",   "transport challenge frame", "transport proof frame",
-      "transport welcome frame", "transport refused frame",   "transport message frame",
-      "transport request frame", "transport reply frame",     "transport error reply frame"};
+  static constexpr std::string_view kNames[] = {"transport message frame", "transport request frame",
+                                                "transport reply frame", "transport error reply frame"};
   static_assert(std::size(kNames) == kMaxFrameKind);
   return kNames[std::uint8_t(kind) - 1];
 }
@@ -78,25 +76,10 @@ Status read_message(ByteReader& r, std::string_view what, std::size_t max_body_b
 std::vector<std::byte> encode_frame(const Frame& f) {
   std::vector<std::byte> out;
   Writer w(out);
-  w.reserve(32 + f.body.size() + f.mac.size() + std::min(f.error.size(), kMaxErrorTextBytes));
+  w.reserve(32 + f.body.size() + std::min(f.error.size(), kMaxErrorTextBytes));
   w.u8(kWireVersion);
   w.u8(std::uint8_t(f.kind));
   switch (f.kind) {
-    case FrameKind::kHello:
-    case FrameKind::kProof:
-      LAMINAR_CHECK(f.body.size() == (f.kind == FrameKind::kHello ? kNonceBytes : kMacBytes));
-      w.bytes(std::span(f.body));
-      break;
-    case FrameKind::kChallenge:
-      LAMINAR_CHECK(f.body.size() == kNonceBytes && f.mac.size() == kMacBytes);
-      w.bytes(std::span(f.body));
-      w.bytes(std::span(f.mac));
-      break;
-    case FrameKind::kWelcome:
-      break;
-    case FrameKind::kRefused:
-      write_error(w, f.error);
-      break;
     case FrameKind::kRequest:
     case FrameKind::kReply:
       w.u64(f.id);
@@ -132,21 +115,6 @@ Result<Frame> decode_frame(std::span<const std::byte> wire, std::size_t max_body
   const std::string_view what = frame_name(f.kind);
   ByteReader r(wire.subspan(head.offset()), what, head.offset());
   switch (f.kind) {
-    case FrameKind::kHello:
-      f.body = copy(r.bytes("nonce", kNonceBytes));
-      break;
-    case FrameKind::kProof:
-      f.body = copy(r.bytes("proof", kMacBytes));
-      break;
-    case FrameKind::kChallenge:
-      f.body = copy(r.bytes("nonce", kNonceBytes));
-      f.mac = copy(r.bytes("proof", kMacBytes));
-      break;
-    case FrameKind::kWelcome:
-      break;
-    case FrameKind::kRefused:
-      f.error = r.prefixed("error text", kMaxErrorTextBytes);
-      break;
     case FrameKind::kRequest:
     case FrameKind::kReply:
       f.id = read_request_id(r);

@@ -3,10 +3,6 @@
 // Every UCP active message laminar sends carries exactly one frame, written with ByteWriter and
 // read with ByteReader (byte_codec.h), all little-endian: a u8 format version (kWireVersion), a u8
 // FrameKind, then that kind's fields:
-//   kHello, kProof:   32-byte nonce / proof
-//   kChallenge:       32-byte nonce, 32-byte proof
-//   kWelcome:         nothing
-//   kRefused:         u32 length, error text
 //   kMessage:         u32 message type, u64 XXH3 of the body, u64 length, body
 //   kRequest, kReply: u64 request id (not 0), then as kMessage
 //   kErrorReply:      u64 request id (not 0), u8 StatusCode (not kOk), u32 length, error text
@@ -28,22 +24,16 @@
 
 namespace laminar::internal {
 
-// 1 was a CBOR map; a peer of another version is refused at its first frame.
-inline constexpr std::uint8_t kWireVersion = 2;
-inline constexpr std::size_t kNonceBytes = 32;
-inline constexpr std::size_t kMacBytes = 32;
-// Longest error text a peer may send in an error reply or refusal.
+// 1 was a CBOR map, 2 also carried the handshake (now on the bootstrap socket); a peer of another
+// version is refused at its first frame.
+inline constexpr std::uint8_t kWireVersion = 3;
+// Longest error text a peer may send in an error reply.
 inline constexpr std::size_t kMaxErrorTextBytes = 1024;
 // Bytes a frame may carry beyond its body (its fields and error text), with room to spare.
 inline constexpr std::size_t kFrameOverheadBytes = 256 + kMaxErrorTextBytes;
 
 enum class FrameKind : std::uint8_t {
-  kHello = 1,   // client -> server: client nonce
-  kChallenge,   // server -> client: server nonce + server's proof
-  kProof,       // client -> server: client's proof
-  kWelcome,     // server -> client: authenticated
-  kRefused,     // server -> client: authentication failed (error text)
-  kMessage,     // one-way application message
+  kMessage = 1,  // one-way application message
   kRequest,     // application message awaiting a reply (id)
   kReply,       // answer to request id
   kErrorReply,  // request id failed with a Status (code + error text)
@@ -54,10 +44,9 @@ struct Frame {
   FrameKind kind = FrameKind::kMessage;
   MessageType type = 0;               // kMessage, kRequest, kReply
   std::uint64_t id = 0;               // kRequest, kReply, kErrorReply: non-zero request id
-  std::vector<std::byte> body;        // message body; nonce (kHello, kChallenge); proof (kProof)
-  std::vector<std::byte> mac;         // kChallenge: the server's proof
+  std::vector<std::byte> body;        // message body
   StatusCode code = StatusCode::kOk;  // kErrorReply: not kOk
-  std::string error;                  // kErrorReply, kRefused
+  std::string error;                  // kErrorReply
 };
 
 std::vector<std::byte> encode_frame(const Frame& frame);
