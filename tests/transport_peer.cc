@@ -8,6 +8,10 @@
 //   transport_peer client <address> probe         an echo request every 100 ms: prints "OK" or "ERR <code>"
 //   transport_peer client <address> storm         connects and closes in a loop for a minute, whether
 //                                                 or not anyone listens; prints "CONNECTED <n>" per 10
+//   transport_peer client <address> flood <k>     an authenticated peer sending what nobody handles:
+//                                                 k one-way messages of 64 KiB of an application type,
+//                                                 then requests of it and of an unserved laminar type;
+//                                                 prints "FLOOD <code>=<count> ..." of the answers
 //
 // Region contents follow pattern(seed): 64-bit word i holds seed ^ (i * golden ratio constant).
 #include <atomic>
@@ -16,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -23,6 +28,7 @@
 #include <vector>
 
 #include "laminar/transport.h"
+#include "transport/protocol.h"
 #include "transport/testing.h"
 #include "transport_peer_protocol.h"
 
@@ -170,6 +176,26 @@ int storm(Transport& t, const std::string& address) {
   }
 }
 
+int flood(Endpoint& ep, int k) {
+  constexpr MessageType kNobodys = 0x0BAD;
+  const std::vector<std::byte> body(64 << 10, std::byte{0x5a});
+  for (int i = 0; i < k; ++i) {
+    if (Status s = ep.send(Message::from_bytes(kNobodys, body)); !s.ok()) return fail("send", s);
+  }
+  std::map<std::string, int> answers;
+  for (int i = 0; i < 64; ++i) {
+    const bool reserved = i % 2 == 1;
+    const Message m = Message::from_bytes(reserved ? kLaminarMessageTypeFirst + 0xBAD : kNobodys, body);
+    auto r = reserved ? internal::request_protocol(ep, m, 10s) : ep.request(m, 10s);
+    ++answers[std::string(status_code_name(r.status().code()))];
+  }
+  std::printf("FLOOD");
+  for (const auto& [code, n] : answers) std::printf(" %s=%d", code.c_str(), n);
+  std::printf("\n");
+  std::fflush(stdout);
+  return 0;
+}
+
 int client(const std::string& address, const std::string& mode, int k) {
   auto created = Transport::create(options_from_env());
   if (!created.ok()) return fail("create", created.status());
@@ -183,6 +209,7 @@ int client(const std::string& address, const std::string& mode, int k) {
   }
   if (!ep.ok()) return fail("connect", ep.status());
   if (mode == "exchange") return exchange(*ep, *t, k);
+  if (mode == "flood") return flood(*ep, k);
   if (mode == "probe") {
     for (int i = 0; i < 600; ++i) {
       auto r = ep->request(Message::from_string(kEcho, "probe"), 500ms);

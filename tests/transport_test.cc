@@ -739,12 +739,20 @@ TEST_CASE("transport: messages without a handler wait for receive() within bound
   REQUIRE(r.ok());
   CHECK(r->text() == "yes");
 
-  auto o = options();
-  o.max_inbox_bytes_per_connection = 0;
-  CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
-  o = options();
-  o.max_inbox_bytes = 0;
-  CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("transport: with receive() off, a message without a handler is refused and nothing is kept",
+          "[transport]") {
+  auto so = options();
+  so.max_inbox_bytes = 0;
+  Pair p(so);
+  CHECK(p.server->receive(0s).status().code() == StatusCode::kFailedPrecondition);
+  REQUIRE(p.server->on_message(1, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
+  CHECK(p.to_server.request(Message::from_string(2, "x"), 60s).status().code() == StatusCode::kResourceExhausted);
+  REQUIRE(p.to_server.send(Message::from_string(2, "y")).ok());
+  CHECK(eventually([&] { return p.server->stats().inbox_refused == 2; }));
+  CHECK(p.server->stats().inbox_bytes == 0);
+  CHECK(p.to_server.request(Message::from_string(1, "handled"), 5s).ok());
 }
 
 TEST_CASE("transport: timeouts are positive durations, or kForever", "[transport]") {

@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
 
   laminar::TransportOptions to;
   to.cluster_token = token;
+  to.max_inbox_bytes = 0;  // only laminar's handlers run here: nothing waits for receive()
   auto transport = laminar::Transport::create(to);
   if (!transport.ok()) return fail("transport", transport.status());
   std::shared_ptr<laminar::Transport> shared = std::move(*transport);

@@ -119,10 +119,11 @@ struct TransportOptions {
   // Default deadline of send / request / put / get (positive, or kForever).
   Duration operation_timeout = std::chrono::seconds(30);
   // Bytes of messages without a handler that may wait for receive(): from one connection, and from
-  // all together (positive). Each message counts its body plus kInboxOverheadBytes. A message past
-  // either bound is not queued: a request is answered kResourceExhausted, a one-way message is
-  // dropped (TransportStats::inbox_refused counts both). Messages stay queued after their sender
-  // leaves, within the total.
+  // all together. Each message counts its body plus kInboxOverheadBytes. A message past either
+  // bound is not queued: a request is answered kResourceExhausted, a one-way message is dropped
+  // (TransportStats::inbox_refused counts both). Messages stay queued after their sender leaves,
+  // within the total. Zero in either turns receive() off, as a process that only hosts handlers
+  // (a relay, a queue server) should: then nothing a peer sends is kept for it.
   std::size_t max_inbox_bytes_per_connection = std::size_t{64} << 20;
   std::size_t max_inbox_bytes = std::size_t{256} << 20;
   // The time every deadline of this transport reads; null means Clock::steady().
@@ -331,7 +332,8 @@ class Transport {
   // of TransportOptions. kInvalidArgument for a type in laminar's reserved range.
   [[nodiscard]] Status on_message(MessageType type, MessageHandler handler);
   // Next message of a type without a handler. kDeadlineExceeded after `timeout` (as for accept);
-  // kCancelled once the transport is shutting down.
+  // kCancelled once the transport is shutting down; kFailedPrecondition when the options turned
+  // receive() off.
   Result<Incoming> receive(Duration timeout);
 
   // Registers [data, data + size) for put/get. kInvalidArgument: null or empty.

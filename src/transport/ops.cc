@@ -424,6 +424,9 @@ void TransportCore::on_message(MessageType type, MessageHandler handler) {
 
 Result<Incoming> TransportCore::receive(Duration timeout) {
   if (timeout.count() < 0) return invalid_argument(fmt::format("receive timeout of {} ns is negative", timeout.count()));
+  if (options_.max_inbox_bytes == 0 || options_.max_inbox_bytes_per_connection == 0) {
+    return failed_precondition("receive() is off: TransportOptions gives its queue no room");
+  }
   std::unique_lock lock(queues_mu_);
   if (!wait_queue(lock, timeout, [&] { return shut_down_ || !inbox_.empty(); })) {
     return deadline_exceeded(fmt::format("no message arrived within {}", duration_text(timeout)));

@@ -92,8 +92,6 @@ Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions op
         fmt::format("handshake_timeout of {} ns is not positive", options.handshake_timeout.count()));
   }
   if (options.max_unauthenticated_connections == 0) return invalid_argument("max_unauthenticated_connections is 0");
-  if (options.max_inbox_bytes_per_connection == 0) return invalid_argument("max_inbox_bytes_per_connection is 0");
-  if (options.max_inbox_bytes == 0) return invalid_argument("max_inbox_bytes is 0");
   if (options.clock == nullptr) options.clock = Clock::steady();
   if (sodium_init() < 0) return unavailable("libsodium failed to initialise");
   auto core = std::make_shared<TransportCore>(std::move(options));

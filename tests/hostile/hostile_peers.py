@@ -8,7 +8,8 @@ server (examples/queue_server), finds every TCP port and Unix socket each listen
 alive, serve a good client (a real laminar peer) within its normal latency, and come back to the
 file descriptors, memory and idle CPU it had before. Figures go to stdout, one line per attack.
 
-Usage: hostile_peers.py RELAY_SERVER QUEUE_SERVER [unittest args]
+Usage: hostile_peers.py RELAY_SERVER QUEUE_SERVER TRANSPORT_PEER [unittest args]
+(TRANSPORT_PEER is tests/transport_peer, the authenticated peer of the flood attack.)
 """
 import os
 import random
@@ -21,7 +22,7 @@ import threading
 import time
 import unittest
 
-RELAY_SERVER = QUEUE_SERVER = None
+RELAY_SERVER = QUEUE_SERVER = TRANSPORT_PEER = None
 TOKEN = "hostile-suite-token-0123456789"
 SEED = int(os.environ.get("LAMINAR_HOSTILE_SEED", str(random.randrange(1 << 30))))
 UCX_TCP_MAGIC = struct.pack("<Q", 0xCAFEBABE12345678)
@@ -388,9 +389,29 @@ class HostilePeers(unittest.TestCase):
                 s.close()
         self.recovered(self.local, f"garbage and {len(held)} idle local connections", started)
 
+    def test_unknown_type_flood_from_an_authenticated_peer(self):
+        """A peer holding the token sends what nothing here handles: 50 MiB of one-way messages of an
+        application type, then requests. Nothing is kept for it, and every request is answered at once."""
+        messages = 800
+        for target, address in ((self.relay, self.relay.process.wait_line("listening").split()[1]),
+                                (self.queue, self.queue.process.wait_line("listening").split()[1])):
+            started = time.monotonic()
+            env = dict(os.environ, LAMINAR_TEST_TOKEN=TOKEN)
+            done = subprocess.run([TRANSPORT_PEER, "client", address, "flood", str(messages)], env=env,
+                                  capture_output=True, text=True, timeout=ATTACK_SECONDS * 4)
+            self.assertEqual(done.returncode, 0, f"{target.name}: flood client failed: {done.stderr}")
+            answers = dict(a.split("=") for a in done.stdout.split("FLOOD", 1)[1].split())
+            # Refused at once: an application type nobody receives, a laminar type nobody serves.
+            self.assertEqual(answers, {"RESOURCE_EXHAUSTED": "32", "UNIMPLEMENTED": "32"},
+                             f"{target.name}: answers to the flood's requests")
+            grown = rss_kib(target.process.pid) - self.rest[target.process.pid]["rss_kib"]
+            self.assertLess(grown, 16 << 10, f"{target.name} holds {grown} KiB after {messages} x 64 KiB")
+            self.recovered(target, f"{messages} x 64 KiB of unhandled messages and 64 requests from an "
+                                   f"authenticated peer", started)
+
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
+    if len(sys.argv) < 4:
         sys.exit(__doc__)
-    RELAY_SERVER, QUEUE_SERVER = sys.argv[1], sys.argv[2]
-    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
+    RELAY_SERVER, QUEUE_SERVER, TRANSPORT_PEER = sys.argv[1:4]
+    unittest.main(argv=[sys.argv[0]] + sys.argv[4:], verbosity=2)
