@@ -821,6 +821,40 @@ TEST_CASE("transport: a request's deadline follows the options' clock", "[transp
   CHECK(late.get().status().code() == StatusCode::kDeadlineExceeded);
 }
 
+TEST_CASE("transport: a connection without traffic for idle_timeout is closed at both ends", "[transport][clock]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  auto so = options();
+  so.clock = clock;
+  so.idle_timeout = 60s;
+  Pair p(so);
+  std::promise<laminar::Incoming> held;
+  REQUIRE(p.server->on_message(5, [&](laminar::Incoming in) { held.set_value(std::move(in)); }).ok());
+  REQUIRE(p.server->on_message(6, [](laminar::Incoming in) { (void)in.from.reply(in, in.message); }).ok());
+  // Traffic keeps it open, however long the connection lives.
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(clock->advance(40s).ok());
+    REQUIRE(p.to_server.request(Message::from_string(6, "still here")).ok());
+  }
+  // So does a request its handler has not answered yet.
+  auto slow = p.to_server.request_async(Message::from_string(5, "take your time"), laminar::kForever);
+  laminar::Incoming in = held.get_future().get();
+  REQUIRE(clock->advance(600s).ok());
+  std::this_thread::sleep_for(200ms);  // the jump woke the progress thread; give it time to look
+  CHECK(p.to_client.status().ok());
+  REQUIRE(in.from.reply(in, Message::from_string(5, "done")).ok());
+  REQUIRE(slow.get().ok());
+
+  REQUIRE(clock->advance(61s).ok());
+  CHECK(eventually([&] { return !p.to_client.status().ok(); }));
+  CHECK(p.to_client.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(p.to_client.status().message(), Catch::Contains("idle_timeout"));
+  CHECK(eventually([&] { return p.to_server.status().code() == StatusCode::kUnavailable; }));
+
+  auto o = options();
+  o.idle_timeout = 0s;
+  CHECK(Transport::create(o).status().code() == StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("transport: a connect's deadline follows the options' clock", "[transport][clock]") {
   // A TCP listener that never speaks UCX: the connection opens, the handshake never answers.
   const int silent = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -118,6 +118,11 @@ struct TransportOptions {
   std::size_t max_unauthenticated_connections = 64;
   // Default deadline of send / request / put / get (positive, or kForever).
   Duration operation_timeout = std::chrono::seconds(30);
+  // A connection, accepted or made, over which nothing has gone either way for this long, with no
+  // operation of its own pending and every request it brought answered, is closed (both ends see
+  // kUnavailable). Positive, or kForever (the default: a relay subscription waits idle between
+  // versions; set it longer than that).
+  Duration idle_timeout = kForever;
   // Bytes of messages without a handler that may wait for receive(): from one connection, and from
   // all together. Each message counts its body plus kInboxOverheadBytes. A message past either
   // bound is not queued: a request is answered kResourceExhausted, a one-way message is dropped

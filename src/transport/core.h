@@ -159,6 +159,10 @@ class EndpointState : public std::enable_shared_from_this<EndpointState> {
   Nonce client_nonce{};
   Nonce server_nonce{};
   std::uint64_t handshake_op = 0;
+  // For TransportOptions::idle_timeout: when a frame last went either way or an operation on this
+  // connection started or ended (clock time), and requests received and not yet answered.
+  Duration last_active{};
+  int unanswered = 0;
 
   Status status() const {
     std::lock_guard lock(mu);
@@ -280,8 +284,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   }
   static Endpoint make_endpoint(std::shared_ptr<EndpointState> s) { return Endpoint(std::move(s)); }
   static const std::shared_ptr<EndpointState>& state_of(const Endpoint& e) { return e.state_; }
+  // `answer`: the frame is a reply or error reply (see EndpointState::unanswered).
   std::future<Status> send_wire(const std::shared_ptr<EndpointState>& ep, std::vector<std::byte> wire,
-                                Duration timeout, std::string what);
+                                Duration timeout, std::string what, bool answer = false);
 
  private:
   Status start();
@@ -297,6 +302,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void callback_loop();
   void run_commands();
   void expire_deadlines();
+  void close_idle_connections();
   int epoll_timeout_ms() const;
   // Handles what epoll reports within timeout_ms (0: only what is ready now).
   void poll_events(int timeout_ms);
@@ -398,6 +404,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::vector<std::uint64_t> release_candidates_;  // ops that may be finished; see maybe_release
   std::uint64_t next_op_id_ = 1;
   int ucx_inflight_ = 0;
+  Duration next_idle_check_{};  // clock time
   Duration last_socket_poll_{};  // real time; sockets are polled now and then while UCX keeps it busy
 
   std::mutex cb_mu_;

@@ -552,6 +552,7 @@ void TransportCore::handle_client_frame(EndpointState& e, BootstrapFrame f) {
 
 void TransportCore::open_accepted(EndpointState& e) {
   e.phase = Phase::kReady;
+  e.last_active = clock_->now();
   if (auto op = ops_.find(e.handshake_op); op != ops_.end()) resolve(*op->second, ok_status());
   {
     std::lock_guard lock(queues_mu_);
@@ -562,6 +563,7 @@ void TransportCore::open_accepted(EndpointState& e) {
 
 void TransportCore::finish_connect(EndpointState& e) {
   e.phase = Phase::kReady;
+  e.last_active = clock_->now();
   char* text = nullptr;
   std::size_t len = 0;
   if (FILE* mem = open_memstream(&text, &len)) {

@@ -22,6 +22,7 @@ namespace laminar::internal {
 // Operations (progress thread)
 
 Op& TransportCore::new_op(Op::Kind kind, std::uint64_t ep_id, Duration timeout, std::string what) {
+  if (auto e = find(ep_id)) e->last_active = clock_->now();
   auto op = std::make_unique<Op>();
   op->kind = kind;
   op->id = next_op_id_++;
@@ -57,6 +58,7 @@ void TransportCore::sweep() {
 void TransportCore::resolve(Op& op, const Status& s) {
   if (op.resolved) return;
   op.resolved = true;
+  if (auto e = find(op.ep_id)) e->last_active = clock_->now();
   if (op.has_deadline) deadlines_.erase(op.deadline_it);
   op.has_deadline = false;
   switch (op.kind) {
@@ -120,6 +122,28 @@ void TransportCore::expire_deadlines() {
       fail_endpoint(*e, late);
     }
     resolve(op, late);
+  }
+}
+
+void TransportCore::close_idle_connections() {
+  if (options_.idle_timeout == kForever) return;
+  const Duration now = clock_->now();
+  if (now < next_idle_check_) return;
+  next_idle_check_ = now + std::min<Duration>(options_.idle_timeout / 4, std::chrono::seconds(1));
+  std::set<std::uint64_t> busy;
+  for (const auto& [id, op] : ops_) {
+    if (!op->resolved) busy.insert(op->ep_id);
+  }
+  std::vector<std::shared_ptr<EndpointState>> idle;
+  for (const auto& [id, e] : endpoints_) {
+    if (e->phase == Phase::kReady && e->unanswered == 0 && !busy.contains(id) &&
+        now - e->last_active >= options_.idle_timeout) {
+      idle.push_back(e);
+    }
+  }
+  for (const auto& e : idle) {
+    fail_endpoint(*e, unavailable(fmt::format("connection with {} closed after {} without traffic (idle_timeout)",
+                                              e->peer, duration_text(options_.idle_timeout))));
   }
 }
 
@@ -276,6 +300,7 @@ void TransportCore::set_endpoint_error(EndpointState& e, const Status& s) {
 
 void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wire) {
   if (e.phase != Phase::kReady) return;
+  e.last_active = clock_->now();
   Result<Frame> decoded = decode_frame(wire, options_.max_message_bytes);
   if (!decoded.ok()) {
     fail_endpoint(e, decoded.status().with_context(fmt::format("message from {}", e.peer)));
@@ -285,6 +310,7 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
   switch (f.kind) {
     case FrameKind::kMessage:
     case FrameKind::kRequest: {
+      if (f.kind == FrameKind::kRequest) ++e.unanswered;
       Incoming in{make_endpoint(find(e.id)), Message{f.type, std::move(f.body)},
                   f.kind == FrameKind::kRequest ? f.id : 0};
       post_callback([this, in = std::move(in)]() mutable {
@@ -520,22 +546,24 @@ RegionState::~RegionState() { ucp_mem_unmap(core->context(), memh); }
 
 std::future<Status> TransportCore::send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame,
                                               Duration timeout, std::string what) {
-  return send_wire(ep, encode_frame(frame), timeout, std::move(what));
+  const bool answer = frame.kind == FrameKind::kReply || frame.kind == FrameKind::kErrorReply;
+  return send_wire(ep, encode_frame(frame), timeout, std::move(what), answer);
 }
 
 std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState>& ep,
                                              std::vector<std::byte> wire, Duration timeout,
-                                             std::string what) {
+                                             std::string what, bool answer) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto future = promise->get_future();
   const bool posted =
-      post([this, ep, promise, wire = std::move(wire), timeout, what = std::move(what)]() mutable {
+      post([this, ep, promise, wire = std::move(wire), timeout, what = std::move(what), answer]() mutable {
         auto e = find(ep->id);
         if (e == nullptr || e->phase != Phase::kReady) {
           Status st = ep->status();
           promise->set_value(st.ok() ? unavailable(fmt::format("endpoint to {} is closed", ep->peer)) : st);
           return;
         }
+        if (answer && e->unanswered > 0) --e->unanswered;
         Op& op = new_op(Op::Kind::kSend, e->id, timeout, std::move(what));
         op.status_promise = std::move(*promise);
         op.buffer = std::move(wire);

@@ -91,6 +91,9 @@ Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions op
     return invalid_argument(
         fmt::format("handshake_timeout of {} ns is not positive", options.handshake_timeout.count()));
   }
+  if (options.idle_timeout.count() <= 0) {
+    return invalid_argument(fmt::format("idle_timeout of {} ns is not positive", options.idle_timeout.count()));
+  }
   if (options.max_unauthenticated_connections == 0) return invalid_argument("max_unauthenticated_connections is 0");
   if (options.clock == nullptr) options.clock = Clock::steady();
   if (sodium_init() < 0) return unavailable("libsodium failed to initialise");
@@ -368,6 +371,7 @@ void TransportCore::progress_loop() {
     const Duration now = real_time_->now();
     if (now - last_socket_poll_ >= kSocketPollInterval) poll_events(0);
     expire_deadlines();
+    close_idle_connections();
     sweep();
     if (!dead_rkeys_.empty() && closing_.empty() && ucx_inflight_ == 0) {
       for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
