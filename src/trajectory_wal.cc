@@ -572,9 +572,30 @@ Status TrajectoryWal::append_all(std::span<const Record> records, bool sync) {
   return ok_status();
 }
 
+namespace {
+
+// A compaction interrupted by a crash leaves its file behind, which the next one replaces; anything
+// else at that path is not the log's to overwrite (nor is a link, which would be followed).
+Status check_compaction_path(const std::string& tmp) {
+  struct stat st;
+  if (::lstat(tmp.c_str(), &st) != 0) return errno == ENOENT ? ok_status() : io_error("lstat", tmp, errno);
+  if (!S_ISREG(st.st_mode)) return not_a_regular_file(tmp, st.st_mode);
+  Fd fd(::open(tmp.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (fd.get() < 0) return io_error("open", tmp, errno);
+  std::string first(kFileMagic.size(), '\0');
+  const ssize_t n = ::pread(fd.get(), first.data(), first.size(), 0);
+  if (n < 0) return io_error("read", tmp, errno);
+  first.resize(std::size_t(n));
+  if (first != kFileMagic) return not_a_wal(tmp, first);
+  return ok_status();
+}
+
+}  // namespace
+
 Status TrajectoryWal::rewrite(const std::function<Status(TrajectoryWal&)>& write_live) {
   const std::string tmp = path_ + ".compact";
-  Fd fd(::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  LAMINAR_RETURN_IF_ERROR(check_compaction_path(tmp));
+  Fd fd(::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (fd.get() < 0) return io_error("open", tmp, errno);
   // Locked before it takes the log's name, so the log is never without its lock.
   LAMINAR_RETURN_IF_ERROR(lock(fd.get(), tmp));

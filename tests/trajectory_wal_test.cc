@@ -551,3 +551,51 @@ TEST_CASE("WAL: a log has one writer: a second open is refused while the first h
   CHECK(again.contents.newest == laminar::Version(4));
   std::filesystem::remove(path);
 }
+
+TEST_CASE("WAL: compaction replaces only its own leftover file, never someone else's", "[wal][bad-input]") {
+  const std::string path = temp_path("compact-path");
+  const std::string tmp = path + ".compact";
+  std::filesystem::remove(path);
+  std::filesystem::remove_all(tmp);
+  Opened log = open_log(path);
+  REQUIRE(log.status.ok());
+  const Trajectory t = make_traj(1);
+  TrajectoryWal::Snapshot s;
+  s.newest = laminar::Version(2);
+  s.live = {&t};
+
+  // A file that is not a laminar log, a directory, a link: refused, left as they were, and the log
+  // goes on as before.
+  {
+    std::ofstream(tmp) << "someone's notes";
+  }
+  expect_code(log.wal->compact(s), StatusCode::kFailedPrecondition, "not a laminar write-ahead log");
+  CHECK(read_all(tmp) == "someone's notes");
+  std::filesystem::remove(tmp);
+  std::filesystem::create_directory(tmp);
+  expect_code(log.wal->compact(s), StatusCode::kFailedPrecondition, "is a directory");
+  std::filesystem::remove(tmp);
+  const std::string target = path + ".target";
+  {
+    std::ofstream(target) << "keep me";
+  }
+  std::filesystem::create_symlink(target, tmp);
+  expect_code(log.wal->compact(s), StatusCode::kFailedPrecondition, "not a regular file");
+  CHECK(read_all(target) == "keep me");
+  std::filesystem::remove(tmp);
+  std::filesystem::remove(target);
+  REQUIRE(log.wal->append_u64(WalRecordType::kVersion, 3).ok());
+
+  // What a compaction cut short by a crash leaves (a log's first bytes) is replaced.
+  {
+    std::ofstream(tmp) << read_all(path).substr(0, 8);
+  }
+  REQUIRE(log.wal->compact(s).ok());
+  CHECK_FALSE(std::filesystem::exists(tmp));
+  log.wal.reset();
+  const Opened again = open_log(path);
+  REQUIRE(again.status.ok());
+  REQUIRE(again.contents.live.size() == 1);
+  CHECK(again.contents.live[0] == t);
+  std::filesystem::remove(path);
+}
