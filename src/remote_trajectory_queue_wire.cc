@@ -84,7 +84,7 @@ Result<QueuePush> decode_queue_push(std::span<const std::byte> body) {
   LAMINAR_RETURN_IF_ERROR(h.finish());
   LAMINAR_RETURN_IF_ERROR(check_wait(kWhat, wait));
   const std::string_view rest = r.bytes("trajectory", r.left());
-  Result<Trajectory> t = decode_trajectory(rest);
+  Result<Trajectory> t = decode_trajectory(rest, /*contents=*/false);
   if (!t.ok()) return t.status().with_context(fmt::format("{}: trajectory at offset {}", kWhat, kQueuePushHeaderBytes));
   QueuePush push{wait, {}};
   push.trajectories.push_back(std::move(t).value());
@@ -129,7 +129,7 @@ Result<QueuePush> decode_queue_push_many(std::span<const std::byte> body) {
     const std::size_t at = r.offset();
     const std::string_view bytes = r.bytes("encoding", len);
     if (!r.ok()) return r.status().with_context(fmt::format("trajectory {} of {}", i, count));
-    Result<Trajectory> t = decode_trajectory(bytes);
+    Result<Trajectory> t = decode_trajectory(bytes, /*contents=*/false);
     if (!t.ok()) {
       return t.status().with_context(fmt::format("{}: trajectory {} of {} at offset {}", kWhat, i, count, at));
     }

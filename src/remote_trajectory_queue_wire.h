@@ -15,7 +15,8 @@
 // (The hello request and a push's answer have empty bodies.) Decoders answer kDataLoss naming the
 // message, the field and its offset; kInvalidArgument for well-formed bytes carrying a value no
 // producer sends (a mode past kTimeout, a negative timeout, a count out of range, a trajectory
-// that fails validate_trajectory).
+// that fails validate_trajectory(t, /*contents=*/false)). The arrays' values are the queue's to
+// check, as its validate_contents says, when the server pushes them: one pass, not two.
 //
 //   std::string body;
 //   internal::encode_queue_push(trajectory, {PushMode::kBlock, 0}, body);

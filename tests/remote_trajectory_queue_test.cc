@@ -250,16 +250,18 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
   REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
 
   std::vector<Trajectory> ts;
-  for (std::uint64_t id : {10, 1, 11, 12, 13}) ts.push_back(laminar::test_remote::make(id));
+  for (std::uint64_t id : {10, 1, 11, 12, 13, 14}) ts.push_back(laminar::test_remote::make(id));
   ts[2].logprobs.pop_back();         // caught before it is sent
   ts[3].version = laminar::Version(9);  // ahead of the newest
+  ts[5].response_tokens[0] = -5;     // sent; the queue checks the contents (validate_contents)
   const std::vector<laminar::Status> out = producer->push_many(ts);
-  REQUIRE(out.size() == 5);
+  REQUIRE(out.size() == 6);
   CHECK(out[0].ok());
   expect_code(out[1], StatusCode::kInvalidArgument, "already pushed");
   expect_code(out[2], StatusCode::kInvalidArgument, "logprobs for");
   expect_code(out[3], StatusCode::kInvalidArgument, "ahead of the newest");
   CHECK(out[4].ok());
+  expect_code(out[5], StatusCode::kInvalidArgument, "is a negative token id");
   CHECK(ts[0].response_tokens.empty());  // moved from
   CHECK(ts[1] == laminar::test_remote::make(1));
   CHECK(ts[3].version == laminar::Version(9));
@@ -277,7 +279,7 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
   const auto st = served.server->stats();
   CHECK(st.received == 2);
   CHECK(st.accepted == 3);
-  CHECK(st.refused == 2);
+  CHECK(st.refused == 3);
 
   // More than one message's worth: split by count and bytes, each message taking a credit.
   std::vector<Trajectory> many;
