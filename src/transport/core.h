@@ -359,6 +359,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   static ucs_status_t am_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
                                  std::size_t length, const ucp_am_recv_param_t* param);
   static void ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
+  void fail_peer_workers();
 
   TransportOptions options_;
   std::shared_ptr<Clock> clock_;  // options_.clock, or the steady clock: every deadline reads it
@@ -398,6 +399,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::map<IpAddress, int> admitted_;  // what the filter lets through, with its connection counts
   std::unordered_map<std::uint64_t, std::unique_ptr<Op>> ops_;
   std::set<std::pair<Duration, std::uint64_t>> deadlines_;  // (clock_ time, op id)
+  std::vector<std::pair<ucp_ep_h, ucs_status_t>> failed_peers_;  // noted by ep_error_cb
   std::vector<ucp_ep_h> to_close_;                 // failed endpoints, closed outside UCX callbacks
   std::vector<void*> closing_;                     // ucp_ep_close_nbx requests in flight
   std::vector<ucp_rkey_h> dead_rkeys_;             // of closed endpoints; destroyed once UCX is idle

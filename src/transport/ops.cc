@@ -407,22 +407,29 @@ ucs_status_t TransportCore::am_recv_cb(void* arg, const void* header, std::size_
 }
 
 void TransportCore::ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  auto* self = static_cast<TransportCore*>(arg);
-  auto it = self->by_handle_.find(ep);
-  if (it == self->by_handle_.end()) return;
-  // Every connection to that worker rode on this endpoint.
-  const std::shared_ptr<PeerWorker> w = it->second;
-  for (const std::uint64_t id : std::set<std::uint64_t>(w->endpoints)) {
-    if (auto e = self->find(id)) {
-      const std::string what = e->phase == Phase::kWireup ? fmt::format("cannot connect to {}", e->peer)
-                                                          : fmt::format("peer {} vanished", e->peer);
-      self->fail_endpoint(*e, unavailable(fmt::format("{}: {}", what, ucs_text(status))));
+  // UCX calls this from inside whichever of its calls noticed the failure: progress, but also a
+  // get, a send or a flush of ours, halfway through an operation that still holds the endpoint.
+  // So it is only noted here, and handled from the loop's top level (fail_peer_workers).
+  static_cast<TransportCore*>(arg)->failed_peers_.emplace_back(ep, status);
+}
+
+void TransportCore::fail_peer_workers() {
+  for (const auto& [ep, status] : std::exchange(failed_peers_, {})) {
+    auto it = by_handle_.find(ep);
+    if (it == by_handle_.end()) continue;
+    // Every connection to that worker rode on this endpoint.
+    const std::shared_ptr<PeerWorker> w = it->second;
+    for (const std::uint64_t id : std::set<std::uint64_t>(w->endpoints)) {
+      if (auto e = find(id)) {
+        const std::string what = e->phase == Phase::kWireup ? fmt::format("cannot connect to {}", e->peer)
+                                                            : fmt::format("peer {} vanished", e->peer);
+        fail_endpoint(*e, unavailable(fmt::format("{}: {}", what, ucs_text(status))));
+      }
     }
+    by_handle_.erase(ep);
+    peers_.erase(w->address);
+    to_close_.push_back(std::exchange(w->ep, nullptr));
   }
-  self->by_handle_.erase(ep);
-  self->peers_.erase(w->address);
-  // Closed from the loop, never from inside the UCX callback that noticed the failure.
-  self->to_close_.push_back(std::exchange(w->ep, nullptr));
 }
 
 // ---------------------------------------------------------------------------------------------

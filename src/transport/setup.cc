@@ -366,6 +366,7 @@ void TransportCore::progress_loop() {
     run_commands();
     unsigned progressed = 0;
     while (unsigned n = ucp_worker_progress(worker_)) progressed += n;
+    fail_peer_workers();
     close_queued_endpoints();
     reap_closed_requests();
     const Duration now = real_time_->now();
