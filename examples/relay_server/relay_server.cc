@@ -19,10 +19,11 @@
 //
 // With --shm PATH a LocalRelayServer serves the store on that socket too, printing "serving PATH",
 // "lease V PID", "released V PID HOW held N" (HOW: released or disconnected; N: versions the store
-// holds afterwards) and "refused PID WHY". An actor given --publish-on-usr1 publishes one more
-// version on every SIGUSR1. A --local puller (no UCX, no --token needed) prints "pulled V ok|..."
-// and "relay PATH" for the relay it read from; with --hold it instead prefetches the newest version,
-// prints "holding V" and keeps the lease until it is stopped.
+// holds afterwards), "refused PID WHY" (a malformed request) and "closed PID WHY" (idle, evicted or
+// turned away). An actor given --publish-on-usr1 publishes one more version on every SIGUSR1. A
+// --local puller (no UCX, no --token needed) prints "pulled V ok|..." and "relay PATH" for the relay
+// it read from; with --hold it instead prefetches the newest version, prints "holding V" and keeps
+// the lease until it is stopped.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -285,6 +286,7 @@ int main(int argc, char** argv) {
               std::to_string(store->stats().versions_held));
           break;
         case K::kRefused: say("refused " + pid + " " + e.detail); break;
+        case K::kClosed: say("closed " + pid + " " + e.detail); break;
       }
     };
     auto server = laminar::LocalRelayServer::create(store, shm, lo);
