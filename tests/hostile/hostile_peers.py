@@ -12,6 +12,7 @@ Usage: hostile_peers.py RELAY_SERVER QUEUE_SERVER [unittest args]
 """
 import os
 import random
+import select
 import socket
 import struct
 import subprocess
@@ -27,6 +28,11 @@ SEED = int(os.environ.get("LAMINAR_HOSTILE_SEED", str(random.randrange(1 << 30))
 UCX_TCP_MAGIC = struct.pack("<Q", 0xCAFEBABE12345678)
 # Longest an attack on one process goes on (a wedged target makes every connect wait).
 ATTACK_SECONDS = 30
+# The relay's local socket closes connections idle this long (relay_server --shm-idle-timeout-ms).
+LOCAL_IDLE_SECONDS = 3
+# Clients that send acquire requests to the local relay as fast as it takes them and read nothing.
+NON_READERS = 8
+LOCAL_ACQUIRE = struct.pack("<IIQQ", 0x31524D4C, 2, 0, 0)  # "LMR1", kAcquire of the newest version
 
 
 def eventually(pred, timeout, what):
@@ -207,7 +213,8 @@ class HostilePeers(unittest.TestCase):
         print(f"hostile_peers: seed {SEED}", flush=True)
         cls.tmp = tempfile.TemporaryDirectory(prefix="laminar-hostile-")
         shm = os.path.join(cls.tmp.name, "relay.sock")
-        relay = Process([RELAY_SERVER, "--token", TOKEN, "--actor", "--mib", "1", "--shm", shm])
+        relay = Process([RELAY_SERVER, "--token", TOKEN, "--actor", "--mib", "1", "--shm", shm,
+                         "--shm-idle-timeout-ms", str(LOCAL_IDLE_SECONDS * 1000)])
         queue = Process([QUEUE_SERVER, "--token", TOKEN])
         cls.children = [relay, queue]
         relay_addr = relay.wait_line("listening").split()[1]
@@ -383,10 +390,72 @@ class HostilePeers(unittest.TestCase):
             limit = max(3 * self.local.baseline_s, self.local.baseline_s + 2.0)
             self.assertLess(seconds, limit, f"local relay: good client took {seconds:.2f} s beside {len(held)} "
                                             f"idle connections")
+            # The relay closes them itself: evicted for newer ones, the rest after its idle timeout.
+            rest = self.rest[self.local.process.pid]["fds"]
+            eventually(lambda: fd_count(self.local.process.pid) <= rest + 2, LOCAL_IDLE_SECONDS + 10,
+                       f"local relay closed {len(held)} idle connections (has {fd_count(self.local.process.pid)} "
+                       f"fds, {rest} at rest)")
         finally:
             for s in held:
                 s.close()
         self.recovered(self.local, f"garbage and {len(held)} idle local connections", started)
+
+    def test_local_relay_non_reading_clients(self):
+        path = listening_unix(self.local.process.pid)
+        self.assertTrue(path, "the relay serves no local socket")
+        pid = self.local.process.pid
+        started = time.monotonic()
+        stop = threading.Event()
+        sent = [0] * NON_READERS
+        connects = [0] * NON_READERS
+
+        def flood(i):
+            """Pipelines acquires as fast as the relay takes them, never reading; reconnects when dropped."""
+            batch = memoryview(LOCAL_ACQUIRE * 1024)
+            while not stop.is_set():
+                try:
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                        s.connect(path[0])
+                        s.setblocking(False)
+                        connects[i] += 1
+                        at = 0
+                        while not stop.is_set():
+                            try:
+                                n = s.send(batch[at:])
+                                at = (at + n) % len(batch)
+                                sent[i] += n
+                            except BlockingIOError:
+                                select.select([], [s], [], 0.05)
+                except OSError:
+                    stop.wait(0.05)
+
+        flooders = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(NON_READERS)]
+        for t in flooders:
+            t.start()
+        try:
+            # Until every one has filled what the relay will queue for it: no byte taken for 0.5 s.
+            progress = {"sent": -1, "at": time.monotonic()}
+
+            def all_stuck():
+                if sum(sent) != progress["sent"]:
+                    progress.update(sent=sum(sent), at=time.monotonic())
+                return all(connects) and time.monotonic() - progress["at"] > 0.5
+            eventually(all_stuck, ATTACK_SECONDS, f"{NON_READERS} non-reading clients filled their buffers")
+            fds_during, rss_during = fd_count(pid), rss_kib(pid)
+            seconds = self.local.serve_good_client()
+            limit = max(3 * self.local.baseline_s, self.local.baseline_s + 2.0)
+            self.assertLess(seconds, limit, f"local relay: good client took {seconds:.2f} s beside {NON_READERS} "
+                                            f"clients that send requests and read no answer")
+        finally:
+            stop.set()
+            for t in flooders:
+                t.join()
+        rest = self.rest[pid]
+        print(f"hostile_peers: local relay: {NON_READERS} non-reading clients sent {sum(sent) // 24} acquires "
+              f"({sum(connects)} connections); good client {seconds:.2f} s (normal {self.local.baseline_s:.2f} s); "
+              f"fds {rest['fds']} at rest, {fds_during} during; rss {rest['rss_kib']} KiB at rest, "
+              f"{rss_during} KiB during", flush=True)
+        self.recovered(self.local, f"{NON_READERS} clients pipelining acquires and reading nothing", started)
 
 
 if __name__ == "__main__":
