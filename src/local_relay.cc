@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -14,8 +15,10 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -46,42 +49,15 @@ Result<sockaddr_un> socket_address(const std::string& path) {
   return addr;
 }
 
-// Sends the whole of `parts` (with `fd` attached to the first byte when >= 0). Blocking: the socket
-// carries a send timeout.
-Status send_all(int sock, std::span<const std::span<const std::byte>> parts, int fd) {
-  std::vector<iovec> iov;
-  for (auto p : parts) {
-    if (!p.empty()) iov.push_back({const_cast<std::byte*>(p.data()), p.size()});
-  }
-  std::size_t first = 0;
-  bool attach = fd >= 0;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  while (first < iov.size()) {
-    msghdr msg{};
-    msg.msg_iov = iov.data() + first;
-    msg.msg_iovlen = iov.size() - first;
-    if (attach) {
-      std::memset(control, 0, sizeof control);
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    const ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+// Sends all of `bytes` on a blocking socket.
+Status send_all(int sock, std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = send(sock, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       return unavailable(fmt::format("send failed: {}", std::strerror(errno)));
     }
-    attach = false;
-    auto left = std::size_t(n);
-    while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
-    if (first < iov.size()) {
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
-      iov[first].iov_len -= left;
-    }
+    bytes = bytes.subspan(std::size_t(n));
   }
   return ok_status();
 }
@@ -240,8 +216,7 @@ Status LocalRelayConnection::error_reply(std::span<const std::byte> payload) {
 Status LocalRelayConnection::send_request(const LocalRequestFrame& request) {
   if (broken_) return unavailable(fmt::format("local relay '{}': the connection is closed", path_));
   const auto req = encode_local_request(request);
-  const std::span<const std::byte> parts[] = {req};
-  Status st = send_all(fd_.get(), parts, -1);
+  Status st = send_all(fd_.get(), req);
   if (!st.ok()) return fail(st);
   return ok_status();
 }
@@ -340,119 +315,181 @@ using internal::UniqueFd;
 
 namespace {
 
-// A client's send buffer may be full of replies it does not read; past this the server gives up on it
-// rather than stalling every other client.
-constexpr int kSendTimeoutMs = 2000;
+// Requests answered for one client before the loop turns to the others, so a client that pipelines
+// requests waits its turn.
+constexpr int kRequestsPerTurn = 16;
+// Connections accepted per turn, so a connect flood does not starve the clients already served.
+constexpr int kAcceptsPerTurn = 16;
+// While accept() fails for want of descriptors the listening socket stays readable; it is left
+// unwatched (else the loop would spin) and tried again after this long or the next event.
+constexpr int kAcceptRetryMs = 100;
+// An outbox that has drained keeps at most this much memory for the next replies.
+constexpr std::size_t kOutboxKeepBytes = 64 << 10;
+
+// epoll tags of the server's own descriptors; a client's tag is its id.
+constexpr std::uint64_t kWakeTag = 0;
+constexpr std::uint64_t kClockTag = 1;
+constexpr std::uint64_t kListenTag = 2;
+constexpr std::uint64_t kFirstClientId = 3;
+
+Duration saturating_add(Duration t, Duration d) { return d >= kForever - t ? kForever : t + d; }
+
+long long whole_ms(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
 }  // namespace
 
 struct LocalRelayServer::Impl {
+  // Reply bytes a client's socket has not taken yet, in order. `sent` counts every byte sent so
+  // far, so positions in the stream stay valid as sent bytes are discarded.
+  struct Outbox {
+    std::vector<std::byte> bytes;  // queued: [head, bytes.size())
+    std::size_t head = 0;
+    std::uint64_t sent = 0;
+    // Each queued grant's first byte in the stream, where its memfd rides. The handle keeps the
+    // memfd open until then, even if the client releases the lease early.
+    std::deque<std::pair<std::uint64_t, ReadHandle>> fds;
+    std::size_t queued() const { return bytes.size() - head; }
+  };
+
   struct Client {
+    std::uint64_t id = 0;
     UniqueFd fd;
     pid_t pid = 0;
-    std::array<std::byte, internal::kLocalRequestBytes> in{};
+    std::array<std::byte, internal::kLocalRequestBytes> in{};  // a partial request
     std::size_t have = 0;
     std::map<std::uint64_t, ReadHandle> leases;
+    Outbox out;
+    Duration last_active{0};     // the last byte read from or sent to it
+    std::uint32_t watching = 0;  // the epoll events asked for
   };
+
+  // Why a connection ends.
+  enum class Close : std::uint8_t { kGone, kRefused, kIdle, kStalled, kEvicted };
 
   std::shared_ptr<RelayStore> store;
   std::string path;
   ino_t inode = 0;
   LocalRelayServerOptions options;
+  std::shared_ptr<internal::ClockWaker> waker;  // options.clock, and its jumps as an eventfd
   UniqueFd listen_fd;
   UniqueFd wake_fd;
+  UniqueFd epoll_fd;
   std::thread thread;
-  std::vector<std::unique_ptr<Client>> clients;  // the server thread's alone
+  // The server thread's alone, from here on.
+  std::map<std::uint64_t, std::unique_ptr<Client>> clients;  // by id: oldest connection first
+  std::uint64_t next_id = kFirstClientId;
   std::uint64_t next_lease = 1;
+  bool accept_paused = false;
   mutable std::mutex stats_mu;  // guards stats and first_error
   LocalRelayServerStats stats;
   Status first_error;
+
+  const Clock& clock() const { return waker->clock(); }
 
   void emit(LocalRelayEvent e) {
     if (options.on_event) options.on_event(e);
   }
 
+  void count(std::uint64_t LocalRelayServerStats::*counter) {
+    std::lock_guard lock(stats_mu);
+    ++(stats.*counter);
+  }
+
   void update_stats() {
     std::size_t leases = 0;
-    for (const auto& c : clients) leases += c->leases.size();
+    std::size_t queued = 0;
+    for (const auto& [id, c] : clients) {
+      leases += c->leases.size();
+      queued += c->out.queued();
+    }
     std::lock_guard lock(stats_mu);
     stats.clients = clients.size();
     stats.leases = leases;
+    stats.queued_bytes = queued;
   }
 
-  Status reply(Client& c, internal::LocalReply type, std::span<const std::byte> payload, int fd) {
+  // `grant`: the version whose memfd goes with the reply's first byte.
+  void queue_reply(Client& c, internal::LocalReply type, std::span<const std::byte> payload,
+                   const ReadHandle* grant = nullptr) {
+    Outbox& o = c.out;
+    if (grant != nullptr) o.fds.emplace_back(o.sent + o.queued(), *grant);
     const auto header = internal::encode_local_reply_header({type, payload.size()});
-    const std::span<const std::byte> parts[] = {header, payload};
-    return internal::send_all(c.fd.get(), parts, fd);
+    o.bytes.insert(o.bytes.end(), header.begin(), header.end());
+    o.bytes.insert(o.bytes.end(), payload.begin(), payload.end());
   }
 
-  Status reply_error(Client& c, const Status& st) {
-    return reply(c, internal::LocalReply::kError, internal::encode_local_error(st), -1);
+  void queue_error(Client& c, const Status& st) {
+    queue_reply(c, internal::LocalReply::kError, internal::encode_local_error(st));
   }
 
-  // Answers one request; an error means the client must be dropped (`refused` says whether it
-  // misbehaved rather than vanished).
-  Status handle(Client& c, bool* refused) {
-    // The client sent it wrong: it is told so (kInvalidArgument, its input to fix) and dropped.
-    const auto refuse = [&](std::string why) {
-      *refused = true;
-      (void)reply_error(c, invalid_argument(why));
-      return invalid_argument(std::move(why));
-    };
+  // Answers the request in c.in by queueing its reply; a request that is malformed, or releases a
+  // lease the client does not hold, is refused: the reason comes back.
+  std::optional<std::string> handle(Client& c) {
     auto request = internal::decode_local_request(c.in);
-    if (!request.ok()) return refuse(request.status().message());
+    if (!request.ok()) return request.status().message();
     switch (request->type) {
       case internal::LocalRequest::kLatest:
-        return reply(c, internal::LocalReply::kLatestIs, internal::encode_local_latest(store->newest_version()), -1);
+        queue_reply(c, internal::LocalReply::kLatestIs, internal::encode_local_latest(store->newest_version()));
+        return std::nullopt;
       case internal::LocalRequest::kAcquire: {
         if (c.leases.size() >= options.max_leases_per_client) {
-          return reply_error(c, resource_exhausted(fmt::format("this client holds {} leases already, the most allowed",
-                                                               c.leases.size())));
+          queue_error(c, resource_exhausted(fmt::format("this client holds {} leases already, the most allowed",
+                                                        c.leases.size())));
+          return std::nullopt;
         }
         auto h = request->version ? store->acquire(*request->version) : store->acquire();
-        if (!h.ok()) return reply_error(c, h.status());
+        if (!h.ok()) {
+          queue_error(c, h.status());
+          return std::nullopt;
+        }
         const ChunkPlan& plan = h->plan();
         const std::uint64_t lease = next_lease++;
         internal::LocalGrantPayload grant{lease, h->version(), plan.total_bytes(), plan.chunk_bytes(), {},
                                           h->manifest().to_json()};
         grant.checksums.reserve(plan.num_chunks());
         for (std::uint32_t i = 0; i < plan.num_chunks(); ++i) grant.checksums.push_back(h->checksum(i).value());
-        const std::vector<std::byte> payload = internal::encode_local_grant(grant);
-        // Leased before the reply goes out: the client may release it the moment it arrives.
+        queue_reply(c, internal::LocalReply::kGrant, internal::encode_local_grant(grant), &*h);
         const Version v = h->version();
-        const int fd = h->shared_fd();
         c.leases.emplace(lease, std::move(*h));
-        LAMINAR_RETURN_IF_ERROR(reply(c, internal::LocalReply::kGrant, payload, fd));
-        {
-          std::lock_guard lock(stats_mu);
-          ++stats.grants;
-        }
+        count(&LocalRelayServerStats::grants);
         emit({LocalRelayEvent::Kind::kGranted, v, c.pid, false, ""});
-        return ok_status();
+        return std::nullopt;
       }
       case internal::LocalRequest::kRelease: {
         auto it = c.leases.find(request->lease);
         if (it == c.leases.end()) {
-          return refuse(fmt::format("release of lease {}, which this client does not hold", request->lease));
+          return fmt::format("release of lease {}, which this client does not hold", request->lease);
         }
         const Version v = it->second.version();
         c.leases.erase(it);
         emit({LocalRelayEvent::Kind::kReleased, v, c.pid, false, ""});
-        return ok_status();
+        return std::nullopt;
       }
     }
     LAMINAR_CHECK(false);  // decode_local_request accepts the three types only
   }
 
-  void drop(std::size_t k, bool refused, const std::string& why) {
-    std::unique_ptr<Client> c = std::move(clients[k]);
-    clients.erase(clients.begin() + std::ptrdiff_t(k));
-    if (refused) {
-      {
-        std::lock_guard lock(stats_mu);
-        ++stats.refused_clients;
-      }
-      emit({LocalRelayEvent::Kind::kRefused, Version(0), c->pid, true, why});
+  // Closes client `id`, ending its leases.
+  void drop(std::uint64_t id, Close why, const std::string& detail) {
+    auto it = clients.find(id);
+    LAMINAR_CHECK(it != clients.end());
+    std::unique_ptr<Client> c = std::move(it->second);
+    clients.erase(it);
+    c->fd.reset();   // which also takes it out of the epoll set
+    c->out = {};     // queued grants hold their versions too
+    const auto closed = [&](std::uint64_t LocalRelayServerStats::*counter) {
+      count(counter);
+      emit({LocalRelayEvent::Kind::kClosed, Version(0), c->pid, true, detail});
+    };
+    switch (why) {
+      case Close::kGone: break;
+      case Close::kRefused:
+        count(&LocalRelayServerStats::refused_clients);
+        emit({LocalRelayEvent::Kind::kRefused, Version(0), c->pid, true, detail});
+        break;
+      case Close::kIdle: closed(&LocalRelayServerStats::idle_closed); break;
+      case Close::kStalled: closed(&LocalRelayServerStats::stalled_closed); break;
+      case Close::kEvicted: closed(&LocalRelayServerStats::evicted); break;
     }
     for (auto& [lease, h] : c->leases) {
       const Version v = h.version();
@@ -461,66 +498,248 @@ struct LocalRelayServer::Impl {
     }
   }
 
-  void accept_clients() {
-    for (;;) {
-      UniqueFd fd(accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (fd.get() < 0) return;  // EAGAIN, or a client that went away while queued
-      if (clients.size() >= options.max_clients) continue;
-      const int flags = fcntl(fd.get(), F_GETFL);
-      if (flags < 0 || fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) continue;
-      const timeval tv{kSendTimeoutMs / 1000, (kSendTimeoutMs % 1000) * 1000};
-      (void)setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-      auto c = std::make_unique<Client>();
-      ucred cred{};
-      socklen_t len = sizeof cred;
-      if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) c->pid = cred.pid;
-      c->fd = std::move(fd);
-      clients.push_back(std::move(c));
+  // Asks epoll for what c waits for now: requests while its outbox has room, room in its socket
+  // while replies are queued. False when c had to be dropped.
+  bool watch(Client& c) {
+    std::uint32_t want = 0;
+    if (c.out.queued() < options.max_client_buffer_bytes) want |= EPOLLIN;
+    if (c.out.queued() > 0) want |= EPOLLOUT;
+    if (want == c.watching) return true;
+    epoll_event ev{};
+    ev.events = want;
+    ev.data.u64 = c.id;
+    if (epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) != 0) {
+      drop(c.id, Close::kGone, "");
+      return false;
     }
+    if ((c.watching & EPOLLIN) != 0 && (want & EPOLLIN) == 0) count(&LocalRelayServerStats::read_pauses);
+    c.watching = want;
+    return true;
   }
 
-  // Reads what client k sent and answers every whole request; false when the client was dropped.
-  bool serve(std::size_t k) {
-    Client& c = *clients[k];
-    for (;;) {
-      const ssize_t n = recv(c.fd.get(), c.in.data() + c.have, c.in.size() - c.have, MSG_DONTWAIT);
-      if (n < 0 && (errno == EINTR)) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-      if (n <= 0) {
-        const bool mid_request = n == 0 && c.have != 0;
-        drop(k, mid_request, mid_request ? fmt::format("closed mid-request ({} of {} bytes)", c.have, c.in.size())
-                                         : std::string());
+  // Sends what c's socket takes now. False when the client is gone.
+  bool flush(Client& c, Duration now) {
+    Outbox& o = c.out;
+    while (o.queued() > 0) {
+      // A grant's memfd rides on its first byte: a send starts there or stops short of it.
+      std::size_t len = o.queued();
+      const ReadHandle* attach = nullptr;
+      if (!o.fds.empty()) {
+        if (o.fds.front().first == o.sent) {
+          attach = &o.fds.front().second;
+          if (o.fds.size() > 1) len = std::size_t(o.fds[1].first - o.sent);
+        } else {
+          len = std::size_t(o.fds.front().first - o.sent);
+        }
+      }
+      iovec iov{o.bytes.data() + o.head, len};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+      if (attach != nullptr) {
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        const int fd = attach->shared_fd();
+        std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+      }
+      const ssize_t n = sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         return false;
       }
+      if (attach != nullptr) o.fds.pop_front();  // in flight: the kernel holds the file now
+      o.head += std::size_t(n);
+      o.sent += std::uint64_t(n);
+      c.last_active = now;
+    }
+    if (o.queued() == 0) {
+      o.bytes.clear();
+      o.head = 0;
+      if (o.bytes.capacity() > kOutboxKeepBytes) o.bytes.shrink_to_fit();
+    } else if (o.head > o.bytes.size() / 2) {
+      o.bytes.erase(o.bytes.begin(), o.bytes.begin() + std::ptrdiff_t(o.head));
+      o.head = 0;
+    }
+    return true;
+  }
+
+  // Reads and answers up to kRequestsPerTurn of c's requests while its outbox has room, then sends
+  // what its socket takes. False when c was dropped.
+  bool serve(Client& c, Duration now) {
+    for (int answered = 0; answered < kRequestsPerTurn && c.out.queued() < options.max_client_buffer_bytes;) {
+      const ssize_t n = recv(c.fd.get(), c.in.data() + c.have, c.in.size() - c.have, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n <= 0) {
+        if (n == 0 && c.have != 0) {
+          drop(c.id, Close::kRefused, fmt::format("closed mid-request ({} of {} bytes)", c.have, c.in.size()));
+        } else {
+          drop(c.id, Close::kGone, "");
+        }
+        return false;
+      }
+      c.last_active = now;
       c.have += std::size_t(n);
       if (c.have < c.in.size()) continue;
       c.have = 0;
-      bool refused = false;
-      Status st = handle(c, &refused);
-      if (!st.ok()) {
-        drop(k, refused, st.message());
+      ++answered;
+      if (std::optional<std::string> why = handle(c)) {
+        // Told why (kInvalidArgument: its input to fix) as far as its socket takes it now, then dropped.
+        queue_error(c, invalid_argument(*why));
+        (void)flush(c, now);
+        drop(c.id, Close::kRefused, *why);
         return false;
       }
     }
+    if (!flush(c, now)) {
+      drop(c.id, Close::kGone, "");
+      return false;
+    }
+    return watch(c);
+  }
+
+  // Closes the longest-idle connection holding no lease; false when every one holds a lease.
+  bool evict(Duration now) {
+    const Client* oldest = nullptr;
+    for (const auto& [id, c] : clients) {
+      if (c->leases.empty() && (oldest == nullptr || c->last_active < oldest->last_active)) oldest = c.get();
+    }
+    if (oldest == nullptr) return false;
+    drop(oldest->id, Close::kEvicted,
+         fmt::format("evicted for a new connection after {} ms idle", whole_ms(now - oldest->last_active)));
+    return true;
+  }
+
+  Status listen_for_clients(bool on) {
+    epoll_event ev{};
+    ev.events = on ? std::uint32_t(EPOLLIN) : 0;
+    ev.data.u64 = kListenTag;
+    if (epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, listen_fd.get(), &ev) != 0) {
+      return unavailable(fmt::format("local relay server '{}': epoll on the listening socket failed: {}", path,
+                                     std::strerror(errno)));
+    }
+    accept_paused = !on;
+    return ok_status();
+  }
+
+  Status accept_clients(Duration now) {
+    for (int k = 0; k < kAcceptsPerTurn; ++k) {
+      UniqueFd fd(accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (fd.get() < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) return listen_for_clients(false);
+        return ok_status();  // EAGAIN: none left
+      }
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      const pid_t pid = getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : 0;
+      if (clients.size() >= options.max_clients && !evict(now)) {
+        count(&LocalRelayServerStats::refused_full);
+        emit({LocalRelayEvent::Kind::kClosed, Version(0), pid, true,
+              fmt::format("turned away: all {} connections hold leases", clients.size())});
+        continue;
+      }
+      auto c = std::make_unique<Client>();
+      c->id = next_id++;
+      c->fd = std::move(fd);
+      c->pid = pid;
+      c->last_active = now;
+      c->watching = EPOLLIN;
+      epoll_event ev{};
+      ev.events = c->watching;
+      ev.data.u64 = c->id;
+      if (epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, c->fd.get(), &ev) != 0) continue;  // closed, as if refused
+      clients.emplace(c->id, std::move(c));
+    }
+    return ok_status();
+  }
+
+  // Closes the connections idle past idle_timeout; returns when the next one will be.
+  Duration close_idle(Duration now) {
+    Duration next = kForever;
+    std::vector<std::uint64_t> expired;
+    for (const auto& [id, c] : clients) {
+      // A lease holder that has read every reply may be copying from its version.
+      if (!c->leases.empty() && c->out.queued() == 0) continue;
+      const Duration at = saturating_add(c->last_active, options.idle_timeout);
+      if (at <= now) {
+        expired.push_back(id);
+      } else {
+        next = std::min(next, at);
+      }
+    }
+    for (std::uint64_t id : expired) {
+      const Client& c = *clients.at(id);
+      const long long ms = whole_ms(now - c.last_active);
+      if (c.out.queued() > 0) {
+        drop(id, Close::kStalled, fmt::format("left {} reply bytes unread for {} ms", c.out.queued(), ms));
+      } else {
+        drop(id, Close::kIdle, fmt::format("idle for {} ms", ms));
+      }
+    }
+    return next;
+  }
+
+  void fail(Status st) {
+    std::lock_guard lock(stats_mu);
+    first_error = std::move(st);
   }
 
   void run() {
+    std::array<epoll_event, 64> events;
     for (;;) {
-      std::vector<pollfd> fds{{wake_fd.get(), POLLIN, 0}, {listen_fd.get(), POLLIN, 0}};
-      for (const auto& c : clients) fds.push_back({c->fd.get(), POLLIN, 0});
-      if (poll(fds.data(), fds.size(), -1) < 0) {
-        if (errno == EINTR) continue;
-        std::lock_guard lock(stats_mu);
-        first_error = unavailable(fmt::format("local relay server '{}': poll failed: {}", path, std::strerror(errno)));
-        return;
-      }
-      if (fds[0].revents != 0) return;
-      // Back to front, so dropping a client does not shift the ones still to serve.
-      for (std::size_t k = clients.size(); k-- > 0;) {
-        if (fds[k + 2].revents != 0) serve(k);
-      }
-      if (fds[1].revents != 0) accept_clients();
+      const Duration next_close = close_idle(clock().now());
       update_stats();
+      int timeout_ms = internal::poll_timeout_ms(clock(), next_close);
+      if (accept_paused && (timeout_ms < 0 || timeout_ms > kAcceptRetryMs)) timeout_ms = kAcceptRetryMs;
+      const int n = epoll_wait(epoll_fd.get(), events.data(), int(events.size()), timeout_ms);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return fail(unavailable(fmt::format("local relay server '{}': epoll_wait failed: {}", path,
+                                            std::strerror(errno))));
+      }
+      if (accept_paused) {
+        Status st = listen_for_clients(true);
+        if (!st.ok()) return fail(std::move(st));
+      }
+      const Duration now = clock().now();
+      for (int i = 0; i < n; ++i) {
+        const std::uint64_t tag = events[std::size_t(i)].data.u64;
+        const std::uint32_t ev = events[std::size_t(i)].events;
+        if (tag == kWakeTag) return;
+        if (tag == kClockTag) {
+          waker->drain();
+          continue;
+        }
+        if (tag == kListenTag) {
+          Status st = accept_clients(now);
+          if (!st.ok()) return fail(std::move(st));
+          continue;
+        }
+        auto it = clients.find(tag);
+        if (it == clients.end()) continue;  // dropped earlier in this batch
+        Client& c = *it->second;
+        // Hung up with its reads paused: nothing more will come from it.
+        if ((ev & (EPOLLHUP | EPOLLERR)) != 0 && (ev & EPOLLIN) == 0) {
+          drop(tag, Close::kGone, "");
+          continue;
+        }
+        if ((ev & EPOLLOUT) != 0 && !flush(c, now)) {
+          drop(tag, Close::kGone, "");
+          continue;
+        }
+        if ((ev & EPOLLIN) != 0) {
+          serve(c, now);
+        } else {
+          watch(c);  // drained enough to read again, or nothing left to send
+        }
+      }
     }
   }
 };
@@ -549,8 +768,11 @@ Status LocalRelayServer::background_error() const {
 }
 
 std::string LocalRelayServerStats::to_json() const {
-  return fmt::format(R"({{"clients":{},"leases":{},"grants":{},"refused_clients":{}}})", clients, leases, grants,
-                     refused_clients);
+  return fmt::format(
+      R"({{"clients":{},"leases":{},"grants":{},"refused_clients":{},"idle_closed":{},"stalled_closed":{},)"
+      R"("evicted":{},"refused_full":{},"read_pauses":{},"queued_bytes":{}}})",
+      clients, leases, grants, refused_clients, idle_closed, stalled_closed, evicted, refused_full, read_pauses,
+      queued_bytes);
 }
 
 Result<std::unique_ptr<LocalRelayServer>> LocalRelayServer::create(std::shared_ptr<RelayStore> store,
@@ -562,20 +784,25 @@ Result<std::unique_ptr<LocalRelayServer>> LocalRelayServer::create(std::shared_p
         "local relay server: the store was created without RelayStoreOptions::shareable, so other processes "
         "cannot map its versions");
   }
-  if (options.max_clients == 0 || options.max_leases_per_client == 0) {
-    return invalid_argument(fmt::format("local relay server: max_clients {} and max_leases_per_client {} must be "
-                                        "above 0", options.max_clients, options.max_leases_per_client));
+  for (const auto& [name, value] : {std::pair{"max_clients", options.max_clients},
+                                    std::pair{"max_leases_per_client", options.max_leases_per_client},
+                                    std::pair{"max_client_buffer_bytes", options.max_client_buffer_bytes}}) {
+    if (value == 0) return invalid_argument(fmt::format("local relay server: {} is 0; it must be above 0", name));
+  }
+  if (options.idle_timeout <= Duration::zero()) {
+    return invalid_argument(fmt::format("local relay server: idle_timeout is {} ns; it must be positive (kForever: "
+                                        "never)", options.idle_timeout.count()));
   }
   auto addr = internal::socket_address(socket_path);
   LAMINAR_RETURN_IF_ERROR(addr.status().with_context("local relay server"));
+  auto waker = internal::ClockWaker::create(internal::clock_or_steady(options.clock));
+  LAMINAR_RETURN_IF_ERROR(waker.status().with_context("local relay server"));
   struct stat existing{};
   if (lstat(socket_path.c_str(), &existing) == 0) {
     if (!S_ISSOCK(existing.st_mode)) {
       return already_exists(fmt::format("local relay server: '{}' exists and is not a socket", socket_path));
     }
-    auto waker = internal::ClockWaker::create(Clock::steady());
-    LAMINAR_RETURN_IF_ERROR(waker.status().with_context("local relay server"));
-    auto probe = internal::LocalRelayConnection::connect(socket_path, std::move(*waker));
+    auto probe = internal::LocalRelayConnection::connect(socket_path, *waker);
     if (probe.ok()) {
       return already_exists(fmt::format("local relay server: a server is already listening on '{}'", socket_path));
     }
@@ -585,6 +812,7 @@ Result<std::unique_ptr<LocalRelayServer>> LocalRelayServer::create(std::shared_p
   impl->store = std::move(store);
   impl->path = socket_path;
   impl->options = std::move(options);
+  impl->waker = std::move(*waker);
   impl->listen_fd = UniqueFd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (impl->listen_fd.get() < 0) {
     return unavailable(fmt::format("local relay server: socket failed: {}", std::strerror(errno)));
@@ -592,18 +820,25 @@ Result<std::unique_ptr<LocalRelayServer>> LocalRelayServer::create(std::shared_p
   if (bind(impl->listen_fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(sockaddr_un)) != 0) {
     return unavailable(fmt::format("local relay server: bind to '{}' failed: {}", socket_path, std::strerror(errno)));
   }
+  // From here a failure removes the socket file it bound.
+  const auto failed = [&](std::string_view what) {
+    const int err = errno;
+    unlink(socket_path.c_str());
+    return unavailable(fmt::format("local relay server '{}': {} failed: {}", socket_path, what, std::strerror(err)));
+  };
   struct stat bound{};
   if (stat(socket_path.c_str(), &bound) == 0) impl->inode = bound.st_ino;
-  if (listen(impl->listen_fd.get(), 64) != 0) {
-    const int err = errno;
-    unlink(socket_path.c_str());
-    return unavailable(fmt::format("local relay server: listen on '{}' failed: {}", socket_path, std::strerror(err)));
-  }
+  if (listen(impl->listen_fd.get(), 64) != 0) return failed("listen");
   impl->wake_fd = UniqueFd(eventfd(0, EFD_CLOEXEC));
-  if (impl->wake_fd.get() < 0) {
-    const int err = errno;
-    unlink(socket_path.c_str());
-    return unavailable(fmt::format("local relay server: eventfd failed: {}", std::strerror(err)));
+  if (impl->wake_fd.get() < 0) return failed("eventfd");
+  impl->epoll_fd = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
+  if (impl->epoll_fd.get() < 0) return failed("epoll_create1");
+  for (const auto& [fd, tag] : {std::pair{impl->wake_fd.get(), kWakeTag}, std::pair{impl->waker->fd(), kClockTag},
+                               std::pair{impl->listen_fd.get(), kListenTag}}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag;
+    if (epoll_ctl(impl->epoll_fd.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return failed("epoll_ctl");
   }
   impl->thread = std::thread([p = impl.get()] { p->run(); });
   return std::unique_ptr<LocalRelayServer>(new LocalRelayServer(std::move(impl)));

@@ -154,6 +154,7 @@ class LocalSource final : public PullSource {
     std::string why;
     StatusCode code = StatusCode::kUnavailable;
     for (std::size_t attempt = 0; attempt < paths_.size(); ++attempt) {
+      const bool kept = conn_ != nullptr;
       if (!conn_) {
         auto c = LocalRelayConnection::connect(paths_[current_], waker_);
         if (!c.ok()) {
@@ -164,6 +165,15 @@ class LocalSource final : public PullSource {
         conn_ = std::move(*c);
       }
       Result<T> r = f(*conn_);
+      // The relay closes connections left idle, or evicts them for new clients: a kept connection
+      // found closed is opened afresh once before the relay counts as failed.
+      if (kept && conn_->broken() && r.status().code() == StatusCode::kUnavailable) {
+        auto c = LocalRelayConnection::connect(paths_[current_], waker_);
+        if (c.ok()) {
+          conn_ = std::move(*c);
+          r = f(*conn_);
+        }
+      }
       if (r.ok() || !conn_->broken()) return r;
       why += fmt::format("{}{}", why.empty() ? "" : "; ", r.status().message());
       code = r.status().code();

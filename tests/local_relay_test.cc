@@ -4,10 +4,14 @@
 // against the relay's workload; fault cases: a relay killed mid-pull and after a stopped pull
 // (failover, resume), a client killed holding a lease, malformed requests, and a fake relay in this
 // process that answers with truncated, corrupt or unsafe replies (no descriptor or mapping may leak).
+// A server in this process, on a ManualClock where time matters, checks its limits: idle
+// connections closed, a full table evicting or turning away, clients that never read their answers
+// beside a good one, and a puller whose kept connection the server closed.
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -21,6 +25,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -384,6 +389,9 @@ struct RawClient {
     std::memcpy(buf + 16, &b, 8);
     REQUIRE(send(fd, buf, sizeof buf, MSG_NOSIGNAL) == 24);
   }
+  void send_request(laminar::internal::LocalRequest type, std::uint64_t a = 0) {
+    send_words(laminar::internal::kLocalRelayMagic, std::uint32_t(type), a, 0);
+  }
   // Everything the server sends until it closes the connection.
   std::string read_to_eof() {
     std::string out;
@@ -394,6 +402,72 @@ struct RawClient {
       out.append(buf, std::size_t(n));
     }
     return out;
+  }
+  // n bytes, fewer if the connection ends first; descriptors that come with them are closed.
+  std::string read_exact(std::size_t n) {
+    std::string out(n, '\0');
+    std::size_t got = 0;
+    while (got < n) {
+      iovec iov{out.data() + got, n - got};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      const ssize_t k = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+      if (k <= 0) break;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+          int received;
+          std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          close(received);
+        }
+      }
+      got += std::size_t(k);
+    }
+    out.resize(got);
+    return out;
+  }
+  // One reply's type (0 when the connection ended first) and payload.
+  std::uint32_t read_reply(std::string* payload = nullptr) {
+    const std::string h = read_exact(16);
+    if (h.size() < 16) return 0;
+    std::uint32_t type = 0;
+    std::uint64_t len = 0;
+    std::memcpy(&type, h.data() + 4, 4);
+    std::memcpy(&len, h.data() + 8, 8);
+    std::string p = read_exact(std::size_t(len));
+    if (p.size() < len) return 0;
+    if (payload != nullptr) *payload = std::move(p);
+    return type;
+  }
+  // Takes the newest version and returns the lease's id.
+  std::uint64_t acquire() {
+    send_request(laminar::internal::LocalRequest::kAcquire);
+    std::string grant;
+    REQUIRE(read_reply(&grant) == std::uint32_t(laminar::internal::LocalReply::kGrant));
+    std::uint64_t lease = 0;
+    std::memcpy(&lease, grant.data(), 8);
+    return lease;
+  }
+  // Whether the server still answers on this connection.
+  bool answers() {
+    send_request(laminar::internal::LocalRequest::kLatest);
+    return read_reply() == std::uint32_t(laminar::internal::LocalReply::kLatestIs);
+  }
+  // Whether the server closes the connection within `within` (of real time); replies still unread
+  // are read and dropped.
+  bool closed_by_server(std::chrono::milliseconds within) {
+    const auto end = std::chrono::steady_clock::now() + within;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      pollfd p{fd, POLLIN, 0};
+      if (left.count() <= 0 || poll(&p, 1, int(left.count())) <= 0) return false;
+      char buf[4096];
+      const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0) return true;
+    }
   }
 };
 
@@ -778,6 +852,17 @@ TEST_CASE("local relay: bad socket paths and options are refused up front", "[re
   CHECK(laminar::LocalRelayServer::create(nullptr, "/tmp/x.sock").status().code() == StatusCode::kInvalidArgument);
   CHECK(laminar::LocalRelayServer::create(store, std::string(200, 'y')).status().code() ==
         StatusCode::kInvalidArgument);
+  for (auto [field, spoil] : std::initializer_list<std::pair<const char*, void (*)(laminar::LocalRelayServerOptions&)>>{
+           {"max_clients", [](laminar::LocalRelayServerOptions& lo) { lo.max_clients = 0; }},
+           {"max_client_buffer_bytes", [](laminar::LocalRelayServerOptions& lo) { lo.max_client_buffer_bytes = 0; }},
+           {"idle_timeout", [](laminar::LocalRelayServerOptions& lo) { lo.idle_timeout = 0s; }},
+           {"idle_timeout", [](laminar::LocalRelayServerOptions& lo) { lo.idle_timeout = -1s; }}}) {
+    laminar::LocalRelayServerOptions lo;
+    spoil(lo);
+    auto bad = laminar::LocalRelayServer::create(store, "/tmp/x.sock", lo).status();
+    CHECK(bad.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(bad.message(), Catch::Contains(field));
+  }
   TempDir dir;
   const std::string sock = dir.socket("s");
   auto server = laminar::LocalRelayServer::create(store, sock).value();
@@ -785,4 +870,274 @@ TEST_CASE("local relay: bad socket paths and options are refused up front", "[re
   CHECK(again.status().code() == StatusCode::kAlreadyExists);
   server.reset();
   CHECK(access(sock.c_str(), F_OK) != 0);  // removed on stop
+}
+
+namespace {
+
+// relay_server's workload, version v, published into `store`.
+void publish_workload(laminar::RelayStore& store, std::uint64_t v) {
+  Engine w;
+  for (std::size_t k = 0; k < w.data.size(); ++k) {
+    for (std::size_t i = 0; i < w.data[k].size(); ++i) w.data[k][i] = element(v, k, i);
+  }
+  REQUIRE(store.publish(Version(v), w.manifest, w.named).ok());
+  REQUIRE(store.wait_for_version(Version(v), 10s).ok());
+}
+
+// A LocalRelayServer in this process serving version 1 of the workload, recording its events.
+struct InProcessRelay {
+  TempDir dir;
+  std::string sock = dir.socket("r");
+  std::shared_ptr<laminar::RelayStore> store;
+  std::mutex mu;
+  std::vector<laminar::LocalRelayEvent> events;
+  // Last, so its thread stops before the members its on_event touches go.
+  std::unique_ptr<laminar::LocalRelayServer> server;
+
+  explicit InProcessRelay(laminar::LocalRelayServerOptions o) {
+    laminar::RelayStoreOptions so;
+    so.shareable = true;
+    store = laminar::RelayStore::create(so).value();
+    publish_workload(*store, 1);
+    o.on_event = [this](const laminar::LocalRelayEvent& e) {
+      std::lock_guard lock(mu);
+      events.push_back(e);
+    };
+    server = laminar::LocalRelayServer::create(store, sock, std::move(o)).value();
+  }
+  laminar::LocalRelayServerStats stats() const { return server->stats(); }
+  // Details of the kClosed events so far.
+  std::vector<std::string> closed() {
+    std::lock_guard lock(mu);
+    std::vector<std::string> out;
+    for (const auto& e : events) {
+      if (e.kind == laminar::LocalRelayEvent::Kind::kClosed) out.push_back(e.detail);
+    }
+    return out;
+  }
+};
+
+// Whether pred() holds within `within` of real time: the server acts on its own thread.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds within = 10s) {
+  const auto end = std::chrono::steady_clock::now() + within;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("local relay server: connections idle past idle_timeout on its clock are closed, lease holders are not",
+          "[relay_local]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  laminar::LocalRelayServerOptions o;
+  o.idle_timeout = 10s;
+  o.clock = clock;
+  o.max_client_buffer_bytes = 4096;
+  InProcessRelay relay(o);
+  RawClient active(relay.sock), idle(relay.sock), holder(relay.sock), stalled(relay.sock);
+  REQUIRE(eventually([&] { return relay.stats().clients == 4; }));
+  const std::uint64_t lease = holder.acquire();
+  // Holds a lease and then sends requests without reading the answers until the server stops
+  // reading it: not copying, so closed like an idle one.
+  stalled.acquire();
+  REQUIRE(fcntl(stalled.fd, F_SETFL, O_NONBLOCK) == 0);
+  REQUIRE(eventually([&] {
+    for (int i = 0; i < 64; ++i) {
+      const auto latest = laminar::internal::encode_local_request({laminar::internal::LocalRequest::kLatest, {}, 0});
+      if (send(stalled.fd, latest.data(), latest.size(), MSG_NOSIGNAL) < 0) break;
+    }
+    return relay.stats().read_pauses == 1;
+  }));
+
+  REQUIRE(clock->advance(6s).ok());
+  REQUIRE(active.answers());  // active at 6 s
+  REQUIRE(clock->advance(5s).ok());
+  CHECK(idle.closed_by_server(5s));
+  CHECK(stalled.closed_by_server(5s));
+  CHECK(eventually([&] { return relay.stats().idle_closed == 1 && relay.stats().stalled_closed == 1; }));
+  CHECK_FALSE(active.closed_by_server(50ms));
+  CHECK(relay.stats().leases == 1);  // the stalled client's lease ended with its connection
+
+  REQUIRE(clock->advance(6s).ok());
+  CHECK(active.closed_by_server(5s));
+  CHECK(eventually([&] { return relay.stats().idle_closed == 2; }));
+  // A lease holder that has read its grant may copy for as long as it needs.
+  REQUIRE(clock->advance(1h).ok());
+  CHECK_FALSE(holder.closed_by_server(200ms));
+  CHECK(holder.answers());
+  holder.send_request(laminar::internal::LocalRequest::kRelease, lease);
+  REQUIRE(eventually([&] { return relay.stats().leases == 0; }));
+  REQUIRE(clock->advance(11s).ok());
+  CHECK(holder.closed_by_server(5s));
+  CHECK(eventually([&] { return relay.stats().idle_closed == 3 && relay.stats().clients == 0; }));
+  const auto closed = relay.closed();
+  REQUIRE(closed.size() == 4);
+  CHECK(closed[0] == "idle for 11000 ms");
+  CHECK_THAT(closed[1], Catch::StartsWith("left ") && Catch::EndsWith(" reply bytes unread for 11000 ms"));
+  CHECK(closed[2] == "idle for 11000 ms");
+  CHECK(closed[3] == "idle for 11000 ms");
+  CHECK_THAT(relay.stats().to_json(), Catch::Contains(R"("idle_closed":3,"stalled_closed":1)"));
+}
+
+TEST_CASE("local relay server: a full table evicts the longest-idle connection without a lease, and turns a new "
+          "one away when every connection holds a lease", "[relay_local]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  laminar::LocalRelayServerOptions o;
+  o.max_clients = 3;
+  o.clock = clock;
+  InProcessRelay relay(o);
+  // a is the longest idle, but holds a lease; b is the longest idle without one.
+  RawClient a(relay.sock);
+  a.acquire();
+  REQUIRE(clock->advance(1s).ok());
+  RawClient b(relay.sock);
+  REQUIRE(eventually([&] { return relay.stats().clients == 2; }));
+  REQUIRE(clock->advance(1s).ok());
+  RawClient c(relay.sock);
+  REQUIRE(eventually([&] { return relay.stats().clients == 3; }));
+  REQUIRE(clock->advance(1s).ok());
+
+  RawClient d(relay.sock);
+  CHECK(b.closed_by_server(5s));
+  CHECK(eventually([&] { return relay.stats().evicted == 1; }));
+  CHECK(a.answers());
+  CHECK(c.answers());
+  CHECK(d.answers());
+  CHECK(relay.stats().clients == 3);
+
+  c.acquire();
+  d.acquire();
+  RawClient e(relay.sock);
+  CHECK(e.closed_by_server(5s));
+  CHECK(eventually([&] { return relay.stats().refused_full == 1; }));
+  CHECK(a.answers());
+  CHECK(c.answers());
+  CHECK(d.answers());
+  const auto s = relay.stats();
+  CHECK(s.clients == 3);
+  CHECK(s.leases == 3);
+  CHECK(s.evicted == 1);
+  const auto closed = relay.closed();
+  REQUIRE(closed.size() == 2);
+  CHECK_THAT(closed[0], Catch::Contains("evicted") && Catch::Contains("2000 ms idle"));
+  CHECK_THAT(closed[1], Catch::Contains("turned away: all 3 connections hold leases"));
+}
+
+TEST_CASE("local relay server: clients that send requests and never read the answers do not delay a good client",
+          "[relay_local]") {
+  InProcessRelay relay({});
+  WeightPullerOptions po;
+  po.verify_checksums = true;
+  auto puller = WeightPuller::create_local({relay.sock}, po).value();
+  Engine engine;
+  const auto timed_pull = [&](WeightPuller& p) {
+    std::fill(engine.data[0].begin(), engine.data[0].end(), 0u);
+    const auto start = std::chrono::steady_clock::now();
+    const laminar::Status st = p.pull(Version(1), engine.named, false);
+    const auto took = std::chrono::steady_clock::now() - start;
+    INFO(st.to_string());
+    REQUIRE(st.ok());
+    CHECK(engine.holds(1));
+    return took;
+  };
+  // The slowest of three pulls on a kept connection and one by a new puller (which maps the
+  // relay's memory first).
+  const auto slowest_pull = [&] {
+    std::chrono::steady_clock::duration slowest{0};
+    for (int i = 0; i < 3; ++i) slowest = std::max(slowest, timed_pull(*puller));
+    auto fresh = WeightPuller::create_local({relay.sock}, po).value();
+    return std::max(slowest, timed_pull(*fresh));
+  };
+  timed_pull(*puller);  // warm
+  const auto baseline = slowest_pull();
+
+  // Each sends acquire requests as fast as its socket takes them and reads nothing.
+  constexpr int kFlooders = 6;
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> requests_sent{0};
+  std::vector<std::unique_ptr<RawClient>> flooders;
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kFlooders; ++k) {
+    flooders.push_back(std::make_unique<RawClient>(relay.sock));
+    threads.emplace_back([&, fd = flooders.back()->fd] {
+      const auto acquire = laminar::internal::encode_local_request({laminar::internal::LocalRequest::kAcquire, {}, 0});
+      std::string batch;
+      for (int i = 0; i < 256; ++i) batch.append(reinterpret_cast<const char*>(acquire.data()), acquire.size());
+      std::size_t at = 0;
+      while (!stop) {
+        pollfd p{fd, POLLOUT, 0};
+        if (poll(&p, 1, 20) <= 0) continue;
+        const ssize_t n = send(fd, batch.data() + at, batch.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n <= 0) continue;
+        at = (at + std::size_t(n)) % batch.size();
+        requests_sent += std::uint64_t(n) / acquire.size();
+      }
+    });
+  }
+  // Every flooder has filled its socket and its buffer at the server, which stopped reading it.
+  const bool all_paused = eventually([&] { return relay.stats().read_pauses >= kFlooders; }, 60s);
+  const auto during = relay.stats();
+  std::chrono::steady_clock::duration slowest{0};
+  if (all_paused) slowest = slowest_pull();
+  stop = true;
+  for (auto& t : threads) t.join();
+  REQUIRE(all_paused);
+  const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+  std::printf("local_relay_test: %d non-reading clients sent %llu requests; good pull %lld ms beside them, "
+              "%lld ms before; %zu reply bytes queued\n",
+              kFlooders, static_cast<unsigned long long>(requests_sent.load()), static_cast<long long>(ms(slowest)),
+              static_cast<long long>(ms(baseline)), during.queued_bytes);
+  // Far below the puller's 10 s relay_timeout; the old one-reply-at-a-time server took about 2 s per
+  // non-reading client.
+  CHECK(slowest < std::max(4 * baseline, baseline + std::chrono::seconds(1)));
+  // Each flooder's buffer overshoots its bound by one reply at most.
+  CHECK(during.queued_bytes <= kFlooders * (laminar::LocalRelayServerOptions{}.max_client_buffer_bytes + 64 * 1024));
+  CHECK(during.leases >= std::size_t(kFlooders) * 16);
+
+  flooders.clear();
+  CHECK(eventually([&] {
+    const auto s = relay.stats();
+    return s.clients == 1 && s.leases == 0 && s.queued_bytes == 0;
+  }));
+}
+
+TEST_CASE("local relay: a puller whose kept connection the server closed pulls again on a new one",
+          "[relay_local]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  laminar::LocalRelayServerOptions o;
+  o.idle_timeout = 10s;
+  o.max_clients = 1;
+  o.clock = clock;
+  InProcessRelay relay(o);
+  auto puller = WeightPuller::create_local({relay.sock}).value();
+  Engine engine;
+  REQUIRE(puller->pull(Version(1), engine.named, false).ok());
+  REQUIRE(eventually([&] { return relay.stats().clients == 1 && relay.stats().leases == 0; }));
+
+  // Closed for idleness.
+  REQUIRE(clock->advance(11s).ok());
+  REQUIRE(eventually([&] { return relay.stats().idle_closed == 1 && relay.stats().clients == 0; }));
+  CHECK(puller->newest_version() == Version(1));
+  {
+    Engine again;
+    laminar::Status st = puller->pull(Version(1), again.named, false);
+    INFO(st.to_string());
+    REQUIRE(st.ok());
+    CHECK(again.holds(1));
+  }
+
+  // Evicted for another client; the puller's new connection evicts that one in turn.
+  RawClient other(relay.sock);
+  REQUIRE(eventually([&] { return relay.stats().evicted == 1; }));
+  Engine again;
+  laminar::Status st = puller->pull(Version(1), again.named, false);
+  INFO(st.to_string());
+  REQUIRE(st.ok());
+  CHECK(again.holds(1));
+  CHECK(other.closed_by_server(5s));
+  CHECK(relay.stats().grants == 3);
 }

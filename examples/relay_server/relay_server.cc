@@ -19,10 +19,12 @@
 //
 // With --shm PATH a LocalRelayServer serves the store on that socket too, printing "serving PATH",
 // "lease V PID", "released V PID HOW held N" (HOW: released or disconnected; N: versions the store
-// holds afterwards) and "refused PID WHY". An actor given --publish-on-usr1 publishes one more
-// version on every SIGUSR1. A --local puller (no UCX, no --token needed) prints "pulled V ok|..."
-// and "relay PATH" for the relay it read from; with --hold it instead prefetches the newest version,
-// prints "holding V" and keeps the lease until it is stopped.
+// holds afterwards), "refused PID WHY" (a malformed request) and "closed PID WHY" (idle, evicted or
+// turned away; --shm-idle-timeout-ms, --shm-max-clients and --shm-client-buffer-bytes set the
+// limits). An actor given --publish-on-usr1 publishes one more version on every SIGUSR1. A --local
+// puller (no UCX, no --token needed) prints "pulled V ok|..." and "relay PATH" for the relay it read
+// from; with --hold it instead prefetches the newest version, prints "holding V" and keeps the lease
+// until it is stopped.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -188,6 +190,15 @@ int main(int argc, char** argv) {
   app.add_option("--local", local, "pull from the local relay serving this socket instead (repeatable)");
   app.add_flag("--hold", hold, "with --local: prefetch the newest version and hold its lease");
   app.add_option("--shm", shm, "also serve same-host pullers on this Unix socket");
+  laminar::LocalRelayServerOptions lo;
+  std::uint64_t shm_idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(lo.idle_timeout).count();
+  app.add_option("--shm-idle-timeout-ms", shm_idle_ms, "with --shm: close a connection idle this long (0: never)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t(0), std::uint64_t(365) * 24 * 3600 * 1000));
+  app.add_option("--shm-max-clients", lo.max_clients, "with --shm: connections served at once")->capture_default_str();
+  app.add_option("--shm-client-buffer-bytes", lo.max_client_buffer_bytes,
+                 "with --shm: reply bytes queued per client before its requests wait")
+      ->capture_default_str();
   app.add_option("--mib", mib, "MiB of weights per version");
   app.add_option("--chunk-kib", chunk_kib, "chunk size of published versions (default: the store's)");
   app.add_option("--seed", seed, "seed of the weights' contents");
@@ -274,7 +285,7 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<laminar::LocalRelayServer> local_server;
   if (!shm.empty()) {
-    laminar::LocalRelayServerOptions lo;
+    lo.idle_timeout = shm_idle_ms == 0 ? laminar::kForever : laminar::Duration(std::chrono::milliseconds(shm_idle_ms));
     lo.on_event = [&](const laminar::LocalRelayEvent& e) {
       using K = laminar::LocalRelayEvent::Kind;
       const std::string pid = std::to_string(e.client_pid);
@@ -286,6 +297,7 @@ int main(int argc, char** argv) {
               std::to_string(store->stats().versions_held));
           break;
         case K::kRefused: say("refused " + pid + " " + e.detail); break;
+        case K::kClosed: say("closed " + pid + " " + e.detail); break;
       }
     };
     auto server = laminar::LocalRelayServer::create(store, shm, lo);

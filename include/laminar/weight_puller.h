@@ -72,9 +72,10 @@ class WeightPuller {
   static Result<std::unique_ptr<WeightPuller>> create(std::shared_ptr<RelayStore> relay,
                                                       WeightPullerOptions options = {});
   // Pulls from the relays serving these Unix domain sockets (LocalRelayServer), the first that
-  // answers, in order. Connects on first use, so the relays may start later. kInvalidArgument for an
-  // empty list, a path that does not fit a socket address, a zero relay_timeout, or options create()
-  // refuses.
+  // answers, in order. Connects on first use, so the relays may start later, and keeps the
+  // connection between calls; one the relay has since closed (idle, or evicted) is reopened.
+  // kInvalidArgument for an empty list, a path that does not fit a socket address, a zero
+  // relay_timeout, or options create() refuses.
   static Result<std::unique_ptr<WeightPuller>> create_local(std::vector<std::string> socket_paths,
                                                             WeightPullerOptions options = {});
   ~WeightPuller();

@@ -13,6 +13,7 @@ Usage: hostile_peers.py RELAY_SERVER QUEUE_SERVER TRANSPORT_PEER [unittest args]
 """
 import os
 import random
+import select
 import socket
 import struct
 import subprocess
@@ -28,6 +29,11 @@ SEED = int(os.environ.get("LAMINAR_HOSTILE_SEED", str(random.randrange(1 << 30))
 UCX_TCP_MAGIC = struct.pack("<Q", 0xCAFEBABE12345678)
 # Longest an attack on one process goes on (a wedged target makes every connect wait).
 ATTACK_SECONDS = 30
+# The relay's local socket closes connections idle this long (relay_server --shm-idle-timeout-ms).
+LOCAL_IDLE_SECONDS = 3
+# Clients that send acquire requests to the local relay as fast as it takes them and read nothing.
+NON_READERS = 8
+LOCAL_ACQUIRE = struct.pack("<IIQQ", 0x31524D4C, 2, 0, 0)  # "LMR1", kAcquire of the newest version
 
 
 def eventually(pred, timeout, what):
@@ -41,11 +47,21 @@ def eventually(pred, timeout, what):
         time.sleep(0.05)
 
 
+def target_env():
+    """The environment of the processes attacked. Under ASan freed memory waits in a quarantine (256 MiB
+    by default) before it is reused, which the resting-memory check would count as kept; a small one
+    leaves that check measuring what the process holds. Other builds ignore the variable."""
+    env = dict(os.environ)
+    env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "quarantine_size_mb=16"]))
+    return env
+
+
 class Process:
     """A child the suite started, read line by line; stopped by its pid only."""
 
     def __init__(self, args):
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=target_env())
         self.lines = []
         self.cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -208,7 +224,8 @@ class HostilePeers(unittest.TestCase):
         print(f"hostile_peers: seed {SEED}", flush=True)
         cls.tmp = tempfile.TemporaryDirectory(prefix="laminar-hostile-")
         shm = os.path.join(cls.tmp.name, "relay.sock")
-        relay = Process([RELAY_SERVER, "--token", TOKEN, "--actor", "--mib", "1", "--shm", shm])
+        relay = Process([RELAY_SERVER, "--token", TOKEN, "--actor", "--mib", "1", "--shm", shm,
+                         "--shm-idle-timeout-ms", str(LOCAL_IDLE_SECONDS * 1000)])
         queue = Process([QUEUE_SERVER, "--token", TOKEN])
         cls.children = [relay, queue]
         relay_addr = relay.wait_line("listening").split()[1]
@@ -384,15 +401,77 @@ class HostilePeers(unittest.TestCase):
             limit = max(3 * self.local.baseline_s, self.local.baseline_s + 2.0)
             self.assertLess(seconds, limit, f"local relay: good client took {seconds:.2f} s beside {len(held)} "
                                             f"idle connections")
+            # The relay closes them itself: evicted for newer ones, the rest after its idle timeout.
+            rest = self.rest[self.local.process.pid]["fds"]
+            eventually(lambda: fd_count(self.local.process.pid) <= rest + 2, LOCAL_IDLE_SECONDS + 10,
+                       f"local relay closed {len(held)} idle connections (has {fd_count(self.local.process.pid)} "
+                       f"fds, {rest} at rest)")
         finally:
             for s in held:
                 s.close()
         self.recovered(self.local, f"garbage and {len(held)} idle local connections", started)
 
+    def test_local_relay_non_reading_clients(self):
+        path = listening_unix(self.local.process.pid)
+        self.assertTrue(path, "the relay serves no local socket")
+        pid = self.local.process.pid
+        started = time.monotonic()
+        stop = threading.Event()
+        sent = [0] * NON_READERS
+        connects = [0] * NON_READERS
+
+        def flood(i):
+            """Pipelines acquires as fast as the relay takes them, never reading; reconnects when dropped."""
+            batch = memoryview(LOCAL_ACQUIRE * 1024)
+            while not stop.is_set():
+                try:
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                        s.connect(path[0])
+                        s.setblocking(False)
+                        connects[i] += 1
+                        at = 0
+                        while not stop.is_set():
+                            try:
+                                n = s.send(batch[at:])
+                                at = (at + n) % len(batch)
+                                sent[i] += n
+                            except BlockingIOError:
+                                select.select([], [s], [], 0.05)
+                except OSError:
+                    stop.wait(0.05)
+
+        flooders = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(NON_READERS)]
+        for t in flooders:
+            t.start()
+        try:
+            # Until every one has filled what the relay will queue for it: no byte taken for 0.5 s.
+            progress = {"sent": -1, "at": time.monotonic()}
+
+            def all_stuck():
+                if sum(sent) != progress["sent"]:
+                    progress.update(sent=sum(sent), at=time.monotonic())
+                return all(connects) and time.monotonic() - progress["at"] > 0.5
+            eventually(all_stuck, ATTACK_SECONDS, f"{NON_READERS} non-reading clients filled their buffers")
+            fds_during, rss_during = fd_count(pid), rss_kib(pid)
+            seconds = self.local.serve_good_client()
+            limit = max(3 * self.local.baseline_s, self.local.baseline_s + 2.0)
+            self.assertLess(seconds, limit, f"local relay: good client took {seconds:.2f} s beside {NON_READERS} "
+                                            f"clients that send requests and read no answer")
+        finally:
+            stop.set()
+            for t in flooders:
+                t.join()
+        rest = self.rest[pid]
+        print(f"hostile_peers: local relay: {NON_READERS} non-reading clients sent {sum(sent) // 24} acquires "
+              f"({sum(connects)} connections); good client {seconds:.2f} s (normal {self.local.baseline_s:.2f} s); "
+              f"fds {rest['fds']} at rest, {fds_during} during; rss {rest['rss_kib']} KiB at rest, "
+              f"{rss_during} KiB during", flush=True)
+        self.recovered(self.local, f"{NON_READERS} clients pipelining acquires and reading nothing", started)
+
     def test_unknown_type_flood_from_an_authenticated_peer(self):
-        """A peer holding the token sends what nothing here handles: 50 MiB of one-way messages of an
+        """A peer holding the token sends what nothing here handles: 100 MiB of one-way messages of an
         application type, then requests. Nothing is kept for it, and every request is answered at once."""
-        messages = 800
+        messages = 1600
         for target, address in ((self.relay, self.relay.process.wait_line("listening").split()[1]),
                                 (self.queue, self.queue.process.wait_line("listening").split()[1])):
             started = time.monotonic()
@@ -405,7 +484,8 @@ class HostilePeers(unittest.TestCase):
             self.assertEqual(answers, {"RESOURCE_EXHAUSTED": "32", "UNIMPLEMENTED": "32"},
                              f"{target.name}: answers to the flood's requests")
             grown = rss_kib(target.process.pid) - self.rest[target.process.pid]["rss_kib"]
-            self.assertLess(grown, 16 << 10, f"{target.name} holds {grown} KiB after {messages} x 64 KiB")
+            # A third of what was sent: room for the allocator's caches and ASan's 16 MiB quarantine.
+            self.assertLess(grown, 32 << 10, f"{target.name} holds {grown} KiB after {messages} x 64 KiB")
             self.recovered(target, f"{messages} x 64 KiB of unhandled messages and 64 requests from an "
                                    f"authenticated peer", started)
 
