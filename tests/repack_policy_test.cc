@@ -577,3 +577,37 @@ TEST_CASE("properties over random fleets: cost-aware frees at least as many work
     if (!checks) CHECK(wins > losses);
   }
 }
+
+TEST_CASE("the README's example", "[repack_policy]") {
+  // README.md shows this, trimmed: two workers of version 7 draining while the relays offer 8.
+  using namespace laminar;
+  std::vector<std::pair<SequenceId, WorkerId>> migrations;
+  std::vector<WorkerId> pulls;
+  auto migrate = [&](SequenceId s, WorkerId, WorkerId to) { migrations.emplace_back(s, to); };
+  auto pull_when_empty = [&](WorkerId w, Version) { pulls.push_back(w); };
+
+  WorkerSnapshot w;  // one per rollout worker, from its engine
+  w.id = WorkerId(3);
+  w.version = Version(7);
+  w.sequences = {{SequenceId(41), /*tokens=*/5000, /*pages=*/313, /*expected_remaining_tokens=*/1200}};
+  w.pages_total = 32768;
+  w.pages_used = 313;
+  w.slots_total = 256;
+  w.slots_used = 1;
+  w.step_time = 18ms;
+  w.kv_stopped_growing = true;  // no new prompts: its KV only shrinks now
+  WorkerSnapshot busier = w;
+  busier.id = WorkerId(4);
+  busier.sequences = {{SequenceId(42), 9000, 563, 3000}, {SequenceId(43), 7000, 438, std::nullopt}};
+  busier.pages_used = 1001;
+  busier.slots_used = 2;
+
+  FleetSnapshot fleet{.tokens_per_page = 16, .workers = {w, busier}};
+  Result<MigrationPlan> plan = plan_repack(fleet, /*newest=*/Version(8));
+  if (!plan.ok()) FAIL(plan.status().to_string());
+  for (const Move& m : plan->moves) migrate(m.sequence, m.from, m.to);  // the KvMigrator's job
+  for (const FreedWorker& f : plan->freed) pull_when_empty(f.worker, Version(8));
+
+  CHECK(migrations == std::vector<std::pair<SequenceId, WorkerId>>{{SequenceId(41), WorkerId(4)}});
+  CHECK(pulls == std::vector<WorkerId>{WorkerId(3)});
+}
