@@ -101,7 +101,7 @@ struct RepackPolicyOptions {
   RepackStrategy strategy = RepackStrategy::kCostAware;
   // Tokens of growth a destination keeps pages for, per sequence. Simulating 1,024 workers with RL
   // response lengths (median 2k tokens, p99 10x that), 1,024 left no worker short of pages before
-  // its sequences ended, 512 about one per plan, 128 about 40 (bench/README.md).
+  // its sequences ended, 512 fewer than one per plan, 128 about 40 (bench/README.md).
   std::int64_t growth_horizon_steps = 1024;
   // The rest is read by kCostAware only (and by the estimates of every plan).
   // Bytes of one page over every layer, K and V: 16 tokens of an 8B GQA model in bf16 are 2 MiB.
