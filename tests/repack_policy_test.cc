@@ -263,7 +263,7 @@ RepackPolicyOptions random_options(std::mt19937_64& rng) {
 
 }  // namespace
 
-TEST_CASE("the paper's rule moves the smallest worker into the destination left most densely packed",
+TEST_CASE("repack policy: the paper's rule moves the smallest worker into the destination left most densely packed",
           "[repack_policy]") {
   // Worker 1 holds 10 pages. Worker 2 (75 used) is left with 15 free after taking them, worker 3
   // (40 used) with 50: best fit picks worker 2. Worker 3 is tried next and fits nowhere.
@@ -276,7 +276,7 @@ TEST_CASE("the paper's rule moves the smallest worker into the destination left 
   CHECK(check_plan(fleet, Version(2), paper(), plan) == "");
 }
 
-TEST_CASE("a source whose sequences do not all fit moves none and can still receive", "[repack_policy]") {
+TEST_CASE("repack policy: a source whose sequences do not all fit moves none and can still receive", "[repack_policy]") {
   // Worker 1 (two sequences of 30 pages, 200-page cache) is smaller, so it goes first: one sequence
   // fits in worker 2 (30 free), the second does not, so neither moves. Worker 2 (70 pages) then
   // empties into worker 1.
@@ -288,7 +288,7 @@ TEST_CASE("a source whose sequences do not all fit moves none and can still rece
   CHECK(check_plan(fleet, Version(2), paper(), plan) == "");
 }
 
-TEST_CASE("versions never mix, and workers on the newest version are left alone", "[repack_policy]") {
+TEST_CASE("repack policy: versions never mix, and workers on the newest version are left alone", "[repack_policy]") {
   // Worker 1 (v1) would fit into worker 2 (v2) or worker 3 (v3, the newest), but each is alone on
   // its version.
   FleetSnapshot fleet = fleet_of({worker(1, 1, {{10, 5}}), worker(2, 2, {{20, 50}}), worker(3, 3, {{30, 50}})});
@@ -300,7 +300,7 @@ TEST_CASE("versions never mix, and workers on the newest version are left alone"
   CHECK(plan_repack(fleet, Version(4), paper()).value().moves.size() == 1);
 }
 
-TEST_CASE("workers still taking prompts are neither sources nor destinations", "[repack_policy]") {
+TEST_CASE("repack policy: workers still taking prompts are neither sources nor destinations", "[repack_policy]") {
   // Worker 1 (5 pages) would empty into worker 2 (50 used) if both were draining.
   REQUIRE(plan_repack(fleet_of({worker(1, 1, {{10, 5}}), worker(2, 1, {{20, 50}})}), Version(2), paper())
               .value()
@@ -318,7 +318,7 @@ TEST_CASE("workers still taking prompts are neither sources nor destinations", "
   }
 }
 
-TEST_CASE("page and slot limits are exact", "[repack_policy]") {
+TEST_CASE("repack policy: page and slot limits are exact", "[repack_policy]") {
   // 10 pages into exactly 10 free: fits. Into 9 free: does not.
   CHECK(plan_repack(fleet_of({worker(1, 1, {{10, 10}}), worker(2, 1, {{20, 90}})}), Version(2), paper())
             .value()
@@ -353,7 +353,7 @@ TEST_CASE("page and slot limits are exact", "[repack_policy]") {
             .moves.empty());  // 100 - 89 - 1 = 10 < 11
 }
 
-TEST_CASE("cost-aware: room for growth only until a sequence is expected to end", "[repack_policy]") {
+TEST_CASE("repack policy: cost-aware: room for growth only until a sequence is expected to end", "[repack_policy]") {
   // Worker 2 has 100 - 80 = 20 pages, minus its own growth. The paper's rule reserves 1024 tokens
   // (64 pages) per sequence; cost-aware reserves what each is expected to need.
   FleetSnapshot fleet = fleet_of({worker(1, 1, {{10, 10}}), worker(2, 1, {{20, 80}})});
@@ -369,7 +369,7 @@ TEST_CASE("cost-aware: room for growth only until a sequence is expected to end"
   CHECK(plan_repack(fleet, Version(2), o).value().moves.empty());
 }
 
-TEST_CASE("cost-aware: a worker whose sequences end before its pages would arrive stays", "[repack_policy]") {
+TEST_CASE("repack policy: cost-aware: a worker whose sequences end before its pages would arrive stays", "[repack_policy]") {
   // Worker 1's sequence ends in 1 step (20 ms); sending its 10 pages of 2 MiB at 1 MB/s takes 21 s.
   FleetSnapshot fleet = fleet_of({worker(1, 1, {{10, 10}}), worker(2, 1, {{20, 50}})});
   fleet.workers[0].sequences[0].expected_remaining_tokens = 1;
@@ -398,7 +398,7 @@ TEST_CASE("cost-aware: a worker whose sequences end before its pages would arriv
   CHECK(plan_repack(fleet, Version(2), o).value().freed.size() == 1);
 }
 
-TEST_CASE("cost-aware: the version's longest sequence is not moved onto a slower worker", "[repack_policy]") {
+TEST_CASE("repack policy: cost-aware: the version's longest sequence is not moved onto a slower worker", "[repack_policy]") {
   // Worker 1 is fast (10 ms a step) and holds the version's longest sequence: 1000 steps, 10 s.
   // Worker 2 is slow (40 ms a step) and ends in 100 steps, 4 s. The paper's rule moves the smaller
   // worker 1 into worker 2, where the long sequence ends after 40 s: the version ends 4x later.
@@ -432,14 +432,14 @@ TEST_CASE("cost-aware: the version's longest sequence is not moved onto a slower
   }
 }
 
-TEST_CASE("an empty fleet or one draining worker per version gives an empty plan", "[repack_policy]") {
+TEST_CASE("repack policy: an empty fleet or one draining worker per version gives an empty plan", "[repack_policy]") {
   const MigrationPlan empty = plan_repack(fleet_of({}), Version(0)).value();
   CHECK(empty.moves.empty());
   CHECK(empty.tail_growth == 1.0);
   CHECK(plan_repack(fleet_of({worker(1, 0, {{10, 5}}), worker(2, 1, {{11, 5}})}), Version(2)).value().moves.empty());
 }
 
-TEST_CASE("every precondition is checked and names what is wrong", "[repack_policy]") {
+TEST_CASE("repack policy: every precondition is checked and names what is wrong", "[repack_policy]") {
   struct Case {
     const char* what;
     std::function<void(FleetSnapshot&, RepackPolicyOptions&)> mutate;
@@ -491,7 +491,7 @@ TEST_CASE("every precondition is checked and names what is wrong", "[repack_poli
   }
 }
 
-TEST_CASE("the validator catches broken plans", "[repack_policy]") {
+TEST_CASE("repack policy: the validator catches broken plans", "[repack_policy]") {
   // check_plan is what the properties below rest on: each kind of broken plan must fail it.
   const FleetSnapshot fleet =
       fleet_of({worker(1, 1, {{10, 10}}), worker(2, 1, {{20, 75}}), worker(3, 1, {{30, 40}}), worker(4, 2, {{40, 5}})});
@@ -518,7 +518,7 @@ TEST_CASE("the validator catches broken plans", "[repack_policy]") {
   CHECK_THAT(check_plan(tight, Version(2), paper(), over), Catch::Contains("overfills"));
 }
 
-TEST_CASE("properties over random fleets: every plan is valid", "[repack_policy]") {
+TEST_CASE("repack policy: properties over random fleets: every plan is valid", "[repack_policy]") {
   const std::uint64_t seed = 20251014;
   std::printf("repack_policy_test: random fleets, seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
@@ -540,7 +540,7 @@ TEST_CASE("properties over random fleets: every plan is valid", "[repack_policy]
   CHECK(with_moves > 1000);  // the fleets are not trivial
 }
 
-TEST_CASE("properties over random fleets: cost-aware frees at least as many workers as the paper's rule",
+TEST_CASE("repack policy: properties over random fleets: cost-aware frees at least as many workers as the paper's rule",
           "[repack_policy]") {
   // Compared on the sum over all fleets, not fleet by fleet. Best fit is greedy, and greedy packing
   // is not monotone: smaller items (cost-aware reserves less growth for sequences about to end) can
@@ -578,7 +578,7 @@ TEST_CASE("properties over random fleets: cost-aware frees at least as many work
   }
 }
 
-TEST_CASE("the README's example", "[repack_policy]") {
+TEST_CASE("repack policy: the README's example", "[repack_policy]") {
   // README.md shows this, trimmed: two workers of version 7 draining while the relays offer 8.
   using namespace laminar;
   std::vector<std::pair<SequenceId, WorkerId>> migrations;
