@@ -205,7 +205,7 @@ TEST_CASE("relay messages: each decoder takes what its encoder writes and refuse
     CHECK(st.code() == laminar::StatusCode::kDataLoss);
     CHECK_THAT(st.message(), Catch::Contains(needle) && Catch::Contains("at offset"));
   };
-  const in::RelaySubscribe sub{Version(5)};
+  const in::RelaySubscribe sub{Version(5), 2'500'000'000};
   CHECK(in::decode_relay_subscribe(in::encode_relay_subscribe(sub)).value() == sub);
   CHECK(in::decode_relay_subscribe(in::encode_relay_subscribe({})).value() == in::RelaySubscribe{});
   const in::RelayBegin begin{Version(3), 4096, R"({"tensors":[]})"};
@@ -214,6 +214,7 @@ TEST_CASE("relay messages: each decoder takes what its encoder writes and refuse
   CHECK(in::decode_relay_begin_reply(in::encode_relay_begin_reply(reply)).value() == reply);
   const in::RelayChunk chunk{Version(3), 7, 0xfeed};
   CHECK(in::decode_relay_chunk(in::encode_relay_chunk(chunk)).value() == chunk);
+  CHECK(in::decode_relay_idle(in::encode_relay_idle({})).value() == in::RelayIdle{});
 
   std::vector<std::byte> b = in::encode_relay_subscribe(sub);
   b[0] = std::byte{2};
@@ -221,6 +222,9 @@ TEST_CASE("relay messages: each decoder takes what its encoder writes and refuse
   b = in::encode_relay_subscribe({});
   b[1] = std::byte{1};
   refused(in::decode_relay_subscribe(b).status(), "newest is 1 without has");
+  b = in::encode_relay_subscribe(sub);
+  refused(in::decode_relay_subscribe(std::span(b).first(12)).status(), "idle_every_ns cut short at offset 9");
+  refused(in::decode_relay_idle(std::vector<std::byte>(3)).status(), "relay idle message: 3 trailing bytes at offset 0");
   b = in::encode_relay_begin(begin);
   refused(in::decode_relay_begin(std::span(b).first(12)).status(), "chunk_bytes cut short at offset 8");
   b = in::encode_relay_begin_reply(reply);
