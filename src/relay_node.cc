@@ -284,6 +284,7 @@ struct RelayNode::Impl {
         return true;  // v was dropped (a newer version committed here): stop sending it
       }
       todo.pop_front();
+      if (hooks.before_outgoing_chunk) hooks.before_outgoing_chunk(v, i);
       const std::uint64_t off = plan.chunk_offset(i);
       const std::size_t len = c->bytes.size();
       Put p{i, c->checksum, {}, {}};

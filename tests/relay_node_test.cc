@@ -3,7 +3,8 @@
 // answering), and the relay chain across real processes (examples/relay_server built with
 // laminar_testing's faults, started with laminar_test_support):
 // actor + a chain of 4 relays + pullers with every byte checked, a relay killed mid-broadcast, a
-// corrupt chunk, a late joiner, and a puller whose relay dies mid-pull resuming from another.
+// corrupt chunk, a late joiner, a puller whose relay dies mid-pull resuming from another, a relay
+// stopped (SIGSTOP) mid-broadcast, and a slow relay that is kept.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -43,10 +44,10 @@ constexpr int kChunkKib = 256;
 // relay_server's workload: kMib MiB of tensors plus one small tensor padded to 256 bytes.
 constexpr std::uint64_t kChunks = ((std::uint64_t(kMib) << 20) + 256 + (kChunkKib << 10) - 1) / (kChunkKib << 10);
 
-ChildProcess start(std::vector<std::string> args) {
+ChildProcess start(std::vector<std::string> args, int mib = kMib) {
   ChildOptions o;
   o.program = LAMINAR_RELAY_SERVER;
-  o.args = {"--token", kToken, "--mib", std::to_string(kMib), "--chunk-kib", std::to_string(kChunkKib)};
+  o.args = {"--token", kToken, "--mib", std::to_string(mib), "--chunk-kib", std::to_string(kChunkKib)};
   o.args.insert(o.args.end(), args.begin(), args.end());
   auto child = ChildProcess::spawn(std::move(o));
   INFO(child.status().to_string());
@@ -583,4 +584,78 @@ TEST_CASE("an upstream drops a subscriber that stops answering; its other subscr
   CHECK(head->background_error().ok());
   (void)in::on_protocol_message(*hung_tr, in::kRelayIdleMessage, {});
   (void)in::on_protocol_message(*hung_tr, in::kRelayBeginMessage, {});
+}
+
+TEST_CASE("a relay stopped (SIGSTOP) mid-broadcast is failed over within stall_timeout; only the relay below it moves",
+          "[relay_node][stall]") {
+  using Ms = std::chrono::milliseconds;
+  constexpr Ms kStall = 1000ms;
+  const std::string stall = std::to_string(kStall.count());
+  ChildProcess actor = start({"--actor", "--versions", "1", "--stall-timeout-ms", "60000"});
+  const std::string a = listening(actor);
+  const std::string digest = expect_line(actor, "published 1 ");
+  // The middle relay hangs after a third of the version. Its own stall_timeout is long, so it counts
+  // itself fed and keeps telling the tail it is waiting: that alone is no reason to leave it.
+  ChildProcess mid =
+      start({"--upstream", a, "--stall-after", std::to_string(kChunks / 3), "--stall-timeout-ms", "60000"});
+  const std::string am = listening(mid);
+  ChildProcess tail = start({"--upstream", am, "--upstream", a, "--report-chunks", "--stall-timeout-ms", stall});
+  const std::string at = listening(tail);
+  ChildProcess puller = start({"--pull", "--upstream", at, "--stall-timeout-ms", stall, "--exit-after-version", "1"});
+  listening(puller);
+  CHECK(expect_line(tail, "upstream ") == am);
+  for (std::uint64_t k = 0; k < kChunks / 3; ++k) expect_line(tail, "stored 1 ");
+  // Nothing more for over twice the tail's stall_timeout: no chunk, and no failover either.
+  CHECK(tail.read_line(2 * kStall + 500ms).status().code() == laminar::StatusCode::kDeadlineExceeded);
+
+  // Stopped, the middle keeps its connections but says nothing: the tail gives it up.
+  mid.kill(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  CHECK(expect_line(tail, "stalled ") == am);
+  const auto stalled_after = std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - stopped);
+  CHECK(expect_line(tail, "upstream ") == a);
+  CHECK(expect_line(tail, "committed 1 ") == digest);
+  const auto committed_after = std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - stopped);
+  std::printf("stopped relay failed over: stall_timeout %lld ms, stalled after %lld ms, committed after %lld ms\n",
+              static_cast<long long>(kStall.count()), static_cast<long long>(stalled_after.count()),
+              static_cast<long long>(committed_after.count()));
+  // The middle's last word came at most a quarter of stall_timeout before it stopped.
+  CHECK(stalled_after >= kStall * 3 / 4 - 100ms);
+  CHECK(stalled_after < kStall + 2000ms);
+  // The puller below the tail never lost its upstream: the tail kept telling it it was waiting.
+  CHECK(expect_line(puller, "pulled 1 ") == "ok");
+  CHECK_THAT(expect_line(puller, "stats "),
+             Catch::StartsWith(received(kChunks)) && Catch::EndsWith("stalled 0 dropped 0 failovers 0"));
+  REQUIRE(puller.wait(10s).ok());
+  // The tail stored every chunk once, across both upstreams.
+  CHECK_THAT(stop(tail), Catch::StartsWith(received(kChunks)) && Catch::EndsWith("stalled 1 dropped 0 failovers 1"));
+  // Continued, the middle finds its subscriber gone and stops cleanly.
+  mid.kill(SIGCONT);
+  stop(mid);
+  stop(actor);
+}
+
+TEST_CASE("a slow upstream that keeps delivering is not failed over, however long the version takes",
+          "[relay_node][stall]") {
+  using Ms = std::chrono::milliseconds;
+  constexpr int kSmallMib = 1;
+  constexpr std::uint64_t kSmallChunks =
+      ((std::uint64_t(kSmallMib) << 20) + 256 + (kChunkKib << 10) - 1) / (kChunkKib << 10);
+  ChildProcess actor = start({"--actor", "--versions", "1"}, kSmallMib);
+  const std::string a = listening(actor);
+  const std::string digest = expect_line(actor, "published 1 ");
+  // Each chunk leaves the middle 400 ms late: the version takes about twice the tail's stall_timeout,
+  // but a chunk lands well within it every time.
+  ChildProcess mid = start({"--upstream", a, "--delay-chunk-ms", "400"}, kSmallMib);
+  const std::string am = listening(mid);
+  ChildProcess tail = start({"--upstream", am, "--upstream", a, "--stall-timeout-ms", "1000"}, kSmallMib);
+  listening(tail);
+  CHECK(expect_line(tail, "upstream ") == am);
+  const auto linked = std::chrono::steady_clock::now();
+  CHECK(expect_line(tail, "committed 1 ") == digest);
+  CHECK(std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - linked) > 1000ms);
+  CHECK_THAT(stop(tail),
+             Catch::StartsWith(received(kSmallChunks)) && Catch::EndsWith("stalled 0 dropped 0 failovers 0"));
+  CHECK_THAT(stop(mid), Catch::Contains("dropped 0 "));
+  stop(actor);
 }

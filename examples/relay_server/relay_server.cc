@@ -204,6 +204,8 @@ int main(int argc, char** argv) {
   laminar::testing::RelayNodeFaults faults;
   app.add_option("--corrupt", corrupt, "V:CHUNK: corrupt that chunk once on its way downstream (tests)");
   app.add_option("--stall-after", faults.stall_after_chunks, "hang after storing this many chunks (tests)");
+  std::uint32_t delay_chunk_ms = 0;
+  app.add_option("--delay-chunk-ms", delay_chunk_ms, "wait this long before sending each chunk downstream (tests)");
 #endif
   CLI11_PARSE(app, argc, argv);
 #ifdef LAMINAR_RELAY_SERVER_FAULTS
@@ -215,6 +217,7 @@ int main(int argc, char** argv) {
     }
     faults.corrupt_chunk_once = std::pair{laminar::Version(ver), std::uint32_t(chunk)};
   }
+  faults.delay_each_chunk = std::chrono::milliseconds(delay_chunk_ms);
 #endif
 
   std::signal(SIGTERM, [](int) { g_stop = true; });
