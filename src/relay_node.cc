@@ -176,7 +176,7 @@ struct RelayNode::Impl {
   // idle message falls due.
   Duration until_idle(const Downstream& d, Duration poll) const {
     if (d.idle_every == kForever) return poll;
-    const Duration left = d.last_sent + d.idle_every - clock->now();
+    const Duration left = d.idle_every - (clock->now() - d.last_sent);  // no overflow: a pace may be huge
     // Overdue only while this node is not fed: then there is nothing to keep time for.
     return left <= Duration::zero() ? std::min(poll, d.idle_every) : std::min(poll, left);
   }

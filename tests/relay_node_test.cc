@@ -489,6 +489,7 @@ TEST_CASE("a node fails over from an upstream that goes quiet mid-version, timed
   Events events;
   laminar::RelayNodeOptions o;
   o.upstreams = {fake.addr, head_addr};
+  o.connect_timeout = 30s;  // the node must reach the test first, however loaded the machine
   o.stall_timeout = kStall;
   o.clock = clock;
   o.on_event = events.callback();
@@ -545,7 +546,7 @@ TEST_CASE("an upstream drops a subscriber that stops answering; its other subscr
   std::shared_ptr<laminar::RelayStore> head_store = laminar::RelayStore::create({}).value();
   Events head_events;
   laminar::RelayNodeOptions ho;
-  ho.stall_timeout = 300ms;
+  ho.stall_timeout = 1s;
   ho.on_event = head_events.callback();
   auto head = laminar::RelayNode::create(head_tr, head_store, ho).value();
 
@@ -619,8 +620,9 @@ TEST_CASE("a relay stopped (SIGSTOP) mid-broadcast is failed over within stall_t
   std::printf("stopped relay failed over: stall_timeout %lld ms, stalled after %lld ms, committed after %lld ms\n",
               static_cast<long long>(kStall.count()), static_cast<long long>(stalled_after.count()),
               static_cast<long long>(committed_after.count()));
-  // The middle's last word came at most a quarter of stall_timeout before it stopped.
-  CHECK(stalled_after >= kStall * 3 / 4 - 100ms);
+  // The middle's last word came about a quarter of stall_timeout before it stopped (later on a
+  // loaded machine): the tail waited for the timeout, it did not leave at once.
+  CHECK(stalled_after >= kStall / 2);
   CHECK(stalled_after < kStall + 2000ms);
   // The puller below the tail never lost its upstream: the tail kept telling it it was waiting.
   CHECK(expect_line(puller, "pulled 1 ") == "ok");
