@@ -5,23 +5,23 @@
 // pushes each version to each subscriber chunk by chunk, and forwards a chunk as soon as its own
 // store has verified it (read_chunk), so the chain is pipelined: reaching N relays costs about one
 // transfer plus N chunk latencies. Every chunk travels with its xxh3 checksum; the receiver's
-// put_chunk refuses a bad one (kDataLoss) and the sender resends it. When the upstream vanishes the
-// node subscribes to the next address of its list (the chain re-forms around the dead relay) and
-// the new upstream sends only the chunks still missing (the transfer resumes). A node that joins
-// late is sent the newest version. A rollout process runs a node on a transport that does not
-// listen (a leaf: it only subscribes upstream) and a WeightPuller on its store.
+// put_chunk refuses a bad one (kDataLoss) and the sender resends it. When the upstream vanishes (or
+// hangs: see below) the node subscribes to the next address of its list (the chain re-forms around
+// the dead relay) and the new upstream sends only the chunks still missing (the transfer resumes).
+// A node that joins late is sent the newest version. A rollout process runs a node on a transport
+// that does not listen (a leaf: it only subscribes upstream) and a WeightPuller on its store.
 //
 // Hung peers. A relay that stops (SIGSTOP, a wedged process, a link that holds its connection but
 // carries nothing) keeps its connections open, so it is judged by what it says, not by whether its
-// socket answers. An upstream says something at least every quarter of the subscriber's
-// stall_timeout: a chunk, a begin, or, while it has nothing to send, an idle message, which it sends
-// only while it is itself fed (it is the head, or it heard from its own upstream within its own
-// stall_timeout). A subscriber that hears nothing from its upstream for stall_timeout drops it and
-// fails over as for a dead one; since a relay waiting on a hung relay above it stops its idle
-// messages only once it would fail over itself, only the relay right below the hung one moves.
-// The other way, a subscriber that leaves a begin, a chunk or an idle message unanswered (or
-// unaccepted by the link) for the upstream's stall_timeout is dropped, so it holds only its own
-// sender thread meanwhile.
+// socket answers. While an upstream sends, its begins and chunks speak for it; while it waits (for
+// a newer version, or for a chunk from its own upstream) it sends an idle message every quarter of
+// the subscriber's stall_timeout, but only while it is itself fed: it is the head, or it heard from
+// its own upstream within its own stall_timeout. A subscriber that hears nothing from its upstream
+// for stall_timeout closes the link and fails over as for a dead one. A relay waiting on a hung one
+// above it goes quiet only when it fails over itself, so (as long as it finds a new upstream
+// promptly) only the relay right below the hung one moves. The other way, a subscriber that leaves
+// a begin, a chunk or an idle message unanswered (or not taken by the link) for the upstream's
+// stall_timeout is dropped, so it holds no more than its own sender thread meanwhile.
 //
 // The node never makes a transport of its own: it installs its handlers (laminar's reserved
 // message types) on the host's Transport, which the host makes listen if the node is to have
@@ -96,11 +96,11 @@ struct RelayNodeOptions {
 };
 
 struct RelayNodeStats {
-  std::uint64_t chunks_received = 0;  // stored from upstream
-  std::uint64_t chunks_sent = 0;      // accepted by subscribers
-  std::uint64_t chunks_resent = 0;    // refused by a subscriber and sent again
-  std::uint64_t failovers = 0;        // upstream connections lost, stalled ones included
-  std::uint64_t upstream_stalls = 0;  // upstreams dropped for staying quiet past stall_timeout
+  std::uint64_t chunks_received = 0;      // stored from upstream
+  std::uint64_t chunks_sent = 0;          // accepted by subscribers
+  std::uint64_t chunks_resent = 0;        // refused by a subscriber and sent again
+  std::uint64_t failovers = 0;            // upstream connections lost, stalled ones included
+  std::uint64_t upstream_stalls = 0;      // upstreams dropped for staying quiet past stall_timeout
   std::uint64_t subscribers_stalled = 0;  // subscribers dropped for not answering within stall_timeout
   std::uint32_t subscribers = 0;
 
