@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -27,11 +28,15 @@ namespace {
 constexpr MessageType kSubscribe = internal::kRelaySubscribeMessage;
 constexpr MessageType kBegin = internal::kRelayBeginMessage;
 constexpr MessageType kChunk = internal::kRelayChunkMessage;
+constexpr MessageType kIdle = internal::kRelayIdleMessage;
 
 // A sender waiting for a newer version, or for a chunk its own upstream has not delivered yet,
-// re-checks for stop this often (on the store's clock).
+// re-checks for stop at least this often (on the store's clock), and more often when an idle message
+// falls due sooner.
 constexpr Duration kSenderPoll = std::chrono::milliseconds(100);
 constexpr Duration kChunkPoll = std::chrono::milliseconds(200);
+// A subscriber gets idle messages at most this often, whatever it asks for.
+constexpr Duration kMinIdleEvery = std::chrono::milliseconds(10);
 
 // The relay protocol's handlers are per transport, so a transport hosts at most one node.
 std::mutex g_hosts_mu;
@@ -63,6 +68,8 @@ struct RelayNode::Impl {
   std::vector<Endpoint> downstreams;
   std::optional<std::string> upstream;
   Endpoint upstream_ep;
+  // When the current upstream last said something (on the clock): how its silence is timed.
+  Duration last_heard = Duration::zero();
   RelayNodeStats stats;
   Status first_error;
   std::thread subscriber;
@@ -73,8 +80,9 @@ struct RelayNode::Impl {
   };
   std::map<Version, Registered> registered;
 
-  void emit(RelayEvent e) const {
-    if (options.on_event) options.on_event(e);
+  void emit(RelayEvent::Kind kind, Version version = {}, std::uint32_t chunk = 0, std::string upstream = {},
+            std::string subscriber = {}) const {
+    if (options.on_event) options.on_event({kind, version, chunk, std::move(upstream), std::move(subscriber)});
   }
 
   void record_error(const Status& s) {
@@ -104,21 +112,89 @@ struct RelayNode::Impl {
     return *region;
   }
 
+  // ---- hung peers: the silence of the upstream, the pace of idle messages ----
+
+  // Preconditions: mu is held.
+  // When the current upstream counts as stalled, on the clock (kForever: never).
+  Duration stall_deadline_locked() const {
+    if (options.stall_timeout >= kForever - last_heard) return kForever;
+    return last_heard + options.stall_timeout;
+  }
+
+  // A message came from `from`: when that is the current upstream, it is not quiet.
+  void heard(const Endpoint& from) {
+    std::lock_guard lock(mu);
+    if (upstream_ep.valid() && from.id() == upstream_ep.id()) last_heard = clock->now();
+  }
+
+  // The head, or a node whose upstream spoke within stall_timeout. Only a fed node tells its
+  // subscribers it is idle: while its own upstream is quiet, theirs (this node) goes quiet too, so
+  // a hung relay is noticed below it even when the node right below it forwards nothing.
+  bool fed() {
+    if (options.upstreams.empty()) return true;
+    std::lock_guard lock(mu);
+    return upstream.has_value() && clock->now() < stall_deadline_locked();
+  }
+
   // ---- upstream side: push versions to one subscriber ----
+
+  // One subscriber, as its sender thread sees it.
+  struct Downstream {
+    Endpoint ep;
+    Duration idle_every;  // the pace of idle messages it asked for; kForever: none
+    Duration last_sent;   // on the clock: when it was last sent a message
+  };
 
   static Message chunk_done(Version v, std::uint32_t i, std::uint64_t checksum) {
     return Message{kChunk, internal::encode_relay_chunk({v, i, checksum})};
   }
 
+  // After an exchange with the subscriber failed with `st`: false when it is gone, or stalled (no
+  // answer within stall_timeout; it is then dropped); true when it answered with an error.
+  bool still_there(Downstream& d, const Status& st) {
+    if (!d.ep.status().ok()) return false;
+    if (st.code() != StatusCode::kDeadlineExceeded) return true;
+    d.ep.close();
+    {
+      std::lock_guard lock(mu);
+      ++stats.subscribers_stalled;
+    }
+    emit(RelayEvent::Kind::kSubscriberStalled, {}, 0, {}, d.ep.peer_address());
+    return false;
+  }
+
+  // Sends the subscriber an idle message when one is due and this node is fed. False when the
+  // subscriber is gone or stalled.
+  bool idle_if_due(Downstream& d) {
+    if (d.idle_every == kForever || clock->now() - d.last_sent < d.idle_every || !fed()) return true;
+    d.last_sent = clock->now();
+    Status st = internal::send_protocol(d.ep, Message{kIdle, internal::encode_relay_idle({})}, options.stall_timeout);
+    return st.ok() || still_there(d, st);
+  }
+
+  // How long a sender waiting for its store may wait, at most `poll`, before the subscriber's next
+  // idle message falls due.
+  Duration until_idle(const Downstream& d, Duration poll) const {
+    if (d.idle_every == kForever) return poll;
+    const Duration left = d.idle_every - (clock->now() - d.last_sent);  // no overflow: a pace may be huge
+    // Overdue only while this node is not fed: then there is nothing to keep time for.
+    return left <= Duration::zero() ? std::min(poll, d.idle_every) : std::min(poll, left);
+  }
+
   // Sends version v's missing chunks with up to `window` in flight. Returns false when the
-  // subscriber is gone (stop serving it), true when v is done with: sent, refused, or dropped here.
-  bool send_version(Endpoint& ep, Version v) {
+  // subscriber is gone or stalled (stop serving it), true when v is done with: sent, refused, or
+  // dropped here.
+  bool send_version(Downstream& d, Version v) {
+    Endpoint& ep = d.ep;
     auto info = store->version_info(v);
     if (!info.ok()) return true;  // dropped meanwhile; the caller moves on to the newest
     const ChunkPlan& plan = info->plan;
     const internal::RelayBegin begin{v, plan.chunk_bytes(), info->manifest.to_json()};
-    auto reply = internal::request_protocol(ep, Message{kBegin, internal::encode_relay_begin(begin)});
-    if (!reply.ok()) return ep.status().ok();  // refused (e.g. it holds something newer): skip v
+    d.last_sent = clock->now();
+    auto reply =
+        internal::request_protocol(ep, Message{kBegin, internal::encode_relay_begin(begin)}, options.stall_timeout);
+    // An error answer (e.g. it holds something newer): skip v.
+    if (!reply.ok()) return still_there(d, reply.status());
     // A subscriber that answers nonsense is dropped: nothing it says about v can be trusted.
     const auto malformed = [&](const Status& why) {
       record_error(why.with_context(fmt::format("relay: subscriber {}", ep.peer_address())));
@@ -153,12 +229,15 @@ struct RelayNode::Impl {
     auto settle_put = [&]() -> bool {
       Put p = std::move(puts.front());
       puts.pop_front();
-      if (!p.done.get().ok()) {
-        if (!ep.status().ok()) return false;
+      const Status put = p.done.get();
+      if (!put.ok()) {
+        if (!still_there(d, put)) return false;
         todo.push_front(p.i);
         return true;
       }
-      confirms.push_back({p.i, internal::request_protocol_async(ep, chunk_done(v, p.i, p.checksum))});
+      d.last_sent = clock->now();
+      confirms.push_back(
+          {p.i, internal::request_protocol_async(ep, chunk_done(v, p.i, p.checksum), options.stall_timeout)});
       return true;
     };
     auto settle_confirm = [&]() -> bool {
@@ -170,7 +249,7 @@ struct RelayNode::Impl {
         ++stats.chunks_sent;
         return true;
       }
-      if (!ep.status().ok()) return false;
+      if (!still_there(d, res.status())) return false;
       if (res.status().code() == StatusCode::kDataLoss) {
         std::lock_guard lock(mu);
         ++stats.chunks_resent;
@@ -195,12 +274,17 @@ struct RelayNode::Impl {
       }
       const std::uint32_t i = todo.front();
       // Forward as soon as this store has the chunk: this is what pipelines the chain.
-      auto c = store->read_chunk(v, i, kChunkPoll);
+      auto c = store->read_chunk(v, i, until_idle(d, kChunkPoll));
       if (!c.ok()) {
-        if (c.status().code() == StatusCode::kDeadlineExceeded) continue;  // upstream of ours is slow
+        if (c.status().code() == StatusCode::kDeadlineExceeded) {
+          // Our own upstream has not delivered it yet.
+          if (!idle_if_due(d)) return false;
+          continue;
+        }
         return true;  // v was dropped (a newer version committed here): stop sending it
       }
       todo.pop_front();
+      if (hooks.before_outgoing_chunk) hooks.before_outgoing_chunk(v, i);
       const std::uint64_t off = plan.chunk_offset(i);
       const std::size_t len = c->bytes.size();
       Put p{i, c->checksum, {}, {}};
@@ -211,21 +295,24 @@ struct RelayNode::Impl {
         if (!scratch.ok()) return true;
         std::memcpy(scratch->data(), replaced->data(), len);
         p.scratch = *scratch;
-        p.done = ep.put(p.scratch, 0, *remote, off, len);
+        p.done = ep.put(p.scratch, 0, *remote, off, len, options.stall_timeout);
       } else {
-        p.done = ep.put(*local, off, *remote, off, len);
+        p.done = ep.put(*local, off, *remote, off, len, options.stall_timeout);
       }
       puts.push_back(std::move(p));
     }
     return true;
   }
 
-  void serve(Endpoint ep, std::optional<Version> have) {
-    while (!stopping.load() && ep.status().ok()) {
-      if (!store->wait_for_newer(have, kSenderPoll)) continue;
+  void serve(Downstream d, std::optional<Version> have) {
+    while (!stopping.load() && d.ep.status().ok()) {
+      if (!store->wait_for_newer(have, until_idle(d, kSenderPoll))) {
+        if (!idle_if_due(d)) break;
+        continue;
+      }
       const std::optional<Version> v = store->newest_held();
       if (!v) continue;
-      if (!send_version(ep, *v)) break;
+      if (!send_version(d, *v)) break;
       // Sent in full, refused (the subscriber holds something newer) or dropped here for a newer
       // version: in every case nothing older than the newest is worth sending any more.
       have = v;
@@ -239,12 +326,19 @@ struct RelayNode::Impl {
       return;
     }
     const std::optional<Version> have = m->have;
+    // A pace past what a Duration holds is no pace: the subscriber does not time our silence.
+    const Duration idle_every =
+        m->idle_every_ns == 0 || m->idle_every_ns > std::uint64_t(kForever.count())
+            ? kForever
+            : std::max(kMinIdleEvery, Duration(std::int64_t(m->idle_every_ns)));
     (void)in.from.reply(in, Message{kSubscribe, {}});
     std::lock_guard lock(mu);
     if (stopping.load()) return;
     downstreams.push_back(in.from);
     ++stats.subscribers;
-    senders.emplace_back([this, ep = in.from, have]() mutable { serve(ep, have); });
+    senders.emplace_back([this, d = Downstream{in.from, idle_every, clock->now()}, have]() mutable {
+      serve(std::move(d), have);
+    });
   }
 
   // ---- downstream side: take versions from the upstream ----
@@ -255,6 +349,7 @@ struct RelayNode::Impl {
       (void)in.from.reply_error(in, m.status());
       return;
     }
+    heard(in.from);
     auto manifest = WeightManifest::from_json(m->manifest_json);
     if (!manifest.ok()) {
       (void)in.from.reply_error(in, manifest.status());
@@ -281,6 +376,8 @@ struct RelayNode::Impl {
       return;
     }
     const internal::RelayBeginReply answer{std::move(*missing), region->remote().serialize()};
+    // Setting up the version's buffer may have taken a while; none of it was the upstream's silence.
+    heard(in.from);
     (void)in.from.reply(in, Message{kBegin, internal::encode_relay_begin_reply(answer)});
   }
 
@@ -302,9 +399,10 @@ struct RelayNode::Impl {
       // subscribers are still served what is already here.
       if (hooks.ignore_incoming_chunk(ver, i, received)) return;
     }
+    heard(in.from);
     const bool had = store->newest_version() == ver;
     Status st = store->seal_in_place(ver, i, m->checksum);
-    if (st.code() == StatusCode::kDataLoss) emit({RelayEvent::Kind::kChunkRejected, ver, i, {}});
+    if (st.code() == StatusCode::kDataLoss) emit(RelayEvent::Kind::kChunkRejected, ver, i);
     if (!st.ok()) {
       (void)in.from.reply_error(in, st);
       return;
@@ -313,27 +411,55 @@ struct RelayNode::Impl {
       std::lock_guard lock(mu);
       ++stats.chunks_received;
     }
-    emit({RelayEvent::Kind::kChunkStored, ver, i, {}});
+    emit(RelayEvent::Kind::kChunkStored, ver, i);
     (void)in.from.reply(in, Message{kChunk, {}});
-    if (!had && store->newest_version() == ver) emit({RelayEvent::Kind::kCommitted, ver, 0, {}});
+    if (!had && store->newest_version() == ver) emit(RelayEvent::Kind::kCommitted, ver);
   }
 
-  // Waits until the upstream link closes (the transport reports it) or the node stops; true when
-  // stopping.
-  bool wait_while_linked(const Endpoint& ep) {
+  // The upstream has nothing to send (idle message, whose body is empty).
+  void on_idle(Incoming in) {
+    if (internal::decode_relay_idle(in.message.body).ok()) heard(in.from);
+  }
+
+  enum class LinkEnd { kStopping, kClosed, kStalled };
+
+  // Waits until the upstream link closes (the transport reports it), the upstream stays quiet for
+  // stall_timeout, or the node stops.
+  LinkEnd wait_while_linked(const Endpoint& ep) {
     auto closed = std::make_shared<bool>(false);  // guarded by mu
     auto watch = ep.on_close([this, closed](const Status&) {
       std::lock_guard lock(mu);
       *closed = true;
       cv.notify_all();
     });
-    if (!watch.ok()) return stopping.load();
+    if (!watch.ok()) return stopping.load() ? LinkEnd::kStopping : LinkEnd::kClosed;
     std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return stopping.load() || *closed; });
-    const bool stop = stopping.load();
+    LinkEnd end = LinkEnd::kClosed;
+    while (true) {
+      if (stopping.load()) {
+        end = LinkEnd::kStopping;
+        break;
+      }
+      if (*closed) break;
+      // Each message moves the deadline on without waking this thread: it wakes at the old
+      // deadline and finds the new one.
+      const Duration deadline = stall_deadline_locked();
+      if (deadline != kForever && clock->now() >= deadline) {
+        end = LinkEnd::kStalled;
+        break;
+      }
+      clock->wait_until(cv, lock, deadline);
+    }
     lock.unlock();
     watch->reset();  // waits for a running callback, which takes mu: not under the lock
-    return stop;
+    return end;
+  }
+
+  // The pace of idle messages this node asks of its upstream: four per stall_timeout, so one late
+  // or lost message is not taken for a stall.
+  std::uint64_t idle_every_ns() const {
+    if (options.stall_timeout == kForever) return 0;
+    return std::uint64_t(std::max<std::int64_t>(1, (options.stall_timeout / 4).count()));
   }
 
   void subscribe_loop() {
@@ -344,7 +470,7 @@ struct RelayNode::Impl {
       auto ep = transport->connect(addr, options.connect_timeout);
       Status subscribed = ep.status();
       if (ep.ok()) {
-        const internal::RelaySubscribe m{store->newest_version()};
+        const internal::RelaySubscribe m{store->newest_version(), idle_every_ns()};
         subscribed = internal::request_protocol(*ep, Message{kSubscribe, internal::encode_relay_subscribe(m)}).status();
         if (!subscribed.ok()) ep->close();
       }
@@ -352,7 +478,7 @@ struct RelayNode::Impl {
         // The pause is timed from the failure, read before the event goes out: whoever reacts to
         // the event by moving the clock then always moves it past this deadline.
         const Duration retry_at = internal::deadline_after(*clock, options.retry_interval);
-        emit({RelayEvent::Kind::kUpstreamUnreachable, Version(), 0, addr});
+        emit(RelayEvent::Kind::kUpstreamUnreachable, {}, 0, addr);
         // Once round the whole list without a link: pause before the next round.
         if (k % options.upstreams.size() == 0 && wait_for_stop(retry_at)) break;
         continue;
@@ -361,15 +487,22 @@ struct RelayNode::Impl {
         std::lock_guard lock(mu);
         upstream = addr;
         upstream_ep = *ep;
+        last_heard = clock->now();
       }
-      emit({RelayEvent::Kind::kUpstream, Version(), 0, addr});
-      if (wait_while_linked(*ep)) break;
+      emit(RelayEvent::Kind::kUpstream, {}, 0, addr);
+      const LinkEnd end = wait_while_linked(*ep);
+      if (end == LinkEnd::kStopping) break;
+      // A quiet upstream keeps its connection: closing it here is what drops it.
+      if (end == LinkEnd::kStalled) ep->close();
       {
         std::lock_guard lock(mu);
         upstream.reset();
+        upstream_ep = Endpoint();
         ++stats.failovers;
+        if (end == LinkEnd::kStalled) ++stats.upstream_stalls;
       }
-      emit({RelayEvent::Kind::kUpstreamLost, Version(), 0, addr});
+      const auto lost = end == LinkEnd::kStalled ? RelayEvent::Kind::kUpstreamStalled : RelayEvent::Kind::kUpstreamLost;
+      emit(lost, {}, 0, addr);
       // The next round starts after the lost relay: the chain re-forms around it.
     }
   }
@@ -390,6 +523,9 @@ struct RelayNodeAccess {
     if (options.retry_interval < Duration::zero()) {
       return invalid_argument(fmt::format("relay node: retry_interval is {} ns", options.retry_interval.count()));
     }
+    if (options.stall_timeout <= Duration::zero()) {
+      return invalid_argument(fmt::format("relay node: stall_timeout is {} ns", options.stall_timeout.count()));
+    }
     {
       std::lock_guard lock(g_hosts_mu);
       if (!g_hosts.insert(transport.get()).second) {
@@ -409,6 +545,7 @@ struct RelayNodeAccess {
                       .ok());
     LAMINAR_CHECK(on_protocol_message(t, kBegin, p->gate.wrap([p](Incoming in) { p->on_begin(std::move(in)); })).ok());
     LAMINAR_CHECK(on_protocol_message(t, kChunk, p->gate.wrap([p](Incoming in) { p->on_chunk(std::move(in)); })).ok());
+    LAMINAR_CHECK(on_protocol_message(t, kIdle, p->gate.wrap([p](Incoming in) { p->on_idle(std::move(in)); })).ok());
     if (!impl->options.upstreams.empty()) impl->subscriber = std::thread([p = impl.get()] { p->subscribe_loop(); });
     return std::unique_ptr<RelayNode>(new RelayNode(std::move(impl)));
   }
@@ -434,6 +571,7 @@ RelayNode::~RelayNode() {
   (void)internal::on_protocol_message(t, kSubscribe, {});
   (void)internal::on_protocol_message(t, kBegin, {});
   (void)internal::on_protocol_message(t, kChunk, {});
+  (void)internal::on_protocol_message(t, kIdle, {});
   // A handler that started before its removal finishes before anything it uses goes.
   impl_->gate.close();
   {
@@ -477,8 +615,10 @@ Status RelayNode::background_error() const {
 }
 
 std::string RelayNodeStats::to_json() const {
-  return fmt::format(R"({{"chunks_received":{},"chunks_sent":{},"chunks_resent":{},"failovers":{},"subscribers":{}}})",
-                     chunks_received, chunks_sent, chunks_resent, failovers, subscribers);
+  return fmt::format(
+      R"({{"chunks_received":{},"chunks_sent":{},"chunks_resent":{},"failovers":{},"upstream_stalls":{},)"
+      R"("subscribers_stalled":{},"subscribers":{}}})",
+      chunks_received, chunks_sent, chunks_resent, failovers, upstream_stalls, subscribers_stalled, subscribers);
 }
 
 }  // namespace laminar

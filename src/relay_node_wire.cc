@@ -29,6 +29,7 @@ std::vector<std::byte> encode_relay_subscribe(const RelaySubscribe& m) {
   ByteWriter w(out);
   w.u8(m.have ? 1 : 0);
   w.u64(m.have ? m.have->value() : 0);
+  w.u64(m.idle_every_ns);
   return out;
 }
 
@@ -36,6 +37,7 @@ Result<RelaySubscribe> decode_relay_subscribe(std::span<const std::byte> body) {
   ByteReader r(body, "relay subscribe message");
   RelaySubscribe m;
   m.have = read_have(r);
+  m.idle_every_ns = r.u64("idle_every_ns");
   LAMINAR_RETURN_IF_ERROR(r.finish());
   return m;
 }
@@ -109,6 +111,14 @@ Result<RelayChunk> decode_relay_chunk(std::span<const std::byte> body) {
   m.checksum = r.u64("checksum");
   LAMINAR_RETURN_IF_ERROR(r.finish());
   return m;
+}
+
+std::vector<std::byte> encode_relay_idle(const RelayIdle&) { return {}; }
+
+Result<RelayIdle> decode_relay_idle(std::span<const std::byte> body) {
+  ByteReader r(body, "relay idle message");
+  LAMINAR_RETURN_IF_ERROR(r.finish());
+  return RelayIdle{};
 }
 
 }  // namespace laminar::internal

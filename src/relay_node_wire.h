@@ -3,10 +3,11 @@
 // (tests/fuzz/relay_node_decode_fuzz.cc) can reach every decoder.
 //
 // Little-endian, on ByteWriter / ByteReader (byte_codec.h):
-//   subscribe   downstream -> upstream   u8 has, u64 newest committed (0 unless has)
+//   subscribe   downstream -> upstream   u8 has, u64 newest committed (0 unless has), u64 idle_every_ns
 //   begin       upstream -> downstream   u64 version, u64 chunk_bytes, manifest JSON (the rest)
 //   begin reply downstream -> upstream   u32 n, u32 missing[n] (ascending), RemoteRegion (the rest)
 //   chunk       upstream -> downstream   u64 version, u32 index, u64 xxh3 (after chunk index landed)
+//   idle        upstream -> downstream   (empty) nothing to send yet; the upstream is still there
 //
 // A decoder accepts exactly what its encoder writes: anything else is kDataLoss naming the
 // message, the field and its offset. What the fields mean (a manifest that parses, a region the
@@ -30,6 +31,9 @@ namespace laminar::internal {
 
 struct RelaySubscribe {
   std::optional<Version> have;  // the subscriber's newest committed version
+  // How often the subscriber wants an idle message while the upstream has nothing to send it, in
+  // ns; 0: never. The upstream reads it as a request, not an order (relay_node.cc bounds it).
+  std::uint64_t idle_every_ns = 0;
   friend bool operator==(const RelaySubscribe&, const RelaySubscribe&) = default;
 };
 
@@ -53,6 +57,11 @@ struct RelayChunk {
   friend bool operator==(const RelayChunk&, const RelayChunk&) = default;
 };
 
+// No fields: the body is empty.
+struct RelayIdle {
+  friend bool operator==(const RelayIdle&, const RelayIdle&) = default;
+};
+
 std::vector<std::byte> encode_relay_subscribe(const RelaySubscribe& m);
 Result<RelaySubscribe> decode_relay_subscribe(std::span<const std::byte> body);
 
@@ -65,5 +74,8 @@ Result<RelayBeginReply> decode_relay_begin_reply(std::span<const std::byte> body
 
 std::vector<std::byte> encode_relay_chunk(const RelayChunk& m);
 Result<RelayChunk> decode_relay_chunk(std::span<const std::byte> body);
+
+std::vector<std::byte> encode_relay_idle(const RelayIdle& m);
+Result<RelayIdle> decode_relay_idle(std::span<const std::byte> body);
 
 }  // namespace laminar::internal

@@ -1,15 +1,21 @@
-// RelayNode in one process (one Transport hosting a node and a queue server; the node's retries on
-// a ManualClock), and the relay chain across real processes (examples/relay_server built with
+// RelayNode in one process (one Transport hosting a node and a queue server; the node's retries and
+// its stall timer on a ManualClock, with the test as a quiet upstream or a subscriber that stops
+// answering), and the relay chain across real processes (examples/relay_server built with
 // laminar_testing's faults, started with laminar_test_support):
 // actor + a chain of 4 relays + pullers with every byte checked, a relay killed mid-broadcast, a
-// corrupt chunk, a late joiner, and a puller whose relay dies mid-pull resuming from another.
+// corrupt chunk, a late joiner, a puller whose relay dies mid-pull resuming from another, a relay
+// stopped (SIGSTOP) mid-broadcast, and a slow relay that is kept.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,10 +44,10 @@ constexpr int kChunkKib = 256;
 // relay_server's workload: kMib MiB of tensors plus one small tensor padded to 256 bytes.
 constexpr std::uint64_t kChunks = ((std::uint64_t(kMib) << 20) + 256 + (kChunkKib << 10) - 1) / (kChunkKib << 10);
 
-ChildProcess start(std::vector<std::string> args) {
+ChildProcess start(std::vector<std::string> args, int mib = kMib) {
   ChildOptions o;
   o.program = LAMINAR_RELAY_SERVER;
-  o.args = {"--token", kToken, "--mib", std::to_string(kMib), "--chunk-kib", std::to_string(kChunkKib)};
+  o.args = {"--token", kToken, "--mib", std::to_string(mib), "--chunk-kib", std::to_string(kChunkKib)};
   o.args.insert(o.args.end(), args.begin(), args.end());
   auto child = ChildProcess::spawn(std::move(o));
   INFO(child.status().to_string());
@@ -191,6 +197,8 @@ TEST_CASE("a node whose upstreams are all down goes round its list again only as
   CHECK(bad([](laminar::RelayNodeOptions& b) { b.window = 0; }) == laminar::StatusCode::kInvalidArgument);
   CHECK(bad([](laminar::RelayNodeOptions& b) { b.connect_timeout = {}; }) == laminar::StatusCode::kInvalidArgument);
   CHECK(bad([](laminar::RelayNodeOptions& b) { b.retry_interval = -1s; }) == laminar::StatusCode::kInvalidArgument);
+  CHECK(bad([](laminar::RelayNodeOptions& b) { b.stall_timeout = {}; }) == laminar::StatusCode::kInvalidArgument);
+  CHECK(bad([](laminar::RelayNodeOptions& b) { b.stall_timeout = -1s; }) == laminar::StatusCode::kInvalidArgument);
   CHECK(laminar::RelayNode::create(nullptr, laminar::RelayStore::create({}).value()).status().code() ==
         laminar::StatusCode::kInvalidArgument);
   CHECK(laminar::RelayNode::create(make_transport(), nullptr).status().code() == laminar::StatusCode::kInvalidArgument);
@@ -205,7 +213,7 @@ TEST_CASE("relay messages: each decoder takes what its encoder writes and refuse
     CHECK(st.code() == laminar::StatusCode::kDataLoss);
     CHECK_THAT(st.message(), Catch::Contains(needle) && Catch::Contains("at offset"));
   };
-  const in::RelaySubscribe sub{Version(5)};
+  const in::RelaySubscribe sub{Version(5), 2'500'000'000};
   CHECK(in::decode_relay_subscribe(in::encode_relay_subscribe(sub)).value() == sub);
   CHECK(in::decode_relay_subscribe(in::encode_relay_subscribe({})).value() == in::RelaySubscribe{});
   const in::RelayBegin begin{Version(3), 4096, R"({"tensors":[]})"};
@@ -214,6 +222,7 @@ TEST_CASE("relay messages: each decoder takes what its encoder writes and refuse
   CHECK(in::decode_relay_begin_reply(in::encode_relay_begin_reply(reply)).value() == reply);
   const in::RelayChunk chunk{Version(3), 7, 0xfeed};
   CHECK(in::decode_relay_chunk(in::encode_relay_chunk(chunk)).value() == chunk);
+  CHECK(in::decode_relay_idle(in::encode_relay_idle({})).value() == in::RelayIdle{});
 
   std::vector<std::byte> b = in::encode_relay_subscribe(sub);
   b[0] = std::byte{2};
@@ -221,6 +230,9 @@ TEST_CASE("relay messages: each decoder takes what its encoder writes and refuse
   b = in::encode_relay_subscribe({});
   b[1] = std::byte{1};
   refused(in::decode_relay_subscribe(b).status(), "newest is 1 without has");
+  b = in::encode_relay_subscribe(sub);
+  refused(in::decode_relay_subscribe(std::span(b).first(12)).status(), "idle_every_ns cut short at offset 9");
+  refused(in::decode_relay_idle(std::vector<std::byte>(3)).status(), "relay idle message: 3 trailing bytes at offset 0");
   b = in::encode_relay_begin(begin);
   refused(in::decode_relay_begin(std::span(b).first(12)).status(), "chunk_bytes cut short at offset 8");
   b = in::encode_relay_begin_reply(reply);
@@ -382,5 +394,270 @@ TEST_CASE("a puller whose relay dies mid-pull fails over and resumes from the la
   CHECK(expect_line(puller, "pulled 1 ") == "ok");
   CHECK_THAT(stop(puller), Catch::StartsWith(received(kChunks)) && Catch::EndsWith("failovers 1"));
   stop(r1);
+  stop(actor);
+}
+
+namespace {
+
+// The test as a relay's upstream, speaking the protocol itself: it serves `version` of `store`
+// chunk by chunk when told to, or says nothing at all.
+struct FakeUpstream {
+  std::shared_ptr<laminar::Transport> tr = make_transport();
+  std::string addr = tr->listen("127.0.0.1", 0).value();
+  laminar::ReadHandle h;
+  laminar::MemoryRegion local;
+  laminar::RemoteRegion remote;
+  std::atomic<bool> taken{false};
+  std::promise<laminar::Endpoint> subscribed;
+  laminar::Endpoint down;
+
+  explicit FakeUpstream(laminar::ReadHandle version) : h(std::move(version)) {
+    local = tr->allocate(h.bytes().size()).value();
+    std::memcpy(local.data(), h.bytes().data(), h.bytes().size());
+    REQUIRE(laminar::internal::on_protocol_message(*tr, laminar::internal::kRelaySubscribeMessage,
+                                                   [this](laminar::Incoming in) {
+                                                     // Serves one subscription; a second is refused.
+                                                     if (taken.exchange(true)) {
+                                                       (void)in.from.reply_error(in, laminar::unavailable("taken"));
+                                                       return;
+                                                     }
+                                                     (void)in.from.reply(in, laminar::Message{in.message.type, {}});
+                                                     subscribed.set_value(in.from);
+                                                   })
+                .ok());
+  }
+  ~FakeUpstream() {
+    (void)laminar::internal::on_protocol_message(*tr, laminar::internal::kRelaySubscribeMessage, {});
+  }
+
+  // Waits for the node's subscription, then begins the version: the node answers which chunks it lacks.
+  std::vector<std::uint32_t> begin() {
+    auto f = subscribed.get_future();
+    REQUIRE(f.wait_for(30s) == std::future_status::ready);
+    down = f.get();
+    namespace in = laminar::internal;
+    const in::RelayBegin b{h.version(), h.plan().chunk_bytes(), h.manifest().to_json()};
+    auto reply = in::request_protocol(down, laminar::Message{in::kRelayBeginMessage, in::encode_relay_begin(b)});
+    INFO(reply.status().to_string());
+    REQUIRE(reply.ok());
+    auto answer = in::decode_relay_begin_reply(reply->body).value();
+    remote = laminar::RemoteRegion::deserialize(answer.region).value();
+    return answer.missing;
+  }
+
+  // Puts chunk i into the node's buffer and asks it to check it, as an upstream relay does.
+  laminar::Status send_chunk(std::uint32_t i) {
+    namespace in = laminar::internal;
+    const std::uint64_t off = h.plan().chunk_offset(i);
+    LAMINAR_RETURN_IF_ERROR(down.put(local, off, remote, off, h.plan().chunk_size(i)).get());
+    const in::RelayChunk c{h.version(), i, h.checksum(i).value()};
+    return in::request_protocol(down, laminar::Message{in::kRelayChunkMessage, in::encode_relay_chunk(c)}).status();
+  }
+
+  // An idle message, then a malformed begin: its refusal comes back once the node has handled the
+  // idle message too (one peer's messages are handled in order).
+  void idle() {
+    namespace in = laminar::internal;
+    REQUIRE(in::send_protocol(down, laminar::Message{in::kRelayIdleMessage, in::encode_relay_idle({})}).ok());
+    auto refused = in::request_protocol(down, laminar::Message{in::kRelayBeginMessage, {}});
+    CHECK(refused.status().code() == laminar::StatusCode::kDataLoss);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a node fails over from an upstream that goes quiet mid-version, timed on its clock, and resumes",
+          "[relay_node][stall][clock]") {
+  using laminar::Version;
+  using K = laminar::RelayEvent::Kind;
+  // The head, which will finish the version, and the same version served by the test.
+  std::shared_ptr<laminar::Transport> head_tr = make_transport();
+  const std::string head_addr = head_tr->listen("127.0.0.1", 0).value();
+  laminar::RelayStoreOptions small_chunks;
+  small_chunks.chunk_bytes = 4096;
+  std::shared_ptr<laminar::RelayStore> head_store = laminar::RelayStore::create(small_chunks).value();
+  auto head = laminar::RelayNode::create(head_tr, head_store).value();
+  laminar::testing::WeightSet w = laminar::testing::WeightSet::make(7, 1);
+  REQUIRE(head_store->publish(Version(1), w.manifest, w.named).ok());
+  REQUIRE(head_store->wait_for_version(Version(1), 30s).ok());
+  FakeUpstream fake(head_store->acquire(Version(1)).value());
+  const std::uint32_t chunks = fake.h.plan().num_chunks();
+  REQUIRE(chunks > 4);
+
+  auto clock = std::make_shared<laminar::ManualClock>();
+  constexpr laminar::Duration kStall = 10s;
+  Events events;
+  laminar::RelayNodeOptions o;
+  o.upstreams = {fake.addr, head_addr};
+  o.connect_timeout = 30s;  // the node must reach the test first, however loaded the machine
+  o.stall_timeout = kStall;
+  o.clock = clock;
+  o.on_event = events.callback();
+  std::shared_ptr<laminar::RelayStore> store = laminar::RelayStore::create({}).value();
+  auto node = laminar::RelayNode::create(make_transport(), store, o).value();
+  REQUIRE(fake.begin().size() == chunks);
+
+  // Slow but never quiet for stall_timeout: a chunk, or an idle message, just within it each time.
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    REQUIRE(fake.send_chunk(i).ok());
+    REQUIRE(clock->advance(kStall - 1ms).ok());
+  }
+  fake.idle();
+  REQUIRE(clock->advance(kStall - 1ms).ok());
+  REQUIRE(fake.send_chunk(3).ok());  // still linked: the node kept its upstream
+  CHECK(events.count(K::kUpstreamStalled) == 0);
+  CHECK(node->upstream() == fake.addr);
+
+  // Then quiet: once stall_timeout passes on the node's clock, it drops the upstream (closing the
+  // link) and resumes from the next, which sends only the chunks still missing.
+  REQUIRE(clock->advance(kStall).ok());
+  REQUIRE(events.wait_for(K::kUpstreamStalled, 1));
+  CHECK(laminar::testing::eventually([&] { return !fake.down.status().ok(); }));
+  REQUIRE(store->wait_for_version(Version(1), 30s).ok());
+  CHECK(node->upstream() == head_addr);
+  auto h = store->acquire(Version(1)).value();
+  for (std::size_t i = 0; i < w.manifest.size(); ++i) {
+    CHECK(laminar::testing::first_mismatch(h.tensor(w.manifest.entries()[i].name).value(), 7, 1, i) == -1);
+  }
+  // Each chunk stored once across both upstreams (the last one is counted just after it commits).
+  CHECK(laminar::testing::eventually([&] { return node->stats().chunks_received == chunks; }));
+  CHECK(laminar::testing::eventually([&] { return head->stats().chunks_sent == chunks - 4; }));
+  const laminar::RelayNodeStats st = node->stats();
+  CHECK(st.upstream_stalls == 1);
+  CHECK(st.failovers == 1);
+  {
+    std::lock_guard lock(events.mu);
+    const auto stalled = std::find_if(events.seen.begin(), events.seen.end(),
+                                      [](const auto& e) { return e.kind == K::kUpstreamStalled; });
+    CHECK(stalled->upstream == fake.addr);
+    CHECK(std::none_of(events.seen.begin(), events.seen.end(),
+                       [](const auto& e) { return e.kind == K::kUpstreamLost; }));
+  }
+  CHECK(node->background_error().ok());
+}
+
+TEST_CASE("an upstream drops a subscriber that stops answering; its other subscribers are served meanwhile",
+          "[relay_node][stall]") {
+  using laminar::Version;
+  using K = laminar::RelayEvent::Kind;
+  namespace in = laminar::internal;
+  std::shared_ptr<laminar::Transport> head_tr = make_transport();
+  const std::string head_addr = head_tr->listen("127.0.0.1", 0).value();
+  std::shared_ptr<laminar::RelayStore> head_store = laminar::RelayStore::create({}).value();
+  Events head_events;
+  laminar::RelayNodeOptions ho;
+  ho.stall_timeout = 1s;
+  ho.on_event = head_events.callback();
+  auto head = laminar::RelayNode::create(head_tr, head_store, ho).value();
+
+  // A subscriber that asks for an idle message every 20 ms and never answers a begin.
+  std::shared_ptr<laminar::Transport> hung_tr = make_transport();
+  std::atomic<int> idles{0};
+  std::mutex held_mu;
+  std::vector<laminar::Incoming> unanswered;
+  REQUIRE(in::on_protocol_message(*hung_tr, in::kRelayIdleMessage, [&](laminar::Incoming) { ++idles; }).ok());
+  REQUIRE(in::on_protocol_message(*hung_tr, in::kRelayBeginMessage, [&](laminar::Incoming i) {
+            std::lock_guard lock(held_mu);
+            unanswered.push_back(std::move(i));
+          }).ok());
+  laminar::Endpoint hung = hung_tr->connect(head_addr).value();
+  const in::RelaySubscribe sub{std::nullopt, std::uint64_t(std::chrono::nanoseconds(20ms).count())};
+  const laminar::Message subscribe{in::kRelaySubscribeMessage, in::encode_relay_subscribe(sub)};
+  REQUIRE(in::request_protocol(hung, subscribe).ok());
+  // Nothing to send: the head says so at the pace asked for.
+  REQUIRE(laminar::testing::eventually([&] { return idles.load() >= 3; }));
+
+  std::shared_ptr<laminar::RelayStore> leaf_store = laminar::RelayStore::create({}).value();
+  laminar::RelayNodeOptions lo;
+  lo.upstreams = {head_addr};
+  auto leaf = laminar::RelayNode::create(make_transport(), leaf_store, lo).value();
+  laminar::testing::WeightSet w = laminar::testing::WeightSet::make(3, 1, 8);
+  REQUIRE(head_store->publish(Version(1), w.manifest, w.named).ok());
+  REQUIRE(leaf_store->wait_for_version(Version(1), 30s).ok());
+  REQUIRE(head_events.wait_for(K::kSubscriberStalled, 1));
+  CHECK(laminar::testing::eventually([&] { return !hung.status().ok(); }));
+  CHECK(head->stats().subscribers_stalled == 1);
+  CHECK(leaf->stats().upstream_stalls == 0);
+  {
+    std::lock_guard lock(held_mu);
+    CHECK(unanswered.size() == 1);
+  }
+  CHECK(head->background_error().ok());
+  (void)in::on_protocol_message(*hung_tr, in::kRelayIdleMessage, {});
+  (void)in::on_protocol_message(*hung_tr, in::kRelayBeginMessage, {});
+}
+
+TEST_CASE("a relay stopped (SIGSTOP) mid-broadcast is failed over within stall_timeout; only the relay below it moves",
+          "[relay_node][stall]") {
+  using Ms = std::chrono::milliseconds;
+  constexpr Ms kStall = 1000ms;
+  const std::string stall = std::to_string(kStall.count());
+  ChildProcess actor = start({"--actor", "--versions", "1", "--stall-timeout-ms", "60000"});
+  const std::string a = listening(actor);
+  const std::string digest = expect_line(actor, "published 1 ");
+  // The middle relay hangs after a third of the version. Its own stall_timeout is long, so it counts
+  // itself fed and keeps telling the tail it is waiting: that alone is no reason to leave it.
+  ChildProcess mid =
+      start({"--upstream", a, "--stall-after", std::to_string(kChunks / 3), "--stall-timeout-ms", "60000"});
+  const std::string am = listening(mid);
+  ChildProcess tail = start({"--upstream", am, "--upstream", a, "--report-chunks", "--stall-timeout-ms", stall});
+  const std::string at = listening(tail);
+  ChildProcess puller = start({"--pull", "--upstream", at, "--stall-timeout-ms", stall, "--exit-after-version", "1"});
+  listening(puller);
+  CHECK(expect_line(tail, "upstream ") == am);
+  for (std::uint64_t k = 0; k < kChunks / 3; ++k) expect_line(tail, "stored 1 ");
+  // Nothing more for over twice the tail's stall_timeout: no chunk, and no failover either.
+  CHECK(tail.read_line(2 * kStall + 500ms).status().code() == laminar::StatusCode::kDeadlineExceeded);
+
+  // Stopped, the middle keeps its connections but says nothing: the tail gives it up.
+  mid.kill(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  CHECK(expect_line(tail, "stalled ") == am);
+  const auto stalled_after = std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - stopped);
+  CHECK(expect_line(tail, "upstream ") == a);
+  CHECK(expect_line(tail, "committed 1 ") == digest);
+  const auto committed_after = std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - stopped);
+  std::printf("stopped relay failed over: stall_timeout %lld ms, stalled after %lld ms, committed after %lld ms\n",
+              static_cast<long long>(kStall.count()), static_cast<long long>(stalled_after.count()),
+              static_cast<long long>(committed_after.count()));
+  // The middle's last word came about a quarter of stall_timeout before it stopped (later on a
+  // loaded machine): the tail waited for the timeout, it did not leave at once.
+  CHECK(stalled_after >= kStall / 2);
+  CHECK(stalled_after < kStall + 2000ms);
+  // The puller below the tail never lost its upstream: the tail kept telling it it was waiting.
+  CHECK(expect_line(puller, "pulled 1 ") == "ok");
+  CHECK_THAT(expect_line(puller, "stats "),
+             Catch::StartsWith(received(kChunks)) && Catch::EndsWith("stalled 0 dropped 0 failovers 0"));
+  REQUIRE(puller.wait(10s).ok());
+  // The tail stored every chunk once, across both upstreams.
+  CHECK_THAT(stop(tail), Catch::StartsWith(received(kChunks)) && Catch::EndsWith("stalled 1 dropped 0 failovers 1"));
+  // Continued, the middle finds its subscriber gone and stops cleanly.
+  mid.kill(SIGCONT);
+  stop(mid);
+  stop(actor);
+}
+
+TEST_CASE("a slow upstream that keeps delivering is not failed over, however long the version takes",
+          "[relay_node][stall]") {
+  using Ms = std::chrono::milliseconds;
+  constexpr int kSmallMib = 1;
+  constexpr std::uint64_t kSmallChunks =
+      ((std::uint64_t(kSmallMib) << 20) + 256 + (kChunkKib << 10) - 1) / (kChunkKib << 10);
+  ChildProcess actor = start({"--actor", "--versions", "1"}, kSmallMib);
+  const std::string a = listening(actor);
+  const std::string digest = expect_line(actor, "published 1 ");
+  // Each chunk leaves the middle 400 ms late: the version takes about twice the tail's stall_timeout,
+  // but a chunk lands well within it every time.
+  ChildProcess mid = start({"--upstream", a, "--delay-chunk-ms", "400"}, kSmallMib);
+  const std::string am = listening(mid);
+  ChildProcess tail = start({"--upstream", am, "--upstream", a, "--stall-timeout-ms", "1000"}, kSmallMib);
+  listening(tail);
+  CHECK(expect_line(tail, "upstream ") == am);
+  const auto linked = std::chrono::steady_clock::now();
+  CHECK(expect_line(tail, "committed 1 ") == digest);
+  CHECK(std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - linked) > 1000ms);
+  CHECK_THAT(stop(tail),
+             Catch::StartsWith(received(kSmallChunks)) && Catch::EndsWith("stalled 0 dropped 0 failovers 0"));
+  CHECK_THAT(stop(mid), Catch::Contains("dropped 0 "));
   stop(actor);
 }

@@ -518,3 +518,49 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
   CHECK(extra <= 8);
   CHECK(served.server->stats().malformed == 0);
 }
+
+#ifdef LAMINAR_QUEUE_SERVER
+TEST_CASE("a push to a stopped (SIGSTOP) queue server ends after its timeout, and the producer works once it resumes",
+          "[remote][process]") {
+  laminar::testing::ChildOptions co;
+  co.program = LAMINAR_QUEUE_SERVER;
+  co.args = {"--token", kToken};
+  auto server = laminar::testing::ChildProcess::spawn(co).value();
+  auto line = server.read_line(30s);
+  REQUIRE(line.ok());
+  REQUIRE(line->rfind("listening ", 0) == 0);
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  to.operation_timeout = 2s;  // bounds a fail-fast push, which has no timeout of its own
+  std::shared_ptr<Transport> tr = Transport::create(to).value();
+  auto producer = RemoteProducer::create(tr, line->substr(10)).value();
+  REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
+
+  // Stopped, the server keeps its connection open and answers nothing.
+  server.kill(SIGSTOP);
+  const auto timed = [&](std::uint64_t id, PushOptions o) {
+    const auto start = std::chrono::steady_clock::now();
+    laminar::Status st = producer->push(laminar::test_remote::make(id), o);
+    return std::make_pair(st, std::chrono::steady_clock::now() - start);
+  };
+  // A timed push waits its timeout plus the slack a round trip is allowed (5 s), no longer.
+  const auto [timed_st, timed_took] = timed(2, PushOptions::with_timeout(500ms));
+  expect_code(timed_st, StatusCode::kDeadlineExceeded, "took longer than");
+  CHECK(timed_took >= 500ms);
+  CHECK(timed_took < 500ms + 5s + 3s);
+  const auto [fast_st, fast_took] = timed(3, PushOptions::fail_fast());
+  expect_code(fast_st, StatusCode::kDeadlineExceeded, "took longer than");
+  CHECK(fast_took >= 2s);
+  CHECK(fast_took < 2s + 3s);
+  std::printf("push to a stopped queue server: timeout 500 ms ended after %lld ms, fail-fast after %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(timed_took).count()),
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(fast_took).count()));
+  CHECK(producer->credits_free() == producer->credits_granted());
+
+  // Continued, it serves the same producer again (the pushes that timed out may have landed late).
+  server.kill(SIGCONT);
+  REQUIRE(producer->push(laminar::test_remote::make(4), PushOptions::with_timeout(10s)).ok());
+  server.kill(SIGTERM);
+  CHECK(server.wait(10s).value() == 0);
+}
+#endif

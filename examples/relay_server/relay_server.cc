@@ -8,9 +8,12 @@
 //   relay_server --pull --mib 64 --local /tmp/relay0.sock --local /tmp/relay1.sock   # such a puller
 //
 // Lines: "listening ADDR", "published V DIGEST", "committed V DIGEST", "pulled V ok|MISMATCH ...",
-// "upstream ADDR", "lost ADDR", "unreachable ADDR" (connecting failed), "rejected V CHUNK", with --report-chunks "stored V CHUNK" for every
-// chunk stored from upstream, and at exit "stats received N sent N resent N failovers N" (chunks
-// stored from upstream, accepted by subscribers, resent after a refusal). DIGEST is the xxh3 of the
+// "upstream ADDR", "lost ADDR", "unreachable ADDR" (connecting failed), "stalled ADDR" (the upstream
+// said nothing for --stall-timeout-ms), "dropped ADDR" (a subscriber left a message unanswered that
+// long), "rejected V CHUNK", with --report-chunks "stored V CHUNK" for every chunk stored from
+// upstream, and at exit "stats received N sent N resent N stalled N dropped N failovers N" (chunks
+// stored from upstream, accepted by subscribers, resent after a refusal; upstreams and subscribers
+// given up as stalled; upstreams lost, stalled ones included). DIGEST is the xxh3 of the
 // version's whole buffer, so every process's bytes can be compared with the actor's. Ends on
 // SIGTERM / SIGINT, or after --exit-after-version V is committed (relays) or pulled (rollouts).
 //
@@ -178,10 +181,13 @@ int main(int argc, char** argv) {
   std::string shm;
   bool actor = false, pull = false, hold = false, publish_on_usr1 = false, report_chunks = false;
   std::size_t mib = 16;
-  std::uint64_t chunk_kib = 0, versions = 1, interval_ms = 0, seed = 1, exit_after = 0;
+  std::uint64_t chunk_kib = 0, versions = 1, interval_ms = 0, seed = 1, exit_after = 0, stall_timeout_ms = 10'000;
   app.add_option("--token", token, "cluster token shared by every peer (not needed with --local)");
   app.add_option("--port", port, "port to listen on (0: any free one)");
   app.add_option("--upstream", upstreams, "upstream relay host:port, preferred first; repeat to list fallbacks");
+  app.add_option("--stall-timeout-ms", stall_timeout_ms,
+                 "a relay link quiet this long counts as failed: fail over from the upstream, drop the subscriber")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{86'400'000}));
   app.add_flag("--actor", actor, "head of the chain: publishes --versions versions");
   app.add_option("--versions", versions, "versions the actor publishes");
   app.add_option("--interval-ms", interval_ms, "pause between the actor's versions");
@@ -209,6 +215,8 @@ int main(int argc, char** argv) {
   laminar::testing::RelayNodeFaults faults;
   app.add_option("--corrupt", corrupt, "V:CHUNK: corrupt that chunk once on its way downstream (tests)");
   app.add_option("--stall-after", faults.stall_after_chunks, "hang after storing this many chunks (tests)");
+  std::uint32_t delay_chunk_ms = 0;
+  app.add_option("--delay-chunk-ms", delay_chunk_ms, "wait this long before sending each chunk downstream (tests)");
 #endif
   CLI11_PARSE(app, argc, argv);
 #ifdef LAMINAR_RELAY_SERVER_FAULTS
@@ -220,6 +228,7 @@ int main(int argc, char** argv) {
     }
     faults.corrupt_chunk_once = std::pair{laminar::Version(ver), std::uint32_t(chunk)};
   }
+  faults.delay_each_chunk = std::chrono::milliseconds(delay_chunk_ms);
 #endif
 
   std::signal(SIGTERM, [](int) { g_stop = true; });
@@ -255,11 +264,14 @@ int main(int argc, char** argv) {
   std::atomic<std::uint64_t> committed{0};
   laminar::RelayNodeOptions o;
   o.upstreams = upstreams;
+  o.stall_timeout = std::chrono::milliseconds(stall_timeout_ms);
   o.on_event = [&](const laminar::RelayEvent& e) {
     using K = laminar::RelayEvent::Kind;
     switch (e.kind) {
       case K::kUpstream: say("upstream " + e.upstream); break;
       case K::kUpstreamLost: say("lost " + e.upstream); break;
+      case K::kUpstreamStalled: say("stalled " + e.upstream); break;
+      case K::kSubscriberStalled: say("dropped " + e.subscriber); break;
       case K::kUpstreamUnreachable: say("unreachable " + e.upstream); break;
       case K::kChunkStored:
         if (report_chunks) say("stored " + std::to_string(e.version.value()) + " " + std::to_string(e.chunk));
@@ -362,6 +374,7 @@ int main(int argc, char** argv) {
   }
   const laminar::RelayNodeStats st = (*node)->stats();
   say("stats received " + std::to_string(st.chunks_received) + " sent " + std::to_string(st.chunks_sent) +
-      " resent " + std::to_string(st.chunks_resent) + " failovers " + std::to_string(st.failovers));
+      " resent " + std::to_string(st.chunks_resent) + " stalled " + std::to_string(st.upstream_stalls) + " dropped " +
+      std::to_string(st.subscribers_stalled) + " failovers " + std::to_string(st.failovers));
   return 0;
 }

@@ -107,7 +107,11 @@ class RemoteProducer {
   // kDeadlineExceeded after options.timeout on the producer's clock), then returns the queue's answer, the same codes as
   // TrajectoryQueue::push, or the transport's error (the peer vanished: kUnavailable). `t` is moved
   // from only on OK. After a transport error the trajectory may or may not be in the queue; pushing
-  // it again is safe: the queue refuses a duplicate id.
+  // it again is safe: the queue refuses a duplicate id. A server that hangs (stopped, wedged) keeps
+  // its connection and answers nothing: a timed push then ends kDeadlineExceeded once its timeout
+  // plus 5 s for the round trip has passed, a fail-fast one after the transport's
+  // operation_timeout; a blocking push waits as long as the server holds it, which for a hung
+  // server is for ever, so give a timeout where that matters.
   Status push(Trajectory&& t, PushOptions options = {});
 
   // TrajectoryQueue::push_many across the wire: one Status per trajectory, in order, and a

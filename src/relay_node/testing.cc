@@ -1,6 +1,7 @@
 #include "relay_node/testing.h"
 
 #include <atomic>
+#include <thread>
 
 #include "relay_node_hooks.h"
 
@@ -24,6 +25,11 @@ Result<std::unique_ptr<RelayNode>> create_faulty_relay_node(std::shared_ptr<Tran
   if (faults.stall_after_chunks != 0) {
     hooks.ignore_incoming_chunk = [n = faults.stall_after_chunks](Version, std::uint32_t, std::uint64_t received) {
       return received >= n;
+    };
+  }
+  if (faults.delay_each_chunk.count() > 0) {
+    hooks.before_outgoing_chunk = [d = faults.delay_each_chunk](Version, std::uint32_t) {
+      std::this_thread::sleep_for(d);
     };
   }
   return internal::create_relay_node(std::move(transport), std::move(store), std::move(options), std::move(hooks));

@@ -3,6 +3,7 @@
 // the shipped laminar library holds none of it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -19,6 +20,8 @@ struct RelayNodeFaults {
   // After storing this many chunks from upstream, store and answer no more (a relay that hangs
   // mid-broadcast; it still serves what it has). 0: never.
   std::uint64_t stall_after_chunks = 0;
+  // Wait this long before sending each chunk downstream (a slow link that still delivers). 0: never.
+  std::chrono::milliseconds delay_each_chunk{0};
 };
 
 // RelayNode::create, with `faults` in force from the start.

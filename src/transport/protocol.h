@@ -20,6 +20,7 @@ namespace laminar::internal {
 inline constexpr MessageType kRelaySubscribeMessage = kLaminarMessageTypeFirst + 0x0101;
 inline constexpr MessageType kRelayBeginMessage = kLaminarMessageTypeFirst + 0x0102;
 inline constexpr MessageType kRelayChunkMessage = kLaminarMessageTypeFirst + 0x0103;
+inline constexpr MessageType kRelayIdleMessage = kLaminarMessageTypeFirst + 0x0104;
 // Remote trajectory queue (remote_trajectory_queue.cc): 0xF000'02xx.
 inline constexpr MessageType kQueueHelloMessage = kLaminarMessageTypeFirst + 0x0201;
 inline constexpr MessageType kQueuePushMessage = kLaminarMessageTypeFirst + 0x0202;

@@ -22,5 +22,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_round_trip(bytes, in::decode_relay_begin, in::encode_relay_begin);
   check_round_trip(bytes, in::decode_relay_begin_reply, in::encode_relay_begin_reply);
   check_round_trip(bytes, in::decode_relay_chunk, in::encode_relay_chunk);
+  check_round_trip(bytes, in::decode_relay_idle, in::encode_relay_idle);
   return 0;
 }

@@ -8,12 +8,16 @@ server (examples/queue_server), finds every TCP port and Unix socket each listen
 alive, serve a good client (a real laminar peer) within its normal latency, and come back to the
 file descriptors, memory and idle CPU it had before. Figures go to stdout, one line per attack.
 
+A peer can also hang rather than attack: StoppedRelay stops (SIGSTOP) the middle relay of a chain,
+which keeps its connections open, and times how long the relay below it takes to give it up.
+
 Usage: hostile_peers.py RELAY_SERVER QUEUE_SERVER TRANSPORT_PEER [unittest args]
 (TRANSPORT_PEER is tests/transport_peer, the authenticated peer of the flood attack.)
 """
 import os
 import random
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -63,6 +67,7 @@ class Process:
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=target_env())
         self.lines = []
+        self.times = []  # time.monotonic() at which each line arrived
         self.cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -70,14 +75,26 @@ class Process:
         for line in self.proc.stdout:
             with self.cond:
                 self.lines.append(line.rstrip("\n"))
+                self.times.append(time.monotonic())
                 self.cond.notify_all()
 
-    def wait_line(self, prefix, timeout=30):
+    def mark(self):
+        """Where the next line will go: wait_line(since=mark()) sees only lines printed from now on."""
         with self.cond:
-            ok = self.cond.wait_for(lambda: any(l.startswith(prefix) for l in self.lines), timeout)
-            if not ok:
-                raise AssertionError(f"{self.proc.args[0]} printed no '{prefix}' line: {self.lines}")
-            return next(l for l in self.lines if l.startswith(prefix))
+            return len(self.lines)
+
+    def wait_line_timed(self, prefix, timeout=30, since=0):
+        """The first line from index `since` on that starts with `prefix`, and when it arrived."""
+        def found():
+            return next((k for k in range(since, len(self.lines)) if self.lines[k].startswith(prefix)), None)
+        with self.cond:
+            if not self.cond.wait_for(lambda: found() is not None, timeout):
+                raise AssertionError(f"{self.proc.args[0]} printed no '{prefix}' line: {self.lines[since:]}")
+            k = found()
+            return self.lines[k], self.times[k]
+
+    def wait_line(self, prefix, timeout=30, since=0):
+        return self.wait_line_timed(prefix, timeout, since)[0]
 
     @property
     def pid(self):
@@ -488,6 +505,66 @@ class HostilePeers(unittest.TestCase):
             self.assertLess(grown, 32 << 10, f"{target.name} holds {grown} KiB after {messages} x 64 KiB")
             self.recovered(target, f"{messages} x 64 KiB of unhandled messages and 64 requests from an "
                                    f"authenticated peer", started)
+
+
+class StoppedRelay(unittest.TestCase):
+    """actor -> middle -> tail, each with a short stall timeout. The middle is stopped (SIGSTOP): it
+    keeps its connections, so only its silence gives it away. The tail must give it up within the
+    stall timeout (plus scheduling), fail over to the actor and take the next version from it; the
+    middle, continued, must catch up."""
+
+    STALL_MS = 1000
+
+    def test_stopped_relay_in_chain_is_failed_over(self):
+        started = []
+
+        def start(*args):
+            p = Process([RELAY_SERVER, "--token", TOKEN, "--mib", "1", "--stall-timeout-ms", str(self.STALL_MS),
+                         *args])
+            started.append(p)
+            return p
+        mid = None
+        try:
+            actor = start("--actor", "--publish-on-usr1")
+            a = actor.wait_line("listening").split()[1]
+            actor.wait_line("published 1")
+            mid = start("--upstream", a)
+            m = mid.wait_line("listening").split()[1]
+            tail = start("--upstream", m, "--upstream", a)
+            self.assertEqual(tail.wait_line("upstream").split()[1], m)
+            tail.wait_line("committed 1")
+
+            # Stopped at a random point between two of its idle messages, not right after the version.
+            pause = random.Random(SEED + 3).uniform(0.3, 0.8)
+            print(f"hostile_peers: seed {SEED}: the middle relay is stopped {pause:.2f} s after the version",
+                  flush=True)
+            time.sleep(pause)
+            since = tail.mark()
+            os.kill(mid.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            line, at = tail.wait_line_timed("stalled", since=since)
+            self.assertEqual(line.split()[1], m)
+            gave_up = at - stopped
+            self.assertEqual(tail.wait_line("upstream", since=since).split()[1], a)
+            self.assertGreater(gave_up, 0.5 * self.STALL_MS / 1000)
+            self.assertLess(gave_up, self.STALL_MS / 1000 + 2.0)
+
+            # The chain re-formed around the stopped relay carries the next version.
+            os.kill(actor.pid, signal.SIGUSR1)
+            published, published_at = actor.wait_line_timed("published 2")
+            committed, committed_at = tail.wait_line_timed("committed 2", since=since)
+            self.assertEqual(committed.split()[2], published.split()[2])
+            os.kill(mid.pid, signal.SIGCONT)
+            self.assertEqual(mid.wait_line("committed 2").split()[2], published.split()[2])
+            self.assertTrue(all(p.alive() for p in started))
+            print(f"hostile_peers: stopped relay: stall_timeout {self.STALL_MS} ms; the relay below gave it up "
+                  f"after {gave_up:.2f} s and committed the next version {committed_at - published_at:.2f} s after "
+                  f"it was published; continued, the stopped relay caught up", flush=True)
+        finally:
+            if mid is not None and mid.alive():
+                os.kill(mid.pid, signal.SIGCONT)
+            for p in started:
+                p.stop()
 
 
 if __name__ == "__main__":
