@@ -34,6 +34,7 @@
 
 #include "laminar/local_relay.h"
 #include "laminar/weight_puller.h"
+#include "stop_half_way.h"
 #include "local_relay_wire.h"
 #include "expect_line.h"
 #include "process.h"
@@ -294,27 +295,11 @@ TEST_CASE("local relay killed mid-pull: the copy completes, later pulls fail ove
   std::printf("local_relay_test cancel seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937 rng(std::uint32_t(seed & 0xffffffffu));
   Engine engine;
-  std::optional<WeightPuller::StoppedPull> stopped;
-  for (int attempt = 0; attempt < 200 && !stopped; ++attempt) {
-    laminar::Status st;
-    std::atomic<bool> started{false};
-    std::thread t([&] {
-      started = true;
-      st = puller->pull(Version(1), engine.named, false);
-    });
-    while (!started) std::this_thread::yield();
-    // A random cancel point: some attempts stop the pull half way, which is what is looked for.
-    for (std::uint32_t k = rng() % 20000; k > 0; --k) std::this_thread::yield();
-    puller->cancel();
-    t.join();
-    if (st.code() == StatusCode::kCancelled) {
-      stopped = puller->stopped_pull();
-      REQUIRE(stopped);
-      if (stopped->bytes_done == 0) stopped.reset();
-    } else {
-      REQUIRE(st.ok());
-    }
-  }
+  const laminar::testing::HalfWay half =
+      laminar::testing::stop_half_way(*puller, [&] { return puller->pull(Version(1), engine.named, false); }, rng);
+  INFO(half.error.to_string());
+  REQUIRE(half.error.ok());
+  const std::optional<WeightPuller::StoppedPull> stopped = half.stopped;
   REQUIRE(stopped);
   std::uint64_t left = stopped->bytes_done;
   for (auto& t : engine.data) {

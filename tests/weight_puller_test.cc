@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "laminar/weight_puller.h"
+#include "stop_half_way.h"
 #include "relay_test_util.h"
 
 using laminar::NamedTensor;
@@ -187,34 +188,12 @@ TEST_CASE("a cancelled pull resumes where it stopped", "[weight_puller]") {
   std::uint64_t total = 0;
   for (const auto& t : dst.storage) total += t.size();
 
-  std::optional<WeightPuller::StoppedPull> stop;
-  // A random cancel point, moved earlier after a pull that finished and later after one stopped
-  // before its first byte, so that some attempt stops half way however loaded the machine is.
-  std::uint32_t wait = rng() % 3000;
-  for (int attempt = 0; attempt < 1000 && !stop; ++attempt) {
-    laminar::Status st;
-    std::atomic<bool> started{false};
-    std::thread t([&] {
-      started = true;
-      st = puller->pull(Version(1), dst.named, false);
-    });
-    while (!started) std::this_thread::yield();
-    for (std::uint32_t k = wait; k > 0; --k) std::this_thread::yield();
-    puller->cancel();
-    t.join();
-    if (st.code() == StatusCode::kCancelled) {
-      CHECK_FALSE(puller->current_version());
-      stop = puller->stopped_pull();
-      REQUIRE(stop);
-      if (stop->bytes_done == 0) {
-        stop.reset();
-        wait = wait * 2 + 1 + rng() % 16;
-      }
-    } else {
-      REQUIRE(st.ok());
-      wait = std::max<std::uint32_t>(wait / 2, 1) - rng() % 2;
-    }
-  }
+  const laminar::testing::HalfWay half =
+      laminar::testing::stop_half_way(*puller, [&] { return puller->pull(Version(1), dst.named, false); }, rng);
+  INFO(half.error.to_string());
+  REQUIRE(half.error.ok());
+  CHECK_FALSE(puller->current_version());
+  const std::optional<WeightPuller::StoppedPull> stop = half.stopped;
   REQUIRE(stop);
   CHECK(stop->version == Version(1));
   REQUIRE(stop->bytes_done < total);
