@@ -16,6 +16,7 @@
 
 namespace laminar {
 using internal::kQueueHelloMessage;
+using internal::kQueuePingMessage;
 using internal::kQueuePushManyMessage;
 using internal::kQueuePushMessage;
 
@@ -129,6 +130,13 @@ struct TrajectoryQueueServer::Impl {
     }
     Endpoint from = in.from;
     (void)from.reply(in, Message{kQueueHelloMessage, internal::encode_queue_hello(opt.credits_per_producer)});
+  }
+
+  // A producer waiting long for an answer asks whether the server is alive: answered at once,
+  // since a full queue holds pushes, never pings.
+  void on_ping(const Incoming& in) {
+    Endpoint from = in.from;
+    (void)from.reply(in, Message{kQueuePingMessage, {}});
   }
 
   // Answers a message that could not be read; nothing of it was pushed.
@@ -245,6 +253,9 @@ Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::create(std
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueueHelloMessage,
                                               p->gate.wrap([p](Incoming in) { p->on_hello(in); }))
                     .ok());
+  LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueuePingMessage,
+                                              p->gate.wrap([p](Incoming in) { p->on_ping(in); }))
+                    .ok());
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueuePushMessage,
                                               p->gate.wrap([p](Incoming in) { p->on_push(std::move(in), false); }))
                     .ok());
@@ -258,6 +269,7 @@ TrajectoryQueueServer::TrajectoryQueueServer(std::unique_ptr<Impl> impl) : impl_
 
 TrajectoryQueueServer::~TrajectoryQueueServer() {
   (void)internal::on_protocol_message(*impl_->transport, kQueueHelloMessage, {});
+  (void)internal::on_protocol_message(*impl_->transport, kQueuePingMessage, {});
   (void)internal::on_protocol_message(*impl_->transport, kQueuePushMessage, {});
   (void)internal::on_protocol_message(*impl_->transport, kQueuePushManyMessage, {});
   impl_->gate.close();

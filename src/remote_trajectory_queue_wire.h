@@ -12,7 +12,7 @@
 //                     that many bytes of one encode_trajectory
 //   push_many answer: u32 count; then per trajectory a u8 StatusCode, 3 padding, a u32 length and
 //                     the Status's message
-// (The hello request and a push's answer have empty bodies.) Decoders answer kDataLoss naming the
+// (The hello request, a push's answer, a ping and its answer have empty bodies.) Decoders answer kDataLoss naming the
 // message, the field and its offset; kInvalidArgument for well-formed bytes carrying a value no
 // producer sends (a mode past kTimeout, a negative timeout, a count out of range, a trajectory
 // that fails validate_trajectory(t, /*contents=*/false)). The arrays' values are the queue's to
@@ -35,7 +35,9 @@
 
 namespace laminar::internal {
 
-inline constexpr std::uint32_t kQueueProtocol = 1;
+// 2: the server answers pings; a producer would take a server of 1, which leaves them unanswered,
+// for a hung one.
+inline constexpr std::uint32_t kQueueProtocol = 2;
 inline constexpr std::size_t kQueuePushHeaderBytes = 16;
 inline constexpr std::size_t kQueuePushManyHeaderBytes = 24;
 inline constexpr std::uint32_t kMaxPushManyCount = 1024;

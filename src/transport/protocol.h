@@ -25,6 +25,7 @@ inline constexpr MessageType kRelayIdleMessage = kLaminarMessageTypeFirst + 0x01
 inline constexpr MessageType kQueueHelloMessage = kLaminarMessageTypeFirst + 0x0201;
 inline constexpr MessageType kQueuePushMessage = kLaminarMessageTypeFirst + 0x0202;
 inline constexpr MessageType kQueuePushManyMessage = kLaminarMessageTypeFirst + 0x0203;
+inline constexpr MessageType kQueuePingMessage = kLaminarMessageTypeFirst + 0x0204;
 
 // As Transport::on_message, for a type in the reserved range (else kInvalidArgument).
 [[nodiscard]] Status on_protocol_message(Transport& transport, MessageType type, MessageHandler handler);
