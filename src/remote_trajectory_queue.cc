@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -31,6 +33,8 @@ constexpr Duration kRequestSlack = std::chrono::seconds(5);
 // RemoteProducer::push_many splits a longer span, and a message past kPushManyBytes, over
 // several messages (a trajectory larger than that goes alone).
 constexpr std::size_t kPushManyBytes = std::size_t(4) << 20;
+// While a ping is out, a producer looks this often whether its push's own answer came meanwhile.
+constexpr auto kAnswerPoll = std::chrono::milliseconds(10);
 
 std::span<const std::byte> as_bytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
@@ -299,14 +303,56 @@ struct RemoteProducer::Impl {
   std::shared_ptr<Transport> transport;  // kept alive for the endpoint
   Endpoint ep;
   std::shared_ptr<Clock> clock;
+  Duration stall_timeout = kForever;
   std::uint32_t granted = 0;
   mutable std::mutex mu;
   // Signalled when a credit comes back and on every jump of a virtual clock (clock_wake).
   std::condition_variable cv;
   std::uint32_t free = 0;
+  // kUnavailable once the server left a ping unanswered for stall_timeout; every later push ends
+  // with it, as for a server that vanished.
+  Status stalled;
   ClockSubscription clock_wake;
 
   ~Impl() { clock_wake.reset(); }
+
+  Status stalled_status() const {
+    std::lock_guard<std::mutex> l(mu);
+    return stalled;
+  }
+
+  // Sends a push or push_many request and waits for its answer. The server holds a push while the
+  // queue is full, so silence alone says nothing; each stall_timeout / 2 of it, a ping asks whether
+  // the server is alive, and one left unanswered for stall_timeout fails the push and the endpoint.
+  Result<Message> exchange(const Message& m, std::optional<Duration> timeout) {
+    LAMINAR_RETURN_IF_ERROR(stalled_status());
+    std::future<Result<Message>> answer = internal::request_protocol_async(ep, m, timeout);
+    if (stall_timeout == kForever) return answer.get();
+    while (answer.wait_for(stall_timeout / 2) != std::future_status::ready) {
+      std::future<Result<Message>> ping =
+          internal::request_protocol_async(ep, Message{kQueuePingMessage, {}}, stall_timeout);
+      while (ping.wait_for(kAnswerPoll) != std::future_status::ready) {
+        if (answer.wait_for(Duration::zero()) == std::future_status::ready) return answer.get();
+      }
+      // Any other error broke the endpoint, which ends the push's own request too.
+      if (ping.get().status().code() != StatusCode::kDeadlineExceeded) continue;
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(stall_timeout).count();
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (stalled.ok()) {
+          stalled = unavailable(fmt::format("queue server {} answered nothing for {} ms", ep.peer_address(), ms));
+        }
+      }
+      ep.close();
+      break;
+    }
+    Result<Message> r = answer.get();
+    // A push that the close above cut off reports the stall, not the close.
+    if (!r.ok()) {
+      if (Status st = stalled_status(); !st.ok()) return st;
+    }
+    return r;
+  }
 
   // Takes a credit as `o`, begun at `start` (on the clock), says; OK when taken.
   Status acquire(const PushOptions& o, Duration start) {
@@ -335,14 +381,25 @@ struct RemoteProducer::Impl {
   }
 };
 
+namespace {
+
+Status check_options(const RemoteProducerOptions& o) {
+  if (o.connect_timeout <= Duration::zero()) {
+    return invalid_argument(fmt::format("RemoteProducer::create: connect_timeout is {} ns", o.connect_timeout.count()));
+  }
+  if (o.stall_timeout <= Duration::zero()) {
+    return invalid_argument(fmt::format("RemoteProducer::create: stall_timeout is {} ns", o.stall_timeout.count()));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(std::shared_ptr<Transport> transport,
                                                                std::string_view address,
                                                                RemoteProducerOptions options) {
   if (!transport) return invalid_argument("RemoteProducer::create: the transport is null");
-  if (options.connect_timeout <= Duration::zero()) {
-    return invalid_argument(fmt::format("RemoteProducer::create: connect_timeout is {} ns",
-                                        options.connect_timeout.count()));
-  }
+  LAMINAR_RETURN_IF_ERROR(check_options(options));
   auto ep = transport->connect(address, options.connect_timeout);
   if (!ep.ok()) return ep.status().with_context(fmt::format("queue server at {}", address));
   return create(std::move(transport), std::move(*ep), std::move(options));
@@ -352,10 +409,7 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(std::shared_ptr<T
                                                                Endpoint endpoint, RemoteProducerOptions options) {
   if (!transport) return invalid_argument("RemoteProducer::create: the transport is null");
   if (!endpoint.valid()) return invalid_argument("RemoteProducer::create: endpoint is not connected");
-  if (options.connect_timeout <= Duration::zero()) {
-    return invalid_argument(fmt::format("RemoteProducer::create: connect_timeout is {} ns",
-                                        options.connect_timeout.count()));
-  }
+  LAMINAR_RETURN_IF_ERROR(check_options(options));
   Result<Message> r = internal::request_protocol(endpoint, Message{kQueueHelloMessage, {}}, options.connect_timeout);
   if (!r.ok()) return r.status().with_context("queue handshake");
   if (r->type != kQueueHelloMessage) {
@@ -367,6 +421,7 @@ Result<std::unique_ptr<RemoteProducer>> RemoteProducer::create(std::shared_ptr<T
   impl->transport = std::move(transport);
   impl->ep = std::move(endpoint);
   impl->clock = internal::clock_or_steady(std::move(options.clock));
+  impl->stall_timeout = options.stall_timeout;
   impl->granted = *credits;
   impl->free = *credits;
   impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
@@ -439,8 +494,7 @@ std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOpti
     }
     const auto [timeout_ns, request_timeout] = request_limits(options, *impl_->clock, start);
     internal::write_queue_push_many_header({options.mode, timeout_ns}, std::uint32_t(chunk.size()), bytes);
-    Result<Message> r = internal::request_protocol(
-        impl_->ep, Message::from_bytes(kQueuePushManyMessage, as_bytes(bytes)), request_timeout);
+    Result<Message> r = impl_->exchange(Message::from_bytes(kQueuePushManyMessage, as_bytes(bytes)), request_timeout);
     impl_->give_back();
     Result<std::vector<Status>> answers =
         !r.ok() ? Result<std::vector<Status>>(r.status())
@@ -466,8 +520,7 @@ Status RemoteProducer::push(Trajectory&& t, PushOptions options) {
   const auto [timeout_ns, request_timeout] = request_limits(options, *impl_->clock, start);
   std::string bytes;
   internal::encode_queue_push(t, {options.mode, timeout_ns}, bytes);
-  Result<Message> r =
-      internal::request_protocol(impl_->ep, Message::from_bytes(kQueuePushMessage, as_bytes(bytes)), request_timeout);
+  Result<Message> r = impl_->exchange(Message::from_bytes(kQueuePushMessage, as_bytes(bytes)), request_timeout);
   impl_->give_back();
   if (!r.ok()) return r.status();
   t = Trajectory{};

@@ -242,6 +242,42 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   expect_code(RemoteProducer::create(nullptr, served.addr).status(), StatusCode::kInvalidArgument, "transport");
   expect_code(RemoteProducer::create(served.client_tr, laminar::Endpoint()).status(), StatusCode::kInvalidArgument,
               "not connected");
+  for (laminar::Duration stall : {laminar::Duration::zero(), laminar::Duration(-1)}) {
+    laminar::RemoteProducerOptions po;
+    po.stall_timeout = stall;
+    expect_code(RemoteProducer::create(served.client_tr, served.addr, po).status(), StatusCode::kInvalidArgument,
+                "stall_timeout");
+    expect_code(RemoteProducer::create(served.client_tr, served.connect(), po).status(),
+                StatusCode::kInvalidArgument, "stall_timeout");
+  }
+}
+
+TEST_CASE("a blocking push waits for a full queue past many stall_timeouts: a live server answers pings",
+          "[remote]") {
+  TrajectoryQueueOptions qo;
+  qo.capacity_trajectories = 1;
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+  Served served(queue);
+  laminar::RemoteProducerOptions po;
+  po.stall_timeout = 200ms;
+  auto producer = served.producer(po);
+  REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
+
+  std::future<laminar::Status> blocked =
+      std::async(std::launch::async, [&] { return producer->push(laminar::test_remote::make(2)); });
+  REQUIRE(eventually([&] { return served.server->stats().held == 1; }));
+  CHECK(blocked.wait_for(5 * po.stall_timeout) == std::future_status::timeout);
+
+  BatchSpec spec;
+  spec.max_trajectories = 1;
+  auto b = queue->pop_batch(spec);
+  REQUIRE(b.ok());
+  REQUIRE(queue->ack(b->id()).ok());
+  REQUIRE(blocked.wait_for(10s) == std::future_status::ready);
+  CHECK(blocked.get().ok());
+  // The server answered this one itself: the producer was never taken for stalled.
+  expect_code(producer->push(laminar::test_remote::make(3), PushOptions::fail_fast()), StatusCode::kUnavailable,
+              "queue full");
 }
 
 TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones moved from", "[remote]") {
@@ -521,7 +557,7 @@ TEST_CASE("a producer process killed mid-stream leaves only whole trajectories",
 }
 
 #ifdef LAMINAR_QUEUE_SERVER
-TEST_CASE("a push to a stopped (SIGSTOP) queue server ends after its timeout, and the producer works once it resumes",
+TEST_CASE("a push to a stopped (SIGSTOP) queue server ends after its timeout, a blocking one after stall_timeout",
           "[remote][process]") {
   laminar::testing::ChildOptions co;
   co.program = LAMINAR_QUEUE_SERVER;
@@ -536,20 +572,23 @@ TEST_CASE("a push to a stopped (SIGSTOP) queue server ends after its timeout, an
   std::shared_ptr<Transport> tr = Transport::create(to).value();
   auto producer = RemoteProducer::create(tr, line->substr(10)).value();
   REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
+  laminar::RemoteProducerOptions watched_options;
+  watched_options.stall_timeout = 1s;
+  auto watched = RemoteProducer::create(tr, line->substr(10), watched_options).value();
 
   // Stopped, the server keeps its connection open and answers nothing.
   server.kill(SIGSTOP);
-  const auto timed = [&](std::uint64_t id, PushOptions o) {
+  const auto timed = [&](std::uint64_t id, PushOptions o, RemoteProducer* p) {
     const auto start = std::chrono::steady_clock::now();
-    laminar::Status st = producer->push(laminar::test_remote::make(id), o);
+    laminar::Status st = p->push(laminar::test_remote::make(id), o);
     return std::make_pair(st, std::chrono::steady_clock::now() - start);
   };
   // A timed push waits its timeout plus the slack a round trip is allowed (5 s), no longer.
-  const auto [timed_st, timed_took] = timed(2, PushOptions::with_timeout(500ms));
+  const auto [timed_st, timed_took] = timed(2, PushOptions::with_timeout(500ms), producer.get());
   expect_code(timed_st, StatusCode::kDeadlineExceeded, "took longer than");
   CHECK(timed_took >= 500ms);
   CHECK(timed_took < 500ms + 5s + 3s);
-  const auto [fast_st, fast_took] = timed(3, PushOptions::fail_fast());
+  const auto [fast_st, fast_took] = timed(3, PushOptions::fail_fast(), producer.get());
   expect_code(fast_st, StatusCode::kDeadlineExceeded, "took longer than");
   CHECK(fast_took >= 2s);
   CHECK(fast_took < 2s + 3s);
@@ -558,7 +597,17 @@ TEST_CASE("a push to a stopped (SIGSTOP) queue server ends after its timeout, an
               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(fast_took).count()));
   CHECK(producer->credits_free() == producer->credits_granted());
 
-  // Continued, it serves the same producer again (the pushes that timed out may have landed late).
+  // A blocking push pings after stall_timeout / 2 and gives up when the ping goes unanswered for
+  // stall_timeout; the producer is then done with, as for a vanished server.
+  const auto [block_st, block_took] = timed(5, PushOptions{}, watched.get());
+  expect_code(block_st, StatusCode::kUnavailable, "answered nothing for 1000 ms");
+  CHECK(block_took >= 1s);
+  CHECK(block_took < 5s);
+  std::printf("blocking push to a stopped queue server: stall_timeout 1000 ms ended after %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(block_took).count()));
+  expect_code(watched->push(laminar::test_remote::make(6)), StatusCode::kUnavailable, "answered nothing");
+
+  // Continued, it serves the first producer again (the pushes that timed out may have landed late).
   server.kill(SIGCONT);
   REQUIRE(producer->push(laminar::test_remote::make(4), PushOptions::with_timeout(10s)).ok());
   server.kill(SIGTERM);

@@ -84,14 +84,18 @@ struct RemoteProducerOptions {
   Duration connect_timeout = std::chrono::seconds(10);
   // Time of push timeouts (null: Clock::steady()).
   std::shared_ptr<Clock> clock;
+  // A server that leaves a ping unanswered this long counts as hung (positive, or kForever: never
+  // ping). A push waiting for its answer pings each stall_timeout / 2 (steady time); the ping's
+  // deadline runs on the transport's clock.
+  Duration stall_timeout = std::chrono::seconds(10);
 };
 
 class RemoteProducer {
  public:
   // Connects to the queue server at "host:port" through `transport`, then handshakes: learns how
   // many credits the server grants. kInvalidArgument for a null transport or a non-positive
-  // connect_timeout; errors of the transport as they come (kUnavailable, kDeadlineExceeded, ...);
-  // kDataLoss for a malformed answer.
+  // connect_timeout or stall_timeout; errors of the transport as they come (kUnavailable,
+  // kDeadlineExceeded, ...); kDataLoss for a malformed answer.
   static Result<std::unique_ptr<RemoteProducer>> create(std::shared_ptr<Transport> transport,
                                                         std::string_view address,
                                                         RemoteProducerOptions options = {});
@@ -110,8 +114,11 @@ class RemoteProducer {
   // it again is safe: the queue refuses a duplicate id. A server that hangs (stopped, wedged) keeps
   // its connection and answers nothing: a timed push then ends kDeadlineExceeded once its timeout
   // plus 5 s for the round trip has passed, a fail-fast one after the transport's
-  // operation_timeout; a blocking push waits as long as the server holds it, which for a hung
-  // server is for ever, so give a timeout where that matters.
+  // operation_timeout, unless a ping ends it sooner. A push still waiting after stall_timeout / 2
+  // pings the server: a blocking push waits as long as a live server holds it for room, however
+  // long the queue stays full, and any push whose ping goes unanswered for stall_timeout ends
+  // kUnavailable, as does every later push of this producer (the endpoint is closed, as for a
+  // vanished server).
   Status push(Trajectory&& t, PushOptions options = {});
 
   // TrajectoryQueue::push_many across the wire: one Status per trajectory, in order, and a
