@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <unordered_set>
 #include <utility>
 
@@ -29,8 +28,12 @@ Status validate(const KvLayout& l) {
   if (!is_float(l.dtype)) {
     return invalid_argument(fmt::format("KvLayout: dtype {} is not f32, f16 or bf16", dtype_name(l.dtype)));
   }
-  // Each factor is below 2^31, so the products below cannot overflow int64 before the check.
-  const double bytes = double(l.num_pages) * l.page_size * l.num_kv_heads * l.head_dim * double(dtype_size(l.dtype));
+  if (l.num_layers <= 0) {
+    return invalid_argument(fmt::format("KvLayout: num_layers must be positive, got {}", l.num_layers));
+  }
+  // In double, so the product of six factors cannot overflow before the check.
+  const double bytes = double(l.num_layers) * l.num_pages * l.page_size * l.num_kv_heads * l.head_dim *
+                       double(dtype_size(l.dtype));
   if (bytes > double(std::int64_t(1) << 62)) {
     return invalid_argument(fmt::format("KvLayout: a pool of {} bytes is too large", bytes));
   }
@@ -101,11 +104,15 @@ Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout, const TensorVi
   namespace ta = kernels::tensor_args;
   constexpr const char* k = "PagedKvCache";
   LAMINAR_RETURN_IF_ERROR(validate(layout));
-  const std::int64_t shape[4] = {layout.num_pages, layout.page_size, layout.num_kv_heads, layout.head_dim};
+  const std::int64_t shape[5] = {layout.num_layers, layout.num_pages, layout.page_size, layout.num_kv_heads,
+                                 layout.head_dim};
   for (const auto& [name, pool] : {std::pair<const char*, const TensorView&>{"k_pool", k_pool}, {"v_pool", v_pool}}) {
-    if (!std::equal(pool.shape().begin(), pool.shape().end(), std::begin(shape), std::end(shape))) {
+    // One layer's pools may come without the layer dimension, as they did before layers existed.
+    const auto expected = layout.num_layers == 1 && pool.ndim() == 4 ? std::span<const std::int64_t>(shape).subspan(1)
+                                                                      : std::span<const std::int64_t>(shape);
+    if (!std::ranges::equal(pool.shape(), expected)) {
       return ta::mismatch(k, name, fmt::format("shape {} but the layout gives {}", ta::shape_string(pool.shape()),
-                                               ta::shape_string(shape)));
+                                               ta::shape_string(expected)));
     }
     if (pool.dtype() != layout.dtype) {
       return ta::mismatch(k, name, fmt::format("dtype {} but the layout's is {}", dtype_name(pool.dtype()),
@@ -132,7 +139,8 @@ Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout, const TensorVi
 }
 
 TensorView PagedKvCache::pool_view(unsigned char* base) const {
-  const std::int64_t shape[4] = {layout_.num_pages, layout_.page_size, layout_.num_kv_heads, layout_.head_dim};
+  const std::int64_t shape[5] = {layout_.num_layers, layout_.num_pages, layout_.page_size, layout_.num_kv_heads,
+                                 layout_.head_dim};
   // The layout was validated and the memory is there, so the view is well formed.
   auto view = TensorView::contiguous(base, layout_.dtype, shape, device_);
   LAMINAR_CHECK_MSG(view.ok(), view.status().to_string());
@@ -141,6 +149,37 @@ TensorView PagedKvCache::pool_view(unsigned char* base) const {
 
 TensorView PagedKvCache::k_pool() const { return pool_view(k_); }
 TensorView PagedKvCache::v_pool() const { return pool_view(v_); }
+
+Status PagedKvCache::check_layer(std::int32_t layer) const {
+  if (layer < 0 || layer >= layout_.num_layers) {
+    return out_of_range(fmt::format("PagedKvCache: layer {} outside a cache of {} layers", layer, layout_.num_layers));
+  }
+  return ok_status();
+}
+
+Result<PagedKv> PagedKvCache::view(std::int32_t layer) const {
+  LAMINAR_RETURN_IF_ERROR(check_layer(layer));
+  KvLayout one = layout_;
+  one.num_layers = 1;
+  const std::int64_t offset = std::int64_t(layer) * layout_.layer_bytes();
+  return PagedKv{k_ + offset, v_ + offset, one};
+}
+
+Result<void*> PagedKvCache::page_address(unsigned char* base, std::int32_t layer, std::int32_t page) const {
+  LAMINAR_RETURN_IF_ERROR(check_layer(layer));
+  if (page < 0 || page >= layout_.num_pages) {
+    return out_of_range(fmt::format("PagedKvCache: page {} outside a pool of {} pages", page, layout_.num_pages));
+  }
+  return static_cast<void*>(base + std::int64_t(layer) * layout_.layer_bytes() +
+                            std::int64_t(page) * layout_.page_bytes());
+}
+
+Result<void*> PagedKvCache::k_page(std::int32_t layer, std::int32_t page) const {
+  return page_address(k_, layer, page);
+}
+Result<void*> PagedKvCache::v_page(std::int32_t layer, std::int32_t page) const {
+  return page_address(v_, layer, page);
+}
 
 Status PagedKvCache::add_sequence(SequenceId id) {
   if (seqs_.contains(id)) return already_exists(fmt::format("PagedKvCache: sequence {} is already live", id.value()));
@@ -174,7 +213,8 @@ Status PagedKvCache::release(SequenceId id) {
   return ok_status();
 }
 
-Result<PagedKvCache::TokenSlot> PagedKvCache::token_slot(SequenceId id, std::int64_t pos) {
+Result<PagedKvCache::TokenSlot> PagedKvCache::token_slot(SequenceId id, std::int64_t pos, std::int32_t layer) {
+  LAMINAR_RETURN_IF_ERROR(check_layer(layer));
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
   if (pos < 0 || pos >= it->second.length) {
@@ -185,8 +225,9 @@ Result<PagedKvCache::TokenSlot> PagedKvCache::token_slot(SequenceId id, std::int
   slot.page = it->second.pages[std::size_t(pos / layout_.page_size)];
   slot.offset = std::int32_t(pos % layout_.page_size);
   const std::int64_t row_bytes = layout_.token_elems() * std::int64_t(dtype_size(layout_.dtype));
-  slot.k = static_cast<unsigned char*>(k_page(slot.page)) + slot.offset * row_bytes;
-  slot.v = static_cast<unsigned char*>(v_page(slot.page)) + slot.offset * row_bytes;
+  // The page came from this cache's free list, so it is in range.
+  slot.k = static_cast<unsigned char*>(*k_page(layer, slot.page)) + slot.offset * row_bytes;
+  slot.v = static_cast<unsigned char*>(*v_page(layer, slot.page)) + slot.offset * row_bytes;
   return slot;
 }
 

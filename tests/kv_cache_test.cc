@@ -38,16 +38,16 @@ TEST_CASE("PagedKvCache hands out pages as sequences grow and takes them back", 
   CHECK(cache->append_tokens(SequenceId(2), -1).code() == StatusCode::kInvalidArgument);
 
   // Token slots are distinct, inside the pools, and where the page table says.
-  auto s0 = cache->token_slot(SequenceId(1), 0);
-  auto s5 = cache->token_slot(SequenceId(1), 5);
+  auto s0 = cache->token_slot(SequenceId(1), 0, 0);
+  auto s5 = cache->token_slot(SequenceId(1), 5, 0);
   REQUIRE(s0.ok());
   REQUIRE(s5.ok());
   CHECK(s5->page == (*cache->pages(SequenceId(1)))[1]);
   CHECK(s5->offset == 1);
   const std::int64_t row = 2 * 8 * 2;  // heads * head_dim * sizeof(f16)
   CHECK(static_cast<char*>(s5->k) ==
-        static_cast<char*>(cache->k_page(s5->page)) + row);
-  CHECK(cache->token_slot(SequenceId(1), 8).status().code() == StatusCode::kOutOfRange);
+        static_cast<char*>(*cache->k_page(0, s5->page)) + row);
+  CHECK(cache->token_slot(SequenceId(1), 8, 0).status().code() == StatusCode::kOutOfRange);
 
   PageTableBuffer table;
   const SequenceId batch[] = {SequenceId(2), SequenceId(1)};
@@ -143,14 +143,14 @@ TEST_CASE("PagedKvCache adopts K/V pools the host allocated, without owning them
     REQUIRE(cache.ok());
     CHECK_FALSE(cache->owns_pools());
     CHECK(cache->device() == laminar::Device::cpu());
-    CHECK(cache->view().k_pages == k.data());
-    CHECK(cache->view().v_pages == v.data());
+    CHECK(cache->view(0)->k_pages == k.data());
+    CHECK(cache->view(0)->v_pages == v.data());
     CHECK(cache->k_pool().data() == k.data());
     CHECK(cache->k_pool().is_contiguous());
     CHECK(cache->free_pages() == 6);
     REQUIRE(cache->add_sequence(SequenceId(3)).ok());
     REQUIRE(cache->append_tokens(SequenceId(3), 6).ok());
-    auto slot = cache->token_slot(SequenceId(3), 5);
+    auto slot = cache->token_slot(SequenceId(3), 5, 0);
     REQUIRE(slot.ok());
     CHECK(static_cast<std::uint16_t*>(slot->k) == k.data() + (std::size_t(slot->page) * 4 + 1) * 2 * 64);
     CHECK(static_cast<std::uint16_t*>(slot->v) == v.data() + (std::size_t(slot->page) * 4 + 1) * 2 * 64);
@@ -164,7 +164,9 @@ TEST_CASE("PagedKvCache adopts K/V pools the host allocated, without owning them
   auto own = PagedKvCache::create(layout);
   REQUIRE(own.ok());
   CHECK(own->owns_pools());
-  CHECK(own->k_pool().dim(3) == 64);
+  CHECK(own->k_pool().ndim() == 5);
+  CHECK(own->k_pool().dim(0) == 1);
+  CHECK(own->k_pool().dim(4) == 64);
 
   // Device pools are adopted as device addresses (nothing is read from them here).
   const auto gpu = laminar::Device::cuda(1);
@@ -221,8 +223,8 @@ TEST_CASE("a paged decode over adopted pools matches the same data in a cache's 
     k[i] = nd(rng);
     v[i] = nd(rng);
   }
-  std::memcpy(own->k_page(0), k.data(), elems * sizeof(float));
-  std::memcpy(own->v_page(0), v.data(), elems * sizeof(float));
+  std::memcpy(*own->k_page(0, 0), k.data(), elems * sizeof(float));
+  std::memcpy(*own->v_page(0, 0), v.data(), elems * sizeof(float));
   auto adopted =
       PagedKvCache::create(layout, laminar::TensorView::contiguous(k.data(), DType::kF32, own->k_pool().shape()).value(),
                            laminar::TensorView::contiguous(v.data(), DType::kF32, own->v_pool().shape()).value());
@@ -243,8 +245,12 @@ TEST_CASE("a paged decode over adopted pools matches the same data in a cache's 
     laminar::kernels::PagedDecodeTensors t;
     t.q = laminar::TensorView::contiguous(q.data(), DType::kF32, qshape).value();
     t.out = laminar::TensorView::contiguous(out.data(), DType::kF32, qshape).value();
-    t.k_pages = cache->k_pool();
-    t.v_pages = cache->v_pool();
+    // from_tensors takes one layer's 4-D pools: the cache's 5-D pools without their layer dimension.
+    const auto layer0 = [&](const laminar::TensorView& pool) {
+      return laminar::TensorView::contiguous(pool.data(), pool.dtype(), pool.shape().subspan(1)).value();
+    };
+    t.k_pages = layer0(cache->k_pool());
+    t.v_pages = layer0(cache->v_pool());
     const std::int64_t n3[1] = {3}, n2[1] = {2}, nnz[1] = {std::int64_t(table.indices.size())};
     t.indptr = laminar::TensorView::contiguous(table.indptr.data(), DType::kI32, n3).value();
     t.indices = laminar::TensorView::contiguous(table.indices.data(), DType::kI32, nnz).value();
@@ -255,4 +261,141 @@ TEST_CASE("a paged decode over adopted pools matches the same data in a cache's 
     outs.push_back(out);
   }
   CHECK(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("KvLayout counts layers in its sizes and validation", "[kv_cache][layers]") {
+  const KvLayout l{.num_pages = 4, .page_size = 2, .num_kv_heads = 1, .head_dim = 8, .dtype = DType::kF16,
+                   .num_layers = 3};
+  CHECK(l.page_bytes() == 2 * 8 * 2);
+  CHECK(l.layer_bytes() == 4 * 2 * 8 * 2);
+  CHECK(l.pool_bytes() == 3 * 4 * 2 * 8 * 2);
+  CHECK(laminar::validate(l).ok());
+  CHECK(KvLayout{4, 2, 1, 8, DType::kF16}.num_layers == 1);
+  for (std::int32_t bad : {0, -2}) {
+    KvLayout b = l;
+    b.num_layers = bad;
+    const auto st = laminar::validate(b);
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(st.message(), Catch::Contains("num_layers must be positive, got " + std::to_string(bad)));
+  }
+  // 2^48 bytes per layer is allowed; 2^15 such layers (2^63 bytes) are not.
+  KvLayout big{1 << 20, 1 << 16, 8, 128, DType::kF32};
+  CHECK(laminar::validate(big).ok());
+  big.num_layers = 1 << 15;
+  CHECK_THAT(laminar::validate(big).message(), Catch::Contains("too large"));
+}
+
+TEST_CASE("PagedKvCache layers are separate memory addressed by the same page ids", "[kv_cache][layers]") {
+  const KvLayout layout{.num_pages = 4, .page_size = 2, .num_kv_heads = 2, .head_dim = 4, .dtype = DType::kF32,
+                        .num_layers = 3};
+  auto cache = PagedKvCache::create(layout);
+  REQUIRE(cache.ok());
+  REQUIRE(cache->add_sequence(SequenceId(1)).ok());
+  REQUIRE(cache->append_tokens(SequenceId(1), 3).ok());  // 2 pages, shared by all 3 layers
+  CHECK(cache->used_pages() == 2);
+  const auto* k_base = static_cast<const char*>(cache->k_pool().data());
+  const auto* v_base = static_cast<const char*>(cache->v_pool().data());
+  CHECK(cache->k_pool().dim(0) == 3);
+  const std::int64_t row = 2 * 4 * 4;  // heads * head_dim * sizeof(f32)
+  const std::int32_t page = (*cache->pages(SequenceId(1)))[1];
+  for (std::int32_t layer = 0; layer < 3; ++layer) {
+    INFO("layer " << layer);
+    const auto view = cache->view(layer);
+    REQUIRE(view.ok());
+    CHECK(static_cast<const char*>(view->k_pages) == k_base + layer * layout.layer_bytes());
+    CHECK(static_cast<const char*>(view->v_pages) == v_base + layer * layout.layer_bytes());
+    CHECK(view->layout.num_layers == 1);
+    CHECK(view->layout.num_pages == 4);
+    CHECK(view->layout.head_dim == 4);
+    CHECK(*cache->k_page(layer, page) == static_cast<const char*>(view->k_pages) + page * layout.page_bytes());
+    CHECK(*cache->v_page(layer, page) == static_cast<const char*>(view->v_pages) + page * layout.page_bytes());
+    const auto slot = cache->token_slot(SequenceId(1), 2, layer);
+    REQUIRE(slot.ok());
+    CHECK(slot->page == page);
+    CHECK(slot->offset == 0);
+    CHECK(static_cast<char*>(slot->k) == static_cast<char*>(*cache->k_page(layer, page)));
+    CHECK(static_cast<char*>(slot->v) == static_cast<char*>(*cache->v_page(layer, page)));
+    const auto first = cache->token_slot(SequenceId(1), 1, layer);
+    REQUIRE(first.ok());
+    CHECK(static_cast<char*>(first->k) ==
+          static_cast<char*>(*cache->k_page(layer, (*cache->pages(SequenceId(1)))[0])) + row);
+  }
+
+  // Writing token 2 of layer 1 leaves the other layers' copy of that token as it was.
+  auto l1 = cache->token_slot(SequenceId(1), 2, 1);
+  REQUIRE(l1.ok());
+  std::fill_n(static_cast<float*>(l1->k), 8, 1.5f);
+  std::fill_n(static_cast<float*>(l1->v), 8, -2.5f);
+  for (std::int32_t layer : {0, 2}) {
+    auto other = cache->token_slot(SequenceId(1), 2, layer);
+    REQUIRE(other.ok());
+    CHECK(std::count(static_cast<float*>(other->k), static_cast<float*>(other->k) + 8, 0.0f) == 8);
+    CHECK(std::count(static_cast<float*>(other->v), static_cast<float*>(other->v) + 8, 0.0f) == 8);
+  }
+  const auto* k_all = static_cast<const float*>(cache->k_pool().data());
+  const std::int64_t elems = cache->k_pool().numel();
+  CHECK(std::count(k_all, k_all + elems, 1.5f) == 8);
+  CHECK(std::count(k_all, k_all + elems, 0.0f) == elems - 8);
+}
+
+TEST_CASE("PagedKvCache refuses a layer or page outside the cache, naming it", "[kv_cache][layers]") {
+  auto cache = PagedKvCache::create({.num_pages = 4, .page_size = 2, .num_kv_heads = 1, .head_dim = 8,
+                                     .dtype = DType::kBF16, .num_layers = 2});
+  REQUIRE(cache.ok());
+  REQUIRE(cache->add_sequence(SequenceId(1)).ok());
+  REQUIRE(cache->append_tokens(SequenceId(1), 1).ok());
+  const auto out_of_range = [](const laminar::Status& st, const char* text) {
+    CHECK(st.code() == StatusCode::kOutOfRange);
+    CHECK_THAT(st.message(), Catch::Contains(text));
+  };
+  out_of_range(cache->view(2).status(), "layer 2 outside a cache of 2 layers");
+  out_of_range(cache->view(-1).status(), "layer -1 outside");
+  out_of_range(cache->token_slot(SequenceId(1), 0, 2).status(), "layer 2 outside");
+  out_of_range(cache->k_page(2, 0).status(), "layer 2 outside");
+  out_of_range(cache->v_page(-1, 0).status(), "layer -1 outside");
+  out_of_range(cache->k_page(1, 4).status(), "page 4 outside a pool of 4 pages");
+  out_of_range(cache->v_page(0, -1).status(), "page -1 outside");
+  CHECK(cache->view(1).ok());
+  CHECK(cache->token_slot(SequenceId(1), 0, 1).ok());
+}
+
+TEST_CASE("PagedKvCache adopts 5-D pools of several layers, and 4-D pools only for one", "[kv_cache][layers][adopt]") {
+  const KvLayout layout{.num_pages = 3, .page_size = 2, .num_kv_heads = 1, .head_dim = 4, .dtype = DType::kF32,
+                        .num_layers = 2};
+  const std::int64_t five[5] = {2, 3, 2, 1, 4};
+  const std::int64_t four[4] = {3, 2, 1, 4};
+  const std::size_t elems = 2 * 3 * 2 * 1 * 4;
+  std::vector<float> k(elems), v(elems);
+  const auto view = [](std::vector<float>& data, std::span<const std::int64_t> s) {
+    return laminar::TensorView::contiguous(data.data(), DType::kF32, s).value();
+  };
+  auto cache = PagedKvCache::create(layout, view(k, five), view(v, five));
+  REQUIRE(cache.ok());
+  CHECK(cache->view(1)->k_pages == k.data() + elems / 2);
+  CHECK(cache->view(1)->v_pages == v.data() + elems / 2);
+  CHECK(cache->k_pool().data() == k.data());
+  CHECK(cache->k_pool().dim(0) == 2);
+
+  auto four_for_two = PagedKvCache::create(layout, view(k, four), view(v, four));
+  REQUIRE_FALSE(four_for_two.ok());
+  CHECK(four_for_two.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(four_for_two.status().message(),
+             Catch::Contains("k_pool: shape [3, 2, 1, 4] but the layout gives [2, 3, 2, 1, 4]"));
+  const std::int64_t three_layers[5] = {3, 3, 2, 1, 4};
+  std::vector<float> big(3 * elems / 2);
+  CHECK_THAT(PagedKvCache::create(layout, view(k, five), view(big, three_layers)).status().message(),
+             Catch::Contains("v_pool: shape [3, 3, 2, 1, 4]"));
+
+  // The overlap check spans every layer: V starting in K's second layer is refused.
+  std::vector<float> both(2 * elems);
+  auto overlapping = PagedKvCache::create(
+      layout, laminar::TensorView::contiguous(both.data(), DType::kF32, five).value(),
+      laminar::TensorView::contiguous(both.data() + elems - 1, DType::kF32, five).value());
+  CHECK_THAT(overlapping.status().message(), Catch::Contains("v_pool: overlaps k_pool"));
+
+  KvLayout one = layout;
+  one.num_layers = 1;
+  const std::int64_t five_one[5] = {1, 3, 2, 1, 4};
+  CHECK(PagedKvCache::create(one, view(k, four), view(v, four)).ok());
+  CHECK(PagedKvCache::create(one, view(k, five_one), view(v, five_one)).ok());
 }

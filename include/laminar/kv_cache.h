@@ -2,17 +2,19 @@
 // owns the pools, hands out pages and keeps each sequence's page list.
 //
 // A rollout worker stores the keys and values of every live sequence in two page pools (K and V,
-// NHD: [num_pages, page_size, num_kv_heads, head_dim]). A sequence owns a list of pages; a decode
-// batch is described by a CSR page table (indptr / indices / last_page_len) built from those lists
-// for the sequences in the batch, in any order: the kernels give each sequence the same bits
-// whatever its batch mates. The KvMigrator moves a sequence by copying its pages and its length.
+// [num_layers, num_pages, page_size, num_kv_heads, head_dim]). A sequence owns a list of pages; a
+// page id names the same page in every layer, so one list serves the whole model. A decode batch
+// is described by a CSR page table (indptr / indices / last_page_len) built from those lists for
+// the sequences in the batch, in any order: the kernels give each sequence the same bits whatever
+// its batch mates, and read one layer at a time (view(layer)). The KvMigrator moves a sequence by
+// copying its pages in every layer and its length.
 //
-//   auto cache = laminar::PagedKvCache::create({/*num_pages=*/1024, /*page_size=*/16,
-//                                               /*num_kv_heads=*/8, /*head_dim=*/128, DType::kBF16});
+//   auto cache = laminar::PagedKvCache::create({.num_pages = 1024, .page_size = 16, .num_kv_heads = 8,
+//                                               .head_dim = 128, .dtype = DType::kBF16, .num_layers = 32});
 //   LAMINAR_RETURN_IF_ERROR(cache->add_sequence(SequenceId(7)));
-//   LAMINAR_RETURN_IF_ERROR(cache->append_tokens(SequenceId(7), prompt_len));  // reserves pages
-//   auto slot = cache->token_slot(SequenceId(7), 0);                          // write K/V there
-//   LAMINAR_RETURN_IF_ERROR(cache->build_page_table(batch_ids, &table));      // for the kernel
+//   LAMINAR_RETURN_IF_ERROR(cache->append_tokens(SequenceId(7), prompt_len));  // pages for all layers
+//   auto slot = cache->token_slot(SequenceId(7), 0, layer);                   // write K/V there
+//   LAMINAR_RETURN_IF_ERROR(cache->build_page_table(batch_ids, &table));      // one table, every layer
 //
 // An engine that already holds its K/V pools (its own tensors, on the host or a CUDA device) hands
 // them over as views instead: PagedKvCache::create(layout, k_view, v_view) keeps the page
@@ -31,13 +33,16 @@
 
 namespace laminar {
 
-// Geometry and element type of one pair of K/V page pools.
+// Geometry and element type of a pair of K/V page pools holding num_layers layers.
 struct KvLayout {
   std::int32_t num_pages = 0;
   std::int32_t page_size = 0;  // tokens per page
   std::int32_t num_kv_heads = 0;
   std::int32_t head_dim = 0;
   DType dtype = DType::kBF16;  // f32, f16 or bf16
+  // Last, so {num_pages, page_size, num_kv_heads, head_dim, dtype} still means one layer. The
+  // kernels take one layer's layout (num_layers 1) and refuse any other.
+  std::int32_t num_layers = 1;
 
   // Elements of one token's K (or V) row: num_kv_heads * head_dim.
   std::int64_t token_elems() const noexcept { return std::int64_t(num_kv_heads) * head_dim; }
@@ -45,15 +50,18 @@ struct KvLayout {
   std::int64_t page_bytes() const noexcept {
     return std::int64_t(page_size) * token_elems() * std::int64_t(dtype_size(dtype));
   }
-  // Bytes of one whole pool (K or V).
-  std::int64_t pool_bytes() const noexcept { return page_bytes() * num_pages; }
+  // Bytes of one layer of one pool: num_pages pages.
+  std::int64_t layer_bytes() const noexcept { return page_bytes() * num_pages; }
+  // Bytes of one whole pool (K or V), all layers.
+  std::int64_t pool_bytes() const noexcept { return layer_bytes() * num_layers; }
 };
 
-// kInvalidArgument naming the field when a count is not positive, the dtype is not a float type,
-// or a pool would exceed 2^62 bytes.
+// kInvalidArgument naming the field when a count (num_layers included) is not positive, the dtype
+// is not a float type, or a pool of all layers would exceed 2^62 bytes.
 Status validate(const KvLayout& layout);
 
-// A view of the two pools (host or device memory, as the kernel's stream says).
+// A view of the two pools (host or device memory, as the kernel's stream says): for the kernels,
+// one layer of a PagedKvCache (layout.num_layers 1).
 struct PagedKv {
   const void* k_pages = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] of layout.dtype
   const void* v_pages = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] of layout.dtype
@@ -92,7 +100,12 @@ struct PageTableBuffer {
 };
 
 // K/V pools (allocated in host memory, or adopted from the host application) with a page allocator
-// and per-sequence page lists. Not thread-safe: one rollout worker's decode loop owns it.
+// and per-sequence page lists shared by all layers. Not thread-safe: one rollout worker's decode
+// loop owns it.
+//
+// The pools are layer-major, [num_layers, num_pages, page_size, num_kv_heads, head_dim]: a model
+// runs layer by layer, so each layer's pool is one contiguous block that the kernels read as an
+// ordinary 4-D pool, and an engine that keeps one tensor per layer stacks into this shape.
 class PagedKvCache {
  public:
   // Allocates both pools (zero-filled). kInvalidArgument for a bad layout, kResourceExhausted when
@@ -100,7 +113,8 @@ class PagedKvCache {
   static Result<PagedKvCache> create(const KvLayout& layout);
   // Adopts pools the host already allocated, without owning them: they are neither cleared nor
   // freed, and must outlive the cache. Preconditions:
-  //   k_pool and v_pool are [num_pages, page_size, num_kv_heads, head_dim] of layout.dtype, dense;
+  //   k_pool and v_pool are [num_layers, num_pages, page_size, num_kv_heads, head_dim] of
+  //   layout.dtype, dense; with num_layers 1 the 4-D [num_pages, ...] is accepted too;
   //   both on the host (pageable or page-locked) or both on one CUDA device.
   // On a device, token_slot() and k_page() / v_page() give device addresses. kInvalidArgument
   // naming the pool and the mismatch.
@@ -123,8 +137,9 @@ class PagedKvCache {
   // Returns the sequence's pages to the free list. kNotFound for an unknown id.
   Status release(SequenceId id);
 
-  // kNotFound / kOutOfRange (pos beyond the sequence's length).
-  Result<TokenSlot> token_slot(SequenceId id, std::int64_t pos);
+  // Token `pos` of a sequence in one layer. kNotFound / kOutOfRange (pos beyond the sequence's
+  // length, or layer outside [0, num_layers)).
+  Result<TokenSlot> token_slot(SequenceId id, std::int64_t pos, std::int32_t layer);
   Result<std::int64_t> length(SequenceId id) const;
   // The sequence's pages in token order (valid until the next append or release).
   Result<std::span<const std::int32_t>> pages(SequenceId id) const;
@@ -134,16 +149,20 @@ class PagedKvCache {
   Status build_page_table(std::span<const SequenceId> ids, PageTableBuffer* out) const;
 
   const KvLayout& layout() const noexcept { return layout_; }
-  PagedKv view() const noexcept { return {k_, v_, layout_}; }
-  // The pools as tensors: [num_pages, page_size, num_kv_heads, head_dim] of layout().dtype.
+  // One layer's pools for the kernels (its layout has num_layers 1). kOutOfRange for a layer
+  // outside [0, num_layers).
+  Result<PagedKv> view(std::int32_t layer) const;
+  // The pools as tensors: [num_layers, num_pages, page_size, num_kv_heads, head_dim] of layout().dtype.
   TensorView k_pool() const;
   TensorView v_pool() const;
   // Where the pools live: the host for pools the cache allocated.
   Device device() const noexcept { return device_; }
   // False for pools adopted from the host application.
   bool owns_pools() const noexcept { return k_owned_ != nullptr; }
-  void* k_page(std::int32_t page) noexcept { return k_ + std::int64_t(page) * layout_.page_bytes(); }
-  void* v_page(std::int32_t page) noexcept { return v_ + std::int64_t(page) * layout_.page_bytes(); }
+  // Page `page` of one layer: [page_size, num_kv_heads, head_dim]. kOutOfRange naming the layer or
+  // the page when outside the layout.
+  Result<void*> k_page(std::int32_t layer, std::int32_t page) const;
+  Result<void*> v_page(std::int32_t layer, std::int32_t page) const;
   std::int32_t free_pages() const noexcept { return std::int32_t(free_.size()); }
   std::int32_t used_pages() const noexcept { return layout_.num_pages - free_pages(); }
   std::size_t num_sequences() const noexcept { return seqs_.size(); }
@@ -164,9 +183,11 @@ class PagedKvCache {
 
   void init_free_list();
   TensorView pool_view(unsigned char* base) const;
+  Status check_layer(std::int32_t layer) const;
+  Result<void*> page_address(unsigned char* base, std::int32_t layer, std::int32_t page) const;
 
   KvLayout layout_;
-  unsigned char* k_ = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] of layout_.dtype
+  unsigned char* k_ = nullptr;  // [num_layers, num_pages, page_size, num_kv_heads, head_dim] of layout_.dtype
   unsigned char* v_ = nullptr;
   Device device_ = Device::cpu();
   // Set when the cache allocated the pools; null for adopted ones.

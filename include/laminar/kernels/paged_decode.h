@@ -11,7 +11,8 @@
 //
 //   laminar::kernels::PagedDecodeParams p;
 //   p.q = q;  p.out = out;  p.lse = lse;            // [batch, 32, 128] bf16, [batch, 32] f32
-//   p.kv = cache.view();  p.table = table.view();   // from laminar::PagedKvCache
+//   p.kv = cache.view(layer).value();               // one layer of a laminar::PagedKvCache
+//   p.table = table.view();                         // the same table for every layer
 //   p.num_qo_heads = 32;  p.sm_scale = 1.0f / std::sqrt(128.0f);  p.max_kv_len = 32768;
 //   laminar::Status st = laminar::kernels::run(p, laminar::Stream::host());
 //
@@ -50,7 +51,7 @@ struct PagedDecodeParams {
   const void* q = nullptr;    // [num_rows, num_qo_heads, head_dim] of kv.layout.dtype
   void* out = nullptr;        // [num_rows, num_qo_heads, head_dim] of kv.layout.dtype
   float* lse = nullptr;       // [num_rows, num_qo_heads] natural-log sum of exp(scaled scores); may be null
-  PagedKv kv;                 // pools; layout.head_dim 64 or 128
+  PagedKv kv;                 // one layer's pools (PagedKvCache::view); layout.head_dim 64 or 128
   PageTable table;            // one entry per sequence
   const std::int32_t* qo_indptr = nullptr;  // [table.batch + 1] for prefill; null for decode
   std::int32_t num_rows = 0;
