@@ -399,3 +399,67 @@ TEST_CASE("PagedKvCache adopts 5-D pools of several layers, and 4-D pools only f
   CHECK(PagedKvCache::create(one, view(k, four), view(v, four)).ok());
   CHECK(PagedKvCache::create(one, view(k, five_one), view(v, five_one)).ok());
 }
+
+TEST_CASE("paged decode reads one layer's view and refuses a multi-layer layout", "[kv_cache][layers]") {
+  // A 2-layer cache and a 1-layer cache holding layer 1's data: decoding view(1) of the first must
+  // give the bits of the second, and layer 0 (different data) must not.
+  const KvLayout two{.num_pages = 4, .page_size = 4, .num_kv_heads = 2, .head_dim = 64, .dtype = DType::kF32,
+                     .num_layers = 2};
+  KvLayout one_layout = two;
+  one_layout.num_layers = 1;
+  auto cache = PagedKvCache::create(two);
+  auto one = PagedKvCache::create(one_layout);
+  REQUIRE(cache.ok());
+  REQUIRE(one.ok());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const auto fill = [&](const laminar::TensorView& pool) {
+    auto* f = static_cast<float*>(pool.data());
+    for (std::int64_t i = 0; i < pool.numel(); ++i) f[i] = nd(rng);
+  };
+  fill(cache->k_pool());
+  fill(cache->v_pool());
+  const std::size_t layer_bytes = std::size_t(two.layer_bytes());
+  std::memcpy(*one->k_page(0, 0), *cache->k_page(1, 0), layer_bytes);
+  std::memcpy(*one->v_page(0, 0), *cache->v_page(1, 0), layer_bytes);
+  std::vector<float> q(2 * 64);
+  for (auto& x : q) x = nd(rng);
+
+  const auto decode = [&](PagedKvCache& c, const laminar::PagedKv& kv, laminar::Status* st) {
+    if (!c.pages(SequenceId(1)).ok()) {
+      REQUIRE(c.add_sequence(SequenceId(1)).ok());
+      REQUIRE(c.append_tokens(SequenceId(1), 11).ok());
+    }
+    PageTableBuffer table;
+    const SequenceId ids[] = {SequenceId(1)};
+    REQUIRE(c.build_page_table(ids, &table).ok());
+    std::vector<float> out(q.size());
+    laminar::kernels::PagedDecodeParams p;
+    p.q = q.data();
+    p.out = out.data();
+    p.kv = kv;
+    p.table = table.view();
+    p.num_rows = 1;
+    p.num_qo_heads = 2;
+    p.sm_scale = 0.125f;
+    p.max_kv_len = 11;
+    *st = laminar::kernels::run(p, laminar::Stream::host());
+    return out;
+  };
+  laminar::Status st;
+  const auto from_layer1 = decode(*cache, *cache->view(1), &st);
+  REQUIRE(st.ok());
+  const auto from_one = decode(*one, *one->view(0), &st);
+  REQUIRE(st.ok());
+  const auto from_layer0 = decode(*cache, *cache->view(0), &st);
+  REQUIRE(st.ok());
+  CHECK(std::memcmp(from_layer1.data(), from_one.data(), q.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(from_layer0.data(), from_one.data(), q.size() * sizeof(float)) != 0);
+
+  // The whole cache's layout handed to a kernel is refused before anything is read.
+  laminar::PagedKv whole = *cache->view(0);
+  whole.layout.num_layers = 2;
+  decode(*cache, whole, &st);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(st.message(), Catch::Contains("num_layers is 2, not 1"));
+}

@@ -153,6 +153,11 @@ namespace {
 Status check_params(const PagedDecodeParams& p) {
   const KvLayout& l = p.kv.layout;
   LAMINAR_RETURN_IF_ERROR(validate(l).with_context("paged_decode"));
+  // The pointers address one layer; a multi-layer layout means the caller passed the whole cache.
+  if (l.num_layers != 1) {
+    return invalid_argument(
+        fmt::format("paged_decode: kv.layout.num_layers is {}, not 1 (pass PagedKvCache::view(layer))", l.num_layers));
+  }
   if (l.head_dim != 64 && l.head_dim != 128) {
     return invalid_argument(fmt::format("paged_decode: head_dim {} is not supported (64 or 128)", l.head_dim));
   }

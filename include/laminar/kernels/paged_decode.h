@@ -51,7 +51,7 @@ struct PagedDecodeParams {
   const void* q = nullptr;    // [num_rows, num_qo_heads, head_dim] of kv.layout.dtype
   void* out = nullptr;        // [num_rows, num_qo_heads, head_dim] of kv.layout.dtype
   float* lse = nullptr;       // [num_rows, num_qo_heads] natural-log sum of exp(scaled scores); may be null
-  PagedKv kv;                 // one layer's pools (PagedKvCache::view); layout.head_dim 64 or 128
+  PagedKv kv;                 // one layer's pools (layout.num_layers 1); layout.head_dim 64 or 128
   PageTable table;            // one entry per sequence
   const std::int32_t* qo_indptr = nullptr;  // [table.batch + 1] for prefill; null for decode
   std::int32_t num_rows = 0;
@@ -105,12 +105,12 @@ struct PagedDecodeIndexCopies {
 // Bytes of workspace a CUDA run needs (0 on the host path, which allocates its own).
 std::size_t workspace_bytes(const PagedDecodeParams& p);
 
-// kInvalidArgument naming the field for: head_dim not 64/128, dtype not f32/f16/bf16, group size
-// not 1/2/4/8, null pointers where data is needed, negative cpu_threads, non-finite or
-// non-positive sm_scale, negative counts, decode with num_rows != batch. On the host the page
-// table (and qo_indptr) is checked too: indices in range, lengths <= max_kv_len, prefill rows within
-// their sequences. On a CUDA
-// stream those live in device memory and are the caller's responsibility.
+// kInvalidArgument naming the field for: a layout of more than one layer, head_dim not 64/128,
+// dtype not f32/f16/bf16, group size not 1/2/4/8, null pointers where data is needed, negative
+// cpu_threads, non-finite or non-positive sm_scale, negative counts, decode with num_rows != batch.
+// On the host the page table (and qo_indptr) is checked too: indices in range, lengths <=
+// max_kv_len, prefill rows within their sequences. On a CUDA stream those live in device memory and
+// are the caller's responsibility.
 Status can_implement(const PagedDecodeParams& p, Stream stream);
 // Rows of length 0 give out = 0 and lse = -inf. On Stream::host() runs now on cpu_threads threads;
 // on a CUDA stream enqueues the split and merge kernels and returns. kUnimplemented for a CUDA
