@@ -26,6 +26,15 @@ inline constexpr MessageType kQueueHelloMessage = kLaminarMessageTypeFirst + 0x0
 inline constexpr MessageType kQueuePushMessage = kLaminarMessageTypeFirst + 0x0202;
 inline constexpr MessageType kQueuePushManyMessage = kLaminarMessageTypeFirst + 0x0203;
 inline constexpr MessageType kQueuePingMessage = kLaminarMessageTypeFirst + 0x0204;
+// KV migration (kv_migration_wire.h): 0xF000'03xx.
+// Source offers sequences; the answer is the destination's reservation.
+inline constexpr MessageType kMigrationOfferMessage = kLaminarMessageTypeFirst + 0x0301;
+// Source sends the checksums of pages it put, and with the final stage the sequences' states.
+inline constexpr MessageType kMigrationStageMessage = kLaminarMessageTypeFirst + 0x0302;
+// Source, once its final stage is acked: the destination makes the sequences its own.
+inline constexpr MessageType kMigrationCommitMessage = kLaminarMessageTypeFirst + 0x0303;
+// Either side gives the migration up.
+inline constexpr MessageType kMigrationAbortMessage = kLaminarMessageTypeFirst + 0x0304;
 
 // As Transport::on_message, for a type in the reserved range (else kInvalidArgument).
 [[nodiscard]] Status on_protocol_message(Transport& transport, MessageType type, MessageHandler handler);

@@ -1,0 +1,181 @@
+// kv_migration_wire.h (private to src/): the bodies of the KV migration protocol's messages, by
+// which a source rollout worker hands live sequences and their paged KV cache to a destination
+// (issue #20, KvMigrator). Encoded and decoded apart from any transport so that a fuzz target
+// (tests/fuzz/kv_migration_decode_fuzz.cc) can reach every decoder. The pages themselves go by
+// Transport put into the destination's pools, never in these messages.
+//
+// Little-endian, on ByteWriter / ByteReader (byte_codec.h); "text" is a u32 length and that many
+// bytes; a refusal is u8 StatusCode (not kOk), text (<= kMaxMigrationTextBytes):
+//   offer        source -> dest   u64 migration id, u64 version, i32 num_layers, i32 page_size,
+//                                 i32 num_kv_heads, i32 head_dim, u8 dtype, u32 n; n times:
+//                                 u64 sequence id, u64 tokens, u32 pages needed
+//   reservation  dest -> source   u8 granted (0/1); 0: a refusal. 1: u64 lease_ns, u32 n; n times:
+//                                 u64 sequence id, u32 m, i32 page id[m]; then text K pool region,
+//                                 text V pool region (RemoteRegion::serialize)
+//   stage        source -> dest   u64 migration id, u32 stage, u8 final (0/1), u32 n; n times:
+//                                 u64 sequence id, u32 first page, u32 m, u64 xxh3[m] (one per
+//                                 page copied this stage); with final 1, then a sequence state
+//   stage answer dest -> source   u8 acked (0/1); 1: u32 stage. 0: a refusal
+//   abort        either way       u64 migration id, u8 side (0 source, 1 destination), a refusal
+// A sequence state is u64 sequence id, u64 trajectory id, u64 prompt id, u64 group id,
+// u32 group size, u32 sample index, u64 version, f32 temperature, f32 top_p, i32 top_k, u64 seed,
+// u64 rng position, u64 kv length, u32 n, i32 prompt[n], u32 m, i32 response[m], u32 k,
+// f32 logprob[k], then text engine state.
+//
+// A decoder accepts exactly what its encoder writes: anything else is kDataLoss naming the
+// message, the field and its offset. kInvalidArgument, naming the message (and the sequence), for
+// well-formed values out of range: a count or length above its bound, a migration id of 0, a
+// layout no KvCache takes, too few pages for a sequence's tokens, page ids or logprobs not one per
+// page or response token, a staged state of another sequence, sampling parameters no sampler
+// takes, a NaN or positive logprob. What needs the migrator's state (known sequences, page ids in
+// the pool, matching checksums, a stage in order) is for the migrator to check.
+//
+//   std::vector<std::byte> body = encode_migration_abort({7, MigrationSide::kSource,
+//                                                         StatusCode::kCancelled, "shutdown"});
+//   Result<MigrationAbort> a = decode_migration_abort(body);   // a->migration_id == 7
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "laminar/status.h"
+#include "laminar/types.h"
+
+namespace laminar::internal {
+
+// Prompt plus response tokens of one sequence, and its KV length.
+inline constexpr std::uint64_t kMaxMigrationTokens = std::uint64_t(1) << 20;
+// Pages of one sequence: one token a page at worst.
+inline constexpr std::uint32_t kMaxMigrationPages = std::uint32_t(kMaxMigrationTokens);
+inline constexpr std::uint32_t kMaxMigrationSequences = 1024;
+inline constexpr std::size_t kMaxMigrationEngineBytes = std::size_t(1) << 20;
+// A refusal's text, as the transport bounds its error texts; a longer one is cut when encoded.
+inline constexpr std::size_t kMaxMigrationTextBytes = 1024;
+// A serialized RemoteRegion: two u64 and a UCX rkey of some hundred bytes.
+inline constexpr std::size_t kMaxMigrationRegionBytes = 4096;
+
+// What a sequence's decoding resumes from on the destination.
+struct SequenceState {
+  SequenceId sequence;
+  TrajectoryId trajectory;
+  std::uint64_t prompt_id = 0;
+  std::uint64_t group_id = 0;
+  std::uint32_t group_size = 1;    // as Trajectory: 1 is not grouped
+  std::uint32_t sample_index = 0;  // < group_size
+  Version version;                 // policy version of every response token
+  float temperature = 1.0f;        // finite, >= 0
+  float top_p = 1.0f;              // in (0, 1]
+  std::int32_t top_k = 0;          // >= 0; 0: off
+  std::uint64_t seed = 0;
+  std::uint64_t rng_position = 0;
+  std::uint64_t kv_length = 0;  // tokens whose K and V are in the pages; <= prompt + response
+  std::vector<std::int32_t> prompt_tokens;
+  std::vector<std::int32_t> response_tokens;
+  std::vector<float> logprobs;  // [response_tokens.size()], each <= 0
+  std::string engine_state;     // opaque to laminar, <= kMaxMigrationEngineBytes
+  friend bool operator==(const SequenceState&, const SequenceState&) = default;
+};
+
+// The fields of a KvLayout that both sides' pages must share (num_pages is each side's own).
+struct KvLayoutFingerprint {
+  std::int32_t num_layers = 1;
+  std::int32_t page_size = 0;
+  std::int32_t num_kv_heads = 0;
+  std::int32_t head_dim = 0;
+  DType dtype = DType::kBF16;  // f32, f16 or bf16
+  friend bool operator==(const KvLayoutFingerprint&, const KvLayoutFingerprint&) = default;
+};
+
+struct OfferedSequence {
+  SequenceId sequence;
+  std::uint64_t tokens = 0;
+  std::uint32_t pages_needed = 0;  // >= ceil(tokens / page_size): room to keep decoding
+  friend bool operator==(const OfferedSequence&, const OfferedSequence&) = default;
+};
+
+struct MigrationOffer {
+  std::uint64_t migration_id = 0;  // not 0
+  Version version;
+  KvLayoutFingerprint layout;
+  std::vector<OfferedSequence> sequences;
+  friend bool operator==(const MigrationOffer&, const MigrationOffer&) = default;
+};
+
+// A failure as one side tells the other: never kOk.
+struct MigrationRefusal {
+  StatusCode code = StatusCode::kInternal;
+  std::string text;
+  friend bool operator==(const MigrationRefusal&, const MigrationRefusal&) = default;
+};
+
+struct ReservedSequence {
+  SequenceId sequence;
+  std::vector<std::int32_t> pages;  // destination page ids, one per page needed
+  friend bool operator==(const ReservedSequence&, const ReservedSequence&) = default;
+};
+
+// Either a refusal (and nothing else), or the lease and its pages.
+struct MigrationReservation {
+  std::optional<MigrationRefusal> refusal;
+  std::uint64_t lease_ns = 0;
+  std::vector<ReservedSequence> sequences;
+  std::vector<std::byte> k_pool;  // RemoteRegion::serialize() of the destination's K pool
+  std::vector<std::byte> v_pool;  // and of its V pool
+  friend bool operator==(const MigrationReservation&, const MigrationReservation&) = default;
+};
+
+struct StagedSequence {
+  SequenceId sequence;
+  std::uint32_t first_page = 0;          // index into the sequence's reserved pages
+  std::vector<std::uint64_t> checksums;  // xxh3 of each page copied this stage
+  std::optional<SequenceState> state;    // in the final stage only, and then for every sequence
+  friend bool operator==(const StagedSequence&, const StagedSequence&) = default;
+};
+
+struct MigrationStage {
+  std::uint64_t migration_id = 0;  // not 0
+  std::uint32_t stage = 0;
+  bool final = false;  // the sequences are paused and their states follow
+  std::vector<StagedSequence> sequences;
+  friend bool operator==(const MigrationStage&, const MigrationStage&) = default;
+};
+
+// Either the stage acknowledged, or a refusal.
+struct MigrationStageAnswer {
+  std::optional<MigrationRefusal> refusal;
+  std::uint32_t stage = 0;  // 0 with a refusal
+  friend bool operator==(const MigrationStageAnswer&, const MigrationStageAnswer&) = default;
+};
+
+enum class MigrationSide : std::uint8_t { kSource, kDestination };
+
+struct MigrationAbort {
+  std::uint64_t migration_id = 0;  // not 0
+  MigrationSide side = MigrationSide::kSource;
+  StatusCode code = StatusCode::kAborted;  // not kOk
+  std::string reason;                      // cut to kMaxMigrationTextBytes when encoded
+  friend bool operator==(const MigrationAbort&, const MigrationAbort&) = default;
+};
+
+// Encoders' preconditions: every count and length fits in a u32; a stage's sequences carry a state
+// exactly when it is final.
+std::vector<std::byte> encode_migration_offer(const MigrationOffer& m);
+Result<MigrationOffer> decode_migration_offer(std::span<const std::byte> body);
+
+std::vector<std::byte> encode_migration_reservation(const MigrationReservation& m);
+Result<MigrationReservation> decode_migration_reservation(std::span<const std::byte> body);
+
+std::vector<std::byte> encode_migration_stage(const MigrationStage& m);
+Result<MigrationStage> decode_migration_stage(std::span<const std::byte> body);
+
+std::vector<std::byte> encode_migration_stage_answer(const MigrationStageAnswer& m);
+Result<MigrationStageAnswer> decode_migration_stage_answer(std::span<const std::byte> body);
+
+std::vector<std::byte> encode_migration_abort(const MigrationAbort& m);
+Result<MigrationAbort> decode_migration_abort(std::span<const std::byte> body);
+
+}  // namespace laminar::internal
