@@ -138,7 +138,8 @@ TEST_CASE("kv migration wire: the largest messages round-trip") {
   res.v_pool.assign(kMaxMigrationRegionBytes, std::byte{8});
   check_round_trip(res, encode_migration_reservation, decode_migration_reservation);
   check_round_trip(
-      MigrationReservation{MigrationRefusal{StatusCode::kInternal, std::string(kMaxMigrationTextBytes, 'x')}, 0, {}, {}, {}},
+      MigrationReservation{
+          MigrationRefusal{StatusCode::kInternal, std::string(kMaxMigrationTextBytes, 'x')}, 0, {}, {}, {}},
       encode_migration_reservation, decode_migration_reservation);
 
   SequenceState s = full_state(1);
@@ -204,7 +205,8 @@ TEST_CASE("kv migration wire: malformed enums and flags are kDataLoss at their o
 
   std::vector<std::byte> res = encode_migration_reservation(full_reservation());
   res[0] = std::byte{2};
-  check_refused(decodes(decode_migration_reservation, res), StatusCode::kDataLoss, "granted is 2, not 0 or 1 at offset 0");
+  check_refused(decodes(decode_migration_reservation, res), StatusCode::kDataLoss,
+                "granted is 2, not 0 or 1 at offset 0");
 
   std::vector<std::byte> stage = encode_migration_stage(full_stage(false));
   stage[12] = std::byte{5};
