@@ -4,14 +4,14 @@
 // (tests/fuzz/kv_migration_decode_fuzz.cc) can reach every decoder. The pages themselves go by
 // Transport put into the destination's pools, never in these messages.
 //
-// Little-endian, on ByteWriter / ByteReader (byte_codec.h); "text" is a u32 length and that many
-// bytes; a refusal is u8 StatusCode (not kOk), text (<= kMaxMigrationTextBytes):
+// Little-endian, on ByteWriter / ByteReader (byte_codec.h); "blob" is a u32 length and that many
+// bytes; a refusal is u8 StatusCode (not kOk), blob text (<= kMaxMigrationTextBytes):
 //   offer        source -> dest   u64 migration id, u64 version, i32 num_layers, i32 page_size,
 //                                 i32 num_kv_heads, i32 head_dim, u8 dtype, u32 n; n times:
 //                                 u64 sequence id, u64 tokens, u32 pages needed
 //   reservation  dest -> source   u8 granted (0/1); 0: a refusal. 1: u64 lease_ns, u32 n; n times:
-//                                 u64 sequence id, u32 m, i32 page id[m]; then text K pool region,
-//                                 text V pool region (RemoteRegion::serialize)
+//                                 u64 sequence id, u32 m, i32 page id[m]; then blob K pool region,
+//                                 blob V pool region (RemoteRegion::serialize)
 //   stage        source -> dest   u64 migration id, u32 stage, u8 final (0/1), u32 n; n times:
 //                                 u64 sequence id, u32 first page, u32 m, u64 xxh3[m] (one per
 //                                 page copied this stage); with final 1, then a sequence state
@@ -20,15 +20,17 @@
 // A sequence state is u64 sequence id, u64 trajectory id, u64 prompt id, u64 group id,
 // u32 group size, u32 sample index, u64 version, f32 temperature, f32 top_p, i32 top_k, u64 seed,
 // u64 rng position, u64 kv length, u32 n, i32 prompt[n], u32 m, i32 response[m], u32 k,
-// f32 logprob[k], then text engine state.
+// f32 logprob[k], then blob engine state.
 //
 // A decoder accepts exactly what its encoder writes: anything else is kDataLoss naming the
 // message, the field and its offset. kInvalidArgument, naming the message (and the sequence), for
 // well-formed values out of range: a count or length above its bound, a migration id of 0, a
-// layout no KvCache takes, too few pages for a sequence's tokens, page ids or logprobs not one per
-// page or response token, a staged state of another sequence, sampling parameters no sampler
-// takes, a NaN or positive logprob. What needs the migrator's state (known sequences, page ids in
-// the pool, matching checksums, a stage in order) is for the migrator to check.
+// layout no KvCache takes, too few pages for a sequence's tokens, staged pages past the bound,
+// logprobs not one per response token, a NaN or positive logprob, a KV length past the tokens, a
+// sample index outside its group, sampling parameters no sampler takes, a staged state of another
+// sequence. A decoder checks only what the message itself states: what needs the migrator's state
+// (the sequences offered, page ids one per page offered and in the pool, checksums that match, a
+// stage in order) is for the migrator to check.
 //
 //   std::vector<std::byte> body = encode_migration_abort({7, MigrationSide::kSource,
 //                                                         StatusCode::kCancelled, "shutdown"});
