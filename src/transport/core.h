@@ -311,6 +311,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   // Progress thread only from here on.
   Op& new_op(Op::Kind kind, std::uint64_t ep_id, Duration timeout, std::string what);
   void resolve(Op& op, const Status& s);
+  // Stamps the endpoint's last_active for idle_timeout (nothing to do when it is kForever).
+  void note_activity(EndpointState& e);
+  void note_activity(std::uint64_t ep_id);
   void resolve_reply(Op& op, Result<Message> r);
   void resolve_connect(Op& op, std::shared_ptr<EndpointState> e);
   void maybe_release(Op& op);

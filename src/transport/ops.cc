@@ -22,7 +22,7 @@ namespace laminar::internal {
 // Operations (progress thread)
 
 Op& TransportCore::new_op(Op::Kind kind, std::uint64_t ep_id, Duration timeout, std::string what) {
-  if (auto e = find(ep_id)) e->last_active = clock_->now();
+  note_activity(ep_id);
   auto op = std::make_unique<Op>();
   op->kind = kind;
   op->id = next_op_id_++;
@@ -55,10 +55,19 @@ void TransportCore::sweep() {
   }
 }
 
+void TransportCore::note_activity(EndpointState& e) {
+  if (options_.idle_timeout != kForever) e.last_active = clock_->now();
+}
+
+void TransportCore::note_activity(std::uint64_t ep_id) {
+  if (options_.idle_timeout == kForever) return;
+  if (auto e = find(ep_id)) note_activity(*e);
+}
+
 void TransportCore::resolve(Op& op, const Status& s) {
   if (op.resolved) return;
   op.resolved = true;
-  if (auto e = find(op.ep_id)) e->last_active = clock_->now();
+  note_activity(op.ep_id);
   if (op.has_deadline) deadlines_.erase(op.deadline_it);
   op.has_deadline = false;
   switch (op.kind) {
@@ -300,7 +309,7 @@ void TransportCore::set_endpoint_error(EndpointState& e, const Status& s) {
 
 void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wire) {
   if (e.phase != Phase::kReady) return;
-  e.last_active = clock_->now();
+  note_activity(e);
   Result<Frame> decoded = decode_frame(wire, options_.max_message_bytes);
   if (!decoded.ok()) {
     fail_endpoint(e, decoded.status().with_context(fmt::format("message from {}", e.peer)));
