@@ -131,8 +131,8 @@ void KvMigrator::Impl::record_error(const Status& s) {
 
 std::uint64_t KvMigrator::Impl::page_checksum(std::int32_t page) const {
   const KvLayout& l = cache->layout();
-  const auto* k = static_cast<const unsigned char*>(cache->k_pool().data());
-  const auto* v = static_cast<const unsigned char*>(cache->v_pool().data());
+  const auto* k = reinterpret_cast<const unsigned char*>(k_region.data());
+  const auto* v = reinterpret_cast<const unsigned char*>(v_region.data());
   const std::size_t bytes = std::size_t(l.page_bytes());
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
@@ -545,6 +545,8 @@ KvMigrator::~KvMigrator() {
   // A handler that started before its removal finishes before anything it uses goes.
   d.gate.close();
   std::lock_guard lock(d.mu);
+  // Bounded in real time whatever options.clock is: a virtual clock that stands still must not
+  // hang the destructor, and the peers' own leases and stall timeouts cover what is cut short.
   const Duration shutdown_at = std::chrono::steady_clock::now().time_since_epoch() + kShutdownBudget;
   const auto left = [&] {
     return std::min(kAbortSendTimeout, shutdown_at - std::chrono::steady_clock::now().time_since_epoch());

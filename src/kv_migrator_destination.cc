@@ -42,6 +42,7 @@ Message refusal_answer(const Status& why) {
 
 Status KvMigrator::Impl::check_offer(const MigrationOffer& offer) const {
   const std::string what = fmt::format("kv migrator: offer of migration {:#x}", offer.migration_id);
+  if (offer.sequences.empty()) return invalid_argument(fmt::format("{}: no sequences", what));
   if (out.contains(offer.migration_id) || in.contains(offer.migration_id)) {
     return already_exists(fmt::format("{}: a migration of that id is running here", what));
   }

@@ -618,3 +618,98 @@ TEST_CASE("kv migrator: a page that arrives corrupted fails its checksum and not
   CHECK(dst.count(Kind::kArrived) == 0);
   CHECK(rows_differ(*src.cache, SequenceId(9), 14) == "");
 }
+
+TEST_CASE("kv migrator: a source whose destination stops answering gives up after stall_timeout") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  KvMigratorOptions o;
+  o.stall_timeout = 3s;
+  o.clock = clock;
+  Worker src = make_worker(o);
+  Worker dst = make_worker();
+  add(*src.cache, SequenceId(2), 12);
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(2)});
+  REQUIRE(id.ok());
+  REQUIRE(drive({&dst}, [&] { return dst.cache->reserved_pages() > 0; }));
+  // The destination answered the offer and then hangs: the first stage goes out unanswered.
+  REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent > 0; }));
+  REQUIRE(clock->advance(2s).ok());
+  poll(src);
+  CHECK(src.count(Kind::kAborted) == 0);
+  REQUIRE(clock->advance(2s).ok());
+  poll(src);
+  REQUIRE(src.find(Kind::kAborted, *id) != nullptr);
+  const MigrationEvent& e = *src.find(Kind::kAborted, *id);
+  CHECK(e.state == MigrationState::kAbortedBySource);
+  CHECK(e.reason.code() == StatusCode::kDeadlineExceeded);
+  CHECK(rows_differ(*src.cache, SequenceId(2), 12) == "");
+  // The destination comes back, finds the abort after the stage, and returns the pages.
+  REQUIRE(drive({&src, &dst}, [&] { return dst.find(Kind::kAborted, *id) != nullptr; }));
+  CHECK(dst.find(Kind::kAborted, *id)->state == MigrationState::kAbortedBySource);
+  CHECK(dst.cache->reserved_pages() == 0);
+  CHECK(dst.cache->free_pages() == 64);
+  CHECK(dst.count(Kind::kArrived) == 0);
+}
+
+TEST_CASE("kv migrator: a sequence that fills its reserved pages is paused, and one that outgrows them stays") {
+  KvMigratorOptions o;
+  o.growth_pages = 1;
+  Worker src = make_worker(o);
+  Worker dst = make_worker(o);
+  add(*src.cache, SequenceId(1), 8);  // two pages; three reserved
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(1)});
+  REQUIRE(id.ok());
+  append(*src.cache, SequenceId(1), 1);  // the third page
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  // Paused on reaching the reservation, before any live stage.
+  CHECK(src.migrator->stats().pages_sent == 0);
+  append(*src.cache, SequenceId(1), 4);  // a fourth page: it no longer fits at the destination
+  const laminar::Status st = src.migrator->finish(*id, states_of(*src.cache, {SequenceId(1)}));
+  CHECK(st.code() == StatusCode::kResourceExhausted);
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
+  CHECK(src.find(Kind::kAborted, *id)->state == MigrationState::kAbortedBySource);
+  CHECK(*src.migrator->state(*id) == MigrationState::kAbortedBySource);
+  CHECK(rows_differ(*src.cache, SequenceId(1), 13) == "");
+  CHECK(dst.cache->reserved_pages() == 0);
+}
+
+TEST_CASE("kv migrator: two workers move sequences to each other at once") {
+  Worker a = make_worker();
+  Worker b = make_worker();
+  add(*a.cache, SequenceId(1), 11);
+  add(*a.cache, SequenceId(2), 4);
+  add(*b.cache, SequenceId(3), 19);
+  add(*b.cache, SequenceId(4), 6);
+  auto ab = a.migrator->migrate(b.address, std::vector<SequenceId>{SequenceId(1), SequenceId(2)});
+  auto ba = b.migrator->migrate(a.address, std::vector<SequenceId>{SequenceId(3)});
+  REQUIRE(ab.ok());
+  REQUIRE(ba.ok());
+  CHECK(a.migrator->moving().size() == 2);
+  // Each host answers its pause requests as its decode loop would.
+  std::size_t answered_a = 0;
+  std::size_t answered_b = 0;
+  const auto answer = [](Worker& w, std::size_t& answered) {
+    for (; answered < w.events.size(); ++answered) {
+      const MigrationEvent& e = w.events[answered];
+      if (e.kind == Kind::kPauseRequested) REQUIRE(w.migrator->finish(e.id, states_of(*w.cache, e.sequences)).ok());
+    }
+  };
+  REQUIRE(drive({&a, &b},
+                [&] {
+                  return a.find(Kind::kDone, *ab) && b.find(Kind::kDone, *ba) && a.find(Kind::kArrived, *ba) &&
+                         b.find(Kind::kArrived, *ab);
+                },
+                [&] {
+                  answer(a, answered_a);
+                  answer(b, answered_b);
+                }));
+  CHECK(rows_differ(*b.cache, SequenceId(1), 11) == "");
+  CHECK(rows_differ(*b.cache, SequenceId(2), 4) == "");
+  CHECK(rows_differ(*a.cache, SequenceId(3), 19) == "");
+  CHECK(rows_differ(*b.cache, SequenceId(4), 6) == "");
+  CHECK(a.cache->num_sequences() == 1);
+  CHECK(b.cache->num_sequences() == 3);
+  CHECK(a.cache->reserved_pages() == 0);
+  CHECK(b.cache->reserved_pages() == 0);
+  CHECK(a.cache->free_pages() == 64 - pages_of(19));
+  CHECK(b.cache->free_pages() == 64 - pages_of(11) - pages_of(4) - pages_of(6));
+}
