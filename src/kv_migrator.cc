@@ -759,18 +759,17 @@ Status KvMigrator::finish(MigrationId id, std::vector<SequenceState> states) {
                                           message_bytes, d.transport->options().max_message_bytes));
   }
   const std::int32_t page_size = d.cache->layout().page_size;
-  // The rest of every sequence, from its first page not yet staged: its full pages since the last
-  // live stage and its last, partly filled one.
-  m.todo.clear();
+  // The rest of every sequence after the pages already queued: its full pages since the last live
+  // stage and its last, partly filled one. A sequence keeps one piece, so it appears once a stage.
   for (std::size_t i = 0; i < m.seqs.size(); ++i) {
     Impl::OutSequence& s = m.seqs[i];
     const std::int64_t need = pages_for(std::int64_t(by_index[i].kv_length), page_size);
-    if (need > s.staged) {
-      const auto pages = *d.cache->pages(s.id);
-      m.todo.push_back(Impl::Piece{i, s.staged, std::vector<std::int32_t>(pages.begin() + s.staged,
-                                                                          pages.begin() + need)});
-      s.staged = std::uint32_t(need);
-    }
+    if (need <= s.staged) continue;
+    const auto pages = *d.cache->pages(s.id);
+    auto piece = std::ranges::find_if(m.todo, [&](const Impl::Piece& p) { return p.seq == i; });
+    if (piece == m.todo.end()) piece = m.todo.insert(m.todo.end(), Impl::Piece{i, s.staged, {}});
+    piece->src.insert(piece->src.end(), pages.begin() + s.staged, pages.begin() + need);
+    s.staged = std::uint32_t(need);
   }
   m.states = std::move(by_index);
   m.phase = Impl::OutPhase::kFinal;

@@ -44,7 +44,7 @@ struct KvMigrator::Impl {
     SequenceId id;
     std::uint32_t pages_needed = 0;   // reserved at the destination
     std::vector<std::int32_t> dst;    // the destination's page ids, [pages_needed]
-    std::uint32_t staged = 0;         // pages put in a stage so far (from the first)
+    std::uint32_t staged = 0;         // pages queued for a stage or in one so far (from the first)
   };
   // Pages of one sequence waiting for a stage: reserved indices [first, first + src.size()).
   struct Piece {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -712,4 +714,63 @@ TEST_CASE("kv migrator: two workers move sequences to each other at once") {
   CHECK(b.cache->reserved_pages() == 0);
   CHECK(a.cache->free_pages() == 64 - pages_of(19));
   CHECK(b.cache->free_pages() == 64 - pages_of(11) - pages_of(4) - pages_of(6));
+}
+
+TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls still move every byte") {
+  // LAMINAR_TEST_SEED replays a failure.
+  const char* replay = std::getenv("LAMINAR_TEST_SEED");
+  const std::uint64_t seed = replay != nullptr ? std::strtoull(replay, nullptr, 10) : std::random_device{}();
+  INFO("seed " << seed);
+  std::printf("kv migrator random test: seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const auto uniform = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  for (int round = 0; round < 4; ++round) {
+    KvMigratorOptions o;
+    o.max_live_stages = std::uint32_t(uniform(0, 5));
+    o.pause_after_pages = std::uint32_t(uniform(0, 3));
+    o.growth_pages = 64;
+    // From one page (of all layers and both pools: 768 bytes) a stage to all of them.
+    o.stage_bytes = std::size_t(uniform(1, 40)) * 768;
+    Worker src = make_worker(o, layout(1024));
+    Worker dst = make_worker(o, layout(1024));
+    std::vector<SequenceId> seqs;
+    const std::int64_t n = uniform(1, 6);
+    for (std::int64_t i = 0; i < n; ++i) {
+      seqs.push_back(SequenceId(std::uint64_t(100 * round + i)));
+      add(*src.cache, seqs.back(), uniform(0, 60));
+    }
+    auto id = src.migrator->migrate(dst.address, seqs);
+    REQUIRE(id.ok());
+    // Decodes a few tokens of each sequence now and then, until asked to pause.
+    REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; },
+                  [&] {
+                    if (src.find(Kind::kPauseRequested, *id) || uniform(0, 3) != 0) return;
+                    for (SequenceId s : seqs) {
+                      const std::int64_t room = (std::int64_t(src.cache->pages(s)->size()) + 8) * 4;
+                      append(*src.cache, s, std::min<std::int64_t>(uniform(0, 6), room));
+                    }
+                  }));
+    std::vector<std::int64_t> lengths;
+    for (SequenceId s : seqs) lengths.push_back(src.cache->length(s).value());
+    const std::vector<SequenceState> states = states_of(*src.cache, seqs);
+    REQUIRE(src.migrator->finish(*id, states).ok());
+    const bool moved = drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); });
+    for (const MigrationEvent& e : src.events) UNSCOPED_INFO("source event " << int(e.kind) << " " << e.reason.to_string());
+    for (const MigrationEvent& e : dst.events) UNSCOPED_INFO("destination event " << int(e.kind) << " " << e.reason.to_string());
+    REQUIRE(moved);
+    CHECK(dst.find(Kind::kArrived, *id)->states == states);
+    std::int64_t pages = 0;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      INFO("sequence " << seqs[i].value() << " of " << lengths[i] << " tokens");
+      CHECK(rows_differ(*dst.cache, seqs[i], lengths[i]) == "");
+      pages += pages_of(lengths[i]);
+    }
+    CHECK(src.migrator->stats().pages_sent == std::uint64_t(pages));
+    CHECK(dst.migrator->stats().pages_received == std::uint64_t(pages));
+    CHECK(src.cache->free_pages() == 1024);
+    CHECK(dst.cache->free_pages() == 1024 - pages);
+    CHECK(dst.cache->reserved_pages() == 0);
+  }
 }
