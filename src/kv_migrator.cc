@@ -114,7 +114,7 @@ void KvMigrator::Impl::watch(const Endpoint& ep) {
   watches.emplace(id, Watch{ep, std::move(*sub)});
 }
 
-void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, bool outgoing) {
+void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, bool outgoing, Status reason) {
   if (!finished.contains(id.value())) {
     finished_order.push_back(id.value());
     if (finished_order.size() > kMaxFinished) {
@@ -122,7 +122,7 @@ void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, boo
       finished_order.pop_front();
     }
   }
-  finished[id.value()] = Finished{state, outgoing};
+  finished[id.value()] = Finished{state, outgoing, std::move(reason)};
 }
 
 void KvMigrator::Impl::record_error(const Status& s) {

@@ -113,6 +113,7 @@ struct KvMigrator::Impl {
   struct Finished {
     MigrationState state = MigrationState::kDone;
     bool outgoing = true;
+    Status reason;  // an aborted incoming one's: a stage that arrives after the abort is refused with it
   };
   struct Watch {
     Endpoint ep;
@@ -148,7 +149,7 @@ struct KvMigrator::Impl {
   void queue(Incoming in);
   // Subscribes to the endpoint's close, once per endpoint.
   void watch(const Endpoint& ep);
-  void record_finished(MigrationId id, MigrationState state, bool outgoing);
+  void record_finished(MigrationId id, MigrationState state, bool outgoing, Status reason = {});
   void record_error(const Status& s);
   std::uint64_t page_checksum(std::int32_t page) const;
   // Sends an abort message, best effort, waiting at most `timeout`.

@@ -736,10 +736,12 @@ TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls s
     Worker src = make_worker(o, layout(1024));
     Worker dst = make_worker(o, layout(1024));
     std::vector<SequenceId> seqs;
+    std::vector<std::int64_t> reserved;  // tokens each sequence may reach while it moves
     const std::int64_t n = uniform(1, 6);
     for (std::int64_t i = 0; i < n; ++i) {
       seqs.push_back(SequenceId(std::uint64_t(100 * round + i)));
       add(*src.cache, seqs.back(), uniform(0, 60));
+      reserved.push_back((std::int64_t(src.cache->pages(seqs.back())->size()) + 64) * 4);
     }
     auto id = src.migrator->migrate(dst.address, seqs);
     REQUIRE(id.ok());
@@ -747,9 +749,9 @@ TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls s
     REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; },
                   [&] {
                     if (src.find(Kind::kPauseRequested, *id) || uniform(0, 3) != 0) return;
-                    for (SequenceId s : seqs) {
-                      const std::int64_t room = (std::int64_t(src.cache->pages(s)->size()) + 8) * 4;
-                      append(*src.cache, s, std::min<std::int64_t>(uniform(0, 6), room));
+                    for (std::size_t i = 0; i < seqs.size(); ++i) {
+                      const std::int64_t room = reserved[i] - src.cache->length(seqs[i]).value();
+                      append(*src.cache, seqs[i], std::min<std::int64_t>(uniform(0, 6), room));
                     }
                   }));
     std::vector<std::int64_t> lengths;
