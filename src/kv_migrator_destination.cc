@@ -223,7 +223,7 @@ void KvMigrator::Impl::on_stage(Incoming& msg) {
   InMigration& m = it->second;
   const auto refuse = [&](const Status& why) {
     (void)msg.from.reply(msg, refusal_answer(why));
-    end_in(m, MigrationState::kAbortedByDestination, why, false);
+    end_in(m, MigrationState::kAbortedByDestination, why, false, true);
   };
   if (Status why = check_stage(m, *stage); !why.ok()) return refuse(why);
   std::uint64_t failures = 0;
@@ -261,15 +261,18 @@ void KvMigrator::Impl::on_stage(Incoming& msg) {
 }
 
 void KvMigrator::Impl::on_abort_for_destination(const MigrationAbort& a, const Endpoint& from) {
+  // The source's confirmation that none of its puts is in flight any more.
+  release_fenced([&](std::uint64_t id, const Fenced& f) { return id == a.migration_id && f.ep.id() == from.id(); });
   auto it = in.find(a.migration_id);
   if (it == in.end() || it->second.ended || it->second.ep.id() != from.id()) return;
   end_in(it->second, MigrationState::kAbortedBySource,
          Status(a.code, fmt::format("kv migrator: migration {:#x}: the source aborted: {}", a.migration_id, a.reason)),
-         false);
+         false, false);
 }
 
 void KvMigrator::Impl::expire_leases() {
   const Duration now = clock->now();
+  release_fenced([&](std::uint64_t, const Fenced& f) { return now >= f.until; });
   for (auto& [id, m] : in) {
     if (m.ended || now < m.deadline) continue;
     ++stats.lease_expiries;
@@ -277,16 +280,12 @@ void KvMigrator::Impl::expire_leases() {
            deadline_exceeded(fmt::format("kv migrator: migration {:#x}: the source was silent for the whole lease "
                                          "of {} ms",
                                          id, std::chrono::duration_cast<std::chrono::milliseconds>(options.lease).count())),
-           true);
+           true, true);
   }
 }
 
-void KvMigrator::Impl::end_in(InMigration& m, MigrationState state, Status reason, bool tell) {
+void KvMigrator::Impl::end_in(InMigration& m, MigrationState state, Status reason, bool tell, bool fence) {
   m.ended = true;
-  for (InSequence& q : m.seqs) {
-    LAMINAR_CHECK(cache->unreserve_pages(q.pages).ok());
-    q.pages.clear();
-  }
   if (tell) {
     send_abort(m.ep, MigrationAbort{m.id.value(), MigrationSide::kDestination, reason.code(), reason.message()},
                kAbortSendTimeout);
@@ -299,8 +298,19 @@ void KvMigrator::Impl::end_in(InMigration& m, MigrationState state, Status reaso
   e.state = state;
   for (const InSequence& q : m.seqs) e.sequences.push_back(q.id);
   e.reason = reason;
-  events.push_back(std::move(e));
   record_finished(m.id, state, false, std::move(reason));
+  std::vector<std::int32_t> pages;
+  for (InSequence& q : m.seqs) {
+    pages.insert(pages.end(), q.pages.begin(), q.pages.end());
+    q.pages.clear();
+  }
+  if (fence) {
+    fenced.emplace(m.id.value(), Fenced{m.ep, std::move(pages), internal::deadline_after(*clock, options.lease),
+                                        std::move(e)});
+    return;
+  }
+  LAMINAR_CHECK(cache->unreserve_pages(pages).ok());
+  events.push_back(std::move(e));
 }
 
 }  // namespace laminar
