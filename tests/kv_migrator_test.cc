@@ -439,6 +439,8 @@ TEST_CASE("kv migrator: create() validates its options and serves one migrator p
   CHECK(!(*m)->address().has_value());
   m->reset();
   CHECK(KvMigrator::create(t, cache).ok());
+  CHECK(laminar::to_string(MigrationState::kAbortedBySource) == "aborted by source");
+  CHECK(laminar::to_string(MigrationState::kDone) == "done");
 }
 
 TEST_CASE("kv migrator: an abort from the source mid-staging returns the destination's pages") {
@@ -800,8 +802,12 @@ TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls s
     const std::vector<SequenceState> states = states_of(*src.cache, seqs);
     REQUIRE(src.migrator->finish(*id, states).ok());
     const bool moved = drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); });
-    for (const MigrationEvent& e : src.events) UNSCOPED_INFO("source event " << int(e.kind) << " " << e.reason.to_string());
-    for (const MigrationEvent& e : dst.events) UNSCOPED_INFO("destination event " << int(e.kind) << " " << e.reason.to_string());
+    for (const Worker* w : {&src, &dst}) {
+      for (const MigrationEvent& e : w->events) {
+        UNSCOPED_INFO((w == &src ? "source" : "destination") << " event " << int(e.kind) << " "
+                                                              << e.reason.to_string());
+      }
+    }
     REQUIRE(moved);
     CHECK(dst.find(Kind::kArrived, *id)->states == states);
     std::int64_t pages = 0;
