@@ -409,6 +409,12 @@ TEST_CASE("kv migrator: migrate() refuses bad arguments before anything is sent"
   CHECK(src.migrator->stats().migrations_out == 1);
   CHECK(src.migrator->moving() == std::vector<SequenceId>{SequenceId(1)});
   CHECK(src.migrator->finish(MigrationId(12345), {}).code() == StatusCode::kNotFound);
+  REQUIRE(src.migrator->abort(*first, "make room").ok());
+  // Nobody listens there: connecting fails, and nothing starts.
+  auto unreachable = src.migrator->migrate("127.0.0.1:1", std::vector<SequenceId>{SequenceId(2)});
+  CHECK(unreachable.status().code() == StatusCode::kUnavailable);
+  CHECK(src.migrator->moving().empty());
+  CHECK(src.migrator->stats().migrations_out == 1);
   CHECK(src.migrator->abort(MigrationId(12345), "no such").code() == StatusCode::kNotFound);
   CHECK(src.migrator->state(MigrationId(12345)).status().code() == StatusCode::kNotFound);
 }
