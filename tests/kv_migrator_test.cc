@@ -19,6 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "kv_migration_wire.h"
+#include "transport/protocol.h"
+
 using laminar::DType;
 using laminar::KvLayout;
 using laminar::KvMigrator;
@@ -828,4 +831,54 @@ TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls s
     CHECK(dst.cache->free_pages() == 1024 - pages);
     CHECK(dst.cache->reserved_pages() == 0);
   }
+}
+
+TEST_CASE("kv migrator: bytes that do not decode, stray stages and forged aborts change nothing") {
+  namespace li = laminar::internal;
+  Worker src = make_worker();
+  Worker dst = make_worker();
+  add(*src.cache, SequenceId(1), 10);
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
+  laminar::Endpoint ep = other->connect(dst.address).value();
+  // Sends a request through the migration protocol and polls the destination until it answers.
+  const auto ask = [&](laminar::MessageType type, std::vector<std::byte> body) {
+    auto answer = li::request_protocol_async(ep, laminar::Message{type, std::move(body)}, 10s);
+    const bool answered = drive({&dst}, [&] { return answer.wait_for(0s) == std::future_status::ready; });
+    REQUIRE(answered);
+    return answer.get();
+  };
+  const auto garbage = [](std::size_t n) { return std::vector<std::byte>(n, std::byte{0xA5}); };
+
+  auto offer = ask(li::kMigrationOfferMessage, garbage(7));
+  CHECK(offer.status().code() == StatusCode::kDataLoss);
+  CHECK(dst.migrator->stats().offers_refused == 1);
+  auto stage = ask(li::kMigrationStageMessage, garbage(30));
+  CHECK_FALSE(stage.ok());
+  // A well-formed stage of a migration nobody started here.
+  auto stray = ask(li::kMigrationStageMessage, li::encode_migration_stage({77, 0, false, {}}));
+  REQUIRE(stray.ok());
+  auto refused = li::decode_migration_stage_answer(stray->body);
+  REQUIRE(refused.ok());
+  REQUIRE(refused->refusal.has_value());
+  CHECK(refused->refusal->code == StatusCode::kNotFound);
+  REQUIRE(li::send_protocol(ep, laminar::Message{li::kMigrationAbortMessage, garbage(3)}).ok());
+
+  // A real migration runs alongside; an abort of it from another connection is ignored.
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(1)});
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return !dst.migrator->moving().empty(); }));
+  const li::MigrationAbort forged{id->value(), li::MigrationSide::kSource, StatusCode::kAborted, "forged"};
+  REQUIRE(li::send_protocol(ep, laminar::Message{li::kMigrationAbortMessage, li::encode_migration_abort(forged)}).ok());
+  auto late = ask(li::kMigrationStageMessage, li::encode_migration_stage({id->value(), 0, false, {}}));
+  REQUIRE(late.ok());
+  CHECK(li::decode_migration_stage_answer(late->body)->refusal->code == StatusCode::kNotFound);
+  CHECK(*dst.migrator->state(*id) == MigrationState::kRunning);
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  REQUIRE(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(1)})).ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); }));
+  CHECK(rows_differ(*dst.cache, SequenceId(1), 10) == "");
+  CHECK(dst.count(Kind::kAborted) == 0);
+  CHECK(dst.migrator->background_error().ok());
 }
