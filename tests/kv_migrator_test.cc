@@ -882,3 +882,31 @@ TEST_CASE("kv migrator: bytes that do not decode, stray stages and forged aborts
   CHECK(dst.count(Kind::kAborted) == 0);
   CHECK(dst.migrator->background_error().ok());
 }
+
+TEST_CASE("kv migrator: a destination that does not poll queues at most 256 messages and refuses the rest") {
+  namespace li = laminar::internal;
+  Worker dst = make_worker();
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
+  laminar::Endpoint ep = other->connect(dst.address).value();
+  std::vector<std::future<laminar::Result<laminar::Message>>> answers;
+  for (int i = 0; i < 260; ++i) {
+    answers.push_back(li::request_protocol_async(
+        ep, laminar::Message{li::kMigrationOfferMessage, std::vector<std::byte>(5, std::byte{1})}, 20s));
+  }
+  // Without a poll, only the four past the bound are answered, by the transport's callback thread.
+  std::size_t exhausted = 0;
+  for (std::size_t i = 256; i < answers.size(); ++i) {
+    REQUIRE(answers[i].wait_for(10s) == std::future_status::ready);
+    exhausted += answers[i].get().status().code() == StatusCode::kResourceExhausted;
+  }
+  CHECK(exhausted == 4);
+  CHECK(answers[0].wait_for(0s) != std::future_status::ready);
+  poll(dst);
+  for (std::size_t i = 0; i < 256; ++i) {
+    REQUIRE(answers[i].wait_for(10s) == std::future_status::ready);
+    CHECK(answers[i].get().status().code() == StatusCode::kDataLoss);
+  }
+  CHECK(dst.migrator->stats().offers_refused == 256);
+}
