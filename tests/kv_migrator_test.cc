@@ -23,6 +23,7 @@
 
 #include "expect_line.h"
 #include "kv_migration_wire.h"
+#include "laminar/kernels/paged_decode.h"
 #include "process.h"
 #include "transport/protocol.h"
 
@@ -986,4 +987,63 @@ TEST_CASE("kv migrator: a source process killed at any stage strands no page at 
       CHECK(dst.migrator->moving().empty());
     }
   }
+}
+
+TEST_CASE("kv migrator: attention over the moved pages equals the source's bit for bit") {
+  // head_dim 64: a size the attention kernels take.
+  Worker src = make_worker({}, layout(64, 64));
+  Worker dst = make_worker({}, layout(64, 64));
+  add(*dst.cache, SequenceId(50), 7);  // the destination's own pages come first there
+  const std::vector<SequenceId> seqs = {SequenceId(1), SequenceId(2)};
+  add(*src.cache, seqs[0], 37);
+  add(*src.cache, seqs[1], 4);
+  constexpr std::int32_t kHeads = 4;  // two query heads per KV head
+  const KvLayout& l = src.cache->layout();
+  constexpr std::size_t kRow = kHeads * 64;
+  // Each sequence's query: [kHeads, 64].
+  const auto query = [](SequenceId s) {
+    std::vector<float> q(kRow);
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = pattern(s, std::int64_t(i), 0, 0, 0) / float(1 << 24);
+    return q;
+  };
+  // Each layer's outputs and log-sum-exps for the batch `order`, rows in the order of `seqs`.
+  const auto attend = [&](PagedKvCache& cache, const std::vector<SequenceId>& order) {
+    std::vector<float> q;
+    for (SequenceId s : order) {
+      const std::vector<float> row = query(s);
+      q.insert(q.end(), row.begin(), row.end());
+    }
+    std::vector<float> all;
+    laminar::PageTableBuffer table;
+    REQUIRE(cache.build_page_table(order, &table).ok());
+    for (std::int32_t layer = 0; layer < l.num_layers; ++layer) {
+      std::vector<float> out(q.size());
+      std::vector<float> lse(2 * kHeads);
+      laminar::kernels::PagedDecodeParams p;
+      p.q = q.data();
+      p.out = out.data();
+      p.lse = lse.data();
+      p.kv = cache.view(layer).value();
+      p.table = table.view();
+      p.num_rows = 2;
+      p.num_qo_heads = kHeads;
+      p.sm_scale = 0.125f;
+      p.max_kv_len = 64;
+      REQUIRE(laminar::kernels::run(p, laminar::Stream::host()).ok());
+      const bool swapped = order[0] != seqs[0];
+      for (std::size_t row : {swapped ? 1u : 0u, swapped ? 0u : 1u}) {
+        all.insert(all.end(), out.begin() + std::ptrdiff_t(row * kRow), out.begin() + std::ptrdiff_t((row + 1) * kRow));
+        all.insert(all.end(), lse.begin() + std::ptrdiff_t(row * kHeads),
+                   lse.begin() + std::ptrdiff_t((row + 1) * kHeads));
+      }
+    }
+    return all;
+  };
+  const std::vector<float> before = attend(*src.cache, seqs);
+  migrate_all(src, dst, seqs);
+  // Other page ids and the other batch order: the same bits.
+  const std::vector<float> after = attend(*dst.cache, {seqs[1], seqs[0]});
+  REQUIRE(before.size() == after.size());
+  CHECK(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
+  CHECK((*dst.cache->pages(seqs[1]))[0] != (*dst.cache->pages(SequenceId(50)))[0]);
 }
