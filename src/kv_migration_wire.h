@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "laminar/kv_migrator.h"
 #include "laminar/status.h"
 #include "laminar/types.h"
 
@@ -59,28 +60,6 @@ inline constexpr std::size_t kMaxMigrationEngineBytes = std::size_t(1) << 20;
 inline constexpr std::size_t kMaxMigrationTextBytes = 1024;
 // A serialized RemoteRegion: two u64 and a UCX rkey of some hundred bytes.
 inline constexpr std::size_t kMaxMigrationRegionBytes = 4096;
-
-// What a sequence's decoding resumes from on the destination.
-struct SequenceState {
-  SequenceId sequence;
-  TrajectoryId trajectory;
-  std::uint64_t prompt_id = 0;
-  std::uint64_t group_id = 0;
-  std::uint32_t group_size = 1;    // as Trajectory: 1 is not grouped
-  std::uint32_t sample_index = 0;  // < group_size
-  Version version;                 // policy version of every response token
-  float temperature = 1.0f;        // finite, >= 0
-  float top_p = 1.0f;              // in (0, 1]
-  std::int32_t top_k = 0;          // >= 0; 0: off
-  std::uint64_t seed = 0;
-  std::uint64_t rng_position = 0;
-  std::uint64_t kv_length = 0;  // tokens whose K and V are in the pages; <= prompt + response
-  std::vector<std::int32_t> prompt_tokens;
-  std::vector<std::int32_t> response_tokens;
-  std::vector<float> logprobs;  // [response_tokens.size()], each <= 0
-  std::string engine_state;     // opaque to laminar, <= kMaxMigrationEngineBytes
-  friend bool operator==(const SequenceState&, const SequenceState&) = default;
-};
 
 // The fields of a KvLayout that both sides' pages must share (num_pages is each side's own).
 struct KvLayoutFingerprint {

@@ -137,6 +137,20 @@ class PagedKvCache {
   // Returns the sequence's pages to the free list. kNotFound for an unknown id.
   Status release(SequenceId id);
 
+  // Pages held for a sequence that is on its way here (KvMigrator): taken out of the free list but
+  // no sequence's yet, so neither the decode loop nor another reservation touches them.
+  // kResourceExhausted (and no change) when fewer than n are free; kInvalidArgument for n < 1.
+  Result<std::vector<std::int32_t>> reserve_pages(std::int32_t n);
+  // Returns reserved pages to the free list. kInvalidArgument naming the page (and no change) for
+  // one not reserved or given twice.
+  Status unreserve_pages(std::span<const std::int32_t> pages);
+  // Makes sequence `id` of `length` tokens from reserved pages: the first ceil(length / page_size)
+  // are its pages in token order, the rest return to the free list. kAlreadyExists if the id is
+  // live; kInvalidArgument (and no change) for a page not reserved or given twice, a negative
+  // length, or too few pages for it.
+  Status adopt_sequence(SequenceId id, std::span<const std::int32_t> pages, std::int64_t length);
+  std::int32_t reserved_pages() const noexcept { return reserved_count_; }
+
   // Token `pos` of a sequence in one layer. kNotFound / kOutOfRange (pos beyond the sequence's
   // length, or layer outside [0, num_layers)).
   Result<TokenSlot> token_slot(SequenceId id, std::int64_t pos, std::int32_t layer);
@@ -164,6 +178,7 @@ class PagedKvCache {
   Result<void*> k_page(std::int32_t layer, std::int32_t page) const;
   Result<void*> v_page(std::int32_t layer, std::int32_t page) const;
   std::int32_t free_pages() const noexcept { return std::int32_t(free_.size()); }
+  // Pages of live sequences and reserved ones.
   std::int32_t used_pages() const noexcept { return layout_.num_pages - free_pages(); }
   std::size_t num_sequences() const noexcept { return seqs_.size(); }
 
@@ -182,6 +197,10 @@ class PagedKvCache {
   }
 
   void init_free_list();
+  // kInvalidArgument naming the page for one not reserved or given twice.
+  Status check_reserved(std::span<const std::int32_t> pages) const;
+  // Preconditions: check_reserved(pages) is OK.
+  void return_reserved(std::span<const std::int32_t> pages);
   TensorView pool_view(unsigned char* base) const;
   Status check_layer(std::int32_t layer) const;
   Result<void*> page_address(unsigned char* base, std::int32_t layer, std::int32_t page) const;
@@ -195,6 +214,8 @@ class PagedKvCache {
   std::unique_ptr<unsigned char[], FreeDeleter> v_owned_;
   std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
   std::unordered_map<SequenceId, Sequence> seqs_;
+  std::vector<bool> reserved_;  // [num_pages]: taken by reserve_pages and not given back or adopted
+  std::int32_t reserved_count_ = 0;
 };
 
 }  // namespace laminar

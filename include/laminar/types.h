@@ -1,7 +1,7 @@
 // types.h: the vocabulary every laminar component shares.
 //
-// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId) so a worker id is never passed
-// where a version is expected; DType; Device; Stream (an opaque handle, so no CUDA header
+// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId, MigrationId) so a worker id is
+// never passed where a version is expected; DType; Device; Stream (an opaque handle, so no CUDA header
 // leaks into user code); and TensorView, a non-owning view of a strided tensor that converts
 // losslessly from and to DLPack's DLTensor, which is how tensors cross from PyTorch, JAX or
 // the host engine into laminar.
@@ -47,6 +47,7 @@ struct SequenceIdTag {};
 struct WorkerIdTag {};
 struct TrajectoryIdTag {};
 struct BatchIdTag {};
+struct MigrationIdTag {};
 
 // A policy version. Versions published by one actor strictly increase; 0 is the initial policy.
 using Version = StrongId<VersionTag, std::uint64_t>;
@@ -58,6 +59,8 @@ using WorkerId = StrongId<WorkerIdTag, std::uint32_t>;
 using TrajectoryId = StrongId<TrajectoryIdTag, std::uint64_t>;
 // A batch leased out by a TrajectoryQueue, acked or nacked by this id.
 using BatchId = StrongId<BatchIdTag, std::uint64_t>;
+// One KV migration between two rollout workers (random, chosen by its source; never 0).
+using MigrationId = StrongId<MigrationIdTag, std::uint64_t>;
 
 // Element types laminar moves and computes on.
 enum class DType : std::uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };

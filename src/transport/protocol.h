@@ -29,12 +29,11 @@ inline constexpr MessageType kQueuePingMessage = kLaminarMessageTypeFirst + 0x02
 // KV migration (kv_migration_wire.h): 0xF000'03xx.
 // Source offers sequences; the answer is the destination's reservation.
 inline constexpr MessageType kMigrationOfferMessage = kLaminarMessageTypeFirst + 0x0301;
-// Source sends the checksums of pages it put, and with the final stage the sequences' states.
+// Source sends the checksums of pages it put, and with the final stage the sequences' states; the
+// answer to the final stage is the destination's commit.
 inline constexpr MessageType kMigrationStageMessage = kLaminarMessageTypeFirst + 0x0302;
-// Source, once its final stage is acked: the destination makes the sequences its own.
-inline constexpr MessageType kMigrationCommitMessage = kLaminarMessageTypeFirst + 0x0303;
 // Either side gives the migration up.
-inline constexpr MessageType kMigrationAbortMessage = kLaminarMessageTypeFirst + 0x0304;
+inline constexpr MessageType kMigrationAbortMessage = kLaminarMessageTypeFirst + 0x0303;
 
 // As Transport::on_message, for a type in the reserved range (else kInvalidArgument).
 [[nodiscard]] Status on_protocol_message(Transport& transport, MessageType type, MessageHandler handler);
