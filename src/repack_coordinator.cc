@@ -209,10 +209,11 @@ struct RepackCoordinator::Impl {
         continue;
       }
       plan_requested = false;
+      // Counted from the plan's start, so that whoever sees its orders knows when the next is due.
+      next = internal::deadline_after(*clock, opt.interval);
       l.unlock();
       plan_once();
       l.lock();
-      next = internal::deadline_after(*clock, opt.interval);
     }
   }
 };

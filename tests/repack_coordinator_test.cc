@@ -159,17 +159,25 @@ TEST_CASE("repack coordinator: a newer version plans at once and orders the smal
   CHECK_THAT(st.to_json(), Catch::Contains(R"("plans":1,)") && Catch::Contains(R"("moves":1,)"));
 
   // Both were named in that plan, so the next one leaves them out until they report again.
-  REQUIRE(c.clock->advance(5s).ok());
+  REQUIRE(c.coordinator->set_newest_version(Version(2)).ok());
   REQUIRE(eventually([&] { return c.stats().plans == 2; }));
+  CHECK(c.stats().planned_workers == 0);
   CHECK(c.stats().left_out == 2);
   CHECK(c.stats().moves == 1);
   small.report(2, draining(1, Version(0), {{10, 7}}));
   big.report(2, draining(2, Version(0), {{20, 10}, {21, 14}, {22, 6}}));
   REQUIRE(eventually([&] { return c.stats().reports == 4; }));
-  REQUIRE(c.coordinator->set_newest_version(Version(2)).ok());
+  REQUIRE(c.coordinator->set_newest_version(Version(3)).ok());
   REQUIRE(eventually([&] { return small.received().size() == 2; }));
   CHECK(small.received()[1].report == 2);
   CHECK(small.received()[1].plan == 3);
+  CHECK(c.stats().moves == 2);
+
+  // Plans also come every interval, counted from the last one's start: the reports are stale by
+  // then (3 s).
+  REQUIRE(c.clock->advance(5s).ok());
+  REQUIRE(eventually([&] { return c.stats().plans == 4; }));
+  CHECK(c.stats().left_out == 2);
   CHECK(c.stats().moves == 2);
   CHECK(c.coordinator->background_error().ok());
 }
