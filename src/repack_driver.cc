@@ -184,15 +184,14 @@ RepackDriver::RepackDriver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 RepackDriver::~RepackDriver() {
   (void)internal::on_protocol_message(*impl_->transport, kRepackOrdersMessage, {});
   impl_->gate.close();
-  Endpoint ep;
   {
     std::lock_guard l(impl_->mu);
     impl_->stopping = true;
-    ep = impl_->coordinator;
   }
   impl_->cv.notify_all();
   impl_->thread.join();
-  if (ep.valid()) ep.close();
+  // The thread may have connected up to its last moment: closed once it is gone.
+  if (impl_->coordinator.valid()) impl_->coordinator.close();
   impl_->clock_wake.reset();
   std::lock_guard l(g_hosts_mu);
   g_hosts.erase(impl_->transport.get());
