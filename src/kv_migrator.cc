@@ -36,8 +36,6 @@ constexpr std::size_t kInboxLimit = 256;
 constexpr std::size_t kMaxFinished = 1024;
 // Stages with puts or an answer outstanding: the destination checks one while the next is put.
 constexpr std::size_t kStagesInFlight = 2;
-// An abort message is a courtesy: the peer also finds out by its lease or its stall timeout.
-constexpr Duration kAbortSendTimeout = std::chrono::milliseconds(200);
 constexpr Duration kShutdownBudget = std::chrono::seconds(1);
 
 // The migration handlers are per transport, so a transport hosts at most one migrator.
@@ -114,7 +112,7 @@ void KvMigrator::Impl::watch(const Endpoint& ep) {
   watches.emplace(id, Watch{ep, std::move(*sub)});
 }
 
-void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, bool outgoing) {
+void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, bool outgoing, Status reason) {
   if (!finished.contains(id.value())) {
     finished_order.push_back(id.value());
     if (finished_order.size() > kMaxFinished) {
@@ -122,7 +120,7 @@ void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, boo
       finished_order.pop_front();
     }
   }
-  finished[id.value()] = Finished{state, outgoing};
+  finished[id.value()] = Finished{state, outgoing, std::move(reason)};
 }
 
 void KvMigrator::Impl::record_error(const Status& s) {
@@ -131,8 +129,8 @@ void KvMigrator::Impl::record_error(const Status& s) {
 
 std::uint64_t KvMigrator::Impl::page_checksum(std::int32_t page) const {
   const KvLayout& l = cache->layout();
-  const auto* k = static_cast<const unsigned char*>(cache->k_pool().data());
-  const auto* v = static_cast<const unsigned char*>(cache->v_pool().data());
+  const auto* k = reinterpret_cast<const unsigned char*>(k_region.data());
+  const auto* v = reinterpret_cast<const unsigned char*>(v_region.data());
   const std::size_t bytes = std::size_t(l.page_bytes());
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
@@ -157,6 +155,7 @@ void KvMigrator::Impl::sweep() {
   for (const auto& [id, m] : in) used.insert(m.ep.id());
   for (const auto& [addr, ep] : connections) used.insert(ep.id());
   for (const Draining& d : draining) used.insert(d.ep.id());
+  for (const auto& [id, f] : fenced) used.insert(f.ep.id());
   // Resetting a subscription waits for its callback, which takes only the inbox's lock.
   std::erase_if(watches, [&](const auto& kv) { return !used.contains(kv.first); });
 }
@@ -175,8 +174,9 @@ void KvMigrator::Impl::on_closed(std::uint64_t endpoint_id, const Status& why) {
     end_in(m, MigrationState::kAbortedByDestination,
            unavailable(fmt::format("kv migrator: the connection to the source of migration {:#x} closed: {}",
                                    id, why.to_string())),
-           false);
+           false, false);
   }
+  release_fenced([&](std::uint64_t, const Fenced& f) { return f.ep.id() == endpoint_id; });
 }
 
 // ---- source side ----
@@ -412,7 +412,7 @@ bool KvMigrator::Impl::settle_stages(OutMigration& m) {
     }
     if (answer->refusal) {
       end_out(m, MigrationState::kAbortedByDestination,
-              Status(answer->refusal->code, fmt::format("{}: refused: {}", what, answer->refusal->text)), false);
+              Status(answer->refusal->code, fmt::format("{}: refused: {}", what, answer->refusal->text)), true);
       return false;
     }
     if (answer->stage != s.message.stage) {
@@ -483,10 +483,11 @@ void KvMigrator::Impl::on_abort_for_source(const MigrationAbort& a, const Endpoi
   if (it == out.end() || it->second.ended || it->second.ep.id() != from.id()) return;
   // The destination aborts only what it has not committed, so even after our final stage the
   // sequences are still ours alone.
+  // Told back once our puts in flight landed: the destination holds the pages until then.
   end_out(it->second, MigrationState::kAbortedByDestination,
           Status(a.code, fmt::format("kv migrator: migration {:#x}: destination {} aborted: {}", a.migration_id,
                                      it->second.destination, a.reason)),
-          false);
+          true);
 }
 
 // ---- public ----
@@ -545,17 +546,21 @@ KvMigrator::~KvMigrator() {
   // A handler that started before its removal finishes before anything it uses goes.
   d.gate.close();
   std::lock_guard lock(d.mu);
-  const Duration shutdown_at = std::chrono::steady_clock::now().time_since_epoch() + kShutdownBudget;
-  const auto left = [&] {
-    return std::min(kAbortSendTimeout, shutdown_at - std::chrono::steady_clock::now().time_since_epoch());
-  };
+  // Bounded in real time whatever options.clock is: a virtual clock that stands still must not
+  // hang the destructor, and the peers' own leases and stall timeouts cover what is cut short.
+  const auto real_now = [] { return Duration(std::chrono::steady_clock::now().time_since_epoch()); };
+  const Duration shutdown_at = real_now() + kShutdownBudget;
+  const auto left = [&] { return std::min(internal::kMigrationAbortSendTimeout, shutdown_at - real_now()); };
   for (auto& [id, m] : d.out) {
     if (!m.ended) d.end_out(m, MigrationState::kAbortedBySource, cancelled("kv migrator: the source shut down"), true);
   }
   for (auto& [id, m] : d.in) {
-    if (!m.ended) d.end_in(m, MigrationState::kAbortedByDestination, cancelled("kv migrator: the destination shut down"),
-                           false);
+    if (!m.ended) {
+      d.end_in(m, MigrationState::kAbortedByDestination, cancelled("kv migrator: the destination shut down"), false,
+               false);
+    }
   }
+  d.release_fenced([](std::uint64_t, const Impl::Fenced&) { return true; });
   for (auto& [id, m] : d.in) {
     d.send_abort(m.ep, MigrationAbort{id, MigrationSide::kDestination, StatusCode::kCancelled,
                                       "kv migrator: the destination shut down"},
@@ -563,7 +568,7 @@ KvMigrator::~KvMigrator() {
   }
   for (Impl::Draining& dr : d.draining) {
     for (auto& f : dr.puts) {
-      const Duration wait = shutdown_at - std::chrono::steady_clock::now().time_since_epoch();
+      const Duration wait = shutdown_at - real_now();
       if (wait <= Duration::zero() || f.wait_for(wait) != std::future_status::ready) break;
     }
     d.send_abort(dr.ep, dr.message, left());
@@ -696,7 +701,7 @@ std::vector<MigrationEvent> KvMigrator::poll() {
   }
   std::erase_if(d.draining, [&](Impl::Draining& dr) {
     if (!std::ranges::all_of(dr.puts, [](const auto& f) { return ready(f); })) return false;
-    d.send_abort(dr.ep, dr.message, kAbortSendTimeout);
+    d.send_abort(dr.ep, dr.message, internal::kMigrationAbortSendTimeout);
     return true;
   });
   d.sweep();
@@ -757,18 +762,17 @@ Status KvMigrator::finish(MigrationId id, std::vector<SequenceState> states) {
                                           message_bytes, d.transport->options().max_message_bytes));
   }
   const std::int32_t page_size = d.cache->layout().page_size;
-  // The rest of every sequence, from its first page not yet staged: its full pages since the last
-  // live stage and its last, partly filled one.
-  m.todo.clear();
+  // The rest of every sequence after the pages already queued: its full pages since the last live
+  // stage and its last, partly filled one. A sequence keeps one piece, so it appears once a stage.
   for (std::size_t i = 0; i < m.seqs.size(); ++i) {
     Impl::OutSequence& s = m.seqs[i];
     const std::int64_t need = pages_for(std::int64_t(by_index[i].kv_length), page_size);
-    if (need > s.staged) {
-      const auto pages = *d.cache->pages(s.id);
-      m.todo.push_back(Impl::Piece{i, s.staged, std::vector<std::int32_t>(pages.begin() + s.staged,
-                                                                          pages.begin() + need)});
-      s.staged = std::uint32_t(need);
-    }
+    if (need <= s.staged) continue;
+    const auto pages = *d.cache->pages(s.id);
+    auto piece = std::ranges::find_if(m.todo, [&](const Impl::Piece& p) { return p.seq == i; });
+    if (piece == m.todo.end()) piece = m.todo.insert(m.todo.end(), Impl::Piece{i, s.staged, {}});
+    piece->src.insert(piece->src.end(), pages.begin() + s.staged, pages.begin() + need);
+    s.staged = std::uint32_t(need);
   }
   m.states = std::move(by_index);
   m.phase = Impl::OutPhase::kFinal;
@@ -794,7 +798,7 @@ Status KvMigrator::abort(MigrationId id, std::string_view reason) {
   if (auto it = d.in.find(id.value()); it != d.in.end() && !it->second.ended) {
     d.end_in(it->second, MigrationState::kAbortedByDestination,
              aborted(fmt::format("kv migrator: migration {:#x} aborted by its destination: {}", id.value(), reason)),
-             true);
+             true, true);
     d.sweep();
     return ok_status();
   }

@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
@@ -185,6 +188,20 @@ MigrationId migrate_all(Worker& src, Worker& dst, const std::vector<SequenceId>&
 }
 
 std::int64_t pages_of(std::int64_t tokens) { return (tokens + 3) / 4; }
+
+// Orders the test thread after everything w's transport threads did so far, pages put into w
+// included: a message through those threads whose handler releases the test thread. (The put's
+// own completion reached the source through a socket, which orders nothing for ThreadSanitizer.)
+void sync_with(Worker& from, Worker& w) {
+  constexpr laminar::MessageType kSync = 1;
+  auto arrived = std::make_shared<std::promise<void>>();
+  REQUIRE(w.transport->on_message(kSync, [arrived](laminar::Incoming) { arrived->set_value(); }).ok());
+  auto ep = from.transport->connect(w.address);
+  REQUIRE(ep.ok());
+  REQUIRE(ep->send(laminar::Message::from_string(kSync, "sync")).ok());
+  REQUIRE(arrived->get_future().wait_for(10s) == std::future_status::ready);
+  REQUIRE(w.transport->on_message(kSync, {}).ok());
+}
 
 }  // namespace
 
@@ -392,6 +409,12 @@ TEST_CASE("kv migrator: migrate() refuses bad arguments before anything is sent"
   CHECK(src.migrator->stats().migrations_out == 1);
   CHECK(src.migrator->moving() == std::vector<SequenceId>{SequenceId(1)});
   CHECK(src.migrator->finish(MigrationId(12345), {}).code() == StatusCode::kNotFound);
+  REQUIRE(src.migrator->abort(*first, "make room").ok());
+  // Nobody listens there: connecting fails, and nothing starts.
+  auto unreachable = src.migrator->migrate("127.0.0.1:1", std::vector<SequenceId>{SequenceId(2)});
+  CHECK(unreachable.status().code() == StatusCode::kUnavailable);
+  CHECK(src.migrator->moving().empty());
+  CHECK(src.migrator->stats().migrations_out == 1);
   CHECK(src.migrator->abort(MigrationId(12345), "no such").code() == StatusCode::kNotFound);
   CHECK(src.migrator->state(MigrationId(12345)).status().code() == StatusCode::kNotFound);
 }
@@ -422,6 +445,8 @@ TEST_CASE("kv migrator: create() validates its options and serves one migrator p
   CHECK(!(*m)->address().has_value());
   m->reset();
   CHECK(KvMigrator::create(t, cache).ok());
+  CHECK(laminar::to_string(MigrationState::kAbortedBySource) == "aborted by source");
+  CHECK(laminar::to_string(MigrationState::kDone) == "done");
 }
 
 TEST_CASE("kv migrator: an abort from the source mid-staging returns the destination's pages") {
@@ -470,9 +495,12 @@ TEST_CASE("kv migrator: an abort from the destination leaves the sequences decod
   REQUIRE(id.ok());
   REQUIRE(drive({&src, &dst}, [&] { return !dst.migrator->moving().empty(); }));
   REQUIRE(dst.migrator->abort(*id, "out of room after all").ok());
+  CHECK(*dst.migrator->state(*id) == MigrationState::kAbortedByDestination);
+  CHECK(dst.migrator->moving().empty());
+  // The pages return once the source confirms that none of its puts is still in flight.
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
   CHECK(dst.cache->reserved_pages() == 0);
   CHECK(dst.cache->free_pages() == 64);
-  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) != nullptr; }));
   const MigrationEvent& s = *src.find(Kind::kAborted, *id);
   INFO(s.reason.to_string());
   CHECK(s.state == MigrationState::kAbortedByDestination);
@@ -486,7 +514,7 @@ TEST_CASE("kv migrator: an abort from the destination leaves the sequences decod
   CHECK(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(8)})).code() == StatusCode::kNotFound);
 }
 
-TEST_CASE("kv migrator: a destination whose source falls silent returns the pages when the lease runs out") {
+TEST_CASE("kv migrator: a destination whose source falls silent gives up when the lease runs out") {
   auto clock = std::make_shared<laminar::ManualClock>();
   KvMigratorOptions o;
   o.lease = 5s;
@@ -498,23 +526,45 @@ TEST_CASE("kv migrator: a destination whose source falls silent returns the page
   REQUIRE(id.ok());
   // Only the destination polls: the source, stuck, never takes the reservation.
   REQUIRE(drive({&dst}, [&] { return dst.cache->reserved_pages() > 0; }));
+  const std::int32_t reserved = dst.cache->reserved_pages();
+  CHECK(reserved == pages_of(10) + 4);
   REQUIRE(clock->advance(4s).ok());
   poll(dst);
-  CHECK(dst.count(Kind::kAborted) == 0);
-  CHECK(dst.cache->reserved_pages() == pages_of(10) + 4);
+  CHECK(dst.migrator->stats().lease_expiries == 0);
+  CHECK(*dst.migrator->state(*id) == MigrationState::kRunning);
   REQUIRE(clock->advance(2s).ok());
   poll(dst);
-  REQUIRE(dst.find(Kind::kAborted, *id) != nullptr);
-  CHECK(dst.find(Kind::kAborted, *id)->reason.code() == StatusCode::kDeadlineExceeded);
-  CHECK(dst.cache->reserved_pages() == 0);
-  CHECK(dst.cache->free_pages() == 64);
   CHECK(dst.migrator->stats().lease_expiries == 1);
   CHECK(dst.migrator->stats().aborted_in == 1);
   CHECK(*dst.migrator->state(*id) == MigrationState::kAbortedByDestination);
-  // The source wakes up: told of the expiry, it keeps its sequence.
-  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) != nullptr; }));
-  CHECK(src.find(Kind::kAborted, *id)->state == MigrationState::kAbortedByDestination);
-  CHECK(rows_differ(*src.cache, SequenceId(4), 10) == "");
+  CHECK(dst.migrator->moving().empty());
+  // Given up, but a source that is only slow could still put into the pages: they stay out of
+  // the free list until it is heard from, gone, or another lease passed.
+  CHECK(dst.cache->reserved_pages() == reserved);
+  CHECK(dst.count(Kind::kAborted) == 0);
+  SECTION("the source wakes up, hears of the expiry and keeps its sequence") {
+    REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
+    CHECK(src.find(Kind::kAborted, *id)->state == MigrationState::kAbortedByDestination);
+    CHECK(src.find(Kind::kAborted, *id)->reason.code() == StatusCode::kDeadlineExceeded);
+    CHECK(rows_differ(*src.cache, SequenceId(4), 10) == "");
+  }
+  SECTION("the source is gone") {
+    src.migrator.reset();
+    src.transport.reset();
+    REQUIRE(drive({&dst}, [&] { return dst.find(Kind::kAborted, *id) != nullptr; }));
+  }
+  SECTION("the source never answers") {
+    REQUIRE(clock->advance(4s).ok());
+    poll(dst);
+    CHECK(dst.count(Kind::kAborted) == 0);
+    REQUIRE(clock->advance(1s).ok());
+    poll(dst);
+    CHECK(dst.find(Kind::kAborted, *id) != nullptr);
+  }
+  CHECK(dst.find(Kind::kAborted, *id)->reason.code() == StatusCode::kDeadlineExceeded);
+  CHECK(dst.find(Kind::kAborted, *id)->state == MigrationState::kAbortedByDestination);
+  CHECK(dst.cache->reserved_pages() == 0);
+  CHECK(dst.cache->free_pages() == 64);
 }
 
 TEST_CASE("kv migrator: a destination that vanishes mid-migration leaves the sequences at the source") {
@@ -605,6 +655,7 @@ TEST_CASE("kv migrator: a page that arrives corrupted fails its checksum and not
   // The pages landed and the final stage is on its way, not yet checked: flip one byte in every
   // page of the destination, none of which holds a live sequence.
   REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent == std::uint64_t(pages_of(14)); }));
+  sync_with(src, dst);
   const std::int32_t layer = 2;
   for (std::int32_t p = 0; p < 64; ++p) static_cast<unsigned char*>(dst.cache->v_page(layer, p).value())[5] ^= 1;
   REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
@@ -617,4 +668,164 @@ TEST_CASE("kv migrator: a page that arrives corrupted fails its checksum and not
   CHECK(dst.cache->reserved_pages() == 0);
   CHECK(dst.count(Kind::kArrived) == 0);
   CHECK(rows_differ(*src.cache, SequenceId(9), 14) == "");
+}
+
+TEST_CASE("kv migrator: a source whose destination stops answering gives up after stall_timeout") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  KvMigratorOptions o;
+  o.stall_timeout = 3s;
+  o.clock = clock;
+  Worker src = make_worker(o);
+  Worker dst = make_worker();
+  add(*src.cache, SequenceId(2), 12);
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(2)});
+  REQUIRE(id.ok());
+  REQUIRE(drive({&dst}, [&] { return dst.cache->reserved_pages() > 0; }));
+  // The destination answered the offer and then hangs: the first stage goes out unanswered.
+  REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent > 0; }));
+  REQUIRE(clock->advance(2s).ok());
+  poll(src);
+  CHECK(src.count(Kind::kAborted) == 0);
+  REQUIRE(clock->advance(2s).ok());
+  poll(src);
+  REQUIRE(src.find(Kind::kAborted, *id) != nullptr);
+  const MigrationEvent& e = *src.find(Kind::kAborted, *id);
+  CHECK(e.state == MigrationState::kAbortedBySource);
+  CHECK(e.reason.code() == StatusCode::kDeadlineExceeded);
+  CHECK(rows_differ(*src.cache, SequenceId(2), 12) == "");
+  // The destination comes back, finds the abort after the stage, and returns the pages.
+  REQUIRE(drive({&src, &dst}, [&] { return dst.find(Kind::kAborted, *id) != nullptr; }));
+  CHECK(dst.find(Kind::kAborted, *id)->state == MigrationState::kAbortedBySource);
+  CHECK(dst.cache->reserved_pages() == 0);
+  CHECK(dst.cache->free_pages() == 64);
+  CHECK(dst.count(Kind::kArrived) == 0);
+}
+
+TEST_CASE("kv migrator: a sequence that fills its reserved pages is paused, and one that outgrows them stays") {
+  KvMigratorOptions o;
+  o.growth_pages = 1;
+  Worker src = make_worker(o);
+  Worker dst = make_worker(o);
+  add(*src.cache, SequenceId(1), 8);  // two pages; three reserved
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(1)});
+  REQUIRE(id.ok());
+  append(*src.cache, SequenceId(1), 1);  // the third page
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  // Paused on reaching the reservation, before any live stage.
+  CHECK(src.migrator->stats().pages_sent == 0);
+  append(*src.cache, SequenceId(1), 4);  // a fourth page: it no longer fits at the destination
+  const laminar::Status st = src.migrator->finish(*id, states_of(*src.cache, {SequenceId(1)}));
+  CHECK(st.code() == StatusCode::kResourceExhausted);
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
+  CHECK(src.find(Kind::kAborted, *id)->state == MigrationState::kAbortedBySource);
+  CHECK(*src.migrator->state(*id) == MigrationState::kAbortedBySource);
+  CHECK(rows_differ(*src.cache, SequenceId(1), 13) == "");
+  CHECK(dst.cache->reserved_pages() == 0);
+}
+
+TEST_CASE("kv migrator: two workers move sequences to each other at once") {
+  Worker a = make_worker();
+  Worker b = make_worker();
+  add(*a.cache, SequenceId(1), 11);
+  add(*a.cache, SequenceId(2), 4);
+  add(*b.cache, SequenceId(3), 19);
+  add(*b.cache, SequenceId(4), 6);
+  auto ab = a.migrator->migrate(b.address, std::vector<SequenceId>{SequenceId(1), SequenceId(2)});
+  auto ba = b.migrator->migrate(a.address, std::vector<SequenceId>{SequenceId(3)});
+  REQUIRE(ab.ok());
+  REQUIRE(ba.ok());
+  CHECK(a.migrator->moving().size() == 2);
+  // Each host answers its pause requests as its decode loop would.
+  std::size_t answered_a = 0;
+  std::size_t answered_b = 0;
+  const auto answer = [](Worker& w, std::size_t& answered) {
+    for (; answered < w.events.size(); ++answered) {
+      const MigrationEvent& e = w.events[answered];
+      if (e.kind == Kind::kPauseRequested) REQUIRE(w.migrator->finish(e.id, states_of(*w.cache, e.sequences)).ok());
+    }
+  };
+  REQUIRE(drive({&a, &b},
+                [&] {
+                  return a.find(Kind::kDone, *ab) && b.find(Kind::kDone, *ba) && a.find(Kind::kArrived, *ba) &&
+                         b.find(Kind::kArrived, *ab);
+                },
+                [&] {
+                  answer(a, answered_a);
+                  answer(b, answered_b);
+                }));
+  CHECK(rows_differ(*b.cache, SequenceId(1), 11) == "");
+  CHECK(rows_differ(*b.cache, SequenceId(2), 4) == "");
+  CHECK(rows_differ(*a.cache, SequenceId(3), 19) == "");
+  CHECK(rows_differ(*b.cache, SequenceId(4), 6) == "");
+  CHECK(a.cache->num_sequences() == 1);
+  CHECK(b.cache->num_sequences() == 3);
+  CHECK(a.cache->reserved_pages() == 0);
+  CHECK(b.cache->reserved_pages() == 0);
+  CHECK(a.cache->free_pages() == 64 - pages_of(19));
+  CHECK(b.cache->free_pages() == 64 - pages_of(11) - pages_of(4) - pages_of(6));
+}
+
+TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls still move every byte") {
+  // LAMINAR_TEST_SEED replays a failure.
+  const char* replay = std::getenv("LAMINAR_TEST_SEED");
+  const std::uint64_t seed = replay != nullptr ? std::strtoull(replay, nullptr, 10) : std::random_device{}();
+  INFO("seed " << seed);
+  std::printf("kv migrator random test: seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const auto uniform = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  for (int round = 0; round < 4; ++round) {
+    KvMigratorOptions o;
+    o.max_live_stages = std::uint32_t(uniform(0, 5));
+    o.pause_after_pages = std::uint32_t(uniform(0, 3));
+    o.growth_pages = 64;
+    // From one page (of all layers and both pools: 768 bytes) a stage to all of them.
+    o.stage_bytes = std::size_t(uniform(1, 40)) * 768;
+    Worker src = make_worker(o, layout(1024));
+    Worker dst = make_worker(o, layout(1024));
+    std::vector<SequenceId> seqs;
+    std::vector<std::int64_t> reserved;  // tokens each sequence may reach while it moves
+    const std::int64_t n = uniform(1, 6);
+    for (std::int64_t i = 0; i < n; ++i) {
+      seqs.push_back(SequenceId(std::uint64_t(100 * round + i)));
+      add(*src.cache, seqs.back(), uniform(0, 60));
+      reserved.push_back((std::int64_t(src.cache->pages(seqs.back())->size()) + 64) * 4);
+    }
+    auto id = src.migrator->migrate(dst.address, seqs);
+    REQUIRE(id.ok());
+    // Decodes a few tokens of each sequence now and then, until asked to pause.
+    REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; },
+                  [&] {
+                    if (src.find(Kind::kPauseRequested, *id) || uniform(0, 3) != 0) return;
+                    for (std::size_t i = 0; i < seqs.size(); ++i) {
+                      const std::int64_t room = reserved[i] - src.cache->length(seqs[i]).value();
+                      append(*src.cache, seqs[i], std::min<std::int64_t>(uniform(0, 6), room));
+                    }
+                  }));
+    std::vector<std::int64_t> lengths;
+    for (SequenceId s : seqs) lengths.push_back(src.cache->length(s).value());
+    const std::vector<SequenceState> states = states_of(*src.cache, seqs);
+    REQUIRE(src.migrator->finish(*id, states).ok());
+    const bool moved = drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); });
+    for (const Worker* w : {&src, &dst}) {
+      for (const MigrationEvent& e : w->events) {
+        UNSCOPED_INFO((w == &src ? "source" : "destination") << " event " << int(e.kind) << " "
+                                                              << e.reason.to_string());
+      }
+    }
+    REQUIRE(moved);
+    CHECK(dst.find(Kind::kArrived, *id)->states == states);
+    std::int64_t pages = 0;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      INFO("sequence " << seqs[i].value() << " of " << lengths[i] << " tokens");
+      CHECK(rows_differ(*dst.cache, seqs[i], lengths[i]) == "");
+      pages += pages_of(lengths[i]);
+    }
+    CHECK(src.migrator->stats().pages_sent == std::uint64_t(pages));
+    CHECK(dst.migrator->stats().pages_received == std::uint64_t(pages));
+    CHECK(src.cache->free_pages() == 1024);
+    CHECK(dst.cache->free_pages() == 1024 - pages);
+    CHECK(dst.cache->reserved_pages() == 0);
+  }
 }
