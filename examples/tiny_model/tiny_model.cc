@@ -84,6 +84,12 @@ Status convert(const void* src, DType from, void* dst, DType to, std::int64_t n)
   return laminar::kernels::run(c, Stream::host());
 }
 
+// The token a sequence feeds next: index kv_length of its prompt followed by its response.
+std::int32_t next_input(const SequenceState& s) {
+  const std::size_t next = std::size_t(s.kv_length);
+  return next < s.prompt_tokens.size() ? s.prompt_tokens[next] : s.response_tokens[next - s.prompt_tokens.size()];
+}
+
 bool valid_group(std::int32_t group) { return group == 1 || group == 2 || group == 4 || group == 8; }
 
 }  // namespace
@@ -187,12 +193,10 @@ Status TinyModel::check(const PagedKvCache& cache, std::span<SequenceState* cons
       return laminar::invalid_argument(fmt::format("tiny model step: sequence {} has {} log-probs for {} response tokens",
                                                    id, s.logprobs.size(), s.response_tokens.size()));
     }
-    const std::size_t next = std::size_t(s.kv_length);
-    const std::int32_t token =
-        next < s.prompt_tokens.size() ? s.prompt_tokens[next] : s.response_tokens[next - s.prompt_tokens.size()];
+    const std::int32_t token = next_input(s);
     if (token < 0 || token >= config_.vocab) {
       return laminar::invalid_argument(fmt::format("tiny model step: sequence {} token {} = {} is outside [0, {})", id,
-                                                   next, token, config_.vocab));
+                                                   s.kv_length, token, config_.vocab));
     }
     if (s.rng_position > std::uint64_t(std::numeric_limits<std::int64_t>::max())) {
       return laminar::invalid_argument(
@@ -237,10 +241,7 @@ Status TinyModel::step(PagedKvCache& cache, std::span<SequenceState* const> batc
     ids.push_back(s.sequence);
     // check() counted the free pages, so this cannot fail.
     LAMINAR_CHECK(cache.append_tokens(s.sequence, 1).ok());
-    const std::size_t next = std::size_t(s.kv_length);
-    const std::int32_t token =
-        next < s.prompt_tokens.size() ? s.prompt_tokens[next] : s.response_tokens[next - s.prompt_tokens.size()];
-    embed(token, std::int64_t(s.kv_length), x.data() + b * d);
+    embed(next_input(s), std::int64_t(s.kv_length), x.data() + b * d);
     max_kv_len = std::max(max_kv_len, std::int32_t(s.kv_length + 1));
   }
   laminar::PageTableBuffer table;
