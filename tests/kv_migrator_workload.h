@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -127,7 +126,6 @@ class Worker {
 
   laminar::PagedKvCache& cache() { return *cache_; }
   laminar::KvMigrator& migrator() { return *migrator_; }
-  const tiny_model::TinyModel& model() const { return model_; }
   std::map<laminar::SequenceId, laminar::SequenceState>& live() { return live_; }
 
   // Adds `seqs` to the cache and feeds each its prompt.
