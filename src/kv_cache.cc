@@ -77,6 +77,7 @@ void PagedKvCache::FreeDeleter::operator()(unsigned char* p) const noexcept { st
 void PagedKvCache::init_free_list() {
   free_.reserve(std::size_t(layout_.num_pages));
   for (std::int32_t p = layout_.num_pages - 1; p >= 0; --p) free_.push_back(p);
+  reserved_.assign(std::size_t(layout_.num_pages), false);
 }
 
 Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout) {
@@ -210,6 +211,63 @@ Status PagedKvCache::release(SequenceId id) {
   if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
   for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p) free_.push_back(*p);
   seqs_.erase(it);
+  return ok_status();
+}
+
+Result<std::vector<std::int32_t>> PagedKvCache::reserve_pages(std::int32_t n) {
+  if (n < 1) return invalid_argument(fmt::format("PagedKvCache: reserving {} pages", n));
+  if (std::size_t(n) > free_.size()) {
+    return resource_exhausted(fmt::format("PagedKvCache: reserving {} pages, {} free", n, free_.size()));
+  }
+  std::vector<std::int32_t> pages(free_.end() - n, free_.end());
+  std::reverse(pages.begin(), pages.end());  // in the order append_tokens would have taken them
+  free_.resize(free_.size() - std::size_t(n));
+  for (std::int32_t p : pages) reserved_[std::size_t(p)] = true;
+  reserved_count_ += n;
+  return pages;
+}
+
+Status PagedKvCache::check_reserved(std::span<const std::int32_t> pages) const {
+  std::unordered_set<std::int32_t> seen;
+  for (std::int32_t p : pages) {
+    if (p < 0 || p >= layout_.num_pages || !reserved_[std::size_t(p)]) {
+      return invalid_argument(fmt::format("PagedKvCache: page {} is not reserved", p));
+    }
+    if (!seen.insert(p).second) return invalid_argument(fmt::format("PagedKvCache: page {} given twice", p));
+  }
+  return ok_status();
+}
+
+void PagedKvCache::return_reserved(std::span<const std::int32_t> pages) {
+  for (auto p = pages.rbegin(); p != pages.rend(); ++p) {
+    reserved_[std::size_t(*p)] = false;
+    free_.push_back(*p);
+  }
+  reserved_count_ -= std::int32_t(pages.size());
+}
+
+Status PagedKvCache::unreserve_pages(std::span<const std::int32_t> pages) {
+  LAMINAR_RETURN_IF_ERROR(check_reserved(pages));
+  return_reserved(pages);
+  return ok_status();
+}
+
+Status PagedKvCache::adopt_sequence(SequenceId id, std::span<const std::int32_t> pages, std::int64_t length) {
+  if (seqs_.contains(id)) return already_exists(fmt::format("PagedKvCache: sequence {} is already live", id.value()));
+  if (length < 0) return invalid_argument(fmt::format("PagedKvCache: sequence {} of length {}", id.value(), length));
+  LAMINAR_RETURN_IF_ERROR(check_reserved(pages));
+  const std::int64_t need = pages_for(length);
+  if (need > std::int64_t(pages.size())) {
+    return invalid_argument(fmt::format("PagedKvCache: sequence {} of {} tokens needs {} pages, given {}", id.value(),
+                                        length, need, pages.size()));
+  }
+  Sequence s;
+  s.pages.assign(pages.begin(), pages.begin() + need);
+  s.length = length;
+  for (std::int32_t p : s.pages) reserved_[std::size_t(p)] = false;
+  reserved_count_ -= std::int32_t(need);
+  return_reserved(pages.subspan(std::size_t(need)));
+  seqs_.emplace(id, std::move(s));
   return ok_status();
 }
 

@@ -463,3 +463,81 @@ TEST_CASE("paged decode reads one layer's view and refuses a multi-layer layout"
   CHECK(st.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(st.message(), Catch::Contains("num_layers is 2, not 1"));
 }
+
+TEST_CASE("PagedKvCache reserves pages for an incoming sequence and takes them back", "[kv_cache][reserve]") {
+  auto cache = PagedKvCache::create({8, 4, 2, 8, DType::kF32, 2});
+  REQUIRE(cache.ok());
+  REQUIRE(cache->add_sequence(SequenceId(1)).ok());
+  REQUIRE(cache->append_tokens(SequenceId(1), 4).ok());  // 1 page
+  auto r = cache->reserve_pages(5);
+  REQUIRE(r.ok());
+  CHECK(r->size() == 5);
+  CHECK(cache->reserved_pages() == 5);
+  CHECK(cache->free_pages() == 2);
+  CHECK(cache->used_pages() == 6);
+  // Reserved pages are nobody's: a growing sequence takes only the free ones.
+  REQUIRE(cache->append_tokens(SequenceId(1), 8).ok());
+  for (std::int32_t p : *cache->pages(SequenceId(1))) CHECK(std::ranges::find(*r, p) == r->end());
+  CHECK(cache->free_pages() == 0);
+  CHECK(cache->reserve_pages(1).status().code() == StatusCode::kResourceExhausted);
+  CHECK(cache->reserved_pages() == 5);
+
+  const std::vector<std::int32_t> two(r->begin(), r->begin() + 2);
+  REQUIRE(cache->unreserve_pages(two).ok());
+  CHECK(cache->reserved_pages() == 3);
+  CHECK(cache->free_pages() == 2);
+  // Given back already: refused, naming the page, and nothing changes.
+  auto again = cache->unreserve_pages(std::vector<std::int32_t>{(*r)[2], (*r)[0]});
+  CHECK(again.code() == StatusCode::kInvalidArgument);
+  CHECK(again.message().find(std::to_string((*r)[0])) != std::string::npos);
+  CHECK(cache->reserved_pages() == 3);
+  CHECK(cache->free_pages() == 2);
+  CHECK(cache->unreserve_pages(std::vector<std::int32_t>{(*r)[2], (*r)[2]}).code() == StatusCode::kInvalidArgument);
+  CHECK(cache->unreserve_pages(std::vector<std::int32_t>{-1}).code() == StatusCode::kInvalidArgument);
+  CHECK(cache->unreserve_pages(std::vector<std::int32_t>{8}).code() == StatusCode::kInvalidArgument);
+  CHECK(cache->reserve_pages(0).status().code() == StatusCode::kInvalidArgument);
+  CHECK(cache->reserved_pages() == 3);
+  CHECK(cache->free_pages() == 2);
+}
+
+TEST_CASE("PagedKvCache adopts a sequence from reserved pages and frees the rest", "[kv_cache][reserve]") {
+  auto cache = PagedKvCache::create({8, 4, 2, 8, DType::kF32, 2});
+  REQUIRE(cache.ok());
+  auto r = cache->reserve_pages(4);
+  REQUIRE(r.ok());
+  REQUIRE(cache->add_sequence(SequenceId(2)).ok());
+  // Refusals: the id is live, a negative length, too few pages, a page not reserved or twice.
+  CHECK(cache->adopt_sequence(SequenceId(2), *r, 5).code() == StatusCode::kAlreadyExists);
+  CHECK(cache->adopt_sequence(SequenceId(7), *r, -1).code() == StatusCode::kInvalidArgument);
+  CHECK(cache->adopt_sequence(SequenceId(7), *r, 17).code() == StatusCode::kInvalidArgument);
+  const std::vector<std::int32_t> twice = {(*r)[0], (*r)[1], (*r)[0]};
+  CHECK(cache->adopt_sequence(SequenceId(7), twice, 5).code() == StatusCode::kInvalidArgument);
+  std::int32_t free_page = 0;
+  while (std::ranges::find(*r, free_page) != r->end()) ++free_page;
+  const std::vector<std::int32_t> not_reserved = {(*r)[0], free_page};
+  CHECK(cache->adopt_sequence(SequenceId(7), not_reserved, 5).code() == StatusCode::kInvalidArgument);
+  CHECK(cache->reserved_pages() == 4);
+  CHECK(cache->free_pages() == 4);
+  CHECK(cache->num_sequences() == 1);
+
+  // 6 tokens take the first two pages in order; the other two return to the free list.
+  REQUIRE(cache->adopt_sequence(SequenceId(7), *r, 6).ok());
+  CHECK(*cache->length(SequenceId(7)) == 6);
+  CHECK(std::ranges::equal(*cache->pages(SequenceId(7)), std::vector<std::int32_t>{(*r)[0], (*r)[1]}));
+  CHECK(cache->reserved_pages() == 0);
+  CHECK(cache->free_pages() == 6);
+  // It is an ordinary sequence now: it grows into its last page, then takes free ones.
+  REQUIRE(cache->append_tokens(SequenceId(7), 3).ok());
+  CHECK(cache->pages(SequenceId(7))->size() == 3);
+  CHECK(cache->unreserve_pages(std::vector<std::int32_t>{(*r)[0]}).code() == StatusCode::kInvalidArgument);
+  REQUIRE(cache->release(SequenceId(7)).ok());
+  CHECK(cache->free_pages() == 8);
+
+  // Zero tokens: no pages kept.
+  auto empty = cache->reserve_pages(2);
+  REQUIRE(empty.ok());
+  REQUIRE(cache->adopt_sequence(SequenceId(8), *empty, 0).ok());
+  CHECK(cache->pages(SequenceId(8))->empty());
+  CHECK(cache->free_pages() == 8);
+  CHECK(cache->reserved_pages() == 0);
+}

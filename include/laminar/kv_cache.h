@@ -197,6 +197,10 @@ class PagedKvCache {
   }
 
   void init_free_list();
+  // kInvalidArgument naming the page for one not reserved or given twice.
+  Status check_reserved(std::span<const std::int32_t> pages) const;
+  // Preconditions: check_reserved(pages) is OK.
+  void return_reserved(std::span<const std::int32_t> pages);
   TensorView pool_view(unsigned char* base) const;
   Status check_layer(std::int32_t layer) const;
   Result<void*> page_address(unsigned char* base, std::int32_t layer, std::int32_t page) const;
