@@ -16,11 +16,10 @@
 // the timings, and releases the sequence. Prints a table on stderr and one JSON line per metric,
 // the one --headline names last.
 //
-//   kv_migrate_bench [--lengths 256,1024,4096,8192] [--repeats 5] [--step-ms 25] [--poll-us 100]
+//   kv_migrate_bench [--lengths 256,1024,4096,8192] [--repeats 7] [--step-ms 25] [--poll-us 100]
 //                    [--headline downtime|throughput]
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +34,9 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#define XXH_INLINE_ALL  // as the migrator includes it, so its checksums cost the same here
+#include <xxhash.h>
 
 #include "harness.h"
 #include "laminar/kv_cache.h"
@@ -51,7 +53,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 constexpr MessageType kRegion = 1;  // dest answers with its baseline region
 constexpr MessageType kCheck = 2;   // "ID LENGTH": dest checks and releases an arrived sequence
-constexpr MessageType kExit = 3;
+constexpr MessageType kPing = 3;    // answered from dest's poll loop, as its migrator answers stages
+constexpr MessageType kExit = 4;
 const char* const kToken = "kv-migrate-bench-token-0123456789";
 const Version kVersion(1);
 
@@ -176,19 +179,21 @@ int run_dest(std::int64_t max_tokens) {
   std::memset(region->data(), 0, region->size());  // touched, so the puts pay no page faults
 
   std::mutex mu;
-  std::deque<Incoming> checks;  // answered by the loop below, which owns the cache
+  std::deque<Incoming> requests;  // kCheck and kPing, answered by the loop below, which owns the cache
   bool done = false;
   check(transport->on_message(kRegion,
                               [&](Incoming in) {
                                 (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize()));
                               }),
         "handler");
-  check(transport->on_message(kCheck,
-                              [&](Incoming in) {
-                                std::lock_guard lock(mu);
-                                checks.push_back(std::move(in));
-                              }),
-        "handler");
+  for (const MessageType type : {kCheck, kPing}) {
+    check(transport->on_message(type,
+                                [&](Incoming in) {
+                                  std::lock_guard lock(mu);
+                                  requests.push_back(std::move(in));
+                                }),
+          "handler");
+  }
   check(transport->on_message(kExit,
                               [&](Incoming in) {
                                 (void)in.from.reply(in, in.message);
@@ -214,12 +219,14 @@ int run_dest(std::int64_t max_tokens) {
     {
       std::lock_guard lock(mu);
       if (done) return 0;
-      if (!checks.empty()) {
-        request = std::move(checks.front());
-        checks.pop_front();
+      if (!requests.empty()) {
+        request = std::move(requests.front());
+        requests.pop_front();
       }
     }
-    if (request) {
+    if (request && request->message.type == kPing) {
+      (void)request->from.reply(*request, request->message);
+    } else if (request) {
       unsigned long long id = 0, length = 0;
       std::sscanf(std::string(request->message.text()).c_str(), "%llu %llu", &id, &length);
       const SequenceId seq(id);
@@ -284,10 +291,7 @@ class Source {
   // Moves a fresh sequence of `tokens` to the destination, has the destination check every row
   // of it, and returns the timings. With `decode`, the sequence grows a token a step until paused.
   MigrationTiming migrate(KvMigrator& mig, std::int64_t tokens, bool decode) {
-    const SequenceId seq(++last_sequence_);
-    check(cache_->add_sequence(seq), "add_sequence");
-    check(cache_->append_tokens(seq, tokens), "append_tokens");
-    pattern_.write(*cache_, seq, 0, tokens);
+    const SequenceId seq = fresh_sequence(tokens);
     std::int64_t decoded = 0;
 
     const auto start = SteadyClock::now();
@@ -345,9 +349,50 @@ class Source {
     return seconds_since(start);
   }
 
+  // Seconds to checksum a sequence of `tokens` as the migrator does on each side
+  // (src/kv_migrator.cc, page_checksum): one xxh3 per page over its K then V rows in every layer.
+  double checksum_s(std::int64_t tokens) {
+    const SequenceId seq = fresh_sequence(tokens);
+    const std::size_t page_bytes = std::size_t(layout_.page_bytes());
+    const auto* k = static_cast<const unsigned char*>(cache_->k_pool().data());
+    const auto* v = static_cast<const unsigned char*>(cache_->v_pool().data());
+    const auto pages = cache_->pages(seq);
+    check(pages.status(), "pages");
+    const auto start = SteadyClock::now();
+    for (const std::int32_t page : *pages) {
+      XXH3_state_t state;
+      XXH3_64bits_reset(&state);
+      for (const unsigned char* pool : {k, v}) {
+        for (std::int32_t layer = 0; layer < layout_.num_layers; ++layer) {
+          XXH3_64bits_update(&state, pool + (std::size_t(layer) * std::size_t(layout_.num_pages) + std::size_t(page)) * page_bytes,
+                             page_bytes);
+        }
+      }
+      checksums_ ^= XXH3_64bits_digest(&state);  // kept, so the hashing is not optimised away
+    }
+    const double seconds = seconds_since(start);
+    check(cache_->release(seq), "release");
+    return seconds;
+  }
+
+  // Seconds of a request answered from the destination's poll loop, as a stage is.
+  double round_trip_s() {
+    const auto start = SteadyClock::now();
+    check(dest_.request(Message::from_string(kPing, "")).status(), "ping");
+    return seconds_since(start);
+  }
+
   void stop_dest() { (void)dest_.request(Message::from_string(kExit, ""), 10s); }
 
  private:
+  SequenceId fresh_sequence(std::int64_t tokens) {
+    const SequenceId seq(++last_sequence_);
+    check(cache_->add_sequence(seq), "add_sequence");
+    check(cache_->append_tokens(seq, tokens), "append_tokens");
+    pattern_.write(*cache_, seq, 0, tokens);
+    return seq;
+  }
+
   SequenceState state_of(SequenceId seq, std::int64_t prompt, std::int64_t decoded) const {
     SequenceState s;
     s.sequence = seq;
@@ -379,6 +424,7 @@ class Source {
   MemoryRegion put_src_;
   RemoteRegion put_dst_;
   std::uint64_t last_sequence_ = 0;
+  std::uint64_t checksums_ = 0;
 };
 
 std::vector<std::int64_t> parse_lengths(const std::string& text) {
@@ -397,7 +443,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() == 2 && args[0] == "dest") return run_dest(std::strtoll(args[1].c_str(), nullptr, 10));
   std::vector<std::int64_t> lengths = {256, 1024, 4096, 8192};
-  int repeats = 5;
+  int repeats = 7;
   long step_ms = 25, poll_us = 100;
   std::string headline = "downtime";
   for (std::size_t i = 0; i + 1 < args.size(); i += 2) {
@@ -433,19 +479,25 @@ int main(int argc, char** argv) {
 
   Source source(longest, *dest_address, std::chrono::milliseconds(step_ms), std::chrono::microseconds(poll_us));
   const std::size_t bytes = std::size_t(longest) * token_bytes(source.layout());
-  std::fprintf(stderr, "kv_migrate_bench: %lld tokens = %.1f MB of K+V; lanes:\n%s", (long long)longest,
+  // The migrators connect through the same transports, so they use these lanes too.
+  std::fprintf(stderr, "kv_migrate_bench: %lld tokens = %.1f MB of K+V; UCX lanes:\n%s", (long long)longest,
                double(bytes) / 1e6, source.lanes().c_str());
 
-  // Throughput: blocking copy against one put, taking turns; one warm-up round each.
-  std::vector<double> put_s, copy_s;
+  // Throughput: blocking copy against one put, taking turns; one warm-up round each. Beside them,
+  // the parts of a copy's work measured alone: one side's checksums, and a stage's round trip.
+  std::vector<double> put_s, copy_s, checksum_s, round_trip_s;
   {
     auto mig = source.migrator(0);
     for (int r = 0; r < repeats + 1; ++r) {
       const double put = source.put_once(bytes);
       const double copy = source.migrate(*mig, longest, false).total_s;
+      const double sums = source.checksum_s(longest);
+      const double trip = source.round_trip_s();
       if (r > 0) {
         put_s.push_back(put);
         copy_s.push_back(copy);
+        checksum_s.push_back(sums);
+        round_trip_s.push_back(trip);
       }
     }
     std::fprintf(stderr, "kv_migrate_bench: source stats %s\n", mig->stats().to_json().c_str());
@@ -456,6 +508,22 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "\n%-10s %14s %14s %8s\n", "tokens", "bulk put GB/s", "migrate GB/s", "ratio");
   std::fprintf(stderr, "%-10lld %14.2f %14.2f %8.2f\n\n", (long long)longest, put_gbps, copy_gbps,
                copy_gbps / put_gbps);
+  // Stages as the migrator cuts them (kv_migrator.h, stage_bytes), plus the offer.
+  const KvLayout& layout = source.layout();
+  const std::int64_t pages_per_stage = std::max<std::int64_t>(
+      1, std::int64_t(KvMigratorOptions{}.stage_bytes) / (2 * layout.num_layers * layout.page_bytes()));
+  const std::int64_t pages = (longest + layout.page_size - 1) / layout.page_size;
+  const std::int64_t round_trips = (pages + pages_per_stage - 1) / pages_per_stage + 1;
+  const double put_ms = median(put_s) * 1e3, sums_ms = median(checksum_s) * 1e3,
+               trips_ms = double(round_trips) * median(round_trip_s) * 1e3;
+  std::fprintf(stderr,
+               "a blocking copy's work, each part alone (medians):\n"
+               "  put of the bytes                         %8.2f ms\n"
+               "  checksums, source and destination, 2 x   %8.2f ms\n"
+               "  round trips, offer and %3lld stages, %lld x %8.3f ms\n"
+               "  sum                                      %8.2f ms   the migration: %.2f ms\n\n",
+               put_ms, sums_ms, (long long)(round_trips - 1), (long long)round_trips, median(round_trip_s) * 1e3,
+               put_ms + 2 * sums_ms + trips_ms, median(copy_s) * 1e3);
 
   // Downtime: blocking and staged copies of each length, taking turns; one warm-up round.
   std::fprintf(stderr, "%-10s %18s %18s %8s\n", "tokens", "blocking ms", "staged ms", "ratio");
