@@ -254,8 +254,9 @@ int run_dest(std::int64_t max_tokens) {
 }
 
 struct MigrationTiming {
-  double total_s = 0;     // migrate() to kDone
-  double downtime_s = 0;  // kPauseRequested to kDone
+  double total_s = 0;         // migrate() to kDone
+  double downtime_s = 0;      // kPauseRequested to kDone
+  double longest_poll_s = 0;  // of the poll() calls between decode steps: what staging adds to a step
 };
 
 // The source: this process. Owns the transport and cache; a KvMigrator is made per mode.
@@ -298,9 +299,12 @@ class Source {
     auto id = mig.migrate(dest_address_, std::span<const SequenceId>(&seq, 1));
     check(id.status(), "migrate");
     std::optional<SteadyClock::time_point> paused;
+    double longest_poll_s = 0;
     for (;;) {
       const auto step_start = SteadyClock::now();
-      for (MigrationEvent& e : mig.poll()) {
+      std::vector<MigrationEvent> events = mig.poll();
+      if (!paused) longest_poll_s = std::max(longest_poll_s, seconds_since(step_start));
+      for (MigrationEvent& e : events) {
         if (e.kind == MigrationEvent::Kind::kPauseRequested) {
           paused = SteadyClock::now();
           std::vector<SequenceState> states;
@@ -311,7 +315,7 @@ class Source {
           if (!paused) die("kDone before kPauseRequested");
           check_at_dest(seq, tokens + decoded);
           return {std::chrono::duration<double>(end - start).count(),
-                  std::chrono::duration<double>(end - *paused).count()};
+                  std::chrono::duration<double>(end - *paused).count(), longest_poll_s};
         } else if (e.kind == MigrationEvent::Kind::kAborted) {
           die("migration aborted: " + e.reason.to_string());
         }
@@ -525,26 +529,31 @@ int main(int argc, char** argv) {
                put_ms, sums_ms, (long long)(round_trips - 1), (long long)round_trips, median(round_trip_s) * 1e3,
                put_ms + 2 * sums_ms + trips_ms, median(copy_s) * 1e3);
 
-  // Downtime: blocking and staged copies of each length, taking turns; one warm-up round.
-  std::fprintf(stderr, "%-10s %18s %18s %8s\n", "tokens", "blocking ms", "staged ms", "ratio");
+  // Downtime: blocking and staged copies of each length, taking turns; one warm-up round. Beside
+  // it, a staged copy's whole time and its longest poll() while the sequence still decoded.
+  std::fprintf(stderr, "%-7s %24s %24s %7s %14s %18s\n", "tokens", "blocking downtime ms", "staged downtime ms",
+               "ratio", "staged copy s", "longest poll ms");
   double blocking_longest = 0, staged_longest = 0;
   for (const std::int64_t tokens : lengths) {
-    std::vector<double> blocking_s, staged_s;
+    std::vector<double> blocking_s, staged_s, staged_total_s, staged_poll_s;
     for (int r = 0; r < repeats + 1; ++r) {
       const double blocking = source.migrate(*source.migrator(0), tokens, true).downtime_s;
-      const double staged = source.migrate(*source.migrator(KvMigratorOptions{}.max_live_stages), tokens, true)
-                                .downtime_s;
+      const MigrationTiming staged =
+          source.migrate(*source.migrator(KvMigratorOptions{}.max_live_stages), tokens, true);
       if (r > 0) {
         blocking_s.push_back(blocking);
-        staged_s.push_back(staged);
+        staged_s.push_back(staged.downtime_s);
+        staged_total_s.push_back(staged.total_s);
+        staged_poll_s.push_back(staged.longest_poll_s);
       }
     }
     const double b = median(blocking_s) * 1e3, s = median(staged_s) * 1e3;
-    std::fprintf(stderr, "%-10lld %9.2f (%.2f-%.2f) %9.2f (%.2f-%.2f) %8.1f\n", (long long)tokens, b,
+    std::fprintf(stderr, "%-7lld %8.2f (%6.2f-%7.2f) %8.2f (%6.2f-%7.2f) %7.1f %14.2f %18.2f\n", (long long)tokens, b,
                  *std::min_element(blocking_s.begin(), blocking_s.end()) * 1e3,
                  *std::max_element(blocking_s.begin(), blocking_s.end()) * 1e3, s,
                  *std::min_element(staged_s.begin(), staged_s.end()) * 1e3,
-                 *std::max_element(staged_s.begin(), staged_s.end()) * 1e3, b / s);
+                 *std::max_element(staged_s.begin(), staged_s.end()) * 1e3, b / s, median(staged_total_s),
+                 median(staged_poll_s) * 1e3);
     if (tokens == longest) {
       bench::require_stable_baseline("blocking copy", blocking_s);
       blocking_longest = b;
