@@ -211,7 +211,10 @@ class KvMigrator {
   // any order. Starts the final stage. kNotFound: unknown migration; kFailedPrecondition: not
   // waiting for its states; kInvalidArgument naming the sequence: a state missing, repeated or of
   // another sequence, its kv_length not the cache's length, its version not this worker's, or a
-  // state the wire refuses (see SequenceState).
+  // state the wire refuses (see SequenceState); after any of these the migration still waits for
+  // a valid finish(). A sequence that left the cache or outgrew the pages reserved for it cannot
+  // move: the migration aborts (kAborted event) and finish() returns why (kFailedPrecondition /
+  // kResourceExhausted).
   Status finish(MigrationId id, std::vector<SequenceState> states);
 
   // Gives a running migration up, from either side, and tells the peer. Source: the sequences

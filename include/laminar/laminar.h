@@ -6,6 +6,7 @@
 #include "laminar/kernels/paged_decode.h"
 #include "laminar/kernels/sampling.h"
 #include "laminar/kv_cache.h"
+#include "laminar/kv_migrator.h"
 #include "laminar/local_relay.h"
 #include "laminar/relay_node.h"
 #include "laminar/relay_store.h"

@@ -1,0 +1,843 @@
+// KvMigrator (see kv_migrator.h): creation, the public calls, and the source side of the
+// protocol. The destination side is in kv_migrator_destination.cc.
+#include "laminar/kv_migrator.h"
+
+#include <fmt/format.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <unordered_set>
+#include <utility>
+
+#include "clock_wait.h"
+#include "kv_migrator_impl.h"
+#include "transport/protocol.h"
+
+namespace laminar {
+
+namespace {
+
+using internal::MigrationAbort;
+using internal::MigrationSide;
+using internal::MigrationStage;
+using internal::StagedSequence;
+
+constexpr MessageType kOffer = internal::kMigrationOfferMessage;
+constexpr MessageType kStage = internal::kMigrationStageMessage;
+constexpr MessageType kAbort = internal::kMigrationAbortMessage;
+
+// Messages waiting for poll(), at most: a host that stops polling cannot make the callback
+// thread's queue grow without bound. One more request is answered kResourceExhausted.
+constexpr std::size_t kInboxLimit = 256;
+constexpr std::size_t kMaxFinished = 1024;
+// Stages with puts or an answer outstanding: the destination checks one while the next is put.
+constexpr std::size_t kStagesInFlight = 2;
+// An abort message is a courtesy: the peer also finds out by its lease or its stall timeout.
+constexpr Duration kAbortSendTimeout = std::chrono::milliseconds(200);
+constexpr Duration kShutdownBudget = std::chrono::seconds(1);
+
+// The migration handlers are per transport, so a transport hosts at most one migrator.
+std::mutex g_hosts_mu;
+std::set<const Transport*> g_hosts;
+
+template <class T>
+bool ready(const std::future<T>& f) {
+  return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+std::int64_t pages_for(std::int64_t tokens, std::int32_t page_size) { return (tokens + page_size - 1) / page_size; }
+
+// Why a failed request or put ended the migration, as the source sees it: its own give-up when
+// the destination stalled, the destination's doing otherwise.
+MigrationState blame(const Status& s) {
+  return s.code() == StatusCode::kDeadlineExceeded ? MigrationState::kAbortedBySource
+                                                   : MigrationState::kAbortedByDestination;
+}
+
+}  // namespace
+
+std::string_view to_string(MigrationState s) noexcept {
+  switch (s) {
+    case MigrationState::kRunning: return "running";
+    case MigrationState::kAbortedBySource: return "aborted by source";
+    case MigrationState::kAbortedByDestination: return "aborted by destination";
+    case MigrationState::kDone: return "done";
+  }
+  return "unknown";
+}
+
+std::string KvMigratorStats::to_json() const {
+  return fmt::format(
+      R"({{"migrations_out":{},"migrations_in":{},"done_out":{},"done_in":{},"aborted_out":{},"aborted_in":{},)"
+      R"("offers_refused":{},"lease_expiries":{},"pages_sent":{},"pages_received":{},"bytes_sent":{},)"
+      R"("checksum_failures":{}}})",
+      migrations_out, migrations_in, done_out, done_in, aborted_out, aborted_in, offers_refused, lease_expiries,
+      pages_sent, pages_received, bytes_sent, checksum_failures);
+}
+
+KvMigrator::Impl::Impl(std::shared_ptr<Transport> t, std::shared_ptr<PagedKvCache> c, KvMigratorOptions o)
+    : transport(std::move(t)),
+      cache(std::move(c)),
+      options(std::move(o)),
+      clock(internal::clock_or_steady(options.clock)) {}
+
+// ---- shared ----
+
+void KvMigrator::Impl::queue(Incoming msg) {
+  {
+    std::lock_guard lock(inbox->mu);
+    if (inbox->messages < kInboxLimit) {
+      ++inbox->messages;
+      inbox->items.push_back(Inbound{std::move(msg), false, 0, {}});
+      return;
+    }
+  }
+  if (msg.request_id != 0) {
+    (void)msg.from.reply_error(msg, resource_exhausted(fmt::format("kv migrator: {} messages wait for poll()",
+                                                                   kInboxLimit)));
+  }
+}
+
+void KvMigrator::Impl::watch(const Endpoint& ep) {
+  if (watches.contains(ep.id())) return;
+  const std::uint64_t id = ep.id();
+  auto sub = ep.on_close([box = inbox, id](Status why) {
+    std::lock_guard lock(box->mu);
+    box->items.push_back(Inbound{{}, true, id, std::move(why)});
+  });
+  // Fails only for an empty endpoint, which no migration has.
+  LAMINAR_CHECK_MSG(sub.ok(), sub.status().to_string());
+  watches.emplace(id, Watch{ep, std::move(*sub)});
+}
+
+void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, bool outgoing) {
+  if (!finished.contains(id.value())) {
+    finished_order.push_back(id.value());
+    if (finished_order.size() > kMaxFinished) {
+      finished.erase(finished_order.front());
+      finished_order.pop_front();
+    }
+  }
+  finished[id.value()] = Finished{state, outgoing};
+}
+
+void KvMigrator::Impl::record_error(const Status& s) {
+  if (first_error.ok()) first_error = s;
+}
+
+std::uint64_t KvMigrator::Impl::page_checksum(std::int32_t page) const {
+  const KvLayout& l = cache->layout();
+  const auto* k = static_cast<const unsigned char*>(cache->k_pool().data());
+  const auto* v = static_cast<const unsigned char*>(cache->v_pool().data());
+  const std::size_t bytes = std::size_t(l.page_bytes());
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  for (const unsigned char* pool : {k, v}) {
+    for (std::int32_t layer = 0; layer < l.num_layers; ++layer) {
+      XXH3_64bits_update(&state, pool + (std::int64_t(layer) * l.num_pages + page) * l.page_bytes(), bytes);
+    }
+  }
+  return XXH3_64bits_digest(&state);
+}
+
+void KvMigrator::Impl::send_abort(Endpoint& ep, const MigrationAbort& m, Duration timeout) {
+  if (timeout <= Duration::zero() || !ep.status().ok()) return;
+  (void)internal::send_protocol(ep, Message{kAbort, internal::encode_migration_abort(m)}, timeout);
+}
+
+void KvMigrator::Impl::sweep() {
+  std::erase_if(out, [](const auto& kv) { return kv.second.ended; });
+  std::erase_if(in, [](const auto& kv) { return kv.second.ended; });
+  std::unordered_set<std::uint64_t> used;
+  for (const auto& [id, m] : out) used.insert(m.ep.id());
+  for (const auto& [id, m] : in) used.insert(m.ep.id());
+  for (const auto& [addr, ep] : connections) used.insert(ep.id());
+  for (const Draining& d : draining) used.insert(d.ep.id());
+  // Resetting a subscription waits for its callback, which takes only the inbox's lock.
+  std::erase_if(watches, [&](const auto& kv) { return !used.contains(kv.first); });
+}
+
+void KvMigrator::Impl::on_closed(std::uint64_t endpoint_id, const Status& why) {
+  std::erase_if(connections, [&](const auto& kv) { return kv.second.id() == endpoint_id; });
+  for (auto& [id, m] : out) {
+    if (m.ended || m.ep.id() != endpoint_id) continue;
+    end_out(m, MigrationState::kAbortedByDestination,
+            unavailable(fmt::format("kv migrator: the connection to destination {} closed: {}", m.destination,
+                                    why.to_string())),
+            false);
+  }
+  for (auto& [id, m] : in) {
+    if (m.ended || m.ep.id() != endpoint_id) continue;
+    end_in(m, MigrationState::kAbortedByDestination,
+           unavailable(fmt::format("kv migrator: the connection to the source of migration {:#x} closed: {}",
+                                   id, why.to_string())),
+           false);
+  }
+}
+
+// ---- source side ----
+
+void KvMigrator::Impl::end_out(OutMigration& m, MigrationState state, Status reason, bool tell) {
+  m.ended = true;
+  Draining d{m.ep, {}, MigrationAbort{m.id.value(), MigrationSide::kSource, reason.code(), reason.message()}};
+  for (Stage& s : m.stages) {
+    for (std::size_t i = s.puts_done; i < s.puts.size(); ++i) {
+      if (s.puts[i].valid()) d.puts.push_back(std::move(s.puts[i]));
+    }
+  }
+  if (tell) draining.push_back(std::move(d));
+  ++stats.aborted_out;
+  MigrationEvent e;
+  e.kind = MigrationEvent::Kind::kAborted;
+  e.id = m.id;
+  e.outgoing = true;
+  e.state = state;
+  for (const OutSequence& s : m.seqs) e.sequences.push_back(s.id);
+  e.reason = std::move(reason);
+  events.push_back(std::move(e));
+  record_finished(m.id, state, true);
+}
+
+void KvMigrator::Impl::request_pause(OutMigration& m) {
+  m.phase = OutPhase::kPaused;
+  MigrationEvent e;
+  e.kind = MigrationEvent::Kind::kPauseRequested;
+  e.id = m.id;
+  for (const OutSequence& s : m.seqs) e.sequences.push_back(s.id);
+  events.push_back(std::move(e));
+}
+
+void KvMigrator::Impl::take_reservation(OutMigration& m, Result<Message> answer) {
+  const auto fail = [&](MigrationState state, Status why, bool tell) {
+    end_out(m, state, why.with_context(fmt::format("kv migrator: migration {:#x} to {}", m.id.value(),
+                                                   m.destination)),
+            tell);
+  };
+  if (!answer.ok()) return fail(blame(answer.status()), answer.status(), true);
+  auto r = internal::decode_migration_reservation(answer->body);
+  if (!r.ok()) return fail(MigrationState::kAbortedBySource, r.status(), true);
+  if (r->refusal) {
+    return fail(MigrationState::kAbortedByDestination,
+                Status(r->refusal->code, "the destination refused the offer: " + r->refusal->text), false);
+  }
+  const auto bad = [&](std::string what) {
+    fail(MigrationState::kAbortedBySource, data_loss("bad reservation: " + what), true);
+  };
+  if (r->sequences.size() != m.seqs.size()) {
+    return bad(fmt::format("{} sequences for {} offered", r->sequences.size(), m.seqs.size()));
+  }
+  auto k = RemoteRegion::deserialize(r->k_pool);
+  auto v = RemoteRegion::deserialize(r->v_pool);
+  if (!k.ok() || !v.ok()) return bad("its pool regions do not decode");
+  const KvLayout& l = cache->layout();
+  const std::uint64_t per_page = std::uint64_t(l.num_layers) * std::uint64_t(l.page_bytes());
+  if (k->size != v->size || k->size == 0 || k->size % per_page != 0 || k->size / per_page > (1u << 31)) {
+    return bad(fmt::format("pools of {} and {} bytes for pages of {} bytes in all layers", k->size, v->size,
+                           per_page));
+  }
+  m.dst_num_pages = std::int64_t(k->size / per_page);
+  std::unordered_set<std::int32_t> seen;
+  for (const internal::ReservedSequence& rs : r->sequences) {
+    auto it = std::ranges::find_if(m.seqs, [&](const OutSequence& s) { return s.id == rs.sequence; });
+    if (it == m.seqs.end() || !it->dst.empty() || rs.pages.size() != it->pages_needed) {
+      return bad(fmt::format("sequence {} with {} pages", rs.sequence.value(), rs.pages.size()));
+    }
+    for (std::int32_t p : rs.pages) {
+      if (p < 0 || p >= m.dst_num_pages || !seen.insert(p).second) {
+        return bad(fmt::format("page {} of sequence {} in a pool of {} pages, or given twice", p,
+                               rs.sequence.value(), m.dst_num_pages));
+      }
+    }
+    it->dst = rs.pages;
+  }
+  m.k_remote = std::move(*k);
+  m.v_remote = std::move(*v);
+  if (options.max_live_stages == 0) {
+    request_pause(m);
+  } else {
+    m.phase = OutPhase::kLive;
+  }
+}
+
+void KvMigrator::Impl::check_sequences(OutMigration& m) {
+  for (const OutSequence& s : m.seqs) {
+    auto pages = cache->pages(s.id);
+    if (!pages.ok()) {
+      return end_out(m, MigrationState::kAbortedBySource,
+                     failed_precondition(fmt::format("kv migrator: sequence {} left the cache while moving",
+                                                     s.id.value())),
+                     true);
+    }
+    if (pages->size() > s.pages_needed) {
+      return end_out(m, MigrationState::kAbortedBySource,
+                     resource_exhausted(fmt::format("kv migrator: sequence {} grew to {} pages, past the {} reserved "
+                                                    "at the destination",
+                                                    s.id.value(), pages->size(), s.pages_needed)),
+                     true);
+    }
+    // At its reserved pages a sequence cannot grow any more: pause it now.
+    if (m.phase == OutPhase::kLive && pages->size() == s.pages_needed) request_pause(m);
+  }
+}
+
+void KvMigrator::Impl::start_round(OutMigration& m) {
+  ++m.live_rounds;
+  const std::int32_t page_size = cache->layout().page_size;
+  std::uint32_t most = 0;
+  for (std::size_t k = 0; k < m.seqs.size(); ++k) {
+    OutSequence& s = m.seqs[k];
+    const std::int64_t full = *cache->length(s.id) / page_size;
+    if (full <= s.staged) continue;
+    const auto pages = *cache->pages(s.id);
+    Piece p{k, s.staged, std::vector<std::int32_t>(pages.begin() + s.staged, pages.begin() + full)};
+    most = std::max(most, std::uint32_t(p.src.size()));
+    s.staged = std::uint32_t(full);
+    m.todo.push_back(std::move(p));
+  }
+  if (most <= options.pause_after_pages || m.live_rounds >= options.max_live_stages) request_pause(m);
+}
+
+void KvMigrator::Impl::build_stage(OutMigration& m) {
+  const KvLayout& l = cache->layout();
+  const std::size_t page_bytes = std::size_t(l.page_bytes());
+  const std::size_t copy_bytes = 2 * std::size_t(l.num_layers) * page_bytes;  // one page, all layers, both pools
+  std::size_t budget = std::max<std::size_t>(1, options.stage_bytes / copy_bytes);
+  Stage stage;
+  stage.message.migration_id = m.id.value();
+  stage.message.stage = m.next_stage++;
+  while (budget > 0 && !m.todo.empty()) {
+    Piece& p = m.todo.front();
+    const std::size_t n = std::min(budget, p.src.size());
+    const OutSequence& s = m.seqs[p.seq];
+    StagedSequence staged{s.id, p.first, {}, {}};
+    // One put per layer and pool for each run of pages consecutive on both sides.
+    for (std::size_t i = 0; i < n;) {
+      std::size_t run = 1;
+      while (i + run < n && p.src[i + run] == p.src[i] + std::int32_t(run) &&
+             s.dst[p.first + i + run] == s.dst[p.first + i] + std::int32_t(run)) {
+        ++run;
+      }
+      for (std::int32_t layer = 0; layer < l.num_layers; ++layer) {
+        const std::size_t local = (std::size_t(layer) * std::size_t(l.num_pages) + std::size_t(p.src[i])) * page_bytes;
+        const std::uint64_t remote =
+            (std::uint64_t(layer) * std::uint64_t(m.dst_num_pages) + std::uint64_t(s.dst[p.first + i])) * page_bytes;
+        stage.puts.push_back(m.ep.put(k_region, local, m.k_remote, remote, run * page_bytes, options.stall_timeout));
+        stage.puts.push_back(m.ep.put(v_region, local, m.v_remote, remote, run * page_bytes, options.stall_timeout));
+      }
+      i += run;
+    }
+    for (std::size_t i = 0; i < n; ++i) staged.checksums.push_back(page_checksum(p.src[i]));
+    stage.message.sequences.push_back(std::move(staged));
+    stage.pages += n;
+    budget -= n;
+    if (n == p.src.size()) {
+      m.todo.pop_front();
+    } else {
+      p.src.erase(p.src.begin(), p.src.begin() + std::ptrdiff_t(n));
+      p.first += std::uint32_t(n);
+    }
+  }
+  if (m.phase == OutPhase::kFinal && m.todo.empty()) {
+    // The last stage: every sequence, with its state.
+    stage.message.final = true;
+    for (std::size_t k = 0; k < m.seqs.size(); ++k) {
+      auto it = std::ranges::find_if(stage.message.sequences,
+                                     [&](const StagedSequence& x) { return x.sequence == m.seqs[k].id; });
+      if (it == stage.message.sequences.end()) {
+        stage.message.sequences.push_back(StagedSequence{m.seqs[k].id, m.seqs[k].staged, {}, {}});
+        it = stage.message.sequences.end() - 1;
+      }
+      it->state = m.states[k];
+    }
+    m.final_sent = true;
+  }
+  m.stages.push_back(std::move(stage));
+}
+
+bool KvMigrator::Impl::settle_stages(OutMigration& m) {
+  bool progress = false;
+  // A stage goes out once its puts landed (the destination checks pages that are there), and in
+  // order (the destination takes stage numbers in order).
+  for (Stage& s : m.stages) {
+    if (s.sent) continue;
+    while (s.puts_done < s.puts.size() && ready(s.puts[s.puts_done])) {
+      const Status put = s.puts[s.puts_done].get();
+      if (!put.ok()) {
+        if (put.code() == StatusCode::kInvalidArgument) record_error(put);
+        end_out(m, blame(put), put.with_context(fmt::format("kv migrator: migration {:#x}: a put to {}", m.id.value(),
+                                                            m.destination)),
+                true);
+        return false;
+      }
+      ++s.puts_done;
+    }
+    if (s.puts_done < s.puts.size()) break;
+    const KvLayout& l = cache->layout();
+    stats.pages_sent += s.pages;
+    stats.bytes_sent += s.pages * 2 * std::uint64_t(l.num_layers) * std::uint64_t(l.page_bytes());
+    s.answer = internal::request_protocol_async(m.ep, Message{kStage, internal::encode_migration_stage(s.message)},
+                                                options.stall_timeout);
+    s.sent = true;
+    s.sent_at = clock->now();
+    progress = true;
+  }
+  while (!m.stages.empty() && m.stages.front().sent) {
+    Stage& s = m.stages.front();
+    if (!ready(s.answer)) {
+      if (options.stall_timeout != kForever && clock->now() - s.sent_at >= options.stall_timeout) {
+        end_out(m, MigrationState::kAbortedBySource,
+                deadline_exceeded(fmt::format("kv migrator: migration {:#x}: {} left stage {} unanswered",
+                                              m.id.value(), m.destination, s.message.stage)),
+                true);
+        return false;
+      }
+      break;
+    }
+    auto reply = s.answer.get();
+    const std::string what = fmt::format("kv migrator: migration {:#x}: stage {} at {}", m.id.value(),
+                                         s.message.stage, m.destination);
+    if (!reply.ok()) {
+      if (reply.status().code() == StatusCode::kInvalidArgument) record_error(reply.status());
+      end_out(m, blame(reply.status()), reply.status().with_context(what), true);
+      return false;
+    }
+    auto answer = internal::decode_migration_stage_answer(reply->body);
+    if (!answer.ok()) {
+      end_out(m, MigrationState::kAbortedBySource, answer.status().with_context(what), true);
+      return false;
+    }
+    if (answer->refusal) {
+      end_out(m, MigrationState::kAbortedByDestination,
+              Status(answer->refusal->code, fmt::format("{}: refused: {}", what, answer->refusal->text)), false);
+      return false;
+    }
+    if (answer->stage != s.message.stage) {
+      end_out(m, MigrationState::kAbortedBySource, data_loss(fmt::format("{}: answered as stage {}", what,
+                                                                          answer->stage)),
+              true);
+      return false;
+    }
+    const bool final = s.message.final;
+    m.stages.pop_front();
+    progress = true;
+    if (final) {
+      // The destination holds the sequences now: let them go here.
+      m.ended = true;
+      MigrationEvent e;
+      e.kind = MigrationEvent::Kind::kDone;
+      e.id = m.id;
+      e.state = MigrationState::kDone;
+      for (const OutSequence& q : m.seqs) {
+        (void)cache->release(q.id);
+        e.sequences.push_back(q.id);
+      }
+      events.push_back(std::move(e));
+      ++stats.done_out;
+      record_finished(m.id, MigrationState::kDone, true);
+      return false;
+    }
+  }
+  return progress;
+}
+
+void KvMigrator::Impl::advance_out(OutMigration& m) {
+  if (m.phase == OutPhase::kOffered) {
+    if (!ready(m.offer_answer)) {
+      if (options.stall_timeout != kForever && clock->now() - m.offer_sent_at >= options.stall_timeout) {
+        end_out(m, MigrationState::kAbortedBySource,
+                deadline_exceeded(fmt::format("kv migrator: migration {:#x}: {} left the offer unanswered",
+                                              m.id.value(), m.destination)),
+                true);
+      }
+      return;
+    }
+    take_reservation(m, m.offer_answer.get());
+    if (m.ended) return;
+  }
+  if (m.phase != OutPhase::kFinal) {
+    check_sequences(m);
+    if (m.ended) return;
+  }
+  for (;;) {
+    bool progress = settle_stages(m);
+    if (m.ended) return;
+    if (m.phase == OutPhase::kLive && m.todo.empty() && m.stages.empty()) {
+      start_round(m);
+      progress = true;
+    }
+    while (m.stages.size() < kStagesInFlight && !m.final_sent &&
+           (!m.todo.empty() || m.phase == OutPhase::kFinal)) {
+      build_stage(m);
+      progress = true;
+    }
+    if (!progress) break;
+  }
+}
+
+void KvMigrator::Impl::on_abort_for_source(const MigrationAbort& a, const Endpoint& from) {
+  auto it = out.find(a.migration_id);
+  if (it == out.end() || it->second.ended || it->second.ep.id() != from.id()) return;
+  // The destination aborts only what it has not committed, so even after our final stage the
+  // sequences are still ours alone.
+  end_out(it->second, MigrationState::kAbortedByDestination,
+          Status(a.code, fmt::format("kv migrator: migration {:#x}: destination {} aborted: {}", a.migration_id,
+                                     it->second.destination, a.reason)),
+          false);
+}
+
+// ---- public ----
+
+Result<std::unique_ptr<KvMigrator>> KvMigrator::create(std::shared_ptr<Transport> transport,
+                                                       std::shared_ptr<PagedKvCache> cache,
+                                                       KvMigratorOptions options) {
+  if (!transport) return invalid_argument("kv migrator: the transport is null");
+  if (!cache) return invalid_argument("kv migrator: the cache is null");
+  const auto positive = [](std::string_view name, Duration d) -> Status {
+    if (d <= Duration::zero()) return invalid_argument(fmt::format("kv migrator: {} is {} ns", name, d.count()));
+    return ok_status();
+  };
+  LAMINAR_RETURN_IF_ERROR(positive("lease", options.lease));
+  LAMINAR_RETURN_IF_ERROR(positive("connect_timeout", options.connect_timeout));
+  LAMINAR_RETURN_IF_ERROR(positive("stall_timeout", options.stall_timeout));
+  if (options.stage_bytes == 0) return invalid_argument("kv migrator: stage_bytes is 0");
+  if (options.max_sequences == 0) return invalid_argument("kv migrator: max_sequences is 0");
+  if (options.max_migrations == 0) return invalid_argument("kv migrator: max_migrations is 0");
+  if (!cache->device().is_host()) {
+    return unimplemented(fmt::format("kv migrator: the cache's pools are on {}; only host pools move in this build",
+                                     to_string(cache->device())));
+  }
+  {
+    std::lock_guard lock(g_hosts_mu);
+    if (!g_hosts.insert(transport.get()).second) {
+      return already_exists("kv migrator: another kv migrator already serves on this transport");
+    }
+  }
+  auto impl = std::make_unique<Impl>(std::move(transport), std::move(cache), std::move(options));
+  const std::size_t bytes = std::size_t(impl->cache->layout().pool_bytes());
+  auto k = impl->transport->register_memory(impl->cache->k_pool().data(), bytes);
+  auto v = k.ok() ? impl->transport->register_memory(impl->cache->v_pool().data(), bytes) : k;
+  if (!v.ok()) {
+    std::lock_guard lock(g_hosts_mu);
+    g_hosts.erase(impl->transport.get());
+    return v.status().with_context("kv migrator: registering the cache's pools");
+  }
+  impl->k_region = std::move(*k);
+  impl->v_region = std::move(*v);
+  Impl* p = impl.get();
+  for (MessageType type : {kOffer, kStage, kAbort}) {
+    // The types are laminar's own, in the reserved range: registering them cannot fail.
+    LAMINAR_CHECK(internal::on_protocol_message(*p->transport, type,
+                                                p->gate.wrap([p](Incoming in) { p->queue(std::move(in)); }))
+                      .ok());
+  }
+  return std::unique_ptr<KvMigrator>(new KvMigrator(std::move(impl)));
+}
+
+KvMigrator::KvMigrator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+KvMigrator::~KvMigrator() {
+  Impl& d = *impl_;
+  for (MessageType type : {kOffer, kStage, kAbort}) (void)internal::on_protocol_message(*d.transport, type, {});
+  // A handler that started before its removal finishes before anything it uses goes.
+  d.gate.close();
+  std::lock_guard lock(d.mu);
+  const Duration shutdown_at = std::chrono::steady_clock::now().time_since_epoch() + kShutdownBudget;
+  const auto left = [&] {
+    return std::min(kAbortSendTimeout, shutdown_at - std::chrono::steady_clock::now().time_since_epoch());
+  };
+  for (auto& [id, m] : d.out) {
+    if (!m.ended) d.end_out(m, MigrationState::kAbortedBySource, cancelled("kv migrator: the source shut down"), true);
+  }
+  for (auto& [id, m] : d.in) {
+    if (!m.ended) d.end_in(m, MigrationState::kAbortedByDestination, cancelled("kv migrator: the destination shut down"),
+                           false);
+  }
+  for (auto& [id, m] : d.in) {
+    d.send_abort(m.ep, MigrationAbort{id, MigrationSide::kDestination, StatusCode::kCancelled,
+                                      "kv migrator: the destination shut down"},
+                 left());
+  }
+  for (Impl::Draining& dr : d.draining) {
+    for (auto& f : dr.puts) {
+      const Duration wait = shutdown_at - std::chrono::steady_clock::now().time_since_epoch();
+      if (wait <= Duration::zero() || f.wait_for(wait) != std::future_status::ready) break;
+    }
+    d.send_abort(dr.ep, dr.message, left());
+  }
+  d.draining.clear();
+  d.out.clear();
+  d.in.clear();
+  // Our own connections: closing them cancels whatever is still pending on them.
+  for (auto& [addr, ep] : d.connections) ep.close();
+  d.connections.clear();
+  d.watches.clear();
+  std::lock_guard inbox_lock(d.inbox->mu);
+  d.inbox->items.clear();
+  d.inbox->messages = 0;
+  std::lock_guard hosts_lock(g_hosts_mu);
+  g_hosts.erase(d.transport.get());
+}
+
+void KvMigrator::set_version(Version v) {
+  std::lock_guard lock(impl_->mu);
+  impl_->version = v;
+}
+
+Version KvMigrator::version() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->version;
+}
+
+Result<MigrationId> KvMigrator::migrate(std::string_view destination, std::span<const SequenceId> sequences) {
+  Impl& d = *impl_;
+  std::lock_guard lock(d.mu);
+  if (sequences.empty()) return invalid_argument("kv migrator: migrate() of no sequences");
+  if (sequences.size() > internal::kMaxMigrationSequences) {
+    return invalid_argument(fmt::format("kv migrator: migrate() of {} sequences, above {}", sequences.size(),
+                                        internal::kMaxMigrationSequences));
+  }
+  std::unordered_set<SequenceId> moving;
+  for (const auto& [id, m] : d.out) {
+    for (const auto& s : m.seqs) moving.insert(s.id);
+  }
+  const KvLayout& l = d.cache->layout();
+  std::unordered_set<SequenceId> seen;
+  internal::MigrationOffer offer;
+  std::vector<Impl::OutSequence> seqs;
+  for (SequenceId id : sequences) {
+    if (!seen.insert(id).second) {
+      return invalid_argument(fmt::format("kv migrator: sequence {} given twice", id.value()));
+    }
+    auto length = d.cache->length(id);
+    if (!length.ok()) return not_found(fmt::format("kv migrator: sequence {} is not in the cache", id.value()));
+    if (moving.contains(id)) {
+      return failed_precondition(fmt::format("kv migrator: sequence {} is already moving", id.value()));
+    }
+    const std::uint64_t pages = d.cache->pages(id)->size() + std::uint64_t(d.options.growth_pages);
+    if (std::uint64_t(*length) > internal::kMaxMigrationTokens || pages > internal::kMaxMigrationPages) {
+      return invalid_argument(fmt::format("kv migrator: sequence {} of {} tokens and {} pages is too long to move",
+                                          id.value(), *length, pages));
+    }
+    offer.sequences.push_back({id, std::uint64_t(*length), std::uint32_t(pages)});
+    seqs.push_back(Impl::OutSequence{id, std::uint32_t(pages), {}, 0});
+  }
+  if (d.out.size() >= d.options.max_migrations) {
+    return resource_exhausted(fmt::format("kv migrator: {} outgoing migrations running", d.out.size()));
+  }
+  Endpoint ep;
+  if (auto it = d.connections.find(std::string(destination)); it != d.connections.end() && it->second.status().ok()) {
+    ep = it->second;
+  } else {
+    auto connected = d.transport->connect(destination, d.options.connect_timeout);
+    if (!connected.ok()) {
+      return connected.status().with_context(fmt::format("kv migrator: connecting to {}", destination));
+    }
+    ep = *connected;
+    d.connections[std::string(destination)] = ep;
+  }
+  d.watch(ep);
+  std::uint64_t id = 0;
+  while (id == 0 || d.out.contains(id) || d.in.contains(id) || d.finished.contains(id)) id = d.rng();
+  offer.migration_id = id;
+  offer.version = d.version;
+  offer.layout = {l.num_layers, l.page_size, l.num_kv_heads, l.head_dim, l.dtype};
+  Impl::OutMigration m;
+  m.id = MigrationId(id);
+  m.destination = std::string(destination);
+  m.ep = ep;
+  m.version = d.version;
+  m.seqs = std::move(seqs);
+  m.offer_sent_at = d.clock->now();
+  m.offer_answer = internal::request_protocol_async(ep, Message{kOffer, internal::encode_migration_offer(offer)},
+                                                    d.options.stall_timeout);
+  d.out.emplace(id, std::move(m));
+  ++d.stats.migrations_out;
+  return MigrationId(id);
+}
+
+std::vector<MigrationEvent> KvMigrator::poll() {
+  Impl& d = *impl_;
+  std::lock_guard lock(d.mu);
+  std::deque<Impl::Inbound> arrived;
+  {
+    std::lock_guard inbox_lock(d.inbox->mu);
+    arrived.swap(d.inbox->items);
+    d.inbox->messages = 0;
+  }
+  for (Impl::Inbound& a : arrived) {
+    if (a.closed) {
+      d.on_closed(a.endpoint_id, a.why);
+      continue;
+    }
+    switch (a.in.message.type) {
+      case kOffer: d.on_offer(a.in); break;
+      case kStage: d.on_stage(a.in); break;
+      case kAbort: {
+        // One-way: a body that does not decode is dropped.
+        auto m = internal::decode_migration_abort(a.in.message.body);
+        if (!m.ok()) break;
+        if (m->side == MigrationSide::kSource) {
+          d.on_abort_for_destination(*m, a.in.from);
+        } else {
+          d.on_abort_for_source(*m, a.in.from);
+        }
+        break;
+      }
+      default: break;
+    }
+  }
+  d.expire_leases();
+  for (auto& [id, m] : d.out) {
+    if (!m.ended) d.advance_out(m);
+  }
+  std::erase_if(d.draining, [&](Impl::Draining& dr) {
+    if (!std::ranges::all_of(dr.puts, [](const auto& f) { return ready(f); })) return false;
+    d.send_abort(dr.ep, dr.message, kAbortSendTimeout);
+    return true;
+  });
+  d.sweep();
+  return std::exchange(d.events, {});
+}
+
+Status KvMigrator::finish(MigrationId id, std::vector<SequenceState> states) {
+  Impl& d = *impl_;
+  std::lock_guard lock(d.mu);
+  auto it = d.out.find(id.value());
+  if (it == d.out.end() || it->second.ended) {
+    return not_found(fmt::format("kv migrator: no outgoing migration {:#x} is running", id.value()));
+  }
+  Impl::OutMigration& m = it->second;
+  if (m.phase != Impl::OutPhase::kPaused) {
+    return failed_precondition(fmt::format("kv migrator: migration {:#x} is not waiting for its states", id.value()));
+  }
+  // A sequence that left the cache or outgrew its reservation cannot move in this migration.
+  d.check_sequences(m);
+  if (m.ended) {
+    Status why = d.events.back().reason;
+    d.sweep();
+    return why;
+  }
+  const std::string what = fmt::format("kv migrator: finish() of migration {:#x}", id.value());
+  std::vector<SequenceState> by_index(m.seqs.size());
+  std::vector<bool> given(m.seqs.size(), false);
+  std::size_t message_bytes = 64;
+  for (SequenceState& s : states) {
+    auto k = std::ranges::find_if(m.seqs, [&](const Impl::OutSequence& q) { return q.id == s.sequence; });
+    if (k == m.seqs.end()) {
+      return invalid_argument(fmt::format("{}: sequence {} is not in it", what, s.sequence.value()));
+    }
+    const std::size_t i = std::size_t(k - m.seqs.begin());
+    if (given[i]) return invalid_argument(fmt::format("{}: sequence {} given twice", what, s.sequence.value()));
+    const std::int64_t length = *d.cache->length(s.sequence);
+    if (s.kv_length != std::uint64_t(length)) {
+      return invalid_argument(fmt::format("{}: sequence {} has kv_length {}, the cache holds {} tokens", what,
+                                          s.sequence.value(), s.kv_length, length));
+    }
+    if (s.version != m.version) {
+      return invalid_argument(fmt::format("{}: sequence {} is of version {}, the migration of version {}", what,
+                                          s.sequence.value(), s.version.value(), m.version.value()));
+    }
+    // What the destination's decoder would refuse, refused here where the host can fix it.
+    const MigrationStage alone{id.value(), 0, true, {StagedSequence{s.sequence, 0, {}, s}}};
+    const std::vector<std::byte> body = internal::encode_migration_stage(alone);
+    LAMINAR_RETURN_IF_ERROR(internal::decode_migration_stage(body).status().with_context(what));
+    message_bytes += body.size() + 8 * std::size_t(m.seqs[i].pages_needed);
+    given[i] = true;
+    by_index[i] = std::move(s);
+  }
+  for (std::size_t i = 0; i < m.seqs.size(); ++i) {
+    if (!given[i]) return invalid_argument(fmt::format("{}: no state for sequence {}", what, m.seqs[i].id.value()));
+  }
+  if (message_bytes > d.transport->options().max_message_bytes) {
+    return resource_exhausted(fmt::format("{}: the final stage would take {} bytes, above the transport's {}", what,
+                                          message_bytes, d.transport->options().max_message_bytes));
+  }
+  const std::int32_t page_size = d.cache->layout().page_size;
+  // The rest of every sequence, from its first page not yet staged: its full pages since the last
+  // live stage and its last, partly filled one.
+  m.todo.clear();
+  for (std::size_t i = 0; i < m.seqs.size(); ++i) {
+    Impl::OutSequence& s = m.seqs[i];
+    const std::int64_t need = pages_for(std::int64_t(by_index[i].kv_length), page_size);
+    if (need > s.staged) {
+      const auto pages = *d.cache->pages(s.id);
+      m.todo.push_back(Impl::Piece{i, s.staged, std::vector<std::int32_t>(pages.begin() + s.staged,
+                                                                          pages.begin() + need)});
+      s.staged = std::uint32_t(need);
+    }
+  }
+  m.states = std::move(by_index);
+  m.phase = Impl::OutPhase::kFinal;
+  d.advance_out(m);
+  d.sweep();
+  return ok_status();
+}
+
+Status KvMigrator::abort(MigrationId id, std::string_view reason) {
+  Impl& d = *impl_;
+  std::lock_guard lock(d.mu);
+  if (auto it = d.out.find(id.value()); it != d.out.end() && !it->second.ended) {
+    if (it->second.final_sent) {
+      return failed_precondition(
+          fmt::format("kv migrator: migration {:#x}: the final stage is sent; the destination decides", id.value()));
+    }
+    d.end_out(it->second, MigrationState::kAbortedBySource,
+              aborted(fmt::format("kv migrator: migration {:#x} aborted by its source: {}", id.value(), reason)),
+              true);
+    d.sweep();
+    return ok_status();
+  }
+  if (auto it = d.in.find(id.value()); it != d.in.end() && !it->second.ended) {
+    d.end_in(it->second, MigrationState::kAbortedByDestination,
+             aborted(fmt::format("kv migrator: migration {:#x} aborted by its destination: {}", id.value(), reason)),
+             true);
+    d.sweep();
+    return ok_status();
+  }
+  if (auto it = d.finished.find(id.value()); it != d.finished.end() && it->second.state == MigrationState::kDone) {
+    return failed_precondition(fmt::format("kv migrator: migration {:#x} is done", id.value()));
+  }
+  return not_found(fmt::format("kv migrator: no migration {:#x} is running", id.value()));
+}
+
+Result<MigrationState> KvMigrator::state(MigrationId id) const {
+  const Impl& d = *impl_;
+  std::lock_guard lock(d.mu);
+  if (auto it = d.out.find(id.value()); it != d.out.end() && !it->second.ended) return MigrationState::kRunning;
+  if (auto it = d.in.find(id.value()); it != d.in.end() && !it->second.ended) return MigrationState::kRunning;
+  if (auto it = d.finished.find(id.value()); it != d.finished.end()) return it->second.state;
+  return not_found(fmt::format("kv migrator: no migration {:#x}", id.value()));
+}
+
+std::vector<SequenceId> KvMigrator::moving() const {
+  const Impl& d = *impl_;
+  std::lock_guard lock(d.mu);
+  std::vector<SequenceId> ids;
+  for (const auto& [id, m] : d.out) {
+    if (m.ended) continue;
+    for (const auto& s : m.seqs) ids.push_back(s.id);
+  }
+  for (const auto& [id, m] : d.in) {
+    if (m.ended) continue;
+    for (const auto& s : m.seqs) ids.push_back(s.id);
+  }
+  return ids;
+}
+
+std::optional<std::string> KvMigrator::address() const { return impl_->transport->listen_address(); }
+
+KvMigratorStats KvMigrator::stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stats;
+}
+
+Status KvMigrator::background_error() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->first_error;
+}
+
+}  // namespace laminar

@@ -1,0 +1,299 @@
+// KvMigrator, destination side (see kv_migrator.h): answers offers with reserved pages, checks
+// each stage's pages against their checksums, commits the final stage, and returns the pages of
+// a migration that stops short of it.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "clock_wait.h"
+#include "kv_migrator_impl.h"
+#include "transport/protocol.h"
+
+namespace laminar {
+
+namespace {
+
+using internal::MigrationAbort;
+using internal::MigrationOffer;
+using internal::MigrationRefusal;
+using internal::MigrationReservation;
+using internal::MigrationSide;
+using internal::MigrationStage;
+using internal::MigrationStageAnswer;
+
+constexpr MessageType kOffer = internal::kMigrationOfferMessage;
+constexpr MessageType kStage = internal::kMigrationStageMessage;
+constexpr Duration kAbortSendTimeout = std::chrono::milliseconds(200);
+
+Message refusal_reservation(const Status& why) {
+  MigrationReservation r;
+  r.refusal = MigrationRefusal{why.code(), why.message()};
+  return Message{kOffer, internal::encode_migration_reservation(r)};
+}
+
+Message refusal_answer(const Status& why) {
+  MigrationStageAnswer a;
+  a.refusal = MigrationRefusal{why.code(), why.message()};
+  return Message{kStage, internal::encode_migration_stage_answer(a)};
+}
+
+}  // namespace
+
+Status KvMigrator::Impl::check_offer(const MigrationOffer& offer) const {
+  const std::string what = fmt::format("kv migrator: offer of migration {:#x}", offer.migration_id);
+  if (out.contains(offer.migration_id) || in.contains(offer.migration_id)) {
+    return already_exists(fmt::format("{}: a migration of that id is running here", what));
+  }
+  if (offer.version != version) {
+    return failed_precondition(fmt::format("{}: version {}, this worker holds version {}", what,
+                                           offer.version.value(), version.value()));
+  }
+  const KvLayout& l = cache->layout();
+  const internal::KvLayoutFingerprint mine{l.num_layers, l.page_size, l.num_kv_heads, l.head_dim, l.dtype};
+  if (!(offer.layout == mine)) {
+    return failed_precondition(fmt::format(
+        "{}: layout of {} layers, page_size {}, {} kv heads, head_dim {}, {}; this worker's is {}, {}, {}, {}, {}",
+        what, offer.layout.num_layers, offer.layout.page_size, offer.layout.num_kv_heads, offer.layout.head_dim,
+        dtype_name(offer.layout.dtype), l.num_layers, l.page_size, l.num_kv_heads, l.head_dim, dtype_name(l.dtype)));
+  }
+  std::size_t incoming_sequences = 0;
+  std::unordered_set<SequenceId> arriving;
+  for (const auto& [id, m] : in) {
+    incoming_sequences += m.seqs.size();
+    for (const InSequence& s : m.seqs) arriving.insert(s.id);
+  }
+  if (in.size() >= options.max_migrations) {
+    return resource_exhausted(fmt::format("{}: {} incoming migrations running", what, in.size()));
+  }
+  std::unordered_set<SequenceId> offered;
+  std::uint64_t pages = 0;
+  for (const internal::OfferedSequence& s : offer.sequences) {
+    if (!offered.insert(s.sequence).second) {
+      return invalid_argument(fmt::format("{}: sequence {} offered twice", what, s.sequence.value()));
+    }
+    if (cache->length(s.sequence).ok() || arriving.contains(s.sequence)) {
+      return already_exists(fmt::format("{}: sequence {} is already here", what, s.sequence.value()));
+    }
+    pages += s.pages_needed;
+  }
+  if (cache->num_sequences() + incoming_sequences + offer.sequences.size() > options.max_sequences) {
+    return resource_exhausted(fmt::format("{}: {} sequences live and {} arriving here, {} more is past {} slots", what,
+                                          cache->num_sequences(), incoming_sequences, offer.sequences.size(),
+                                          options.max_sequences));
+  }
+  if (pages > std::uint64_t(cache->free_pages())) {
+    return resource_exhausted(fmt::format("{}: {} pages needed, {} free", what, pages, cache->free_pages()));
+  }
+  return ok_status();
+}
+
+void KvMigrator::Impl::on_offer(Incoming& msg) {
+  auto offer = internal::decode_migration_offer(msg.message.body);
+  if (!offer.ok()) {
+    ++stats.offers_refused;
+    (void)msg.from.reply_error(msg, offer.status());
+    return;
+  }
+  if (Status why = check_offer(*offer); !why.ok()) {
+    ++stats.offers_refused;
+    (void)msg.from.reply(msg, refusal_reservation(why));
+    return;
+  }
+  InMigration m;
+  m.id = MigrationId(offer->migration_id);
+  m.ep = msg.from;
+  MigrationReservation r;
+  r.lease_ns = std::uint64_t(options.lease.count());
+  for (const internal::OfferedSequence& s : offer->sequences) {
+    InSequence q{s.sequence, {}, 0};
+    if (s.pages_needed > 0) {
+      // check_offer counted the free pages.
+      auto pages = cache->reserve_pages(std::int32_t(s.pages_needed));
+      LAMINAR_CHECK_MSG(pages.ok(), pages.status().to_string());
+      q.pages = std::move(*pages);
+    }
+    r.sequences.push_back({q.id, q.pages});
+    m.seqs.push_back(std::move(q));
+  }
+  r.k_pool = k_region.remote().serialize();
+  r.v_pool = v_region.remote().serialize();
+  if (!msg.from.reply(msg, Message{kOffer, internal::encode_migration_reservation(r)}).ok()) {
+    // The source is gone before it heard of any page: nothing ever started.
+    for (const InSequence& q : m.seqs) LAMINAR_CHECK(cache->unreserve_pages(q.pages).ok());
+    return;
+  }
+  m.deadline = internal::deadline_after(*clock, options.lease);
+  watch(m.ep);
+  ++stats.migrations_in;
+  in.emplace(offer->migration_id, std::move(m));
+}
+
+Status KvMigrator::Impl::check_stage(const InMigration& m, const MigrationStage& stage) const {
+  const std::string what = fmt::format("kv migrator: stage {} of migration {:#x}", stage.stage, stage.migration_id);
+  if (stage.stage != m.next_stage) {
+    return failed_precondition(fmt::format("{}: expected stage {}", what, m.next_stage));
+  }
+  std::unordered_set<SequenceId> seen;
+  for (const internal::StagedSequence& s : stage.sequences) {
+    auto it = std::ranges::find_if(m.seqs, [&](const InSequence& q) { return q.id == s.sequence; });
+    if (it == m.seqs.end()) return invalid_argument(fmt::format("{}: sequence {} is not in it", what, s.sequence.value()));
+    if (!seen.insert(s.sequence).second) {
+      return invalid_argument(fmt::format("{}: sequence {} appears twice", what, s.sequence.value()));
+    }
+    if (s.first_page != it->received || std::uint64_t(s.first_page) + s.checksums.size() > it->pages.size()) {
+      return invalid_argument(fmt::format("{}: sequence {} pages {} to {}, after {} received of {} reserved", what,
+                                          s.sequence.value(), s.first_page, s.first_page + s.checksums.size(),
+                                          it->received, it->pages.size()));
+    }
+  }
+  if (stage.final && seen.size() != m.seqs.size()) {
+    return invalid_argument(fmt::format("{}: the final stage has {} of its {} sequences", what, seen.size(),
+                                        m.seqs.size()));
+  }
+  return ok_status();
+}
+
+Status KvMigrator::Impl::check_final(const InMigration& m, const MigrationStage& stage) const {
+  const std::string what = fmt::format("kv migrator: final stage of migration {:#x}", stage.migration_id);
+  const std::int32_t page_size = cache->layout().page_size;
+  for (const internal::StagedSequence& s : stage.sequences) {
+    const InSequence& q = *std::ranges::find_if(m.seqs, [&](const InSequence& x) { return x.id == s.sequence; });
+    const std::uint64_t need = (s.state->kv_length + std::uint64_t(page_size) - 1) / std::uint64_t(page_size);
+    if (q.received != need) {
+      return data_loss(fmt::format("{}: sequence {} of {} tokens needs {} pages, {} arrived", what, q.id.value(),
+                                   s.state->kv_length, need, q.received));
+    }
+    if (s.state->version != version) {
+      return failed_precondition(fmt::format("{}: sequence {} is of version {}, this worker holds version {}", what,
+                                             q.id.value(), s.state->version.value(), version.value()));
+    }
+    if (cache->length(q.id).ok()) {
+      return already_exists(fmt::format("{}: sequence {} is already live here", what, q.id.value()));
+    }
+  }
+  return ok_status();
+}
+
+void KvMigrator::Impl::commit(InMigration& m, Incoming& msg, MigrationStage& stage) {
+  MigrationEvent e;
+  e.kind = MigrationEvent::Kind::kArrived;
+  e.id = m.id;
+  e.outgoing = false;
+  e.state = MigrationState::kDone;
+  for (InSequence& q : m.seqs) {
+    auto s = std::ranges::find_if(stage.sequences, [&](const internal::StagedSequence& x) { return x.sequence == q.id; });
+    // check_final made sure the id is free and the pages are reserved and enough.
+    const Status adopted = cache->adopt_sequence(q.id, q.pages, std::int64_t(s->state->kv_length));
+    LAMINAR_CHECK_MSG(adopted.ok(), adopted.to_string());
+    q.pages.clear();
+    e.sequences.push_back(q.id);
+    e.states.push_back(std::move(*s->state));
+  }
+  m.ended = true;
+  ++stats.done_in;
+  record_finished(m.id, MigrationState::kDone, false);
+  events.push_back(std::move(e));
+  // Committed whether or not the answer reaches the source (see kv_migrator.h: the layer above
+  // takes the first of two copies by trajectory id).
+  (void)msg.from.reply(msg, Message{kStage, internal::encode_migration_stage_answer({std::nullopt, stage.stage})});
+}
+
+void KvMigrator::Impl::on_stage(Incoming& msg) {
+  auto stage = internal::decode_migration_stage(msg.message.body);
+  if (!stage.ok()) {
+    // Which migration it was for is unknown; the source aborts on this answer and tells us.
+    (void)msg.from.reply_error(msg, stage.status());
+    return;
+  }
+  auto it = in.find(stage->migration_id);
+  if (it == in.end() || it->second.ended || it->second.ep.id() != msg.from.id()) {
+    (void)msg.from.reply(msg, refusal_answer(not_found(fmt::format(
+                                  "kv migrator: no migration {:#x} from this source is running here",
+                                  stage->migration_id))));
+    return;
+  }
+  InMigration& m = it->second;
+  const auto refuse = [&](const Status& why) {
+    (void)msg.from.reply(msg, refusal_answer(why));
+    end_in(m, MigrationState::kAbortedByDestination, why, false);
+  };
+  if (Status why = check_stage(m, *stage); !why.ok()) return refuse(why);
+  std::uint64_t failures = 0;
+  SequenceId first_bad;
+  std::uint32_t first_bad_page = 0;
+  for (const internal::StagedSequence& s : stage->sequences) {
+    const InSequence& q = *std::ranges::find_if(m.seqs, [&](const InSequence& x) { return x.id == s.sequence; });
+    for (std::size_t i = 0; i < s.checksums.size(); ++i) {
+      if (page_checksum(q.pages[s.first_page + i]) == s.checksums[i]) continue;
+      if (failures++ == 0) {
+        first_bad = q.id;
+        first_bad_page = s.first_page + std::uint32_t(i);
+      }
+    }
+    stats.pages_received += s.checksums.size();
+  }
+  if (failures > 0) {
+    stats.checksum_failures += failures;
+    return refuse(data_loss(fmt::format("kv migrator: stage {} of migration {:#x}: {} pages failed their checksum, "
+                                        "the first page {} of sequence {}",
+                                        stage->stage, stage->migration_id, failures, first_bad_page,
+                                        first_bad.value())));
+  }
+  for (const internal::StagedSequence& s : stage->sequences) {
+    std::ranges::find_if(m.seqs, [&](const InSequence& x) { return x.id == s.sequence; })->received +=
+        std::uint32_t(s.checksums.size());
+  }
+  ++m.next_stage;
+  m.deadline = internal::deadline_after(*clock, options.lease);
+  if (stage->final) {
+    if (Status why = check_final(m, *stage); !why.ok()) return refuse(why);
+    return commit(m, msg, *stage);
+  }
+  (void)msg.from.reply(msg, Message{kStage, internal::encode_migration_stage_answer({std::nullopt, stage->stage})});
+}
+
+void KvMigrator::Impl::on_abort_for_destination(const MigrationAbort& a, const Endpoint& from) {
+  auto it = in.find(a.migration_id);
+  if (it == in.end() || it->second.ended || it->second.ep.id() != from.id()) return;
+  end_in(it->second, MigrationState::kAbortedBySource,
+         Status(a.code, fmt::format("kv migrator: migration {:#x}: the source aborted: {}", a.migration_id, a.reason)),
+         false);
+}
+
+void KvMigrator::Impl::expire_leases() {
+  const Duration now = clock->now();
+  for (auto& [id, m] : in) {
+    if (m.ended || now < m.deadline) continue;
+    ++stats.lease_expiries;
+    end_in(m, MigrationState::kAbortedByDestination,
+           deadline_exceeded(fmt::format("kv migrator: migration {:#x}: the source was silent for the whole lease "
+                                         "of {} ms",
+                                         id, std::chrono::duration_cast<std::chrono::milliseconds>(options.lease).count())),
+           true);
+  }
+}
+
+void KvMigrator::Impl::end_in(InMigration& m, MigrationState state, Status reason, bool tell) {
+  m.ended = true;
+  for (InSequence& q : m.seqs) {
+    LAMINAR_CHECK(cache->unreserve_pages(q.pages).ok());
+    q.pages.clear();
+  }
+  if (tell) {
+    send_abort(m.ep, MigrationAbort{m.id.value(), MigrationSide::kDestination, reason.code(), reason.message()},
+               kAbortSendTimeout);
+  }
+  ++stats.aborted_in;
+  MigrationEvent e;
+  e.kind = MigrationEvent::Kind::kAborted;
+  e.id = m.id;
+  e.outgoing = false;
+  e.state = state;
+  for (const InSequence& q : m.seqs) e.sequences.push_back(q.id);
+  e.reason = std::move(reason);
+  events.push_back(std::move(e));
+  record_finished(m.id, state, false);
+}
+
+}  // namespace laminar

@@ -1,0 +1,186 @@
+// kv_migrator_impl.h (private to src/): the state of a KvMigrator, shared by its source side
+// (kv_migrator.cc) and its destination side (kv_migrator_destination.cc).
+//
+// Locks: `mu` guards everything the migrator keeps and is held through every public call; the
+// transport's callback thread never takes it. The handlers and on_close callbacks take only the
+// inbox's own mutex, to queue what arrived for poll(). Transport calls made under `mu` return
+// promptly (sends and replies wait for UCX to take the bytes, never for a peer's answer).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "handler_gate.h"
+#include "kv_migration_wire.h"
+#include "laminar/kv_migrator.h"
+
+namespace laminar {
+
+struct KvMigrator::Impl {
+  // What the transport's threads hand to poll().
+  struct Inbound {
+    Incoming in;               // a message, unless `closed`
+    bool closed = false;       // endpoint `endpoint_id` closed, for `why`
+    std::uint64_t endpoint_id = 0;
+    Status why;
+  };
+  struct Inbox {
+    std::mutex mu;
+    std::deque<Inbound> items;
+    std::size_t messages = 0;  // items that are messages (closes are not bounded)
+  };
+
+  // ---- source side ----
+  struct OutSequence {
+    SequenceId id;
+    std::uint32_t pages_needed = 0;   // reserved at the destination
+    std::vector<std::int32_t> dst;    // the destination's page ids, [pages_needed]
+    std::uint32_t staged = 0;         // pages put in a stage so far (from the first)
+  };
+  // Pages of one sequence waiting for a stage: reserved indices [first, first + src.size()).
+  struct Piece {
+    std::size_t seq = 0;  // index into OutMigration::seqs
+    std::uint32_t first = 0;
+    std::vector<std::int32_t> src;  // this cache's page ids, copied from pages()
+  };
+  struct Stage {
+    internal::MigrationStage message;
+    std::vector<std::future<Status>> puts;
+    std::size_t puts_done = 0;  // puts[0, puts_done) completed OK (and were taken from)
+    std::uint64_t pages = 0;
+    bool sent = false;
+    Duration sent_at{};
+    std::future<Result<Message>> answer;
+  };
+  enum class OutPhase : std::uint8_t {
+    kOffered,  // waiting for the reservation
+    kLive,     // live stages while the host decodes
+    kPaused,   // kPauseRequested emitted: waiting for finish()
+    kFinal,    // finish() called: the last pages, then the final stage
+  };
+  struct OutMigration {
+    MigrationId id;
+    std::string destination;
+    Endpoint ep;
+    Version version;
+    OutPhase phase = OutPhase::kOffered;
+    bool ended = false;
+    std::future<Result<Message>> offer_answer;
+    Duration offer_sent_at{};
+    std::vector<OutSequence> seqs;
+    RemoteRegion k_remote;
+    RemoteRegion v_remote;
+    std::int64_t dst_num_pages = 0;
+    std::deque<Piece> todo;
+    std::deque<Stage> stages;  // built (puts issued), not yet answered, in order
+    std::uint32_t next_stage = 0;
+    std::uint32_t live_rounds = 0;
+    bool final_sent = false;
+    std::vector<SequenceState> states;  // kFinal: by index of seqs
+  };
+  // A migration this source gave up while some of its puts were in flight: the abort goes to the
+  // destination only once they landed, so it never returns a page a put of ours still writes.
+  struct Draining {
+    Endpoint ep;
+    std::vector<std::future<Status>> puts;
+    internal::MigrationAbort message;
+  };
+
+  // ---- destination side ----
+  struct InSequence {
+    SequenceId id;
+    std::vector<std::int32_t> pages;  // reserved here
+    std::uint32_t received = 0;       // pages checked so far (from the first)
+  };
+  struct InMigration {
+    MigrationId id;
+    Endpoint ep;
+    std::vector<InSequence> seqs;
+    std::uint32_t next_stage = 0;
+    Duration deadline{};  // of the lease
+    bool ended = false;
+  };
+
+  struct Finished {
+    MigrationState state = MigrationState::kDone;
+    bool outgoing = true;
+  };
+  struct Watch {
+    Endpoint ep;
+    CloseSubscription sub;
+  };
+
+  Impl(std::shared_ptr<Transport> t, std::shared_ptr<PagedKvCache> c, KvMigratorOptions o);
+
+  const std::shared_ptr<Transport> transport;
+  const std::shared_ptr<PagedKvCache> cache;
+  const KvMigratorOptions options;
+  const std::shared_ptr<Clock> clock;
+  const std::shared_ptr<Inbox> inbox = std::make_shared<Inbox>();
+  internal::HandlerGate gate;
+  MemoryRegion k_region;  // the cache's pools, whole
+  MemoryRegion v_region;
+
+  mutable std::mutex mu;  // guards everything below
+  Version version;
+  std::unordered_map<std::uint64_t, OutMigration> out;
+  std::unordered_map<std::uint64_t, InMigration> in;
+  std::vector<Draining> draining;
+  std::map<std::string, Endpoint> connections;  // by destination address
+  std::unordered_map<std::uint64_t, Watch> watches;  // by endpoint id
+  std::unordered_map<std::uint64_t, Finished> finished;
+  std::deque<std::uint64_t> finished_order;
+  std::vector<MigrationEvent> events;
+  KvMigratorStats stats;
+  Status first_error;
+  std::mt19937_64 rng{std::random_device{}()};
+
+  // ---- shared (kv_migrator.cc) ----
+  void queue(Incoming in);
+  // Subscribes to the endpoint's close, once per endpoint.
+  void watch(const Endpoint& ep);
+  void record_finished(MigrationId id, MigrationState state, bool outgoing);
+  void record_error(const Status& s);
+  std::uint64_t page_checksum(std::int32_t page) const;
+  // Sends an abort message, best effort, waiting at most `timeout`.
+  void send_abort(Endpoint& ep, const internal::MigrationAbort& m, Duration timeout);
+  // Drops ended migrations and the watches and connections nothing uses any more.
+  void sweep();
+
+  // ---- source side (kv_migrator.cc) ----
+  void advance_out(OutMigration& m);
+  void take_reservation(OutMigration& m, Result<Message> answer);
+  void check_sequences(OutMigration& m);
+  bool settle_stages(OutMigration& m);
+  void build_stage(OutMigration& m);
+  void start_round(OutMigration& m);
+  void request_pause(OutMigration& m);
+  // Ends an outgoing migration as aborted: the sequences stay here. `tell`: send the destination
+  // an abort message (once our puts in flight landed).
+  void end_out(OutMigration& m, MigrationState state, Status reason, bool tell);
+  void on_abort_for_source(const internal::MigrationAbort& a, const Endpoint& from);
+  void on_closed(std::uint64_t endpoint_id, const Status& why);
+
+  // ---- destination side (kv_migrator_destination.cc) ----
+  void on_offer(Incoming& msg);
+  Status check_offer(const internal::MigrationOffer& offer) const;
+  void on_stage(Incoming& msg);
+  Status check_stage(const InMigration& m, const internal::MigrationStage& stage) const;
+  Status check_final(const InMigration& m, const internal::MigrationStage& stage) const;
+  void commit(InMigration& m, Incoming& msg, internal::MigrationStage& stage);
+  void on_abort_for_destination(const internal::MigrationAbort& a, const Endpoint& from);
+  void expire_leases();
+  // Ends an incoming migration: its reserved pages return. `tell`: send the source an abort.
+  void end_in(InMigration& m, MigrationState state, Status reason, bool tell);
+};
+
+}  // namespace laminar

@@ -1,0 +1,620 @@
+// KvMigrator: live sequences and their KV pages moved between two rollout workers, each a real
+// Transport with its own PagedKvCache and KvMigrator in this process. The test thread plays both
+// hosts' decode loops: it polls both migrators in turn, writes tokens between polls, and answers
+// their events.
+#include "laminar/kv_migrator.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using laminar::DType;
+using laminar::KvLayout;
+using laminar::KvMigrator;
+using laminar::KvMigratorOptions;
+using laminar::MigrationEvent;
+using laminar::MigrationId;
+using laminar::MigrationState;
+using laminar::PagedKvCache;
+using laminar::SequenceId;
+using laminar::SequenceState;
+using laminar::StatusCode;
+using laminar::Version;
+using Kind = laminar::MigrationEvent::Kind;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kToken = "kv-migrator-test-token-0123456789";
+
+KvLayout layout(std::int32_t num_pages, std::int32_t head_dim = 8) {
+  return {num_pages, /*page_size=*/4, /*num_kv_heads=*/2, head_dim, DType::kF32, /*num_layers=*/3};
+}
+
+// One rollout worker: a listening transport, its cache and its migrator, and every event its
+// migrator reported so far.
+struct Worker {
+  std::shared_ptr<laminar::Transport> transport;
+  std::shared_ptr<PagedKvCache> cache;
+  std::unique_ptr<KvMigrator> migrator;
+  std::string address;
+  std::vector<MigrationEvent> events;
+
+  const MigrationEvent* find(Kind kind, MigrationId id) const {
+    for (const MigrationEvent& e : events) {
+      if (e.kind == kind && e.id == id) return &e;
+    }
+    return nullptr;
+  }
+  std::size_t count(Kind kind) const {
+    return std::size_t(std::ranges::count_if(events, [&](const MigrationEvent& e) { return e.kind == kind; }));
+  }
+};
+
+Worker make_worker(KvMigratorOptions options = {}, KvLayout l = layout(64)) {
+  Worker w;
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  w.transport = laminar::Transport::create(to).value();
+  w.address = w.transport->listen("127.0.0.1", 0).value();
+  w.cache = std::make_shared<PagedKvCache>(PagedKvCache::create(l).value());
+  auto m = KvMigrator::create(w.transport, w.cache, std::move(options));
+  REQUIRE(m.ok());
+  w.migrator = std::move(*m);
+  return w;
+}
+
+// The value element `e` of token `pos`'s row of sequence `seq`, in `layer` of pool `pool` (0: K,
+// 1: V): distinct for every argument, and exact in f32 (below 2^24).
+float pattern(SequenceId seq, std::int64_t pos, std::int32_t layer, int pool, std::int64_t e) {
+  std::uint64_t h = seq.value() * 0x9E3779B97F4A7C15ull ^ std::uint64_t(pos) * 0xC2B2AE3D27D4EB4Full ^
+                    std::uint64_t(layer) * 0x165667B19E3779F9ull ^ std::uint64_t(pool) * 0x27D4EB2F165667C5ull ^
+                    std::uint64_t(e) * 0x85EBCA77C2B2AE63ull;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return float(h & 0xFFFFFF);
+}
+
+// Grows a sequence by n tokens and writes their K and V rows in every layer.
+void append(PagedKvCache& cache, SequenceId seq, std::int64_t n) {
+  const std::int64_t from = cache.length(seq).value();
+  REQUIRE(cache.append_tokens(seq, n).ok());
+  const KvLayout& l = cache.layout();
+  for (std::int64_t pos = from; pos < from + n; ++pos) {
+    for (std::int32_t layer = 0; layer < l.num_layers; ++layer) {
+      auto slot = cache.token_slot(seq, pos, layer);
+      REQUIRE(slot.ok());
+      auto* k = static_cast<float*>(slot->k);
+      auto* v = static_cast<float*>(slot->v);
+      for (std::int64_t e = 0; e < l.token_elems(); ++e) {
+        k[e] = pattern(seq, pos, layer, 0, e);
+        v[e] = pattern(seq, pos, layer, 1, e);
+      }
+    }
+  }
+}
+
+void add(PagedKvCache& cache, SequenceId seq, std::int64_t n) {
+  REQUIRE(cache.add_sequence(seq).ok());
+  append(cache, seq, n);
+}
+
+// Every token of every layer holds the rows append() wrote; returns the first mismatch, if any.
+std::string rows_differ(PagedKvCache& cache, SequenceId seq, std::int64_t length) {
+  if (cache.length(seq).value() != length) return "length " + std::to_string(cache.length(seq).value());
+  const KvLayout& l = cache.layout();
+  for (std::int64_t pos = 0; pos < length; ++pos) {
+    for (std::int32_t layer = 0; layer < l.num_layers; ++layer) {
+      auto slot = cache.token_slot(seq, pos, layer).value();
+      const auto* k = static_cast<const float*>(slot.k);
+      const auto* v = static_cast<const float*>(slot.v);
+      for (std::int64_t e = 0; e < l.token_elems(); ++e) {
+        if (k[e] != pattern(seq, pos, layer, 0, e) || v[e] != pattern(seq, pos, layer, 1, e)) {
+          return "token " + std::to_string(pos) + " layer " + std::to_string(layer);
+        }
+      }
+    }
+  }
+  return "";
+}
+
+SequenceState state_of(PagedKvCache& cache, SequenceId seq, Version v = Version(0)) {
+  SequenceState s;
+  s.sequence = seq;
+  s.trajectory = laminar::TrajectoryId(seq.value() + 1000);
+  s.prompt_id = seq.value() * 7;
+  s.group_id = 3;
+  s.group_size = 4;
+  s.sample_index = std::uint32_t(seq.value() % 4);
+  s.version = v;
+  s.temperature = 0.7f;
+  s.top_p = 0.9f;
+  s.top_k = 20;
+  s.seed = 0xABCDEF00 + seq.value();
+  s.kv_length = std::uint64_t(cache.length(seq).value());
+  s.rng_position = s.kv_length;
+  s.prompt_tokens.assign(std::size_t(s.kv_length), std::int32_t(seq.value()));
+  s.response_tokens = {5, 6};
+  s.logprobs = {-0.5f, -1.25f};
+  s.engine_state = "engine of " + std::to_string(seq.value());
+  return s;
+}
+
+std::vector<SequenceState> states_of(PagedKvCache& cache, const std::vector<SequenceId>& seqs, Version v = Version(0)) {
+  std::vector<SequenceState> out;
+  for (SequenceId s : seqs) out.push_back(state_of(cache, s, v));
+  return out;
+}
+
+// One step of both decode loops.
+void poll(Worker& w) {
+  for (MigrationEvent& e : w.migrator->poll()) w.events.push_back(std::move(e));
+}
+
+// Polls the workers in turn until `done` holds, or 20 s pass (false: a bug fails, never hangs).
+// `between` runs after each round of polls.
+bool drive(std::vector<Worker*> workers, const std::function<bool()>& done,
+           const std::function<void()>& between = {}) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    for (Worker* w : workers) poll(*w);
+    if (between) between();
+    std::this_thread::sleep_for(50us);
+  }
+  return true;
+}
+
+// Runs a migration of `seqs` from src to dst through to the end: pause, finish with their states.
+MigrationId migrate_all(Worker& src, Worker& dst, const std::vector<SequenceId>& seqs) {
+  auto id = src.migrator->migrate(dst.address, seqs);
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  REQUIRE(src.migrator->finish(*id, states_of(*src.cache, seqs)).ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); }));
+  return *id;
+}
+
+std::int64_t pages_of(std::int64_t tokens) { return (tokens + 3) / 4; }
+
+}  // namespace
+
+TEST_CASE("kv migrator: sequences of several lengths move with every K/V byte and their states") {
+  Worker src = make_worker();
+  Worker dst = make_worker();
+  // 13 tokens: a partial last page; 8: exactly two pages; 1: one token; 30: eight pages.
+  const std::vector<SequenceId> seqs = {SequenceId(1), SequenceId(2), SequenceId(3), SequenceId(4)};
+  const std::vector<std::int64_t> lengths = {13, 8, 1, 30};
+  for (std::size_t i = 0; i < seqs.size(); ++i) add(*src.cache, seqs[i], lengths[i]);
+  const std::vector<SequenceState> states = states_of(*src.cache, seqs);
+
+  const MigrationId id = migrate_all(src, dst, seqs);
+
+  const MigrationEvent* arrived = dst.find(Kind::kArrived, id);
+  REQUIRE(arrived != nullptr);
+  CHECK_FALSE(arrived->outgoing);
+  CHECK(arrived->sequences == seqs);
+  CHECK(arrived->states == states);
+  std::int64_t pages = 0;
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    INFO("sequence " << seqs[i].value());
+    CHECK(rows_differ(*dst.cache, seqs[i], lengths[i]) == "");
+    CHECK_FALSE(src.cache->length(seqs[i]).ok());
+    pages += pages_of(lengths[i]);
+  }
+  CHECK(src.find(Kind::kDone, id)->sequences == seqs);
+  CHECK(src.cache->free_pages() == 64);
+  CHECK(src.cache->num_sequences() == 0);
+  CHECK(dst.cache->free_pages() == 64 - pages);
+  CHECK(dst.cache->reserved_pages() == 0);
+  CHECK(*src.migrator->state(id) == MigrationState::kDone);
+  CHECK(*dst.migrator->state(id) == MigrationState::kDone);
+  CHECK(src.migrator->moving().empty());
+  CHECK(dst.migrator->moving().empty());
+
+  const auto s = src.migrator->stats();
+  const auto d = dst.migrator->stats();
+  CHECK(s.migrations_out == 1);
+  CHECK(s.done_out == 1);
+  CHECK(s.aborted_out == 0);
+  CHECK(s.pages_sent == std::uint64_t(pages));
+  CHECK(s.bytes_sent == std::uint64_t(pages) * 2 * 3 * std::uint64_t(src.cache->layout().page_bytes()));
+  CHECK(d.migrations_in == 1);
+  CHECK(d.done_in == 1);
+  CHECK(d.pages_received == std::uint64_t(pages));
+  CHECK(d.checksum_failures == 0);
+  CHECK(src.migrator->background_error().ok());
+  CHECK(dst.migrator->background_error().ok());
+  CHECK(s.to_json().find("\"done_out\":1") != std::string::npos);
+
+  // The sequences decode on at the destination: they grow like any other.
+  append(*dst.cache, SequenceId(1), 5);
+  CHECK(rows_differ(*dst.cache, SequenceId(1), 18) == "");
+}
+
+TEST_CASE("kv migrator: live stages copy pages while the source keeps decoding") {
+  KvMigratorOptions o;
+  o.max_live_stages = 4;
+  o.pause_after_pages = 1;
+  o.growth_pages = 200;
+  Worker src = make_worker(o, layout(512));
+  Worker dst = make_worker(o, layout(512));
+  const std::vector<SequenceId> seqs = {SequenceId(10), SequenceId(11)};
+  add(*src.cache, seqs[0], 21);
+  add(*src.cache, seqs[1], 40);
+
+  auto id = src.migrator->migrate(dst.address, seqs);
+  REQUIRE(id.ok());
+  CHECK(src.migrator->finish(*id, states_of(*src.cache, seqs)).code() == StatusCode::kFailedPrecondition);
+  // Each time a live stage's pages went out, the host decodes two more pages of each sequence:
+  // every stage then finds more than pause_after_pages new pages, so only max_live_stages pauses.
+  std::uint64_t sent = 0;
+  int stages_before_pause = 0;
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; },
+                [&] {
+                  const std::uint64_t now = src.migrator->stats().pages_sent;
+                  if (now == sent || src.find(Kind::kPauseRequested, *id)) return;
+                  sent = now;
+                  ++stages_before_pause;
+                  for (SequenceId s : seqs) append(*src.cache, s, 8);
+                }));
+  CHECK(stages_before_pause == 3);
+  CHECK(sent > 0);
+  CHECK(src.migrator->moving().size() == 2);
+  CHECK(dst.migrator->moving().size() == 2);
+  const std::int64_t len0 = src.cache->length(seqs[0]).value();
+  const std::int64_t len1 = src.cache->length(seqs[1]).value();
+  const std::vector<SequenceState> states = states_of(*src.cache, seqs);
+  REQUIRE(src.migrator->finish(*id, states).ok());
+  CHECK(src.migrator->finish(*id, states).code() == StatusCode::kFailedPrecondition);
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); }));
+
+  CHECK(rows_differ(*dst.cache, seqs[0], len0) == "");
+  CHECK(rows_differ(*dst.cache, seqs[1], len1) == "");
+  CHECK(dst.find(Kind::kArrived, *id)->states == states);
+  CHECK(src.migrator->stats().pages_sent == std::uint64_t(pages_of(len0) + pages_of(len1)));
+  CHECK(dst.cache->free_pages() == 512 - pages_of(len0) - pages_of(len1));
+  CHECK(src.cache->free_pages() == 512);
+}
+
+TEST_CASE("kv migrator: the blocking copy pauses before any page moves") {
+  KvMigratorOptions o;
+  o.max_live_stages = 0;
+  Worker src = make_worker(o);
+  Worker dst = make_worker(o);
+  add(*src.cache, SequenceId(5), 17);
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(5)});
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  CHECK(src.migrator->stats().pages_sent == 0);
+  // The destination answered the offer and has seen no stage.
+  CHECK(dst.migrator->stats().pages_received == 0);
+  CHECK(dst.cache->reserved_pages() == pages_of(17) + 4);
+  REQUIRE(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(5)})).ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); }));
+  CHECK(rows_differ(*dst.cache, SequenceId(5), 17) == "");
+  CHECK(src.migrator->stats().pages_sent == std::uint64_t(pages_of(17)));
+  CHECK(dst.cache->reserved_pages() == 0);
+}
+
+TEST_CASE("kv migrator: a destination refuses what it cannot take, and nothing changes on either side") {
+  struct Case {
+    const char* name;
+    StatusCode code;
+    std::function<void(Worker&)> setup;  // on the destination
+    KvMigratorOptions options;
+    KvLayout layout;
+  };
+  KvMigratorOptions one_slot;
+  one_slot.max_sequences = 2;
+  const std::vector<Case> cases = {
+      {"another version", StatusCode::kFailedPrecondition, [](Worker& w) { w.migrator->set_version(Version(2)); },
+       {}, layout(64)},
+      {"another layout", StatusCode::kFailedPrecondition, {}, {}, layout(64, 16)},
+      {"not enough free pages", StatusCode::kResourceExhausted, {}, {}, layout(8)},
+      {"no batch slot", StatusCode::kResourceExhausted, [](Worker& w) { add(*w.cache, SequenceId(99), 3); },
+       one_slot, layout(64)},
+      {"an id already live", StatusCode::kAlreadyExists, [](Worker& w) { add(*w.cache, SequenceId(21), 2); }, {},
+       layout(64)},
+  };
+  for (const Case& c : cases) {
+    SECTION(c.name) {
+      Worker src = make_worker();
+      Worker dst = make_worker(c.options, c.layout);
+      if (c.setup) c.setup(dst);
+      add(*src.cache, SequenceId(20), 9);
+      add(*src.cache, SequenceId(21), 4);
+      const std::int32_t src_free = src.cache->free_pages();
+      const std::int32_t dst_free = dst.cache->free_pages();
+      const std::size_t dst_seqs = dst.cache->num_sequences();
+      const std::vector<SequenceId> seqs = {SequenceId(20), SequenceId(21)};
+      auto id = src.migrator->migrate(dst.address, seqs);
+      REQUIRE(id.ok());
+      REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) != nullptr; }));
+      const MigrationEvent& e = *src.find(Kind::kAborted, *id);
+      INFO(e.reason.to_string());
+      CHECK(e.outgoing);
+      CHECK(e.state == MigrationState::kAbortedByDestination);
+      CHECK(e.reason.code() == c.code);
+      CHECK(e.sequences == seqs);
+      CHECK(*src.migrator->state(*id) == MigrationState::kAbortedByDestination);
+      CHECK(dst.migrator->state(*id).status().code() == StatusCode::kNotFound);
+      CHECK(src.cache->free_pages() == src_free);
+      CHECK(rows_differ(*src.cache, SequenceId(20), 9) == "");
+      CHECK(rows_differ(*src.cache, SequenceId(21), 4) == "");
+      CHECK(dst.cache->free_pages() == dst_free);
+      CHECK(dst.cache->reserved_pages() == 0);
+      CHECK(dst.cache->num_sequences() == dst_seqs);
+      CHECK(dst.migrator->stats().offers_refused == 1);
+      CHECK(dst.migrator->stats().migrations_in == 0);
+      CHECK(src.migrator->stats().aborted_out == 1);
+      CHECK(src.migrator->moving().empty());
+      // Nothing is left half way: the same sequences can be offered again.
+      auto again = src.migrator->migrate(dst.address, seqs);
+      CHECK(again.ok());
+    }
+  }
+}
+
+TEST_CASE("kv migrator: migrate() refuses bad arguments before anything is sent") {
+  KvMigratorOptions o;
+  o.max_migrations = 1;
+  Worker src = make_worker(o);
+  Worker dst = make_worker();
+  add(*src.cache, SequenceId(1), 5);
+  add(*src.cache, SequenceId(2), 5);
+  const auto migrate = [&](std::vector<SequenceId> ids) { return src.migrator->migrate(dst.address, ids); };
+  CHECK(migrate({}).status().code() == StatusCode::kInvalidArgument);
+  CHECK(migrate({SequenceId(1), SequenceId(1)}).status().code() == StatusCode::kInvalidArgument);
+  auto unknown = migrate({SequenceId(1), SequenceId(77)});
+  CHECK(unknown.status().code() == StatusCode::kNotFound);
+  CHECK(unknown.status().message().find("77") != std::string::npos);
+  std::vector<SequenceId> many;
+  for (std::uint64_t i = 0; i < 1025; ++i) many.push_back(SequenceId(1000 + i));
+  CHECK(migrate(many).status().code() == StatusCode::kInvalidArgument);
+  CHECK(src.migrator->stats().migrations_out == 0);
+  CHECK(dst.migrator->stats().offers_refused == 0);
+
+  auto first = migrate({SequenceId(1)});
+  REQUIRE(first.ok());
+  auto moving = migrate({SequenceId(2), SequenceId(1)});
+  CHECK(moving.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(migrate({SequenceId(2)}).status().code() == StatusCode::kResourceExhausted);
+  CHECK(src.migrator->stats().migrations_out == 1);
+  CHECK(src.migrator->moving() == std::vector<SequenceId>{SequenceId(1)});
+  CHECK(src.migrator->finish(MigrationId(12345), {}).code() == StatusCode::kNotFound);
+  CHECK(src.migrator->abort(MigrationId(12345), "no such").code() == StatusCode::kNotFound);
+  CHECK(src.migrator->state(MigrationId(12345)).status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("kv migrator: create() validates its options and serves one migrator per transport") {
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> t = laminar::Transport::create(to).value();
+  auto cache = std::make_shared<PagedKvCache>(PagedKvCache::create(layout(8)).value());
+  CHECK(KvMigrator::create(nullptr, cache).status().code() == StatusCode::kInvalidArgument);
+  CHECK(KvMigrator::create(t, nullptr).status().code() == StatusCode::kInvalidArgument);
+  const std::vector<std::function<void(KvMigratorOptions&)>> bad = {
+      [](KvMigratorOptions& o) { o.lease = 0s; },
+      [](KvMigratorOptions& o) { o.stall_timeout = -1s; },
+      [](KvMigratorOptions& o) { o.connect_timeout = 0s; },
+      [](KvMigratorOptions& o) { o.stage_bytes = 0; },
+      [](KvMigratorOptions& o) { o.max_sequences = 0; },
+      [](KvMigratorOptions& o) { o.max_migrations = 0; },
+  };
+  for (const auto& change : bad) {
+    KvMigratorOptions o;
+    change(o);
+    CHECK(KvMigrator::create(t, cache, o).status().code() == StatusCode::kInvalidArgument);
+  }
+  auto m = KvMigrator::create(t, cache);
+  REQUIRE(m.ok());
+  CHECK(KvMigrator::create(t, cache).status().code() == StatusCode::kAlreadyExists);
+  CHECK(!(*m)->address().has_value());
+  m->reset();
+  CHECK(KvMigrator::create(t, cache).ok());
+}
+
+TEST_CASE("kv migrator: an abort from the source mid-staging returns the destination's pages") {
+  KvMigratorOptions o;
+  o.stage_bytes = 1;  // one page a stage: many stages for one sequence
+  Worker src = make_worker(o);
+  Worker dst = make_worker(o);
+  add(*src.cache, SequenceId(3), 40);
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(3)});
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.migrator->stats().pages_sent >= 2; }));
+  REQUIRE(src.find(Kind::kPauseRequested, *id) == nullptr);
+  CHECK(dst.cache->reserved_pages() == pages_of(40) + 4);
+  REQUIRE(src.migrator->abort(*id, "the policy changed its mind").ok());
+  CHECK(src.migrator->abort(*id, "twice").code() == StatusCode::kNotFound);
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
+  const MigrationEvent& s = *src.find(Kind::kAborted, *id);
+  CHECK(s.state == MigrationState::kAbortedBySource);
+  CHECK(s.reason.message().find("the policy changed its mind") != std::string::npos);
+  const MigrationEvent& d = *dst.find(Kind::kAborted, *id);
+  CHECK_FALSE(d.outgoing);
+  CHECK(d.state == MigrationState::kAbortedBySource);
+  CHECK(d.sequences == std::vector<SequenceId>{SequenceId(3)});
+  CHECK(*src.migrator->state(*id) == MigrationState::kAbortedBySource);
+  CHECK(*dst.migrator->state(*id) == MigrationState::kAbortedBySource);
+  CHECK(dst.cache->reserved_pages() == 0);
+  CHECK(dst.cache->free_pages() == 64);
+  CHECK(rows_differ(*src.cache, SequenceId(3), 40) == "");
+  CHECK(dst.migrator->stats().aborted_in == 1);
+  CHECK(src.migrator->stats().aborted_out == 1);
+  // More polls change nothing: no event repeats, no late stage revives it.
+  for (int i = 0; i < 20; ++i) {
+    poll(src);
+    poll(dst);
+  }
+  CHECK(src.count(Kind::kAborted) == 1);
+  CHECK(dst.count(Kind::kAborted) == 1);
+  CHECK(dst.count(Kind::kArrived) == 0);
+}
+
+TEST_CASE("kv migrator: an abort from the destination leaves the sequences decoding at the source") {
+  Worker src = make_worker();
+  Worker dst = make_worker();
+  add(*src.cache, SequenceId(8), 22);
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(8)});
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return !dst.migrator->moving().empty(); }));
+  REQUIRE(dst.migrator->abort(*id, "out of room after all").ok());
+  CHECK(dst.cache->reserved_pages() == 0);
+  CHECK(dst.cache->free_pages() == 64);
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) != nullptr; }));
+  const MigrationEvent& s = *src.find(Kind::kAborted, *id);
+  INFO(s.reason.to_string());
+  CHECK(s.state == MigrationState::kAbortedByDestination);
+  CHECK(s.reason.message().find("out of room after all") != std::string::npos);
+  CHECK(*dst.migrator->state(*id) == MigrationState::kAbortedByDestination);
+  CHECK(dst.find(Kind::kAborted, *id)->state == MigrationState::kAbortedByDestination);
+  // Still the source's: it decodes on.
+  CHECK(src.migrator->moving().empty());
+  append(*src.cache, SequenceId(8), 7);
+  CHECK(rows_differ(*src.cache, SequenceId(8), 29) == "");
+  CHECK(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(8)})).code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("kv migrator: a destination whose source falls silent returns the pages when the lease runs out") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  KvMigratorOptions o;
+  o.lease = 5s;
+  o.clock = clock;
+  Worker src = make_worker();
+  Worker dst = make_worker(o);
+  add(*src.cache, SequenceId(4), 10);
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(4)});
+  REQUIRE(id.ok());
+  // Only the destination polls: the source, stuck, never takes the reservation.
+  REQUIRE(drive({&dst}, [&] { return dst.cache->reserved_pages() > 0; }));
+  REQUIRE(clock->advance(4s).ok());
+  poll(dst);
+  CHECK(dst.count(Kind::kAborted) == 0);
+  CHECK(dst.cache->reserved_pages() == pages_of(10) + 4);
+  REQUIRE(clock->advance(2s).ok());
+  poll(dst);
+  REQUIRE(dst.find(Kind::kAborted, *id) != nullptr);
+  CHECK(dst.find(Kind::kAborted, *id)->reason.code() == StatusCode::kDeadlineExceeded);
+  CHECK(dst.cache->reserved_pages() == 0);
+  CHECK(dst.cache->free_pages() == 64);
+  CHECK(dst.migrator->stats().lease_expiries == 1);
+  CHECK(dst.migrator->stats().aborted_in == 1);
+  CHECK(*dst.migrator->state(*id) == MigrationState::kAbortedByDestination);
+  // The source wakes up: told of the expiry, it keeps its sequence.
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) != nullptr; }));
+  CHECK(src.find(Kind::kAborted, *id)->state == MigrationState::kAbortedByDestination);
+  CHECK(rows_differ(*src.cache, SequenceId(4), 10) == "");
+}
+
+TEST_CASE("kv migrator: a destination that vanishes mid-migration leaves the sequences at the source") {
+  KvMigratorOptions o;
+  o.stage_bytes = 1;
+  Worker src = make_worker(o);
+  Worker dst = make_worker(o);
+  add(*src.cache, SequenceId(6), 33);
+  add(*src.cache, SequenceId(7), 3);
+  const std::vector<SequenceId> seqs = {SequenceId(6), SequenceId(7)};
+  auto id = src.migrator->migrate(dst.address, seqs);
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.migrator->stats().pages_sent > 0; }));
+  dst.migrator.reset();
+  dst.transport.reset();
+  REQUIRE(drive({&src}, [&] { return src.find(Kind::kAborted, *id) != nullptr; }));
+  const MigrationEvent& e = *src.find(Kind::kAborted, *id);
+  INFO(e.reason.to_string());
+  CHECK(e.state == MigrationState::kAbortedByDestination);
+  CHECK(e.sequences == seqs);
+  CHECK(rows_differ(*src.cache, SequenceId(6), 33) == "");
+  CHECK(rows_differ(*src.cache, SequenceId(7), 3) == "");
+  CHECK(src.migrator->moving().empty());
+  append(*src.cache, SequenceId(7), 2);
+  CHECK(rows_differ(*src.cache, SequenceId(7), 5) == "");
+}
+
+TEST_CASE("kv migrator: finish() refuses wrong states and the migration waits for right ones") {
+  Worker src = make_worker();
+  Worker dst = make_worker();
+  add(*src.cache, SequenceId(1), 6);
+  add(*src.cache, SequenceId(2), 9);
+  add(*src.cache, SequenceId(3), 2);
+  const std::vector<SequenceId> seqs = {SequenceId(1), SequenceId(2)};
+  auto id = src.migrator->migrate(dst.address, seqs);
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  const std::vector<SequenceState> good = states_of(*src.cache, seqs);
+  const auto refused = [&](std::vector<SequenceState> states, const char* what) {
+    INFO(what);
+    const laminar::Status st = src.migrator->finish(*id, std::move(states));
+    INFO(st.to_string());
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK(*src.migrator->state(*id) == MigrationState::kRunning);
+  };
+  refused({good[0]}, "missing");
+  refused({good[0], good[1], state_of(*src.cache, SequenceId(3))}, "extra");
+  refused({good[0], good[0], good[1]}, "repeated");
+  auto wrong_length = good;
+  wrong_length[1].kv_length = 8;
+  refused(wrong_length, "kv_length");
+  auto wrong_version = good;
+  wrong_version[0].version = Version(3);
+  refused(wrong_version, "version");
+  auto bad_sampling = good;
+  bad_sampling[1].temperature = -1.0f;
+  refused(bad_sampling, "temperature");
+  auto bad_logprobs = good;
+  bad_logprobs[0].logprobs = {-1.0f};
+  refused(bad_logprobs, "logprobs");
+  CHECK(src.migrator->finish(MigrationId(id->value() + 1), good).code() == StatusCode::kNotFound);
+  // Polls meanwhile move nothing on.
+  for (int i = 0; i < 10; ++i) {
+    poll(src);
+    poll(dst);
+  }
+  CHECK(dst.count(Kind::kArrived) == 0);
+  // In any order.
+  REQUIRE(src.migrator->finish(*id, {good[1], good[0]}).ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); }));
+  CHECK(dst.find(Kind::kArrived, *id)->states == good);
+  CHECK(rows_differ(*dst.cache, SequenceId(1), 6) == "");
+  CHECK(rows_differ(*dst.cache, SequenceId(2), 9) == "");
+  CHECK(src.cache->length(SequenceId(3)).value() == 2);
+  CHECK(src.migrator->abort(*id, "too late").code() == StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("kv migrator: a page that arrives corrupted fails its checksum and nothing is committed") {
+  KvMigratorOptions o;
+  o.max_live_stages = 0;
+  Worker src = make_worker(o);
+  Worker dst = make_worker(o);
+  add(*src.cache, SequenceId(9), 14);
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(9)});
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  REQUIRE(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(9)})).ok());
+  // The pages landed and the final stage is on its way, not yet checked: flip one byte in every
+  // page of the destination, none of which holds a live sequence.
+  REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent == std::uint64_t(pages_of(14)); }));
+  const std::int32_t layer = 2;
+  for (std::int32_t p = 0; p < 64; ++p) static_cast<unsigned char*>(dst.cache->v_page(layer, p).value())[5] ^= 1;
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
+  CHECK(dst.migrator->stats().checksum_failures == std::uint64_t(pages_of(14)));
+  CHECK(dst.find(Kind::kAborted, *id)->reason.code() == StatusCode::kDataLoss);
+  const MigrationEvent& s = *src.find(Kind::kAborted, *id);
+  CHECK(s.reason.code() == StatusCode::kDataLoss);
+  CHECK(s.state == MigrationState::kAbortedByDestination);
+  CHECK(dst.cache->num_sequences() == 0);
+  CHECK(dst.cache->reserved_pages() == 0);
+  CHECK(dst.count(Kind::kArrived) == 0);
+  CHECK(rows_differ(*src.cache, SequenceId(9), 14) == "");
+}
