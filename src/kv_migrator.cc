@@ -114,7 +114,7 @@ void KvMigrator::Impl::watch(const Endpoint& ep) {
   watches.emplace(id, Watch{ep, std::move(*sub)});
 }
 
-void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, bool outgoing) {
+void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, bool outgoing, Status reason) {
   if (!finished.contains(id.value())) {
     finished_order.push_back(id.value());
     if (finished_order.size() > kMaxFinished) {
@@ -122,7 +122,7 @@ void KvMigrator::Impl::record_finished(MigrationId id, MigrationState state, boo
       finished_order.pop_front();
     }
   }
-  finished[id.value()] = Finished{state, outgoing};
+  finished[id.value()] = Finished{state, outgoing, std::move(reason)};
 }
 
 void KvMigrator::Impl::record_error(const Status& s) {
@@ -131,8 +131,8 @@ void KvMigrator::Impl::record_error(const Status& s) {
 
 std::uint64_t KvMigrator::Impl::page_checksum(std::int32_t page) const {
   const KvLayout& l = cache->layout();
-  const auto* k = static_cast<const unsigned char*>(cache->k_pool().data());
-  const auto* v = static_cast<const unsigned char*>(cache->v_pool().data());
+  const auto* k = reinterpret_cast<const unsigned char*>(k_region.data());
+  const auto* v = reinterpret_cast<const unsigned char*>(v_region.data());
   const std::size_t bytes = std::size_t(l.page_bytes());
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
@@ -545,6 +545,8 @@ KvMigrator::~KvMigrator() {
   // A handler that started before its removal finishes before anything it uses goes.
   d.gate.close();
   std::lock_guard lock(d.mu);
+  // Bounded in real time whatever options.clock is: a virtual clock that stands still must not
+  // hang the destructor, and the peers' own leases and stall timeouts cover what is cut short.
   const Duration shutdown_at = std::chrono::steady_clock::now().time_since_epoch() + kShutdownBudget;
   const auto left = [&] {
     return std::min(kAbortSendTimeout, shutdown_at - std::chrono::steady_clock::now().time_since_epoch());
@@ -757,18 +759,17 @@ Status KvMigrator::finish(MigrationId id, std::vector<SequenceState> states) {
                                           message_bytes, d.transport->options().max_message_bytes));
   }
   const std::int32_t page_size = d.cache->layout().page_size;
-  // The rest of every sequence, from its first page not yet staged: its full pages since the last
-  // live stage and its last, partly filled one.
-  m.todo.clear();
+  // The rest of every sequence after the pages already queued: its full pages since the last live
+  // stage and its last, partly filled one. A sequence keeps one piece, so it appears once a stage.
   for (std::size_t i = 0; i < m.seqs.size(); ++i) {
     Impl::OutSequence& s = m.seqs[i];
     const std::int64_t need = pages_for(std::int64_t(by_index[i].kv_length), page_size);
-    if (need > s.staged) {
-      const auto pages = *d.cache->pages(s.id);
-      m.todo.push_back(Impl::Piece{i, s.staged, std::vector<std::int32_t>(pages.begin() + s.staged,
-                                                                          pages.begin() + need)});
-      s.staged = std::uint32_t(need);
-    }
+    if (need <= s.staged) continue;
+    const auto pages = *d.cache->pages(s.id);
+    auto piece = std::ranges::find_if(m.todo, [&](const Impl::Piece& p) { return p.seq == i; });
+    if (piece == m.todo.end()) piece = m.todo.insert(m.todo.end(), Impl::Piece{i, s.staged, {}});
+    piece->src.insert(piece->src.end(), pages.begin() + s.staged, pages.begin() + need);
+    s.staged = std::uint32_t(need);
   }
   m.states = std::move(by_index);
   m.phase = Impl::OutPhase::kFinal;

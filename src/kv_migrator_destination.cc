@@ -42,6 +42,7 @@ Message refusal_answer(const Status& why) {
 
 Status KvMigrator::Impl::check_offer(const MigrationOffer& offer) const {
   const std::string what = fmt::format("kv migrator: offer of migration {:#x}", offer.migration_id);
+  if (offer.sequences.empty()) return invalid_argument(fmt::format("{}: no sequences", what));
   if (out.contains(offer.migration_id) || in.contains(offer.migration_id)) {
     return already_exists(fmt::format("{}: a migration of that id is running here", what));
   }
@@ -208,9 +209,15 @@ void KvMigrator::Impl::on_stage(Incoming& msg) {
   }
   auto it = in.find(stage->migration_id);
   if (it == in.end() || it->second.ended || it->second.ep.id() != msg.from.id()) {
-    (void)msg.from.reply(msg, refusal_answer(not_found(fmt::format(
-                                  "kv migrator: no migration {:#x} from this source is running here",
-                                  stage->migration_id))));
+    // A stage that crossed our abort on the way gets the abort's reason, whichever the source
+    // reads first.
+    auto gone = finished.find(stage->migration_id);
+    const bool aborted_here = gone != finished.end() && !gone->second.outgoing && !gone->second.reason.ok();
+    (void)msg.from.reply(msg, refusal_answer(aborted_here ? gone->second.reason
+                                                          : not_found(fmt::format(
+                                                                "kv migrator: no migration {:#x} from this source is "
+                                                                "running here",
+                                                                stage->migration_id))));
     return;
   }
   InMigration& m = it->second;
@@ -291,9 +298,9 @@ void KvMigrator::Impl::end_in(InMigration& m, MigrationState state, Status reaso
   e.outgoing = false;
   e.state = state;
   for (const InSequence& q : m.seqs) e.sequences.push_back(q.id);
-  e.reason = std::move(reason);
+  e.reason = reason;
   events.push_back(std::move(e));
-  record_finished(m.id, state, false);
+  record_finished(m.id, state, false, std::move(reason));
 }
 
 }  // namespace laminar

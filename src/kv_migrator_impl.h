@@ -44,7 +44,7 @@ struct KvMigrator::Impl {
     SequenceId id;
     std::uint32_t pages_needed = 0;   // reserved at the destination
     std::vector<std::int32_t> dst;    // the destination's page ids, [pages_needed]
-    std::uint32_t staged = 0;         // pages put in a stage so far (from the first)
+    std::uint32_t staged = 0;         // pages queued for a stage or in one so far (from the first)
   };
   // Pages of one sequence waiting for a stage: reserved indices [first, first + src.size()).
   struct Piece {
@@ -113,6 +113,7 @@ struct KvMigrator::Impl {
   struct Finished {
     MigrationState state = MigrationState::kDone;
     bool outgoing = true;
+    Status reason;  // an aborted incoming one's: a stage that arrives after the abort is refused with it
   };
   struct Watch {
     Endpoint ep;
@@ -148,7 +149,7 @@ struct KvMigrator::Impl {
   void queue(Incoming in);
   // Subscribes to the endpoint's close, once per endpoint.
   void watch(const Endpoint& ep);
-  void record_finished(MigrationId id, MigrationState state, bool outgoing);
+  void record_finished(MigrationId id, MigrationState state, bool outgoing, Status reason = {});
   void record_error(const Status& s);
   std::uint64_t page_checksum(std::int32_t page) const;
   // Sends an abort message, best effort, waiting at most `timeout`.
