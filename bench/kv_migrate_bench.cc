@@ -18,6 +18,8 @@
 //
 //   kv_migrate_bench [--lengths 256,1024,4096,8192] [--repeats 7] [--step-ms 25] [--poll-us 100]
 //                    [--headline downtime|throughput]
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -25,6 +27,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,6 +37,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #define XXH_INLINE_ALL  // as the migrator includes it, so its checksums cost the same here
@@ -253,18 +258,42 @@ int run_dest(std::int64_t max_tokens) {
   }
 }
 
+// Seconds the threads of a process spent on a CPU, and runnable but waiting for one
+// (/proc/PID/task/*/schedstat), summed over its threads.
+struct SchedTimes {
+  double on_cpu_s = 0;
+  double waiting_s = 0;
+};
+
+SchedTimes sched_times(pid_t pid) {
+  SchedTimes t;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "schedstat");
+    unsigned long long on_cpu_ns = 0, waiting_ns = 0;
+    if (in >> on_cpu_ns >> waiting_ns) {
+      t.on_cpu_s += double(on_cpu_ns) * 1e-9;
+      t.waiting_s += double(waiting_ns) * 1e-9;
+    }
+  }
+  return t;
+}
+
 struct MigrationTiming {
   double total_s = 0;         // migrate() to kDone
   double downtime_s = 0;      // kPauseRequested to kDone
   double longest_poll_s = 0;  // of the poll() calls between decode steps: what staging adds to a step
+  SchedTimes sched;           // of both processes, migrate() to kDone
 };
 
 // The source: this process. Owns the transport and cache; a KvMigrator is made per mode.
 class Source {
  public:
-  Source(std::int64_t max_tokens, const std::string& dest_address, Duration step, Duration poll_interval)
+  Source(std::int64_t max_tokens, pid_t dest_pid, const std::string& dest_address, Duration step,
+         Duration poll_interval)
       : layout_(model_layout(max_tokens)),
         pattern_(std::size_t(layout_.token_elems()) * dtype_size(layout_.dtype)),
+        dest_pid_(dest_pid),
         dest_address_(dest_address),
         step_(step),
         poll_interval_(poll_interval) {
@@ -295,6 +324,7 @@ class Source {
     const SequenceId seq = fresh_sequence(tokens);
     std::int64_t decoded = 0;
 
+    const SchedTimes sched_start = both_sched_times();
     const auto start = SteadyClock::now();
     auto id = mig.migrate(dest_address_, std::span<const SequenceId>(&seq, 1));
     check(id.status(), "migrate");
@@ -312,10 +342,12 @@ class Source {
           check(mig.finish(e.id, std::move(states)), "finish");
         } else if (e.kind == MigrationEvent::Kind::kDone) {
           const auto end = SteadyClock::now();
+          const SchedTimes sched_end = both_sched_times();
           if (!paused) die("kDone before kPauseRequested");
           check_at_dest(seq, tokens + decoded);
           return {std::chrono::duration<double>(end - start).count(),
-                  std::chrono::duration<double>(end - *paused).count(), longest_poll_s};
+                  std::chrono::duration<double>(end - *paused).count(), longest_poll_s,
+                  {sched_end.on_cpu_s - sched_start.on_cpu_s, sched_end.waiting_s - sched_start.waiting_s}};
         } else if (e.kind == MigrationEvent::Kind::kAborted) {
           die("migration aborted: " + e.reason.to_string());
         }
@@ -331,8 +363,9 @@ class Source {
     }
   }
 
-  // Seconds of one put of `bytes` from a registered region here into the destination's.
-  double put_once(std::size_t bytes) {
+  // One put of `bytes` from a registered region here into the destination's: seconds, and both
+  // processes' scheduling times over it.
+  std::pair<double, SchedTimes> put_once(std::size_t bytes) {
     if (!put_src_.valid()) {
       auto desc = dest_.request(Message::from_string(kRegion, ""));
       check(desc.status(), "region request");
@@ -348,9 +381,12 @@ class Source {
         std::memcpy(put_src_.data() + i, &x, 8);
       }
     }
+    const SchedTimes sched_start = both_sched_times();
     const auto start = SteadyClock::now();
     check(dest_.put(put_src_, 0, put_dst_, 0, bytes).get(), "put");
-    return seconds_since(start);
+    const double seconds = seconds_since(start);
+    const SchedTimes sched_end = both_sched_times();
+    return {seconds, {sched_end.on_cpu_s - sched_start.on_cpu_s, sched_end.waiting_s - sched_start.waiting_s}};
   }
 
   // Seconds to checksum a sequence of `tokens` as the migrator does on each side
@@ -389,6 +425,11 @@ class Source {
   void stop_dest() { (void)dest_.request(Message::from_string(kExit, ""), 10s); }
 
  private:
+  SchedTimes both_sched_times() const {
+    const SchedTimes here = sched_times(getpid()), there = sched_times(dest_pid_);
+    return {here.on_cpu_s + there.on_cpu_s, here.waiting_s + there.waiting_s};
+  }
+
   SequenceId fresh_sequence(std::int64_t tokens) {
     const SequenceId seq(++last_sequence_);
     check(cache_->add_sequence(seq), "add_sequence");
@@ -419,6 +460,7 @@ class Source {
 
   KvLayout layout_;
   RowPattern pattern_;
+  pid_t dest_pid_;
   std::string dest_address_;
   Duration step_;
   Duration poll_interval_;
@@ -481,7 +523,7 @@ int main(int argc, char** argv) {
   auto dest_address = child->read_line(60s);
   check(dest_address.status(), "the destination's address");
 
-  Source source(longest, *dest_address, std::chrono::milliseconds(step_ms), std::chrono::microseconds(poll_us));
+  Source source(longest, child->pid(), *dest_address, std::chrono::milliseconds(step_ms), std::chrono::microseconds(poll_us));
   const std::size_t bytes = std::size_t(longest) * token_bytes(source.layout());
   // The migrators connect through the same transports, so they use these lanes too.
   std::fprintf(stderr, "kv_migrate_bench: %lld tokens = %.1f MB of K+V; UCX lanes:\n%s", (long long)longest,
@@ -490,16 +532,21 @@ int main(int argc, char** argv) {
   // Throughput: blocking copy against one put, taking turns; one warm-up round each. Beside them,
   // the parts of a copy's work measured alone: one side's checksums, and a stage's round trip.
   std::vector<double> put_s, copy_s, checksum_s, round_trip_s;
+  std::vector<double> put_on_cpu_s, put_waiting_s, copy_on_cpu_s, copy_waiting_s;
   {
     auto mig = source.migrator(0);
     for (int r = 0; r < repeats + 1; ++r) {
-      const double put = source.put_once(bytes);
-      const double copy = source.migrate(*mig, longest, false).total_s;
+      const auto [put, put_sched] = source.put_once(bytes);
+      const MigrationTiming copy = source.migrate(*mig, longest, false);
       const double sums = source.checksum_s(longest);
       const double trip = source.round_trip_s();
       if (r > 0) {
         put_s.push_back(put);
-        copy_s.push_back(copy);
+        put_on_cpu_s.push_back(put_sched.on_cpu_s);
+        put_waiting_s.push_back(put_sched.waiting_s);
+        copy_s.push_back(copy.total_s);
+        copy_on_cpu_s.push_back(copy.sched.on_cpu_s);
+        copy_waiting_s.push_back(copy.sched.waiting_s);
         checksum_s.push_back(sums);
         round_trip_s.push_back(trip);
       }
@@ -525,9 +572,13 @@ int main(int argc, char** argv) {
                "  put of the bytes                         %8.2f ms\n"
                "  checksums, source and destination, 2 x   %8.2f ms\n"
                "  round trips, offer and %3lld stages, %lld x %8.3f ms\n"
-               "  sum                                      %8.2f ms   the migration: %.2f ms\n\n",
+               "  sum                                      %8.2f ms   the migration: %.2f ms\n"
+               "both processes' threads, on a CPU / runnable but waiting for one (medians):\n"
+               "  during the put        %8.2f / %8.2f ms\n"
+               "  during the migration  %8.2f / %8.2f ms\n\n",
                put_ms, sums_ms, (long long)(round_trips - 1), (long long)round_trips, median(round_trip_s) * 1e3,
-               put_ms + 2 * sums_ms + trips_ms, median(copy_s) * 1e3);
+               put_ms + 2 * sums_ms + trips_ms, median(copy_s) * 1e3, median(put_on_cpu_s) * 1e3, median(put_waiting_s) * 1e3,
+               median(copy_on_cpu_s) * 1e3, median(copy_waiting_s) * 1e3);
 
   // Downtime: blocking and staged copies of each length, taking turns; one warm-up round. Beside
   // it, a staged copy's whole time and its longest poll() while the sequence still decoded.
