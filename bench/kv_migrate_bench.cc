@@ -110,8 +110,8 @@ class RowPattern {
   }
 
   const unsigned char* row(SequenceId seq, std::int32_t layer, int pool, std::int64_t pos) const {
-    std::uint64_t x = seq.value() * 0x9E3779B97F4A7C15ull ^ std::uint64_t(layer) << 40 ^
-                      std::uint64_t(pool) << 39 ^ std::uint64_t(pos);
+    std::uint64_t x = seq.value() * 0x9E3779B97F4A7C15ull ^ std::uint64_t(layer) << 40 ^ std::uint64_t(pool) << 39 ^
+                      std::uint64_t(pos);
     x ^= x >> 31;  // splitmix64's finaliser: neighbouring positions land far apart
     x *= 0xBF58476D1CE4E5B9ull;
     x ^= x >> 27;
@@ -186,10 +186,9 @@ int run_dest(std::int64_t max_tokens) {
   std::mutex mu;
   std::deque<Incoming> requests;  // kCheck and kPing, answered by the loop below, which owns the cache
   bool done = false;
-  check(transport->on_message(kRegion,
-                              [&](Incoming in) {
-                                (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize()));
-                              }),
+  check(transport->on_message(
+            kRegion,
+            [&](Incoming in) { (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize())); }),
         "handler");
   for (const MessageType type : {kCheck, kPing}) {
     check(transport->on_message(type,
@@ -346,7 +345,8 @@ class Source {
           if (!paused) die("kDone before kPauseRequested");
           check_at_dest(seq, tokens + decoded);
           return {std::chrono::duration<double>(end - start).count(),
-                  std::chrono::duration<double>(end - *paused).count(), longest_poll_s,
+                  std::chrono::duration<double>(end - *paused).count(),
+                  longest_poll_s,
                   {sched_end.on_cpu_s - sched_start.on_cpu_s, sched_end.waiting_s - sched_start.waiting_s}};
         } else if (e.kind == MigrationEvent::Kind::kAborted) {
           die("migration aborted: " + e.reason.to_string());
@@ -404,8 +404,9 @@ class Source {
       XXH3_64bits_reset(&state);
       for (const unsigned char* pool : {k, v}) {
         for (std::int32_t layer = 0; layer < layout_.num_layers; ++layer) {
-          XXH3_64bits_update(&state, pool + (std::size_t(layer) * std::size_t(layout_.num_pages) + std::size_t(page)) * page_bytes,
-                             page_bytes);
+          XXH3_64bits_update(
+              &state, pool + (std::size_t(layer) * std::size_t(layout_.num_pages) + std::size_t(page)) * page_bytes,
+              page_bytes);
         }
       }
       checksums_ ^= XXH3_64bits_digest(&state);  // kept, so the hashing is not optimised away
@@ -453,8 +454,8 @@ class Source {
   }
 
   void check_at_dest(SequenceId seq, std::int64_t tokens) {
-    const auto answer = dest_.request(
-        Message::from_string(kCheck, std::to_string(seq.value()) + " " + std::to_string(tokens)), 60s);
+    const auto answer =
+        dest_.request(Message::from_string(kCheck, std::to_string(seq.value()) + " " + std::to_string(tokens)), 60s);
     check(answer.status(), "destination's check");
   }
 
@@ -523,7 +524,8 @@ int main(int argc, char** argv) {
   auto dest_address = child->read_line(60s);
   check(dest_address.status(), "the destination's address");
 
-  Source source(longest, child->pid(), *dest_address, std::chrono::milliseconds(step_ms), std::chrono::microseconds(poll_us));
+  Source source(longest, child->pid(), *dest_address, std::chrono::milliseconds(step_ms),
+                std::chrono::microseconds(poll_us));
   const std::size_t bytes = std::size_t(longest) * token_bytes(source.layout());
   // The migrators connect through the same transports, so they use these lanes too.
   std::fprintf(stderr, "kv_migrate_bench: %lld tokens = %.1f MB of K+V; UCX lanes:\n%s", (long long)longest,
@@ -577,8 +579,8 @@ int main(int argc, char** argv) {
                "  during the put        %8.2f / %8.2f ms\n"
                "  during the migration  %8.2f / %8.2f ms\n\n",
                put_ms, sums_ms, (long long)(round_trips - 1), (long long)round_trips, median(round_trip_s) * 1e3,
-               put_ms + 2 * sums_ms + trips_ms, median(copy_s) * 1e3, median(put_on_cpu_s) * 1e3, median(put_waiting_s) * 1e3,
-               median(copy_on_cpu_s) * 1e3, median(copy_waiting_s) * 1e3);
+               put_ms + 2 * sums_ms + trips_ms, median(copy_s) * 1e3, median(put_on_cpu_s) * 1e3,
+               median(put_waiting_s) * 1e3, median(copy_on_cpu_s) * 1e3, median(copy_waiting_s) * 1e3);
 
   // Downtime: blocking and staged copies of each length, taking turns; one warm-up round. Beside
   // it, a staged copy's whole time and its longest poll() while the sequence still decoded.
