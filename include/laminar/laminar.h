@@ -12,6 +12,8 @@
 #include "laminar/relay_store.h"
 #include "laminar/relay_versions.h"
 #include "laminar/remote_trajectory_queue.h"
+#include "laminar/repack_coordinator.h"
+#include "laminar/repack_driver.h"
 #include "laminar/repack_policy.h"
 #include "laminar/status.h"
 #include "laminar/trajectory_queue.h"

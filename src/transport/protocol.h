@@ -34,6 +34,11 @@ inline constexpr MessageType kMigrationOfferMessage = kLaminarMessageTypeFirst +
 inline constexpr MessageType kMigrationStageMessage = kLaminarMessageTypeFirst + 0x0302;
 // Either side gives the migration up.
 inline constexpr MessageType kMigrationAbortMessage = kLaminarMessageTypeFirst + 0x0303;
+// Repack (repack_wire.h): 0xF000'04xx, both one-way.
+// A worker's snapshot, to the coordinator.
+inline constexpr MessageType kRepackReportMessage = kLaminarMessageTypeFirst + 0x0401;
+// A source worker's part of a plan, to that worker.
+inline constexpr MessageType kRepackOrdersMessage = kLaminarMessageTypeFirst + 0x0402;
 
 // As Transport::on_message, for a type in the reserved range (else kInvalidArgument).
 [[nodiscard]] Status on_protocol_message(Transport& transport, MessageType type, MessageHandler handler);

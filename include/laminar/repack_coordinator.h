@@ -1,0 +1,110 @@
+// repack_coordinator.h: RepackCoordinator, which turns the rollout fleet's reports into repack
+// plans (plan_repack) and sends each source worker its part.
+//
+// One per fleet, on a process's shared Transport (the trainer's, say), which must listen: every
+// rollout worker's RepackDriver connects to it and reports its WorkerSnapshot and its KvMigrator's
+// address every report interval. The coordinator keeps each worker's newest report and, every
+// `interval` and at once when told of a newer published version, makes a plan from the reports
+// and sends each source worker its orders: the moves whose `from` is that worker, grouped by
+// destination with each destination's migrator address. Workers carry the orders out themselves
+// (KvMigrator, driven by RepackDriver); the coordinator moves nothing and hears no outcome but
+// the workers' later reports.
+//
+// Left out of a plan, neither source nor destination:
+//   - a worker whose newest report is older than stale_after (its process may be gone);
+//   - a worker whose report says one of its migrations runs (its numbers are about to change);
+//   - a worker named in a plan (either way) since its newest report: it sits out until it reports
+//     again, so no plan double-books a destination or orders a source twice from one report;
+//   - a worker on a version newer than the newest the coordinator knows;
+//   - both workers when two report one sequence (a migration committed between their reports).
+// Reports are checked when they arrive (the wire's bounds, then plan_repack's preconditions for
+// that one worker) and refused whole; so a bad report leaves out only its worker, never the plan.
+//
+// Threads. The coordinator's own thread makes the plans and sends the orders (one-way sends, at
+// most send_timeout each). Reports are taken on the transport's callback thread. Every method is
+// thread-safe.
+//
+//   laminar::RepackCoordinatorOptions opt;
+//   opt.tokens_per_page = 16;
+//   auto coordinator = laminar::RepackCoordinator::create(transport, opt).value();
+//   // on every trainer update:
+//   (void)coordinator->set_newest_version(published);        // plans at once
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "laminar/clock.h"
+#include "laminar/repack_policy.h"
+#include "laminar/status.h"
+#include "laminar/transport.h"
+#include "laminar/types.h"
+
+namespace laminar {
+
+struct RepackCoordinatorOptions {
+  // Page size of every worker's KV cache (positive).
+  std::int32_t tokens_per_page = 0;
+  // Between plans (positive).
+  Duration interval = std::chrono::seconds(5);
+  // A worker whose newest report is older than this is left out of plans (positive); a few report
+  // intervals.
+  Duration stale_after = std::chrono::seconds(15);
+  // Workers whose reports are kept (positive). A report from one more is refused, unless the
+  // stalest kept report is stale: that one is forgotten.
+  std::uint32_t max_workers = 1024;
+  // One orders message's send (positive, or kForever).
+  Duration send_timeout = std::chrono::seconds(1);
+  // What plan_repack is given (checked by create()).
+  RepackPolicyOptions policy;
+  // Time of intervals and staleness (null: Clock::steady()).
+  std::shared_ptr<Clock> clock;
+};
+
+struct RepackCoordinatorStats {
+  std::uint64_t reports = 0;           // reports taken
+  std::uint64_t reports_refused = 0;   // malformed, invalid, older than the kept one, or no room
+  std::uint64_t workers = 0;           // workers whose report is kept now
+  std::uint64_t plans = 0;             // plans made
+  std::uint64_t plans_failed = 0;      // plans plan_repack refused (background_error() has the first)
+  std::uint64_t planned_workers = 0;   // workers in the last plan's fleet
+  std::uint64_t left_out = 0;          // workers with a kept report left out of the last plan
+  std::uint64_t moves = 0;             // moves ordered, over all plans
+  std::uint64_t workers_freed = 0;     // freed workers, over all plans
+  std::uint64_t orders_sent = 0;       // orders messages sent
+  std::uint64_t orders_failed = 0;     // orders messages that could not be sent (worker gone)
+
+  std::string to_json() const;
+};
+
+class RepackCoordinator {
+ public:
+  // Installs the report handler on `transport` and starts the planning thread. kInvalidArgument
+  // for a null transport, non-positive tokens_per_page, interval, stale_after or send_timeout,
+  // zero max_workers, or policy options plan_repack refuses; kAlreadyExists when another
+  // coordinator serves on `transport`.
+  static Result<std::unique_ptr<RepackCoordinator>> create(std::shared_ptr<Transport> transport,
+                                                           RepackCoordinatorOptions options);
+  // Removes the handler (waiting for a call in progress) and stops the thread.
+  ~RepackCoordinator();
+  RepackCoordinator(const RepackCoordinator&) = delete;
+  RepackCoordinator& operator=(const RepackCoordinator&) = delete;
+
+  // The newest version the relays publish (at first 0). A newer one plans at once; the same one
+  // does nothing. kInvalidArgument for an older one: published versions only increase.
+  Status set_newest_version(Version v);
+  Version newest_version() const;
+
+  RepackCoordinatorStats stats() const;
+  // The first plan plan_repack refused (a fleet the per-report checks let through: a bug of ours);
+  // OK otherwise.
+  Status background_error() const;
+
+ private:
+  struct Impl;
+  explicit RepackCoordinator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace laminar

@@ -1,0 +1,113 @@
+// repack_driver.h: RepackDriver, the worker side of repacking: what a rollout loop calls between
+// decode steps to report its snapshot to the fleet's RepackCoordinator, take its part of a plan
+// and run the migrations in and out.
+//
+// One per rollout worker, wrapping that worker's KvMigrator (on the same Transport, which must
+// listen: destinations are reached at the migrator's address). step() does three things:
+//   1. orders that arrived since the last step become migrations: one KvMigrator::migrate() per
+//      destination with all of its sequences, less those no longer live (not in the snapshot) or
+//      already moving. Orders planned from a report older than the last one this driver sent, or
+//      for a version other than the snapshot's, are dropped: the plan read numbers that no longer
+//      hold. Orders come only from the coordinator's connection; anything else on that message type
+//      is refused.
+//   2. every report_interval (on the driver's clock), the snapshot, the migrator's address and
+//      whether a migration runs go to the coordinator: one-way, and never waited for (the
+//      driver's thread sends; a report not sent yet is replaced by the newer one).
+//   3. the migrator is polled, and its events are returned to the loop, which acts on them as
+//      KvMigrator's header describes: finish() on kPauseRequested, resume on an outgoing kAborted,
+//      drop on kDone, adopt on kArrived.
+//
+// Threads. step() runs on the host's decode loop (the one that owns the cache and calls the
+// migrator); stats() is thread-safe. The driver's own thread connects to the coordinator (retrying every
+// retry_interval) and sends the reports. Orders are taken on the transport's callback thread and
+// wait, the newest only, for the next step().
+//
+//   auto driver = laminar::RepackDriver::create(transport, migrator, {.worker = id, .coordinator = addr}).value();
+//   for (;;) {                                                     // the decode loop
+//     laminar::Result<std::vector<laminar::MigrationEvent>> events = driver->step(snapshot_now());
+//     if (events.ok()) for (laminar::MigrationEvent& e : *events) handle(e);   // as KvMigrator's
+//     decode_one_step();
+//   }
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "laminar/clock.h"
+#include "laminar/kv_migrator.h"
+#include "laminar/repack_policy.h"
+#include "laminar/status.h"
+#include "laminar/transport.h"
+#include "laminar/types.h"
+
+namespace laminar {
+
+struct RepackDriverOptions {
+  // This worker: every snapshot's id.
+  WorkerId worker;
+  // "host:port" of the coordinator's transport.
+  std::string coordinator;
+  // Between reports (positive): a fraction of the coordinator's stale_after.
+  Duration report_interval = std::chrono::seconds(1);
+  // Connecting to the coordinator, and the wait before trying again after a failure (positive).
+  Duration connect_timeout = std::chrono::seconds(5);
+  Duration retry_interval = std::chrono::seconds(1);
+  // One report's send (positive, or kForever).
+  Duration send_timeout = std::chrono::seconds(1);
+  // Time of report intervals and retries (null: Clock::steady()).
+  std::shared_ptr<Clock> clock;
+};
+
+struct RepackDriverStats {
+  std::uint64_t reports_sent = 0;
+  std::uint64_t reports_failed = 0;      // sends that failed (the connection is then made again)
+  std::uint64_t connects_failed = 0;
+  std::uint64_t orders = 0;              // orders taken by step()
+  std::uint64_t orders_refused = 0;      // malformed, or not from the coordinator's connection
+  std::uint64_t orders_dropped = 0;      // planned from an older report or for another version,
+                                         //   or replaced by newer orders before a step took them
+  std::uint64_t migrations_started = 0;  // migrate() calls that succeeded
+  std::uint64_t migrations_refused = 0;  // migrate() calls that failed (their sequences stay here)
+  std::uint64_t sequences_skipped = 0;   // ordered sequences no longer live, or already moving
+
+  std::string to_json() const;
+};
+
+class RepackDriver {
+ public:
+  // Installs the orders handler and starts the reporting thread (which connects on its own; create
+  // does not wait for the coordinator). kInvalidArgument for a null transport or migrator, an
+  // empty coordinator address, non-positive report_interval, connect_timeout, retry_interval or
+  // send_timeout; kFailedPrecondition when the migrator has no address (its transport does not
+  // listen); kAlreadyExists when another driver serves on `transport`.
+  static Result<std::unique_ptr<RepackDriver>> create(std::shared_ptr<Transport> transport,
+                                                      std::shared_ptr<KvMigrator> migrator,
+                                                      RepackDriverOptions options);
+  // Removes the handler (waiting for a call in progress), closes the connection to the coordinator
+  // and stops the thread (after a connect in progress: at most connect_timeout). Migrations keep
+  // running in the migrator.
+  ~RepackDriver();
+  RepackDriver(const RepackDriver&) = delete;
+  RepackDriver& operator=(const RepackDriver&) = delete;
+
+  // Preconditions:
+  //   `snapshot` is this worker's now: every live sequence, with the migrator's version;
+  //   the caller is the decode loop (see Threads).
+  // Starts ordered migrations, sends the snapshot when a report is due, and returns the migrator's
+  // events. May block while the migrator connects to a destination it has no connection to yet
+  // (KvMigratorOptions::connect_timeout). kInvalidArgument for a snapshot of more than 1,024
+  // sequences or of another worker than options.worker; kFailedPrecondition for a version other
+  // than the migrator's. Nothing is started, sent or polled then.
+  Result<std::vector<MigrationEvent>> step(const WorkerSnapshot& snapshot);
+
+  RepackDriverStats stats() const;
+
+ private:
+  struct Impl;
+  explicit RepackDriver(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace laminar

@@ -1,0 +1,310 @@
+#include "laminar/repack_coordinator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "clock_wait.h"
+#include "handler_gate.h"
+#include "repack_wire.h"
+#include "transport/protocol.h"
+
+namespace laminar {
+using internal::kRepackOrdersMessage;
+using internal::kRepackReportMessage;
+
+namespace {
+
+// A worker's newest report and where to send its orders.
+struct Kept {
+  internal::RepackReport report;
+  Endpoint from;
+  Duration received_at{0};
+  // The report number the worker was last named in a plan from (0: never).
+  std::uint64_t planned_report = 0;
+};
+
+// Transports a coordinator serves on: one each, as the report handler is the transport's.
+std::mutex g_hosts_mu;
+std::set<const Transport*> g_hosts;
+
+// One worker of a plan's fleet, as the orders need it.
+struct Planned {
+  Endpoint from;
+  std::string migrator_address;
+  std::uint64_t report = 0;
+};
+
+}  // namespace
+
+struct RepackCoordinator::Impl {
+  Impl(std::shared_ptr<Transport> t, RepackCoordinatorOptions o)
+      : transport(std::move(t)), opt(std::move(o)), clock(internal::clock_or_steady(opt.clock)) {}
+
+  const std::shared_ptr<Transport> transport;
+  const RepackCoordinatorOptions opt;
+  const std::shared_ptr<Clock> clock;
+
+  mutable std::mutex mu;
+  // Signalled on a newer version, on stopping and on every jump of a virtual clock.
+  std::condition_variable cv;
+  std::map<WorkerId, Kept> workers;
+  Version newest{0};
+  bool plan_requested = false;
+  bool stopping = false;
+  std::uint64_t plans = 0;
+  RepackCoordinatorStats st;
+  Status first_error;
+  std::thread thread;
+  ClockSubscription clock_wake;
+  internal::HandlerGate gate;
+
+  bool stale(const Kept& k, Duration now) const { return now - k.received_at > opt.stale_after; }
+
+  void refuse() {
+    std::lock_guard l(mu);
+    ++st.reports_refused;
+  }
+
+  void on_report(const Incoming& in) {
+    Result<internal::RepackReport> r = internal::decode_repack_report(in.message.body);
+    if (!r.ok()) return refuse();
+    // One worker, checked as plan_repack checks every worker of a fleet.
+    const FleetSnapshot one{opt.tokens_per_page, {r->snapshot}};
+    if (!plan_repack(one, r->snapshot.version, opt.policy).ok()) return refuse();
+    const WorkerId id = r->snapshot.id;
+    const Duration now = clock->now();
+    std::lock_guard l(mu);
+    auto it = workers.find(id);
+    if (it != workers.end()) {
+      // Same connection: reports come in order, so an older number is a duplicate or a replay. A
+      // new connection is the worker restarted, counting from 1 again.
+      if (it->second.from.id() == in.from.id()) {
+        if (r->report <= it->second.report.report) {
+          ++st.reports_refused;
+          return;
+        }
+      } else {
+        it->second.planned_report = 0;
+      }
+      it->second.report = std::move(*r);
+      it->second.from = in.from;
+      it->second.received_at = now;
+      ++st.reports;
+      return;
+    }
+    if (workers.size() >= opt.max_workers) {
+      auto oldest = workers.begin();
+      for (auto w = workers.begin(); w != workers.end(); ++w) {
+        if (w->second.received_at < oldest->second.received_at) oldest = w;
+      }
+      if (!stale(oldest->second, now)) {
+        ++st.reports_refused;
+        return;
+      }
+      workers.erase(oldest);
+    }
+    workers.emplace(id, Kept{std::move(*r), in.from, now, 0});
+    st.workers = workers.size();
+    ++st.reports;
+  }
+
+  // Reads the kept reports into a fleet (under mu), leaving out those the header lists.
+  FleetSnapshot collect(std::map<WorkerId, Planned>& planned) {
+    FleetSnapshot fleet{opt.tokens_per_page, {}};
+    const Duration now = clock->now();
+    std::map<SequenceId, int> holders;
+    std::vector<const Kept*> eligible;
+    for (const auto& [id, k] : workers) {
+      if (stale(k, now) || k.report.migrating || k.planned_report >= k.report.report ||
+          k.report.snapshot.version > newest) {
+        continue;
+      }
+      eligible.push_back(&k);
+      for (const SequenceSnapshot& s : k.report.snapshot.sequences) ++holders[s.id];
+    }
+    for (const Kept* k : eligible) {
+      const auto& seqs = k->report.snapshot.sequences;
+      if (std::any_of(seqs.begin(), seqs.end(), [&](const SequenceSnapshot& s) { return holders[s.id] > 1; })) {
+        continue;
+      }
+      fleet.workers.push_back(k->report.snapshot);
+      planned[k->report.snapshot.id] = {k->from, k->report.migrator_address, k->report.report};
+    }
+    st.planned_workers = fleet.workers.size();
+    st.left_out = workers.size() - fleet.workers.size();
+    return fleet;
+  }
+
+  void plan_once() {
+    std::map<WorkerId, Planned> planned;
+    FleetSnapshot fleet;
+    Version version;
+    std::uint64_t number = 0;
+    {
+      std::lock_guard l(mu);
+      fleet = collect(planned);
+      version = newest;
+      number = ++plans;
+    }
+    Result<MigrationPlan> plan = plan_repack(fleet, version, opt.policy);
+    if (!plan.ok()) {
+      std::lock_guard l(mu);
+      ++st.plans_failed;
+      if (first_error.ok()) {
+        first_error = internal_error(fmt::format("repack plan {}: {}", number, plan.status().to_string()));
+      }
+      return;
+    }
+    // Each source's moves, by destination.
+    std::map<WorkerId, std::map<WorkerId, std::vector<SequenceId>>> by_source;
+    for (const Move& m : plan->moves) by_source[m.from][m.to].push_back(m.sequence);
+    std::map<WorkerId, Version> versions;
+    for (const WorkerSnapshot& w : fleet.workers) versions[w.id] = w.version;
+    std::vector<std::pair<Endpoint, internal::RepackOrders>> orders;
+    for (auto& [source, dests] : by_source) {
+      const Planned& from = planned.at(source);
+      internal::RepackOrders o{number, from.report, versions.at(source), {}};
+      for (auto& [dest, seqs] : dests) {
+        o.destinations.push_back({dest, planned.at(dest).migrator_address, std::move(seqs)});
+      }
+      orders.emplace_back(from.from, std::move(o));
+    }
+    {
+      std::lock_guard l(mu);
+      ++st.plans;
+      st.moves += plan->moves.size();
+      st.workers_freed += plan->freed.size();
+      // Sources and destinations sit out until they report again.
+      for (const Move& m : plan->moves) {
+        for (WorkerId w : {m.from, m.to}) {
+          auto it = workers.find(w);
+          if (it == workers.end()) continue;
+          it->second.planned_report = std::max(it->second.planned_report, planned.at(w).report);
+        }
+      }
+    }
+    for (auto& [to, o] : orders) {
+      Endpoint ep = to;
+      const Status s = internal::send_protocol(ep, Message{kRepackOrdersMessage, internal::encode_repack_orders(o)},
+                                               opt.send_timeout);
+      std::lock_guard l(mu);
+      ++(s.ok() ? st.orders_sent : st.orders_failed);
+    }
+  }
+
+  void run() {
+    std::unique_lock l(mu);
+    Duration next = internal::deadline_after(*clock, opt.interval);
+    while (!stopping) {
+      if (!plan_requested && clock->now() < next) {
+        clock->wait_until(cv, l, next);
+        continue;
+      }
+      plan_requested = false;
+      // Counted from the plan's start, so that whoever sees its orders knows when the next is due.
+      next = internal::deadline_after(*clock, opt.interval);
+      l.unlock();
+      plan_once();
+      l.lock();
+    }
+  }
+};
+
+Result<std::unique_ptr<RepackCoordinator>> RepackCoordinator::create(std::shared_ptr<Transport> transport,
+                                                                     RepackCoordinatorOptions options) {
+  if (!transport) return invalid_argument("repack coordinator: the transport is null");
+  if (options.tokens_per_page <= 0) {
+    return invalid_argument(fmt::format("RepackCoordinatorOptions: tokens_per_page {}", options.tokens_per_page));
+  }
+  if (options.interval <= Duration::zero() || options.stale_after <= Duration::zero() ||
+      options.send_timeout <= Duration::zero()) {
+    return invalid_argument(
+        fmt::format("RepackCoordinatorOptions: interval {} ns, stale_after {} ns, send_timeout {} ns",
+                    options.interval.count(), options.stale_after.count(), options.send_timeout.count()));
+  }
+  if (options.max_workers == 0) return invalid_argument("RepackCoordinatorOptions: max_workers 0");
+  // An empty fleet checks the policy options alone.
+  if (Result<MigrationPlan> p = plan_repack({options.tokens_per_page, {}}, Version(0), options.policy); !p.ok()) {
+    return invalid_argument(fmt::format("RepackCoordinatorOptions: policy: {}", p.status().message()));
+  }
+  {
+    std::lock_guard l(g_hosts_mu);
+    if (!g_hosts.insert(transport.get()).second) {
+      return already_exists("repack coordinator: another coordinator already serves on this transport");
+    }
+  }
+  auto impl = std::make_unique<Impl>(std::move(transport), std::move(options));
+  Impl* p = impl.get();
+  impl->clock_wake = impl->clock->subscribe([p] {
+    std::lock_guard l(p->mu);
+    p->cv.notify_all();
+  });
+  impl->thread = std::thread([p] { p->run(); });
+  // The type is laminar's own, in the reserved range: registering it cannot fail.
+  LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kRepackReportMessage,
+                                              p->gate.wrap([p](Incoming in) { p->on_report(in); }))
+                    .ok());
+  return std::unique_ptr<RepackCoordinator>(new RepackCoordinator(std::move(impl)));
+}
+
+RepackCoordinator::RepackCoordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RepackCoordinator::~RepackCoordinator() {
+  (void)internal::on_protocol_message(*impl_->transport, kRepackReportMessage, {});
+  impl_->gate.close();
+  {
+    std::lock_guard l(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+  impl_->clock_wake.reset();
+  std::lock_guard l(g_hosts_mu);
+  g_hosts.erase(impl_->transport.get());
+}
+
+Status RepackCoordinator::set_newest_version(Version v) {
+  std::lock_guard l(impl_->mu);
+  if (v < impl_->newest) {
+    return invalid_argument(fmt::format("repack coordinator: version {} is older than the newest, {}", v.value(),
+                                        impl_->newest.value()));
+  }
+  if (v == impl_->newest) return ok_status();
+  impl_->newest = v;
+  impl_->plan_requested = true;
+  impl_->cv.notify_all();
+  return ok_status();
+}
+
+Version RepackCoordinator::newest_version() const {
+  std::lock_guard l(impl_->mu);
+  return impl_->newest;
+}
+
+RepackCoordinatorStats RepackCoordinator::stats() const {
+  std::lock_guard l(impl_->mu);
+  return impl_->st;
+}
+
+Status RepackCoordinator::background_error() const {
+  std::lock_guard l(impl_->mu);
+  return impl_->first_error;
+}
+
+std::string RepackCoordinatorStats::to_json() const {
+  return fmt::format(
+      R"({{"reports":{},"reports_refused":{},"workers":{},"plans":{},"plans_failed":{},"planned_workers":{},)"
+      R"("left_out":{},"moves":{},"workers_freed":{},"orders_sent":{},"orders_failed":{}}})",
+      reports, reports_refused, workers, plans, plans_failed, planned_workers, left_out, moves, workers_freed,
+      orders_sent, orders_failed);
+}
+
+}  // namespace laminar

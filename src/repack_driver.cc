@@ -1,0 +1,254 @@
+#include "laminar/repack_driver.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "clock_wait.h"
+#include "handler_gate.h"
+#include "repack_wire.h"
+#include "transport/protocol.h"
+
+namespace laminar {
+using internal::kRepackOrdersMessage;
+using internal::kRepackReportMessage;
+
+namespace {
+
+// Transports a driver serves on: one each, as the orders handler is the transport's.
+std::mutex g_hosts_mu;
+std::set<const Transport*> g_hosts;
+
+}  // namespace
+
+struct RepackDriver::Impl {
+  Impl(std::shared_ptr<Transport> t, std::shared_ptr<KvMigrator> m, RepackDriverOptions o, std::string a)
+      : transport(std::move(t)),
+        migrator(std::move(m)),
+        opt(std::move(o)),
+        clock(internal::clock_or_steady(opt.clock)),
+        address(std::move(a)) {}
+
+  const std::shared_ptr<Transport> transport;
+  const std::shared_ptr<KvMigrator> migrator;
+  const RepackDriverOptions opt;
+  const std::shared_ptr<Clock> clock;
+  const std::string address;  // the migrator's, in every report
+
+  mutable std::mutex mu;
+  // Signalled on a new report, on stopping and on every jump of a virtual clock.
+  std::condition_variable cv;
+  std::optional<internal::RepackReport> outbox;  // the newest report not sent yet
+  Endpoint coordinator;                          // invalid while not connected
+  std::uint64_t coordinator_id = 0;              // its id, which orders must arrive on (0: none)
+  std::uint64_t last_sent = 0;                   // number of the last report sent
+  std::optional<internal::RepackOrders> pending;
+  bool stopping = false;
+  RepackDriverStats st;
+  std::thread thread;
+  ClockSubscription clock_wake;
+  internal::HandlerGate gate;
+
+  // The decode loop's own.
+  std::uint64_t next_report = 1;
+  Duration report_at{0};
+
+  void on_orders(const Incoming& in) {
+    Result<internal::RepackOrders> o = internal::decode_repack_orders(in.message.body);
+    std::lock_guard l(mu);
+    if (!o.ok() || coordinator_id == 0 || in.from.id() != coordinator_id) {
+      ++st.orders_refused;
+      return;
+    }
+    if (pending) ++st.orders_dropped;
+    pending = std::move(*o);
+  }
+
+  // The reporting thread: connects when it must and sends what is in the outbox.
+  void run() {
+    std::unique_lock l(mu);
+    Duration retry_at{0};
+    while (!stopping) {
+      if (!outbox) {
+        clock->wait_until(cv, l, kForever);
+        continue;
+      }
+      if (!coordinator.valid()) {
+        if (clock->now() < retry_at) {
+          clock->wait_until(cv, l, retry_at);
+          continue;
+        }
+        l.unlock();
+        Result<Endpoint> ep = transport->connect(opt.coordinator, opt.connect_timeout);
+        l.lock();
+        if (!ep.ok()) {
+          ++st.connects_failed;
+          retry_at = internal::deadline_after(*clock, opt.retry_interval);
+          continue;
+        }
+        coordinator = *ep;
+        coordinator_id = ep->id();
+        continue;
+      }
+      internal::RepackReport r = std::move(*outbox);
+      outbox.reset();
+      Endpoint ep = coordinator;
+      l.unlock();
+      const Status s = internal::send_protocol(
+          ep, Message{kRepackReportMessage, internal::encode_repack_report(r)}, opt.send_timeout);
+      l.lock();
+      if (s.ok()) {
+        ++st.reports_sent;
+        last_sent = std::max(last_sent, r.report);
+      } else {
+        ++st.reports_failed;
+        ep.close();
+        coordinator = Endpoint();
+        coordinator_id = 0;
+      }
+    }
+  }
+
+  // Starts the migrations of `o` (see the header).
+  void carry_out(const internal::RepackOrders& o, const WorkerSnapshot& snapshot) {
+    std::set<SequenceId> live;
+    for (const SequenceSnapshot& s : snapshot.sequences) live.insert(s.id);
+    const std::vector<SequenceId> moving_now = migrator->moving();
+    const std::set<SequenceId> moving(moving_now.begin(), moving_now.end());
+    std::uint64_t started = 0, refused = 0, skipped = 0;
+    for (const internal::RepackDestination& d : o.destinations) {
+      std::vector<SequenceId> seqs;
+      for (SequenceId q : d.sequences) {
+        if (live.contains(q) && !moving.contains(q)) {
+          seqs.push_back(q);
+        } else {
+          ++skipped;
+        }
+      }
+      if (seqs.empty()) continue;
+      ++(migrator->migrate(d.migrator_address, seqs).ok() ? started : refused);
+    }
+    std::lock_guard l(mu);
+    ++st.orders;
+    st.migrations_started += started;
+    st.migrations_refused += refused;
+    st.sequences_skipped += skipped;
+  }
+};
+
+Result<std::unique_ptr<RepackDriver>> RepackDriver::create(std::shared_ptr<Transport> transport,
+                                                           std::shared_ptr<KvMigrator> migrator,
+                                                           RepackDriverOptions options) {
+  if (!transport) return invalid_argument("repack driver: the transport is null");
+  if (!migrator) return invalid_argument("repack driver: the migrator is null");
+  if (options.coordinator.empty()) return invalid_argument("RepackDriverOptions: empty coordinator address");
+  if (options.report_interval <= Duration::zero() || options.connect_timeout <= Duration::zero() ||
+      options.retry_interval <= Duration::zero() || options.send_timeout <= Duration::zero()) {
+    return invalid_argument(fmt::format(
+        "RepackDriverOptions: report_interval {} ns, connect_timeout {} ns, retry_interval {} ns, send_timeout {} ns",
+        options.report_interval.count(), options.connect_timeout.count(), options.retry_interval.count(),
+        options.send_timeout.count()));
+  }
+  std::optional<std::string> address = migrator->address();
+  if (!address || address->empty() || address->size() > internal::kMaxRepackAddressBytes) {
+    return failed_precondition("repack driver: the migrator has no address (its transport does not listen)");
+  }
+  {
+    std::lock_guard l(g_hosts_mu);
+    if (!g_hosts.insert(transport.get()).second) {
+      return already_exists("repack driver: another driver already serves on this transport");
+    }
+  }
+  auto impl = std::make_unique<Impl>(std::move(transport), std::move(migrator), std::move(options), *address);
+  Impl* p = impl.get();
+  impl->clock_wake = impl->clock->subscribe([p] {
+    std::lock_guard l(p->mu);
+    p->cv.notify_all();
+  });
+  impl->thread = std::thread([p] { p->run(); });
+  // The type is laminar's own, in the reserved range: registering it cannot fail.
+  LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kRepackOrdersMessage,
+                                              p->gate.wrap([p](Incoming in) { p->on_orders(in); }))
+                    .ok());
+  return std::unique_ptr<RepackDriver>(new RepackDriver(std::move(impl)));
+}
+
+RepackDriver::RepackDriver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RepackDriver::~RepackDriver() {
+  (void)internal::on_protocol_message(*impl_->transport, kRepackOrdersMessage, {});
+  impl_->gate.close();
+  {
+    std::lock_guard l(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+  // The thread may have connected up to its last moment: closed once it is gone.
+  if (impl_->coordinator.valid()) impl_->coordinator.close();
+  impl_->clock_wake.reset();
+  std::lock_guard l(g_hosts_mu);
+  g_hosts.erase(impl_->transport.get());
+}
+
+Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& snapshot) {
+  Impl& d = *impl_;
+  if (snapshot.id != d.opt.worker) {
+    return invalid_argument(
+        fmt::format("repack driver: snapshot of worker {}, not {}", snapshot.id.value(), d.opt.worker.value()));
+  }
+  if (snapshot.sequences.size() > internal::kMaxRepackSequences) {
+    return invalid_argument(fmt::format("repack driver: snapshot of {} sequences, above {}",
+                                        snapshot.sequences.size(), internal::kMaxRepackSequences));
+  }
+  if (snapshot.version != d.migrator->version()) {
+    return failed_precondition(fmt::format("repack driver: snapshot of version {}, the migrator's is {}",
+                                           snapshot.version.value(), d.migrator->version().value()));
+  }
+  std::optional<internal::RepackOrders> orders;
+  std::uint64_t last_sent = 0;
+  {
+    std::lock_guard l(d.mu);
+    orders = std::move(d.pending);
+    d.pending.reset();
+    last_sent = d.last_sent;
+  }
+  if (orders) {
+    if (orders->report < last_sent || orders->version != snapshot.version) {
+      std::lock_guard l(d.mu);
+      ++d.st.orders_dropped;
+    } else {
+      d.carry_out(*orders, snapshot);
+    }
+  }
+  const Duration now = d.clock->now();
+  if (now >= d.report_at) {
+    internal::RepackReport r{d.next_report++, !d.migrator->moving().empty(), d.address, snapshot};
+    d.report_at = internal::deadline_after(*d.clock, d.opt.report_interval);
+    std::lock_guard l(d.mu);
+    d.outbox = std::move(r);
+    d.cv.notify_all();
+  }
+  return d.migrator->poll();
+}
+
+RepackDriverStats RepackDriver::stats() const {
+  std::lock_guard l(impl_->mu);
+  return impl_->st;
+}
+
+std::string RepackDriverStats::to_json() const {
+  return fmt::format(
+      R"({{"reports_sent":{},"reports_failed":{},"connects_failed":{},"orders":{},"orders_refused":{},)"
+      R"("orders_dropped":{},"migrations_started":{},"migrations_refused":{},"sequences_skipped":{}}})",
+      reports_sent, reports_failed, connects_failed, orders, orders_refused, orders_dropped, migrations_started,
+      migrations_refused, sequences_skipped);
+}
+
+}  // namespace laminar
