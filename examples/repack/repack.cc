@@ -112,10 +112,13 @@ Prompt prompt_of(const Settings& s, std::uint32_t worker, std::uint32_t j, std::
 }
 
 // The response length travels with a migrated sequence in its engine_state, the engine's own blob.
-std::string engine_state_of(std::int64_t response_length) { return "response_length=" + std::to_string(response_length); }
+constexpr std::string_view kKey = "response_length=";
+
+std::string engine_state_of(std::int64_t response_length) {
+  return std::string(kKey) + std::to_string(response_length);
+}
 
 Result<std::int64_t> response_length_of(const SequenceState& s) {
-  constexpr std::string_view kKey = "response_length=";
   const std::string& e = s.engine_state;
   std::int64_t n = 0;
   if (e.starts_with(kKey)) {
@@ -140,8 +143,7 @@ void say(const std::string& line) {
 // ---------------------------------------------------------------------------------------------
 // The worker: one rollout engine's decode loop with a KvMigrator and a RepackDriver.
 
-// What each line a worker prints starts with; the parent reads them.
-constexpr std::string_view kReady = "ready";
+// The first word of the worker lines the parent acts on.
 constexpr std::string_view kFinished = "finished";
 constexpr std::string_view kSent = "sent";
 constexpr std::string_view kReceived = "received";
@@ -196,8 +198,8 @@ class RolloutWorker {
       live_[p.id] = {std::move(s), p.response_length};
       lengths += " " + std::to_string(p.response_length);
     }
-    say(fmt::format("{} at {}: {} prompts of version 0, response lengths{}", kReady,
-                    migrator_->address().value_or("?"), settings_.prompts, lengths));
+    say(fmt::format("ready at {}: {} prompts of version 0, response lengths{}", migrator_->address().value_or("?"),
+                    settings_.prompts, lengths));
     constexpr Steady::time_point kNotEmpty = Steady::time_point::max();
     Steady::time_point empty_since = kNotEmpty;
     for (;;) {
@@ -212,8 +214,10 @@ class RolloutWorker {
         empty_since = kNotEmpty;
       } else if (empty_since == kNotEmpty) {
         empty_since = start;
-        say(emptied_by_send_ ? fmt::format("{}: its last sequences moved away; it can pull the new weights", kFree)
-                             : "idle: every sequence it held finished here");
+        say(steps_saved_ > 0 ? fmt::format("{}: its last sequences moved away {} decode steps before their end; it "
+                                           "can pull the new weights",
+                                           kFree, steps_saved_)
+                             : "idle: no sequence left here");
       } else if (start - empty_since >= kLinger) {
         break;
       }
@@ -246,10 +250,14 @@ class RolloutWorker {
   struct Paused {
     Steady::time_point at;
     std::string what;
+    std::int64_t most_left = 0;  // decode steps before its longest sequence ends
   };
 
   RolloutWorker(const WorkerArgs& args, tiny_model::TinyModel model)
-      : settings_(args.settings), id_(args.index), model_(std::move(model)) {}
+      : settings_(args.settings),
+        id_(args.index),
+        model_(std::move(model)),
+        step_time_(std::chrono::milliseconds(args.settings.step_ms)) {}
 
   laminar::WorkerSnapshot snapshot() const {
     laminar::WorkerSnapshot w;
@@ -276,7 +284,7 @@ class RolloutWorker {
     switch (e.kind) {
       case MigrationEvent::Kind::kPauseRequested: {
         std::vector<SequenceState> states;
-        std::string what;
+        Paused p{Steady::now(), "", 0};
         for (SequenceId s : e.sequences) {
           const auto it = live_.find(s);
           if (it == live_.end()) {
@@ -284,10 +292,12 @@ class RolloutWorker {
           }
           paused_.insert(s);
           states.push_back(it->second.state);
-          what += fmt::format("{}seq {} ({} tokens, {} pages)", what.empty() ? "" : ", ", s.value(),
-                              it->second.state.kv_length, cache_->pages(s)->size());
+          p.what += fmt::format("{}seq {} ({} tokens, {} pages)", p.what.empty() ? "" : ", ", s.value(),
+                                it->second.state.kv_length, cache_->pages(s)->size());
+          p.most_left = std::max(p.most_left, it->second.response_length -
+                                                  std::int64_t(it->second.state.response_tokens.size()));
         }
-        pauses_[e.id] = {Steady::now(), std::move(what)};
+        pauses_[e.id] = std::move(p);
         const Status st = migrator_->finish(e.id, std::move(states));
         // These two abort the migration (a kAborted event follows); anything else is a bug here.
         if (st.ok() || st.code() == laminar::StatusCode::kFailedPrecondition ||
@@ -303,13 +313,15 @@ class RolloutWorker {
         }
         const Paused p = paused->second;
         pauses_.erase(paused);
+        // From the pause to the destination's answer: at most the sequence's downtime, as the
+        // destination decodes it from the moment it commits.
         const double ms = std::chrono::duration<double, std::milli>(Steady::now() - p.at).count();
         say(fmt::format("{} {}: paused {:.1f} ms", kSent, p.what, ms));
         for (SequenceId s : e.sequences) {
           live_.erase(s);
           paused_.erase(s);
         }
-        emptied_by_send_ = live_.empty();
+        if (live_.empty()) steps_saved_ = p.most_left;
         return laminar::ok_status();
       }
       case MigrationEvent::Kind::kAborted:
@@ -331,7 +343,7 @@ class RolloutWorker {
           const SequenceId id = st.sequence;
           live_[id] = {std::move(st), *length};
         }
-        emptied_by_send_ = false;
+        steps_saved_ = 0;
         say(fmt::format("{} {}", kReceived, what));
         return laminar::ok_status();
       }
@@ -382,8 +394,10 @@ class RolloutWorker {
   std::map<laminar::MigrationId, Paused> pauses_;
   std::vector<SequenceState> trajectories_;
   std::int32_t peak_pages_ = 0;
-  laminar::Duration step_time_{0};
-  bool emptied_by_send_ = false;
+  laminar::Duration step_time_;  // of the last step, pacing included
+  // Steps the last migration out saved when it left this worker empty; 0 when the worker emptied
+  // by finishing its sequences.
+  std::int64_t steps_saved_ = 0;
 };
 
 int run_worker(const WorkerArgs& args) {
