@@ -104,7 +104,9 @@ Prompt prompt_of(const Settings& s, std::uint32_t worker, std::uint32_t j, std::
   p.id = SequenceId(100 * std::uint64_t(worker) + j + 1);
   const std::uint64_t h = mix(s.seed ^ mix(p.id.value()));
   p.seed = mix(h ^ 1);
-  for (std::size_t i = 0; i < kPromptTokens; ++i) p.tokens.push_back(std::int32_t(mix(h + 2 + i) % std::uint64_t(vocab)));
+  for (std::size_t i = 0; i < kPromptTokens; ++i) {
+    p.tokens.push_back(std::int32_t(mix(h + 2 + i) % std::uint64_t(vocab)));
+  }
   // A long tail, as RL response lengths have: one in five runs 160 to 320 tokens, the rest 8 to 48.
   const std::uint64_t r = mix(h ^ 3);
   p.response_length = r % 5 == 0 ? 160 + std::int64_t(r / 5 % 161) : 8 + std::int64_t(r / 5 % 41);
@@ -455,22 +457,22 @@ class Child {
   Child& operator=(const Child&) = delete;
 
   int fd() const noexcept { return fd_; }
-  // Appends the whole lines that can be read now to `lines`; false once stdout is closed.
-  bool read_lines(std::vector<std::string>& lines) {
+  // Appends the whole lines that can be read now to `lines`. At the end of its stdout the pipe
+  // closes, and fd() is -1.
+  void read_lines(std::vector<std::string>& lines) {
     char chunk[65536];
     const ssize_t n = read(fd_, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) return true;
+    if (n < 0 && errno == EINTR) return;
     if (n <= 0) {
       close(fd_);
       fd_ = -1;
-      return false;
+      return;
     }
     buffered_.append(chunk, std::size_t(n));
     for (std::size_t nl; (nl = buffered_.find('\n')) != std::string::npos;) {
       lines.push_back(buffered_.substr(0, nl));
       buffered_.erase(0, nl + 1);
     }
-    return true;
   }
   // Its exit code, or 128 + the signal that ended it.
   int wait() {
@@ -619,7 +621,8 @@ class Parent {
     co.interval = 250ms;
     co.stale_after = 2s;
     co.policy.page_bytes = 2 * std::uint64_t(layout.num_layers) * std::uint64_t(layout.page_bytes());
-    // Steps are paced to --step-ms: more KV does not make them slower here.
+    // Steps are paced to --step-ms, by default well above what the tiny model computes in one: more
+    // KV does not make them slower here.
     co.policy.step_seconds_per_token = 0.0;
     // Step times on a shared machine jitter by more than the default 5%, which would read as a tail
     // that packing lengthens.
@@ -740,7 +743,8 @@ class Parent {
     const laminar::RepackCoordinatorStats cs = coordinator_->stats();
     std::string freed;
     for (std::uint32_t w : freed_) freed += fmt::format(" w{}", w);
-    say(fmt::format("summary: {} moves of {} sequences; workers freed early:{}; coordinator: {} plans, {} moves ordered",
+    say(fmt::format("summary: {} moves of {} sequences; workers freed early:{}; coordinator: {} plans, {} moves "
+                    "ordered",
                     moves_made_, moves_.size(), freed.empty() ? " none" : freed, cs.plans, cs.moves));
     if (!coordinator_->background_error().ok()) {
       say("coordinator error: " + coordinator_->background_error().to_string());
