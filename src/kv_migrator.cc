@@ -36,8 +36,6 @@ constexpr std::size_t kInboxLimit = 256;
 constexpr std::size_t kMaxFinished = 1024;
 // Stages with puts or an answer outstanding: the destination checks one while the next is put.
 constexpr std::size_t kStagesInFlight = 2;
-// An abort message is a courtesy: the peer also finds out by its lease or its stall timeout.
-constexpr Duration kAbortSendTimeout = std::chrono::milliseconds(200);
 constexpr Duration kShutdownBudget = std::chrono::seconds(1);
 
 // The migration handlers are per transport, so a transport hosts at most one migrator.
@@ -550,10 +548,9 @@ KvMigrator::~KvMigrator() {
   std::lock_guard lock(d.mu);
   // Bounded in real time whatever options.clock is: a virtual clock that stands still must not
   // hang the destructor, and the peers' own leases and stall timeouts cover what is cut short.
-  const Duration shutdown_at = std::chrono::steady_clock::now().time_since_epoch() + kShutdownBudget;
-  const auto left = [&] {
-    return std::min(kAbortSendTimeout, shutdown_at - std::chrono::steady_clock::now().time_since_epoch());
-  };
+  const auto real_now = [] { return Duration(std::chrono::steady_clock::now().time_since_epoch()); };
+  const Duration shutdown_at = real_now() + kShutdownBudget;
+  const auto left = [&] { return std::min(internal::kMigrationAbortSendTimeout, shutdown_at - real_now()); };
   for (auto& [id, m] : d.out) {
     if (!m.ended) d.end_out(m, MigrationState::kAbortedBySource, cancelled("kv migrator: the source shut down"), true);
   }
@@ -571,7 +568,7 @@ KvMigrator::~KvMigrator() {
   }
   for (Impl::Draining& dr : d.draining) {
     for (auto& f : dr.puts) {
-      const Duration wait = shutdown_at - std::chrono::steady_clock::now().time_since_epoch();
+      const Duration wait = shutdown_at - real_now();
       if (wait <= Duration::zero() || f.wait_for(wait) != std::future_status::ready) break;
     }
     d.send_abort(dr.ep, dr.message, left());
@@ -704,7 +701,7 @@ std::vector<MigrationEvent> KvMigrator::poll() {
   }
   std::erase_if(d.draining, [&](Impl::Draining& dr) {
     if (!std::ranges::all_of(dr.puts, [](const auto& f) { return ready(f); })) return false;
-    d.send_abort(dr.ep, dr.message, kAbortSendTimeout);
+    d.send_abort(dr.ep, dr.message, internal::kMigrationAbortSendTimeout);
     return true;
   });
   d.sweep();

@@ -24,7 +24,6 @@ using internal::MigrationStageAnswer;
 
 constexpr MessageType kOffer = internal::kMigrationOfferMessage;
 constexpr MessageType kStage = internal::kMigrationStageMessage;
-constexpr Duration kAbortSendTimeout = std::chrono::milliseconds(200);
 
 Message refusal_reservation(const Status& why) {
   MigrationReservation r;
@@ -138,7 +137,9 @@ Status KvMigrator::Impl::check_stage(const InMigration& m, const MigrationStage&
   std::unordered_set<SequenceId> seen;
   for (const internal::StagedSequence& s : stage.sequences) {
     auto it = std::ranges::find_if(m.seqs, [&](const InSequence& q) { return q.id == s.sequence; });
-    if (it == m.seqs.end()) return invalid_argument(fmt::format("{}: sequence {} is not in it", what, s.sequence.value()));
+    if (it == m.seqs.end()) {
+      return invalid_argument(fmt::format("{}: sequence {} is not in it", what, s.sequence.value()));
+    }
     if (!seen.insert(s.sequence).second) {
       return invalid_argument(fmt::format("{}: sequence {} appears twice", what, s.sequence.value()));
     }
@@ -183,7 +184,8 @@ void KvMigrator::Impl::commit(InMigration& m, Incoming& msg, MigrationStage& sta
   e.outgoing = false;
   e.state = MigrationState::kDone;
   for (InSequence& q : m.seqs) {
-    auto s = std::ranges::find_if(stage.sequences, [&](const internal::StagedSequence& x) { return x.sequence == q.id; });
+    auto s = std::ranges::find_if(stage.sequences,
+                                  [&](const internal::StagedSequence& x) { return x.sequence == q.id; });
     // check_final made sure the id is free and the pages are reserved and enough.
     const Status adopted = cache->adopt_sequence(q.id, q.pages, std::int64_t(s->state->kv_length));
     LAMINAR_CHECK_MSG(adopted.ok(), adopted.to_string());
@@ -279,7 +281,8 @@ void KvMigrator::Impl::expire_leases() {
     end_in(m, MigrationState::kAbortedByDestination,
            deadline_exceeded(fmt::format("kv migrator: migration {:#x}: the source was silent for the whole lease "
                                          "of {} ms",
-                                         id, std::chrono::duration_cast<std::chrono::milliseconds>(options.lease).count())),
+                                         id,
+                                         std::chrono::duration_cast<std::chrono::milliseconds>(options.lease).count())),
            true, true);
   }
 }
@@ -288,7 +291,7 @@ void KvMigrator::Impl::end_in(InMigration& m, MigrationState state, Status reaso
   m.ended = true;
   if (tell) {
     send_abort(m.ep, MigrationAbort{m.id.value(), MigrationSide::kDestination, reason.code(), reason.message()},
-               kAbortSendTimeout);
+               internal::kMigrationAbortSendTimeout);
   }
   ++stats.aborted_in;
   MigrationEvent e;

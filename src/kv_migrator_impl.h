@@ -7,6 +7,7 @@
 // promptly (sends and replies wait for UCX to take the bytes, never for a peer's answer).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -24,6 +25,12 @@
 #include "laminar/kv_migrator.h"
 
 namespace laminar {
+
+namespace internal {
+// How long an abort message may take to go out. The peer finds out anyway, by its lease or its
+// stall timeout, and pages fenced for it return after another lease.
+inline constexpr Duration kMigrationAbortSendTimeout = std::chrono::milliseconds(200);
+}  // namespace internal
 
 struct KvMigrator::Impl {
   // What the transport's threads hand to poll().

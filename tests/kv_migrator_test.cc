@@ -19,6 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "kv_migration_wire.h"
+#include "transport/protocol.h"
+
 using laminar::DType;
 using laminar::KvLayout;
 using laminar::KvMigrator;
@@ -409,6 +412,12 @@ TEST_CASE("kv migrator: migrate() refuses bad arguments before anything is sent"
   CHECK(src.migrator->stats().migrations_out == 1);
   CHECK(src.migrator->moving() == std::vector<SequenceId>{SequenceId(1)});
   CHECK(src.migrator->finish(MigrationId(12345), {}).code() == StatusCode::kNotFound);
+  REQUIRE(src.migrator->abort(*first, "make room").ok());
+  // Nobody listens there: connecting fails, and nothing starts.
+  auto unreachable = src.migrator->migrate("127.0.0.1:1", std::vector<SequenceId>{SequenceId(2)});
+  CHECK(unreachable.status().code() == StatusCode::kUnavailable);
+  CHECK(src.migrator->moving().empty());
+  CHECK(src.migrator->stats().migrations_out == 1);
   CHECK(src.migrator->abort(MigrationId(12345), "no such").code() == StatusCode::kNotFound);
   CHECK(src.migrator->state(MigrationId(12345)).status().code() == StatusCode::kNotFound);
 }
@@ -439,6 +448,8 @@ TEST_CASE("kv migrator: create() validates its options and serves one migrator p
   CHECK(!(*m)->address().has_value());
   m->reset();
   CHECK(KvMigrator::create(t, cache).ok());
+  CHECK(laminar::to_string(MigrationState::kAbortedBySource) == "aborted by source");
+  CHECK(laminar::to_string(MigrationState::kDone) == "done");
 }
 
 TEST_CASE("kv migrator: an abort from the source mid-staging returns the destination's pages") {
@@ -800,8 +811,12 @@ TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls s
     const std::vector<SequenceState> states = states_of(*src.cache, seqs);
     REQUIRE(src.migrator->finish(*id, states).ok());
     const bool moved = drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); });
-    for (const MigrationEvent& e : src.events) UNSCOPED_INFO("source event " << int(e.kind) << " " << e.reason.to_string());
-    for (const MigrationEvent& e : dst.events) UNSCOPED_INFO("destination event " << int(e.kind) << " " << e.reason.to_string());
+    for (const Worker* w : {&src, &dst}) {
+      for (const MigrationEvent& e : w->events) {
+        UNSCOPED_INFO((w == &src ? "source" : "destination") << " event " << int(e.kind) << " "
+                                                              << e.reason.to_string());
+      }
+    }
     REQUIRE(moved);
     CHECK(dst.find(Kind::kArrived, *id)->states == states);
     std::int64_t pages = 0;
@@ -816,4 +831,82 @@ TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls s
     CHECK(dst.cache->free_pages() == 1024 - pages);
     CHECK(dst.cache->reserved_pages() == 0);
   }
+}
+
+TEST_CASE("kv migrator: bytes that do not decode, stray stages and forged aborts change nothing") {
+  namespace li = laminar::internal;
+  Worker src = make_worker();
+  Worker dst = make_worker();
+  add(*src.cache, SequenceId(1), 10);
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
+  laminar::Endpoint ep = other->connect(dst.address).value();
+  // Sends a request through the migration protocol and polls the destination until it answers.
+  const auto ask = [&](laminar::MessageType type, std::vector<std::byte> body) {
+    auto answer = li::request_protocol_async(ep, laminar::Message{type, std::move(body)}, 10s);
+    const bool answered = drive({&dst}, [&] { return answer.wait_for(0s) == std::future_status::ready; });
+    REQUIRE(answered);
+    return answer.get();
+  };
+  const auto garbage = [](std::size_t n) { return std::vector<std::byte>(n, std::byte{0xA5}); };
+
+  auto offer = ask(li::kMigrationOfferMessage, garbage(7));
+  CHECK(offer.status().code() == StatusCode::kDataLoss);
+  CHECK(dst.migrator->stats().offers_refused == 1);
+  auto stage = ask(li::kMigrationStageMessage, garbage(30));
+  CHECK_FALSE(stage.ok());
+  // A well-formed stage of a migration nobody started here.
+  auto stray = ask(li::kMigrationStageMessage, li::encode_migration_stage({77, 0, false, {}}));
+  REQUIRE(stray.ok());
+  auto refused = li::decode_migration_stage_answer(stray->body);
+  REQUIRE(refused.ok());
+  REQUIRE(refused->refusal.has_value());
+  CHECK(refused->refusal->code == StatusCode::kNotFound);
+  REQUIRE(li::send_protocol(ep, laminar::Message{li::kMigrationAbortMessage, garbage(3)}).ok());
+
+  // A real migration runs alongside; an abort of it from another connection is ignored.
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(1)});
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return !dst.migrator->moving().empty(); }));
+  const li::MigrationAbort forged{id->value(), li::MigrationSide::kSource, StatusCode::kAborted, "forged"};
+  REQUIRE(li::send_protocol(ep, laminar::Message{li::kMigrationAbortMessage, li::encode_migration_abort(forged)}).ok());
+  auto late = ask(li::kMigrationStageMessage, li::encode_migration_stage({id->value(), 0, false, {}}));
+  REQUIRE(late.ok());
+  CHECK(li::decode_migration_stage_answer(late->body)->refusal->code == StatusCode::kNotFound);
+  CHECK(*dst.migrator->state(*id) == MigrationState::kRunning);
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  REQUIRE(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(1)})).ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); }));
+  CHECK(rows_differ(*dst.cache, SequenceId(1), 10) == "");
+  CHECK(dst.count(Kind::kAborted) == 0);
+  CHECK(dst.migrator->background_error().ok());
+}
+
+TEST_CASE("kv migrator: a destination that does not poll queues at most 256 messages and refuses the rest") {
+  namespace li = laminar::internal;
+  Worker dst = make_worker();
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
+  laminar::Endpoint ep = other->connect(dst.address).value();
+  std::vector<std::future<laminar::Result<laminar::Message>>> answers;
+  for (int i = 0; i < 260; ++i) {
+    answers.push_back(li::request_protocol_async(
+        ep, laminar::Message{li::kMigrationOfferMessage, std::vector<std::byte>(5, std::byte{1})}, 20s));
+  }
+  // Without a poll, only the four past the bound are answered, by the transport's callback thread.
+  std::size_t exhausted = 0;
+  for (std::size_t i = 256; i < answers.size(); ++i) {
+    REQUIRE(answers[i].wait_for(10s) == std::future_status::ready);
+    exhausted += answers[i].get().status().code() == StatusCode::kResourceExhausted;
+  }
+  CHECK(exhausted == 4);
+  CHECK(answers[0].wait_for(0s) != std::future_status::ready);
+  poll(dst);
+  for (std::size_t i = 0; i < 256; ++i) {
+    REQUIRE(answers[i].wait_for(10s) == std::future_status::ready);
+    CHECK(answers[i].get().status().code() == StatusCode::kDataLoss);
+  }
+  CHECK(dst.migrator->stats().offers_refused == 256);
 }

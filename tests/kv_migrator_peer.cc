@@ -1,0 +1,134 @@
+// kv_migrator_peer: the other process of kv_migrator_multiprocess_test, a rollout worker decoding
+// the workload of kv_migrator_workload.h that is the destination or the source of one migration.
+// The cluster token comes from LAMINAR_TEST_TOKEN. One line per event on stdout:
+//
+//   kv_migrator_peer destination      "listening HOST:PORT", "free N"; "reserved N" once an offer
+//                                     took pages; on arrival "arrived ID,ID,...", then decodes every
+//                                     sequence to its end, prints "result ID TOKENS LOGPROB_BITS" for
+//                                     each and "finished", and exits 0. An incoming migration aborted
+//                                     prints "aborted REASON" and "free N" and the peer serves on.
+//   kv_migrator_peer source HOST:PORT  runs the workload, then moves every sequence to HOST:PORT
+//                                     while it decodes: "offered ID", "pages-sent N" whenever more
+//                                     pages were put, "paused", "final-sent", then "done" or
+//                                     "aborted REASON", and exits 0.
+// Exits 2 after printing an unexpected error to stderr.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "kv_migrator_workload.h"
+
+using namespace std::chrono_literals;
+using kv_migrator_workload::Worker;
+using laminar::MigrationEvent;
+
+namespace {
+
+int fail(const char* what, const laminar::Status& s) {
+  std::fprintf(stderr, "kv_migrator_peer: %s: %s\n", what, s.to_string().c_str());
+  return 2;
+}
+
+std::string join(const std::vector<laminar::SequenceId>& ids) {
+  std::string out;
+  for (laminar::SequenceId id : ids) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(id.value());
+  }
+  return out;
+}
+
+// Nothing arrived and nothing to decode: a short nap, only so that an idle peer leaves the cores
+// to the other process (poll() never blocks).
+void idle() { std::this_thread::sleep_for(500us); }
+
+int destination(Worker& w) {
+  std::printf("listening %s\n", w.migrator().address().value_or("").c_str());
+  std::printf("free %d\n", w.cache().free_pages());
+  bool reported_reservation = false;
+  bool arrived = false;
+  for (;;) {
+    std::vector<MigrationEvent> events = w.migrator().poll();
+    for (MigrationEvent& e : events) {
+      if (e.kind == MigrationEvent::Kind::kArrived) {
+        std::printf("arrived %s\n", join(e.sequences).c_str());
+        w.adopt(std::move(e.states));
+        arrived = true;
+      } else if (e.kind == MigrationEvent::Kind::kAborted) {
+        std::printf("aborted %s\n", e.reason.to_string().c_str());
+        std::printf("free %d\n", w.cache().free_pages());
+        reported_reservation = false;
+      }
+    }
+    if (!reported_reservation && w.cache().reserved_pages() > 0) {
+      std::printf("reserved %d\n", w.cache().reserved_pages());
+      reported_reservation = true;
+    }
+    if (laminar::Status st = w.migrator().background_error(); !st.ok()) return fail("migrator", st);
+    laminar::Result<bool> stepped = w.step();
+    if (!stepped.ok()) return fail("decode", stepped.status());
+    if (arrived && w.all_finished()) {
+      for (const auto& [id, s] : w.live()) std::printf("result %s\n", kv_migrator_workload::format_result(s).c_str());
+      std::printf("finished\n");
+      return 0;
+    }
+    if (events.empty() && !*stepped) idle();
+  }
+}
+
+int source(Worker& w, std::string_view destination_address) {
+  if (laminar::Status st = w.start_workload(); !st.ok()) return fail("workload", st);
+  std::vector<laminar::SequenceId> ids;
+  for (const auto& [id, s] : w.live()) ids.push_back(id);
+  laminar::Result<laminar::MigrationId> migration = w.migrator().migrate(destination_address, ids);
+  if (!migration.ok()) return fail("migrate", migration.status());
+  std::printf("offered %llu\n", static_cast<unsigned long long>(migration->value()));
+  std::uint64_t pages_reported = 0;
+  for (;;) {
+    std::vector<MigrationEvent> events = w.migrator().poll();
+    for (MigrationEvent& e : events) {
+      if (e.kind == MigrationEvent::Kind::kPauseRequested) {
+        std::printf("paused\n");
+        if (laminar::Status st = w.migrator().finish(e.id, w.pause(e.sequences)); !st.ok()) return fail("finish", st);
+        std::printf("final-sent\n");
+      } else if (e.kind == MigrationEvent::Kind::kDone) {
+        w.forget(e.sequences);
+        std::printf("done\n");
+        return 0;
+      } else if (e.kind == MigrationEvent::Kind::kAborted) {
+        std::printf("aborted %s\n", e.reason.to_string().c_str());
+        return 0;
+      }
+    }
+    if (const std::uint64_t sent = w.migrator().stats().pages_sent; sent > pages_reported) {
+      std::printf("pages-sent %llu\n", static_cast<unsigned long long>(sent));
+      pages_reported = sent;
+    }
+    laminar::Result<bool> stepped = w.step();
+    if (!stepped.ok()) return fail("decode", stepped.status());
+    if (events.empty() && !*stepped) idle();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Line-buffered: the test reads each line as the event happens.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  const char* token = std::getenv(kv_migrator_workload::kTokenVariable);
+  const bool is_destination = args.size() == 1 && args[0] == "destination";
+  const bool is_source = args.size() == 2 && args[0] == "source";
+  if (token == nullptr || !(is_destination || is_source)) {
+    std::fprintf(stderr, "usage: %s=TOKEN kv_migrator_peer destination | source HOST:PORT\n",
+                 kv_migrator_workload::kTokenVariable);
+    return 2;
+  }
+  laminar::Result<std::unique_ptr<Worker>> w = Worker::create(token, is_destination);
+  if (!w.ok()) return fail("worker", w.status());
+  return is_destination ? destination(**w) : source(**w, args[1]);
+}
