@@ -632,9 +632,9 @@ class Parent {
     coordinator_ = std::move(*coordinator);
 
     start_ = Steady::now();
-    say(fmt::format("repack: {} workers x {} prompts of version 0; tiny model (seed {}, {} layers, d_model {}), "
-                    "KV pages of {} tokens; coordinator at {}",
-                    s.workers, s.prompts, s.model_seed, model->config().num_layers, model->config().d_model,
+    say(fmt::format("repack: {} workers x {} prompts (seed {}) of version 0; tiny model (seed {}, {} layers, d_model "
+                    "{}), KV pages of {} tokens; coordinator at {}",
+                    s.workers, s.prompts, s.seed, s.model_seed, model->config().num_layers, model->config().d_model,
                     kPageSize, *address));
     std::vector<std::unique_ptr<Child>> children;
     for (std::uint32_t w = 1; w <= s.workers; ++w) {
