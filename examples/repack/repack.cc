@@ -531,16 +531,19 @@ std::optional<std::pair<SequenceId, Trajectory>> parse_trajectory(const std::str
   return std::pair{SequenceId(id), std::move(t)};
 }
 
-// The sequence ids a "sent"/"received" line names ("seq N (...)" for each).
-std::vector<SequenceId> named_sequences(const std::string& line) {
-  std::vector<SequenceId> ids;
+// The sequences a "sent"/"received" line names, "seq ID (TOKENS tokens, ...)" for each, with the
+// tokens they held when they moved.
+std::vector<std::pair<SequenceId, std::int64_t>> named_sequences(const std::string& line) {
+  std::vector<std::pair<SequenceId, std::int64_t>> out;
   std::istringstream in(line);
   std::string word;
   while (in >> word) {
     std::uint64_t id = 0;
-    if (word == "seq" && in >> id) ids.emplace_back(id);
+    char paren = 0;
+    std::int64_t tokens = 0;
+    if (word == "seq" && in >> id >> paren >> tokens && paren == '(') out.emplace_back(SequenceId(id), tokens);
   }
-  return ids;
+  return out;
 }
 
 // Every prompt decoded again in one cache, in one batch, nothing migrated: the tokens and log-probs
@@ -658,10 +661,13 @@ class Parent {
   }
 
  private:
-  // The workers that said they sent / received a sequence, in the order their lines were read.
-  struct Hops {
-    std::vector<std::uint32_t> from, to;
+  // One move of a sequence: the worker that said it sent it and the one that said it received it
+  // (0 until its line is read).
+  struct Hop {
+    std::uint32_t from = 0, to = 0;
   };
+  // A sequence's moves by the tokens it held then: a sequence only grows, so this is their order.
+  using Hops = std::map<std::int64_t, Hop>;
 
   int fail(const char* what, const Status& st) {
     std::fprintf(stderr, "repack: %s: %s\n", what, st.to_string().c_str());
@@ -728,9 +734,9 @@ class Parent {
       return;
     }
     if (first == kSent || first == kReceived) {
-      for (SequenceId id : named_sequences(line)) {
-        Hops& h = moves_[id];
-        (first == kSent ? h.from : h.to).push_back(w);
+      for (const auto& [id, tokens] : named_sequences(line)) {
+        Hop& h = moves_[id][tokens];
+        (first == kSent ? h.from : h.to) = w;
         moves_made_ += first == kSent ? 1 : 0;
       }
     }
@@ -782,11 +788,11 @@ class Parent {
       if (moved != moves_.end() || !same) {
         std::string path;
         if (moved != moves_.end()) {
-          const Hops& h = moved->second;
-          path = h.from.size() == 1 && h.to.size() == 1 ? fmt::format(" moved w{} -> w{}", h.from[0], h.to[0])
-                                                        : fmt::format(" moved {} times", h.from.size());
+          for (const auto& [tokens, h] : moved->second) {
+            path += fmt::format("{} w{} -> w{} at {} tokens", path.empty() ? " moved" : ",", h.from, h.to, tokens);
+          }
         }
-        say(fmt::format("  seq {}{}, finished on w{}: {} tokens{}: {}", id.value(), path, got.worker,
+        say(fmt::format("  seq {}{}; finished on w{}: {} tokens{}: {}", id.value(), path, got.worker,
                         got.tokens.size(), abbreviated(got.tokens),
                         same ? "same bits as without migration" : "DIFFERS from the decode without migration"));
       }
@@ -804,11 +810,13 @@ class Parent {
       say(fmt::format("check: {} moves, --min-moves wants {}", moves_made_, args_.min_moves));
       ok = false;
     }
-    for (const auto& [id, h] : moves_) {
-      if (h.from.size() != h.to.size()) {
-        say(fmt::format("check: seq {} was sent {} times and received {} times", id.value(), h.from.size(),
-                        h.to.size()));
-        ok = false;
+    for (const auto& [id, hops] : moves_) {
+      for (const auto& [tokens, h] : hops) {
+        if (h.from == 0 || h.to == 0) {
+          say(fmt::format("check: seq {} at {} tokens was {}", id.value(), tokens,
+                          h.from == 0 ? "received but never sent" : "sent but never received"));
+          ok = false;
+        }
       }
     }
     say(fmt::format("repack: {} in {:.1f} s", ok ? "ok" : "FAILED", seconds));
