@@ -1,9 +1,10 @@
 // KvMigrator across two real processes (the child is tests/kv_migrator_peer, the workload and the
 // tiny model they share are in kv_migrator_workload.h): sequences moved mid-decode continue in the
-// other process with exactly the tokens and log-probs they would have had unmoved; a destination
-// killed (SIGKILL) at the offer, during the live stages or after the final stage leaves them
-// running at the source, still bit-exact; a source killed at the same points leaves no page
-// reserved at the destination, and a destination that took the sequences has them whole.
+// other process, beside its own, with exactly the tokens and log-probs they would have had
+// unmoved; a destination killed (SIGKILL) at the offer, during the live stages or after the final
+// stage leaves them running at the source, still bit-exact; a source killed at the same points
+// leaves no page reserved at the destination, and a destination that took the sequences has them
+// whole.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -70,7 +71,7 @@ void finish_and_compare(Worker& w) {
     if (!*stepped) break;
     REQUIRE(std::chrono::steady_clock::now() < deadline);
   }
-  const auto reference = kv_migrator_workload::reference();
+  const auto reference = kv_migrator_workload::reference(kv_migrator_workload::sequences());
   REQUIRE(w.live().size() == reference.size());
   for (const auto& [id, s] : reference) {
     INFO("sequence " << id.value());
@@ -91,7 +92,8 @@ TEST_CASE("kv migrator multiprocess: sequences moved mid-decode continue bit for
   ChildProcess peer = start_peer({"destination"});
   const std::string address = expect_line(peer, "listening ", kLineTimeout);
   const int peer_free = std::stoi(expect_line(peer, "free ", kLineTimeout));
-  CHECK(peer_free == kv_migrator_workload::kNumPages);
+  CHECK(peer_free == kv_migrator_workload::kNumPages -
+                         kv_migrator_workload::prefilled_pages(kv_migrator_workload::home_sequences()));
 
   std::unique_ptr<Worker> w = make_worker(false);
   require_ok(w->start_workload());
@@ -146,7 +148,12 @@ TEST_CASE("kv migrator multiprocess: sequences moved mid-decode continue bit for
   CHECK(w->cache().reserved_pages() == 0);
 
   expect_line(peer, "arrived ", kLineTimeout);
-  const auto reference = kv_migrator_workload::reference();
+  // The destination's own sequences grew while pages were reserved there (and decoded beside the
+  // arrived ones if they had not finished by then): neither may change the other's bits.
+  CHECK(std::stoi(expect_line(peer, "home-steps ", kLineTimeout)) > 0);
+  auto reference = kv_migrator_workload::reference(kv_migrator_workload::sequences());
+  reference.merge(kv_migrator_workload::reference(kv_migrator_workload::home_sequences()));
+  REQUIRE(reference.size() == 6);
   std::map<std::string, std::string> results;  // by sequence id
   for (std::size_t i = 0; i < reference.size(); ++i) {
     const std::string line = expect_line(peer, "result ", kLineTimeout);
@@ -157,6 +164,7 @@ TEST_CASE("kv migrator multiprocess: sequences moved mid-decode continue bit for
     CHECK(results[std::to_string(seq.value())] == kv_migrator_workload::format_result(s));
   }
   expect_line(peer, "finished", kLineTimeout);
+  peer.kill(SIGTERM);
   CHECK(peer.wait(kLineTimeout).value() == 0);
 }
 

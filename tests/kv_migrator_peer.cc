@@ -2,17 +2,23 @@
 // the workload of kv_migrator_workload.h that is the destination or the source of one migration.
 // The cluster token comes from LAMINAR_TEST_TOKEN. One line per event on stdout:
 //
-//   kv_migrator_peer destination      "listening HOST:PORT", "free N"; "reserved N" once an offer
-//                                     took pages; on arrival "arrived ID,ID,...", then decodes every
-//                                     sequence to its end, prints "result ID TOKENS LOGPROB_BITS" for
-//                                     each and "finished", and exits 0. An incoming migration aborted
-//                                     prints "aborted REASON" and "free N" and the peer serves on.
+//   kv_migrator_peer destination      feeds its own (home) sequences their prompts, prints
+//                                     "listening HOST:PORT" and "free N"; "reserved N" once an offer
+//                                     took pages. Its home sequences decode while pages are reserved
+//                                     and beside the arrived ones (until they finish). On arrival
+//                                     "arrived ID,ID,..." and "home-steps N" (their steps while pages
+//                                     were reserved), then it
+//                                     decodes every sequence to its end, prints "result ID TOKENS
+//                                     LOGPROB_BITS" for each and "finished", and serves on until
+//                                     SIGTERM, then exits 0. An incoming migration aborted prints
+//                                     "aborted REASON" and "free N", and the peer serves on.
 //   kv_migrator_peer source HOST:PORT  runs the workload, then moves every sequence to HOST:PORT
 //                                     while it decodes: "offered ID", "pages-sent N" whenever more
 //                                     pages were put, "paused", "final-sent", then "done" or
 //                                     "aborted REASON", and exits 0.
 // Exits 2 after printing an unexpected error to stderr.
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -42,20 +48,26 @@ std::string join(const std::vector<laminar::SequenceId>& ids) {
   return out;
 }
 
+volatile std::sig_atomic_t terminate_requested = 0;
+void on_sigterm(int) { terminate_requested = 1; }
+
 // Nothing arrived and nothing to decode: a short nap, only so that an idle peer leaves the cores
 // to the other process (poll() never blocks).
 void idle() { std::this_thread::sleep_for(500us); }
 
 int destination(Worker& w) {
+  if (laminar::Status st = w.prefill(kv_migrator_workload::home_sequences()); !st.ok()) return fail("home", st);
   std::printf("listening %s\n", w.migrator().address().value_or("").c_str());
   std::printf("free %d\n", w.cache().free_pages());
   bool reported_reservation = false;
-  bool arrived = false;
+  bool arrived = false, reported_results = false;
+  int home_steps = 0;
   for (;;) {
     std::vector<MigrationEvent> events = w.migrator().poll();
     for (MigrationEvent& e : events) {
       if (e.kind == MigrationEvent::Kind::kArrived) {
         std::printf("arrived %s\n", join(e.sequences).c_str());
+        std::printf("home-steps %d\n", home_steps);
         w.adopt(std::move(e.states));
         arrived = true;
       } else if (e.kind == MigrationEvent::Kind::kAborted) {
@@ -69,13 +81,20 @@ int destination(Worker& w) {
       reported_reservation = true;
     }
     if (laminar::Status st = w.migrator().background_error(); !st.ok()) return fail("migrator", st);
-    laminar::Result<bool> stepped = w.step();
+    // Before any offer and after an abort the home sequences wait, so that they are still running
+    // when sequences arrive.
+    const bool reserved = w.cache().reserved_pages() > 0;
+    laminar::Result<bool> stepped = arrived || reserved ? w.step() : laminar::Result<bool>(false);
     if (!stepped.ok()) return fail("decode", stepped.status());
-    if (arrived && w.all_finished()) {
+    if (*stepped && reserved && !arrived) ++home_steps;
+    // Results once, then on serving: exiting at once could close the connection before the
+    // source has taken the final stage's answer.
+    if (arrived && !reported_results && w.all_finished()) {
       for (const auto& [id, s] : w.live()) std::printf("result %s\n", kv_migrator_workload::format_result(s).c_str());
       std::printf("finished\n");
-      return 0;
+      reported_results = true;
     }
+    if (terminate_requested) return 0;
     if (events.empty() && !*stepped) idle();
   }
 }
@@ -119,6 +138,7 @@ int source(Worker& w, std::string_view destination_address) {
 int main(int argc, char** argv) {
   // Line-buffered: the test reads each line as the event happens.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::signal(SIGTERM, on_sigterm);
   const std::vector<std::string> args(argv + 1, argv + argc);
   const char* token = std::getenv(kv_migrator_workload::kTokenVariable);
   const bool is_destination = args.size() == 1 && args[0] == "destination";

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +21,10 @@
 #include <thread>
 #include <vector>
 
+#include "expect_line.h"
 #include "kv_migration_wire.h"
+#include "laminar/kernels/paged_decode.h"
+#include "process.h"
 #include "transport/protocol.h"
 
 using laminar::DType;
@@ -909,4 +914,136 @@ TEST_CASE("kv migrator: a destination that does not poll queues at most 256 mess
     CHECK(answers[i].get().status().code() == StatusCode::kDataLoss);
   }
   CHECK(dst.migrator->stats().offers_refused == 256);
+}
+
+laminar::Result<laminar::testing::ChildProcess> spawn_child(std::vector<std::string> args) {
+  laminar::testing::ChildOptions co;
+  co.program = LAMINAR_KV_MIGRATOR_CHILD;
+  co.args = std::move(args);
+  co.env = {{"LAMINAR_TEST_TOKEN", kToken}};
+  return laminar::testing::ChildProcess::spawn(std::move(co));
+}
+
+TEST_CASE("kv migrator: a destination process killed at any stage leaves the sequences whole at the source") {
+  const std::vector<std::string> stages = {"offered", "staging", "paused", "final stage sent"};
+  for (const std::string& stage : stages) {
+    SECTION(stage) {
+      auto child = spawn_child({"dest"});
+      REQUIRE(child.ok());
+      const std::string addr = laminar::testing::expect_line(*child, "listening ", 20s);
+      KvMigratorOptions o;
+      o.stage_bytes = 1;  // one page a stage: a long staging phase to be killed in
+      Worker src = make_worker(o);
+      const std::vector<SequenceId> seqs = {SequenceId(1), SequenceId(2)};
+      add(*src.cache, seqs[0], 40);
+      add(*src.cache, seqs[1], 9);
+      auto id = src.migrator->migrate(addr, seqs);
+      REQUIRE(id.ok());
+      if (stage == "staging") REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent >= 2; }));
+      if (stage == "paused" || stage == "final stage sent") {
+        REQUIRE(drive({&src}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+      }
+      if (stage == "final stage sent") {
+        REQUIRE(src.migrator->finish(*id, states_of(*src.cache, seqs)).ok());
+        REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent == std::uint64_t(10 + 3); }));
+      }
+      child->kill(SIGKILL);
+      REQUIRE(drive({&src}, [&] { return src.find(Kind::kAborted, *id) || src.find(Kind::kDone, *id); }));
+      CHECK(src.migrator->moving().empty());
+      if (src.find(Kind::kDone, *id)) {
+        // The destination committed before it died: the sequences were its, and only its.
+        CHECK(stage == "final stage sent");
+        CHECK(src.cache->num_sequences() == 0);
+      } else {
+        const MigrationEvent& e = *src.find(Kind::kAborted, *id);
+        INFO(e.reason.to_string());
+        CHECK(e.state == MigrationState::kAbortedByDestination);
+        CHECK(rows_differ(*src.cache, seqs[0], 40) == "");
+        CHECK(rows_differ(*src.cache, seqs[1], 9) == "");
+        // Still the source's to move: to a destination that lives this time.
+        Worker dst = make_worker(o);
+        migrate_all(src, dst, seqs);
+        CHECK(rows_differ(*dst.cache, seqs[0], 40) == "");
+      }
+    }
+  }
+}
+
+TEST_CASE("kv migrator: a source process killed at any stage strands no page at the destination") {
+  const std::vector<std::string> stages = {"reserved", "staging"};
+  for (const std::string& stage : stages) {
+    SECTION(stage) {
+      Worker dst = make_worker();
+      auto child = spawn_child({"source", dst.address, "40"});
+      REQUIRE(child.ok());
+      if (stage == "reserved") REQUIRE(drive({&dst}, [&] { return dst.cache->reserved_pages() > 0; }));
+      if (stage == "staging") REQUIRE(drive({&dst}, [&] { return dst.migrator->stats().pages_received >= 2; }));
+      child->kill(SIGKILL);
+      REQUIRE(drive({&dst}, [&] { return dst.count(Kind::kAborted) == 1; }));
+      CHECK(dst.cache->reserved_pages() == 0);
+      CHECK(dst.cache->free_pages() == 64);
+      CHECK(dst.cache->num_sequences() == 0);
+      CHECK(dst.count(Kind::kArrived) == 0);
+      CHECK(dst.migrator->moving().empty());
+    }
+  }
+}
+
+TEST_CASE("kv migrator: attention over the moved pages equals the source's bit for bit") {
+  // head_dim 64: a size the attention kernels take.
+  Worker src = make_worker({}, layout(64, 64));
+  Worker dst = make_worker({}, layout(64, 64));
+  add(*dst.cache, SequenceId(50), 7);  // the destination's own pages come first there
+  const std::vector<SequenceId> seqs = {SequenceId(1), SequenceId(2)};
+  add(*src.cache, seqs[0], 37);
+  add(*src.cache, seqs[1], 4);
+  constexpr std::int32_t kHeads = 4;  // two query heads per KV head
+  const KvLayout& l = src.cache->layout();
+  constexpr std::size_t kRow = kHeads * 64;
+  // Each sequence's query: [kHeads, 64].
+  const auto query = [](SequenceId s) {
+    std::vector<float> q(kRow);
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = pattern(s, std::int64_t(i), 0, 0, 0) / float(1 << 24);
+    return q;
+  };
+  // Each layer's outputs and log-sum-exps for the batch `order`, rows in the order of `seqs`.
+  const auto attend = [&](PagedKvCache& cache, const std::vector<SequenceId>& order) {
+    std::vector<float> q;
+    for (SequenceId s : order) {
+      const std::vector<float> row = query(s);
+      q.insert(q.end(), row.begin(), row.end());
+    }
+    std::vector<float> all;
+    laminar::PageTableBuffer table;
+    REQUIRE(cache.build_page_table(order, &table).ok());
+    for (std::int32_t layer = 0; layer < l.num_layers; ++layer) {
+      std::vector<float> out(q.size());
+      std::vector<float> lse(2 * kHeads);
+      laminar::kernels::PagedDecodeParams p;
+      p.q = q.data();
+      p.out = out.data();
+      p.lse = lse.data();
+      p.kv = cache.view(layer).value();
+      p.table = table.view();
+      p.num_rows = 2;
+      p.num_qo_heads = kHeads;
+      p.sm_scale = 0.125f;
+      p.max_kv_len = 64;
+      REQUIRE(laminar::kernels::run(p, laminar::Stream::host()).ok());
+      const bool swapped = order[0] != seqs[0];
+      for (std::size_t row : {swapped ? 1u : 0u, swapped ? 0u : 1u}) {
+        all.insert(all.end(), out.begin() + std::ptrdiff_t(row * kRow), out.begin() + std::ptrdiff_t((row + 1) * kRow));
+        all.insert(all.end(), lse.begin() + std::ptrdiff_t(row * kHeads),
+                   lse.begin() + std::ptrdiff_t((row + 1) * kHeads));
+      }
+    }
+    return all;
+  };
+  const std::vector<float> before = attend(*src.cache, seqs);
+  migrate_all(src, dst, seqs);
+  // Other page ids and the other batch order: the same bits.
+  const std::vector<float> after = attend(*dst.cache, {seqs[1], seqs[0]});
+  REQUIRE(before.size() == after.size());
+  CHECK(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
+  CHECK((*dst.cache->pages(seqs[1]))[0] != (*dst.cache->pages(SequenceId(50)))[0]);
 }

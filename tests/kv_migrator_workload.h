@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -40,8 +39,8 @@ inline constexpr int kStepsBeforeMigration = 16;
 
 inline tiny_model::TinyModelConfig model_config() { return {.seed = 2026, .num_layers = 2}; }
 
-// Prompts of 5, 16, 47 and 80 tokens: after kStepsBeforeMigration steps the second holds exactly
-// two full pages (its next token opens a page) and the others end mid-page.
+// The sequences that move: prompts of 5, 16, 47 and 80 tokens. After kStepsBeforeMigration steps
+// the second holds exactly two full pages (its next token opens a page), the others end mid-page.
 inline std::vector<laminar::SequenceState> sequences() {
   const std::size_t prompt_lengths[] = {5, 16, 47, 80};
   std::vector<laminar::SequenceState> out;
@@ -56,6 +55,28 @@ inline std::vector<laminar::SequenceState> sequences() {
     out.push_back(std::move(s));
   }
   return out;
+}
+
+// The destination's own sequences, prompts of 9 and 33 tokens: they decode while pages are
+// reserved for the incoming ones, and beside them once they arrived (if not finished by then).
+inline std::vector<laminar::SequenceState> home_sequences() {
+  const std::size_t prompt_lengths[] = {9, 33};
+  std::vector<laminar::SequenceState> out;
+  for (std::size_t i = 0; i < std::size(prompt_lengths); ++i) {
+    std::vector<std::int32_t> prompt;
+    for (std::size_t t = 0; t < prompt_lengths[i]; ++t) prompt.push_back(std::int32_t((5 * t + 3 * i + 2) % 64));
+    out.push_back(tiny_model::start_sequence(laminar::SequenceId(900 + i), prompt, 7000 + i));
+  }
+  return out;
+}
+
+// Pages a set of sequences fills once prefilled (kv_length = prompt length).
+inline std::int32_t prefilled_pages(const std::vector<laminar::SequenceState>& seqs) {
+  std::int32_t pages = 0;
+  for (const laminar::SequenceState& s : seqs) {
+    pages += std::int32_t((s.prompt_tokens.size() + kPageSize - 1) / kPageSize);
+  }
+  return pages;
 }
 
 // Small stage pieces (one page of every layer and both pools), so a live stage is many messages
@@ -105,15 +126,19 @@ class Worker {
 
   laminar::PagedKvCache& cache() { return *cache_; }
   laminar::KvMigrator& migrator() { return *migrator_; }
-  const tiny_model::TinyModel& model() const { return model_; }
   std::map<laminar::SequenceId, laminar::SequenceState>& live() { return live_; }
 
-  // Adds the workload's sequences and decodes them kStepsBeforeMigration steps.
-  laminar::Status start_workload() {
-    for (laminar::SequenceState& s : sequences()) {
+  // Adds `seqs` to the cache and feeds each its prompt.
+  laminar::Status prefill(std::vector<laminar::SequenceState> seqs) {
+    for (laminar::SequenceState& s : seqs) {
       LAMINAR_RETURN_IF_ERROR(model_.prefill(*cache_, s));
       live_.emplace(s.sequence, std::move(s));
     }
+    return laminar::ok_status();
+  }
+  // The source's start: the sequences that will move, decoded kStepsBeforeMigration steps.
+  laminar::Status start_workload() {
+    LAMINAR_RETURN_IF_ERROR(prefill(sequences()));
     for (int i = 0; i < kStepsBeforeMigration; ++i) LAMINAR_RETURN_IF_ERROR(step().status());
     return laminar::ok_status();
   }
@@ -178,13 +203,13 @@ class Worker {
   std::set<laminar::SequenceId> paused_;
 };
 
-// The workload decoded in one process without any migration: what every migrated run must match.
-inline std::map<laminar::SequenceId, laminar::SequenceState> reference() {
+// `seqs` decoded in one process without any migration: what every migrated run must match.
+inline std::map<laminar::SequenceId, laminar::SequenceState> reference(std::vector<laminar::SequenceState> seqs) {
   const auto model = tiny_model::TinyModel::create(model_config()).value();
   auto cache = laminar::PagedKvCache::create(model.kv_layout(kNumPages, kPageSize, kDType)).value();
   std::map<laminar::SequenceId, laminar::SequenceState> out;
   std::vector<laminar::SequenceState*> batch;
-  for (laminar::SequenceState& s : sequences()) {
+  for (laminar::SequenceState& s : seqs) {
     LAMINAR_CHECK(model.prefill(cache, s).ok());
     out.emplace(s.sequence, std::move(s));
   }

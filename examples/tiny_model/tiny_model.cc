@@ -54,7 +54,9 @@ float unit_gain(std::int64_t fan_in) { return std::sqrt(3.0f / float(fan_in)); }
 constexpr std::uint64_t kEmbeddingStream = 1;
 constexpr std::uint64_t kPositionStream = 2;
 constexpr std::uint64_t kUnembeddingStream = 3;
-constexpr std::uint64_t layer_stream(std::int32_t layer, std::uint64_t which) { return 16 + 4 * std::uint64_t(layer) + which; }
+constexpr std::uint64_t layer_stream(std::int32_t layer, std::uint64_t which) {
+  return 16 + 4 * std::uint64_t(layer) + which;
+}
 
 // y[r] = sum over c of w[r, c] * x[c], summed in c order whatever the batch: this fixed order is
 // what keeps a row's bits independent of its batch mates.
@@ -190,8 +192,8 @@ Status TinyModel::check(const PagedKvCache& cache, std::span<SequenceState* cons
           fmt::format("tiny model step: sequence {} is too long for the kernels ({} tokens)", id, s.kv_length));
     }
     if (s.logprobs.size() != s.response_tokens.size()) {
-      return laminar::invalid_argument(fmt::format("tiny model step: sequence {} has {} log-probs for {} response tokens",
-                                                   id, s.logprobs.size(), s.response_tokens.size()));
+      return laminar::invalid_argument(fmt::format("tiny model step: sequence {} has {} log-probs for {} response "
+                                                   "tokens", id, s.logprobs.size(), s.response_tokens.size()));
     }
     const std::int32_t token = next_input(s);
     if (token < 0 || token >= config_.vocab) {
@@ -218,8 +220,8 @@ Status TinyModel::check(const PagedKvCache& cache, std::span<SequenceState* cons
     if (s.kv_length % std::uint64_t(layout.page_size) == 0) ++new_pages;
   }
   if (new_pages > cache.free_pages()) {
-    return laminar::resource_exhausted(fmt::format("tiny model step: the batch needs {} new pages, the cache has {} free",
-                                                   new_pages, cache.free_pages()));
+    return laminar::resource_exhausted(fmt::format(
+        "tiny model step: the batch needs {} new pages, the cache has {} free", new_pages, cache.free_pages()));
   }
   return laminar::ok_status();
 }
