@@ -156,8 +156,12 @@ Result<std::unique_ptr<RepackDriver>> RepackDriver::create(std::shared_ptr<Trans
         options.send_timeout.count()));
   }
   std::optional<std::string> address = migrator->address();
-  if (!address || address->empty() || address->size() > internal::kMaxRepackAddressBytes) {
+  if (!address || address->empty()) {
     return failed_precondition("repack driver: the migrator has no address (its transport does not listen)");
+  }
+  if (address->size() > internal::kMaxRepackAddressBytes) {
+    return failed_precondition(fmt::format("repack driver: the migrator's address '{}' is longer than {} bytes",
+                                           *address, internal::kMaxRepackAddressBytes));
   }
   {
     std::lock_guard l(g_hosts_mu);

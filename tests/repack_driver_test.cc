@@ -373,9 +373,12 @@ struct FakeCoordinator {
   int malformed = 0;
   Endpoint from;
   std::shared_ptr<Transport> tr = make_transport();
-  std::string addr = tr->listen("127.0.0.1", 0).value();
+  std::string addr;
 
-  FakeCoordinator() {
+  explicit FakeCoordinator(std::uint16_t port = 0) {
+    auto a = tr->listen("127.0.0.1", port);
+    REQUIRE(a.ok());
+    addr = *a;
     REQUIRE(laminar::internal::on_protocol_message(*tr, laminar::internal::kRepackReportMessage,
                                                    [this](laminar::Incoming in) { take(in); })
                 .ok());
@@ -483,12 +486,25 @@ TEST_CASE("repack driver: reports go out every report_interval, and stale, forei
   CHECK(w.mig->moving().empty());
   CHECK(w.live.size() == 2);
 
+  // A destination nobody listens at: migrate() refuses, and the sequence stays, not moving.
+  const auto unreachable = laminar::internal::encode_repack_orders(
+      RepackOrders{1, 2, Version(4), {{WorkerId(9), "127.0.0.1:1", {SequenceId(11)}}}});
+  fc.send(unreachable);
+  REQUIRE(eventually([&] {
+    w.step();
+    return taken() == 6;
+  }));
+  CHECK(w.driver->stats().migrations_refused == 1);
+  CHECK(w.driver->stats().migrations_started == 0);
+  CHECK(w.mig->moving().empty());
+  CHECK(w.live.contains(SequenceId(11)));
+
   // Valid orders start one migration for the live sequence, skipping the unknown one, and the
   // next report says a migration runs.
   fc.send(orders_for(2, Version(4), {SequenceId(10), SequenceId(78)}));
   REQUIRE(eventually([&] {
     w.step();
-    return w.driver->stats().orders == 2;
+    return w.driver->stats().orders == 3;
   }));
   CHECK(w.driver->stats().migrations_started == 1);
   CHECK(w.driver->stats().sequences_skipped == 2);
@@ -507,6 +523,35 @@ TEST_CASE("repack driver: reports go out every report_interval, and stale, forei
   CHECK(other.holds_written(SequenceId(10)));
   std::lock_guard l(fc.mu);
   CHECK(fc.malformed == 0);
+}
+
+TEST_CASE("repack driver: a coordinator that goes away is connected to again while the loop steps on") {
+  auto clock = std::make_shared<ManualClock>();
+  auto fc = std::make_unique<FakeCoordinator>();
+  const std::string addr = fc->addr;
+  const auto port = std::uint16_t(std::stoi(addr.substr(addr.rfind(':') + 1)));
+  Worker w(1, Version(0), clock, addr);
+  w.start(10, 5);
+  w.step();
+  REQUIRE(eventually([&] { return fc->count() == 1; }));
+
+  // Its transport is gone: a report fails, then the connects, retried every retry_interval (1 s).
+  fc.reset();
+  REQUIRE(eventually([&] {
+    REQUIRE(clock->advance(100ms).ok());
+    w.step();
+    return w.driver->stats().connects_failed >= 2;
+  }));
+  CHECK(w.driver->stats().reports_sent + w.driver->stats().reports_failed >= 2);
+
+  // A coordinator at the same address again: the reports reach it.
+  fc = std::make_unique<FakeCoordinator>(port);
+  REQUIRE(eventually([&] {
+    REQUIRE(clock->advance(100ms).ok());
+    w.step();
+    return fc->count() >= 1;
+  }));
+  CHECK(fc->last().snapshot.sequences.size() == 1);
 }
 
 TEST_CASE("repack driver: create and step check what they are given") {

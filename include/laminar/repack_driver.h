@@ -18,14 +18,15 @@
 //      drop on kDone, adopt on kArrived.
 //
 // Threads. step() runs on the host's decode loop (the one that owns the cache and calls the
-// migrator); stats() is thread-safe. The driver's own thread connects to the coordinator (retrying every
-// retry_interval) and sends the reports. Orders are taken on the transport's callback thread and
-// wait, the newest only, for the next step().
+// migrator); stats() is thread-safe. The driver's own thread connects to the coordinator
+// (retrying every retry_interval) and sends the reports. Orders are taken on the transport's
+// callback thread and wait, the newest only, for the next step().
 //
-//   auto driver = laminar::RepackDriver::create(transport, migrator, {.worker = id, .coordinator = addr}).value();
+//   laminar::RepackDriverOptions opt{.worker = id, .coordinator = "10.0.0.1:7000"};
+//   auto driver = laminar::RepackDriver::create(transport, migrator, opt).value();
 //   for (;;) {                                                     // the decode loop
 //     laminar::Result<std::vector<laminar::MigrationEvent>> events = driver->step(snapshot_now());
-//     if (events.ok()) for (laminar::MigrationEvent& e : *events) handle(e);   // as KvMigrator's
+//     if (events.ok()) for (laminar::MigrationEvent& e : *events) handle(e);  // as KvMigrator's
 //     decode_one_step();
 //   }
 #pragma once
@@ -81,7 +82,8 @@ class RepackDriver {
   // does not wait for the coordinator). kInvalidArgument for a null transport or migrator, an
   // empty coordinator address, non-positive report_interval, connect_timeout, retry_interval or
   // send_timeout; kFailedPrecondition when the migrator has no address (its transport does not
-  // listen); kAlreadyExists when another driver serves on `transport`.
+  // listen) or one longer than 256 bytes; kAlreadyExists when another driver serves on
+  // `transport`.
   static Result<std::unique_ptr<RepackDriver>> create(std::shared_ptr<Transport> transport,
                                                       std::shared_ptr<KvMigrator> migrator,
                                                       RepackDriverOptions options);
