@@ -4,12 +4,14 @@
 # bf16). Part 2 (core_loop): the asynchronous loop in one process, learning a toy policy. Part 3
 # (relay_server, real processes over UCX): an actor publishes three versions, a chain of two relays
 # forwards them chunk by chunk, and a rollout pulls the newest version, every byte checked against
-# the actor's digest.
+# the actor's digest. Part 4 (repack, real processes over UCX): rollout workers decode a tiny model,
+# and once a newer version is published their long-tail sequences move, KV cache and all, onto
+# fewer workers, each token and log-prob checked against a decode without migration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh >/dev/null
 cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc)" --target quickstart core_loop relay_server >/dev/null
+cmake --build --preset default -j "$(nproc)" --target quickstart core_loop relay_server repack >/dev/null
 bin=build/default/examples
 
 echo "== part 1: quickstart"
@@ -73,3 +75,7 @@ else
   echo "demo: version 3 did not arrive intact" >&2
   exit 1
 fi
+
+echo
+echo "== part 4: repack (a coordinator and three rollout workers; long tails move to free workers)"
+"$bin/repack"
