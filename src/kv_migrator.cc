@@ -164,6 +164,9 @@ void KvMigrator::Impl::on_closed(std::uint64_t endpoint_id, const Status& why) {
   std::erase_if(connections, [&](const auto& kv) { return kv.second.id() == endpoint_id; });
   for (auto& [id, m] : out) {
     if (m.ended || m.ep.id() != endpoint_id) continue;
+    // The destination may have committed and answered just before the connection closed: the
+    // final stage's answer decides (the transport fails it if no answer came).
+    if (m.final_sent) continue;
     end_out(m, MigrationState::kAbortedByDestination,
             unavailable(fmt::format("kv migrator: the connection to destination {} closed: {}", m.destination,
                                     why.to_string())),
@@ -256,6 +259,9 @@ void KvMigrator::Impl::take_reservation(OutMigration& m, Result<Message> answer)
   }
   m.k_remote = std::move(*k);
   m.v_remote = std::move(*v);
+  m.reserved = true;
+  // Paused while the offer was out: everything goes in the final stage.
+  if (m.phase != OutPhase::kOffered) return;
   if (options.max_live_stages == 0) {
     request_pause(m);
   } else {
@@ -280,7 +286,9 @@ void KvMigrator::Impl::check_sequences(OutMigration& m) {
                      true);
     }
     // At its reserved pages a sequence cannot grow any more: pause it now.
-    if (m.phase == OutPhase::kLive && pages->size() == s.pages_needed) request_pause(m);
+    if ((m.phase == OutPhase::kOffered || m.phase == OutPhase::kLive) && pages->size() == s.pages_needed) {
+      request_pause(m);
+    }
   }
 }
 
@@ -445,18 +453,21 @@ bool KvMigrator::Impl::settle_stages(OutMigration& m) {
 }
 
 void KvMigrator::Impl::advance_out(OutMigration& m) {
-  if (m.phase == OutPhase::kOffered) {
+  if (!m.reserved) {
     if (!ready(m.offer_answer)) {
       if (options.stall_timeout != kForever && clock->now() - m.offer_sent_at >= options.stall_timeout) {
         end_out(m, MigrationState::kAbortedBySource,
                 deadline_exceeded(fmt::format("kv migrator: migration {:#x}: {} left the offer unanswered",
                                               m.id.value(), m.destination)),
                 true);
+        return;
       }
+      // The host decodes while the offer is out: a sequence that fills its pages pauses now.
+      if (m.phase == OutPhase::kOffered) check_sequences(m);
       return;
     }
     take_reservation(m, m.offer_answer.get());
-    if (m.ended) return;
+    if (m.ended || !m.reserved) return;
   }
   if (m.phase != OutPhase::kFinal) {
     check_sequences(m);

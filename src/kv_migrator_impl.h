@@ -69,7 +69,7 @@ struct KvMigrator::Impl {
     std::future<Result<Message>> answer;
   };
   enum class OutPhase : std::uint8_t {
-    kOffered,  // waiting for the reservation
+    kOffered,  // waiting for the reservation, not paused
     kLive,     // live stages while the host decodes
     kPaused,   // kPauseRequested emitted: waiting for finish()
     kFinal,    // finish() called: the last pages, then the final stage
@@ -80,6 +80,7 @@ struct KvMigrator::Impl {
     Endpoint ep;
     Version version;
     OutPhase phase = OutPhase::kOffered;
+    bool reserved = false;  // the reservation arrived (a pause may come before it)
     bool ended = false;
     std::future<Result<Message>> offer_answer;
     Duration offer_sent_at{};

@@ -6,8 +6,6 @@
 
 #include <catch2/catch.hpp>
 
-#include <signal.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,10 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "expect_line.h"
 #include "kv_migration_wire.h"
 #include "laminar/kernels/paged_decode.h"
-#include "process.h"
 #include "transport/protocol.h"
 
 using laminar::DType;
@@ -731,6 +727,25 @@ TEST_CASE("kv migrator: a sequence that fills its reserved pages is paused, and 
   CHECK(dst.cache->reserved_pages() == 0);
 }
 
+TEST_CASE("kv migrator: a sequence that fills its pages while the offer waits is paused and moves whole") {
+  KvMigratorOptions o;
+  o.growth_pages = 1;
+  Worker src = make_worker(o);
+  Worker dst = make_worker(o);
+  add(*src.cache, SequenceId(1), 8);  // two pages; three offered
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(1)});
+  REQUIRE(id.ok());
+  append(*src.cache, SequenceId(1), 1);  // the third page, before the destination even polled
+  REQUIRE(drive({&src}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  CHECK(dst.cache->reserved_pages() == 0);
+  REQUIRE(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(1)})).ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); }));
+  CHECK(rows_differ(*dst.cache, SequenceId(1), 9) == "");
+  CHECK(src.migrator->stats().pages_sent == 3);
+  CHECK(src.cache->free_pages() == 64);
+  CHECK(dst.cache->reserved_pages() == 0);
+}
+
 TEST_CASE("kv migrator: two workers move sequences to each other at once") {
   Worker a = make_worker();
   Worker b = make_worker();
@@ -914,79 +929,6 @@ TEST_CASE("kv migrator: a destination that does not poll queues at most 256 mess
     CHECK(answers[i].get().status().code() == StatusCode::kDataLoss);
   }
   CHECK(dst.migrator->stats().offers_refused == 256);
-}
-
-laminar::Result<laminar::testing::ChildProcess> spawn_child(std::vector<std::string> args) {
-  laminar::testing::ChildOptions co;
-  co.program = LAMINAR_KV_MIGRATOR_CHILD;
-  co.args = std::move(args);
-  co.env = {{"LAMINAR_TEST_TOKEN", kToken}};
-  return laminar::testing::ChildProcess::spawn(std::move(co));
-}
-
-TEST_CASE("kv migrator: a destination process killed at any stage leaves the sequences whole at the source") {
-  const std::vector<std::string> stages = {"offered", "staging", "paused", "final stage sent"};
-  for (const std::string& stage : stages) {
-    SECTION(stage) {
-      auto child = spawn_child({"dest"});
-      REQUIRE(child.ok());
-      const std::string addr = laminar::testing::expect_line(*child, "listening ", 20s);
-      KvMigratorOptions o;
-      o.stage_bytes = 1;  // one page a stage: a long staging phase to be killed in
-      Worker src = make_worker(o);
-      const std::vector<SequenceId> seqs = {SequenceId(1), SequenceId(2)};
-      add(*src.cache, seqs[0], 40);
-      add(*src.cache, seqs[1], 9);
-      auto id = src.migrator->migrate(addr, seqs);
-      REQUIRE(id.ok());
-      if (stage == "staging") REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent >= 2; }));
-      if (stage == "paused" || stage == "final stage sent") {
-        REQUIRE(drive({&src}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
-      }
-      if (stage == "final stage sent") {
-        REQUIRE(src.migrator->finish(*id, states_of(*src.cache, seqs)).ok());
-        REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent == std::uint64_t(10 + 3); }));
-      }
-      child->kill(SIGKILL);
-      REQUIRE(drive({&src}, [&] { return src.find(Kind::kAborted, *id) || src.find(Kind::kDone, *id); }));
-      CHECK(src.migrator->moving().empty());
-      if (src.find(Kind::kDone, *id)) {
-        // The destination committed before it died: the sequences were its, and only its.
-        CHECK(stage == "final stage sent");
-        CHECK(src.cache->num_sequences() == 0);
-      } else {
-        const MigrationEvent& e = *src.find(Kind::kAborted, *id);
-        INFO(e.reason.to_string());
-        CHECK(e.state == MigrationState::kAbortedByDestination);
-        CHECK(rows_differ(*src.cache, seqs[0], 40) == "");
-        CHECK(rows_differ(*src.cache, seqs[1], 9) == "");
-        // Still the source's to move: to a destination that lives this time.
-        Worker dst = make_worker(o);
-        migrate_all(src, dst, seqs);
-        CHECK(rows_differ(*dst.cache, seqs[0], 40) == "");
-      }
-    }
-  }
-}
-
-TEST_CASE("kv migrator: a source process killed at any stage strands no page at the destination") {
-  const std::vector<std::string> stages = {"reserved", "staging"};
-  for (const std::string& stage : stages) {
-    SECTION(stage) {
-      Worker dst = make_worker();
-      auto child = spawn_child({"source", dst.address, "40"});
-      REQUIRE(child.ok());
-      if (stage == "reserved") REQUIRE(drive({&dst}, [&] { return dst.cache->reserved_pages() > 0; }));
-      if (stage == "staging") REQUIRE(drive({&dst}, [&] { return dst.migrator->stats().pages_received >= 2; }));
-      child->kill(SIGKILL);
-      REQUIRE(drive({&dst}, [&] { return dst.count(Kind::kAborted) == 1; }));
-      CHECK(dst.cache->reserved_pages() == 0);
-      CHECK(dst.cache->free_pages() == 64);
-      CHECK(dst.cache->num_sequences() == 0);
-      CHECK(dst.count(Kind::kArrived) == 0);
-      CHECK(dst.migrator->moving().empty());
-    }
-  }
 }
 
 TEST_CASE("kv migrator: attention over the moved pages equals the source's bit for bit") {
