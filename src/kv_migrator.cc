@@ -36,8 +36,6 @@ constexpr std::size_t kInboxLimit = 256;
 constexpr std::size_t kMaxFinished = 1024;
 // Stages with puts or an answer outstanding: the destination checks one while the next is put.
 constexpr std::size_t kStagesInFlight = 2;
-// An abort message is a courtesy: the peer also finds out by its lease or its stall timeout.
-constexpr Duration kAbortSendTimeout = std::chrono::milliseconds(200);
 constexpr Duration kShutdownBudget = std::chrono::seconds(1);
 
 // The migration handlers are per transport, so a transport hosts at most one migrator.
@@ -157,6 +155,7 @@ void KvMigrator::Impl::sweep() {
   for (const auto& [id, m] : in) used.insert(m.ep.id());
   for (const auto& [addr, ep] : connections) used.insert(ep.id());
   for (const Draining& d : draining) used.insert(d.ep.id());
+  for (const auto& [id, f] : fenced) used.insert(f.ep.id());
   // Resetting a subscription waits for its callback, which takes only the inbox's lock.
   std::erase_if(watches, [&](const auto& kv) { return !used.contains(kv.first); });
 }
@@ -175,8 +174,9 @@ void KvMigrator::Impl::on_closed(std::uint64_t endpoint_id, const Status& why) {
     end_in(m, MigrationState::kAbortedByDestination,
            unavailable(fmt::format("kv migrator: the connection to the source of migration {:#x} closed: {}",
                                    id, why.to_string())),
-           false);
+           false, false);
   }
+  release_fenced([&](std::uint64_t, const Fenced& f) { return f.ep.id() == endpoint_id; });
 }
 
 // ---- source side ----
@@ -412,7 +412,7 @@ bool KvMigrator::Impl::settle_stages(OutMigration& m) {
     }
     if (answer->refusal) {
       end_out(m, MigrationState::kAbortedByDestination,
-              Status(answer->refusal->code, fmt::format("{}: refused: {}", what, answer->refusal->text)), false);
+              Status(answer->refusal->code, fmt::format("{}: refused: {}", what, answer->refusal->text)), true);
       return false;
     }
     if (answer->stage != s.message.stage) {
@@ -483,10 +483,11 @@ void KvMigrator::Impl::on_abort_for_source(const MigrationAbort& a, const Endpoi
   if (it == out.end() || it->second.ended || it->second.ep.id() != from.id()) return;
   // The destination aborts only what it has not committed, so even after our final stage the
   // sequences are still ours alone.
+  // Told back once our puts in flight landed: the destination holds the pages until then.
   end_out(it->second, MigrationState::kAbortedByDestination,
           Status(a.code, fmt::format("kv migrator: migration {:#x}: destination {} aborted: {}", a.migration_id,
                                      it->second.destination, a.reason)),
-          false);
+          true);
 }
 
 // ---- public ----
@@ -547,17 +548,19 @@ KvMigrator::~KvMigrator() {
   std::lock_guard lock(d.mu);
   // Bounded in real time whatever options.clock is: a virtual clock that stands still must not
   // hang the destructor, and the peers' own leases and stall timeouts cover what is cut short.
-  const Duration shutdown_at = std::chrono::steady_clock::now().time_since_epoch() + kShutdownBudget;
-  const auto left = [&] {
-    return std::min(kAbortSendTimeout, shutdown_at - std::chrono::steady_clock::now().time_since_epoch());
-  };
+  const auto real_now = [] { return Duration(std::chrono::steady_clock::now().time_since_epoch()); };
+  const Duration shutdown_at = real_now() + kShutdownBudget;
+  const auto left = [&] { return std::min(internal::kMigrationAbortSendTimeout, shutdown_at - real_now()); };
   for (auto& [id, m] : d.out) {
     if (!m.ended) d.end_out(m, MigrationState::kAbortedBySource, cancelled("kv migrator: the source shut down"), true);
   }
   for (auto& [id, m] : d.in) {
-    if (!m.ended) d.end_in(m, MigrationState::kAbortedByDestination, cancelled("kv migrator: the destination shut down"),
-                           false);
+    if (!m.ended) {
+      d.end_in(m, MigrationState::kAbortedByDestination, cancelled("kv migrator: the destination shut down"), false,
+               false);
+    }
   }
+  d.release_fenced([](std::uint64_t, const Impl::Fenced&) { return true; });
   for (auto& [id, m] : d.in) {
     d.send_abort(m.ep, MigrationAbort{id, MigrationSide::kDestination, StatusCode::kCancelled,
                                       "kv migrator: the destination shut down"},
@@ -565,7 +568,7 @@ KvMigrator::~KvMigrator() {
   }
   for (Impl::Draining& dr : d.draining) {
     for (auto& f : dr.puts) {
-      const Duration wait = shutdown_at - std::chrono::steady_clock::now().time_since_epoch();
+      const Duration wait = shutdown_at - real_now();
       if (wait <= Duration::zero() || f.wait_for(wait) != std::future_status::ready) break;
     }
     d.send_abort(dr.ep, dr.message, left());
@@ -698,7 +701,7 @@ std::vector<MigrationEvent> KvMigrator::poll() {
   }
   std::erase_if(d.draining, [&](Impl::Draining& dr) {
     if (!std::ranges::all_of(dr.puts, [](const auto& f) { return ready(f); })) return false;
-    d.send_abort(dr.ep, dr.message, kAbortSendTimeout);
+    d.send_abort(dr.ep, dr.message, internal::kMigrationAbortSendTimeout);
     return true;
   });
   d.sweep();
@@ -795,7 +798,7 @@ Status KvMigrator::abort(MigrationId id, std::string_view reason) {
   if (auto it = d.in.find(id.value()); it != d.in.end() && !it->second.ended) {
     d.end_in(it->second, MigrationState::kAbortedByDestination,
              aborted(fmt::format("kv migrator: migration {:#x} aborted by its destination: {}", id.value(), reason)),
-             true);
+             true, true);
     d.sweep();
     return ok_status();
   }

@@ -7,6 +7,7 @@
 // promptly (sends and replies wait for UCX to take the bytes, never for a peer's answer).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -24,6 +25,12 @@
 #include "laminar/kv_migrator.h"
 
 namespace laminar {
+
+namespace internal {
+// How long an abort message may take to go out. The peer finds out anyway, by its lease or its
+// stall timeout, and pages fenced for it return after another lease.
+inline constexpr Duration kMigrationAbortSendTimeout = std::chrono::milliseconds(200);
+}  // namespace internal
 
 struct KvMigrator::Impl {
   // What the transport's threads hand to poll().
@@ -110,6 +117,15 @@ struct KvMigrator::Impl {
     bool ended = false;
   };
 
+  // An incoming migration this destination ended while its source may still have puts in flight
+  // into the reserved pages: they stay reserved until the source confirms with its own abort
+  // (which it sends once its puts landed), the connection closes, or a lease passes.
+  struct Fenced {
+    Endpoint ep;
+    std::vector<std::int32_t> pages;
+    Duration until{};
+    MigrationEvent event;  // kAborted, emitted when the pages return
+  };
   struct Finished {
     MigrationState state = MigrationState::kDone;
     bool outgoing = true;
@@ -135,6 +151,7 @@ struct KvMigrator::Impl {
   Version version;
   std::unordered_map<std::uint64_t, OutMigration> out;
   std::unordered_map<std::uint64_t, InMigration> in;
+  std::unordered_map<std::uint64_t, Fenced> fenced;
   std::vector<Draining> draining;
   std::map<std::string, Endpoint> connections;  // by destination address
   std::unordered_map<std::uint64_t, Watch> watches;  // by endpoint id
@@ -179,9 +196,21 @@ struct KvMigrator::Impl {
   Status check_final(const InMigration& m, const internal::MigrationStage& stage) const;
   void commit(InMigration& m, Incoming& msg, internal::MigrationStage& stage);
   void on_abort_for_destination(const internal::MigrationAbort& a, const Endpoint& from);
+  // Ends incoming migrations whose lease ran out, and returns fenced pages whose wait did.
   void expire_leases();
-  // Ends an incoming migration: its reserved pages return. `tell`: send the source an abort.
-  void end_in(InMigration& m, MigrationState state, Status reason, bool tell);
+  // Ends an incoming migration: its reserved pages return, at once or (`fence`: the source may
+  // still be putting into them) once the source confirms. `tell`: send the source an abort.
+  void end_in(InMigration& m, MigrationState state, Status reason, bool tell, bool fence);
+  // Returns the fenced pages of migrations that match and emits their kAborted events.
+  template <class Pred>
+  void release_fenced(Pred match) {
+    std::erase_if(fenced, [&](auto& kv) {
+      if (!match(kv.first, kv.second)) return false;
+      LAMINAR_CHECK(cache->unreserve_pages(kv.second.pages).ok());
+      events.push_back(std::move(kv.second.event));
+      return true;
+    });
+  }
 };
 
 }  // namespace laminar

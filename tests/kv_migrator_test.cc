@@ -6,17 +6,26 @@
 
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "expect_line.h"
+#include "kv_migration_wire.h"
+#include "laminar/kernels/paged_decode.h"
+#include "process.h"
+#include "transport/protocol.h"
 
 using laminar::DType;
 using laminar::KvLayout;
@@ -187,6 +196,20 @@ MigrationId migrate_all(Worker& src, Worker& dst, const std::vector<SequenceId>&
 }
 
 std::int64_t pages_of(std::int64_t tokens) { return (tokens + 3) / 4; }
+
+// Orders the test thread after everything w's transport threads did so far, pages put into w
+// included: a message through those threads whose handler releases the test thread. (The put's
+// own completion reached the source through a socket, which orders nothing for ThreadSanitizer.)
+void sync_with(Worker& from, Worker& w) {
+  constexpr laminar::MessageType kSync = 1;
+  auto arrived = std::make_shared<std::promise<void>>();
+  REQUIRE(w.transport->on_message(kSync, [arrived](laminar::Incoming) { arrived->set_value(); }).ok());
+  auto ep = from.transport->connect(w.address);
+  REQUIRE(ep.ok());
+  REQUIRE(ep->send(laminar::Message::from_string(kSync, "sync")).ok());
+  REQUIRE(arrived->get_future().wait_for(10s) == std::future_status::ready);
+  REQUIRE(w.transport->on_message(kSync, {}).ok());
+}
 
 }  // namespace
 
@@ -394,6 +417,12 @@ TEST_CASE("kv migrator: migrate() refuses bad arguments before anything is sent"
   CHECK(src.migrator->stats().migrations_out == 1);
   CHECK(src.migrator->moving() == std::vector<SequenceId>{SequenceId(1)});
   CHECK(src.migrator->finish(MigrationId(12345), {}).code() == StatusCode::kNotFound);
+  REQUIRE(src.migrator->abort(*first, "make room").ok());
+  // Nobody listens there: connecting fails, and nothing starts.
+  auto unreachable = src.migrator->migrate("127.0.0.1:1", std::vector<SequenceId>{SequenceId(2)});
+  CHECK(unreachable.status().code() == StatusCode::kUnavailable);
+  CHECK(src.migrator->moving().empty());
+  CHECK(src.migrator->stats().migrations_out == 1);
   CHECK(src.migrator->abort(MigrationId(12345), "no such").code() == StatusCode::kNotFound);
   CHECK(src.migrator->state(MigrationId(12345)).status().code() == StatusCode::kNotFound);
 }
@@ -424,6 +453,8 @@ TEST_CASE("kv migrator: create() validates its options and serves one migrator p
   CHECK(!(*m)->address().has_value());
   m->reset();
   CHECK(KvMigrator::create(t, cache).ok());
+  CHECK(laminar::to_string(MigrationState::kAbortedBySource) == "aborted by source");
+  CHECK(laminar::to_string(MigrationState::kDone) == "done");
 }
 
 TEST_CASE("kv migrator: an abort from the source mid-staging returns the destination's pages") {
@@ -472,9 +503,12 @@ TEST_CASE("kv migrator: an abort from the destination leaves the sequences decod
   REQUIRE(id.ok());
   REQUIRE(drive({&src, &dst}, [&] { return !dst.migrator->moving().empty(); }));
   REQUIRE(dst.migrator->abort(*id, "out of room after all").ok());
+  CHECK(*dst.migrator->state(*id) == MigrationState::kAbortedByDestination);
+  CHECK(dst.migrator->moving().empty());
+  // The pages return once the source confirms that none of its puts is still in flight.
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
   CHECK(dst.cache->reserved_pages() == 0);
   CHECK(dst.cache->free_pages() == 64);
-  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) != nullptr; }));
   const MigrationEvent& s = *src.find(Kind::kAborted, *id);
   INFO(s.reason.to_string());
   CHECK(s.state == MigrationState::kAbortedByDestination);
@@ -488,7 +522,7 @@ TEST_CASE("kv migrator: an abort from the destination leaves the sequences decod
   CHECK(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(8)})).code() == StatusCode::kNotFound);
 }
 
-TEST_CASE("kv migrator: a destination whose source falls silent returns the pages when the lease runs out") {
+TEST_CASE("kv migrator: a destination whose source falls silent gives up when the lease runs out") {
   auto clock = std::make_shared<laminar::ManualClock>();
   KvMigratorOptions o;
   o.lease = 5s;
@@ -500,23 +534,45 @@ TEST_CASE("kv migrator: a destination whose source falls silent returns the page
   REQUIRE(id.ok());
   // Only the destination polls: the source, stuck, never takes the reservation.
   REQUIRE(drive({&dst}, [&] { return dst.cache->reserved_pages() > 0; }));
+  const std::int32_t reserved = dst.cache->reserved_pages();
+  CHECK(reserved == pages_of(10) + 4);
   REQUIRE(clock->advance(4s).ok());
   poll(dst);
-  CHECK(dst.count(Kind::kAborted) == 0);
-  CHECK(dst.cache->reserved_pages() == pages_of(10) + 4);
+  CHECK(dst.migrator->stats().lease_expiries == 0);
+  CHECK(*dst.migrator->state(*id) == MigrationState::kRunning);
   REQUIRE(clock->advance(2s).ok());
   poll(dst);
-  REQUIRE(dst.find(Kind::kAborted, *id) != nullptr);
-  CHECK(dst.find(Kind::kAborted, *id)->reason.code() == StatusCode::kDeadlineExceeded);
-  CHECK(dst.cache->reserved_pages() == 0);
-  CHECK(dst.cache->free_pages() == 64);
   CHECK(dst.migrator->stats().lease_expiries == 1);
   CHECK(dst.migrator->stats().aborted_in == 1);
   CHECK(*dst.migrator->state(*id) == MigrationState::kAbortedByDestination);
-  // The source wakes up: told of the expiry, it keeps its sequence.
-  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) != nullptr; }));
-  CHECK(src.find(Kind::kAborted, *id)->state == MigrationState::kAbortedByDestination);
-  CHECK(rows_differ(*src.cache, SequenceId(4), 10) == "");
+  CHECK(dst.migrator->moving().empty());
+  // Given up, but a source that is only slow could still put into the pages: they stay out of
+  // the free list until it is heard from, gone, or another lease passed.
+  CHECK(dst.cache->reserved_pages() == reserved);
+  CHECK(dst.count(Kind::kAborted) == 0);
+  SECTION("the source wakes up, hears of the expiry and keeps its sequence") {
+    REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
+    CHECK(src.find(Kind::kAborted, *id)->state == MigrationState::kAbortedByDestination);
+    CHECK(src.find(Kind::kAborted, *id)->reason.code() == StatusCode::kDeadlineExceeded);
+    CHECK(rows_differ(*src.cache, SequenceId(4), 10) == "");
+  }
+  SECTION("the source is gone") {
+    src.migrator.reset();
+    src.transport.reset();
+    REQUIRE(drive({&dst}, [&] { return dst.find(Kind::kAborted, *id) != nullptr; }));
+  }
+  SECTION("the source never answers") {
+    REQUIRE(clock->advance(4s).ok());
+    poll(dst);
+    CHECK(dst.count(Kind::kAborted) == 0);
+    REQUIRE(clock->advance(1s).ok());
+    poll(dst);
+    CHECK(dst.find(Kind::kAborted, *id) != nullptr);
+  }
+  CHECK(dst.find(Kind::kAborted, *id)->reason.code() == StatusCode::kDeadlineExceeded);
+  CHECK(dst.find(Kind::kAborted, *id)->state == MigrationState::kAbortedByDestination);
+  CHECK(dst.cache->reserved_pages() == 0);
+  CHECK(dst.cache->free_pages() == 64);
 }
 
 TEST_CASE("kv migrator: a destination that vanishes mid-migration leaves the sequences at the source") {
@@ -607,6 +663,7 @@ TEST_CASE("kv migrator: a page that arrives corrupted fails its checksum and not
   // The pages landed and the final stage is on its way, not yet checked: flip one byte in every
   // page of the destination, none of which holds a live sequence.
   REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent == std::uint64_t(pages_of(14)); }));
+  sync_with(src, dst);
   const std::int32_t layer = 2;
   for (std::int32_t p = 0; p < 64; ++p) static_cast<unsigned char*>(dst.cache->v_page(layer, p).value())[5] ^= 1;
   REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kAborted, *id) && dst.find(Kind::kAborted, *id); }));
@@ -759,8 +816,12 @@ TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls s
     const std::vector<SequenceState> states = states_of(*src.cache, seqs);
     REQUIRE(src.migrator->finish(*id, states).ok());
     const bool moved = drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); });
-    for (const MigrationEvent& e : src.events) UNSCOPED_INFO("source event " << int(e.kind) << " " << e.reason.to_string());
-    for (const MigrationEvent& e : dst.events) UNSCOPED_INFO("destination event " << int(e.kind) << " " << e.reason.to_string());
+    for (const Worker* w : {&src, &dst}) {
+      for (const MigrationEvent& e : w->events) {
+        UNSCOPED_INFO((w == &src ? "source" : "destination") << " event " << int(e.kind) << " "
+                                                              << e.reason.to_string());
+      }
+    }
     REQUIRE(moved);
     CHECK(dst.find(Kind::kArrived, *id)->states == states);
     std::int64_t pages = 0;
@@ -775,4 +836,214 @@ TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls s
     CHECK(dst.cache->free_pages() == 1024 - pages);
     CHECK(dst.cache->reserved_pages() == 0);
   }
+}
+
+TEST_CASE("kv migrator: bytes that do not decode, stray stages and forged aborts change nothing") {
+  namespace li = laminar::internal;
+  Worker src = make_worker();
+  Worker dst = make_worker();
+  add(*src.cache, SequenceId(1), 10);
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
+  laminar::Endpoint ep = other->connect(dst.address).value();
+  // Sends a request through the migration protocol and polls the destination until it answers.
+  const auto ask = [&](laminar::MessageType type, std::vector<std::byte> body) {
+    auto answer = li::request_protocol_async(ep, laminar::Message{type, std::move(body)}, 10s);
+    const bool answered = drive({&dst}, [&] { return answer.wait_for(0s) == std::future_status::ready; });
+    REQUIRE(answered);
+    return answer.get();
+  };
+  const auto garbage = [](std::size_t n) { return std::vector<std::byte>(n, std::byte{0xA5}); };
+
+  auto offer = ask(li::kMigrationOfferMessage, garbage(7));
+  CHECK(offer.status().code() == StatusCode::kDataLoss);
+  CHECK(dst.migrator->stats().offers_refused == 1);
+  auto stage = ask(li::kMigrationStageMessage, garbage(30));
+  CHECK_FALSE(stage.ok());
+  // A well-formed stage of a migration nobody started here.
+  auto stray = ask(li::kMigrationStageMessage, li::encode_migration_stage({77, 0, false, {}}));
+  REQUIRE(stray.ok());
+  auto refused = li::decode_migration_stage_answer(stray->body);
+  REQUIRE(refused.ok());
+  REQUIRE(refused->refusal.has_value());
+  CHECK(refused->refusal->code == StatusCode::kNotFound);
+  REQUIRE(li::send_protocol(ep, laminar::Message{li::kMigrationAbortMessage, garbage(3)}).ok());
+
+  // A real migration runs alongside; an abort of it from another connection is ignored.
+  auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(1)});
+  REQUIRE(id.ok());
+  REQUIRE(drive({&src, &dst}, [&] { return !dst.migrator->moving().empty(); }));
+  const li::MigrationAbort forged{id->value(), li::MigrationSide::kSource, StatusCode::kAborted, "forged"};
+  REQUIRE(li::send_protocol(ep, laminar::Message{li::kMigrationAbortMessage, li::encode_migration_abort(forged)}).ok());
+  auto late = ask(li::kMigrationStageMessage, li::encode_migration_stage({id->value(), 0, false, {}}));
+  REQUIRE(late.ok());
+  CHECK(li::decode_migration_stage_answer(late->body)->refusal->code == StatusCode::kNotFound);
+  CHECK(*dst.migrator->state(*id) == MigrationState::kRunning);
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+  REQUIRE(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(1)})).ok());
+  REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kDone, *id) && dst.find(Kind::kArrived, *id); }));
+  CHECK(rows_differ(*dst.cache, SequenceId(1), 10) == "");
+  CHECK(dst.count(Kind::kAborted) == 0);
+  CHECK(dst.migrator->background_error().ok());
+}
+
+TEST_CASE("kv migrator: a destination that does not poll queues at most 256 messages and refuses the rest") {
+  namespace li = laminar::internal;
+  Worker dst = make_worker();
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
+  laminar::Endpoint ep = other->connect(dst.address).value();
+  std::vector<std::future<laminar::Result<laminar::Message>>> answers;
+  for (int i = 0; i < 260; ++i) {
+    answers.push_back(li::request_protocol_async(
+        ep, laminar::Message{li::kMigrationOfferMessage, std::vector<std::byte>(5, std::byte{1})}, 20s));
+  }
+  // Without a poll, only the four past the bound are answered, by the transport's callback thread.
+  std::size_t exhausted = 0;
+  for (std::size_t i = 256; i < answers.size(); ++i) {
+    REQUIRE(answers[i].wait_for(10s) == std::future_status::ready);
+    exhausted += answers[i].get().status().code() == StatusCode::kResourceExhausted;
+  }
+  CHECK(exhausted == 4);
+  CHECK(answers[0].wait_for(0s) != std::future_status::ready);
+  poll(dst);
+  for (std::size_t i = 0; i < 256; ++i) {
+    REQUIRE(answers[i].wait_for(10s) == std::future_status::ready);
+    CHECK(answers[i].get().status().code() == StatusCode::kDataLoss);
+  }
+  CHECK(dst.migrator->stats().offers_refused == 256);
+}
+
+laminar::Result<laminar::testing::ChildProcess> spawn_child(std::vector<std::string> args) {
+  laminar::testing::ChildOptions co;
+  co.program = LAMINAR_KV_MIGRATOR_CHILD;
+  co.args = std::move(args);
+  co.env = {{"LAMINAR_TEST_TOKEN", kToken}};
+  return laminar::testing::ChildProcess::spawn(std::move(co));
+}
+
+TEST_CASE("kv migrator: a destination process killed at any stage leaves the sequences whole at the source") {
+  const std::vector<std::string> stages = {"offered", "staging", "paused", "final stage sent"};
+  for (const std::string& stage : stages) {
+    SECTION(stage) {
+      auto child = spawn_child({"dest"});
+      REQUIRE(child.ok());
+      const std::string addr = laminar::testing::expect_line(*child, "listening ", 20s);
+      KvMigratorOptions o;
+      o.stage_bytes = 1;  // one page a stage: a long staging phase to be killed in
+      Worker src = make_worker(o);
+      const std::vector<SequenceId> seqs = {SequenceId(1), SequenceId(2)};
+      add(*src.cache, seqs[0], 40);
+      add(*src.cache, seqs[1], 9);
+      auto id = src.migrator->migrate(addr, seqs);
+      REQUIRE(id.ok());
+      if (stage == "staging") REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent >= 2; }));
+      if (stage == "paused" || stage == "final stage sent") {
+        REQUIRE(drive({&src}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; }));
+      }
+      if (stage == "final stage sent") {
+        REQUIRE(src.migrator->finish(*id, states_of(*src.cache, seqs)).ok());
+        REQUIRE(drive({&src}, [&] { return src.migrator->stats().pages_sent == std::uint64_t(10 + 3); }));
+      }
+      child->kill(SIGKILL);
+      REQUIRE(drive({&src}, [&] { return src.find(Kind::kAborted, *id) || src.find(Kind::kDone, *id); }));
+      CHECK(src.migrator->moving().empty());
+      if (src.find(Kind::kDone, *id)) {
+        // The destination committed before it died: the sequences were its, and only its.
+        CHECK(stage == "final stage sent");
+        CHECK(src.cache->num_sequences() == 0);
+      } else {
+        const MigrationEvent& e = *src.find(Kind::kAborted, *id);
+        INFO(e.reason.to_string());
+        CHECK(e.state == MigrationState::kAbortedByDestination);
+        CHECK(rows_differ(*src.cache, seqs[0], 40) == "");
+        CHECK(rows_differ(*src.cache, seqs[1], 9) == "");
+        // Still the source's to move: to a destination that lives this time.
+        Worker dst = make_worker(o);
+        migrate_all(src, dst, seqs);
+        CHECK(rows_differ(*dst.cache, seqs[0], 40) == "");
+      }
+    }
+  }
+}
+
+TEST_CASE("kv migrator: a source process killed at any stage strands no page at the destination") {
+  const std::vector<std::string> stages = {"reserved", "staging"};
+  for (const std::string& stage : stages) {
+    SECTION(stage) {
+      Worker dst = make_worker();
+      auto child = spawn_child({"source", dst.address, "40"});
+      REQUIRE(child.ok());
+      if (stage == "reserved") REQUIRE(drive({&dst}, [&] { return dst.cache->reserved_pages() > 0; }));
+      if (stage == "staging") REQUIRE(drive({&dst}, [&] { return dst.migrator->stats().pages_received >= 2; }));
+      child->kill(SIGKILL);
+      REQUIRE(drive({&dst}, [&] { return dst.count(Kind::kAborted) == 1; }));
+      CHECK(dst.cache->reserved_pages() == 0);
+      CHECK(dst.cache->free_pages() == 64);
+      CHECK(dst.cache->num_sequences() == 0);
+      CHECK(dst.count(Kind::kArrived) == 0);
+      CHECK(dst.migrator->moving().empty());
+    }
+  }
+}
+
+TEST_CASE("kv migrator: attention over the moved pages equals the source's bit for bit") {
+  // head_dim 64: a size the attention kernels take.
+  Worker src = make_worker({}, layout(64, 64));
+  Worker dst = make_worker({}, layout(64, 64));
+  add(*dst.cache, SequenceId(50), 7);  // the destination's own pages come first there
+  const std::vector<SequenceId> seqs = {SequenceId(1), SequenceId(2)};
+  add(*src.cache, seqs[0], 37);
+  add(*src.cache, seqs[1], 4);
+  constexpr std::int32_t kHeads = 4;  // two query heads per KV head
+  const KvLayout& l = src.cache->layout();
+  constexpr std::size_t kRow = kHeads * 64;
+  // Each sequence's query: [kHeads, 64].
+  const auto query = [](SequenceId s) {
+    std::vector<float> q(kRow);
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = pattern(s, std::int64_t(i), 0, 0, 0) / float(1 << 24);
+    return q;
+  };
+  // Each layer's outputs and log-sum-exps for the batch `order`, rows in the order of `seqs`.
+  const auto attend = [&](PagedKvCache& cache, const std::vector<SequenceId>& order) {
+    std::vector<float> q;
+    for (SequenceId s : order) {
+      const std::vector<float> row = query(s);
+      q.insert(q.end(), row.begin(), row.end());
+    }
+    std::vector<float> all;
+    laminar::PageTableBuffer table;
+    REQUIRE(cache.build_page_table(order, &table).ok());
+    for (std::int32_t layer = 0; layer < l.num_layers; ++layer) {
+      std::vector<float> out(q.size());
+      std::vector<float> lse(2 * kHeads);
+      laminar::kernels::PagedDecodeParams p;
+      p.q = q.data();
+      p.out = out.data();
+      p.lse = lse.data();
+      p.kv = cache.view(layer).value();
+      p.table = table.view();
+      p.num_rows = 2;
+      p.num_qo_heads = kHeads;
+      p.sm_scale = 0.125f;
+      p.max_kv_len = 64;
+      REQUIRE(laminar::kernels::run(p, laminar::Stream::host()).ok());
+      const bool swapped = order[0] != seqs[0];
+      for (std::size_t row : {swapped ? 1u : 0u, swapped ? 0u : 1u}) {
+        all.insert(all.end(), out.begin() + std::ptrdiff_t(row * kRow), out.begin() + std::ptrdiff_t((row + 1) * kRow));
+        all.insert(all.end(), lse.begin() + std::ptrdiff_t(row * kHeads),
+                   lse.begin() + std::ptrdiff_t((row + 1) * kHeads));
+      }
+    }
+    return all;
+  };
+  const std::vector<float> before = attend(*src.cache, seqs);
+  migrate_all(src, dst, seqs);
+  // Other page ids and the other batch order: the same bits.
+  const std::vector<float> after = attend(*dst.cache, {seqs[1], seqs[0]});
+  REQUIRE(before.size() == after.size());
+  CHECK(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
+  CHECK((*dst.cache->pages(seqs[1]))[0] != (*dst.cache->pages(SequenceId(50)))[0]);
 }

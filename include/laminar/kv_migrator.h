@@ -30,8 +30,12 @@
 // commits, the source still holds it and resumes it (kAborted); the destination commits only a
 // final stage whose pages all checked out, and the source lets go only on the destination's
 // answer. Either side may abort() before the final stage; a destination that hears nothing from
-// its source for `lease`, or sees its connection close, returns the reserved pages; a source that
-// waits on its destination for stall_timeout, or sees the connection close, aborts and resumes.
+// its source for `lease`, or sees its connection close, gives up; a source that waits on its
+// destination for stall_timeout, or sees the connection close, aborts and resumes. A destination
+// that gives up while its source may still be putting (abort(), a refused stage, an expired
+// lease) keeps the reserved pages out of the free list until the source confirms, by its own
+// abort, that its puts landed, or the connection closes, or another lease passes: a late put
+// never lands in a page another sequence took.
 // One case is left to the layer above: when the link fails after the destination committed but
 // before its answer arrived, both sides hold the sequence; its trajectory id is the same on both,
 // so the TrajectoryQueue takes only the first of the two (exactly-once by id).
@@ -114,7 +118,7 @@ struct MigrationEvent {
     kPauseRequested,  // source: stop decoding `sequences` and call finish() with their states
     kDone,            // source: `sequences` live at the destination and were released from the cache
     kAborted,         // outgoing: `sequences` are still here, resume them; incoming: the reserved
-                      //   pages went back to the free list
+                      //   pages went back to the free list (state() already said aborted)
     kArrived,         // destination: `sequences` are in the cache, decode them from `states`
   };
   Kind kind = Kind::kDone;
@@ -218,7 +222,8 @@ class KvMigrator {
   Status finish(MigrationId id, std::vector<SequenceState> states);
 
   // Gives a running migration up, from either side, and tells the peer. Source: the sequences
-  // stay here (resume them after the kAborted event); destination: the reserved pages return.
+  // stay here (resume them after the kAborted event); destination: the reserved pages return once
+  // the source confirms (the kAborted event), its connection closes, or a lease passes.
   // kNotFound: unknown or finished migration; kFailedPrecondition: the final stage is already sent
   // (source) or committed (destination): its outcome is the destination's now.
   Status abort(MigrationId id, std::string_view reason);
