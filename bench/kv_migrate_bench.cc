@@ -4,7 +4,9 @@
 // KvMigrator. Against baselines measured in the same run:
 //   throughput: a blocking copy (max_live_stages 0) of the longest sequence, bytes of KV over the
 //     time from migrate() to kDone, against one Endpoint::put of as many bytes from a registered
-//     region into the peer's (median of the repeats, put and migration taking turns).
+//     region into the peer's (median of the repeats, put and migration taking turns). Beside it,
+//     where a copy's time goes: its parts measured alone (the put, one side's checksums, a
+//     stage's round trip) and both processes' time on a CPU and waiting for one.
 //   downtime: the time a sequence is paused, from kPauseRequested to kDone, of the staged copy
 //     (default options) against the blocking copy, at each length. The source "decodes" the
 //     sequence until it is paused: a step appends one token, writes its K/V rows in every layer and
