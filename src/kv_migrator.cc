@@ -473,6 +473,9 @@ void KvMigrator::Impl::advance_out(OutMigration& m) {
     check_sequences(m);
     if (m.ended) return;
   }
+  // While the host decodes, one poll() builds (and checksums) one stage at most, so a decode step
+  // waits for one stage's checksums at most; once paused, the copy goes as fast as it can.
+  bool built = false;
   for (;;) {
     bool progress = settle_stages(m);
     if (m.ended) return;
@@ -481,9 +484,9 @@ void KvMigrator::Impl::advance_out(OutMigration& m) {
       progress = true;
     }
     while (m.stages.size() < kStagesInFlight && !m.final_sent &&
-           (!m.todo.empty() || m.phase == OutPhase::kFinal)) {
+           (!m.todo.empty() || m.phase == OutPhase::kFinal) && !(built && m.phase == OutPhase::kLive)) {
       build_stage(m);
-      progress = true;
+      built = progress = true;
     }
     if (!progress) break;
   }
