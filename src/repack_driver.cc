@@ -47,7 +47,6 @@ struct RepackDriver::Impl {
   std::optional<internal::RepackReport> outbox;  // the newest report not sent yet
   Endpoint coordinator;                          // invalid while not connected
   std::uint64_t coordinator_id = 0;              // its id, which orders must arrive on (0: none)
-  std::uint64_t last_sent = 0;                   // number of the last report sent
   std::optional<internal::RepackOrders> pending;
   bool stopping = false;
   RepackDriverStats st;
@@ -105,7 +104,6 @@ struct RepackDriver::Impl {
       l.lock();
       if (s.ok()) {
         ++st.reports_sent;
-        last_sent = std::max(last_sent, r.report);
       } else {
         ++st.reports_failed;
         ep.close();
@@ -216,15 +214,13 @@ Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& sna
                                            snapshot.version.value(), d.migrator->version().value()));
   }
   std::optional<internal::RepackOrders> orders;
-  std::uint64_t last_sent = 0;
   {
     std::lock_guard l(d.mu);
     orders = std::move(d.pending);
     d.pending.reset();
-    last_sent = d.last_sent;
   }
   if (orders) {
-    if (orders->report < last_sent || orders->version != snapshot.version) {
+    if (orders->version != snapshot.version) {
       std::lock_guard l(d.mu);
       ++d.st.orders_dropped;
     } else {

@@ -6,10 +6,11 @@
 // listen: destinations are reached at the migrator's address). step() does three things:
 //   1. orders that arrived since the last step become migrations: one KvMigrator::migrate() per
 //      destination with all of its sequences, less those no longer live (not in the snapshot) or
-//      already moving. Orders planned from a report older than the last one this driver sent, or
-//      for a version other than the snapshot's, are dropped: the plan read numbers that no longer
-//      hold. Orders come only from the coordinator's connection; anything else on that message type
-//      is refused.
+//      already moving. Orders for a version other than the snapshot's are dropped. Orders planned
+//      from an older report are still taken: what they name is checked against this step's
+//      snapshot, and a destination refuses what no longer fits (dropping them instead starves a
+//      worker whose reports go out faster than a plan comes back). Orders come only from the
+//      coordinator's connection; anything else on that message type is refused.
 //   2. every report_interval (on the driver's clock), the snapshot, the migrator's address and
 //      whether a migration runs go to the coordinator: one-way, and never waited for (the
 //      driver's thread sends; a report not sent yet is replaced by the newer one).
@@ -67,8 +68,8 @@ struct RepackDriverStats {
   std::uint64_t connects_failed = 0;
   std::uint64_t orders = 0;              // orders taken by step()
   std::uint64_t orders_refused = 0;      // malformed, or not from the coordinator's connection
-  std::uint64_t orders_dropped = 0;      // planned from an older report or for another version,
-                                         //   or replaced by newer orders before a step took them
+  std::uint64_t orders_dropped = 0;      // for another version, or replaced by newer orders before a
+                                         //   step took them
   std::uint64_t migrations_started = 0;  // migrate() calls that succeeded
   std::uint64_t migrations_refused = 0;  // migrate() calls that failed (their sequences stay here)
   std::uint64_t sequences_skipped = 0;   // ordered sequences no longer live, or already moving
