@@ -11,6 +11,7 @@ packages=(
   libxxhash-dev libhwy-dev libsodium-dev
   clang libclang-rt-14-dev
   iproute2 procps
+  libtorch-dev gnuplot-nox
 )
 
 missing=()
