@@ -36,6 +36,14 @@ ByteReader ByteReader::sub(std::string_view field, std::size_t n) {
   return failed;
 }
 
+Status read_count(ByteReader& r, std::string_view field, std::uint64_t limit, std::string_view what,
+                  std::uint32_t& n) {
+  n = r.u32(field);
+  LAMINAR_RETURN_IF_ERROR(r.status());
+  if (n > limit) return invalid_argument(fmt::format("{}: {} is {}, above {}", what, field, n, limit));
+  return ok_status();
+}
+
 void ByteReader::fail(std::size_t offset, std::string_view problem) {
   if (ok()) status_ = data_loss(fmt::format("{}: {} at offset {}", what_, problem, offset));
 }

@@ -160,4 +160,17 @@ class ByteReader {
   Status status_;
 };
 
+// A count or a length as a u32. Precondition: it fits.
+template <class Out>
+void write_count(ByteWriter<Out>& w, std::size_t n) {
+  LAMINAR_CHECK(n <= std::numeric_limits<std::uint32_t>::max());
+  w.u32(std::uint32_t(n));
+}
+
+// A u32 count or length, checked at once rather than at finish(), since it decides what follows:
+// a truncated body is kDataLoss (the reader's error), a value above `limit` kInvalidArgument
+// "<what>: <field> is <n>, above <limit>".
+Status read_count(ByteReader& r, std::string_view field, std::uint64_t limit, std::string_view what,
+                  std::uint32_t& n);
+
 }  // namespace laminar::internal

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <limits>
 #include <string_view>
 
 #include "byte_codec.h"
@@ -17,22 +16,6 @@ constexpr std::string_view kReservation = "migration reservation";
 constexpr std::string_view kStage = "migration stage";
 constexpr std::string_view kStageAnswer = "migration stage answer";
 constexpr std::string_view kAbort = "migration abort";
-
-template <class Out>
-void write_count(ByteWriter<Out>& w, std::size_t n) {
-  LAMINAR_CHECK(n <= std::numeric_limits<std::uint32_t>::max());
-  w.u32(std::uint32_t(n));
-}
-
-// Errors on these reads are found now rather than at finish(), since a count or length decides
-// what follows: a truncated body is still kDataLoss, a value past its bound kInvalidArgument.
-Status read_count(ByteReader& r, std::string_view field, std::uint64_t limit, std::string_view what,
-                  std::uint32_t& n) {
-  n = r.u32(field);
-  LAMINAR_RETURN_IF_ERROR(r.status());
-  if (n > limit) return invalid_argument(fmt::format("{}: {} is {}, above {}", what, field, n, limit));
-  return ok_status();
-}
 
 template <class Bytes>
 Status read_text(ByteReader& r, std::string_view field, std::size_t limit, std::string_view what, Bytes& out) {

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <limits>
 #include <set>
 #include <string_view>
 
@@ -15,22 +14,6 @@ namespace {
 
 constexpr std::string_view kReport = "repack report";
 constexpr std::string_view kOrders = "repack orders";
-
-template <class Out>
-void write_count(ByteWriter<Out>& w, std::size_t n) {
-  LAMINAR_CHECK(n <= std::numeric_limits<std::uint32_t>::max());
-  w.u32(std::uint32_t(n));
-}
-
-// Read now rather than at finish(), since a count decides what follows: a truncated body is still
-// kDataLoss, a value past its bound kInvalidArgument.
-Status read_count(ByteReader& r, std::string_view field, std::uint64_t limit, std::string_view what,
-                  std::uint32_t& n) {
-  n = r.u32(field);
-  LAMINAR_RETURN_IF_ERROR(r.status());
-  if (n > limit) return invalid_argument(fmt::format("{}: {} is {}, above {}", what, field, n, limit));
-  return ok_status();
-}
 
 template <class Out>
 void write_address(ByteWriter<Out>& w, std::string_view address) {

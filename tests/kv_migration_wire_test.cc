@@ -9,8 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "wire_checks.h"
+
 using namespace laminar;
 using namespace laminar::internal;
+using laminar::testing::check_round_trip;
+using laminar::testing::check_truncations;
 
 namespace {
 
@@ -63,33 +67,6 @@ template <class M>
 Status decodes(Result<M> (*decode)(std::span<const std::byte>), const std::vector<std::byte>& body) {
   Result<M> m = decode(body);
   return m.ok() ? ok_status() : m.status();
-}
-
-template <class M>
-void check_round_trip(const M& m, std::vector<std::byte> (*encode)(const M&),
-                      Result<M> (*decode)(std::span<const std::byte>)) {
-  const std::vector<std::byte> body = encode(m);
-  Result<M> back = decode(body);
-  REQUIRE(back.ok());
-  CHECK(*back == m);
-}
-
-// Every proper prefix is kDataLoss naming an offset; one byte more is refused as trailing.
-template <class M>
-void check_truncations(const std::vector<std::byte>& body, Result<M> (*decode)(std::span<const std::byte>)) {
-  for (std::size_t n = 0; n < body.size(); ++n) {
-    Result<M> m = decode(std::span(body).first(n));
-    INFO("prefix of " << n << " of " << body.size() << " bytes");
-    REQUIRE_FALSE(m.ok());
-    CHECK(m.status().code() == StatusCode::kDataLoss);
-    CHECK_THAT(m.status().message(), Catch::Contains(" at offset "));
-  }
-  std::vector<std::byte> longer = body;
-  longer.push_back(std::byte{0});
-  Result<M> m = decode(longer);
-  REQUIRE_FALSE(m.ok());
-  CHECK(m.status().code() == StatusCode::kDataLoss);
-  CHECK_THAT(m.status().message(), Catch::Contains("1 trailing bytes at offset " + std::to_string(body.size())));
 }
 
 void check_refused(const Status& st, StatusCode code, const std::string& text) {

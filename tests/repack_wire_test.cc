@@ -7,8 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "wire_checks.h"
+
 using namespace laminar;
 using namespace laminar::internal;
+using laminar::testing::check_round_trip;
+using laminar::testing::check_truncations;
 
 namespace {
 
@@ -35,33 +39,6 @@ RepackOrders full_orders() {
   return {5, 42, Version(7),
           {{WorkerId(1), "127.0.0.1:5000", {SequenceId(10), SequenceId(12)}},
            {WorkerId(2), "10.0.0.2:6000", {SequenceId(11)}}}};
-}
-
-template <class M>
-void check_round_trip(const M& m, std::vector<std::byte> (*encode)(const M&),
-                      Result<M> (*decode)(std::span<const std::byte>)) {
-  const std::vector<std::byte> body = encode(m);
-  Result<M> back = decode(body);
-  REQUIRE(back.ok());
-  CHECK(*back == m);
-}
-
-// Every proper prefix is kDataLoss naming an offset; one byte more is refused as trailing.
-template <class M>
-void check_truncations(const std::vector<std::byte>& body, Result<M> (*decode)(std::span<const std::byte>)) {
-  for (std::size_t n = 0; n < body.size(); ++n) {
-    Result<M> m = decode(std::span(body).first(n));
-    INFO("prefix of " << n << " of " << body.size() << " bytes");
-    REQUIRE_FALSE(m.ok());
-    CHECK(m.status().code() == StatusCode::kDataLoss);
-    CHECK_THAT(m.status().message(), Catch::Contains(" at offset "));
-  }
-  std::vector<std::byte> longer = body;
-  longer.push_back(std::byte{0});
-  Result<M> m = decode(longer);
-  REQUIRE_FALSE(m.ok());
-  CHECK(m.status().code() == StatusCode::kDataLoss);
-  CHECK_THAT(m.status().message(), Catch::Contains("1 trailing bytes at offset " + std::to_string(body.size())));
 }
 
 template <class M>
