@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <set>
 #include <unordered_set>
 #include <utility>
 
@@ -38,9 +37,6 @@ constexpr std::size_t kMaxFinished = 1024;
 constexpr std::size_t kStagesInFlight = 2;
 constexpr Duration kShutdownBudget = std::chrono::seconds(1);
 
-// The migration handlers are per transport, so a transport hosts at most one migrator.
-std::mutex g_hosts_mu;
-std::set<const Transport*> g_hosts;
 
 template <class T>
 bool ready(const std::future<T>& f) {
@@ -525,19 +521,14 @@ Result<std::unique_ptr<KvMigrator>> KvMigrator::create(std::shared_ptr<Transport
     return unimplemented(fmt::format("kv migrator: the cache's pools are on {}; only host pools move in this build",
                                      to_string(cache->device())));
   }
-  {
-    std::lock_guard lock(g_hosts_mu);
-    if (!g_hosts.insert(transport.get()).second) {
-      return already_exists("kv migrator: another kv migrator already serves on this transport");
-    }
-  }
+  Result<internal::TransportClaim> claim = internal::TransportClaim::take(*transport, "kv migrator");
+  if (!claim.ok()) return claim.status();
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(cache), std::move(options));
+  impl->claim = std::move(*claim);
   const std::size_t bytes = std::size_t(impl->cache->layout().pool_bytes());
   auto k = impl->transport->register_memory(impl->cache->k_pool().data(), bytes);
   auto v = k.ok() ? impl->transport->register_memory(impl->cache->v_pool().data(), bytes) : k;
   if (!v.ok()) {
-    std::lock_guard lock(g_hosts_mu);
-    g_hosts.erase(impl->transport.get());
     return v.status().with_context("kv migrator: registering the cache's pools");
   }
   impl->k_region = std::move(*k);
@@ -597,8 +588,7 @@ KvMigrator::~KvMigrator() {
   std::lock_guard inbox_lock(d.inbox->mu);
   d.inbox->items.clear();
   d.inbox->messages = 0;
-  std::lock_guard hosts_lock(g_hosts_mu);
-  g_hosts.erase(d.transport.get());
+  d.claim.release();
 }
 
 void KvMigrator::set_version(Version v) {

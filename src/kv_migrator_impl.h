@@ -23,6 +23,7 @@
 #include "handler_gate.h"
 #include "kv_migration_wire.h"
 #include "laminar/kv_migrator.h"
+#include "transport_claim.h"
 
 namespace laminar {
 
@@ -140,6 +141,7 @@ struct KvMigrator::Impl {
   Impl(std::shared_ptr<Transport> t, std::shared_ptr<PagedKvCache> c, KvMigratorOptions o);
 
   const std::shared_ptr<Transport> transport;
+  internal::TransportClaim claim;  // the one of its kind on the transport, until shutdown
   const std::shared_ptr<PagedKvCache> cache;
   const KvMigratorOptions options;
   const std::shared_ptr<Clock> clock;

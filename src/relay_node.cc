@@ -9,7 +9,6 @@
 #include <future>
 #include <map>
 #include <mutex>
-#include <set>
 #include <thread>
 
 #include "clock_wait.h"
@@ -17,6 +16,7 @@
 #include "relay_node_hooks.h"
 #include "relay_node_wire.h"
 #include "transport/protocol.h"
+#include "transport_claim.h"
 
 namespace laminar {
 
@@ -38,9 +38,6 @@ constexpr Duration kChunkPoll = std::chrono::milliseconds(200);
 // A subscriber gets idle messages at most this often, whatever it asks for.
 constexpr Duration kMinIdleEvery = std::chrono::milliseconds(10);
 
-// The relay protocol's handlers are per transport, so a transport hosts at most one node.
-std::mutex g_hosts_mu;
-std::set<const Transport*> g_hosts;
 
 }  // namespace
 
@@ -53,6 +50,7 @@ struct RelayNode::Impl {
         hooks(std::move(h)) {}
 
   const std::shared_ptr<Transport> transport;
+  internal::TransportClaim claim;  // the one of its kind on the transport, until shutdown
   const std::shared_ptr<RelayStore> store;
   const RelayNodeOptions options;
   const std::shared_ptr<Clock> clock;
@@ -526,14 +524,11 @@ struct RelayNodeAccess {
     if (options.stall_timeout <= Duration::zero()) {
       return invalid_argument(fmt::format("relay node: stall_timeout is {} ns", options.stall_timeout.count()));
     }
-    {
-      std::lock_guard lock(g_hosts_mu);
-      if (!g_hosts.insert(transport.get()).second) {
-        return already_exists("relay node: another relay node already serves on this transport");
-      }
-    }
+    Result<internal::TransportClaim> claim = internal::TransportClaim::take(*transport, "relay node");
+    if (!claim.ok()) return claim.status();
     auto impl = std::make_unique<RelayNode::Impl>(std::move(transport), std::move(store), std::move(options),
                                                   std::move(hooks));
+    impl->claim = std::move(*claim);
     impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
       std::lock_guard lock(raw->mu);
       raw->cv.notify_all();
@@ -593,8 +588,7 @@ RelayNode::~RelayNode() {
     impl_->registered.clear();
   }
   impl_->clock_wake.reset();
-  std::lock_guard lock(g_hosts_mu);
-  g_hosts.erase(impl_->transport.get());
+  impl_->claim.release();
 }
 
 std::optional<std::string> RelayNode::address() const { return impl_->transport->listen_address(); }

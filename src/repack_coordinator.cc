@@ -6,7 +6,6 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
-#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "handler_gate.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
+#include "transport_claim.h"
 
 namespace laminar {
 using internal::kRepackOrdersMessage;
@@ -31,9 +31,6 @@ struct Kept {
   std::uint64_t planned_report = 0;
 };
 
-// Transports a coordinator serves on: one each, as the report handler is the transport's.
-std::mutex g_hosts_mu;
-std::set<const Transport*> g_hosts;
 
 // One worker of a plan's fleet, as the orders need it.
 struct Planned {
@@ -49,6 +46,7 @@ struct RepackCoordinator::Impl {
       : transport(std::move(t)), opt(std::move(o)), clock(internal::clock_or_steady(opt.clock)) {}
 
   const std::shared_ptr<Transport> transport;
+  internal::TransportClaim claim;  // the one of its kind on the transport, until shutdown
   const RepackCoordinatorOptions opt;
   const std::shared_ptr<Clock> clock;
 
@@ -235,13 +233,10 @@ Result<std::unique_ptr<RepackCoordinator>> RepackCoordinator::create(std::shared
   if (Result<MigrationPlan> p = plan_repack({options.tokens_per_page, {}}, Version(0), options.policy); !p.ok()) {
     return invalid_argument(fmt::format("RepackCoordinatorOptions: policy: {}", p.status().message()));
   }
-  {
-    std::lock_guard l(g_hosts_mu);
-    if (!g_hosts.insert(transport.get()).second) {
-      return already_exists("repack coordinator: another coordinator already serves on this transport");
-    }
-  }
+  Result<internal::TransportClaim> claim = internal::TransportClaim::take(*transport, "repack coordinator");
+  if (!claim.ok()) return claim.status();
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(options));
+  impl->claim = std::move(*claim);
   Impl* p = impl.get();
   impl->clock_wake = impl->clock->subscribe([p] {
     std::lock_guard l(p->mu);
@@ -267,8 +262,7 @@ RepackCoordinator::~RepackCoordinator() {
   impl_->cv.notify_all();
   impl_->thread.join();
   impl_->clock_wake.reset();
-  std::lock_guard l(g_hosts_mu);
-  g_hosts.erase(impl_->transport.get());
+  impl_->claim.release();
 }
 
 Status RepackCoordinator::set_newest_version(Version v) {

@@ -14,6 +14,7 @@
 #include "handler_gate.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
+#include "transport_claim.h"
 
 namespace laminar {
 using internal::kRepackOrdersMessage;
@@ -21,9 +22,6 @@ using internal::kRepackReportMessage;
 
 namespace {
 
-// Transports a driver serves on: one each, as the orders handler is the transport's.
-std::mutex g_hosts_mu;
-std::set<const Transport*> g_hosts;
 
 }  // namespace
 
@@ -36,6 +34,7 @@ struct RepackDriver::Impl {
         address(std::move(a)) {}
 
   const std::shared_ptr<Transport> transport;
+  internal::TransportClaim claim;  // the one of its kind on the transport, until shutdown
   const std::shared_ptr<KvMigrator> migrator;
   const RepackDriverOptions opt;
   const std::shared_ptr<Clock> clock;
@@ -161,13 +160,10 @@ Result<std::unique_ptr<RepackDriver>> RepackDriver::create(std::shared_ptr<Trans
     return failed_precondition(fmt::format("repack driver: the migrator's address '{}' is longer than {} bytes",
                                            *address, internal::kMaxRepackAddressBytes));
   }
-  {
-    std::lock_guard l(g_hosts_mu);
-    if (!g_hosts.insert(transport.get()).second) {
-      return already_exists("repack driver: another driver already serves on this transport");
-    }
-  }
+  Result<internal::TransportClaim> claim = internal::TransportClaim::take(*transport, "repack driver");
+  if (!claim.ok()) return claim.status();
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(migrator), std::move(options), *address);
+  impl->claim = std::move(*claim);
   Impl* p = impl.get();
   impl->clock_wake = impl->clock->subscribe([p] {
     std::lock_guard l(p->mu);
@@ -195,8 +191,7 @@ RepackDriver::~RepackDriver() {
   // The thread may have connected up to its last moment: closed once it is gone.
   if (impl_->coordinator.valid()) impl_->coordinator.close();
   impl_->clock_wake.reset();
-  std::lock_guard l(g_hosts_mu);
-  g_hosts.erase(impl_->transport.get());
+  impl_->claim.release();
 }
 
 Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& snapshot) {

@@ -338,7 +338,7 @@ TEST_CASE("repack coordinator: options and versions are checked") {
 
   auto c = RepackCoordinator::create(tr, good);
   REQUIRE(c.ok());
-  expect(good, StatusCode::kAlreadyExists, "another coordinator");
+  expect(good, StatusCode::kAlreadyExists, "another repack coordinator");
   REQUIRE((*c)->set_newest_version(Version(3)).ok());
   REQUIRE((*c)->set_newest_version(Version(3)).ok());
   const laminar::Status older = (*c)->set_newest_version(Version(2));

@@ -595,7 +595,7 @@ TEST_CASE("repack driver: create and step check what they are given") {
 
   auto d = RepackDriver::create(tr, mig, good);
   REQUIRE(d.ok());
-  expect(tr, mig, good, StatusCode::kAlreadyExists, "another driver");
+  expect(tr, mig, good, StatusCode::kAlreadyExists, "another repack driver");
 
   WorkerSnapshot s;
   s.id = WorkerId(6);
