@@ -223,7 +223,10 @@ Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& sna
     }
   }
   const Duration now = d.clock->now();
-  if (now >= d.report_at) {
+  if (now >= d.report_at && snapshot.step_time == Duration::zero() && !snapshot.sequences.empty()) {
+    std::lock_guard l(d.mu);
+    ++d.st.reports_held;
+  } else if (now >= d.report_at) {
     internal::RepackReport r{d.next_report++, !d.migrator->moving().empty(), d.address, snapshot};
     d.report_at = internal::deadline_after(*d.clock, d.opt.report_interval);
     std::lock_guard l(d.mu);
@@ -240,9 +243,9 @@ RepackDriverStats RepackDriver::stats() const {
 
 std::string RepackDriverStats::to_json() const {
   return fmt::format(
-      R"({{"reports_sent":{},"reports_failed":{},"connects_failed":{},"orders":{},"orders_refused":{},)"
+      R"({{"reports_sent":{},"reports_held":{},"reports_failed":{},"connects_failed":{},"orders":{},"orders_refused":{},)"
       R"("orders_dropped":{},"migrations_started":{},"migrations_refused":{},"sequences_skipped":{}}})",
-      reports_sent, reports_failed, connects_failed, orders, orders_refused, orders_dropped, migrations_started,
+      reports_sent, reports_held, reports_failed, connects_failed, orders, orders_refused, orders_dropped, migrations_started,
       migrations_refused, sequences_skipped);
 }
 

@@ -94,6 +94,7 @@ struct Worker {
   std::set<SequenceId> paused;
   std::map<SequenceId, std::int64_t> finished_at;  // length handed over in finish()
   std::map<SequenceId, std::int64_t> arrived_at;   // length of what arrived here
+  laminar::Duration step_time = 10ms;               // what snapshots report
   int events = 0;
 
   Worker(std::uint32_t worker, Version v, std::shared_ptr<ManualClock> c, const std::string& coordinator)
@@ -169,7 +170,7 @@ struct Worker {
     w.pages_used = cache->used_pages();
     w.slots_total = 8;
     w.slots_used = std::int32_t(live.size());
-    w.step_time = 10ms;
+    w.step_time = step_time;
     w.kv_stopped_growing = true;
     for (const auto& [s, st] : live) {
       w.sequences.push_back({s, cache->length(s).value(), std::int64_t(cache->pages(s)->size()), std::nullopt});
@@ -423,8 +424,14 @@ TEST_CASE("repack driver: reports go out every report_interval, and stale, forei
   w.start(10, 5);
   w.start(11, 6);
 
+  // Before its first decode step the worker has no step time: the report waits for one.
+  w.step_time = 0ms;
+  w.step();
+  CHECK(w.driver->stats().reports_held == 1);
+  w.step_time = 10ms;
   w.step();
   REQUIRE(eventually([&] { return fc.count() == 1; }));
+  CHECK(fc.last().snapshot.step_time == 10ms);
   for (int i = 0; i < 20; ++i) w.step();  // no time has passed: no report is due
   CHECK(fc.count() == 1);
   REQUIRE(clock->advance(100ms).ok());
@@ -437,7 +444,7 @@ TEST_CASE("repack driver: reports go out every report_interval, and stale, forei
   CHECK(r.snapshot.id == WorkerId(1));
   CHECK(r.snapshot.version == Version(4));
   REQUIRE(r.snapshot.sequences.size() == 2);
-  CHECK(r.snapshot.sequences[0].tokens == 5 + 21);  // its prompt and the tokens decoded since
+  CHECK(r.snapshot.sequences[0].tokens == 5 + 22);  // its prompt and the tokens decoded since
   REQUIRE(eventually([&] { return w.driver->stats().reports_sent == 2; }));
 
   auto orders_for = [&](std::uint64_t report, Version v, std::vector<SequenceId> seqs) {

@@ -13,7 +13,9 @@
 //      coordinator's connection; anything else on that message type is refused.
 //   2. every report_interval (on the driver's clock), the snapshot, the migrator's address and
 //      whether a migration runs go to the coordinator: one-way, and never waited for (the
-//      driver's thread sends; a report not sent yet is replaced by the newer one).
+//      driver's thread sends; a report not sent yet is replaced by the newer one). A snapshot with
+//      live sequences but no step time yet (before the worker's first decode step) is held back,
+//      since plan_repack refuses it; the next step's snapshot goes instead.
 //   3. the migrator is polled, and its events are returned to the loop, which acts on them as
 //      KvMigrator's header describes: finish() on kPauseRequested, resume on an outgoing kAborted,
 //      drop on kDone, adopt on kArrived.
@@ -64,6 +66,7 @@ struct RepackDriverOptions {
 
 struct RepackDriverStats {
   std::uint64_t reports_sent = 0;
+  std::uint64_t reports_held = 0;        // due, but the snapshot had live sequences and step_time 0
   std::uint64_t reports_failed = 0;      // sends that failed (the connection is then made again)
   std::uint64_t connects_failed = 0;
   std::uint64_t orders = 0;              // orders taken by step()
