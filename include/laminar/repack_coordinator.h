@@ -17,6 +17,9 @@
 //     again, so no plan double-books a destination or orders a source twice from one report;
 //   - a worker on a version newer than the newest the coordinator knows;
 //   - both workers when two report one sequence (a migration committed between their reports).
+// Plans are independent: a sequence that arrived in one may move again in a later one, when the
+// tails it joined have thinned out and moving them all frees its new worker too (the cost-aware
+// strategy weighs its bytes again each time).
 // Reports are checked when they arrive (the wire's bounds, then plan_repack's preconditions for
 // that one worker) and refused whole; so a bad report leaves out only its worker, never the plan.
 //
