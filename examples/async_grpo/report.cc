@@ -388,9 +388,9 @@ std::string format_table(const Comparison& c) {
   row("trained samples/s", [](const ScheduleMetrics& m) { return fixed(m.samples_per_s, 2); });
   row("trained tokens/s", [](const ScheduleMetrics& m) { return fixed(m.tokens_per_s, 1); });
   row("generation utilisation", [](const ScheduleMetrics& m) { return fixed(100 * m.generation_utilisation, 1) + "%"; });
-  static constexpr std::array<std::string_view, 4> kStale = {"0", "1", "2", "3+"};
+  static constexpr std::array<std::string_view, 4> kStale = {"= 0", "= 1", "= 2", ">= 3"};
   for (std::size_t i = 0; i < kStale.size(); ++i) {
-    row(fmt::format("staleness {} versions", kStale[i]), [i](const ScheduleMetrics& m) {
+    row(fmt::format("staleness {}", kStale[i]), [i](const ScheduleMetrics& m) {
       if (m.trained_samples == 0) return std::string("0");
       return fmt::format("{} ({:.1f}%)", m.staleness[i],
                          100.0 * static_cast<double>(m.staleness[i]) / static_cast<double>(m.trained_samples));
@@ -535,7 +535,8 @@ Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::f
     out.pngs.push_back(abs / "reward.png");
     script += fmt::format(
         "set terminal pngcairo size 1000,600 noenhanced\nset output {}\nset title 'Reward against wall time'\n"
-        "set xlabel 'wall time (s)'\nset ylabel 'mean reward'\nset grid\nset key bottom right\nplot {}\n\n",
+        "set xlabel 'wall time (s)'\nset xrange [0:*]\nset ylabel 'mean reward'\nset grid\nset key bottom right\n"
+        "plot {}\n\n",
         gp_quote(out.pngs.back().string()), fmt::join(reward_plots, ", \\\n     "));
   }
 
@@ -569,10 +570,11 @@ Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::f
     out.pngs.push_back(abs / fmt::format("activity_{}.png", run.schedule));
     script += fmt::format(
         "reset\nset terminal pngcairo size 1200,{} noenhanced\nset output {}\n"
-        "set title {}\nset xlabel 'wall time (s)'\nset yrange [-0.6:{}]\nset ytics ({})\n"
+        "set title {}\nset xlabel 'wall time (s)'\nset xrange [0:{:.9g}]\nset yrange [-0.6:{}]\nset ytics ({})\n"
         "set style fill solid 1.0 noborder\nset key outside right top\nset grid x\nplot {}\n\n",
         160 + 40 * rows.size(), gp_quote(out.pngs.back().string()),
-        gp_quote(fmt::format("Worker activity: {}", run.schedule)), static_cast<double>(rows.size()) - 0.4,
+        gp_quote(fmt::format("Worker activity: {}", run.schedule)),
+        static_cast<double>(run.end_ns - run.start_ns) / kNsPerS, static_cast<double>(rows.size()) - 0.4,
         fmt::join(tics, ", "), fmt::join(plots, ", \\\n     "));
   }
 
