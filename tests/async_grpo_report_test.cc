@@ -132,11 +132,18 @@ TEST_CASE("grpo report: records round-trip through a file") {
   REQUIRE(back.ok());
   CHECK(*back == written);
 
-  // Two processes' files into one run.
-  Records both = *back;
-  both.append(*async_grpo::read_records(path));
-  CHECK(both.spans.size() == 2 * written.spans.size());
-  CHECK(both.syncs.back() == written.syncs.back());
+  // Two processes' files, and a file of another kind, in one directory: the run is both files.
+  std::filesystem::copy_file(path, dir.path() / "actor.jsonl");
+  write_all(dir.path() / "notes.txt", "not records\n");
+  laminar::Result<Records> both = async_grpo::read_record_dir(dir.path());
+  REQUIRE(both.ok());
+  Records expected = written;
+  expected.append(written);
+  CHECK(*both == expected);
+  CHECK(async_grpo::read_record_dir(dir.path() / "absent").status().code() == StatusCode::kNotFound);
+  write_all(dir.path() / "broken.jsonl", "{}\n");
+  laminar::Status st = async_grpo::read_record_dir(dir.path()).status();
+  CHECK(st.message().find("broken.jsonl line 1") != std::string::npos);
 
   for (int k = 0; k < async_grpo::kNumSpanKinds; ++k) {
     auto kind = static_cast<SpanKind>(k);

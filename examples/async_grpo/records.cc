@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <fstream>
@@ -336,6 +337,26 @@ Result<Records> read_records(const std::filesystem::path& path) {
   text << in.rdbuf();
   if (in.bad()) return laminar::unavailable(fmt::format("reading record file {} failed", path.string()));
   return parse_records(text.str(), path.string());
+}
+
+Result<Records> read_record_dir(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return laminar::not_found(fmt::format("record directory {} does not exist", dir.string()));
+  }
+  std::vector<std::filesystem::path> files;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() == ".jsonl" && it->is_regular_file(ec)) files.push_back(it->path());
+  }
+  if (ec) return laminar::unavailable(fmt::format("listing record directory {}: {}", dir.string(), ec.message()));
+  std::sort(files.begin(), files.end());
+  Records all;
+  for (const std::filesystem::path& f : files) {
+    Result<Records> r = read_records(f);
+    if (!r.ok()) return r.status();
+    all.append(std::move(*r));
+  }
+  return all;
 }
 
 Result<RecordWriter> RecordWriter::open(const std::filesystem::path& path) {

@@ -12,7 +12,7 @@
 //   Status st = w.write(async_grpo::Span{.process = "rollout-1", .worker = 1,
 //                                        .kind = async_grpo::SpanKind::kDecode,
 //                                        .start_ns = t0, .end_ns = t1, .version = 3, .tokens = 512});
-//   laminar::Result<async_grpo::Records> r = async_grpo::read_records(dir / "rollout-1.jsonl");
+//   laminar::Result<async_grpo::Records> r = async_grpo::read_record_dir(dir);  // every process's file
 #pragma once
 
 #include <cstdint>
@@ -128,6 +128,9 @@ laminar::Result<Record> decode_record(std::string_view line);
 laminar::Result<Records> parse_records(std::string_view text, std::string_view source);
 // parse_records of the file's contents; kNotFound when it cannot be read.
 laminar::Result<Records> read_records(const std::filesystem::path& path);
+// Every "*.jsonl" file directly in `dir` (one per process), read in name order and appended.
+// kNotFound when `dir` is not a directory; the first bad file's error otherwise.
+laminar::Result<Records> read_record_dir(const std::filesystem::path& dir);
 
 // Appends records to one file, a line each, flushed after each line so a killed process loses at
 // most the line it was writing. Thread-safe.

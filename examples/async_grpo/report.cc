@@ -504,8 +504,9 @@ Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::f
     return out;
   }
   std::error_code ec;
-  const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
-  if (ec) return laminar::unavailable(fmt::format("cannot resolve {}: {}", dir.string(), ec.message()));
+  std::filesystem::create_directories(dir, ec);
+  const std::filesystem::path abs = ec ? dir : std::filesystem::absolute(dir, ec);
+  if (ec) return laminar::unavailable(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
 
   std::string script;
   std::vector<std::string> skipped;

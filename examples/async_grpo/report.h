@@ -155,7 +155,7 @@ struct PlotFiles {
   std::vector<std::filesystem::path> pngs;  // reward.png, activity_<schedule>.png
   std::string note;                         // why plots are missing (no gnuplot, no data), or empty
 };
-// Writes data files and scripts under `dir` and runs gnuplot on them: reward.png (reward against
+// Writes data files and scripts under `dir` (created if needed) and runs gnuplot on them: reward.png (reward against
 // wall time, a line per schedule) and activity_<schedule>.png (a row per worker, a box per span,
 // coloured by kind). A missing gnuplot is not an error (note says so); gnuplot failing is
 // kInternal with its output.
