@@ -1,0 +1,616 @@
+#include "report.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+extern char** environ;
+
+namespace async_grpo {
+namespace {
+
+using laminar::Duration;
+using laminar::Result;
+using laminar::Status;
+
+constexpr double kNsPerS = 1e9;
+
+bool has_control_char(std::string_view s) {
+  return std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+}
+
+bool is_generation(SpanKind k) { return k == SpanKind::kDecode || k == SpanKind::kPrefill; }
+
+Status check_run(const ScheduleRun& run) {
+  LAMINAR_RETURN_IF_ERROR(check_name("schedule", run.schedule));
+  const std::string what = fmt::format("schedule '{}'", run.schedule);
+  if (run.start_ns < 0 || run.end_ns <= run.start_ns) {
+    return laminar::invalid_argument(
+        fmt::format("{}: the run must end after it starts, got start_ns {} end_ns {}", what, run.start_ns,
+                    run.end_ns));
+  }
+  if (run.rollout_workers == 0) return laminar::invalid_argument(what + ": rollout_workers is 0");
+  const Records& r = run.records;
+  for (const Span& s : r.spans) LAMINAR_RETURN_IF_ERROR(validate_record(s).with_context(what));
+  for (const TrajectoryFact& t : r.trajectories) LAMINAR_RETURN_IF_ERROR(validate_record(t).with_context(what));
+  for (const RepackEvent& e : r.repacks) LAMINAR_RETURN_IF_ERROR(validate_record(e).with_context(what));
+  for (const WeightSync& w : r.syncs) LAMINAR_RETURN_IF_ERROR(validate_record(w).with_context(what));
+  for (const RewardPoint& p : r.rewards) {
+    LAMINAR_RETURN_IF_ERROR(validate_record(p).with_context(what));
+    if (p.time_ns < run.start_ns || p.time_ns > run.end_ns) {
+      return laminar::invalid_argument(fmt::format("{}: reward point of version {} at {} ns lies outside the run [{}, {}]",
+                                                   what, p.version, p.time_ns, run.start_ns, run.end_ns));
+    }
+  }
+  return laminar::ok_status();
+}
+
+// Busy generation time per worker: its decode and prefill spans clipped to the run, overlaps merged.
+Result<double> generation_busy_s(const ScheduleRun& run) {
+  std::map<std::pair<std::string, std::uint32_t>, std::vector<std::pair<std::int64_t, std::int64_t>>> by_worker;
+  for (const Span& s : run.records.spans) {
+    if (!is_generation(s.kind)) continue;
+    auto& intervals = by_worker[{s.process, s.worker}];
+    std::int64_t a = std::max(s.start_ns, run.start_ns), b = std::min(s.end_ns, run.end_ns);
+    if (a < b) intervals.emplace_back(a, b);
+  }
+  if (by_worker.size() > run.rollout_workers) {
+    return laminar::invalid_argument(fmt::format("schedule '{}': {} workers recorded decode or prefill spans, but the run has {} rollout workers",
+                                                 run.schedule, by_worker.size(), run.rollout_workers));
+  }
+  std::int64_t busy_ns = 0;
+  for (auto& [worker, intervals] : by_worker) {
+    std::sort(intervals.begin(), intervals.end());
+    std::int64_t cur_a = 0, cur_b = -1;
+    for (auto [a, b] : intervals) {
+      if (a > cur_b) {
+        if (cur_b > cur_a) busy_ns += cur_b - cur_a;
+        cur_a = a;
+        cur_b = b;
+      } else {
+        cur_b = std::max(cur_b, b);
+      }
+    }
+    if (cur_b > cur_a) busy_ns += cur_b - cur_a;
+  }
+  return static_cast<double>(busy_ns) / kNsPerS;
+}
+
+Status write_file(const std::filesystem::path& path, std::string_view text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.close();
+  if (!out) return laminar::unavailable(fmt::format("cannot write {}", path.string()));
+  return laminar::ok_status();
+}
+
+std::string fixed(double v, int digits) { return fmt::format("{:.{}f}", v, digits); }
+
+std::string optional_fixed(const std::optional<double>& v, int digits, std::string_view none) {
+  return v ? fixed(*v, digits) : std::string(none);
+}
+
+nlohmann::ordered_json optional_json(const std::optional<double>& v) {
+  return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+}
+
+// A single-quoted gnuplot string: inside one, '' stands for a quote.
+std::string gp_quote(std::string_view s) {
+  std::string out = "'";
+  for (char c : s) {
+    out += c;
+    if (c == '\'') out += '\'';
+  }
+  return out + "'";
+}
+
+constexpr std::array<std::string_view, kNumSpanKinds> kKindColours = {
+    "#2ca02c", "#98df8a", "#1f77b4", "#ff7f0e", "#ffbb78", "#d62728", "#9467bd", "#c7c7c7"};
+
+std::optional<std::filesystem::path> find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    return access(name.c_str(), X_OK) == 0 ? std::optional<std::filesystem::path>(name) : std::nullopt;
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "";
+  while (true) {
+    std::size_t colon = dirs.find(':');
+    std::string_view dir = dirs.substr(0, colon);
+    if (!dir.empty()) {
+      std::filesystem::path candidate = std::filesystem::path(dir) / name;
+      if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    if (colon == std::string_view::npos) return std::nullopt;
+    dirs.remove_prefix(colon + 1);
+  }
+}
+
+// Runs `program script` with its output in `log`; kills it (only the pid started here) if it takes
+// longer than a minute.
+Status run_gnuplot(const std::filesystem::path& program, const std::filesystem::path& script,
+                   const std::filesystem::path& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  std::string prog = program.string(), arg = script.string();
+  char* argv[] = {prog.data(), arg.data(), nullptr};
+  pid_t pid = -1;
+  int err = posix_spawn(&pid, prog.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (err != 0) return laminar::internal_error(fmt::format("cannot start {}: {}", prog, std::strerror(err)));
+
+  std::shared_ptr<laminar::Clock> clock = laminar::Clock::steady();
+  const Duration deadline = clock->now() + std::chrono::seconds(60);
+  int wstatus = 0;
+  while (true) {
+    pid_t r = waitpid(pid, &wstatus, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return laminar::internal_error(fmt::format("waiting for {} failed", prog));
+    if (clock->now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &wstatus, 0);
+      return laminar::deadline_exceeded(fmt::format("{} {} ran over 60 s and was killed", prog, arg));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) return laminar::ok_status();
+  std::ifstream in(log);
+  std::stringstream output;
+  output << in.rdbuf();
+  std::string text = output.str();
+  if (text.size() > 2000) text = "..." + text.substr(text.size() - 2000);
+  return laminar::internal_error(fmt::format("{} {} failed (wait status {}): {}", prog, arg, wstatus, text));
+}
+
+// The rows of an activity plot: every (process, worker) with a span, in name order.
+std::map<std::pair<std::string, std::uint32_t>, int> activity_rows(const ScheduleRun& run) {
+  std::map<std::pair<std::string, std::uint32_t>, int> rows;
+  for (const Span& s : run.records.spans) rows.emplace(std::make_pair(s.process, s.worker), 0);
+  int i = 0;
+  for (auto& [key, row] : rows) row = i++;
+  return rows;
+}
+
+}  // namespace
+
+// --- Progress ---------------------------------------------------------------------------------
+
+Progress::Mode Progress::mode_for_stdout() { return isatty(STDOUT_FILENO) ? Mode::kInPlace : Mode::kPeriodic; }
+
+Progress::Progress(std::shared_ptr<laminar::Clock> clock, std::ostream& out, Mode mode,
+                   std::optional<Duration> period)
+    : clock_(std::move(clock)),
+      out_(out),
+      mode_(mode),
+      period_(period.value_or(mode == Mode::kInPlace ? kRedrawPeriod : kLogPeriod)) {}
+
+std::string Progress::format_duration(Duration d) {
+  std::int64_t ns = std::max<std::int64_t>(d.count(), 0);
+  std::int64_t s = ns / 1'000'000'000 + (ns % 1'000'000'000 != 0 ? 1 : 0);
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m{:02}s", s / 3600, (s / 60) % 60, s % 60);
+}
+
+std::string Progress::format_line(std::string_view phase, std::uint64_t done, std::uint64_t total,
+                                  std::string_view unit, Duration elapsed) {
+  const double elapsed_s = static_cast<double>(elapsed.count()) / kNsPerS;
+  const double rate = elapsed_s > 0 ? static_cast<double>(done) / elapsed_s : 0.0;
+  std::string line = fmt::format("{}  {}/{} {}  {:.2f} {}/s  ", phase, done, total, unit, rate, unit);
+  if (done >= total) return line + "done in " + format_duration(elapsed);
+  if (done == 0 || elapsed_s <= 0) return line + "ETA --";
+  const double eta_ns = static_cast<double>(total - done) * static_cast<double>(elapsed.count()) /
+                        static_cast<double>(done);
+  return line + "ETA " + format_duration(Duration(static_cast<std::int64_t>(std::ceil(eta_ns))));
+}
+
+void Progress::print_locked(bool final_line) {
+  const Duration now = clock_->now();
+  std::string line = format_line(phase_, done_, total_, unit_, now - started_);
+  if (mode_ == Mode::kInPlace) {
+    out_ << '\r' << line << "\x1b[K";
+    if (final_line) out_ << '\n';
+  } else {
+    out_ << line << '\n';
+  }
+  out_.flush();
+  last_print_ = now;
+}
+
+Status Progress::begin(std::string phase, std::uint64_t total, std::string unit) {
+  if (phase.empty() || has_control_char(phase)) {
+    return laminar::invalid_argument(fmt::format("progress: phase name '{}' is empty or holds a control character", phase));
+  }
+  if (has_control_char(unit)) return laminar::invalid_argument("progress: unit holds a control character");
+  if (total == 0) return laminar::invalid_argument(fmt::format("progress: phase '{}' has a total of 0", phase));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (running_) print_locked(/*final_line=*/true);
+  running_ = true;
+  phase_ = std::move(phase);
+  unit_ = std::move(unit);
+  total_ = total;
+  done_ = 0;
+  started_ = clock_->now();
+  print_locked(/*final_line=*/false);
+  return laminar::ok_status();
+}
+
+Status Progress::update(std::uint64_t done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!running_) return laminar::failed_precondition("progress: update with no phase begun");
+  if (done > total_) {
+    return laminar::invalid_argument(fmt::format("progress: phase '{}': done {} is over its total {}", phase_, done, total_));
+  }
+  if (done < done_) {
+    return laminar::invalid_argument(fmt::format("progress: phase '{}': done went down from {} to {}", phase_, done_, done));
+  }
+  done_ = done;
+  if (clock_->now() - last_print_ >= period_) print_locked(/*final_line=*/false);
+  return laminar::ok_status();
+}
+
+Status Progress::finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!running_) return laminar::failed_precondition("progress: finish with no phase begun");
+  print_locked(/*final_line=*/true);
+  running_ = false;
+  return laminar::ok_status();
+}
+
+// --- Metrics ----------------------------------------------------------------------------------
+
+Result<double> nearest_rank_percentile(std::vector<double> values, double p) {
+  if (values.empty()) return laminar::invalid_argument("percentile of no values");
+  if (!(p > 0 && p <= 100)) return laminar::invalid_argument(fmt::format("percentile {} is not in (0, 100]", p));
+  std::sort(values.begin(), values.end());
+  auto rank = static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(values.size())));
+  return values[std::clamp<std::size_t>(rank, 1, values.size()) - 1];
+}
+
+Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_reward) {
+  if (!std::isfinite(target_reward)) {
+    return laminar::invalid_argument(fmt::format("target reward {} is not finite", target_reward));
+  }
+  LAMINAR_RETURN_IF_ERROR(check_run(run));
+  ScheduleMetrics m;
+  m.schedule = run.schedule;
+  m.wall_s = static_cast<double>(run.end_ns - run.start_ns) / kNsPerS;
+
+  std::vector<RewardPoint> rewards = run.records.rewards;
+  std::stable_sort(rewards.begin(), rewards.end(),
+                   [](const RewardPoint& a, const RewardPoint& b) { return a.time_ns < b.time_ns; });
+  for (const RewardPoint& p : rewards) {
+    if (p.mean_reward >= target_reward) {
+      m.time_to_target_s = static_cast<double>(p.time_ns - run.start_ns) / kNsPerS;
+      break;
+    }
+  }
+  if (!rewards.empty()) m.final_reward = rewards.back().mean_reward;
+
+  for (const TrajectoryFact& t : run.records.trajectories) {
+    ++m.trained_samples;
+    m.trained_tokens += t.length;
+    ++m.staleness[std::min<std::uint64_t>(t.trained_version - t.behaviour_version, 3)];
+  }
+  m.samples_per_s = static_cast<double>(m.trained_samples) / m.wall_s;
+  m.tokens_per_s = static_cast<double>(m.trained_tokens) / m.wall_s;
+
+  Result<double> busy = generation_busy_s(run);
+  if (!busy.ok()) return busy.status();
+  m.generation_utilisation = *busy / (static_cast<double>(run.rollout_workers) * m.wall_s);
+
+  m.repacks = run.records.repacks.size();
+  for (const RepackEvent& e : run.records.repacks) m.moved_sequences += e.moved_sequences;
+
+  if (!run.records.syncs.empty()) {
+    std::vector<double> ms;
+    for (const WeightSync& w : run.records.syncs) ms.push_back(static_cast<double>(w.end_ns - w.start_ns) / 1e6);
+    m.weight_sync_p50_ms = nearest_rank_percentile(ms, 50).value();
+    m.weight_sync_p99_ms = nearest_rank_percentile(std::move(ms), 99).value();
+  }
+  return m;
+}
+
+Result<Comparison> compare(const std::vector<ScheduleRun>& runs, const ReportOptions& options) {
+  if (runs.empty()) return laminar::invalid_argument("report: no schedule runs");
+  std::set<std::string> names;
+  const ScheduleRun* baseline = nullptr;
+  for (const ScheduleRun& run : runs) {
+    LAMINAR_RETURN_IF_ERROR(check_run(run));
+    if (!names.insert(run.schedule).second) {
+      return laminar::invalid_argument(fmt::format("report: schedule '{}' appears twice", run.schedule));
+    }
+    if (run.schedule == options.baseline) baseline = &run;
+  }
+  Comparison c;
+  c.baseline = options.baseline;
+  c.contender = options.contender;
+  if (options.target_reward) {
+    c.target_reward = *options.target_reward;
+  } else {
+    if (baseline == nullptr || baseline->records.rewards.empty()) {
+      return laminar::invalid_argument(fmt::format(
+          "report: no target reward given and no baseline schedule '{}' with a reward point to take it from",
+          options.baseline));
+    }
+    const auto last = std::max_element(
+        baseline->records.rewards.begin(), baseline->records.rewards.end(),
+        [](const RewardPoint& a, const RewardPoint& b) { return a.time_ns < b.time_ns; });
+    c.target_reward = last->mean_reward;
+  }
+  std::optional<double> base_t, cont_t;
+  for (const ScheduleRun& run : runs) {
+    Result<ScheduleMetrics> m = compute_metrics(run, c.target_reward);
+    if (!m.ok()) return m.status();
+    if (run.schedule == options.baseline) base_t = m->time_to_target_s;
+    if (run.schedule == options.contender) cont_t = m->time_to_target_s;
+    c.schedules.push_back(std::move(*m));
+  }
+  if (base_t && cont_t && *cont_t > 0) c.speedup = *base_t / *cont_t;
+  return c;
+}
+
+// --- Output -----------------------------------------------------------------------------------
+
+std::string format_table(const Comparison& c) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> header = {""};
+  for (const ScheduleMetrics& m : c.schedules) header.push_back(m.schedule);
+  rows.push_back(header);
+  auto row = [&](std::string label, auto cell) {
+    std::vector<std::string> r = {std::move(label)};
+    for (const ScheduleMetrics& m : c.schedules) r.push_back(cell(m));
+    rows.push_back(std::move(r));
+  };
+  row("wall time (s)", [](const ScheduleMetrics& m) { return fixed(m.wall_s, 1); });
+  row(fmt::format("time to reward {:.3f} (s)", c.target_reward),
+      [](const ScheduleMetrics& m) { return optional_fixed(m.time_to_target_s, 1, "not reached"); });
+  row("trained samples/s", [](const ScheduleMetrics& m) { return fixed(m.samples_per_s, 2); });
+  row("trained tokens/s", [](const ScheduleMetrics& m) { return fixed(m.tokens_per_s, 1); });
+  row("generation utilisation", [](const ScheduleMetrics& m) { return fixed(100 * m.generation_utilisation, 1) + "%"; });
+  static constexpr std::array<std::string_view, 4> kStale = {"= 0", "= 1", "= 2", ">= 3"};
+  for (std::size_t i = 0; i < kStale.size(); ++i) {
+    row(fmt::format("staleness {}", kStale[i]), [i](const ScheduleMetrics& m) {
+      if (m.trained_samples == 0) return std::string("0");
+      return fmt::format("{} ({:.1f}%)", m.staleness[i],
+                         100.0 * static_cast<double>(m.staleness[i]) / static_cast<double>(m.trained_samples));
+    });
+  }
+  row("repacks", [](const ScheduleMetrics& m) { return std::to_string(m.repacks); });
+  row("moved sequences", [](const ScheduleMetrics& m) { return std::to_string(m.moved_sequences); });
+  row("weight sync p50 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.weight_sync_p50_ms, 2, "-"); });
+  row("weight sync p99 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.weight_sync_p99_ms, 2, "-"); });
+  row("final reward", [](const ScheduleMetrics& m) { return optional_fixed(m.final_reward, 3, "-"); });
+
+  std::vector<std::size_t> width(header.size(), 0);
+  for (const auto& r : rows) {
+    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  std::string out;
+  std::size_t total_width = width[0];
+  for (std::size_t i = 1; i < width.size(); ++i) total_width += 2 + width[i];
+  for (std::size_t ri = 0; ri < rows.size(); ++ri) {
+    out += fmt::format("{:<{}}", rows[ri][0], width[0]);
+    for (std::size_t i = 1; i < rows[ri].size(); ++i) out += fmt::format("  {:>{}}", rows[ri][i], width[i]);
+    out += '\n';
+    if (ri == 0) out += std::string(total_width, '-') + '\n';
+  }
+  const ScheduleMetrics* base = nullptr;
+  const ScheduleMetrics* cont = nullptr;
+  for (const ScheduleMetrics& m : c.schedules) {
+    if (m.schedule == c.baseline) base = &m;
+    if (m.schedule == c.contender) cont = &m;
+  }
+  if (c.speedup) {
+    out += fmt::format("{} reaches reward {:.3f} {:.2f}x as fast as {} ({:.1f} s against {:.1f} s)\n", c.contender,
+                       c.target_reward, *c.speedup, c.baseline, *cont->time_to_target_s, *base->time_to_target_s);
+  } else if (base != nullptr && cont != nullptr) {
+    out += fmt::format("no speedup of {} over {}: {} did not reach reward {:.3f}\n", c.contender, c.baseline,
+                       cont->time_to_target_s ? c.baseline : c.contender, c.target_reward);
+  }
+  return out;
+}
+
+std::string metrics_json(const Comparison& c) {
+  using nlohmann::ordered_json;
+  ordered_json schedules = ordered_json::array();
+  for (const ScheduleMetrics& m : c.schedules) {
+    schedules.push_back({{"schedule", m.schedule},
+                         {"wall_s", m.wall_s},
+                         {"time_to_target_s", optional_json(m.time_to_target_s)},
+                         {"trained_samples", m.trained_samples},
+                         {"trained_tokens", m.trained_tokens},
+                         {"samples_per_s", m.samples_per_s},
+                         {"tokens_per_s", m.tokens_per_s},
+                         {"generation_utilisation", m.generation_utilisation},
+                         {"staleness", {{"0", m.staleness[0]}, {"1", m.staleness[1]}, {"2", m.staleness[2]},
+                                        {"3+", m.staleness[3]}}},
+                         {"repacks", m.repacks},
+                         {"moved_sequences", m.moved_sequences},
+                         {"weight_sync_p50_ms", optional_json(m.weight_sync_p50_ms)},
+                         {"weight_sync_p99_ms", optional_json(m.weight_sync_p99_ms)},
+                         {"final_reward", optional_json(m.final_reward)}});
+  }
+  ordered_json j = {{"target_reward", c.target_reward},
+                    {"baseline", c.baseline},
+                    {"contender", c.contender},
+                    {"speedup", optional_json(c.speedup)},
+                    {"schedules", std::move(schedules)}};
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+Result<std::string> trace_json(const ScheduleRun& run) {
+  LAMINAR_RETURN_IF_ERROR(check_run(run));
+  using nlohmann::ordered_json;
+  std::map<std::string, int> pids;
+  std::set<std::pair<int, std::uint32_t>> threads;
+  for (const Span& s : run.records.spans) pids.emplace(s.process, 0);
+  int next = 1;
+  for (auto& [name, pid] : pids) pid = next++;
+  ordered_json events = ordered_json::array();
+  for (const auto& [name, pid] : pids) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", name}}}});
+  }
+  for (const Span& s : run.records.spans) {
+    const int pid = pids.at(s.process);
+    if (threads.emplace(pid, s.worker).second) {
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", pid},
+                        {"tid", s.worker},
+                        {"args", {{"name", fmt::format("worker {}", s.worker)}}}});
+    }
+    events.push_back({{"name", span_kind_name(s.kind)},
+                      {"cat", run.schedule},
+                      {"ph", "X"},
+                      {"pid", pid},
+                      {"tid", s.worker},
+                      {"ts", static_cast<double>(s.start_ns - run.start_ns) / 1e3},
+                      {"dur", static_cast<double>(s.end_ns - s.start_ns) / 1e3},
+                      {"args", {{"version", s.version}, {"sequences", s.sequences}, {"bytes", s.bytes},
+                                {"tokens", s.tokens}}}});
+  }
+  ordered_json j = {{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}};
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::filesystem::path& dir,
+                              const std::string& gnuplot) {
+  for (const ScheduleRun& run : runs) LAMINAR_RETURN_IF_ERROR(check_run(run));
+  PlotFiles out;
+  std::optional<std::filesystem::path> program = find_program(gnuplot);
+  if (!program) {
+    out.note = fmt::format("gnuplot ('{}') not found: plots skipped (install gnuplot-nox for PNG plots)", gnuplot);
+    return out;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::filesystem::path abs = ec ? dir : std::filesystem::absolute(dir, ec);
+  if (ec) return laminar::unavailable(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
+
+  std::string script;
+  std::vector<std::string> skipped;
+
+  // Reward against wall time: one data block (index) per schedule with reward points.
+  std::string reward_data;
+  std::vector<std::string> reward_plots;
+  for (const ScheduleRun& run : runs) {
+    std::vector<RewardPoint> rewards = run.records.rewards;
+    if (rewards.empty()) continue;
+    std::stable_sort(rewards.begin(), rewards.end(),
+                     [](const RewardPoint& a, const RewardPoint& b) { return a.time_ns < b.time_ns; });
+    reward_data += fmt::format("# {}\n", run.schedule);
+    for (const RewardPoint& p : rewards) {
+      reward_data += fmt::format("{:.6f} {:.9g}\n", static_cast<double>(p.time_ns - run.start_ns) / kNsPerS,
+                                 p.mean_reward);
+    }
+    reward_data += "\n\n";
+    reward_plots.push_back(fmt::format("{} index {} using 1:2 with linespoints lw 2 title {}",
+                                       gp_quote((abs / "reward.dat").string()), reward_plots.size(),
+                                       gp_quote(run.schedule)));
+  }
+  if (reward_plots.empty()) {
+    skipped.push_back("reward.png (no reward points)");
+  } else {
+    LAMINAR_RETURN_IF_ERROR(write_file(abs / "reward.dat", reward_data));
+    out.pngs.push_back(abs / "reward.png");
+    script += fmt::format(
+        "set terminal pngcairo size 1000,600 noenhanced\nset output {}\nset title 'Reward against wall time'\n"
+        "set xlabel 'wall time (s)'\nset xrange [0:*]\nset ylabel 'mean reward'\nset grid\nset key bottom right\n"
+        "plot {}\n\n",
+        gp_quote(out.pngs.back().string()), fmt::join(reward_plots, ", \\\n     "));
+  }
+
+  // Activity: a row per worker, a box per span (x centre, row, half width), a data block per kind.
+  for (const ScheduleRun& run : runs) {
+    if (run.records.spans.empty()) {
+      skipped.push_back(fmt::format("activity_{}.png (no spans)", run.schedule));
+      continue;
+    }
+    const auto rows = activity_rows(run);
+    const std::filesystem::path data = abs / fmt::format("activity_{}.dat", run.schedule);
+    std::string text;
+    std::vector<std::string> plots;
+    for (int k = 0; k < kNumSpanKinds; ++k) {
+      std::string block;
+      for (const Span& s : run.records.spans) {
+        if (static_cast<int>(s.kind) != k) continue;
+        const double a = static_cast<double>(s.start_ns - run.start_ns) / kNsPerS;
+        const double b = static_cast<double>(s.end_ns - run.start_ns) / kNsPerS;
+        block += fmt::format("{:.9g} {} {:.9g}\n", (a + b) / 2, rows.at({s.process, s.worker}), (b - a) / 2);
+      }
+      if (block.empty()) continue;
+      text += block + "\n\n";
+      plots.push_back(fmt::format("{} index {} using 1:2:3:(0.35) with boxxyerror lc rgb '{}' title '{}'",
+                                  gp_quote(data.string()), plots.size(), kKindColours[static_cast<std::size_t>(k)],
+                                  span_kind_name(static_cast<SpanKind>(k))));
+    }
+    LAMINAR_RETURN_IF_ERROR(write_file(data, text));
+    std::vector<std::string> tics;
+    for (const auto& [key, row] : rows) tics.push_back(fmt::format("'{}/{}' {}", key.first, key.second, row));
+    out.pngs.push_back(abs / fmt::format("activity_{}.png", run.schedule));
+    script += fmt::format(
+        "reset\nset terminal pngcairo size 1200,{} noenhanced\nset output {}\n"
+        "set title {}\nset xlabel 'wall time (s)'\nset xrange [0:{:.9g}]\nset yrange [-0.6:{}]\nset ytics ({})\n"
+        "set style fill solid 1.0 noborder\nset key outside right top\nset grid x\nplot {}\n\n",
+        160 + 40 * rows.size(), gp_quote(out.pngs.back().string()),
+        gp_quote(fmt::format("Worker activity: {}", run.schedule)),
+        static_cast<double>(run.end_ns - run.start_ns) / kNsPerS, static_cast<double>(rows.size()) - 0.4,
+        fmt::join(tics, ", "), fmt::join(plots, ", \\\n     "));
+  }
+
+  if (!skipped.empty()) out.note = fmt::format("plots skipped: {}", fmt::join(skipped, ", "));
+  if (script.empty()) return out;
+  const std::filesystem::path gp = abs / "plots.gp";
+  LAMINAR_RETURN_IF_ERROR(write_file(gp, script));
+  LAMINAR_RETURN_IF_ERROR(run_gnuplot(*program, gp, abs / "gnuplot.log"));
+  return out;
+}
+
+Result<ReportFiles> write_report(const std::vector<ScheduleRun>& runs, const ReportOptions& options,
+                                 const std::filesystem::path& dir) {
+  Result<Comparison> c = compare(runs, options);
+  if (!c.ok()) return c.status();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return laminar::unavailable(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
+  ReportFiles files;
+  files.table = format_table(*c);
+  files.table_txt = dir / "table.txt";
+  LAMINAR_RETURN_IF_ERROR(write_file(files.table_txt, files.table));
+  files.metrics = dir / "metrics.json";
+  LAMINAR_RETURN_IF_ERROR(write_file(files.metrics, metrics_json(*c)));
+  for (const ScheduleRun& run : runs) {
+    Result<std::string> trace = trace_json(run);
+    if (!trace.ok()) return trace.status();
+    files.traces.push_back(dir / fmt::format("trace_{}.json", run.schedule));
+    LAMINAR_RETURN_IF_ERROR(write_file(files.traces.back(), *trace));
+  }
+  Result<PlotFiles> plots = write_plots(runs, dir, options.gnuplot);
+  if (!plots.ok()) return plots.status();
+  files.plots = std::move(plots->pngs);
+  files.plot_note = std::move(plots->note);
+  return files;
+}
+
+}  // namespace async_grpo

@@ -1,0 +1,176 @@
+// report.h: what the user of the asynchronous GRPO run sees: a progress line per phase while it
+// runs, then, from the records every process wrote (records.h), a table comparing the schedules, a
+// metrics JSON, a Chrome/Perfetto trace per schedule and gnuplot PNGs.
+//
+// The launcher reads each schedule's record files into a ScheduleRun and hands them all over:
+//
+//   std::vector<async_grpo::ScheduleRun> runs = ...;  // {"sync", start_ns, end_ns, workers, records}, ...
+//   laminar::Result<async_grpo::ReportFiles> files = async_grpo::write_report(runs, {}, out_dir);
+//   if (!files.ok()) return fail(files.status());
+//   std::cout << files->table;                          // also out_dir/table.txt
+//   if (!files->plot_note.empty()) std::cout << files->plot_note << "\n";  // e.g. gnuplot missing
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "laminar/clock.h"
+#include "laminar/status.h"
+#include "records.h"
+
+namespace async_grpo {
+
+// One phase at a time ("warm-up", "sync", "laminar", ...): "<phase>  <done>/<total> <unit>  <rate>
+// <unit>/s  ETA <t>". On a terminal the line is redrawn in place; elsewhere (CI logs) a line is
+// printed every `period`. Thread-safe.
+//
+//   async_grpo::Progress p(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
+//   Status st = p.begin("sync", 400, "samples");
+//   st = p.update(120);  // redraws or prints when due
+//   st = p.finish();     // the final line with its total time, and a newline
+class Progress {
+ public:
+  enum class Mode {
+    kInPlace,   // a terminal: '\r', the line, erase to its end
+    kPeriodic,  // a log: one full line every `period`
+  };
+  // kInPlace when stdout is a terminal.
+  static Mode mode_for_stdout();
+
+  static constexpr laminar::Duration kLogPeriod = std::chrono::seconds(10);
+  static constexpr laminar::Duration kRedrawPeriod = std::chrono::milliseconds(250);
+  // `period`: the log interval (kPeriodic) or the least time between redraws (kInPlace); by
+  // default kLogPeriod or kRedrawPeriod.
+  Progress(std::shared_ptr<laminar::Clock> clock, std::ostream& out, Mode mode,
+           std::optional<laminar::Duration> period = std::nullopt);
+
+  // Starts a phase (finishing the one before, if any) and prints its first line.
+  // kInvalidArgument: empty phase, total 0, or a unit or phase holding a control character.
+  laminar::Status begin(std::string phase, std::uint64_t total, std::string unit);
+  // Preconditions: a phase is running; done <= total; done never goes down.
+  // kFailedPrecondition with no phase; kInvalidArgument otherwise.
+  laminar::Status update(std::uint64_t done);
+  // Prints the phase's final line. kFailedPrecondition with no phase.
+  laminar::Status finish();
+
+  // The line for `done` of `total` after `elapsed`: rate = done / elapsed, ETA = (total - done) / rate
+  // rounded up to whole seconds ("ETA --" before any progress; "done in <t>" when done == total).
+  static std::string format_line(std::string_view phase, std::uint64_t done, std::uint64_t total,
+                                 std::string_view unit, laminar::Duration elapsed);
+  // "45s", "3m05s", "1h02m07s" (whole seconds, rounded up).
+  static std::string format_duration(laminar::Duration d);
+
+ private:
+  void print_locked(bool final_line);
+
+  std::shared_ptr<laminar::Clock> clock_;
+  std::ostream& out_;
+  Mode mode_;
+  laminar::Duration period_;
+  std::mutex mu_;
+  bool running_ = false;
+  std::string phase_, unit_;
+  std::uint64_t total_ = 0, done_ = 0;
+  laminar::Duration started_{}, last_print_{};
+};
+
+// One schedule's run as the launcher saw it, and everything its processes recorded.
+struct ScheduleRun {
+  std::string schedule;             // "sync", "one-step", "laminar": a file-name-safe word, unique
+  std::int64_t start_ns = 0;        // steady_clock: the launcher's start of the schedule, the epoch
+  std::int64_t end_ns = 0;          // > start_ns
+  std::uint32_t rollout_workers = 0;  // > 0; decode/prefill spans come from at most this many workers
+  Records records{};                // reward points lie within [start_ns, end_ns]
+};
+
+// The table's column for one schedule.
+struct ScheduleMetrics {
+  std::string schedule;
+  double wall_s = 0;
+  // From the start to the first reward point at or above the target; none when never reached.
+  std::optional<double> time_to_target_s;
+  std::uint64_t trained_samples = 0;  // trajectory facts
+  std::uint64_t trained_tokens = 0;   // their lengths summed
+  double samples_per_s = 0;           // over wall_s
+  double tokens_per_s = 0;
+  // Busy generation time (decode and prefill spans, overlaps on one worker counted once, clipped to
+  // the run) / (rollout_workers x wall).
+  double generation_utilisation = 0;
+  // Trajectories trained 0, 1, 2 and 3+ versions after the version that generated them.
+  std::array<std::uint64_t, 4> staleness{};
+  std::uint64_t repacks = 0;
+  std::uint64_t moved_sequences = 0;
+  // Nearest-rank percentiles of the weight-sync durations; none without syncs.
+  std::optional<double> weight_sync_p50_ms;
+  std::optional<double> weight_sync_p99_ms;
+  std::optional<double> final_reward;  // the last reward point's
+};
+
+// Validates `run` (see ScheduleRun) and computes its column.
+laminar::Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_reward);
+
+// The nearest-rank percentile (0 < p <= 100) of non-empty `values`: the ceil(p/100 x n)-th smallest.
+laminar::Result<double> nearest_rank_percentile(std::vector<double> values, double p);
+
+struct ReportOptions {
+  // Absent: the baseline schedule's final reward.
+  std::optional<double> target_reward = std::nullopt;
+  std::string baseline = "sync";
+  std::string contender = "laminar";
+  // The gnuplot program, looked up in PATH unless it holds a '/'. Missing: plots are skipped.
+  std::string gnuplot = "gnuplot";
+};
+
+struct Comparison {
+  double target_reward = 0;
+  std::string baseline, contender;
+  std::vector<ScheduleMetrics> schedules;  // in the order of the runs
+  // baseline's time to target / contender's; none unless both reached it.
+  std::optional<double> speedup;
+};
+
+// kInvalidArgument for an invalid or duplicate run, no runs, or no target (none given and no
+// baseline run with a reward point).
+laminar::Result<Comparison> compare(const std::vector<ScheduleRun>& runs, const ReportOptions& options);
+
+// The aligned plain-text table, one column per schedule, and the speedup line under it.
+std::string format_table(const Comparison& comparison);
+// Everything in the table, as JSON.
+std::string metrics_json(const Comparison& comparison);
+// Chrome trace-event JSON of every span of `run` ("X" events; pid per process, tid per worker, name
+// the kind, times in microseconds from the run's start; args version, sequences, bytes, tokens),
+// loadable in ui.perfetto.dev.
+laminar::Result<std::string> trace_json(const ScheduleRun& run);
+
+struct PlotFiles {
+  std::vector<std::filesystem::path> pngs;  // reward.png, activity_<schedule>.png
+  std::string note;                         // why plots are missing (no gnuplot, no data), or empty
+};
+// Writes data files and scripts under `dir` (created if needed) and runs gnuplot on them: reward.png (reward against
+// wall time, a line per schedule) and activity_<schedule>.png (a row per worker, a box per span,
+// coloured by kind). A missing gnuplot is not an error (note says so); gnuplot failing is
+// kInternal with its output.
+laminar::Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::filesystem::path& dir,
+                                       const std::string& gnuplot);
+
+struct ReportFiles {
+  std::string table;
+  std::filesystem::path table_txt, metrics;
+  std::vector<std::filesystem::path> traces;  // trace_<schedule>.json
+  std::vector<std::filesystem::path> plots;
+  std::string plot_note;
+};
+// Everything above into `dir` (created if needed). kUnavailable when a file cannot be written.
+laminar::Result<ReportFiles> write_report(const std::vector<ScheduleRun>& runs, const ReportOptions& options,
+                                          const std::filesystem::path& dir);
+
+}  // namespace async_grpo
