@@ -25,57 +25,64 @@ using laminar::SequenceState;
 using laminar::Status;
 using laminar::Stream;
 
-// Four float lanes (SSE2, NEON, or two halves of a wider register): element-wise arithmetic only,
-// so the bits do not depend on the instruction set.
-typedef float Lanes __attribute__((vector_size(16)));
+// Eight float lanes (one AVX register, two SSE2 or NEON ones): element-wise arithmetic only, so
+// the bits do not depend on the instruction set the compiler picks.
+typedef float Lanes __attribute__((vector_size(32)));
 
-Lanes load(const float* p) {
-  Lanes v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+// By reference: a 32-byte vector returned by value has another ABI with AVX than without.
+[[gnu::always_inline]] inline void load(Lanes& v, const float* p) { std::memcpy(&v, p, sizeof v); }
 
-// The first n < 4 floats at p, zeros after.
-Lanes load_partial(const float* p, std::int64_t n) {
-  Lanes v = {0.0f, 0.0f, 0.0f, 0.0f};
+// The first n <= 8 floats at p, zeros after.
+[[gnu::always_inline]] inline void load_partial(Lanes& v, const float* p, std::int64_t n) {
+  v = Lanes{};
   std::memcpy(&v, p, std::size_t(n) * sizeof(float));
-  return v;
 }
 
 // y[r, o] = dot(x[r], w[o]) for kRows rows of x [kRows, in] and every row of w [out, in], into
-// y [kRows, out]. Each dot product accumulates element c in lane c mod 8 and sums the eight lanes
-// in a fixed tree, the same for every kRows: a row's bits never depend on the rows beside it.
+// y [kRows, out]. Each dot product accumulates element c in lane c mod 16 (two registers of eight,
+// so that consecutive adds do not wait on each other) and sums the sixteen lanes in a fixed tree,
+// the same for every kRows: a row's bits never depend on the rows beside it.
 template <int kRows>
-void dot_rows(const float* x, std::int64_t in, const float* w, std::int64_t out, float* y) {
+[[gnu::always_inline]] inline void dot_rows(const float* x, std::int64_t in, const float* w, std::int64_t out,
+                                            float* y) {
   for (std::int64_t o = 0; o < out; ++o) {
     const float* wo = w + o * in;
-    Lanes lo[kRows], hi[kRows];
-    for (int r = 0; r < kRows; ++r) lo[r] = hi[r] = Lanes{0.0f, 0.0f, 0.0f, 0.0f};
+    Lanes even[kRows], odd[kRows];
+    for (int r = 0; r < kRows; ++r) even[r] = odd[r] = Lanes{};
     std::int64_t c = 0;
-    for (; c + 8 <= in; c += 8) {
-      const Lanes w_lo = load(wo + c), w_hi = load(wo + c + 4);
+    Lanes w0, w1, x0, x1;
+    for (; c + 16 <= in; c += 16) {
+      load(w0, wo + c);
+      load(w1, wo + c + 8);
       for (int r = 0; r < kRows; ++r) {
-        lo[r] += w_lo * load(x + r * in + c);
-        hi[r] += w_hi * load(x + r * in + c + 4);
+        load(x0, x + r * in + c);
+        load(x1, x + r * in + c + 8);
+        even[r] += w0 * x0;
+        odd[r] += w1 * x1;
       }
     }
     if (c < in) {
-      const std::int64_t n_lo = std::min<std::int64_t>(4, in - c), n_hi = in - c - n_lo;
-      const Lanes w_lo = load_partial(wo + c, n_lo), w_hi = load_partial(wo + c + 4, n_hi);
+      const std::int64_t n0 = std::min<std::int64_t>(8, in - c), n1 = in - c - n0;
+      load_partial(w0, wo + c, n0);
+      load_partial(w1, wo + c + 8, n1);
       for (int r = 0; r < kRows; ++r) {
-        lo[r] += w_lo * load_partial(x + r * in + c, n_lo);
-        hi[r] += w_hi * load_partial(x + r * in + c + 4, n_hi);
+        load_partial(x0, x + r * in + c, n0);
+        load_partial(x1, x + r * in + c + 8, n1);
+        even[r] += w0 * x0;
+        odd[r] += w1 * x1;
       }
     }
     for (int r = 0; r < kRows; ++r) {
-      const Lanes s = lo[r] + hi[r];
-      y[r * out + o] = (s[0] + s[2]) + (s[1] + s[3]);
+      const Lanes a = even[r] + odd[r];
+      y[r * out + o] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
     }
   }
 }
 
-// y [rows, out] = x [rows, in] w^T for w [out, in]. Four rows share each load of w.
-void matmul(const float* x, std::int64_t rows, std::int64_t in, const float* w, std::int64_t out, float* y) {
+// y [rows, out] = x [rows, in] w^T for w [out, in]. Four rows share each load of w. Compiled for
+// AVX2 as well as the baseline, picked at load time: the same lanes and sums either way.
+[[gnu::target_clones("avx2", "default")]] void matmul(const float* x, std::int64_t rows, std::int64_t in,
+                                                      const float* w, std::int64_t out, float* y) {
   std::int64_t r = 0;
   for (; r + 4 <= rows; r += 4) dot_rows<4>(x + r * in, in, w, out, y + r * out);
   for (; r < rows; ++r) dot_rows<1>(x + r * in, in, w, out, y + r * out);
