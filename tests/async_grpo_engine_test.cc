@@ -175,7 +175,9 @@ std::vector<double> reference_logits(const PolicyConfig& c, const laminar::Weigh
     Rows gate = linear(h, w(p + "w_gate"), std::size_t(c.d_ff));
     const Rows up = linear(h, w(p + "w_up"), std::size_t(c.d_ff));
     for (std::size_t t = 0; t < n; ++t) {
-      for (std::size_t i = 0; i < gate[t].size(); ++i) gate[t][i] = gate[t][i] / (1.0 + std::exp(-gate[t][i])) * up[t][i];
+      for (std::size_t i = 0; i < gate[t].size(); ++i) {
+        gate[t][i] = gate[t][i] / (1.0 + std::exp(-gate[t][i])) * up[t][i];
+      }
     }
     const Rows down = linear(gate, w(p + "w_down"), d);
     for (std::size_t t = 0; t < n; ++t) {
@@ -212,7 +214,9 @@ TEST_CASE("grpo engine: a sequence decodes to the same bits alone, in a changing
   SequenceState filler = new_sequence(50, random_tokens(rng, 37), rng());
   REQUIRE(engine.prefill(cache, filler).ok());
   std::vector<SequenceState> mates;
-  for (std::uint64_t m = 0; m < 5; ++m) mates.push_back(new_sequence(10 + m, random_tokens(rng, 1 + rng() % 40), rng()));
+  for (std::uint64_t m = 0; m < 5; ++m) {
+    mates.push_back(new_sequence(10 + m, random_tokens(rng, 1 + rng() % 40), rng()));
+  }
   SequenceState s = new_sequence(1, prompt, 1234);
   std::vector<SequenceState*> first = {&mates[0], &s, &mates[1], &mates[2], &mates[3], &mates[4]};
   std::shuffle(first.begin(), first.end(), rng);
@@ -458,9 +462,9 @@ TEST_CASE("grpo engine: invalid input is refused, named, and changes nothing") {
               "response");
     unchanged(engine.score(cache, SequenceId(8), s.prompt_tokens, bad).status(), StatusCode::kInvalidArgument,
               "response token 1");
-    unchanged(engine.score(cache, SequenceId(8), s.prompt_tokens, std::vector<std::int32_t>(std::size_t(c.max_positions), 1))
-                  .status(),
-              StatusCode::kInvalidArgument, "max_positions");
+    const std::vector<std::int32_t> too_long(std::size_t(c.max_positions), 1);
+    unchanged(engine.score(cache, SequenceId(8), s.prompt_tokens, too_long).status(), StatusCode::kInvalidArgument,
+              "max_positions");
   }
   SECTION("load_weights: a wrong size, another layout, a NaN") {
     std::vector<std::byte> bytes = random_weights(engine.manifest(), 6);

@@ -79,10 +79,17 @@ template <int kRows>
   }
 }
 
-// y [rows, out] = x [rows, in] w^T for w [out, in]. Four rows share each load of w. Compiled for
-// AVX2 as well as the baseline, picked at load time: the same lanes and sums either way.
-[[gnu::target_clones("avx2", "default")]] void matmul(const float* x, std::int64_t rows, std::int64_t in,
-                                                      const float* w, std::int64_t out, float* y) {
+// On x86-64, matmul() is compiled for AVX2 as well as the baseline, picked at load time: the same
+// lanes and sums either way.
+#if defined(__x86_64__)
+#define LAMINAR_GRPO_MATMUL_CLONES [[gnu::target_clones("avx2", "default")]]
+#else
+#define LAMINAR_GRPO_MATMUL_CLONES
+#endif
+
+// y [rows, out] = x [rows, in] w^T for w [out, in]. Four rows share each load of w.
+LAMINAR_GRPO_MATMUL_CLONES void matmul(const float* x, std::int64_t rows, std::int64_t in, const float* w,
+                                       std::int64_t out, float* y) {
   std::int64_t r = 0;
   for (; r + 4 <= rows; r += 4) dot_rows<4>(x + r * in, in, w, out, y + r * out);
   for (; r < rows; ++r) dot_rows<1>(x + r * in, in, w, out, y + r * out);
@@ -207,7 +214,9 @@ Status Engine::check_weights() const {
     const laminar::WeightManifest::Entry& e = manifest_.entries()[k];
     const float* w = weight(k);
     for (std::uint64_t i = 0; i < e.nbytes / sizeof(float); ++i) {
-      if (!std::isfinite(w[i])) return laminar::invalid_argument(fmt::format("engine: weight {}[{}] is {}", e.name, i, w[i]));
+      if (!std::isfinite(w[i])) {
+        return laminar::invalid_argument(fmt::format("engine: weight {}[{}] is {}", e.name, i, w[i]));
+      }
     }
   }
   return laminar::ok_status();
@@ -301,7 +310,9 @@ Status Engine::forward(PagedKvCache& cache, const Pass& pass, float* logits) con
 
   for (std::int32_t l = 0; l < config_.num_layers; ++l) {
     const LayerWeights w = layer(l);
-    for (std::int64_t r = 0; r < rows; ++r) rms_norm(&x[std::size_t(r * d)], w.attn_norm, d, eps, &h[std::size_t(r * d)]);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      rms_norm(&x[std::size_t(r * d)], w.attn_norm, d, eps, &h[std::size_t(r * d)]);
+    }
     matmul(h.data(), rows, d, w.wq, qd, q.data());
     matmul(h.data(), rows, d, w.wk, kd, k.data());
     matmul(h.data(), rows, d, w.wv, kd, v.data());
@@ -340,7 +351,9 @@ Status Engine::forward(PagedKvCache& cache, const Pass& pass, float* logits) con
     matmul(attn.data(), rows, qd, w.wo, d, delta.data());
     add_delta();
 
-    for (std::int64_t i = 0; i < rows; ++i) rms_norm(&x[std::size_t(i * d)], w.mlp_norm, d, eps, &h[std::size_t(i * d)]);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      rms_norm(&x[std::size_t(r * d)], w.mlp_norm, d, eps, &h[std::size_t(r * d)]);
+    }
     matmul(h.data(), rows, d, w.w_gate, ff, gate.data());
     matmul(h.data(), rows, d, w.w_up, ff, up.data());
     for (std::size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];

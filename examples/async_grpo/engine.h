@@ -11,6 +11,9 @@
 // token. score() re-reads a finished trajectory through the prefill form and gives the behaviour
 // log-probs back bit for bit.
 //
+// Threads: the const calls keep no state of their own, so threads may run them at once on separate
+// caches; nothing may write the weights (a pull, load_weights) while one runs.
+//
 //   auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{}).value();
 //   LAMINAR_RETURN_IF_ERROR(puller->pull(v, engine.weight_tensors(), /*has_live_trajectory=*/false));
 //   auto cache = laminar::PagedKvCache::create(engine.kv_layout(256, 16)).value();
