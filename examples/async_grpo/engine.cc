@@ -351,8 +351,8 @@ Status Engine::forward(PagedKvCache& cache, const Pass& pass, float* logits) con
     matmul(attn.data(), rows, qd, w.wo, d, delta.data());
     add_delta();
 
-    for (std::int64_t r = 0; r < rows; ++r) {
-      rms_norm(&x[std::size_t(r * d)], w.mlp_norm, d, eps, &h[std::size_t(r * d)]);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      rms_norm(&x[std::size_t(i * d)], w.mlp_norm, d, eps, &h[std::size_t(i * d)]);
     }
     matmul(h.data(), rows, d, w.w_gate, ff, gate.data());
     matmul(h.data(), rows, d, w.w_up, ff, up.data());
