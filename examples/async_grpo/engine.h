@@ -68,7 +68,8 @@ class Engine {
   laminar::Status check_weights() const;
 
   // A cache layout for this model: its layers, KV heads and head_dim. The engine runs on caches of
-  // f32, f16 or bf16 in host memory; f32 keeps the attention exact to the kernel's float math.
+  // f32, f16 or bf16 in host memory; f32 (the default) rounds nothing, f16 and bf16 round q, K, V
+  // and the attention output to the cache's dtype (the bits still agree across batches and passes).
   laminar::KvLayout kv_layout(std::int32_t num_pages, std::int32_t page_size,
                               laminar::DType dtype = laminar::DType::kF32) const;
 
