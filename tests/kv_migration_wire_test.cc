@@ -49,6 +49,31 @@ MigrationReservation full_reservation() {
   return m;
 }
 
+// The same messages as device pools send them: a link and its token, a batch and runs.
+MigrationOffer device_offer() {
+  MigrationOffer m = full_offer();
+  m.pools = KvPools::kDevice;
+  return m;
+}
+
+MigrationReservation device_reservation() {
+  MigrationReservation m = full_reservation();
+  m.k_pool.clear();
+  m.v_pool.clear();
+  m.link = 0x5eed;
+  m.link_token.assign(kMigrationLinkTokenBytes, std::byte{0x42});
+  return m;
+}
+
+MigrationStage full_stage(bool final);
+
+MigrationStage device_stage(bool final) {
+  MigrationStage m = full_stage(final);
+  m.batch = 9;
+  m.sequences[0].runs = {1, 1};
+  return m;
+}
+
 MigrationStage full_stage(bool final) {
   MigrationStage m{7, 3, final, {{SequenceId(1), 2, {0x1111, 0x2222}, {}}, {SequenceId(2), 0, {}, {}}}};
   if (final) {
@@ -125,6 +150,57 @@ TEST_CASE("kv migration wire: every message round-trips, empty and full") {
                    decode_migration_abort);
 }
 
+TEST_CASE("kv migration wire: device pools' offer, reservation and stages round-trip") {
+  check_round_trip(device_offer(), encode_migration_offer, decode_migration_offer);
+  check_round_trip(device_reservation(), encode_migration_reservation, decode_migration_reservation);
+  check_round_trip(device_stage(false), encode_migration_stage, decode_migration_stage);
+  check_round_trip(device_stage(true), encode_migration_stage, decode_migration_stage);
+  MigrationStage one_run = device_stage(false);
+  one_run.sequences[0].runs = {2};
+  check_round_trip(one_run, encode_migration_stage, decode_migration_stage);
+  // Runs are on the wire only with a batch: the host path's stage is unchanged by them.
+  CHECK(encode_migration_stage(device_stage(false)).size() ==
+        encode_migration_stage(full_stage(false)).size() + 2 * 4 + 4 + 4);
+  check_truncations(encode_migration_offer(device_offer()), decode_migration_offer);
+  check_truncations(encode_migration_reservation(device_reservation()), decode_migration_reservation);
+  check_truncations(encode_migration_stage(device_stage(false)), decode_migration_stage);
+  check_truncations(encode_migration_stage(device_stage(true)), decode_migration_stage);
+}
+
+TEST_CASE("kv migration wire: device pools' fields out of range are refused") {
+  std::vector<std::byte> offer = encode_migration_offer(device_offer());
+  offer[33] = std::byte{2};  // pools: past kDevice
+  check_refused(decodes(decode_migration_offer, offer), StatusCode::kDataLoss, "pools 2 at offset 33");
+
+  const auto reservation = [](const std::function<void(MigrationReservation&)>& change) {
+    MigrationReservation m = device_reservation();
+    change(m);
+    return decodes(decode_migration_reservation, encode_migration_reservation(m));
+  };
+  check_refused(reservation([](MigrationReservation& m) { m.link = 0; }), StatusCode::kInvalidArgument,
+                "migration reservation: link 0x0 with a token of 128 bytes");
+  check_refused(reservation([](MigrationReservation& m) { m.link_token.clear(); }), StatusCode::kInvalidArgument,
+                "link 0x5eed with a token of 0 bytes");
+  check_refused(reservation([](MigrationReservation& m) { m.link_token.pop_back(); }), StatusCode::kInvalidArgument,
+                "link 0x5eed with a token of 127 bytes");
+  check_refused(reservation([](MigrationReservation& m) { m.link_token.push_back(std::byte{1}); }),
+                StatusCode::kInvalidArgument, "link token is 129, above 128");
+
+  const auto stage = [](const std::function<void(MigrationStage&)>& change) {
+    MigrationStage m = device_stage(true);
+    change(m);
+    return decodes(decode_migration_stage, encode_migration_stage(m));
+  };
+  check_refused(stage([](MigrationStage& m) { m.sequences[0].runs = {1}; }), StatusCode::kInvalidArgument,
+                "migration stage: sequence 1: runs of 1 pages for 2 pages");
+  check_refused(stage([](MigrationStage& m) { m.sequences[0].runs = {2, 0}; }), StatusCode::kInvalidArgument,
+                "sequence 1: a run of 0 pages");
+  check_refused(stage([](MigrationStage& m) { m.sequences[0].runs = {1, 1, 1}; }), StatusCode::kInvalidArgument,
+                "sequence 1: run count is 3, above 2");
+  check_refused(stage([](MigrationStage& m) { m.sequences[1].runs = {1}; }), StatusCode::kInvalidArgument,
+                "sequence 2: run count is 1, above 0");
+}
+
 TEST_CASE("kv migration wire: the largest messages round-trip") {
   MigrationOffer offer{~std::uint64_t(0), Version(~std::uint64_t(0)), {1, 1, 1, 1, DType::kF16}, {}};
   for (std::uint32_t i = 0; i < kMaxMigrationSequences; ++i) {
@@ -188,6 +264,7 @@ TEST_CASE("kv migration wire: the offer's layout, byte for byte") {
       4,    0,    0,    0,                             // i32 num_kv_heads
       64,   0,    0,    0,                             // i32 head_dim
       1,                                               // u8 dtype (kF16)
+      0,                                               // u8 pools (host)
       1,    0,    0,    0,                             // u32 n
       3,    0,    0,    0,    0,    0,    0,    0,     // u64 sequence id
       17,   0,    0,    0,    0,    0,    0,    0,     // u64 tokens
