@@ -33,6 +33,11 @@ struct KvChecksumParams {
 
 inline constexpr int kChecksumThreads = 256;
 
+// One partial sum per warp of a block.
+struct ChecksumShared {
+  std::uint64_t partial[kChecksumThreads / 32];
+};
+
 LAMINAR_HOST_DEVICE std::uint64_t checksum_mix64(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
@@ -54,7 +59,7 @@ LAMINAR_HOST_DEVICE std::uint32_t checksum_word(const unsigned char* p, std::int
 // One block per page (grid-stride over pages); the block's threads split the page's words and add
 // their terms through warp shuffles and one shared slot per warp.
 __global__ void __launch_bounds__(kChecksumThreads) kv_page_checksum_kernel(KvChecksumParams p) {
-  LAMINAR_SHARED(std::uint64_t[kChecksumThreads / 32], partial);
+  LAMINAR_SHARED(ChecksumShared, sh);
   const std::int64_t words = (p.page_bytes + 3) / 4;
   const std::int64_t total = 2 * std::int64_t(p.num_layers) * words;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -70,14 +75,14 @@ __global__ void __launch_bounds__(kChecksumThreads) kv_page_checksum_kernel(KvCh
       sum += checksum_mix64(checksum_mix64(std::uint64_t(i)) ^ checksum_word(base, p.page_bytes, j));
     }
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
-    if (lane == 0) partial[warp] = sum;
+    if (lane == 0) sh.partial[warp] = sum;
     __syncthreads();
     if (threadIdx.x == 0) {
       std::uint64_t all = 0;
-      for (int w = 0; w < int(blockDim.x) / 32; ++w) all += partial[w];
+      for (int w = 0; w < int(blockDim.x) / 32; ++w) all += sh.partial[w];
       p.out[k] = checksum_mix64(all ^ std::uint64_t(total));
     }
-    // partial is reused by the next page.
+    // sh is reused by the next page.
     __syncthreads();
   }
 }

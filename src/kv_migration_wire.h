@@ -2,7 +2,8 @@
 // which a source rollout worker hands live sequences and their paged KV cache to a destination
 // (issue #20, KvMigrator). Encoded and decoded apart from any transport so that a fuzz target
 // (tests/fuzz/kv_migration_decode_fuzz.cc) can reach every decoder. The pages themselves go by
-// Transport put into the destination's pools, never in these messages.
+// Transport put into the destination's pools (host pools) or by NCCL (device pools), never in
+// these messages.
 //
 // Little-endian, on ByteWriter / ByteReader (byte_codec.h); "blob" is a u32 length and that many
 // bytes; a refusal is u8 StatusCode (not kOk), blob text (<= kMaxMigrationTextBytes):

@@ -140,7 +140,9 @@ class Work final : public KvDeviceWork {
       : st_(std::move(st)), buf_(buf), spans_(std::move(spans)), pools_(pools), pages_(pages) {}
   ~Work() override {
     std::erase(st_->queued, this);
-    st_->give_back(buf_, finished_ || !on_stream_);
+    // A work dropped while its stream may still use the buffers leaves them to the link's end.
+    const bool idle = finished_ || !on_stream_ || (st_->failure.ok() && cudaEventQuery(buf_.event) == cudaSuccess);
+    st_->give_back(buf_, idle);
   }
 
   Result<bool> done() override {

@@ -75,7 +75,7 @@ MigrationStage device_stage(bool final) {
 }
 
 MigrationStage full_stage(bool final) {
-  MigrationStage m{7, 3, final, {{SequenceId(1), 2, {0x1111, 0x2222}, {}}, {SequenceId(2), 0, {}, {}}}};
+  MigrationStage m{7, 3, final, {{SequenceId(1), 2, {0x1111, 0x2222}, {}, {}}, {SequenceId(2), 0, {}, {}, {}}}};
   if (final) {
     m.sequences[0].state = full_state(1);
     m.sequences[1].state = full_state(2);
@@ -131,13 +131,13 @@ TEST_CASE("kv migration wire: every message round-trips, empty and full") {
   check_round_trip(full_offer(), encode_migration_offer, decode_migration_offer);
   check_round_trip(MigrationReservation{}, encode_migration_reservation, decode_migration_reservation);
   check_round_trip(full_reservation(), encode_migration_reservation, decode_migration_reservation);
-  check_round_trip(MigrationReservation{MigrationRefusal{StatusCode::kResourceExhausted, "no pages"}, 0, {}, {}, {}},
+  check_round_trip(MigrationReservation{MigrationRefusal{StatusCode::kResourceExhausted, "no pages"}, 0, {}, {}, {}, 0, {}},
                    encode_migration_reservation, decode_migration_reservation);
   check_round_trip(MigrationStage{1, 0, false, {}}, encode_migration_stage, decode_migration_stage);
   check_round_trip(MigrationStage{1, 0, true, {}}, encode_migration_stage, decode_migration_stage);
   check_round_trip(full_stage(false), encode_migration_stage, decode_migration_stage);
   check_round_trip(full_stage(true), encode_migration_stage, decode_migration_stage);
-  MigrationStage empty_state{1, 9, true, {{SequenceId(5), 0, {}, SequenceState{}}}};
+  MigrationStage empty_state{1, 9, true, {{SequenceId(5), 0, {}, SequenceState{}, {}}}};
   empty_state.sequences[0].state->sequence = SequenceId(5);
   check_round_trip(empty_state, encode_migration_stage, decode_migration_stage);
   check_round_trip(MigrationStageAnswer{std::nullopt, 3}, encode_migration_stage_answer,
@@ -215,7 +215,7 @@ TEST_CASE("kv migration wire: the largest messages round-trip") {
   check_round_trip(res, encode_migration_reservation, decode_migration_reservation);
   check_round_trip(
       MigrationReservation{
-          MigrationRefusal{StatusCode::kInternal, std::string(kMaxMigrationTextBytes, 'x')}, 0, {}, {}, {}},
+          MigrationRefusal{StatusCode::kInternal, std::string(kMaxMigrationTextBytes, 'x')}, 0, {}, {}, {}, 0, {}},
       encode_migration_reservation, decode_migration_reservation);
 
   SequenceState s = full_state(1);
@@ -224,7 +224,7 @@ TEST_CASE("kv migration wire: the largest messages round-trip") {
   s.logprobs.assign(kMaxMigrationTokens / 2, -1.0f);
   s.kv_length = kMaxMigrationTokens;
   s.engine_state.assign(kMaxMigrationEngineBytes, 'e');
-  MigrationStage stage{1, ~std::uint32_t(0), true, {{SequenceId(1), 0, {}, s}}};
+  MigrationStage stage{1, ~std::uint32_t(0), true, {{SequenceId(1), 0, {}, s, {}}}};
   stage.sequences[0].checksums.assign(kMaxMigrationPages, 0xabc);
   check_round_trip(stage, encode_migration_stage, decode_migration_stage);
   stage.sequences[0].first_page = kMaxMigrationPages - 1;
@@ -243,7 +243,7 @@ TEST_CASE("kv migration wire: every truncation is kDataLoss naming an offset, an
   check_truncations(encode_migration_offer(full_offer()), decode_migration_offer);
   check_truncations(encode_migration_reservation(full_reservation()), decode_migration_reservation);
   check_truncations(
-      encode_migration_reservation({MigrationRefusal{StatusCode::kUnavailable, "busy"}, 0, {}, {}, {}}),
+      encode_migration_reservation({MigrationRefusal{StatusCode::kUnavailable, "busy"}, 0, {}, {}, {}, 0, {}}),
       decode_migration_reservation);
   check_truncations(encode_migration_stage(full_stage(false)), decode_migration_stage);
   check_truncations(encode_migration_stage(full_stage(true)), decode_migration_stage);
