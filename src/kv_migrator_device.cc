@@ -28,9 +28,9 @@ namespace laminar::internal {
 #if !defined(LAMINAR_HAVE_CUDA)
 
 Status kv_device_pools_usable(Device device) {
-  return failed_precondition(fmt::format("kv migrator: the cache's pools are on {}, and laminar was built without "
-                                         "CUDA (LAMINAR_CUDA=OFF): only host pools move in this build",
-                                         to_string(device)));
+  return unimplemented(fmt::format("kv migrator: the cache's pools are on {}, and laminar was built without CUDA "
+                                   "(LAMINAR_CUDA=OFF): only host pools move in this build",
+                                   to_string(device)));
 }
 
 Result<std::vector<std::byte>> KvDeviceLink::new_token() { return kv_device_pools_usable(Device::cuda(0)); }

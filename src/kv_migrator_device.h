@@ -24,8 +24,8 @@
 
 namespace laminar::internal {
 
-// Whether pools on `device` can move: OK, or kFailedPrecondition naming why not (a build without
-// CUDA, no usable device).
+// Whether pools on `device` can move: OK; kUnimplemented in a build without CUDA; kFailedPrecondition
+// naming why the runtime cannot use the device.
 Status kv_device_pools_usable(Device device);
 
 // The pools of a cache in device memory, as the checksum kernel reads them.

@@ -197,11 +197,12 @@ struct KvMigratorStats {
 
 class KvMigrator {
  public:
-  // Registers the cache's pools with the transport and installs the migration handlers (laminar's
+  // Registers host pools with the transport and installs the migration handlers (laminar's
   // reserved message types). kInvalidArgument for a null transport or cache, non-positive lease,
   // connect_timeout or stall_timeout, zero stage_bytes, max_sequences or max_migrations;
-  // kFailedPrecondition, naming why, for pools in device memory that cannot move here (a build
-  // without CUDA, no usable device); kAlreadyExists when another KvMigrator serves on `transport`.
+  // for pools in device memory, kUnimplemented in a build without CUDA and kFailedPrecondition,
+  // naming the CUDA error, without a usable device; kAlreadyExists when another KvMigrator serves
+  // on `transport`.
   static Result<std::unique_ptr<KvMigrator>> create(std::shared_ptr<Transport> transport,
                                                     std::shared_ptr<PagedKvCache> cache,
                                                     KvMigratorOptions options = {});
