@@ -61,11 +61,16 @@ Status cuda_status(const char* call, cudaError_t e) {
                                     cudaGetErrorString(e)));
 }
 
-// A peer that vanished or a link that broke is kUnavailable; a call NCCL refuses is our bug.
-Status nccl_status(const char* call, ncclResult_t r) {
+// A peer that vanished or a link that broke is kUnavailable; a setup NCCL refuses (two ranks on one
+// GPU) is for the caller to change; an argument NCCL refuses is our bug. NCCL's own text of the
+// last error (`comm`'s, or the process's) says which.
+Status nccl_status(const char* call, ncclResult_t r, ncclComm_t comm = nullptr) {
   if (r == ncclSuccess || r == ncclInProgress) return ok_status();
-  std::string m = fmt::format("kv migrator: {} failed: {}", call, ncclGetErrorString(r));
-  if (r == ncclInvalidArgument || r == ncclInvalidUsage) return internal_error(std::move(m));
+  const char* last = ncclGetLastError(comm);
+  std::string m = fmt::format("kv migrator: {} failed: {}{}{}", call, ncclGetErrorString(r),
+                              last != nullptr && *last != 0 ? ": " : "", last != nullptr ? last : "");
+  if (r == ncclInvalidArgument) return internal_error(std::move(m));
+  if (r == ncclInvalidUsage) return failed_precondition(std::move(m));
   return unavailable(std::move(m));
 }
 
@@ -117,12 +122,12 @@ struct LinkState {
     ncclResult_t async = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
     if (r != ncclSuccess) {
-      fail(nccl_status("ncclCommGetAsyncError", r));
+      fail(nccl_status("ncclCommGetAsyncError", r, comm));
       return failure;
     }
     if (async == ncclInProgress) return false;
     if (async != ncclSuccess) {
-      fail(nccl_status("the link", async));
+      fail(nccl_status("the NCCL link", async, comm));
       return failure;
     }
     return true;
