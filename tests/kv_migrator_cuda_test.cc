@@ -1,6 +1,7 @@
-// KV migration's device parts on one GPU: the page checksum kernel against the host definition,
-// and a migrator over device pools. Exits with the skip code without a device (gpu_test_main.cc);
-// the two-process migration between device pools is kv_migrator_nccl_test (two GPUs).
+// KV migration's device parts on one GPU: the page checksum kernel against the host definition, a
+// migrator over device pools, and two migrators on the same GPU (NCCL takes one rank per GPU: the
+// link is refused, and the migration ends with both sides whole). Exits with the skip code without
+// a device (gpu_test_main.cc); the migration between two GPUs is kv_migrator_nccl_test.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -15,6 +16,53 @@
 #include "laminar/kv_migrator.h"
 
 namespace {
+
+// A worker whose pools are cudaMalloc'ed on device 0, with a listening transport.
+struct DeviceWorker {
+  void* k = nullptr;
+  void* v = nullptr;
+  std::shared_ptr<laminar::Transport> transport;
+  std::shared_ptr<laminar::PagedKvCache> cache;
+  std::unique_ptr<laminar::KvMigrator> migrator;
+  std::vector<laminar::MigrationEvent> events;
+
+  DeviceWorker() {
+    const laminar::KvLayout l{16, 4, 2, 8, laminar::DType::kF32, 3};
+    REQUIRE(cudaMalloc(&k, std::size_t(l.pool_bytes())) == cudaSuccess);
+    REQUIRE(cudaMalloc(&v, std::size_t(l.pool_bytes())) == cudaSuccess);
+    REQUIRE(cudaMemset(k, 0x3c, std::size_t(l.pool_bytes())) == cudaSuccess);
+    REQUIRE(cudaMemset(v, 0x5a, std::size_t(l.pool_bytes())) == cudaSuccess);
+    const std::vector<std::int64_t> shape = {l.num_layers, l.num_pages, l.page_size, l.num_kv_heads, l.head_dim};
+    auto kv = laminar::TensorView::contiguous(k, laminar::DType::kF32, shape, laminar::Device::cuda(0)).value();
+    auto vv = laminar::TensorView::contiguous(v, laminar::DType::kF32, shape, laminar::Device::cuda(0)).value();
+    cache = std::make_shared<laminar::PagedKvCache>(laminar::PagedKvCache::create(l, kv, vv).value());
+    laminar::TransportOptions to;
+    to.cluster_token = "kv-migrator-cuda-test-token-0123456789";
+    transport = laminar::Transport::create(to).value();
+    (void)transport->listen("127.0.0.1", 0).value();
+    laminar::KvMigratorOptions o;
+    o.stall_timeout = std::chrono::seconds(20);
+    auto m = laminar::KvMigrator::create(transport, cache, o);
+    INFO(m.status().to_string());
+    REQUIRE(m.ok());
+    migrator = std::move(*m);
+  }
+  ~DeviceWorker() {
+    migrator.reset();
+    cache.reset();
+    cudaFree(k);
+    cudaFree(v);
+  }
+  void poll() {
+    for (laminar::MigrationEvent& e : migrator->poll()) events.push_back(std::move(e));
+  }
+  const laminar::MigrationEvent* find(laminar::MigrationEvent::Kind kind) const {
+    for (const laminar::MigrationEvent& e : events) {
+      if (e.kind == kind) return &e;
+    }
+    return nullptr;
+  }
+};
 
 struct DeviceBytes {
   void* p = nullptr;
@@ -63,24 +111,43 @@ TEST_CASE("kv migrator cuda: the device page checksum equals the host definition
   }
 }
 
-TEST_CASE("kv migrator cuda: a migrator takes a cache whose pools are in device memory", "[kv_migrator][gpu]") {
-  laminar::TransportOptions to;
-  to.cluster_token = "kv-migrator-cuda-test-token-0123456789";
-  std::shared_ptr<laminar::Transport> t = laminar::Transport::create(to).value();
-  const laminar::KvLayout l{8, 4, 2, 8, laminar::DType::kF32, 3};
-  void* k = nullptr;
-  void* v = nullptr;
-  REQUIRE(cudaMalloc(&k, std::size_t(l.pool_bytes())) == cudaSuccess);
-  REQUIRE(cudaMalloc(&v, std::size_t(l.pool_bytes())) == cudaSuccess);
-  const std::vector<std::int64_t> shape = {l.num_layers, l.num_pages, l.page_size, l.num_kv_heads, l.head_dim};
-  auto kv = laminar::TensorView::contiguous(k, laminar::DType::kF32, shape, laminar::Device::cuda(0)).value();
-  auto vv = laminar::TensorView::contiguous(v, laminar::DType::kF32, shape, laminar::Device::cuda(0)).value();
-  {
-    auto cache = std::make_shared<laminar::PagedKvCache>(laminar::PagedKvCache::create(l, kv, vv).value());
-    auto m = laminar::KvMigrator::create(t, cache);
-    INFO(m.status().to_string());
-    CHECK(m.ok());
+TEST_CASE("kv migrator cuda: two migrators on one GPU end the migration whole on both sides", "[kv_migrator][gpu]") {
+  using Kind = laminar::MigrationEvent::Kind;
+  DeviceWorker src, dst;
+  const laminar::SequenceId seq(7);
+  REQUIRE(src.cache->add_sequence(seq).ok());
+  REQUIRE(src.cache->append_tokens(seq, 10).ok());
+  const std::int64_t dst_free = dst.cache->free_pages();
+  auto id = src.migrator->migrate(*dst.migrator->address(), std::vector<laminar::SequenceId>{seq});
+  REQUIRE(id.ok());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool finished = false;
+  while (!src.find(Kind::kDone) && !src.find(Kind::kAborted) && std::chrono::steady_clock::now() < until) {
+    src.poll();
+    dst.poll();
+    if (const laminar::MigrationEvent* e = src.find(Kind::kPauseRequested); e && !finished) {
+      laminar::SequenceState st;
+      st.sequence = seq;
+      st.kv_length = 10;
+      st.prompt_tokens.assign(10, 1);
+      // Refused only if the migration ended in this same poll, which the checks below look at.
+      (void)src.migrator->finish(e->id, {st});
+      finished = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  cudaFree(k);
-  cudaFree(v);
+  // NCCL refuses two ranks on one GPU when the link is joined: the migration ends before any page
+  // moved, the sequence stays at the source, and the destination's reserved pages return.
+  const laminar::MigrationEvent* aborted = src.find(Kind::kAborted);
+  REQUIRE(aborted != nullptr);
+  INFO(aborted->reason.to_string());
+  CHECK_THAT(aborted->reason.message(), Catch::Contains("NCCL link"));
+  CHECK(src.cache->length(seq).value() == 10);
+  while (dst.cache->free_pages() != dst_free && std::chrono::steady_clock::now() < until) {
+    dst.poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(dst.cache->free_pages() == dst_free);
+  CHECK(dst.find(Kind::kArrived) == nullptr);
+  CHECK(*dst.migrator->state(*id) != laminar::MigrationState::kDone);
 }
