@@ -157,6 +157,7 @@ std::vector<std::byte> encode_migration_offer(const MigrationOffer& m) {
   w.i32(m.layout.num_kv_heads);
   w.i32(m.layout.head_dim);
   w.u8(std::uint8_t(m.layout.dtype));
+  w.u8(std::uint8_t(m.pools));
   write_count(w, m.sequences.size());
   for (const OfferedSequence& s : m.sequences) {
     w.u64(s.sequence.value());
@@ -174,6 +175,11 @@ Result<MigrationOffer> decode_migration_offer(std::span<const std::byte> body) {
   LAMINAR_RETURN_IF_ERROR(r.status());
   if (m.migration_id == 0) return invalid_argument(fmt::format("{}: migration id 0", kOffer));
   LAMINAR_RETURN_IF_ERROR(read_layout(r, m.layout));
+  const std::size_t pools_at = r.offset();
+  const std::uint8_t pools = r.u8("pools");
+  if (pools > std::uint8_t(KvPools::kDevice)) r.fail(pools_at, fmt::format("pools {}", pools));
+  LAMINAR_RETURN_IF_ERROR(r.status());
+  m.pools = KvPools(pools);
   std::uint32_t n = 0;
   LAMINAR_RETURN_IF_ERROR(read_count(r, "sequence count", kMaxMigrationSequences, kOffer, n));
   m.sequences.resize(n);
@@ -212,6 +218,9 @@ std::vector<std::byte> encode_migration_reservation(const MigrationReservation& 
   w.bytes(std::span(m.k_pool));
   write_count(w, m.v_pool.size());
   w.bytes(std::span(m.v_pool));
+  w.u64(m.link);
+  write_count(w, m.link_token.size());
+  w.bytes(std::span(m.link_token));
   return out;
 }
 
@@ -239,6 +248,12 @@ Result<MigrationReservation> decode_migration_reservation(std::span<const std::b
   }
   LAMINAR_RETURN_IF_ERROR(read_text(r, "K pool region", kMaxMigrationRegionBytes, kReservation, m.k_pool));
   LAMINAR_RETURN_IF_ERROR(read_text(r, "V pool region", kMaxMigrationRegionBytes, kReservation, m.v_pool));
+  m.link = r.u64("link");
+  LAMINAR_RETURN_IF_ERROR(read_text(r, "link token", kMigrationLinkTokenBytes, kReservation, m.link_token));
+  if ((m.link == 0) != m.link_token.empty() || (m.link != 0 && m.link_token.size() != kMigrationLinkTokenBytes)) {
+    return invalid_argument(fmt::format("{}: link {:#x} with a token of {} bytes (0 and none, or not 0 and {})",
+                                        kReservation, m.link, m.link_token.size(), kMigrationLinkTokenBytes));
+  }
   LAMINAR_RETURN_IF_ERROR(r.finish());
   return m;
 }
@@ -249,13 +264,19 @@ std::vector<std::byte> encode_migration_stage(const MigrationStage& m) {
   w.u64(m.migration_id);
   w.u32(m.stage);
   w.u8(m.final ? 1 : 0);
+  w.u64(m.batch);
   write_count(w, m.sequences.size());
   for (const StagedSequence& s : m.sequences) {
     LAMINAR_CHECK(s.state.has_value() == m.final);
+    LAMINAR_CHECK(s.runs.empty() || m.batch != 0);
     w.u64(s.sequence.value());
     w.u32(s.first_page);
     write_count(w, s.checksums.size());
     w.array(std::span(s.checksums));
+    if (m.batch != 0) {
+      write_count(w, s.runs.size());
+      w.array(std::span(s.runs));
+    }
     if (s.state) write_state(w, *s.state);
   }
   return out;
@@ -267,6 +288,7 @@ Result<MigrationStage> decode_migration_stage(std::span<const std::byte> body) {
   m.migration_id = r.u64("migration id");
   m.stage = r.u32("stage");
   m.final = read_flag(r, "final");
+  m.batch = r.u64("batch");
   LAMINAR_RETURN_IF_ERROR(r.status());
   if (m.migration_id == 0) return invalid_argument(fmt::format("{}: migration id 0", kStage));
   std::uint32_t n = 0;
@@ -283,6 +305,20 @@ Result<MigrationStage> decode_migration_stage(std::span<const std::byte> body) {
                                           std::uint64_t(s.first_page) + pages, kMaxMigrationPages));
     }
     r.array("checksums", pages, s.checksums);
+    if (m.batch != 0) {
+      std::uint32_t runs = 0;
+      LAMINAR_RETURN_IF_ERROR(read_count(r, "run count", pages, what, runs));
+      r.array("runs", runs, s.runs);
+      LAMINAR_RETURN_IF_ERROR(r.status());
+      std::uint64_t covered = 0;
+      for (std::uint32_t run : s.runs) {
+        if (run == 0) return invalid_argument(fmt::format("{}: a run of 0 pages", what));
+        covered += run;
+      }
+      if (covered != pages) {
+        return invalid_argument(fmt::format("{}: runs of {} pages for {} pages", what, covered, pages));
+      }
+    }
     if (!m.final) continue;
     s.state.emplace();
     LAMINAR_RETURN_IF_ERROR(read_state(r, *s.state));

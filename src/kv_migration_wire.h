@@ -2,19 +2,28 @@
 // which a source rollout worker hands live sequences and their paged KV cache to a destination
 // (issue #20, KvMigrator). Encoded and decoded apart from any transport so that a fuzz target
 // (tests/fuzz/kv_migration_decode_fuzz.cc) can reach every decoder. The pages themselves go by
-// Transport put into the destination's pools, never in these messages.
+// Transport put into the destination's pools (host pools) or by NCCL (device pools), never in
+// these messages.
 //
 // Little-endian, on ByteWriter / ByteReader (byte_codec.h); "blob" is a u32 length and that many
 // bytes; a refusal is u8 StatusCode (not kOk), blob text (<= kMaxMigrationTextBytes):
 //   offer        source -> dest   u64 migration id, u64 version, i32 num_layers, i32 page_size,
-//                                 i32 num_kv_heads, i32 head_dim, u8 dtype, u32 n; n times:
-//                                 u64 sequence id, u64 tokens, u32 pages needed
+//                                 i32 num_kv_heads, i32 head_dim, u8 dtype, u8 pools (0 host,
+//                                 1 device), u32 n; n times: u64 sequence id, u64 tokens,
+//                                 u32 pages needed
 //   reservation  dest -> source   u8 granted (0/1); 0: a refusal. 1: u64 lease_ns, u32 n; n times:
 //                                 u64 sequence id, u32 m, i32 page id[m]; then blob K pool region,
-//                                 blob V pool region (RemoteRegion::serialize)
-//   stage        source -> dest   u64 migration id, u32 stage, u8 final (0/1), u32 n; n times:
-//                                 u64 sequence id, u32 first page, u32 m, u64 xxh3[m] (one per
-//                                 page copied this stage); with final 1, then a sequence state
+//                                 blob V pool region (RemoteRegion::serialize; empty for device
+//                                 pools), u64 link, blob link token (device pools: the link the
+//                                 pages go by and the NCCL unique id that joins it; 0 and empty
+//                                 for host pools)
+//   stage        source -> dest   u64 migration id, u32 stage, u8 final (0/1), u64 batch (0: the
+//                                 pages came by put; else the link's transfer number), u32 n;
+//                                 n times: u64 sequence id, u32 first page, u32 m, u64 checksum[m]
+//                                 (one per page copied this stage: xxh3 for host pools, the device
+//                                 checksum for device pools); with batch not 0, u32 r, u32 run[r]
+//                                 (the pages in transfer order, in runs consecutive on both
+//                                 sides); with final 1, then a sequence state
 //   stage answer dest -> source   u8 acked (0/1); 1: u32 stage. 0: a refusal
 //   abort        either way       u64 migration id, u8 side (0 source, 1 destination), a refusal
 // A sequence state is u64 sequence id, u64 trajectory id, u64 prompt id, u64 group id,
@@ -26,7 +35,8 @@
 // message, the field and its offset. kInvalidArgument, naming the message (and the sequence), for
 // well-formed values out of range: a count or length above its bound, a migration id of 0, a
 // layout no KvCache takes, too few pages for a sequence's tokens, staged pages past the bound,
-// logprobs not one per response token, a NaN or positive logprob, a KV length past the tokens, a
+// logprobs not one per response token, a link without its token (or the reverse), runs that do
+// not cover a stage's pages, a NaN or positive logprob, a KV length past the tokens, a
 // sample index outside its group, sampling parameters no sampler takes, a staged state of another
 // sequence. A decoder checks only what the message itself states: what needs the migrator's state
 // (the sequences offered, page ids one per page offered and in the pool, checksums that match, a
@@ -60,6 +70,12 @@ inline constexpr std::size_t kMaxMigrationEngineBytes = std::size_t(1) << 20;
 inline constexpr std::size_t kMaxMigrationTextBytes = 1024;
 // A serialized RemoteRegion: two u64 and a UCX rkey of some hundred bytes.
 inline constexpr std::size_t kMaxMigrationRegionBytes = 4096;
+// A link token: an NCCL unique id (NCCL_UNIQUE_ID_BYTES).
+inline constexpr std::size_t kMigrationLinkTokenBytes = 128;
+
+// Where the cache's pools are, which decides how pages move: Transport puts between host pools,
+// NCCL send/recv between device pools.
+enum class KvPools : std::uint8_t { kHost, kDevice };
 
 // The fields of a KvLayout that both sides' pages must share (num_pages is each side's own).
 struct KvLayoutFingerprint {
@@ -83,6 +99,7 @@ struct MigrationOffer {
   Version version;
   KvLayoutFingerprint layout;
   std::vector<OfferedSequence> sequences;
+  KvPools pools = KvPools::kHost;
   friend bool operator==(const MigrationOffer&, const MigrationOffer&) = default;
 };
 
@@ -106,6 +123,11 @@ struct MigrationReservation {
   std::vector<ReservedSequence> sequences;
   std::vector<std::byte> k_pool;  // RemoteRegion::serialize() of the destination's K pool
   std::vector<std::byte> v_pool;  // and of its V pool
+  // Device pools: the communicator the pages go by (not 0) and the NCCL unique id that joins it
+  // ([kMigrationLinkTokenBytes]). Every reservation carries both, so a source that holds the link
+  // already knows it by its id, whatever order the reservations are read in.
+  std::uint64_t link = 0;
+  std::vector<std::byte> link_token;
   friend bool operator==(const MigrationReservation&, const MigrationReservation&) = default;
 };
 
@@ -114,6 +136,7 @@ struct StagedSequence {
   std::uint32_t first_page = 0;          // index into the sequence's reserved pages
   std::vector<std::uint64_t> checksums;  // xxh3 of each page copied this stage
   std::optional<SequenceState> state;    // in the final stage only, and then for every sequence
+  std::vector<std::uint32_t> runs;       // device pools: page counts (each > 0) summing to the pages
   friend bool operator==(const StagedSequence&, const StagedSequence&) = default;
 };
 
@@ -122,6 +145,9 @@ struct MigrationStage {
   std::uint32_t stage = 0;
   bool final = false;  // the sequences are paused and their states follow
   std::vector<StagedSequence> sequences;
+  // Device pools: the number of this stage's transfers on its link, from 1 (the destination posts
+  // its receives in this order, as the source posted its sends); 0 for host pools.
+  std::uint64_t batch = 0;
   friend bool operator==(const MigrationStage&, const MigrationStage&) = default;
 };
 
@@ -143,7 +169,7 @@ struct MigrationAbort {
 };
 
 // Encoders' preconditions: every count and length fits in a u32; a stage's sequences carry a state
-// exactly when it is final.
+// exactly when it is final, and runs exactly when its batch is not 0.
 std::vector<std::byte> encode_migration_offer(const MigrationOffer& m);
 Result<MigrationOffer> decode_migration_offer(std::span<const std::byte> body);
 

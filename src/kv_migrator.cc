@@ -152,12 +152,21 @@ void KvMigrator::Impl::sweep() {
   for (const auto& [addr, ep] : connections) used.insert(ep.id());
   for (const Draining& d : draining) used.insert(d.ep.id());
   for (const auto& [id, f] : fenced) used.insert(f.ep.id());
+  for (const auto& [id, l] : links) used.insert(l.ep.id());
   // Resetting a subscription waits for its callback, which takes only the inbox's lock.
   std::erase_if(watches, [&](const auto& kv) { return !used.contains(kv.first); });
 }
 
 void KvMigrator::Impl::on_closed(std::uint64_t endpoint_id, const Status& why) {
   std::erase_if(connections, [&](const auto& kv) { return kv.second.id() == endpoint_id; });
+  std::vector<std::uint64_t> gone;
+  for (const auto& [id, l] : links) {
+    if (l.ep.id() == endpoint_id) gone.push_back(id);
+  }
+  for (std::uint64_t id : gone) {
+    drop_link(id, unavailable(fmt::format("kv migrator: the connection of NCCL link {:#x} closed: {}", id,
+                                          why.to_string())));
+  }
   for (auto& [id, m] : out) {
     if (m.ended || m.ep.id() != endpoint_id) continue;
     // The destination may have committed and answered just before the connection closed: the
@@ -178,6 +187,52 @@ void KvMigrator::Impl::on_closed(std::uint64_t endpoint_id, const Status& why) {
   release_fenced([&](std::uint64_t, const Fenced& f) { return f.ep.id() == endpoint_id; });
 }
 
+// ---- device pools ----
+
+void KvMigrator::Impl::drop_link(std::uint64_t id, const Status& why) {
+  auto it = links.find(id);
+  if (it == links.end()) return;
+  it->second.link->abort();
+  links.erase(it);
+  for (auto& [mid, m] : out) {
+    if (!m.ended && m.link == id) end_out(m, MigrationState::kAbortedByDestination, why, true);
+  }
+  for (auto& [mid, m] : in) {
+    if (!m.ended && m.link == id) end_in(m, MigrationState::kAbortedByDestination, why, true, false);
+  }
+}
+
+void KvMigrator::Impl::advance_links() {
+  const Duration now = clock->now();
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, l] : links) ids.push_back(id);
+  std::vector<std::pair<std::uint64_t, Status>> broken;
+  for (std::uint64_t id : ids) {
+    // An earlier one's post_receives may have dropped this link.
+    auto it = links.find(id);
+    if (it == links.end()) continue;
+    Link& l = it->second;
+    if (!l.joined) {
+      auto joined = l.link->joined();
+      if (!joined.ok()) {
+        broken.emplace_back(id, joined.status().with_context(fmt::format("kv migrator: joining NCCL link {:#x}", id)));
+        continue;
+      }
+      l.joined = *joined;
+      if (!l.joined) {
+        if (options.stall_timeout != kForever && now >= l.join_deadline) {
+          broken.emplace_back(id, deadline_exceeded(fmt::format("kv migrator: the peer did not join NCCL link {:#x} "
+                                                                "within the stall timeout",
+                                                                id)));
+        }
+        continue;
+      }
+    }
+    if (l.rank == 1) post_receives(id, l);
+  }
+  for (auto& [id, why] : broken) drop_link(id, why);
+}
+
 // ---- source side ----
 
 void KvMigrator::Impl::end_out(OutMigration& m, MigrationState state, Status reason, bool tell) {
@@ -189,6 +244,9 @@ void KvMigrator::Impl::end_out(OutMigration& m, MigrationState state, Status rea
     }
   }
   if (tell) draining.push_back(std::move(d));
+  // The link goes with it (see end_in): sends the destination may never receive would hold its
+  // stream.
+  if (device) drop_link(m.link, reason);
   ++stats.aborted_out;
   MigrationEvent e;
   e.kind = MigrationEvent::Kind::kAborted;
@@ -223,24 +281,43 @@ void KvMigrator::Impl::take_reservation(OutMigration& m, Result<Message> answer)
     return fail(MigrationState::kAbortedByDestination,
                 Status(r->refusal->code, "the destination refused the offer: " + r->refusal->text), false);
   }
-  const auto bad = [&](std::string what) {
-    fail(MigrationState::kAbortedBySource, data_loss("bad reservation: " + what), true);
-  };
-  if (r->sequences.size() != m.seqs.size()) {
-    return bad(fmt::format("{} sequences for {} offered", r->sequences.size(), m.seqs.size()));
+  Status taken = take_pages(m, *r);
+  if (!taken.ok()) return fail(MigrationState::kAbortedBySource, taken, true);
+  m.reserved = true;
+  // Paused while the offer was out: everything goes in the final stage.
+  if (m.phase != OutPhase::kOffered) return;
+  if (options.max_live_stages == 0) {
+    request_pause(m);
+  } else {
+    m.phase = OutPhase::kLive;
   }
-  auto k = RemoteRegion::deserialize(r->k_pool);
-  auto v = RemoteRegion::deserialize(r->v_pool);
-  if (!k.ok() || !v.ok()) return bad("its pool regions do not decode");
+}
+
+Status KvMigrator::Impl::take_pages(OutMigration& m, const internal::MigrationReservation& r) {
+  const auto bad = [](std::string what) { return data_loss("bad reservation: " + what); };
+  if (r.sequences.size() != m.seqs.size()) {
+    return bad(fmt::format("{} sequences for {} offered", r.sequences.size(), m.seqs.size()));
+  }
   const KvLayout& l = cache->layout();
-  const std::uint64_t per_page = std::uint64_t(l.num_layers) * std::uint64_t(l.page_bytes());
-  if (k->size != v->size || k->size == 0 || k->size % per_page != 0 || k->size / per_page > (1u << 31)) {
-    return bad(fmt::format("pools of {} and {} bytes for pages of {} bytes in all layers", k->size, v->size,
-                           per_page));
+  if (!device) {
+    auto k = RemoteRegion::deserialize(r.k_pool);
+    auto v = RemoteRegion::deserialize(r.v_pool);
+    if (!k.ok() || !v.ok()) return bad("its pool regions do not decode");
+    const std::uint64_t per_page = std::uint64_t(l.num_layers) * std::uint64_t(l.page_bytes());
+    if (k->size != v->size || k->size == 0 || k->size % per_page != 0 || k->size / per_page > (1u << 31)) {
+      return bad(fmt::format("pools of {} and {} bytes for pages of {} bytes in all layers", k->size, v->size,
+                             per_page));
+    }
+    m.dst_num_pages = std::int64_t(k->size / per_page);
+    m.k_remote = std::move(*k);
+    m.v_remote = std::move(*v);
+  } else {
+    // The destination's page ids only shape the runs here; its pool size is its own business.
+    m.dst_num_pages = std::int64_t(1) << 31;
+    if (r.link == 0) return bad("no NCCL link for device pools");
   }
-  m.dst_num_pages = std::int64_t(k->size / per_page);
   std::unordered_set<std::int32_t> seen;
-  for (const internal::ReservedSequence& rs : r->sequences) {
+  for (const internal::ReservedSequence& rs : r.sequences) {
     auto it = std::ranges::find_if(m.seqs, [&](const OutSequence& s) { return s.id == rs.sequence; });
     if (it == m.seqs.end() || !it->dst.empty() || rs.pages.size() != it->pages_needed) {
       return bad(fmt::format("sequence {} with {} pages", rs.sequence.value(), rs.pages.size()));
@@ -253,16 +330,23 @@ void KvMigrator::Impl::take_reservation(OutMigration& m, Result<Message> answer)
     }
     it->dst = rs.pages;
   }
-  m.k_remote = std::move(*k);
-  m.v_remote = std::move(*v);
-  m.reserved = true;
-  // Paused while the offer was out: everything goes in the final stage.
-  if (m.phase != OutPhase::kOffered) return;
-  if (options.max_live_stages == 0) {
-    request_pause(m);
+  if (!device) return ok_status();
+  if (auto it = links.find(r.link); it != links.end()) {
+    if (it->second.rank != 0 || it->second.ep.id() != m.ep.id()) {
+      return bad(fmt::format("NCCL link {:#x} belongs to another peer or direction", r.link));
+    }
   } else {
-    m.phase = OutPhase::kLive;
+    auto joined = internal::KvDeviceLink::join(r.link_token, 0, cache->device());
+    LAMINAR_RETURN_IF_ERROR(joined.status().with_context(fmt::format("kv migrator: joining NCCL link {:#x}", r.link)));
+    Link link;
+    link.link = std::move(*joined);
+    link.ep = m.ep;
+    link.rank = 0;
+    link.join_deadline = internal::deadline_after(*clock, options.stall_timeout);
+    links.emplace(r.link, std::move(link));
   }
+  m.link = r.link;
+  return ok_status();
 }
 
 void KvMigrator::Impl::check_sequences(OutMigration& m) {
@@ -313,17 +397,24 @@ void KvMigrator::Impl::build_stage(OutMigration& m) {
   Stage stage;
   stage.message.migration_id = m.id.value();
   stage.message.stage = m.next_stage++;
+  std::vector<std::vector<std::int32_t>> src;  // device pools: this side's pages of each staged sequence
   while (budget > 0 && !m.todo.empty()) {
     Piece& p = m.todo.front();
     const std::size_t n = std::min(budget, p.src.size());
     const OutSequence& s = m.seqs[p.seq];
-    StagedSequence staged{s.id, p.first, {}, {}};
-    // One put per layer and pool for each run of pages consecutive on both sides.
+    StagedSequence staged{s.id, p.first, {}, {}, {}};
+    // One put per layer and pool (device pools: one send) for each run of pages consecutive on both
+    // sides.
     for (std::size_t i = 0; i < n;) {
       std::size_t run = 1;
       while (i + run < n && p.src[i + run] == p.src[i] + std::int32_t(run) &&
              s.dst[p.first + i + run] == s.dst[p.first + i] + std::int32_t(run)) {
         ++run;
+      }
+      if (device) {
+        staged.runs.push_back(std::uint32_t(run));
+        i += run;
+        continue;
       }
       for (std::int32_t layer = 0; layer < l.num_layers; ++layer) {
         const std::size_t local = (std::size_t(layer) * std::size_t(l.num_pages) + std::size_t(p.src[i])) * page_bytes;
@@ -334,7 +425,12 @@ void KvMigrator::Impl::build_stage(OutMigration& m) {
       }
       i += run;
     }
-    for (std::size_t i = 0; i < n; ++i) staged.checksums.push_back(page_checksum(p.src[i]));
+    if (device) {
+      staged.checksums.resize(n);  // from the device, before the stage goes
+      src.emplace_back(p.src.begin(), p.src.begin() + std::ptrdiff_t(n));
+    } else {
+      for (std::size_t i = 0; i < n; ++i) staged.checksums.push_back(page_checksum(p.src[i]));
+    }
     stage.message.sequences.push_back(std::move(staged));
     stage.pages += n;
     budget -= n;
@@ -352,12 +448,29 @@ void KvMigrator::Impl::build_stage(OutMigration& m) {
       auto it = std::ranges::find_if(stage.message.sequences,
                                      [&](const StagedSequence& x) { return x.sequence == m.seqs[k].id; });
       if (it == stage.message.sequences.end()) {
-        stage.message.sequences.push_back(StagedSequence{m.seqs[k].id, m.seqs[k].staged, {}, {}});
+        stage.message.sequences.push_back(StagedSequence{m.seqs[k].id, m.seqs[k].staged, {}, {}, {}});
+        src.emplace_back();
         it = stage.message.sequences.end() - 1;
       }
       it->state = m.states[k];
     }
     m.final_sent = true;
+  }
+  if (device) {
+    std::vector<std::int32_t> pages;
+    for (const auto& v : src) pages.insert(pages.end(), v.begin(), v.end());
+    stage.spans = device_spans(stage.message, [&](std::size_t k, std::uint32_t i) { return src[k][i]; });
+    auto link = links.find(m.link);
+    auto sums = link == links.end() ? Result<std::unique_ptr<internal::KvDeviceWork>>(
+                                          unavailable(fmt::format("kv migrator: NCCL link {:#x} is gone", m.link)))
+                                    : link->second.link->post({}, device_pools, pages);
+    if (!sums.ok()) {
+      // Nothing of this stage is on the wire: the migration ends here, its sequences stay.
+      m.stages.push_back(std::move(stage));
+      return end_out(m, MigrationState::kAbortedBySource,
+                     sums.status().with_context(fmt::format("kv migrator: migration {:#x}", m.id.value())), true);
+    }
+    stage.sums = std::move(*sums);
   }
   m.stages.push_back(std::move(stage));
 }
@@ -380,6 +493,10 @@ bool KvMigrator::Impl::settle_stages(OutMigration& m) {
       ++s.puts_done;
     }
     if (s.puts_done < s.puts.size()) break;
+    if (device && !device_stage_ready(m, s)) {
+      if (m.ended) return false;
+      break;
+    }
     const KvLayout& l = cache->layout();
     stats.pages_sent += s.pages;
     stats.bytes_sent += s.pages * 2 * std::uint64_t(l.num_layers) * std::uint64_t(l.page_bytes());
@@ -388,6 +505,16 @@ bool KvMigrator::Impl::settle_stages(OutMigration& m) {
     s.sent = true;
     s.sent_at = clock->now();
     progress = true;
+    if (device) {
+      // After the message, so the destination learns of the sends no later than they start.
+      auto sends = links.at(m.link).link->post(s.spans, device_pools, {});
+      if (!sends.ok()) {
+        drop_link(m.link, sends.status().with_context(fmt::format("kv migrator: migration {:#x}: sending stage {}",
+                                                                  m.id.value(), s.message.stage)));
+        return false;
+      }
+      s.sends = std::move(*sends);
+    }
   }
   while (!m.stages.empty() && m.stages.front().sent) {
     Stage& s = m.stages.front();
@@ -448,6 +575,32 @@ bool KvMigrator::Impl::settle_stages(OutMigration& m) {
   return progress;
 }
 
+bool KvMigrator::Impl::device_stage_ready(OutMigration& m, Stage& s) {
+  auto it = links.find(m.link);
+  if (it == links.end()) {
+    end_out(m, MigrationState::kAbortedByDestination,
+            unavailable(fmt::format("kv migrator: migration {:#x}: its NCCL link {:#x} is gone", m.id.value(), m.link)),
+            true);
+    return false;
+  }
+  // advance_links() polls a joining link.
+  if (!it->second.joined) return false;
+  auto done = s.sums->done();
+  if (!done.ok()) {
+    drop_link(m.link, done.status().with_context(fmt::format("kv migrator: migration {:#x}: checksums of stage {}",
+                                                             m.id.value(), s.message.stage)));
+    return false;
+  }
+  if (!*done) return false;
+  const std::vector<std::uint64_t>& sums = s.sums->checksums();
+  std::size_t j = 0;
+  for (StagedSequence& q : s.message.sequences) {
+    for (std::uint64_t& c : q.checksums) c = sums[j++];
+  }
+  s.message.batch = it->second.next_batch++;
+  return true;
+}
+
 void KvMigrator::Impl::advance_out(OutMigration& m) {
   if (!m.reserved) {
     if (!ready(m.offer_answer)) {
@@ -482,6 +635,7 @@ void KvMigrator::Impl::advance_out(OutMigration& m) {
     while (m.stages.size() < kStagesInFlight && !m.final_sent &&
            (!m.todo.empty() || m.phase == OutPhase::kFinal) && !(built && m.phase == OutPhase::kLive)) {
       build_stage(m);
+      if (m.ended) return;
       built = progress = true;
     }
     if (!progress) break;
@@ -517,22 +671,28 @@ Result<std::unique_ptr<KvMigrator>> KvMigrator::create(std::shared_ptr<Transport
   if (options.stage_bytes == 0) return invalid_argument("kv migrator: stage_bytes is 0");
   if (options.max_sequences == 0) return invalid_argument("kv migrator: max_sequences is 0");
   if (options.max_migrations == 0) return invalid_argument("kv migrator: max_migrations is 0");
-  if (!cache->device().is_host()) {
-    return unimplemented(fmt::format("kv migrator: the cache's pools are on {}; only host pools move in this build",
-                                     to_string(cache->device())));
-  }
+  if (!cache->device().is_host()) LAMINAR_RETURN_IF_ERROR(internal::kv_device_pools_usable(cache->device()));
   Result<internal::TransportClaim> claim = internal::TransportClaim::take(*transport, "kv migrator");
   if (!claim.ok()) return claim.status();
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(cache), std::move(options));
   impl->claim = std::move(*claim);
-  const std::size_t bytes = std::size_t(impl->cache->layout().pool_bytes());
-  auto k = impl->transport->register_memory(impl->cache->k_pool().data(), bytes);
-  auto v = k.ok() ? impl->transport->register_memory(impl->cache->v_pool().data(), bytes) : k;
-  if (!v.ok()) {
-    return v.status().with_context("kv migrator: registering the cache's pools");
+  const KvLayout& l = impl->cache->layout();
+  if (!impl->cache->device().is_host()) {
+    // Device pools are not registered with the transport: their pages go by NCCL.
+    impl->device = true;
+    impl->k_base = static_cast<std::byte*>(impl->cache->k_pool().data());
+    impl->v_base = static_cast<std::byte*>(impl->cache->v_pool().data());
+    impl->device_pools = {impl->k_base, impl->v_base, l.num_pages, l.page_bytes(), l.num_layers};
+  } else {
+    const std::size_t bytes = std::size_t(l.pool_bytes());
+    auto k = impl->transport->register_memory(impl->cache->k_pool().data(), bytes);
+    auto v = k.ok() ? impl->transport->register_memory(impl->cache->v_pool().data(), bytes) : k;
+    if (!v.ok()) {
+      return v.status().with_context("kv migrator: registering the cache's pools");
+    }
+    impl->k_region = std::move(*k);
+    impl->v_region = std::move(*v);
   }
-  impl->k_region = std::move(*k);
-  impl->v_region = std::move(*v);
   Impl* p = impl.get();
   for (MessageType type : {kOffer, kStage, kAbort}) {
     // The types are laminar's own, in the reserved range: registering them cannot fail.
@@ -581,6 +741,8 @@ KvMigrator::~KvMigrator() {
   d.draining.clear();
   d.out.clear();
   d.in.clear();
+  // After the migrations' work: a link's end aborts what is still in flight on it.
+  d.links.clear();
   // Our own connections: closing them cancels whatever is still pending on them.
   for (auto& [addr, ep] : d.connections) ep.close();
   d.connections.clear();
@@ -654,6 +816,7 @@ Result<MigrationId> KvMigrator::migrate(std::string_view destination, std::span<
   offer.migration_id = id;
   offer.version = d.version;
   offer.layout = {l.num_layers, l.page_size, l.num_kv_heads, l.head_dim, l.dtype};
+  offer.pools = d.device ? internal::KvPools::kDevice : internal::KvPools::kHost;
   Impl::OutMigration m;
   m.id = MigrationId(id);
   m.destination = std::string(destination);
@@ -700,6 +863,12 @@ std::vector<MigrationEvent> KvMigrator::poll() {
     }
   }
   d.expire_leases();
+  if (d.device) {
+    d.advance_links();
+    for (auto& [id, m] : d.in) {
+      if (!m.ended) d.check_received(m);
+    }
+  }
   for (auto& [id, m] : d.out) {
     if (!m.ended) d.advance_out(m);
   }
@@ -751,7 +920,7 @@ Status KvMigrator::finish(MigrationId id, std::vector<SequenceState> states) {
                                           s.sequence.value(), s.version.value(), m.version.value()));
     }
     // What the destination's decoder would refuse, refused here where the host can fix it.
-    const MigrationStage alone{id.value(), 0, true, {StagedSequence{s.sequence, 0, {}, s}}};
+    const MigrationStage alone{id.value(), 0, true, {StagedSequence{s.sequence, 0, {}, s, {}}}};
     const std::vector<std::byte> body = internal::encode_migration_stage(alone);
     LAMINAR_RETURN_IF_ERROR(internal::decode_migration_stage(body).status().with_context(what));
     message_bytes += body.size() + 8 * std::size_t(m.seqs[i].pages_needed);

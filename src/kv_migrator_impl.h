@@ -22,6 +22,7 @@
 
 #include "handler_gate.h"
 #include "kv_migration_wire.h"
+#include "kv_migrator_device.h"
 #include "laminar/kv_migrator.h"
 #include "transport_claim.h"
 
@@ -68,6 +69,11 @@ struct KvMigrator::Impl {
     bool sent = false;
     Duration sent_at{};
     std::future<Result<Message>> answer;
+    // Device pools: the checksums of the stage's pages (the message goes once they are in), then
+    // the sends, posted as the message goes.
+    std::unique_ptr<internal::KvDeviceWork> sums;
+    std::vector<internal::KvDeviceSpan> spans;
+    std::unique_ptr<internal::KvDeviceWork> sends;
   };
   enum class OutPhase : std::uint8_t {
     kOffered,  // waiting for the reservation, not paused
@@ -88,6 +94,7 @@ struct KvMigrator::Impl {
     std::vector<OutSequence> seqs;
     RemoteRegion k_remote;
     RemoteRegion v_remote;
+    std::uint64_t link = 0;  // device pools: the link its pages go by
     std::int64_t dst_num_pages = 0;
     std::deque<Piece> todo;
     std::deque<Stage> stages;  // built (puts issued), not yet answered, in order
@@ -110,13 +117,36 @@ struct KvMigrator::Impl {
     std::vector<std::int32_t> pages;  // reserved here
     std::uint32_t received = 0;       // pages checked so far (from the first)
   };
+  // Device pools: a stage whose pages are being received and checksummed here, answered once done.
+  struct Receiving {
+    Incoming msg;
+    internal::MigrationStage stage;
+    std::unique_ptr<internal::KvDeviceWork> work;
+  };
   struct InMigration {
     MigrationId id;
     Endpoint ep;
     std::vector<InSequence> seqs;
-    std::uint32_t next_stage = 0;
+    std::uint32_t next_stage = 0;  // counts stages as they arrive; received, as they are checked
     Duration deadline{};  // of the lease
     bool ended = false;
+    std::uint64_t link = 0;         // device pools: the link its pages come by
+    std::deque<Receiving> receiving;  // device pools: posted on the link, in order
+  };
+
+  // Device pools: one NCCL link per peer and direction (the destination makes it, the source joins),
+  // kept for later migrations until the connection closes or something on it fails.
+  struct Link {
+    std::shared_ptr<internal::KvDeviceLink> link;
+    Endpoint ep;
+    int rank = 0;                  // 0: this side sends (source), 1: it receives
+    std::vector<std::byte> token;  // rank 1: what every reservation hands the source
+    Duration join_deadline{};
+    bool joined = false;
+    // Source: the next batch number to give a stage. Destination: the next batch to post, and the
+    // stages that arrived ahead of it (by batch, with their migration's id).
+    std::uint64_t next_batch = 1;
+    std::map<std::uint64_t, std::pair<std::uint64_t, Receiving>> waiting;
   };
 
   // An incoming migration this destination ended while its source may still have puts in flight
@@ -147,8 +177,12 @@ struct KvMigrator::Impl {
   const std::shared_ptr<Clock> clock;
   const std::shared_ptr<Inbox> inbox = std::make_shared<Inbox>();
   internal::HandlerGate gate;
-  MemoryRegion k_region;  // the cache's pools, whole
+  MemoryRegion k_region;  // the cache's pools, whole (host pools)
   MemoryRegion v_region;
+  bool device = false;  // the pools are in device memory: pages move by NCCL, not by put
+  internal::KvDevicePools device_pools;
+  std::byte* k_base = nullptr;  // device pools: the cache's pools, whole
+  std::byte* v_base = nullptr;
 
   mutable std::mutex mu;  // guards everything below
   Version version;
@@ -159,6 +193,7 @@ struct KvMigrator::Impl {
   std::map<std::string, Endpoint> connections;  // by destination address
   std::unordered_map<std::uint64_t, Watch> watches;  // by endpoint id
   std::unordered_map<std::uint64_t, Finished> finished;
+  std::unordered_map<std::uint64_t, Link> links;  // by link id
   std::deque<std::uint64_t> finished_order;
   std::vector<MigrationEvent> events;
   KvMigratorStats stats;
@@ -177,12 +212,32 @@ struct KvMigrator::Impl {
   // Drops ended migrations and the watches and connections nothing uses any more.
   void sweep();
 
+  // ---- device pools (kv_migrator.cc) ----
+  // Aborts a link and ends every running migration on it, both ways, for `why`. Any migration that
+  // ends short drops its link, on both sides, so the two never wait on each other's transfers.
+  void drop_link(std::uint64_t id, const Status& why);
+  // Drops the links this destination receives on from `from`.
+  void drop_links_from(const Endpoint& from, const Status& why);
+  // Polls the links that are joining (each gets stall_timeout) and posts the receives that wait
+  // for their turn.
+  void advance_links();
+  // The spans of a stage's runs in this side's pools: for each sequence, each run, each layer, K
+  // then V. `pages(k, i)`: this side's page id of page i of staged sequence k.
+  template <class PageOf>
+  std::vector<internal::KvDeviceSpan> device_spans(const internal::MigrationStage& stage, PageOf pages) const;
+
   // ---- source side (kv_migrator.cc) ----
   void advance_out(OutMigration& m);
   void take_reservation(OutMigration& m, Result<Message> answer);
+  // The reserved pages (and, for device pools, the link); kDataLoss for a reservation that makes
+  // no sense, the link's error when it cannot be joined.
+  Status take_pages(OutMigration& m, const internal::MigrationReservation& r);
   void check_sequences(OutMigration& m);
   bool settle_stages(OutMigration& m);
   void build_stage(OutMigration& m);
+  // Device pools: whether a stage can go (its link joined, its checksums in); sets its batch then.
+  // Ends the migration when its link failed.
+  bool device_stage_ready(OutMigration& m, Stage& s);
   void start_round(OutMigration& m);
   void request_pause(OutMigration& m);
   // Ends an outgoing migration as aborted: the sequences stay here. `tell`: send the destination
@@ -204,6 +259,16 @@ struct KvMigrator::Impl {
   // Ends an incoming migration: its reserved pages return, at once or (`fence`: the source may
   // still be putting into them) once the source confirms. `tell`: send the source an abort.
   void end_in(InMigration& m, MigrationState state, Status reason, bool tell, bool fence);
+  // Device pools: posts the stages waiting on a link whose turn came; checks received stages.
+  void post_receives(std::uint64_t link_id, Link& l);
+  void check_received(InMigration& m);
+  // Answers a stage with a refusal and ends its migration (and, for device pools, its link).
+  void refuse(InMigration& m, Incoming& msg, const Status& why);
+  // The link this destination receives on from `from`: the one it has, or a new one (joining).
+  Result<std::uint64_t> receive_link(const Endpoint& from);
+  // The rest of a stage once its pages are checked here: their count, then the answer or commit.
+  void stage_checked(InMigration& m, Incoming& msg, internal::MigrationStage& stage, std::uint64_t failures,
+                     SequenceId first_bad, std::uint32_t first_bad_page);
   // Returns the fenced pages of migrations that match and emits their kAborted events.
   template <class Pred>
   void release_fenced(Pred match) {
@@ -215,5 +280,26 @@ struct KvMigrator::Impl {
     });
   }
 };
+
+template <class PageOf>
+std::vector<internal::KvDeviceSpan> KvMigrator::Impl::device_spans(const internal::MigrationStage& stage,
+                                                                   PageOf page_of) const {
+  const KvLayout& l = cache->layout();
+  const std::size_t page_bytes = std::size_t(l.page_bytes());
+  std::vector<internal::KvDeviceSpan> spans;
+  for (std::size_t k = 0; k < stage.sequences.size(); ++k) {
+    std::uint32_t i = 0;
+    for (std::uint32_t run : stage.sequences[k].runs) {
+      const std::size_t first = std::size_t(page_of(k, i));
+      for (std::int32_t layer = 0; layer < l.num_layers; ++layer) {
+        const std::size_t at = (std::size_t(layer) * std::size_t(l.num_pages) + first) * page_bytes;
+        spans.push_back({k_base + at, run * page_bytes});
+        spans.push_back({v_base + at, run * page_bytes});
+      }
+      i += run;
+    }
+  }
+  return spans;
+}
 
 }  // namespace laminar

@@ -53,8 +53,33 @@ MigrationReservation full_reservation() {
   return m;
 }
 
+// The same messages as device pools send them: a link and its token, a batch and runs.
+MigrationOffer device_offer() {
+  MigrationOffer m = full_offer();
+  m.pools = KvPools::kDevice;
+  return m;
+}
+
+MigrationReservation device_reservation() {
+  MigrationReservation m = full_reservation();
+  m.k_pool.clear();
+  m.v_pool.clear();
+  m.link = 0x5eed;
+  m.link_token.assign(kMigrationLinkTokenBytes, std::byte{0x42});
+  return m;
+}
+
+MigrationStage full_stage(bool final);
+
+MigrationStage device_stage(bool final) {
+  MigrationStage m = full_stage(final);
+  m.batch = 9;
+  m.sequences[0].runs = {1, 1};
+  return m;
+}
+
 MigrationStage full_stage(bool final) {
-  MigrationStage m{7, 3, final, {{SequenceId(1), 2, {0x1111, 0x2222}, {}}, {SequenceId(2), 0, {}, {}}}};
+  MigrationStage m{7, 3, final, {{SequenceId(1), 2, {0x1111, 0x2222}, {}, {}}, {SequenceId(2), 0, {}, {}, {}}}};
   if (final) {
     m.sequences[0].state = full_state(1);
     m.sequences[1].state = full_state(2);
@@ -83,13 +108,13 @@ TEST_CASE("kv migration wire: every message round-trips, empty and full") {
   check_round_trip(full_offer(), encode_migration_offer, decode_migration_offer);
   check_round_trip(MigrationReservation{}, encode_migration_reservation, decode_migration_reservation);
   check_round_trip(full_reservation(), encode_migration_reservation, decode_migration_reservation);
-  check_round_trip(MigrationReservation{MigrationRefusal{StatusCode::kResourceExhausted, "no pages"}, 0, {}, {}, {}},
+  check_round_trip(MigrationReservation{MigrationRefusal{StatusCode::kResourceExhausted, "no pages"}, 0, {}, {}, {}, 0, {}},
                    encode_migration_reservation, decode_migration_reservation);
   check_round_trip(MigrationStage{1, 0, false, {}}, encode_migration_stage, decode_migration_stage);
   check_round_trip(MigrationStage{1, 0, true, {}}, encode_migration_stage, decode_migration_stage);
   check_round_trip(full_stage(false), encode_migration_stage, decode_migration_stage);
   check_round_trip(full_stage(true), encode_migration_stage, decode_migration_stage);
-  MigrationStage empty_state{1, 9, true, {{SequenceId(5), 0, {}, SequenceState{}}}};
+  MigrationStage empty_state{1, 9, true, {{SequenceId(5), 0, {}, SequenceState{}, {}}}};
   empty_state.sequences[0].state->sequence = SequenceId(5);
   check_round_trip(empty_state, encode_migration_stage, decode_migration_stage);
   check_round_trip(MigrationStageAnswer{std::nullopt, 3}, encode_migration_stage_answer,
@@ -100,6 +125,57 @@ TEST_CASE("kv migration wire: every message round-trips, empty and full") {
                    encode_migration_abort, decode_migration_abort);
   check_round_trip(MigrationAbort{1, MigrationSide::kSource, StatusCode::kCancelled, ""}, encode_migration_abort,
                    decode_migration_abort);
+}
+
+TEST_CASE("kv migration wire: device pools' offer, reservation and stages round-trip") {
+  check_round_trip(device_offer(), encode_migration_offer, decode_migration_offer);
+  check_round_trip(device_reservation(), encode_migration_reservation, decode_migration_reservation);
+  check_round_trip(device_stage(false), encode_migration_stage, decode_migration_stage);
+  check_round_trip(device_stage(true), encode_migration_stage, decode_migration_stage);
+  MigrationStage one_run = device_stage(false);
+  one_run.sequences[0].runs = {2};
+  check_round_trip(one_run, encode_migration_stage, decode_migration_stage);
+  // Runs are on the wire only with a batch: the host path's stage is unchanged by them.
+  CHECK(encode_migration_stage(device_stage(false)).size() ==
+        encode_migration_stage(full_stage(false)).size() + 2 * 4 + 4 + 4);
+  check_truncations(encode_migration_offer(device_offer()), decode_migration_offer);
+  check_truncations(encode_migration_reservation(device_reservation()), decode_migration_reservation);
+  check_truncations(encode_migration_stage(device_stage(false)), decode_migration_stage);
+  check_truncations(encode_migration_stage(device_stage(true)), decode_migration_stage);
+}
+
+TEST_CASE("kv migration wire: device pools' fields out of range are refused") {
+  std::vector<std::byte> offer = encode_migration_offer(device_offer());
+  offer[33] = std::byte{2};  // pools: past kDevice
+  check_refused(decodes(decode_migration_offer, offer), StatusCode::kDataLoss, "pools 2 at offset 33");
+
+  const auto reservation = [](const std::function<void(MigrationReservation&)>& change) {
+    MigrationReservation m = device_reservation();
+    change(m);
+    return decodes(decode_migration_reservation, encode_migration_reservation(m));
+  };
+  check_refused(reservation([](MigrationReservation& m) { m.link = 0; }), StatusCode::kInvalidArgument,
+                "migration reservation: link 0x0 with a token of 128 bytes");
+  check_refused(reservation([](MigrationReservation& m) { m.link_token.clear(); }), StatusCode::kInvalidArgument,
+                "link 0x5eed with a token of 0 bytes");
+  check_refused(reservation([](MigrationReservation& m) { m.link_token.pop_back(); }), StatusCode::kInvalidArgument,
+                "link 0x5eed with a token of 127 bytes");
+  check_refused(reservation([](MigrationReservation& m) { m.link_token.push_back(std::byte{1}); }),
+                StatusCode::kInvalidArgument, "link token is 129, above 128");
+
+  const auto stage = [](const std::function<void(MigrationStage&)>& change) {
+    MigrationStage m = device_stage(true);
+    change(m);
+    return decodes(decode_migration_stage, encode_migration_stage(m));
+  };
+  check_refused(stage([](MigrationStage& m) { m.sequences[0].runs = {1}; }), StatusCode::kInvalidArgument,
+                "migration stage: sequence 1: runs of 1 pages for 2 pages");
+  check_refused(stage([](MigrationStage& m) { m.sequences[0].runs = {2, 0}; }), StatusCode::kInvalidArgument,
+                "sequence 1: a run of 0 pages");
+  check_refused(stage([](MigrationStage& m) { m.sequences[0].runs = {1, 1, 1}; }), StatusCode::kInvalidArgument,
+                "sequence 1: run count is 3, above 2");
+  check_refused(stage([](MigrationStage& m) { m.sequences[1].runs = {1}; }), StatusCode::kInvalidArgument,
+                "sequence 2: run count is 1, above 0");
 }
 
 TEST_CASE("kv migration wire: the largest messages round-trip") {
@@ -116,7 +192,7 @@ TEST_CASE("kv migration wire: the largest messages round-trip") {
   check_round_trip(res, encode_migration_reservation, decode_migration_reservation);
   check_round_trip(
       MigrationReservation{
-          MigrationRefusal{StatusCode::kInternal, std::string(kMaxMigrationTextBytes, 'x')}, 0, {}, {}, {}},
+          MigrationRefusal{StatusCode::kInternal, std::string(kMaxMigrationTextBytes, 'x')}, 0, {}, {}, {}, 0, {}},
       encode_migration_reservation, decode_migration_reservation);
 
   SequenceState s = full_state(1);
@@ -125,7 +201,7 @@ TEST_CASE("kv migration wire: the largest messages round-trip") {
   s.logprobs.assign(kMaxMigrationTokens / 2, -1.0f);
   s.kv_length = kMaxMigrationTokens;
   s.engine_state.assign(kMaxMigrationEngineBytes, 'e');
-  MigrationStage stage{1, ~std::uint32_t(0), true, {{SequenceId(1), 0, {}, s}}};
+  MigrationStage stage{1, ~std::uint32_t(0), true, {{SequenceId(1), 0, {}, s, {}}}};
   stage.sequences[0].checksums.assign(kMaxMigrationPages, 0xabc);
   check_round_trip(stage, encode_migration_stage, decode_migration_stage);
   stage.sequences[0].first_page = kMaxMigrationPages - 1;
@@ -144,7 +220,7 @@ TEST_CASE("kv migration wire: every truncation is kDataLoss naming an offset, an
   check_truncations(encode_migration_offer(full_offer()), decode_migration_offer);
   check_truncations(encode_migration_reservation(full_reservation()), decode_migration_reservation);
   check_truncations(
-      encode_migration_reservation({MigrationRefusal{StatusCode::kUnavailable, "busy"}, 0, {}, {}, {}}),
+      encode_migration_reservation({MigrationRefusal{StatusCode::kUnavailable, "busy"}, 0, {}, {}, {}, 0, {}}),
       decode_migration_reservation);
   check_truncations(encode_migration_stage(full_stage(false)), decode_migration_stage);
   check_truncations(encode_migration_stage(full_stage(true)), decode_migration_stage);
@@ -165,6 +241,7 @@ TEST_CASE("kv migration wire: the offer's layout, byte for byte") {
       4,    0,    0,    0,                             // i32 num_kv_heads
       64,   0,    0,    0,                             // i32 head_dim
       1,                                               // u8 dtype (kF16)
+      0,                                               // u8 pools (host)
       1,    0,    0,    0,                             // u32 n
       3,    0,    0,    0,    0,    0,    0,    0,     // u64 sequence id
       17,   0,    0,    0,    0,    0,    0,    0,     // u64 tokens

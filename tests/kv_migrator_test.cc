@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kv_migration_wire.h"
+#include "laminar/internal/host_buffer.h"
 #include "laminar/kernels/paged_decode.h"
 #include "transport/protocol.h"
 
@@ -988,4 +989,90 @@ TEST_CASE("kv migrator: attention over the moved pages equals the source's bit f
   REQUIRE(before.size() == after.size());
   CHECK(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
   CHECK((*dst.cache->pages(seqs[1]))[0] != (*dst.cache->pages(SequenceId(50)))[0]);
+}
+
+TEST_CASE("kv migrator: device pools need a usable device, and say so when there is none") {
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> t = laminar::Transport::create(to).value();
+  const KvLayout l = layout(8);
+  // Views that name CUDA device 0: create() decides from the device before it reads a byte.
+  std::vector<float> k(std::size_t(l.pool_bytes() / 4)), v(k.size());
+  const std::vector<std::int64_t> shape = {l.num_layers, l.num_pages, l.page_size, l.num_kv_heads, l.head_dim};
+  auto kv = laminar::TensorView::contiguous(k.data(), DType::kF32, shape, laminar::Device::cuda(0));
+  auto vv = laminar::TensorView::contiguous(v.data(), DType::kF32, shape, laminar::Device::cuda(0));
+  REQUIRE(kv.ok());
+  REQUIRE(vv.ok());
+  auto cache = std::make_shared<PagedKvCache>(PagedKvCache::create(l, *kv, *vv).value());
+  const laminar::Status device = laminar::internal::cuda_device_usable();
+  auto m = KvMigrator::create(t, cache);
+  if (device.ok()) {
+    // A machine with a device: the migrator takes the pools (their pages would go by NCCL).
+    CHECK(m.ok());
+    return;
+  }
+  INFO(m.status().to_string());
+  REQUIRE_FALSE(m.ok());
+  CHECK_THAT(m.status().message(), Catch::Contains("the cache's pools are on cuda:0"));
+  if (device.code() == StatusCode::kUnimplemented) {
+    // Not compiled in.
+    CHECK(m.status().code() == StatusCode::kUnimplemented);
+    CHECK_THAT(m.status().message(), Catch::Contains("built without CUDA (LAMINAR_CUDA=OFF)"));
+  } else {
+    // Compiled in, and the runtime names why it cannot use a device.
+    CHECK(m.status().code() == StatusCode::kFailedPrecondition);
+    CHECK_THAT(m.status().message(), Catch::Contains("no usable CUDA device"));
+  }
+}
+
+TEST_CASE("kv migrator: a host-pool worker refuses device pools' offers and stages, and nothing changes") {
+  namespace li = laminar::internal;
+  Worker dst = make_worker();
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
+  laminar::Endpoint ep = other->connect(dst.address).value();
+  const auto ask = [&](laminar::MessageType type, std::vector<std::byte> body) {
+    auto answer = li::request_protocol_async(ep, laminar::Message{type, std::move(body)}, 10s);
+    const bool answered = drive({&dst}, [&] { return answer.wait_for(0s) == std::future_status::ready; });
+    REQUIRE(answered);
+    return answer.get();
+  };
+  const std::int64_t free_before = dst.cache->free_pages();
+  const KvLayout& l = dst.cache->layout();
+  li::MigrationOffer offer{5, dst.migrator->version(), {l.num_layers, l.page_size, l.num_kv_heads, l.head_dim, l.dtype},
+                           {{SequenceId(3), 6, 4}}, li::KvPools::kDevice};
+  auto answer = ask(li::kMigrationOfferMessage, li::encode_migration_offer(offer));
+  REQUIRE(answer.ok());
+  auto r = li::decode_migration_reservation(answer->body);
+  REQUIRE(r.ok());
+  REQUIRE(r->refusal.has_value());
+  CHECK(r->refusal->code == StatusCode::kFailedPrecondition);
+  CHECK_THAT(r->refusal->text, Catch::Contains("the source's pools are in device memory, this worker's in host memory"));
+  CHECK(dst.cache->free_pages() == free_before);
+  CHECK(dst.migrator->moving().empty());
+
+  // The same offer of host pools is taken; a stage that says its pages came by NCCL is refused
+  // and the reservation returns.
+  offer.pools = li::KvPools::kHost;
+  answer = ask(li::kMigrationOfferMessage, li::encode_migration_offer(offer));
+  REQUIRE(answer.ok());
+  r = li::decode_migration_reservation(answer->body);
+  REQUIRE(r.ok());
+  REQUIRE_FALSE(r->refusal.has_value());
+  CHECK(r->link == 0);
+  CHECK(r->link_token.empty());
+  CHECK(dst.cache->free_pages() == free_before - 4);
+  li::MigrationStage stage{5, 0, false, {{SequenceId(3), 0, {1}, {}, {1}}}, 1};
+  auto refused = ask(li::kMigrationStageMessage, li::encode_migration_stage(stage));
+  REQUIRE(refused.ok());
+  auto a = li::decode_migration_stage_answer(refused->body);
+  REQUIRE(a.ok());
+  REQUIRE(a->refusal.has_value());
+  CHECK(a->refusal->code == StatusCode::kInvalidArgument);
+  CHECK_THAT(a->refusal->text, Catch::Contains("its pages came by NCCL, this worker's pools are in host memory"));
+  CHECK(*dst.migrator->state(MigrationId(5)) == MigrationState::kAbortedByDestination);
+  // Fenced as any refused stage: the pages return once the source confirms or its connection goes.
+  ep.close();
+  REQUIRE(drive({&dst}, [&] { return dst.cache->free_pages() == free_before; }));
 }

@@ -40,13 +40,31 @@
 // before its answer arrived, both sides hold the sequence; its trajectory id is the same on both,
 // so the TrajectoryQueue takes only the first of the two (exactly-once by id).
 //
+// Device pools. When the cache's pools are in CUDA device memory, the pages go by NCCL send/recv
+// instead of Transport puts; everything else (offer, stages, checksums checked on both sides,
+// leases, aborts) is the same protocol over the transport. The destination makes one NCCL
+// communicator of two ranks per source connection and hands its unique id over in the reservation;
+// both sides join it in the background (ncclCommInitRankConfig, non-blocking: poll() watches it,
+// and gives up after stall_timeout) and keep it for later migrations. A stage's message goes first
+// (which pages, in which runs, their checksums), then the source posts one grouped ncclSend per run
+// and layer and pool on a stream of the link's own, and the destination the matching receives, in
+// the order the stages were numbered on the link. Checksums come from a kernel both sides run on
+// their own device (cuda/kv_page_checksum.cuh), the source before its stage goes, the destination
+// once the pages are in; poll() only queries events. A migration that ends short, on either side,
+// aborts its link (ncclCommAbort), which ends every transfer in flight on it: NCCL writes only into
+// receives the destination posted, so after that no late write can land in a page, and the
+// reserved pages return at once. The next migration between the two makes a new link. NCCL takes
+// one rank per GPU: the two workers must be on different devices.
+//
 // Threads. The migrator never touches the cache from a thread of its own: PagedKvCache is not
 // thread-safe, and the host's decode loop owns it. Everything that reads or changes the cache runs
 // inside poll(), migrate(), finish() and abort(), which the host calls from its decode loop
 // between steps. The transport's callback thread only queues the messages that arrive; its
 // progress thread reads source pages for puts (full pages, which no longer change) and writes
-// reserved pages (which the cache hands to nobody else). The pools must be host memory the
-// migrator can register with the transport.
+// reserved pages (which the cache hands to nobody else). Host pools are registered with the
+// transport. Device pools are reached only by CUDA and NCCL calls made from those same calls (on
+// the cache's device, which they make current) and by NCCL's own threads, which join links and
+// move the bytes; no call waits for the peer.
 //
 //   auto cache = std::make_shared<laminar::PagedKvCache>(laminar::PagedKvCache::create(layout).value());
 //   auto mig = laminar::KvMigrator::create(transport, cache, {}).value();
@@ -179,11 +197,12 @@ struct KvMigratorStats {
 
 class KvMigrator {
  public:
-  // Registers the cache's pools with the transport and installs the migration handlers (laminar's
+  // Registers host pools with the transport and installs the migration handlers (laminar's
   // reserved message types). kInvalidArgument for a null transport or cache, non-positive lease,
   // connect_timeout or stall_timeout, zero stage_bytes, max_sequences or max_migrations;
-  // kUnimplemented for pools in device memory; kAlreadyExists when another KvMigrator serves on
-  // `transport`.
+  // for pools in device memory, kUnimplemented in a build without CUDA and kFailedPrecondition,
+  // naming the CUDA error, without a usable device; kAlreadyExists when another KvMigrator serves
+  // on `transport`.
   static Result<std::unique_ptr<KvMigrator>> create(std::shared_ptr<Transport> transport,
                                                     std::shared_ptr<PagedKvCache> cache,
                                                     KvMigratorOptions options = {});
