@@ -89,7 +89,7 @@ struct PromptServerOptions {
   // Groups from the oldest not done to the newest (positive).
   std::uint64_t max_open_groups = 1 << 16;
   // Time of leases (null: Clock::steady()).
-  std::shared_ptr<laminar::Clock> clock;
+  std::shared_ptr<laminar::Clock> clock = nullptr;
 };
 
 // The laminar schedule's window.
@@ -174,9 +174,9 @@ class PromptServer {
 
 struct PromptClientOptions {
   // This worker (any id unique in the fleet).
-  laminar::WorkerId worker;
+  laminar::WorkerId worker{};
   // "host:port" of the actor's transport.
-  std::string server;
+  std::string server{};
   // Connecting in all, retrying every retry_interval while the server is not there yet (positive).
   laminar::Duration connect_timeout = std::chrono::seconds(10);
   laminar::Duration retry_interval = std::chrono::milliseconds(100);
