@@ -532,6 +532,8 @@ TEST_CASE("grpo dispatch: malformed and invalid requests are refused and the ser
               "group_size 0");
   expect_code(PromptServer::create(actor.transport, {.group_size = 1, .lease = 0s}).status(),
               StatusCode::kInvalidArgument, "lease");
+  expect_code(PromptServer::create(actor.transport, {.group_size = 1}).status(), StatusCode::kAlreadyExists,
+              "another one serves");
   expect_code(actor.server->open(Version(0), Version(0), 0).status(), StatusCode::kInvalidArgument, "0 groups");
   expect_code(actor.server->open(Version(2), Version(1), 1).status(), StatusCode::kInvalidArgument, "[2, 1]");
   expect_code(actor.server->wait_done(1, -1s), StatusCode::kInvalidArgument, "timeout");

@@ -95,6 +95,11 @@ struct WorkerRec {
   std::set<TrajectoryId> held;
 };
 
+// The transports a PromptServer serves on: one each, since a second handler would replace the
+// first's.
+std::mutex served_mu;
+std::set<const laminar::Transport*> served;
+
 // Subscriptions taken out under the lock and destroyed after it: resetting one waits for its
 // callback, which takes the lock.
 using Graveyard = std::vector<laminar::CloseSubscription>;
@@ -467,10 +472,17 @@ Result<std::unique_ptr<PromptServer>> PromptServer::create(std::shared_ptr<lamin
                                                  "groups of {}",
                                                  options.first_prompt, options.group_size));
   }
+  {
+    std::lock_guard l(served_mu);
+    if (!served.insert(transport.get()).second) {
+      return laminar::already_exists("prompt server: another one serves on this transport");
+    }
+  }
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(options));
   Impl* p = impl.get();
-  LAMINAR_RETURN_IF_ERROR(p->transport->on_message(
-      kPromptRequestMessage, p->gate.wrap([p](Incoming in) { p->on_request(in); })));
+  // The type is an application one: registering it cannot fail.
+  LAMINAR_CHECK(p->transport->on_message(kPromptRequestMessage, p->gate.wrap([p](Incoming in) { p->on_request(in); }))
+                    .ok());
   p->clock_wake = p->clock->subscribe([p] {
     std::lock_guard l(p->mu);
     p->cv.notify_all();
@@ -496,6 +508,9 @@ PromptServer::~PromptServer() {
     std::lock_guard l(impl_->mu);
     for (auto& [id, w] : impl_->workers) graveyard.push_back(std::move(w.on_close));
   }
+  graveyard.clear();
+  std::lock_guard l(served_mu);
+  served.erase(impl_->transport.get());
 }
 
 Result<std::uint64_t> PromptServer::open(Version version_min, Version version_max, std::uint64_t groups) {

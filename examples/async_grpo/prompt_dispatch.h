@@ -37,7 +37,7 @@
 // completion arriving (it is in flight to the queue, or migrating) is released; if nobody completes
 // or claims it within one lease it goes back to be handed out again. A worker is lost when its
 // connection closes or it has not asked for anything within a lease (on the server's clock; checked
-// on every request, on every call of the actor's, and by the server's thread at each lease's end):
+// on every request and by the server's thread at each lease's end):
 // what it held and nobody completed or claimed goes back to the front of the queue at once, same
 // trajectory id and seed. Memory is bounded: max_workers workers, max_held ids per worker, and
 // max_open_groups groups between the oldest group not done and the newest (open() and the stream
@@ -131,7 +131,7 @@ class PromptServer {
   // Installs the request handler for kPromptRequestMessage on `transport` (which the host makes
   // listen) and starts the lease thread. kInvalidArgument for a null transport, zero group_size,
   // max_workers, max_held or max_open_groups, a non-positive lease, or a first_prompt whose
-  // trajectory ids would overflow.
+  // trajectory ids would overflow; kAlreadyExists when another PromptServer serves on `transport`.
   static laminar::Result<std::unique_ptr<PromptServer>> create(std::shared_ptr<laminar::Transport> transport,
                                                                PromptServerOptions options);
   // Removes the handler (waiting for a request being answered) and stops the thread.
