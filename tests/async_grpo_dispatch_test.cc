@@ -7,13 +7,16 @@
 #include <cstdio>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "eventually.h"
@@ -613,4 +616,109 @@ TEST_CASE("grpo dispatch: a rollout worker process killed mid-run loses no sampl
   CHECK(st.reissued == 12 - done.size());
   CHECK(st.in_flight == 0);
   CHECK_FALSE(child->running());
+}
+
+TEST_CASE("grpo dispatch: workers on threads take, migrate and finish samples while one dies, and each completes once",
+          "[grpo_dispatch]") {
+  const unsigned seed = std::random_device{}();
+  std::printf("grpo dispatch threads seed %u\n", seed);
+  constexpr std::uint32_t kG = 4;
+  constexpr std::uint64_t kGroups = 30;
+  constexpr int kWorkers = 4;
+  constexpr int kVictim = 3;
+  Actor actor({.group_size = kG, .seed = seed, .lease = 5s});
+  REQUIRE(actor.server->open(Version(0), Version(0), kGroups).ok());
+  std::vector<Worker> workers;
+  for (int w = 0; w < kWorkers; ++w) workers.push_back(actor.worker(std::uint32_t(w + 1)));
+  // Work for the victim before the others start, however the threads are scheduled.
+  REQUIRE(workers[kVictim].ask(Version(0), 8).samples.size() == 8);
+
+  std::mutex mu;
+  std::vector<TrajectoryId> finished;                      // pushed to the queue, for the actor
+  std::vector<std::vector<TrajectoryId>> inbox(kWorkers);  // migrated in, not claimed yet
+  std::atomic<bool> all_done{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937 rng(seed + unsigned(w));
+      Worker& me = workers[std::size_t(w)];
+      for (int step = 0; !all_done.load(); ++step) {
+        {
+          std::lock_guard l(mu);
+          me.held.insert(me.held.end(), inbox[std::size_t(w)].begin(), inbox[std::size_t(w)].end());
+          inbox[std::size_t(w)].clear();
+        }
+        if (w == kVictim && step == 3) {
+          // The process dies holding what it has.
+          me.client.reset();
+          me.transport.reset();
+          return;
+        }
+        laminar::Result<Grant> g = me.client->request(Version(0), 1 + rng() % 6, me.held);
+        if (!g.ok()) {
+          ++failures;
+          return;
+        }
+        for (const Sample& s : g->samples) me.held.push_back(s.id);
+        std::vector<TrajectoryId> keep;
+        std::lock_guard l(mu);
+        for (TrajectoryId id : me.held) {
+          // The victim only takes work, so that it surely holds some when it dies.
+          const unsigned r = w == kVictim ? 7 : rng() % 8;
+          if (r < 3) {
+            finished.push_back(id);
+          } else if (r == 3) {
+            // Migrates to another worker that stays, which claims it on its next request.
+            int to = int(rng() % (kVictim - 1));
+            if (to >= w) ++to;
+            inbox[std::size_t(to)].push_back(id);
+          } else {
+            keep.push_back(id);
+          }
+        }
+        me.held = std::move(keep);
+        if (g->kind != GrantKind::kWork) std::this_thread::sleep_for(1ms);
+      }
+    });
+  }
+  std::map<std::uint64_t, int> first_completions;
+  std::uint64_t duplicates = 0;
+  std::mt19937 rng(seed);
+  const auto start = std::chrono::steady_clock::now();
+  while (actor.server->stats().groups_done < kGroups && std::chrono::steady_clock::now() - start < 60s) {
+    std::vector<TrajectoryId> batch;
+    {
+      std::lock_guard l(mu);
+      batch.swap(finished);
+    }
+    for (TrajectoryId id : batch) {
+      // Now and then the same id twice, as a retried push might bring it.
+      for (unsigned k = 0; k <= (rng() % 10 == 0 ? 1u : 0u); ++k) {
+        laminar::Result<async_grpo::Completion> c = actor.server->completed(id);
+        CHECK(c.ok());
+        if (!c.ok()) continue;
+        if (c->duplicate) {
+          ++duplicates;
+        } else {
+          ++first_completions[id.value()];
+        }
+      }
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  all_done = true;
+  for (auto& t : threads) t.join();
+  CHECK(failures == 0);
+  const async_grpo::PromptServerStats st = actor.server->stats();
+  INFO(st.to_json());
+  REQUIRE(st.groups_done == kGroups);
+  CHECK(first_completions.size() == kGroups * kG);
+  for (const auto& [id, n] : first_completions) CHECK(n == 1);
+  CHECK(st.completed == kGroups * kG);
+  CHECK(st.duplicates == duplicates);
+  CHECK(st.lost_workers == 1);
+  CHECK(st.reissued > 0);
+  CHECK(st.claimed > 0);
+  CHECK(st.in_flight == 0);
 }
