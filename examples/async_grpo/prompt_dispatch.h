@@ -20,9 +20,11 @@
 //
 //   sync:      publish v; set_newest_version(v); open(v, v, B); wait until B groups are done
 //              (wait_done); train; repeat.
-//   one-step:  publish v0; open(v0, v0, B). Then each step: wait until the batch's groups are
-//              done; open(v, v, B) for the next batch, v the newest published; train on the batch
-//              just done; publish v + 1. Generation runs one version ahead of training.
+//   one-step:  publish v0; open(v0, kAnyNewer, B). Then each step: wait until the batch's groups
+//              are done; open(v, kAnyNewer, B) for the next batch, v the newest published; train
+//              on the batch just done; publish v + 1. Generation runs one version ahead of
+//              training; a sample reissued after the publish goes to the newer weights too (with
+//              a version_max of v it would wait for a worker still on v, which may be none).
 //   laminar:   set_newest_version(v0); set_stream({max_staleness, max_in_flight}); then train on
 //              whatever the queue holds and set_newest_version(v) on every publish; stop_stream()
 //              at the end.
@@ -58,6 +60,7 @@
 
 #include <cstdint>
 #include <future>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -71,6 +74,9 @@
 #include "prompt_dispatch_wire.h"
 
 namespace async_grpo {
+
+// open()'s version_max for "these weights or any newer".
+inline constexpr laminar::Version kAnyNewer{std::numeric_limits<std::uint64_t>::max()};
 
 struct PromptServerOptions {
   // Samples per group, G (positive).
@@ -217,8 +223,12 @@ class PromptClient {
   // worker decodes now. Returns the server's grant or its error (kInvalidArgument: it refused the
   // request; kResourceExhausted: too many workers), the transport's (kDeadlineExceeded after
   // `timeout`, default request_timeout; kUnavailable: the server is gone), or kDataLoss for a
-  // malformed grant. A request after a broken connection connects again first (one try). Asking
-  // with zero free slots keeps the worker's lease and its claims.
+  // malformed grant. A request after a broken connection connects again first (one try).
+  // Preconditions:
+  //   `held` lists every sample granted to this worker that it has neither pushed to the queue nor
+  //   migrated away (a migrated-in one included); a granted sample left off is released.
+  //   The worker asks at least once per lease, with zero free slots while it has none, or it is
+  //   counted lost.
   laminar::Result<Grant> request(laminar::Version version, std::uint32_t free_slots,
                                  std::span<const laminar::TrajectoryId> held,
                                  std::optional<laminar::Duration> timeout = std::nullopt);
