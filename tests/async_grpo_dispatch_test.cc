@@ -524,11 +524,15 @@ TEST_CASE("grpo dispatch: malformed and invalid requests are refused and the ser
   laminar::Result<Grant> rg = async_grpo::decode_grant(restarted->body, 2, 0);
   REQUIRE(rg.ok());
   CHECK(ids_of(rg->samples) == std::set<std::uint64_t>{a.held[0].value(), a.held[1].value()});
+  // That connection now serves worker 1: another id on it is refused, and worker 2 keeps its samples.
+  expect_code(request({WorkerId(2), Version(0), 1, {}}), StatusCode::kInvalidArgument,
+              "worker 2 asks on the connection of worker 1");
   const async_grpo::PromptServerStats st = actor.server->stats();
   CHECK(st.lost_workers == 1);
   CHECK(st.reissued == kG);
   CHECK(st.handed_out == 3 * kG);
-  CHECK(st.refused == 7);
+  CHECK(st.refused == 8);
+  CHECK(st.workers == 2);
   CHECK(actor.server->background_error().ok());
 
   // Entry points check their arguments.

@@ -317,7 +317,9 @@ struct PromptServer::Impl {
   std::uint64_t in_flight() const { return st.groups_made * opt.group_size - st.completed; }
 
   // Checks the request and takes it in (the worker's lease, its held list); then the grant.
-  Result<Grant> serve(const Incoming& in, bool subscribed_here, laminar::CloseSubscription& sub,
+  // `known`: the worker this connection served already, if any; `sub`: the connection's close
+  // callback otherwise.
+  Result<Grant> serve(const Incoming& in, std::optional<WorkerId> known, laminar::CloseSubscription& sub,
                       Graveyard& graveyard) {
     Result<PromptRequest> decoded = decode_prompt_request(in.message.body, opt.max_held);
     if (!decoded.ok()) return decoded.status();
@@ -335,6 +337,10 @@ struct PromptServer::Impl {
             fmt::format("prompt request: worker {} holds trajectory {}, of no group made", q.worker.value(), id.value()));
       }
     }
+    if (known && *known != q.worker) {
+      return laminar::invalid_argument(fmt::format("prompt request: worker {} asks on the connection of worker {}",
+                                                   q.worker.value(), known->value()));
+    }
     (void)sweep(graveyard);
     auto it = workers.find(q.worker);
     if (it != workers.end() && it->second.from.id() != in.from.id()) {
@@ -346,10 +352,6 @@ struct PromptServer::Impl {
       if (workers.size() >= opt.max_workers) {
         return laminar::resource_exhausted(
             fmt::format("prompt server: {} workers known, max_workers {}", workers.size(), opt.max_workers));
-      }
-      if (!subscribed_here) {
-        return laminar::invalid_argument(
-            fmt::format("prompt request: worker {} asks on the connection of another worker", q.worker.value()));
       }
       it = workers.emplace(q.worker, WorkerRec{in.from, std::move(sub), Duration(0), {}}).first;
     }
@@ -396,10 +398,12 @@ struct PromptServer::Impl {
   void on_request(const Incoming& in) {
     // A new connection's close callback is registered before the lock: registering may run it at
     // once on this thread.
-    bool known = false;
+    std::optional<WorkerId> known;
     {
       std::lock_guard l(mu);
-      for (const auto& [id, w] : workers) known = known || w.from.id() == in.from.id();
+      for (const auto& [id, w] : workers) {
+        if (w.from.id() == in.from.id()) known = id;
+      }
     }
     laminar::CloseSubscription sub;
     if (!known) {
@@ -411,7 +415,7 @@ struct PromptServer::Impl {
     Graveyard graveyard;
     Result<Grant> g = [&]() -> Result<Grant> {
       std::lock_guard l(mu);
-      Result<Grant> r = serve(in, !known, sub, graveyard);
+      Result<Grant> r = serve(in, known, sub, graveyard);
       if (!r.ok()) ++st.refused;
       return r;
     }();
