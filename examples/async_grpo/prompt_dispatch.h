@@ -5,7 +5,9 @@
 // The unit of work is a group: prompt `prompt_index` of the task's deterministic prompt stream,
 // times group_size samples. Group g (counted from 0 in the order the server makes them) is prompt
 // first_prompt + g; its sample s has trajectory id prompt_index * group_size + s and a sampling seed
-// drawn from (seed, trajectory id), so a sample handed out again is the same sample.
+// drawn from (seed, trajectory id), so a sample handed out again is the same sample, and two runs
+// with the same options (sync and laminar on one seed, say) deal the same prompts and seeds. The
+// worker's Trajectory carries that id, and prompt_index as its prompt_id and group_id.
 //
 // The PromptServer lives in the actor's process, on its Transport (which listens). Each rollout
 // worker's PromptClient asks it for work: "worker w, weights v, k free slots, and these trajectory
@@ -18,8 +20,8 @@
 //     newest - max_staleness (set_newest_version), while at most max_in_flight samples are handed
 //     out or waiting; stop_stream() ends it.
 //
-//   sync:      publish v; set_newest_version(v); open(v, v, B); wait until B groups are done
-//              (wait_done); train; repeat.
+//   sync:      publish v; set_newest_version(v); open(v, v, B); wait until the batch's groups are
+//              done (wait_done(k * B) at step k); train; repeat.
 //   one-step:  publish v0; open(v0, kAnyNewer, B). Then each step: wait until the batch's groups
 //              are done; open(v, kAnyNewer, B) for the next batch, v the newest published; train
 //              on the batch just done; publish v + 1. Generation runs one version ahead of
@@ -38,10 +40,10 @@
 // id waiting to be handed out again is taken back). A sample a worker stops listing without its
 // completion arriving (it is in flight to the queue, or migrating) is released; if nobody completes
 // or claims it within one lease it goes back to be handed out again. A worker is lost when its
-// connection closes or it has not asked for anything within a lease (on the server's clock; checked
-// on every request and by the server's thread at each lease's end):
-// what it held and nobody completed or claimed goes back to the front of the queue at once, same
-// trajectory id and seed. Memory is bounded: max_workers workers, max_held ids per worker, and
+// connection closes or it has not asked for anything within a lease (on the server's clock,
+// checked on every request and by the server's thread at each lease's end): what it held and
+// nobody completed or claimed goes back to the front of the queue at once, same trajectory id and
+// seed. Memory is bounded: max_workers workers, max_held ids per worker, and
 // max_open_groups groups between the oldest group not done and the newest (open() and the stream
 // make no group past it).
 //
