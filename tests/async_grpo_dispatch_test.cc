@@ -129,6 +129,7 @@ TEST_CASE("grpo dispatch: the wire refuses truncated, trailing and out-of-bound 
   const Grant g{GrantKind::kWork, Version(0), {{TrajectoryId(13), 3, 1, 42}, {TrajectoryId(14), 3, 2, 43}},
                 {TrajectoryId(5)}};
   const std::vector<std::byte> gb = async_grpo::encode_grant(g);
+  REQUIRE(gb.size() == async_grpo::kGrantHeaderBytes + 2 * async_grpo::kGrantSampleBytes + 4 + 8);
   auto gback = async_grpo::decode_grant(gb, 2, 1);
   REQUIRE(gback.ok());
   CHECK(gback->samples == g.samples);
