@@ -234,7 +234,9 @@ class PromptClient {
   laminar::Result<Grant> request(laminar::Version version, std::uint32_t free_slots,
                                  std::span<const laminar::TrajectoryId> held,
                                  std::optional<laminar::Duration> timeout = std::nullopt);
-  // The same without blocking, for a decode loop that keeps stepping meanwhile.
+  // The same without blocking, for a decode loop that keeps stepping meanwhile. One request at a
+  // time per worker: a request sent before the previous grant arrived would leave that grant's
+  // samples off its held list, releasing them.
   PendingGrant request_async(laminar::Version version, std::uint32_t free_slots,
                              std::span<const laminar::TrajectoryId> held,
                              std::optional<laminar::Duration> timeout = std::nullopt);
