@@ -306,7 +306,13 @@ TEST_CASE("grpo dispatch: the laminar stream bounds staleness and samples in fli
   // Stopped: no group more, however much room.
   actor.server->stop_stream();
   actor.complete({ga.samples.begin() + 2, ga.samples.end()});
-  CHECK(b.ask(Version(6), 10).kind == GrantKind::kNothing);
+  // Asked without blocking, as a decode loop does.
+  async_grpo::PendingGrant pending = b.client->request_async(Version(6), 10, b.held);
+  REQUIRE(eventually([&] { return pending.ready(); }));
+  laminar::Result<Grant> none = pending.get();
+  REQUIRE(none.ok());
+  CHECK(none->kind == GrantKind::kNothing);
+  CHECK(pending.get().status().code() == StatusCode::kFailedPrecondition);
   CHECK(actor.server->stats().groups_made == 5);
 }
 
