@@ -181,16 +181,25 @@ int run_dest(std::int64_t max_tokens) {
   check(mig.status(), "migrator");
   (*mig)->set_version(kVersion);
 
-  auto region = transport->allocate(std::size_t(max_tokens) * token_bytes(layout));
+  // The baselines' targets: memory the transport allocated, and host memory it registered.
+  const std::size_t baseline_bytes = std::size_t(max_tokens) * token_bytes(layout);
+  auto region = transport->allocate(baseline_bytes);
   check(region.status(), "baseline region");
   std::memset(region->data(), 0, region->size());  // touched, so the puts pay no page faults
+  std::vector<std::byte> host(baseline_bytes);
+  std::memset(host.data(), 0, host.size());
+  auto registered = transport->register_memory(host.data(), host.size());
+  check(registered.status(), "registered baseline region");
 
   std::mutex mu;
   std::deque<Incoming> requests;  // kCheck and kPing, answered by the loop below, which owns the cache
   bool done = false;
   check(transport->on_message(
             kRegion,
-            [&](Incoming in) { (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize())); }),
+            [&](Incoming in) {
+              const MemoryRegion& r = in.message.text() == "registered" ? *registered : *region;
+              (void)in.from.reply(in, Message::from_bytes(kRegion, r.remote().serialize()));
+            }),
         "handler");
   for (const MessageType type : {kCheck, kPing}) {
     check(transport->on_message(type,
@@ -365,15 +374,27 @@ class Source {
     }
   }
 
-  // One put of `bytes` from a registered region here into the destination's: seconds, and both
-  // processes' scheduling times over it.
-  std::pair<double, SchedTimes> put_once(std::size_t bytes) {
+  // Where a baseline puts: memory the destination's transport allocated (on one host, shared
+  // memory this process maps: a put is one memcpy) or host memory it registered (as the pools of
+  // a cache that PagedKvCache::create allocated: UCX emulates the put in software).
+  enum class Target { kAllocated, kRegistered };
+  // How a baseline cuts the bytes: one put, or the puts a blocking copy of `tokens` makes (a
+  // stage of pages at a time, one put per layer and pool for the stage's run of pages, two
+  // stages in flight, as build_stage in src/kv_migrator.cc).
+  enum class Pattern { kOne, kStages };
+
+  // Puts `bytes` (the K+V of `tokens`) from a region this transport allocated into the
+  // destination's: seconds, and both processes' scheduling times over it.
+  std::pair<double, SchedTimes> put_baseline(std::int64_t tokens, std::size_t bytes, Target target,
+                                             Pattern pattern) {
     if (!put_src_.valid()) {
-      auto desc = dest_.request(Message::from_string(kRegion, ""));
-      check(desc.status(), "region request");
-      auto remote = RemoteRegion::deserialize(desc->body);
-      check(remote.status(), "region");
-      put_dst_ = *remote;
+      for (const Target t : {Target::kAllocated, Target::kRegistered}) {
+        auto desc = dest_.request(Message::from_string(kRegion, t == Target::kRegistered ? "registered" : ""));
+        check(desc.status(), "region request");
+        auto remote = RemoteRegion::deserialize(desc->body);
+        check(remote.status(), "region");
+        put_dst_[int(t)] = *remote;
+      }
       auto local = transport_->allocate(bytes);
       check(local.status(), "allocate");
       put_src_ = *local;
@@ -383,9 +404,37 @@ class Source {
         std::memcpy(put_src_.data() + i, &x, 8);
       }
     }
+    const RemoteRegion& dst = put_dst_[int(target)];
     const SchedTimes sched_start = both_sched_times();
     const auto start = SteadyClock::now();
-    check(dest_.put(put_src_, 0, put_dst_, 0, bytes).get(), "put");
+    if (pattern == Pattern::kOne) {
+      check(dest_.put(put_src_, 0, dst, 0, bytes).get(), "put");
+    } else {
+      // The bytes as [pool][layer][page]: a page's bytes in one layer and pool are contiguous.
+      const std::size_t page_bytes = std::size_t(layout_.page_bytes());
+      const std::size_t layers = std::size_t(layout_.num_layers);
+      const std::size_t pages = std::size_t((tokens + layout_.page_size - 1) / layout_.page_size);
+      const std::size_t per_stage =
+          std::max<std::size_t>(1, KvMigratorOptions{}.stage_bytes / (2 * layers * page_bytes));
+      std::deque<std::vector<std::future<Status>>> in_flight;
+      const auto wait_oldest = [&] {
+        for (auto& f : in_flight.front()) check(f.get(), "put");
+        in_flight.pop_front();
+      };
+      for (std::size_t first = 0; first < pages; first += per_stage) {
+        if (in_flight.size() == 2) wait_oldest();
+        const std::size_t run = std::min(per_stage, pages - first);
+        std::vector<std::future<Status>> puts;
+        for (std::size_t layer = 0; layer < layers; ++layer) {
+          for (std::size_t pool = 0; pool < 2; ++pool) {
+            const std::size_t offset = ((pool * layers + layer) * pages + first) * page_bytes;
+            puts.push_back(dest_.put(put_src_, offset, dst, offset, run * page_bytes));
+          }
+        }
+        in_flight.push_back(std::move(puts));
+      }
+      while (!in_flight.empty()) wait_oldest();
+    }
     const double seconds = seconds_since(start);
     const SchedTimes sched_end = both_sched_times();
     return {seconds, {sched_end.on_cpu_s - sched_start.on_cpu_s, sched_end.waiting_s - sched_start.waiting_s}};
@@ -471,7 +520,7 @@ class Source {
   std::shared_ptr<PagedKvCache> cache_;
   Endpoint dest_;
   MemoryRegion put_src_;
-  RemoteRegion put_dst_;
+  RemoteRegion put_dst_[2];  // by Target
   std::uint64_t last_sequence_ = 0;
   std::uint64_t checksums_ = 0;
 };
@@ -536,16 +585,26 @@ int main(int argc, char** argv) {
   // Throughput: blocking copy against one put, taking turns; one warm-up round each. Beside them,
   // the parts of a copy's work measured alone: one side's checksums, and a stage's round trip.
   std::vector<double> put_s, copy_s, checksum_s, round_trip_s;
+  std::vector<double> variant_s[3];  // the put's bytes as a copy's puts, into registered memory, both
   std::vector<double> put_on_cpu_s, put_waiting_s, copy_on_cpu_s, copy_waiting_s;
   {
     auto mig = source.migrator(0);
     for (int r = 0; r < repeats + 1; ++r) {
-      const auto [put, put_sched] = source.put_once(bytes);
+      const auto [put, put_sched] = source.put_baseline(longest, bytes, Source::Target::kAllocated, Source::Pattern::kOne);
+      const double staged_put =
+          source.put_baseline(longest, bytes, Source::Target::kAllocated, Source::Pattern::kStages).first;
+      const double registered_put =
+          source.put_baseline(longest, bytes, Source::Target::kRegistered, Source::Pattern::kOne).first;
+      const double registered_staged_put =
+          source.put_baseline(longest, bytes, Source::Target::kRegistered, Source::Pattern::kStages).first;
       const MigrationTiming copy = source.migrate(*mig, longest, false);
       const double sums = source.checksum_s(longest);
       const double trip = source.round_trip_s();
       if (r > 0) {
         put_s.push_back(put);
+        variant_s[0].push_back(staged_put);
+        variant_s[1].push_back(registered_put);
+        variant_s[2].push_back(registered_staged_put);
         put_on_cpu_s.push_back(put_sched.on_cpu_s);
         put_waiting_s.push_back(put_sched.waiting_s);
         copy_s.push_back(copy.total_s);
@@ -563,6 +622,11 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "\n%-10s %14s %14s %8s\n", "tokens", "bulk put GB/s", "migrate GB/s", "ratio");
   std::fprintf(stderr, "%-10lld %14.2f %14.2f %8.2f\n\n", (long long)longest, put_gbps, copy_gbps,
                copy_gbps / put_gbps);
+  std::fprintf(stderr,
+               "the baseline's bytes put other ways (medians, ms): into allocated memory, one put %.2f, a copy's "
+               "puts %.2f;\n  into registered host memory, one put %.2f, a copy's puts %.2f\n\n",
+               median(put_s) * 1e3, median(variant_s[0]) * 1e3, median(variant_s[1]) * 1e3,
+               median(variant_s[2]) * 1e3);
   // Stages as the migrator cuts them (kv_migrator.h, stage_bytes), plus the offer.
   const KvLayout& layout = source.layout();
   const std::int64_t pages_per_stage = std::max<std::int64_t>(
