@@ -163,10 +163,18 @@ TransportOptions transport_options() {
   return o;
 }
 
-std::shared_ptr<PagedKvCache> make_cache(const KvLayout& layout) {
-  auto cache = PagedKvCache::create(layout);
-  check(cache.status(), "cache");
-  return std::make_shared<PagedKvCache>(std::move(cache).value());
+// A cache whose pools the transport allocated, so that peers put into them with one copy.
+KvMigrator::AllocatedCache make_cache(Transport& transport, const KvLayout& layout) {
+  auto pools = KvMigrator::allocate_cache(transport, layout);
+  check(pools.status(), "cache");
+  return std::move(pools).value();
+}
+
+KvMigratorOptions migrator_options(const KvMigrator::AllocatedCache& pools) {
+  KvMigratorOptions o;
+  o.k_pool_region = pools.k_pool;
+  o.v_pool_region = pools.v_pool;
+  return o;
 }
 
 // The destination: answers offers, and on kCheck checks and releases what arrived. Runs until kExit.
@@ -176,8 +184,9 @@ int run_dest(std::int64_t max_tokens) {
   auto created = Transport::create(transport_options());
   check(created.status(), "transport");
   std::shared_ptr<Transport> transport = std::move(created).value();
-  auto cache = make_cache(layout);
-  auto mig = KvMigrator::create(transport, cache);
+  const KvMigrator::AllocatedCache pools = make_cache(*transport, layout);
+  const std::shared_ptr<PagedKvCache> cache = pools.cache;
+  auto mig = KvMigrator::create(transport, cache, migrator_options(pools));
   check(mig.status(), "migrator");
   (*mig)->set_version(kVersion);
 
@@ -310,7 +319,8 @@ class Source {
     auto created = Transport::create(transport_options());
     check(created.status(), "transport");
     transport_ = std::move(created).value();
-    cache_ = make_cache(layout_);
+    pools_ = make_cache(*transport_, layout_);
+    cache_ = pools_.cache;
     auto ep = transport_->connect(dest_address_);
     check(ep.status(), "connect");
     dest_ = *ep;
@@ -320,7 +330,7 @@ class Source {
   std::string lanes() const { return dest_.transport_info(); }
 
   std::unique_ptr<KvMigrator> migrator(std::uint32_t max_live_stages) {
-    KvMigratorOptions o;
+    KvMigratorOptions o = migrator_options(pools_);
     o.max_live_stages = max_live_stages;
     auto mig = KvMigrator::create(transport_, cache_, o);
     check(mig.status(), "migrator");
@@ -517,6 +527,7 @@ class Source {
   Duration step_;
   Duration poll_interval_;
   std::shared_ptr<Transport> transport_;
+  KvMigrator::AllocatedCache pools_;
   std::shared_ptr<PagedKvCache> cache_;
   Endpoint dest_;
   MemoryRegion put_src_;
