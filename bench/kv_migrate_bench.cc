@@ -3,9 +3,10 @@
 // processes on this host, each with its Transport (UCX chooses: shared memory), PagedKvCache and
 // KvMigrator. Against baselines measured in the same run:
 //   throughput: a blocking copy (max_live_stages 0) of the longest sequence, bytes of KV over the
-//     time from migrate() to kDone, against one Endpoint::put of as many bytes from a registered
-//     region into the peer's (median of the repeats, put and migration taking turns). Beside it,
-//     where a copy's time goes: its parts measured alone (the put, one side's checksums, a
+//     time from migrate() to kDone, against one Endpoint::put of as many bytes from memory the
+//     transport allocated into the peer's (median of the repeats, put and migration taking turns).
+//     Beside it, where a copy's time goes: the same bytes put as a copy cuts them and into
+//     registered host memory, the copy's parts measured alone (the put, one side's checksums, a
 //     stage's round trip) and both processes' time on a CPU and waiting for one.
 //   downtime: the time a sequence is paused, from kPauseRequested to kDone, of the staged copy
 //     (default options) against the blocking copy, at each length. The source "decodes" the
@@ -13,13 +14,15 @@
 //     lasts --step-ms, as a loaded 7B worker's step does; the migrator is polled between steps.
 //     Once paused, the source has nothing to decode and polls every --poll-us, as the destination
 //     always does.
-// The destination is this binary re-executed (`kv_migrate_bench dest MAX_TOKENS`); after every
+// The destination is this binary re-executed (`kv_migrate_bench dest MAX_TOKENS POOLS`); after every
 // migration it checks every K/V row that arrived against the pattern the source wrote, outside
 // the timings, and releases the sequence. Prints a table on stderr and one JSON line per metric,
 // the one --headline names last.
 //
 //   kv_migrate_bench [--lengths 256,1024,4096,8192] [--repeats 7] [--step-ms 25] [--poll-us 100]
-//                    [--headline downtime|throughput]
+//                    [--headline downtime|throughput] [--pools allocated|registered]
+// --pools: the caches' pools in memory the transport allocated (KvMigrator::allocate_cache, the
+// default), or the caches' own, which the migrators register.
 #include <unistd.h>
 
 #include <algorithm>
@@ -163,8 +166,16 @@ TransportOptions transport_options() {
   return o;
 }
 
-// A cache whose pools the transport allocated, so that peers put into them with one copy.
-KvMigrator::AllocatedCache make_cache(Transport& transport, const KvLayout& layout) {
+// Where the caches' pools live (--pools): memory the transport allocated, which a peer on this
+// host puts into with one copy, or the cache's own, which KvMigrator::create registers.
+enum class Pools { kAllocated, kRegistered };
+
+KvMigrator::AllocatedCache make_cache(Transport& transport, const KvLayout& layout, Pools where) {
+  if (where == Pools::kRegistered) {
+    auto cache = PagedKvCache::create(layout);
+    check(cache.status(), "cache");
+    return {std::make_shared<PagedKvCache>(std::move(cache).value()), {}, {}};
+  }
   auto pools = KvMigrator::allocate_cache(transport, layout);
   check(pools.status(), "cache");
   return std::move(pools).value();
@@ -178,13 +189,13 @@ KvMigratorOptions migrator_options(const KvMigrator::AllocatedCache& pools) {
 }
 
 // The destination: answers offers, and on kCheck checks and releases what arrived. Runs until kExit.
-int run_dest(std::int64_t max_tokens) {
+int run_dest(std::int64_t max_tokens, Pools where) {
   const KvLayout layout = model_layout(max_tokens);
   const RowPattern pattern(std::size_t(layout.token_elems()) * dtype_size(layout.dtype));
   auto created = Transport::create(transport_options());
   check(created.status(), "transport");
   std::shared_ptr<Transport> transport = std::move(created).value();
-  const KvMigrator::AllocatedCache pools = make_cache(*transport, layout);
+  const KvMigrator::AllocatedCache pools = make_cache(*transport, layout, where);
   const std::shared_ptr<PagedKvCache> cache = pools.cache;
   auto mig = KvMigrator::create(transport, cache, migrator_options(pools));
   check(mig.status(), "migrator");
@@ -308,7 +319,7 @@ struct MigrationTiming {
 // The source: this process. Owns the transport and cache; a KvMigrator is made per mode.
 class Source {
  public:
-  Source(std::int64_t max_tokens, pid_t dest_pid, const std::string& dest_address, Duration step,
+  Source(std::int64_t max_tokens, Pools where, pid_t dest_pid, const std::string& dest_address, Duration step,
          Duration poll_interval)
       : layout_(model_layout(max_tokens)),
         pattern_(std::size_t(layout_.token_elems()) * dtype_size(layout_.dtype)),
@@ -319,7 +330,7 @@ class Source {
     auto created = Transport::create(transport_options());
     check(created.status(), "transport");
     transport_ = std::move(created).value();
-    pools_ = make_cache(*transport_, layout_);
+    pools_ = make_cache(*transport_, layout_, where);
     cache_ = pools_.cache;
     auto ep = transport_->connect(dest_address_);
     check(ep.status(), "connect");
@@ -550,11 +561,15 @@ std::vector<std::int64_t> parse_lengths(const std::string& text) {
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 2 && args[0] == "dest") return run_dest(std::strtoll(args[1].c_str(), nullptr, 10));
+  if (args.size() == 3 && args[0] == "dest") {
+    return run_dest(std::strtoll(args[1].c_str(), nullptr, 10),
+                    args[2] == "registered" ? Pools::kRegistered : Pools::kAllocated);
+  }
   std::vector<std::int64_t> lengths = {256, 1024, 4096, 8192};
   int repeats = 7;
   long step_ms = 25, poll_us = 100;
   std::string headline = "downtime";
+  std::string pools = "allocated";
   for (std::size_t i = 0; i + 1 < args.size(); i += 2) {
     if (args[i] == "--lengths") {
       lengths = parse_lengths(args[i + 1]);
@@ -564,11 +579,13 @@ int main(int argc, char** argv) {
       step_ms = std::atol(args[i + 1].c_str());
     } else if (args[i] == "--poll-us") {
       poll_us = std::atol(args[i + 1].c_str());
+    } else if (args[i] == "--pools") {
+      pools = args[i + 1];
     } else if (args[i] == "--headline") {
       headline = args[i + 1];
     } else {
       die("usage: kv_migrate_bench [--lengths A,B,..] [--repeats R] [--step-ms S] [--poll-us P] "
-          "[--headline downtime|throughput]");
+          "[--headline downtime|throughput] [--pools allocated|registered]");
     }
   }
   if (args.size() % 2 != 0) die("flags take one value each");
@@ -576,17 +593,19 @@ int main(int argc, char** argv) {
     die("--lengths must be positive");
   if (repeats <= 0 || step_ms <= 0 || poll_us <= 0) die("--repeats, --step-ms and --poll-us must be positive");
   if (headline != "downtime" && headline != "throughput") die("--headline is downtime or throughput");
+  if (pools != "allocated" && pools != "registered") die("--pools is allocated or registered");
+  const Pools where = pools == "registered" ? Pools::kRegistered : Pools::kAllocated;
   const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
 
   laminar::testing::ChildOptions spawn_options;
   spawn_options.program = "/proc/self/exe";
-  spawn_options.args = {"dest", std::to_string(longest)};
+  spawn_options.args = {"dest", std::to_string(longest), pools};
   auto child = laminar::testing::ChildProcess::spawn(std::move(spawn_options));
   check(child.status(), "starting the destination");
   auto dest_address = child->read_line(60s);
   check(dest_address.status(), "the destination's address");
 
-  Source source(longest, child->pid(), *dest_address, std::chrono::milliseconds(step_ms),
+  Source source(longest, where, child->pid(), *dest_address, std::chrono::milliseconds(step_ms),
                 std::chrono::microseconds(poll_us));
   const std::size_t bytes = std::size_t(longest) * token_bytes(source.layout());
   // The migrators connect through the same transports, so they use these lanes too.
