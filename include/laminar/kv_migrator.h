@@ -48,7 +48,7 @@
 // reserved pages (which the cache hands to nobody else). The pools must be host memory the
 // migrator can register with the transport, or memory the transport allocated (allocate_cache):
 // on one host, peers put into the latter with one memcpy, into the former through UCX's software
-// emulation of a put, about ten times slower.
+// emulation of a put, more than ten times slower (bench/README.md).
 //
 //   auto pools = laminar::KvMigrator::allocate_cache(*transport, layout).value();
 //   laminar::KvMigratorOptions options;
