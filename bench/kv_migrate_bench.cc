@@ -3,9 +3,10 @@
 // processes on this host, each with its Transport (UCX chooses: shared memory), PagedKvCache and
 // KvMigrator. Against baselines measured in the same run:
 //   throughput: a blocking copy (max_live_stages 0) of the longest sequence, bytes of KV over the
-//     time from migrate() to kDone, against one Endpoint::put of as many bytes from a registered
-//     region into the peer's (median of the repeats, put and migration taking turns). Beside it,
-//     where a copy's time goes: its parts measured alone (the put, one side's checksums, a
+//     time from migrate() to kDone, against one Endpoint::put of as many bytes from memory the
+//     transport allocated into the peer's (median of the repeats, put and migration taking turns).
+//     Beside it, where a copy's time goes: the same bytes put as a copy cuts them and into
+//     registered host memory, the copy's parts measured alone (the put, one side's checksums, a
 //     stage's round trip) and both processes' time on a CPU and waiting for one.
 //   downtime: the time a sequence is paused, from kPauseRequested to kDone, of the staged copy
 //     (default options) against the blocking copy, at each length. The source "decodes" the
@@ -13,13 +14,15 @@
 //     lasts --step-ms, as a loaded 7B worker's step does; the migrator is polled between steps.
 //     Once paused, the source has nothing to decode and polls every --poll-us, as the destination
 //     always does.
-// The destination is this binary re-executed (`kv_migrate_bench dest MAX_TOKENS`); after every
+// The destination is this binary re-executed (`kv_migrate_bench dest MAX_TOKENS POOLS`); after every
 // migration it checks every K/V row that arrived against the pattern the source wrote, outside
 // the timings, and releases the sequence. Prints a table on stderr and one JSON line per metric,
 // the one --headline names last.
 //
 //   kv_migrate_bench [--lengths 256,1024,4096,8192] [--repeats 7] [--step-ms 25] [--poll-us 100]
-//                    [--headline downtime|throughput]
+//                    [--headline downtime|throughput] [--pools allocated|registered]
+// --pools: the caches' pools in memory the transport allocated (KvMigrator::allocate_cache, the
+// default), or the caches' own, which the migrators register.
 #include <unistd.h>
 
 #include <algorithm>
@@ -163,34 +166,60 @@ TransportOptions transport_options() {
   return o;
 }
 
-std::shared_ptr<PagedKvCache> make_cache(const KvLayout& layout) {
-  auto cache = PagedKvCache::create(layout);
-  check(cache.status(), "cache");
-  return std::make_shared<PagedKvCache>(std::move(cache).value());
+// Where the caches' pools live (--pools): memory the transport allocated, which a peer on this
+// host puts into with one copy, or the cache's own, which KvMigrator::create registers.
+enum class Pools { kAllocated, kRegistered };
+
+KvMigrator::AllocatedCache make_cache(Transport& transport, const KvLayout& layout, Pools where) {
+  if (where == Pools::kRegistered) {
+    auto cache = PagedKvCache::create(layout);
+    check(cache.status(), "cache");
+    return {std::make_shared<PagedKvCache>(std::move(cache).value()), {}, {}};
+  }
+  auto pools = KvMigrator::allocate_cache(transport, layout);
+  check(pools.status(), "cache");
+  return std::move(pools).value();
+}
+
+KvMigratorOptions migrator_options(const KvMigrator::AllocatedCache& pools) {
+  KvMigratorOptions o;
+  o.k_pool_region = pools.k_pool;
+  o.v_pool_region = pools.v_pool;
+  return o;
 }
 
 // The destination: answers offers, and on kCheck checks and releases what arrived. Runs until kExit.
-int run_dest(std::int64_t max_tokens) {
+int run_dest(std::int64_t max_tokens, Pools where) {
   const KvLayout layout = model_layout(max_tokens);
   const RowPattern pattern(std::size_t(layout.token_elems()) * dtype_size(layout.dtype));
   auto created = Transport::create(transport_options());
   check(created.status(), "transport");
   std::shared_ptr<Transport> transport = std::move(created).value();
-  auto cache = make_cache(layout);
-  auto mig = KvMigrator::create(transport, cache);
+  const KvMigrator::AllocatedCache pools = make_cache(*transport, layout, where);
+  const std::shared_ptr<PagedKvCache> cache = pools.cache;
+  auto mig = KvMigrator::create(transport, cache, migrator_options(pools));
   check(mig.status(), "migrator");
   (*mig)->set_version(kVersion);
 
-  auto region = transport->allocate(std::size_t(max_tokens) * token_bytes(layout));
+  // The baselines' targets: memory the transport allocated, and host memory it registered.
+  const std::size_t baseline_bytes = std::size_t(max_tokens) * token_bytes(layout);
+  auto region = transport->allocate(baseline_bytes);
   check(region.status(), "baseline region");
   std::memset(region->data(), 0, region->size());  // touched, so the puts pay no page faults
+  std::vector<std::byte> host(baseline_bytes);
+  std::memset(host.data(), 0, host.size());
+  auto registered = transport->register_memory(host.data(), host.size());
+  check(registered.status(), "registered baseline region");
 
   std::mutex mu;
   std::deque<Incoming> requests;  // kCheck and kPing, answered by the loop below, which owns the cache
   bool done = false;
   check(transport->on_message(
             kRegion,
-            [&](Incoming in) { (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize())); }),
+            [&](Incoming in) {
+              const MemoryRegion& r = in.message.text() == "registered" ? *registered : *region;
+              (void)in.from.reply(in, Message::from_bytes(kRegion, r.remote().serialize()));
+            }),
         "handler");
   for (const MessageType type : {kCheck, kPing}) {
     check(transport->on_message(type,
@@ -290,7 +319,7 @@ struct MigrationTiming {
 // The source: this process. Owns the transport and cache; a KvMigrator is made per mode.
 class Source {
  public:
-  Source(std::int64_t max_tokens, pid_t dest_pid, const std::string& dest_address, Duration step,
+  Source(std::int64_t max_tokens, Pools where, pid_t dest_pid, const std::string& dest_address, Duration step,
          Duration poll_interval)
       : layout_(model_layout(max_tokens)),
         pattern_(std::size_t(layout_.token_elems()) * dtype_size(layout_.dtype)),
@@ -301,7 +330,8 @@ class Source {
     auto created = Transport::create(transport_options());
     check(created.status(), "transport");
     transport_ = std::move(created).value();
-    cache_ = make_cache(layout_);
+    pools_ = make_cache(*transport_, layout_, where);
+    cache_ = pools_.cache;
     auto ep = transport_->connect(dest_address_);
     check(ep.status(), "connect");
     dest_ = *ep;
@@ -311,7 +341,7 @@ class Source {
   std::string lanes() const { return dest_.transport_info(); }
 
   std::unique_ptr<KvMigrator> migrator(std::uint32_t max_live_stages) {
-    KvMigratorOptions o;
+    KvMigratorOptions o = migrator_options(pools_);
     o.max_live_stages = max_live_stages;
     auto mig = KvMigrator::create(transport_, cache_, o);
     check(mig.status(), "migrator");
@@ -365,15 +395,27 @@ class Source {
     }
   }
 
-  // One put of `bytes` from a registered region here into the destination's: seconds, and both
-  // processes' scheduling times over it.
-  std::pair<double, SchedTimes> put_once(std::size_t bytes) {
+  // Where a baseline puts: memory the destination's transport allocated (on one host, shared
+  // memory this process maps: a put is one memcpy) or host memory it registered (as the pools of
+  // a cache that PagedKvCache::create allocated: UCX emulates the put in software).
+  enum class Target { kAllocated, kRegistered };
+  // How a baseline cuts the bytes: one put, or the puts a blocking copy of `tokens` makes (a
+  // stage of pages at a time, one put per layer and pool for the stage's run of pages, two
+  // stages in flight, as build_stage in src/kv_migrator.cc).
+  enum class Pattern { kOne, kStages };
+
+  // Puts `bytes` (the K+V of `tokens`) from a region this transport allocated into the
+  // destination's: seconds, and both processes' scheduling times over it.
+  std::pair<double, SchedTimes> put_baseline(std::int64_t tokens, std::size_t bytes, Target target,
+                                             Pattern pattern) {
     if (!put_src_.valid()) {
-      auto desc = dest_.request(Message::from_string(kRegion, ""));
-      check(desc.status(), "region request");
-      auto remote = RemoteRegion::deserialize(desc->body);
-      check(remote.status(), "region");
-      put_dst_ = *remote;
+      for (const Target t : {Target::kAllocated, Target::kRegistered}) {
+        auto desc = dest_.request(Message::from_string(kRegion, t == Target::kRegistered ? "registered" : ""));
+        check(desc.status(), "region request");
+        auto remote = RemoteRegion::deserialize(desc->body);
+        check(remote.status(), "region");
+        put_dst_[int(t)] = *remote;
+      }
       auto local = transport_->allocate(bytes);
       check(local.status(), "allocate");
       put_src_ = *local;
@@ -383,9 +425,37 @@ class Source {
         std::memcpy(put_src_.data() + i, &x, 8);
       }
     }
+    const RemoteRegion& dst = put_dst_[int(target)];
     const SchedTimes sched_start = both_sched_times();
     const auto start = SteadyClock::now();
-    check(dest_.put(put_src_, 0, put_dst_, 0, bytes).get(), "put");
+    if (pattern == Pattern::kOne) {
+      check(dest_.put(put_src_, 0, dst, 0, bytes).get(), "put");
+    } else {
+      // The bytes as [pool][layer][page]: a page's bytes in one layer and pool are contiguous.
+      const std::size_t page_bytes = std::size_t(layout_.page_bytes());
+      const std::size_t layers = std::size_t(layout_.num_layers);
+      const std::size_t pages = std::size_t((tokens + layout_.page_size - 1) / layout_.page_size);
+      const std::size_t per_stage =
+          std::max<std::size_t>(1, KvMigratorOptions{}.stage_bytes / (2 * layers * page_bytes));
+      std::deque<std::vector<std::future<Status>>> in_flight;
+      const auto wait_oldest = [&] {
+        for (auto& f : in_flight.front()) check(f.get(), "put");
+        in_flight.pop_front();
+      };
+      for (std::size_t first = 0; first < pages; first += per_stage) {
+        if (in_flight.size() == 2) wait_oldest();
+        const std::size_t run = std::min(per_stage, pages - first);
+        std::vector<std::future<Status>> puts;
+        for (std::size_t layer = 0; layer < layers; ++layer) {
+          for (std::size_t pool = 0; pool < 2; ++pool) {
+            const std::size_t offset = ((pool * layers + layer) * pages + first) * page_bytes;
+            puts.push_back(dest_.put(put_src_, offset, dst, offset, run * page_bytes));
+          }
+        }
+        in_flight.push_back(std::move(puts));
+      }
+      while (!in_flight.empty()) wait_oldest();
+    }
     const double seconds = seconds_since(start);
     const SchedTimes sched_end = both_sched_times();
     return {seconds, {sched_end.on_cpu_s - sched_start.on_cpu_s, sched_end.waiting_s - sched_start.waiting_s}};
@@ -468,10 +538,11 @@ class Source {
   Duration step_;
   Duration poll_interval_;
   std::shared_ptr<Transport> transport_;
+  KvMigrator::AllocatedCache pools_;
   std::shared_ptr<PagedKvCache> cache_;
   Endpoint dest_;
   MemoryRegion put_src_;
-  RemoteRegion put_dst_;
+  RemoteRegion put_dst_[2];  // by Target
   std::uint64_t last_sequence_ = 0;
   std::uint64_t checksums_ = 0;
 };
@@ -490,11 +561,15 @@ std::vector<std::int64_t> parse_lengths(const std::string& text) {
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 2 && args[0] == "dest") return run_dest(std::strtoll(args[1].c_str(), nullptr, 10));
+  if (args.size() == 3 && args[0] == "dest") {
+    return run_dest(std::strtoll(args[1].c_str(), nullptr, 10),
+                    args[2] == "registered" ? Pools::kRegistered : Pools::kAllocated);
+  }
   std::vector<std::int64_t> lengths = {256, 1024, 4096, 8192};
   int repeats = 7;
   long step_ms = 25, poll_us = 100;
   std::string headline = "downtime";
+  std::string pools = "allocated";
   for (std::size_t i = 0; i + 1 < args.size(); i += 2) {
     if (args[i] == "--lengths") {
       lengths = parse_lengths(args[i + 1]);
@@ -504,11 +579,13 @@ int main(int argc, char** argv) {
       step_ms = std::atol(args[i + 1].c_str());
     } else if (args[i] == "--poll-us") {
       poll_us = std::atol(args[i + 1].c_str());
+    } else if (args[i] == "--pools") {
+      pools = args[i + 1];
     } else if (args[i] == "--headline") {
       headline = args[i + 1];
     } else {
       die("usage: kv_migrate_bench [--lengths A,B,..] [--repeats R] [--step-ms S] [--poll-us P] "
-          "[--headline downtime|throughput]");
+          "[--headline downtime|throughput] [--pools allocated|registered]");
     }
   }
   if (args.size() % 2 != 0) die("flags take one value each");
@@ -516,17 +593,19 @@ int main(int argc, char** argv) {
     die("--lengths must be positive");
   if (repeats <= 0 || step_ms <= 0 || poll_us <= 0) die("--repeats, --step-ms and --poll-us must be positive");
   if (headline != "downtime" && headline != "throughput") die("--headline is downtime or throughput");
+  if (pools != "allocated" && pools != "registered") die("--pools is allocated or registered");
+  const Pools where = pools == "registered" ? Pools::kRegistered : Pools::kAllocated;
   const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
 
   laminar::testing::ChildOptions spawn_options;
   spawn_options.program = "/proc/self/exe";
-  spawn_options.args = {"dest", std::to_string(longest)};
+  spawn_options.args = {"dest", std::to_string(longest), pools};
   auto child = laminar::testing::ChildProcess::spawn(std::move(spawn_options));
   check(child.status(), "starting the destination");
   auto dest_address = child->read_line(60s);
   check(dest_address.status(), "the destination's address");
 
-  Source source(longest, child->pid(), *dest_address, std::chrono::milliseconds(step_ms),
+  Source source(longest, where, child->pid(), *dest_address, std::chrono::milliseconds(step_ms),
                 std::chrono::microseconds(poll_us));
   const std::size_t bytes = std::size_t(longest) * token_bytes(source.layout());
   // The migrators connect through the same transports, so they use these lanes too.
@@ -536,16 +615,26 @@ int main(int argc, char** argv) {
   // Throughput: blocking copy against one put, taking turns; one warm-up round each. Beside them,
   // the parts of a copy's work measured alone: one side's checksums, and a stage's round trip.
   std::vector<double> put_s, copy_s, checksum_s, round_trip_s;
+  std::vector<double> variant_s[3];  // the put's bytes as a copy's puts, into registered memory, both
   std::vector<double> put_on_cpu_s, put_waiting_s, copy_on_cpu_s, copy_waiting_s;
   {
     auto mig = source.migrator(0);
     for (int r = 0; r < repeats + 1; ++r) {
-      const auto [put, put_sched] = source.put_once(bytes);
+      const auto [put, put_sched] = source.put_baseline(longest, bytes, Source::Target::kAllocated, Source::Pattern::kOne);
+      const double staged_put =
+          source.put_baseline(longest, bytes, Source::Target::kAllocated, Source::Pattern::kStages).first;
+      const double registered_put =
+          source.put_baseline(longest, bytes, Source::Target::kRegistered, Source::Pattern::kOne).first;
+      const double registered_staged_put =
+          source.put_baseline(longest, bytes, Source::Target::kRegistered, Source::Pattern::kStages).first;
       const MigrationTiming copy = source.migrate(*mig, longest, false);
       const double sums = source.checksum_s(longest);
       const double trip = source.round_trip_s();
       if (r > 0) {
         put_s.push_back(put);
+        variant_s[0].push_back(staged_put);
+        variant_s[1].push_back(registered_put);
+        variant_s[2].push_back(registered_staged_put);
         put_on_cpu_s.push_back(put_sched.on_cpu_s);
         put_waiting_s.push_back(put_sched.waiting_s);
         copy_s.push_back(copy.total_s);
@@ -563,6 +652,11 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "\n%-10s %14s %14s %8s\n", "tokens", "bulk put GB/s", "migrate GB/s", "ratio");
   std::fprintf(stderr, "%-10lld %14.2f %14.2f %8.2f\n\n", (long long)longest, put_gbps, copy_gbps,
                copy_gbps / put_gbps);
+  std::fprintf(stderr,
+               "the baseline's bytes put other ways (medians, ms): into allocated memory, one put %.2f, a copy's "
+               "puts %.2f;\n  into registered host memory, one put %.2f, a copy's puts %.2f\n\n",
+               median(put_s) * 1e3, median(variant_s[0]) * 1e3, median(variant_s[1]) * 1e3,
+               median(variant_s[2]) * 1e3);
   // Stages as the migrator cuts them (kv_migrator.h, stage_bytes), plus the offer.
   const KvLayout& layout = source.layout();
   const std::int64_t pages_per_stage = std::max<std::int64_t>(

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <tuple>
 #include <unordered_set>
 #include <utility>
 
@@ -672,6 +674,21 @@ Result<std::unique_ptr<KvMigrator>> KvMigrator::create(std::shared_ptr<Transport
   if (options.max_sequences == 0) return invalid_argument("kv migrator: max_sequences is 0");
   if (options.max_migrations == 0) return invalid_argument("kv migrator: max_migrations is 0");
   if (!cache->device().is_host()) LAMINAR_RETURN_IF_ERROR(internal::kv_device_pools_usable(cache->device()));
+  const std::size_t bytes = std::size_t(cache->layout().pool_bytes());
+  if (options.k_pool_region.valid() != options.v_pool_region.valid()) {
+    return invalid_argument("kv migrator: a region for one pool and none for the other");
+  }
+  for (const auto& [name, region, pool] : {std::tuple{"k", &options.k_pool_region, cache->k_pool().data()},
+                                           std::tuple{"v", &options.v_pool_region, cache->v_pool().data()}}) {
+    if (!region->valid()) continue;
+    if (!transport->owns(*region)) {
+      return invalid_argument(fmt::format("kv migrator: the {} pool's region belongs to another transport", name));
+    }
+    if (region->data() != pool || region->size() != bytes) {
+      return invalid_argument(fmt::format("kv migrator: the {} pool's region is {} bytes at {}, the pool {} bytes at {}",
+                                          name, region->size(), static_cast<void*>(region->data()), bytes, pool));
+    }
+  }
   Result<internal::TransportClaim> claim = internal::TransportClaim::take(*transport, "kv migrator");
   if (!claim.ok()) return claim.status();
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(cache), std::move(options));
@@ -684,12 +701,13 @@ Result<std::unique_ptr<KvMigrator>> KvMigrator::create(std::shared_ptr<Transport
     impl->v_base = static_cast<std::byte*>(impl->cache->v_pool().data());
     impl->device_pools = {impl->k_base, impl->v_base, l.num_pages, l.page_bytes(), l.num_layers};
   } else {
-    const std::size_t bytes = std::size_t(l.pool_bytes());
-    auto k = impl->transport->register_memory(impl->cache->k_pool().data(), bytes);
-    auto v = k.ok() ? impl->transport->register_memory(impl->cache->v_pool().data(), bytes) : k;
-    if (!v.ok()) {
-      return v.status().with_context("kv migrator: registering the cache's pools");
+    Result<MemoryRegion> k = impl->options.k_pool_region;
+    Result<MemoryRegion> v = impl->options.v_pool_region;
+    if (!impl->options.k_pool_region.valid()) {
+      k = impl->transport->register_memory(impl->cache->k_pool().data(), bytes);
+      v = k.ok() ? impl->transport->register_memory(impl->cache->v_pool().data(), bytes) : k;
     }
+    if (!v.ok()) return v.status().with_context("kv migrator: registering the cache's pools");
     impl->k_region = std::move(*k);
     impl->v_region = std::move(*v);
   }
@@ -701,6 +719,33 @@ Result<std::unique_ptr<KvMigrator>> KvMigrator::create(std::shared_ptr<Transport
                       .ok());
   }
   return std::unique_ptr<KvMigrator>(new KvMigrator(std::move(impl)));
+}
+
+Result<KvMigrator::AllocatedCache> KvMigrator::allocate_cache(Transport& transport, const KvLayout& layout) {
+  LAMINAR_RETURN_IF_ERROR(validate(layout).with_context("kv migrator: allocate_cache()"));
+  const std::size_t bytes = std::size_t(layout.pool_bytes());
+  auto k = transport.allocate(bytes);
+  if (!k.ok()) return k.status().with_context("kv migrator: allocating the k pool");
+  auto v = transport.allocate(bytes);
+  if (!v.ok()) return v.status().with_context("kv migrator: allocating the v pool");
+  // Zero-filled as PagedKvCache::create(layout) fills its own, and touched now rather than by a put.
+  std::memset(k->data(), 0, bytes);
+  std::memset(v->data(), 0, bytes);
+  const std::int64_t shape[] = {layout.num_layers, layout.num_pages, layout.page_size, layout.num_kv_heads,
+                                layout.head_dim};
+  // The layout was validated and the memory is there, so the views are well formed.
+  auto k_view = TensorView::contiguous(k->data(), layout.dtype, shape);
+  auto v_view = TensorView::contiguous(v->data(), layout.dtype, shape);
+  LAMINAR_CHECK(k_view.ok() && v_view.ok());
+  auto cache = PagedKvCache::create(layout, *k_view, *v_view);
+  if (!cache.ok()) return cache.status().with_context("kv migrator: allocate_cache()");
+  // The cache owns the regions, so the memory it views lives as long as it does.
+  struct Owner {
+    MemoryRegion k, v;
+    PagedKvCache cache;
+  };
+  auto owner = std::make_shared<Owner>(Owner{*k, *v, std::move(*cache)});
+  return AllocatedCache{std::shared_ptr<PagedKvCache>(owner, &owner->cache), *k, *v};
 }
 
 KvMigrator::KvMigrator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -311,6 +311,9 @@ Result<MemoryRegion> Transport::register_memory(void* data, std::size_t size) {
   return core_->map_memory(data, size, false);
 }
 Result<MemoryRegion> Transport::allocate(std::size_t size) { return core_->map_memory(nullptr, size, true); }
+bool Transport::owns(const MemoryRegion& region) const noexcept {
+  return region.state_ != nullptr && region.state_->core == core_;
+}
 const TransportOptions& Transport::options() const noexcept { return core_->options(); }
 TransportStats Transport::stats() const { return core_->stats(); }
 

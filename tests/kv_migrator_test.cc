@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kv_migration_wire.h"
@@ -67,13 +68,24 @@ struct Worker {
   }
 };
 
-Worker make_worker(KvMigratorOptions options = {}, KvLayout l = layout(64)) {
+// Pools: the cache's own, registered by create(), or allocated by the transport.
+enum class Pools { kRegistered, kAllocated };
+
+Worker make_worker(KvMigratorOptions options = {}, KvLayout l = layout(64), Pools pools = Pools::kRegistered) {
   Worker w;
   laminar::TransportOptions to;
   to.cluster_token = kToken;
   w.transport = laminar::Transport::create(to).value();
   w.address = w.transport->listen("127.0.0.1", 0).value();
-  w.cache = std::make_shared<PagedKvCache>(PagedKvCache::create(l).value());
+  if (pools == Pools::kAllocated) {
+    auto allocated = KvMigrator::allocate_cache(*w.transport, l);
+    REQUIRE(allocated.ok());
+    w.cache = allocated->cache;
+    options.k_pool_region = allocated->k_pool;
+    options.v_pool_region = allocated->v_pool;
+  } else {
+    w.cache = std::make_shared<PagedKvCache>(PagedKvCache::create(l).value());
+  }
   auto m = KvMigrator::create(w.transport, w.cache, std::move(options));
   REQUIRE(m.ok());
   w.migrator = std::move(*m);
@@ -452,6 +464,76 @@ TEST_CASE("kv migrator: create() validates its options and serves one migrator p
   CHECK(KvMigrator::create(t, cache).ok());
   CHECK(laminar::to_string(MigrationState::kAbortedBySource) == "aborted by source");
   CHECK(laminar::to_string(MigrationState::kDone) == "done");
+}
+
+TEST_CASE("kv migrator: pools the transport allocates move every byte, either way round") {
+  for (const auto& [src_pools, dst_pools] : {std::pair{Pools::kAllocated, Pools::kAllocated},
+                                             std::pair{Pools::kRegistered, Pools::kAllocated},
+                                             std::pair{Pools::kAllocated, Pools::kRegistered}}) {
+    INFO("source pools allocated " << (src_pools == Pools::kAllocated) << ", destination's "
+                                   << (dst_pools == Pools::kAllocated));
+    Worker src = make_worker({}, layout(64), src_pools);
+    Worker dst = make_worker({}, layout(64), dst_pools);
+    const std::vector<SequenceId> seqs = {SequenceId(1), SequenceId(2)};
+    const std::vector<std::int64_t> lengths = {13, 30};
+    for (std::size_t i = 0; i < seqs.size(); ++i) add(*src.cache, seqs[i], lengths[i]);
+    const MigrationId id = migrate_all(src, dst, seqs);
+    REQUIRE(dst.find(Kind::kArrived, id) != nullptr);
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      INFO("sequence " << seqs[i].value());
+      CHECK(rows_differ(*dst.cache, seqs[i], lengths[i]) == "");
+    }
+    CHECK(src.cache->free_pages() == 64);
+    CHECK(dst.migrator->stats().checksum_failures == 0);
+  }
+}
+
+TEST_CASE("kv migrator: allocate_cache() gives zeroed pools, and create() takes only regions that are the pools") {
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  std::shared_ptr<laminar::Transport> t = laminar::Transport::create(to).value();
+  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
+  KvLayout bad = layout(8);
+  bad.page_size = 0;
+  CHECK(KvMigrator::allocate_cache(*t, bad).status().code() == StatusCode::kInvalidArgument);
+
+  auto pools = KvMigrator::allocate_cache(*t, layout(8));
+  REQUIRE(pools.ok());
+  const auto bytes = std::size_t(layout(8).pool_bytes());
+  CHECK(pools->k_pool.size() == bytes);
+  CHECK(pools->cache->k_pool().data() == pools->k_pool.data());
+  CHECK(pools->cache->v_pool().data() == pools->v_pool.data());
+  CHECK(std::ranges::all_of(pools->k_pool.bytes(), [](std::byte b) { return b == std::byte{0}; }));
+  CHECK(std::ranges::all_of(pools->v_pool.bytes(), [](std::byte b) { return b == std::byte{0}; }));
+  CHECK(t->owns(pools->k_pool));
+  CHECK_FALSE(other->owns(pools->k_pool));
+  CHECK_FALSE(t->owns(laminar::MemoryRegion{}));
+
+  auto elsewhere = KvMigrator::allocate_cache(*other, layout(8));
+  auto same_transport = KvMigrator::allocate_cache(*t, layout(8));
+  REQUIRE(elsewhere.ok());
+  REQUIRE(same_transport.ok());
+  const auto with = [](laminar::MemoryRegion k, laminar::MemoryRegion v) {
+    KvMigratorOptions o;
+    o.k_pool_region = std::move(k);
+    o.v_pool_region = std::move(v);
+    return o;
+  };
+  const std::vector<std::pair<std::string, KvMigratorOptions>> wrong = {
+      {"a k region alone", with(pools->k_pool, {})},
+      {"a v region alone", with({}, pools->v_pool)},
+      {"the pools swapped", with(pools->v_pool, pools->k_pool)},
+      {"another transport's", with(elsewhere->k_pool, elsewhere->v_pool)},
+      {"another cache's", with(same_transport->k_pool, same_transport->v_pool)},
+  };
+  for (const auto& [what, o] : wrong) {
+    INFO(what);
+    auto m = KvMigrator::create(t, pools->cache, o);
+    CHECK(m.status().code() == StatusCode::kInvalidArgument);
+  }
+  // Refused before it took the transport: the right regions still make one.
+  auto m = KvMigrator::create(t, pools->cache, with(pools->k_pool, pools->v_pool));
+  CHECK(m.ok());
 }
 
 TEST_CASE("kv migrator: an abort from the source mid-staging returns the destination's pages") {

@@ -115,10 +115,15 @@ class Worker {
       auto address = w->transport_->listen("127.0.0.1", 0);
       if (!address.ok()) return address.status();
     }
-    auto cache = laminar::PagedKvCache::create(w->model_.kv_layout(kNumPages, kPageSize, kDType));
-    if (!cache.ok()) return cache.status();
-    w->cache_ = std::make_shared<laminar::PagedKvCache>(std::move(*cache));
-    auto migrator = laminar::KvMigrator::create(w->transport_, w->cache_, migrator_options());
+    // Pools the transport allocates, as a worker should have them: a put into them on this host
+    // is a memcpy into the peer's mapping, which must survive the peer being killed mid-put.
+    auto pools = laminar::KvMigrator::allocate_cache(*w->transport_, w->model_.kv_layout(kNumPages, kPageSize, kDType));
+    if (!pools.ok()) return pools.status();
+    w->cache_ = pools->cache;
+    laminar::KvMigratorOptions o = migrator_options();
+    o.k_pool_region = pools->k_pool;
+    o.v_pool_region = pools->v_pool;
+    auto migrator = laminar::KvMigrator::create(w->transport_, w->cache_, o);
     if (!migrator.ok()) return migrator.status();
     w->migrator_ = std::move(*migrator);
     return w;

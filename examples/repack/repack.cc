@@ -171,10 +171,14 @@ class RolloutWorker {
     if (!transport.ok()) return transport.status();
     w->transport_ = std::move(*transport);
     if (auto a = w->transport_->listen("127.0.0.1", 0); !a.ok()) return a.status();
-    auto cache = laminar::PagedKvCache::create(w->model_.kv_layout(kPages, kPageSize, laminar::DType::kBF16));
-    if (!cache.ok()) return cache.status();
-    w->cache_ = std::make_shared<laminar::PagedKvCache>(std::move(*cache));
+    // Pools the transport allocates: a peer on this host puts into them with one copy.
+    auto pools = laminar::KvMigrator::allocate_cache(*w->transport_,
+                                                     w->model_.kv_layout(kPages, kPageSize, laminar::DType::kBF16));
+    if (!pools.ok()) return pools.status();
+    w->cache_ = pools->cache;
     laminar::KvMigratorOptions mo;
+    mo.k_pool_region = pools->k_pool;
+    mo.v_pool_region = pools->v_pool;
     mo.max_sequences = kSlots;
     auto migrator = laminar::KvMigrator::create(w->transport_, w->cache_, mo);
     if (!migrator.ok()) return migrator.status();

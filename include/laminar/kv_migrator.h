@@ -61,13 +61,19 @@
 // inside poll(), migrate(), finish() and abort(), which the host calls from its decode loop
 // between steps. The transport's callback thread only queues the messages that arrive; its
 // progress thread reads source pages for puts (full pages, which no longer change) and writes
-// reserved pages (which the cache hands to nobody else). Host pools are registered with the
-// transport. Device pools are reached only by CUDA and NCCL calls made from those same calls (on
-// the cache's device, which they make current) and by NCCL's own threads, which join links and
-// move the bytes; no call waits for the peer.
+// reserved pages (which the cache hands to nobody else). Host pools must be memory the migrator
+// can register with the transport, or memory the transport allocated (allocate_cache): on one
+// host, peers put into the latter with one memcpy, into the former through UCX's software
+// emulation of a put, more than ten times slower (bench/README.md). Device pools are reached only
+// by CUDA and NCCL calls made from those same calls (on the cache's device, which they make
+// current) and by NCCL's own threads, which join links and move the bytes; no call waits for the
+// peer.
 //
-//   auto cache = std::make_shared<laminar::PagedKvCache>(laminar::PagedKvCache::create(layout).value());
-//   auto mig = laminar::KvMigrator::create(transport, cache, {}).value();
+//   auto pools = laminar::KvMigrator::allocate_cache(*transport, layout).value();
+//   laminar::KvMigratorOptions options;
+//   options.k_pool_region = pools.k_pool;
+//   options.v_pool_region = pools.v_pool;
+//   auto mig = laminar::KvMigrator::create(transport, pools.cache, options).value();
 //   mig->set_version(current_version);                           // whenever the weights change
 //   laminar::Result<laminar::MigrationId> id = mig->migrate(dest_address, {SequenceId(7)});
 //   for (;;) {                                                   // the decode loop
@@ -176,6 +182,10 @@ struct KvMigratorOptions {
   std::uint32_t max_migrations = 8;
   // Time of leases and stalls (null: Clock::steady()).
   std::shared_ptr<Clock> clock;
+  // The transport's regions that are the cache's pools, both or neither: each starts at its pool
+  // and is as long (KvMigrator::allocate_cache makes them). Empty: create() registers the pools.
+  MemoryRegion k_pool_region;
+  MemoryRegion v_pool_region;
 };
 
 struct KvMigratorStats {
@@ -197,15 +207,25 @@ struct KvMigratorStats {
 
 class KvMigrator {
  public:
-  // Registers host pools with the transport and installs the migration handlers (laminar's
-  // reserved message types). kInvalidArgument for a null transport or cache, non-positive lease,
-  // connect_timeout or stall_timeout, zero stage_bytes, max_sequences or max_migrations;
-  // for pools in device memory, kUnimplemented in a build without CUDA and kFailedPrecondition,
-  // naming the CUDA error, without a usable device; kAlreadyExists when another KvMigrator serves
-  // on `transport`.
+  // Registers host pools with the transport (unless the options give their regions) and installs
+  // the migration handlers (laminar's reserved message types). kInvalidArgument for a null
+  // transport or cache, non-positive lease, connect_timeout or stall_timeout, zero stage_bytes,
+  // max_sequences or max_migrations, pool regions given alone, of another transport, or not
+  // exactly the pools; for pools in device memory, kUnimplemented in a build without CUDA and
+  // kFailedPrecondition, naming the CUDA error, without a usable device; kAlreadyExists when
+  // another KvMigrator serves on `transport`.
   static Result<std::unique_ptr<KvMigrator>> create(std::shared_ptr<Transport> transport,
                                                     std::shared_ptr<PagedKvCache> cache,
                                                     KvMigratorOptions options = {});
+  // A cache whose pools `transport` allocates (zero-filled), and their regions for
+  // KvMigratorOptions. The cache keeps the memory alive. kInvalidArgument for a bad layout;
+  // kResourceExhausted when the memory is not there.
+  struct AllocatedCache {
+    std::shared_ptr<PagedKvCache> cache;
+    MemoryRegion k_pool;
+    MemoryRegion v_pool;
+  };
+  static Result<AllocatedCache> allocate_cache(Transport& transport, const KvLayout& layout);
   // Aborts every running migration (telling each peer), returns reserved pages and removes the
   // handlers. Outgoing sequences stay in the cache.
   ~KvMigrator();

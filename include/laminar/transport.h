@@ -184,6 +184,7 @@ class MemoryRegion {
 
  private:
   friend class internal::TransportCore;
+  friend class Transport;
   explicit MemoryRegion(std::shared_ptr<internal::RegionState> s) : state_(std::move(s)) {}
   std::shared_ptr<internal::RegionState> state_;
 };
@@ -343,8 +344,13 @@ class Transport {
 
   // Registers [data, data + size) for put/get. kInvalidArgument: null or empty.
   Result<MemoryRegion> register_memory(void* data, std::size_t size);
-  // Allocates and registers `size` bytes (page aligned). kResourceExhausted when that fails.
+  // Allocates and registers `size` bytes (page aligned). kResourceExhausted when that fails. On
+  // one host a peer maps this memory (UCX's shared memory), so a put into it is one memcpy; a put
+  // into registered host memory is emulated with messages the owner's side copies out, many times
+  // slower (bench/README.md, KV migration).
   Result<MemoryRegion> allocate(std::size_t size);
+  // Whether `region` was registered or allocated by this transport (only such regions put and get).
+  bool owns(const MemoryRegion& region) const noexcept;
 
   const TransportOptions& options() const noexcept;
   TransportStats stats() const;
