@@ -30,8 +30,10 @@ struct Args {
   int minibatches = 2;
   double median = 4.0;
   double sigma = 1.1;
+  int max_length = 62;
   int eval_every = 10;  // GRPO steps between evaluations
   int eval_prompts = 64;
+  int eval_samples = 1;  // per held-out prompt
 };
 
 int usage(const char* bad) {
@@ -39,7 +41,8 @@ int usage(const char* bad) {
                "bad argument '%s'\nusage: grpo_learning_curve [--op copy|reverse|sort] "
                "[--warmup-steps N] [--warmup-batch N] [--rl-steps N] [--prompts N] [--group N] "
                "[--temperature T] [--seed N] [--threads N] [--lr X] [--warmup-lr X] "
-               "[--minibatches N] [--median X] [--sigma X] [--eval-every N] [--eval-prompts N]\n",
+               "[--minibatches N] [--median X] [--sigma X] [--max-length N] [--eval-every N] "
+               "[--eval-prompts N] [--eval-samples N]\n",
                bad);
   return 2;
 }
@@ -69,6 +72,8 @@ int main(int argc, char** argv) {
     else if (flag == "--minibatches") a.minibatches = std::atoi(v);
     else if (flag == "--median") a.median = std::strtod(v, nullptr);
     else if (flag == "--sigma") a.sigma = std::strtod(v, nullptr);
+    else if (flag == "--max-length") a.max_length = std::atoi(v);
+    else if (flag == "--eval-samples") a.eval_samples = std::atoi(v);
     else if (flag == "--eval-every") a.eval_every = std::atoi(v);
     else if (flag == "--eval-prompts") a.eval_prompts = std::atoi(v);
     else return usage(argv[i - 1]);
@@ -78,6 +83,7 @@ int main(int argc, char** argv) {
   task_options.op = a.op;
   task_options.median_length = a.median;
   task_options.length_sigma = a.sigma;
+  task_options.max_length = a.max_length;
   auto task = async_grpo::DigitTask::create(task_options, a.seed);
   async_grpo::TrainerOptions trainer_options;
   trainer_options.seed = a.seed;
@@ -112,11 +118,11 @@ int main(int argc, char** argv) {
     std::printf("warmup %3d t %6.2fs loss %.4f token_acc %.3f\n", s, elapsed(), stats->loss,
                 stats->accuracy);
   }
-  // Held-out prompts (indices far past the training ones), one sample each at temperature 1.
+  // Held-out prompts (indices far past the training ones), sampled at temperature 1.
   std::vector<async_grpo::DigitPrompt> held_out;
   for (int i = 0; i < a.eval_prompts; ++i) held_out.push_back(task->prompt((1ull << 40) + std::uint64_t(i)));
   auto evaluate = [&](int step) {
-    auto samples = (*trainer)->generate(*task, held_out, 1, 1.0f, 12345, laminar::Version(0));
+    auto samples = (*trainer)->generate(*task, held_out, a.eval_samples, 1.0f, 12345, laminar::Version(0));
     if (!samples.ok()) return false;
     double reward = 0, exact = 0;
     for (const auto& t : *samples) {

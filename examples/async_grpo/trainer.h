@@ -144,7 +144,7 @@ class Trainer {
   // One GRPO update on `batch` (the objective above; rewards[0] is the reward). Besides what
   // log_probs checks, kInvalidArgument naming the trajectory when its logprobs and response differ
   // in length, it has no response, or a reward or log-prob is not finite; kInvalidArgument when
-  // the batch is empty. On error the weights are unchanged.
+  // the batch is empty. On kInvalidArgument the weights are unchanged.
   laminar::Result<TrainStats> train_step(std::span<const laminar::Trajectory> batch);
 
   // One supervised step: cross-entropy of each prompt's answer (digits and EOS) after its tokens.
@@ -153,8 +153,9 @@ class Trainer {
 
   // group_size samples of each prompt from the current weights at `temperature` (> 0), each up to
   // task.max_response_tokens(prompt) tokens, stopping at EOS; rewarded by task.reward. Each comes
-  // back as a Trajectory: prompt_id = group_id = the prompt's index, version `version`, the
-  // sampling log-probs (at temperature 1 these are the policy's own). Deterministic in `seed`.
+  // back as a Trajectory: id = index * group_size + sample, prompt_id = group_id = the prompt's
+  // index, version `version`, the log-probs of the distribution sampled from (at temperature 1
+  // the policy's own). Deterministic in `seed` and the weights.
   laminar::Result<std::vector<laminar::Trajectory>> generate(const DigitTask& task,
                                                              std::span<const DigitPrompt> prompts,
                                                              std::int32_t group_size,
