@@ -275,9 +275,7 @@ TEST_CASE("grpo trainer: GRPO on its own samples raises the reward after a warm-
   const std::uint64_t seed = other != nullptr ? std::strtoull(other, nullptr, 10) : 17;
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   const DigitTask task = short_task(seed);
-  TrainerOptions o;
-  o.learning_rate = 3e-4f;
-  auto trainer = make_trainer(seed, o);
+  auto trainer = make_trainer(seed);
   const auto began = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();

@@ -25,7 +25,7 @@ struct Args {
   float temperature = 1.0f;
   std::uint64_t seed = 1;
   int threads = 1;
-  float lr = 1e-4f;
+  float lr = 3e-4f;
   float warmup_lr = 1e-3f;
   int minibatches = 2;
   double median = 4.0;
