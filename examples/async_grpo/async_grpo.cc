@@ -1,0 +1,993 @@
+// async_grpo: asynchronous GRPO end to end on real processes. A libtorch actor trains the policy of
+// policy_config.h on DigitTask, rollout worker processes decode it over laminar's paged KV cache,
+// weights travel actor -> relay process -> each worker's store, trajectories travel back through the
+// actor's TrajectoryQueue, and prompts reach the workers through the PromptServer.
+//
+//   async_grpo                        # sync, then laminar on the same seed, and the comparison
+//   async_grpo --schedule laminar --workers 3 --steps 40 --out runs/a
+//   async_grpo --short                # the CI configuration: checks what the run must guarantee
+//
+// One binary, several roles: the launcher (no --role) warms the policy up, then for each schedule
+// re-executes itself as the actor, the relays and the rollout workers, reads their records and
+// writes the report. Children write their addresses into the schedule's directory; the launcher
+// stops only the processes it started and reaps every one of them.
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "engine.h"
+#include "laminar/kv_migrator.h"
+#include "laminar/relay_node.h"
+#include "laminar/relay_store.h"
+#include "laminar/remote_trajectory_queue.h"
+#include "laminar/trajectory_queue.h"
+#include "laminar/transport.h"
+#include "laminar/weight_puller.h"
+#include "prompt_dispatch.h"
+#include "records.h"
+#include "report.h"
+#include "task.h"
+#include "trainer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using laminar::Result;
+using laminar::Status;
+using namespace std::chrono_literals;
+
+// Everything every role needs to agree on; the launcher passes it on to each child.
+struct Settings {
+  std::string schedule = "compare";
+  int workers = 3;
+  int relays = 1;
+  std::uint64_t seed = 1;
+  int group_size = 8;
+  int groups_per_step = 4;
+  int steps = 40;
+  double minutes = 0;  // > 0: stop training after this long, whatever `steps` says
+  int warmup_steps = 60;
+  int max_live = 16;  // sequences one rollout worker decodes at once
+  int max_staleness = 1;
+  int kill_rollout_at = 0;  // > 0: SIGKILL rollout 0 once the actor reports this step (laminar only)
+  std::string out = "async_grpo_out";
+  bool short_run = false;
+};
+
+// Role-only arguments.
+struct RoleArgs {
+  std::string role;
+  int index = 0;
+  std::string dir;
+  std::string token;
+  std::string actor;                // actor's address
+  std::vector<std::string> relays;  // relay addresses, preferred first
+  std::string warm;                 // warmed-up weights file
+  std::string run_schedule;         // sync, one-step or laminar
+};
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int fail(std::string_view who, std::string_view what, const Status& st) {
+  std::fprintf(stderr, "async_grpo %.*s: %.*s: %s\n", int(who.size()), who.data(), int(what.size()), what.data(),
+               st.to_string().c_str());
+  return 1;
+}
+
+// FNV-1a over the weight bytes: both sides hash the same flat manifest layout.
+std::uint64_t weight_hash(std::span<const std::byte> bytes) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::byte b : bytes) h = (h ^ std::uint64_t(b)) * 1099511628211ull;
+  return h;
+}
+
+// Appends one line and flushes it, so a killed process leaves whole lines behind.
+class LineFile {
+ public:
+  explicit LineFile(const fs::path& path) : out_(path, std::ios::trunc) {}
+  void write(const std::string& line) { out_ << line << '\n' << std::flush; }
+
+ private:
+  std::ofstream out_;
+};
+
+Status write_address(const fs::path& dir, const std::string& name, const std::string& address) {
+  const fs::path tmp = dir / (name + ".tmp"), final_path = dir / (name + ".addr");
+  {
+    std::ofstream f(tmp);
+    f << address;
+    if (!f) return laminar::unavailable("cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  return ec ? laminar::unavailable("cannot rename " + tmp.string()) : laminar::ok_status();
+}
+
+bool stop_requested(const fs::path& dir) { return fs::exists(dir / "stop"); }
+
+Result<async_grpo::DigitTask> make_task(const Settings& s) { return async_grpo::DigitTask::create({}, s.seed); }
+
+Result<std::shared_ptr<laminar::Transport>> make_transport(const std::string& token) {
+  laminar::TransportOptions to;
+  to.cluster_token = token;
+  to.max_inbox_bytes = 0;  // only handlers and request replies: nothing waits for receive()
+  auto t = laminar::Transport::create(to);
+  if (!t.ok()) return t.status();
+  return std::shared_ptr<laminar::Transport>(std::move(*t));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The actor: queue server, head relay, prompt server and the trainer.
+
+int run_actor(const Settings& s, const RoleArgs& a) {
+  const fs::path dir = a.dir;
+  auto writer = async_grpo::RecordWriter::open(dir / "records" / "actor.jsonl");
+  if (!writer.ok()) return fail("actor", "records", writer.status());
+  LineFile published(dir / "published.txt");
+  auto transport = make_transport(a.token);
+  if (!transport.ok()) return fail("actor", "transport", transport.status());
+  auto address = (*transport)->listen("127.0.0.1", 0);
+  if (!address.ok()) return fail("actor", "listen", address.status());
+
+  const std::uint32_t G = std::uint32_t(s.group_size);
+  const std::size_t batch_size = std::size_t(s.groups_per_step) * G;
+  laminar::TrajectoryQueueOptions qo;
+  qo.group_timeout = laminar::kForever;  // a lost worker's samples are generated again elsewhere
+  auto queue = laminar::TrajectoryQueue::create(qo);
+  if (!queue.ok()) return fail("actor", "queue", queue.status());
+  std::shared_ptr<laminar::TrajectoryQueue> q = std::move(*queue);
+  auto qserver = laminar::TrajectoryQueueServer::create(*transport, q);
+  if (!qserver.ok()) return fail("actor", "queue server", qserver.status());
+  auto store = laminar::RelayStore::create();
+  if (!store.ok()) return fail("actor", "relay store", store.status());
+  std::shared_ptr<laminar::RelayStore> relay = std::move(*store);
+  auto head = laminar::RelayNode::create(*transport, relay, {});
+  if (!head.ok()) return fail("actor", "relay node", head.status());
+  async_grpo::PromptServerOptions po;
+  po.group_size = G;
+  po.seed = s.seed;
+  po.lease = std::chrono::seconds(10);
+  auto dispatch = async_grpo::PromptServer::create(*transport, po);
+  if (!dispatch.ok()) return fail("actor", "prompt server", dispatch.status());
+  async_grpo::PromptServer& server = **dispatch;
+
+  async_grpo::TrainerOptions to;
+  to.seed = s.seed;
+  to.intra_op_threads = 1;
+  auto trainer_or = async_grpo::Trainer::create(to);
+  if (!trainer_or.ok()) return fail("actor", "trainer", trainer_or.status());
+  async_grpo::Trainer& trainer = **trainer_or;
+  {
+    std::ifstream f(a.warm, std::ios::binary);
+    std::vector<std::byte> flat(trainer.manifest().total_bytes());
+    f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
+    if (!f) return fail("actor", "warm-up weights", laminar::not_found("cannot read " + a.warm));
+    if (Status st = trainer.load_weights(flat); !st.ok()) return fail("actor", "warm-up weights", st);
+  }
+
+  std::vector<std::byte> flat(trainer.manifest().total_bytes());
+  auto publish = [&](laminar::Version v) -> Status {
+    const std::int64_t t0 = now_ns();
+    LAMINAR_RETURN_IF_ERROR(q->publish_version(v));  // first, so the queue accepts what v generates
+    auto views = trainer.weights();
+    if (!views.ok()) return views.status();
+    LAMINAR_RETURN_IF_ERROR(relay->publish(v, trainer.manifest(), *views));
+    LAMINAR_RETURN_IF_ERROR(server.set_newest_version(v));
+    LAMINAR_RETURN_IF_ERROR(trainer.save_weights(flat));
+    published.write(fmt::format("{} {:016x}", v.value(), weight_hash(flat)));
+    return writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kPublish,
+                                          .start_ns = t0, .end_ns = now_ns(), .version = v.value(),
+                                          .bytes = flat.size()});
+  };
+
+  laminar::Version v(1);
+  if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
+  if (Status st = write_address(dir, "actor", *address); !st.ok()) return fail("actor", "address", st);
+
+  const std::string& sched = a.run_schedule;
+  if (sched == "sync") {
+    if (auto r = server.open(v, v, std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
+  } else if (sched == "one-step") {
+    if (auto r = server.open(v, async_grpo::kAnyNewer, std::uint64_t(s.groups_per_step)); !r.ok())
+      return fail("actor", "open", r.status());
+  } else {
+    async_grpo::StreamWindow w{.max_staleness = std::uint64_t(s.max_staleness), .max_in_flight = 2 * batch_size};
+    if (Status st = server.set_stream(w); !st.ok()) return fail("actor", "stream", st);
+  }
+
+  std::unordered_set<std::uint64_t> trained_ids;
+  std::uint64_t duplicate_trained = 0, partial_groups = 0, on_policy = 0;
+  double max_lp_diff = 0, sum_lp_diff = 0;
+  std::uint64_t lp_tokens = 0;
+  const std::int64_t train_start = now_ns();
+  const auto deadline_ns = s.minutes > 0 ? train_start + std::int64_t(s.minutes * 60e9) : INT64_MAX;
+  int step = 0;
+  for (; step < s.steps && now_ns() < deadline_ns; ++step) {
+    laminar::BatchSpec spec;
+    spec.max_trajectories = spec.min_trajectories = batch_size;
+    spec.wait = std::chrono::seconds(120);
+    spec.consumer_version = v;
+    const std::int64_t wait0 = now_ns();
+    Result<laminar::Batch> batch = q->pop_batch(spec);
+    if (!batch.ok()) return fail("actor", "pop_batch", batch.status());
+    (void)writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kIdleWait,
+                                         .start_ns = wait0, .end_ns = now_ns(), .version = v.value()});
+    const auto ts = batch->trajectories();
+    std::map<std::uint64_t, std::uint32_t> group_count;
+    std::vector<laminar::Trajectory> current;
+    double reward = 0;
+    for (const laminar::Trajectory& t : ts) {
+      auto c = server.completed(t.id);
+      if (!c.ok()) return fail("actor", "completed", c.status());
+      if (!trained_ids.insert(t.id.value()).second) ++duplicate_trained;
+      ++group_count[t.group_id];
+      reward += t.rewards[0] / double(ts.size());
+      if (t.version == v) current.push_back(t);
+      (void)writer->write(async_grpo::TrajectoryFact{.behaviour_version = t.version.value(),
+                                                     .trained_version = v.value(),
+                                                     .length = t.response_tokens.size()});
+    }
+    for (const auto& [group, n] : group_count) partial_groups += n != G ? 1 : 0;
+    // The actor's recompute of on-policy samples: same weights, so only arithmetic order differs.
+    if (!current.empty()) {
+      auto lp = trainer.log_probs(current);
+      if (!lp.ok()) return fail("actor", "log_probs", lp.status());
+      for (std::size_t i = 0; i < current.size(); ++i)
+        for (std::size_t k = 0; k < current[i].logprobs.size(); ++k) {
+          const double d = std::fabs(double((*lp)[i][k]) - double(current[i].logprobs[k]));
+          max_lp_diff = std::max(max_lp_diff, d);
+          sum_lp_diff += d;
+          ++lp_tokens;
+        }
+      on_policy += current.size();
+    }
+    if (sched == "one-step" && step + 1 < s.steps)
+      if (auto r = server.open(v, async_grpo::kAnyNewer, std::uint64_t(s.groups_per_step)); !r.ok())
+        return fail("actor", "open", r.status());
+    const std::int64_t t0 = now_ns();
+    auto stats = trainer.train_step(ts);
+    if (!stats.ok()) return fail("actor", "train_step", stats.status());
+    (void)writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kTrain, .start_ns = t0,
+                                         .end_ns = now_ns(), .version = v.value(), .sequences = ts.size(),
+                                         .tokens = std::uint64_t(stats->tokens)});
+    if (Status st = q->ack(batch->id()); !st.ok()) return fail("actor", "ack", st);
+    (void)writer->write(async_grpo::RewardPoint{.time_ns = now_ns(), .version = v.value(), .mean_reward = reward,
+                                                .samples = ts.size()});
+    v = laminar::Version(v.value() + 1);
+    if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
+    if (sched == "sync" && step + 1 < s.steps)
+      if (auto r = server.open(v, v, std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
+    std::printf("progress %d reward %.3f\n", step + 1, reward);
+    std::fflush(stdout);
+  }
+
+  // The stream's groups still out: let them finish so every sample made reaches the queue once.
+  server.stop_stream();
+  std::uint64_t drained = 0;
+  const std::int64_t drain_deadline = now_ns() + std::int64_t(60e9);
+  while (server.stats().groups_done < server.stats().groups_made && now_ns() < drain_deadline) {
+    laminar::BatchSpec spec;
+    spec.max_trajectories = batch_size;
+    spec.min_trajectories = 1;
+    spec.wait = std::chrono::seconds(1);
+    spec.consumer_version = v;
+    Result<laminar::Batch> batch = q->pop_batch(spec);
+    if (!batch.ok()) {
+      if (batch.status().code() == laminar::StatusCode::kDeadlineExceeded) continue;
+      return fail("actor", "drain", batch.status());
+    }
+    for (const laminar::Trajectory& t : batch->trajectories()) {
+      auto c = server.completed(t.id);
+      if (!c.ok()) return fail("actor", "completed", c.status());
+      if (!trained_ids.insert(t.id.value()).second) ++duplicate_trained;
+      ++drained;
+    }
+    if (Status st = q->ack(batch->id()); !st.ok()) return fail("actor", "ack", st);
+  }
+  std::ofstream(dir / "stop") << "done\n";
+
+  const async_grpo::PromptServerStats ds = server.stats();
+  auto check = [](const char* name, bool ok, const std::string& detail) {
+    std::printf("check %s %s %s\n", name, ok ? "ok" : "FAIL", detail.c_str());
+  };
+  check("trained_once", duplicate_trained == 0 && ds.duplicates == 0,
+        fmt::format("{} samples reached the trainer, {} twice; dispatch duplicates {}", trained_ids.size(),
+                    duplicate_trained, ds.duplicates));
+  check("all_completed", ds.groups_done == ds.groups_made && ds.completed == ds.groups_made * G,
+        fmt::format("groups made {} done {}, samples completed {}, drained after the last step {}, reissued {}, "
+                    "lost workers {}",
+                    ds.groups_made, ds.groups_done, ds.completed, drained, ds.reissued, ds.lost_workers));
+  check("whole_groups", partial_groups == 0, fmt::format("{} groups trained without all {} samples", partial_groups, G));
+  check("behaviour_logprobs", on_policy == 0 || max_lp_diff < 1e-2,
+        fmt::format("{} on-policy samples, {} tokens: |rollout - actor recompute| max {:.3g} mean {:.3g}", on_policy,
+                    lp_tokens, max_lp_diff, lp_tokens ? sum_lp_diff / double(lp_tokens) : 0.0));
+  std::printf("dispatch %s\n", ds.to_json().c_str());
+  std::printf("steps %d\n", step);
+  std::fflush(stdout);
+  q->close();
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A relay: a RelayNode between the actor and the workers.
+
+int run_relay(const RoleArgs& a) {
+  const std::string who = fmt::format("relay-{}", a.index);
+  auto transport = make_transport(a.token);
+  if (!transport.ok()) return fail(who, "transport", transport.status());
+  auto address = (*transport)->listen("127.0.0.1", 0);
+  if (!address.ok()) return fail(who, "listen", address.status());
+  auto store = laminar::RelayStore::create();
+  if (!store.ok()) return fail(who, "relay store", store.status());
+  laminar::RelayNodeOptions o;
+  o.upstreams = {a.actor};
+  auto node = laminar::RelayNode::create(*transport, std::move(*store), o);
+  if (!node.ok()) return fail(who, "relay node", node.status());
+  if (Status st = write_address(a.dir, who, *address); !st.ok()) return fail(who, "address", st);
+  while (!stop_requested(a.dir)) std::this_thread::sleep_for(50ms);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A rollout worker: engine, cache, worker-local store, puller, prompt client, queue producer.
+
+struct Live {
+  laminar::SequenceState seq;
+  async_grpo::DigitPrompt prompt;
+  std::int32_t max_tokens = 0;
+  std::int64_t start_ns = 0;
+};
+
+class Rollout {
+ public:
+  Rollout(const Settings& s, const RoleArgs& a) : s_(s), a_(a), who_(fmt::format("rollout-{}", a.index)) {}
+
+  int run() {
+    auto task = make_task(s_);
+    if (!task.ok()) return fail(who_, "task", task.status());
+    task_.emplace(std::move(*task));
+    auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+    if (!engine.ok()) return fail(who_, "engine", engine.status());
+    engine_.emplace(std::move(*engine));
+    destinations_ = engine_->weight_tensors();
+    auto writer = async_grpo::RecordWriter::open(fs::path(a_.dir) / "records" / (who_ + ".jsonl"));
+    if (!writer.ok()) return fail(who_, "records", writer.status());
+    writer_.emplace(std::move(*writer));
+    hashes_.emplace(fs::path(a_.dir) / ("weights-" + who_ + ".txt"));
+
+    auto transport = make_transport(a_.token);
+    if (!transport.ok()) return fail(who_, "transport", transport.status());
+    transport_ = *transport;
+    const std::int32_t page_size = 16;
+    const std::int32_t pages = s_.max_live * (engine_->config().max_positions / page_size + 1) + 8;
+    auto pools = laminar::KvMigrator::allocate_cache(*transport_, engine_->kv_layout(pages, page_size));
+    if (!pools.ok()) return fail(who_, "cache", pools.status());
+    cache_ = pools->cache;
+    auto store = laminar::RelayStore::create();
+    if (!store.ok()) return fail(who_, "relay store", store.status());
+    store_ = std::move(*store);
+    laminar::RelayNodeOptions o;
+    o.upstreams = a_.relays;
+    o.upstreams.push_back(a_.actor);  // the chain re-forms around a dead relay
+    auto node = laminar::RelayNode::create(transport_, store_, o);
+    if (!node.ok()) return fail(who_, "relay node", node.status());
+    node_ = std::move(*node);
+    auto puller = laminar::WeightPuller::create(store_);
+    if (!puller.ok()) return fail(who_, "puller", puller.status());
+    puller_ = std::move(*puller);
+    auto client = async_grpo::PromptClient::create(
+        transport_, {.worker = laminar::WorkerId(std::uint32_t(a_.index)), .server = a_.actor});
+    if (!client.ok()) return fail(who_, "prompt client", client.status());
+    client_ = std::move(*client);
+    auto producer = laminar::RemoteProducer::create(transport_, a_.actor);
+    if (!producer.ok()) return fail(who_, "producer", producer.status());
+    producer_ = std::move(*producer);
+
+    Status st = loop();
+    flush_decode();
+    if (!st.ok() && !stop_requested(a_.dir)) return fail(who_, "loop", st);
+    std::printf("%s finished: %llu trajectories pushed, %llu pulls\n", who_.c_str(),
+                static_cast<unsigned long long>(pushed_), static_cast<unsigned long long>(pulls_));
+    return 0;
+  }
+
+ private:
+  std::uint64_t current() const { return puller_->current_version() ? puller_->current_version()->value() : 0; }
+
+  Status loop() {
+    std::optional<laminar::Version> want;  // the server asked for this version or newer
+    while (!stop_requested(a_.dir)) {
+      if (live_.empty()) {
+        const std::optional<laminar::Version> newest = puller_->newest_version();
+        if (newest && newest->value() > current() && (!want || *newest >= *want)) {
+          LAMINAR_RETURN_IF_ERROR(pull(*newest));
+          want.reset();
+        }
+      }
+      std::vector<laminar::TrajectoryId> held;
+      for (const Live& l : live_) held.push_back(l.seq.trajectory);
+      const std::uint32_t free_slots = want ? 0 : std::uint32_t(s_.max_live - int(live_.size()));
+      Result<async_grpo::Grant> grant = client_->request(laminar::Version(current()), free_slots, held);
+      if (!grant.ok()) return grant.status();  // after the run: the actor left
+      for (laminar::TrajectoryId id : grant->drop) drop(id);
+      if (grant->kind == async_grpo::GrantKind::kPullNewer) want = grant->pull_version;
+      if (grant->kind == async_grpo::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(grant->samples));
+      if (!live_.empty()) {
+        LAMINAR_RETURN_IF_ERROR(step());
+      } else {
+        flush_decode();
+        const std::int64_t t0 = now_ns();
+        if (want && current() > 0) (void)store_->wait_for_version(*want, 20ms);
+        else std::this_thread::sleep_for(2ms);
+        LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
+                                                                .kind = async_grpo::SpanKind::kIdleWait,
+                                                                .start_ns = t0, .end_ns = now_ns(),
+                                                                .version = current()}));
+      }
+    }
+    return laminar::ok_status();
+  }
+
+  Status pull(laminar::Version v) {
+    const std::int64_t seen = now_ns();
+    LAMINAR_RETURN_IF_ERROR(puller_->pull(v, destinations_, /*has_live_trajectory=*/false));
+    LAMINAR_RETURN_IF_ERROR(engine_->check_weights());
+    const std::int64_t end = now_ns();
+    ++pulls_;
+    hashes_->write(fmt::format("{} {:016x}", v.value(), weight_hash(engine_->weight_bytes())));
+    LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kPull,
+                                                            .start_ns = seen, .end_ns = end, .version = v.value(),
+                                                            .bytes = engine_->weight_bytes().size()}));
+    return writer_->write(async_grpo::WeightSync{.process = who_, .version = v.value(), .start_ns = seen,
+                                                 .end_ns = end});
+  }
+
+  void drop(laminar::TrajectoryId id) {
+    auto it = std::find_if(live_.begin(), live_.end(), [&](const Live& l) { return l.seq.trajectory == id; });
+    if (it == live_.end()) return;
+    (void)cache_->release(it->seq.sequence);
+    live_.erase(it);
+  }
+
+  Status start(const std::vector<async_grpo::Sample>& samples) {
+    const std::size_t first = live_.size();
+    for (const async_grpo::Sample& x : samples) {
+      Live l;
+      l.prompt = task_->prompt(x.prompt_index);
+      l.max_tokens = task_->max_response_tokens(l.prompt);
+      l.start_ns = now_ns();
+      l.seq.sequence = laminar::SequenceId(x.id.value());
+      l.seq.trajectory = x.id;
+      l.seq.prompt_id = l.seq.group_id = x.prompt_index;
+      l.seq.group_size = std::uint32_t(s_.group_size);
+      l.seq.sample_index = x.sample_index;
+      l.seq.version = laminar::Version(current());
+      l.seq.seed = x.seed;
+      l.seq.prompt_tokens = l.prompt.tokens;
+      live_.push_back(std::move(l));
+    }
+    std::vector<laminar::SequenceState*> batch;
+    std::uint64_t tokens = 0;
+    for (std::size_t i = first; i < live_.size(); ++i) {
+      batch.push_back(&live_[i].seq);
+      tokens += live_[i].seq.prompt_tokens.size();
+    }
+    const std::int64_t t0 = now_ns();
+    if (Status st = engine_->prefill(*cache_, batch); !st.ok()) {
+      live_.resize(first);
+      return st;
+    }
+    LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kPrefill,
+                                                            .start_ns = t0, .end_ns = now_ns(), .version = current(),
+                                                            .sequences = batch.size(), .tokens = tokens}));
+    return finish_done();
+  }
+
+  Status step() {
+    std::vector<laminar::SequenceState*> batch;
+    for (Live& l : live_) batch.push_back(&l.seq);
+    if (decode_start_ == 0) decode_start_ = now_ns();
+    LAMINAR_RETURN_IF_ERROR(engine_->step(*cache_, batch));
+    decode_tokens_ += batch.size();
+    decode_max_seqs_ = std::max<std::uint64_t>(decode_max_seqs_, batch.size());
+    if (now_ns() - decode_start_ > 50'000'000) flush_decode();  // one span per 50 ms of decoding
+    return finish_done();
+  }
+
+  void flush_decode() {
+    if (decode_start_ == 0) return;
+    (void)writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kDecode,
+                                          .start_ns = decode_start_, .end_ns = now_ns(), .version = current(),
+                                          .sequences = decode_max_seqs_, .tokens = decode_tokens_});
+    decode_start_ = 0;
+    decode_tokens_ = decode_max_seqs_ = 0;
+  }
+
+  // Pushes every live sequence that ended (EOS or its token limit), rewarded by the verifier.
+  Status finish_done() {
+    for (std::size_t i = 0; i < live_.size();) {
+      Live& l = live_[i];
+      const bool eos = !l.seq.response_tokens.empty() && l.seq.response_tokens.back() == async_grpo::kEos;
+      const bool full = std::int32_t(l.seq.response_tokens.size()) >= l.max_tokens;
+      if (!eos && !full) {
+        ++i;
+        continue;
+      }
+      if (l.seq.version.value() != current())
+        return laminar::internal_error(fmt::format("{}: trajectory {} mixes versions {} and {}", who_,
+                                                   l.seq.trajectory.value(), l.seq.version.value(), current()));
+      laminar::Trajectory t;
+      t.id = l.seq.trajectory;
+      t.prompt_id = l.seq.prompt_id;
+      t.group_id = l.seq.group_id;
+      t.group_size = l.seq.group_size;
+      t.sample_index = l.seq.sample_index;
+      t.version = l.seq.version;
+      t.prompt_tokens = l.seq.prompt_tokens;
+      t.response_tokens = l.seq.response_tokens;
+      t.logprobs = l.seq.logprobs;
+      t.rewards = {task_->reward(l.prompt, t.response_tokens)};
+      t.finish_reason = eos ? laminar::FinishReason::kStop : laminar::FinishReason::kLength;
+      t.timings = {.generation_start_ns = l.start_ns, .generation_end_ns = now_ns()};
+      LAMINAR_RETURN_IF_ERROR(cache_->release(l.seq.sequence));
+      live_.erase(live_.begin() + std::ptrdiff_t(i));
+      Status st = producer_->push(std::move(t));
+      // A sample handed out again after this worker looked lost is already in the queue.
+      if (!st.ok() && st.code() != laminar::StatusCode::kAlreadyExists) return st;
+      ++pushed_;
+    }
+    return laminar::ok_status();
+  }
+
+  const Settings& s_;
+  const RoleArgs& a_;
+  std::string who_;
+  std::optional<async_grpo::DigitTask> task_;
+  std::optional<async_grpo::Engine> engine_;
+  std::vector<laminar::NamedTensor> destinations_;
+  std::optional<async_grpo::RecordWriter> writer_;
+  std::optional<LineFile> hashes_;
+  std::shared_ptr<laminar::Transport> transport_;
+  std::shared_ptr<laminar::PagedKvCache> cache_;
+  std::shared_ptr<laminar::RelayStore> store_;
+  std::unique_ptr<laminar::RelayNode> node_;
+  std::unique_ptr<laminar::WeightPuller> puller_;
+  std::unique_ptr<async_grpo::PromptClient> client_;
+  std::unique_ptr<laminar::RemoteProducer> producer_;
+  std::vector<Live> live_;
+  std::int64_t decode_start_ = 0;
+  std::uint64_t decode_tokens_ = 0, decode_max_seqs_ = 0;
+  std::uint64_t pushed_ = 0, pulls_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The launcher.
+
+// A child process: this binary again, its stdout read line by line. Killed (SIGKILL) and reaped by
+// the destructor if it still runs, and by the kernel if the launcher dies first.
+class Child {
+ public:
+  static Result<std::unique_ptr<Child>> spawn(std::string name, std::vector<std::string> args) {
+    args.insert(args.begin(), "/proc/self/exe");
+    std::vector<char*> argv;
+    for (std::string& x : args) argv.push_back(x.data());
+    argv.push_back(nullptr);
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return laminar::unavailable(fmt::format("pipe: {}", std::strerror(errno)));
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // Only async-signal-safe calls from here.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      if (dup2(out[1], STDOUT_FILENO) < 0) _exit(127);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    const int fork_errno = errno;
+    close(out[1]);
+    if (pid < 0) {
+      close(out[0]);
+      return laminar::unavailable(fmt::format("fork: {}", std::strerror(fork_errno)));
+    }
+    return std::unique_ptr<Child>(new Child(std::move(name), pid, out[0]));
+  }
+  ~Child() {
+    if (!reaped_) {
+      kill(pid_, SIGKILL);
+      (void)wait();
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  pid_t pid() const noexcept { return pid_; }
+  int fd() const noexcept { return fd_; }
+  void read_lines(std::vector<std::string>& lines) {
+    char chunk[65536];
+    const ssize_t n = read(fd_, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) return;
+    if (n <= 0) {
+      close(fd_);
+      fd_ = -1;
+      return;
+    }
+    buffered_.append(chunk, std::size_t(n));
+    for (std::size_t nl; (nl = buffered_.find('\n')) != std::string::npos;) {
+      lines.push_back(buffered_.substr(0, nl));
+      buffered_.erase(0, nl + 1);
+    }
+  }
+  bool exited() {
+    if (reaped_) return true;
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) record(status);
+    return reaped_;
+  }
+  void kill_now() {
+    if (!reaped_) kill(pid_, SIGKILL);
+  }
+  int wait() {
+    if (!reaped_) {
+      int status = 0;
+      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+      record(status);
+    }
+    return exit_code_;
+  }
+
+ private:
+  Child(std::string name, pid_t pid, int fd) : name_(std::move(name)), pid_(pid), fd_(fd) {}
+  void record(int status) {
+    reaped_ = true;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string name_;
+  pid_t pid_;
+  int fd_;
+  bool reaped_ = false;
+  int exit_code_ = 0;
+  std::string buffered_;
+};
+
+std::vector<std::string> settings_args(const Settings& s) {
+  return {"--seed",          std::to_string(s.seed),          "--group-size", std::to_string(s.group_size),
+          "--groups-per-step", std::to_string(s.groups_per_step), "--steps",      std::to_string(s.steps),
+          "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
+          "--max-staleness", std::to_string(s.max_staleness)};
+}
+
+Result<std::string> wait_address(const fs::path& file, Child& child) {
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(file)) {
+      std::ifstream f(file);
+      std::string address;
+      std::getline(f, address);
+      if (!address.empty()) return address;
+    }
+    if (child.exited()) return laminar::unavailable(fmt::format("{} exited with {}", child.name(), child.wait()));
+    std::this_thread::sleep_for(20ms);
+  }
+  return laminar::deadline_exceeded(fmt::format("{} wrote no address in 120 s", child.name()));
+}
+
+// Reads each process's records; a killed worker's file may end in a torn line, which is dropped.
+Result<async_grpo::Records> read_records_lenient(const fs::path& dir) {
+  async_grpo::Records all;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".jsonl") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const fs::path& p : files) {
+    std::ifstream f(p, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    text.erase(text.find_last_of('\n') == std::string::npos ? 0 : text.find_last_of('\n') + 1);
+    auto r = async_grpo::parse_records(text, p.string());
+    if (!r.ok()) return r.status();
+    all.append(std::move(*r));
+  }
+  return all;
+}
+
+std::map<std::uint64_t, std::string> read_hashes(const fs::path& file) {
+  std::map<std::uint64_t, std::string> out;
+  std::ifstream f(file);
+  std::uint64_t v;
+  std::string h;
+  while (f >> v >> h) out[v] = h;
+  return out;
+}
+
+struct CheckResult {
+  std::string name;
+  bool ok = false;
+  std::string detail;
+};
+
+struct ScheduleOutcome {
+  async_grpo::ScheduleRun run;
+  std::vector<CheckResult> checks;
+};
+
+Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& schedule, const fs::path& warm,
+                                     const std::string& token) {
+  const fs::path dir = fs::absolute(fs::path(s.out) / schedule);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir / "records", ec);
+  if (ec) return laminar::unavailable("cannot create " + dir.string());
+  ScheduleOutcome outcome;
+  outcome.run.schedule = schedule;
+  outcome.run.rollout_workers = std::uint32_t(s.workers);
+  outcome.run.start_ns = now_ns();
+  std::vector<std::string> common = settings_args(s);
+  common.insert(common.end(), {"--dir", dir.string(), "--token", token, "--run-schedule", schedule});
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  std::vector<std::unique_ptr<Child>> children;
+  auto actor = Child::spawn("actor", with({"--role", "actor", "--warm", warm.string()}));
+  if (!actor.ok()) return actor.status();
+  children.push_back(std::move(*actor));
+  auto actor_address = wait_address(dir / "actor.addr", *children[0]);
+  if (!actor_address.ok()) return actor_address.status();
+  std::vector<std::string> relay_args;
+  for (int r = 0; r < s.relays; ++r) {
+    auto relay = Child::spawn(fmt::format("relay-{}", r), with({"--role", "relay", "--index", std::to_string(r),
+                                                                "--actor", *actor_address}));
+    if (!relay.ok()) return relay.status();
+    children.push_back(std::move(*relay));
+    auto address = wait_address(dir / fmt::format("relay-{}.addr", r), *children.back());
+    if (!address.ok()) return address.status();
+    relay_args.insert(relay_args.end(), {"--relay", *address});
+  }
+  const std::size_t first_rollout = children.size();
+  for (int w = 0; w < s.workers; ++w) {
+    std::vector<std::string> args = {"--role", "rollout", "--index", std::to_string(w), "--actor", *actor_address};
+    args.insert(args.end(), relay_args.begin(), relay_args.end());
+    auto rollout = Child::spawn(fmt::format("rollout-{}", w), with(args));
+    if (!rollout.ok()) return rollout.status();
+    children.push_back(std::move(*rollout));
+  }
+
+  async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
+  LAMINAR_RETURN_IF_ERROR(progress.begin(schedule, std::uint64_t(s.steps), "steps"));
+  const bool kill_one = s.kill_rollout_at > 0 && schedule == "laminar";
+  bool killed = false;
+  std::vector<std::string> actor_lines;
+  while (children[0]->fd() >= 0) {
+    std::vector<pollfd> fds;
+    std::vector<Child*> who;
+    for (auto& c : children)
+      if (c->fd() >= 0) {
+        fds.push_back({c->fd(), POLLIN, 0});
+        who.push_back(c.get());
+      }
+    if (poll(fds.data(), fds.size(), 500) < 0 && errno != EINTR)
+      return laminar::unavailable(fmt::format("poll: {}", std::strerror(errno)));
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      std::vector<std::string> lines;
+      who[i]->read_lines(lines);
+      for (const std::string& line : lines) {
+        if (who[i] != children[0].get()) continue;
+        actor_lines.push_back(line);
+        int step = 0;
+        if (std::sscanf(line.c_str(), "progress %d", &step) == 1) {
+          (void)progress.update(std::min<std::uint64_t>(std::uint64_t(step), std::uint64_t(s.steps)));
+          if (kill_one && !killed && step >= s.kill_rollout_at) {
+            children[first_rollout]->kill_now();
+            killed = true;
+            std::cout << fmt::format("killed rollout-0 (pid {}) with SIGKILL after step {}\n",
+                                     children[first_rollout]->pid(), step);
+          }
+        }
+      }
+    }
+  }
+  const int actor_code = children[0]->wait();
+  (void)progress.finish();
+  outcome.run.end_ns = now_ns();
+  // The actor wrote the stop file; the others see it (or the actor gone) and leave.
+  std::ofstream(dir / "stop") << "done\n";
+  const auto grace = std::chrono::steady_clock::now() + 15s;
+  std::vector<int> codes(children.size(), 0);
+  for (std::size_t i = 1; i < children.size(); ++i) {
+    while (!children[i]->exited() && std::chrono::steady_clock::now() < grace) std::this_thread::sleep_for(20ms);
+    if (!children[i]->exited()) {
+      std::cout << fmt::format("{} still running after the actor ended: SIGKILL\n", children[i]->name());
+      children[i]->kill_now();
+    }
+    codes[i] = children[i]->wait();
+  }
+  if (actor_code != 0) return laminar::internal_error(fmt::format("the actor exited with {}", actor_code));
+
+  for (const std::string& line : actor_lines) {
+    char name[64], verdict[16];
+    int consumed = 0;
+    if (std::sscanf(line.c_str(), "check %63s %15s %n", name, verdict, &consumed) >= 2)
+      outcome.checks.push_back({name, std::string(verdict) == "ok", line.substr(std::size_t(consumed))});
+    else if (line.rfind("dispatch ", 0) == 0)
+      std::cout << schedule << " " << line << "\n";
+  }
+  bool exits_ok = true;
+  std::string exits;
+  for (std::size_t i = 1; i < children.size(); ++i) {
+    const bool expected_kill = killed && i == first_rollout;
+    exits_ok = exits_ok && (expected_kill ? codes[i] == 128 + SIGKILL : codes[i] == 0);
+    exits += fmt::format("{}={} ", children[i]->name(), codes[i]);
+  }
+  outcome.checks.push_back({"exits", exits_ok, exits});
+  if (kill_one)
+    outcome.checks.push_back({"killed_worker", killed, killed ? "rollout-0 killed mid-run; see all_completed"
+                                                              : "the run ended before the kill step"});
+
+  const auto published = read_hashes(dir / "published.txt");
+  std::uint64_t pulls = 0, mismatches = 0;
+  for (int w = 0; w < s.workers; ++w)
+    for (const auto& [v, h] : read_hashes(dir / fmt::format("weights-rollout-{}.txt", w))) {
+      ++pulls;
+      auto it = published.find(v);
+      if (it == published.end() || it->second != h) ++mismatches;
+    }
+  outcome.checks.push_back({"weights_bit_equal", pulls > 0 && mismatches == 0,
+                            fmt::format("{} pulls hashed, {} differ from the actor's published bytes", pulls,
+                                        mismatches)});
+
+  auto records = read_records_lenient(dir / "records");
+  if (!records.ok()) return records.status();
+  outcome.run.records = std::move(*records);
+  const auto& rw = outcome.run.records.rewards;
+  if (rw.size() >= 2) {
+    const std::size_t tail = std::max<std::size_t>(1, rw.size() / 3);
+    double last = 0;
+    for (std::size_t i = rw.size() - tail; i < rw.size(); ++i) last += rw[i].mean_reward / double(tail);
+    outcome.checks.push_back({"reward_rises", last > rw.front().mean_reward,
+                              fmt::format("first step {:.3f}, mean of the last {} steps {:.3f}",
+                                          rw.front().mean_reward, tail, last)});
+  }
+  return outcome;
+}
+
+Status warm_up(const Settings& s, const fs::path& file) {
+  auto task = make_task(s);
+  if (!task.ok()) return task.status();
+  async_grpo::TrainerOptions to;
+  to.seed = s.seed;
+  to.intra_op_threads = 1;
+  auto trainer = async_grpo::Trainer::create(to);
+  if (!trainer.ok()) return trainer.status();
+  async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
+  LAMINAR_RETURN_IF_ERROR(progress.begin("warm-up", std::uint64_t(s.warmup_steps), "steps"));
+  // Prompts far past the ones the schedules deal, so RL sees prompts the warm-up did not.
+  std::uint64_t next = 1ull << 40;
+  for (int i = 0; i < s.warmup_steps; ++i) {
+    std::vector<async_grpo::DigitPrompt> prompts;
+    for (int k = 0; k < 64; ++k) prompts.push_back(task->prompt(next++));
+    auto st = (*trainer)->warmup_step(prompts);
+    if (!st.ok()) return st.status();
+    LAMINAR_RETURN_IF_ERROR(progress.update(std::uint64_t(i + 1)));
+  }
+  LAMINAR_RETURN_IF_ERROR(progress.finish());
+  std::vector<std::byte> flat((*trainer)->manifest().total_bytes());
+  LAMINAR_RETURN_IF_ERROR((*trainer)->save_weights(flat));
+  std::ofstream f(file, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(flat.data()), std::streamsize(flat.size()));
+  return f ? laminar::ok_status() : laminar::unavailable("cannot write " + file.string());
+}
+
+int run_launcher(Settings s) {
+  if (s.short_run) {
+    s.workers = 3;
+    s.steps = 10;
+    s.warmup_steps = 20;
+    s.groups_per_step = 4;
+    s.group_size = 8;
+    s.kill_rollout_at = 3;
+    if (s.schedule == "compare") s.schedule = "laminar";
+  }
+  std::error_code ec;
+  fs::create_directories(s.out, ec);
+  if (ec) return fail("launcher", "out", laminar::unavailable("cannot create " + s.out));
+  std::random_device rd;
+  const std::string token = fmt::format("async-grpo-{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+  const fs::path warm = fs::absolute(fs::path(s.out) / "warmup.bin");
+  if (Status st = warm_up(s, warm); !st.ok()) return fail("launcher", "warm-up", st);
+
+  std::vector<std::string> schedules =
+      s.schedule == "compare" ? std::vector<std::string>{"sync", "laminar"} : std::vector<std::string>{s.schedule};
+  std::vector<async_grpo::ScheduleRun> runs;
+  bool all_ok = true;
+  for (const std::string& schedule : schedules) {
+    auto outcome = run_schedule(s, schedule, warm, token);
+    if (!outcome.ok()) return fail("launcher", schedule, outcome.status());
+    std::cout << fmt::format("{}: {:.1f} s wall\n", schedule,
+                             double(outcome->run.end_ns - outcome->run.start_ns) / 1e9);
+    for (const CheckResult& c : outcome->checks) {
+      std::cout << fmt::format("  check {:<20} {}  {}\n", c.name, c.ok ? "ok  " : "FAIL", c.detail);
+      all_ok = all_ok && c.ok;
+    }
+    runs.push_back(std::move(outcome->run));
+  }
+  async_grpo::ReportOptions ro;
+  if (schedules.size() == 1) ro.baseline = ro.contender = schedules[0];
+  auto files = async_grpo::write_report(runs, ro, s.out);
+  if (!files.ok()) return fail("launcher", "report", files.status());
+  std::cout << "\n" << files->table;
+  if (!files->plot_note.empty()) std::cout << files->plot_note << "\n";
+  std::cout << fmt::format("report in {}: table.txt, metrics.json, trace_<schedule>.json, plots\n", s.out);
+  std::cout << (all_ok ? "all checks passed\n" : "some checks FAILED\n");
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Asynchronous GRPO end to end: a libtorch actor, relay processes and rollout workers"};
+  Settings s;
+  RoleArgs a;
+  app.add_option("--schedule", s.schedule, "sync, one-step, laminar, or compare (sync then laminar)")
+      ->check(CLI::IsMember({"sync", "one-step", "laminar", "compare"}));
+  app.add_option("--workers", s.workers, "rollout worker processes")->check(CLI::Range(1, 64));
+  app.add_option("--relays", s.relays, "relay processes between the actor and the workers")->check(CLI::Range(0, 8));
+  app.add_option("--seed", s.seed, "task, initial weights and sampling seed");
+  app.add_option("--group-size", s.group_size, "samples per prompt")->check(CLI::Range(2, 64));
+  app.add_option("--groups-per-step", s.groups_per_step, "prompts per training batch")->check(CLI::Range(1, 256));
+  app.add_option("--steps", s.steps, "training steps per schedule")->check(CLI::Range(1, 100000));
+  app.add_option("--minutes", s.minutes, "stop each schedule's training after this long (0: by --steps)")
+      ->check(CLI::Range(0.0, 600.0));
+  app.add_option("--warmup-steps", s.warmup_steps, "supervised warm-up steps before RL")->check(CLI::Range(0, 100000));
+  app.add_option("--max-live", s.max_live, "sequences one rollout worker decodes at once")->check(CLI::Range(1, 256));
+  app.add_option("--max-staleness", s.max_staleness, "laminar: versions a worker's weights may lag")
+      ->check(CLI::Range(0, 16));
+  app.add_option("--kill-rollout-at", s.kill_rollout_at, "laminar: SIGKILL rollout 0 after this step (0: never)")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--out", s.out, "directory of the report and each schedule's records");
+  app.add_flag("--short", s.short_run, "the CI configuration: laminar, small, one worker killed, under a minute");
+  app.add_option("--role", a.role, "")->group("")->check(CLI::IsMember({"actor", "relay", "rollout"}));
+  app.add_option("--index", a.index, "")->group("");
+  app.add_option("--dir", a.dir, "")->group("");
+  app.add_option("--token", a.token, "")->group("");
+  app.add_option("--actor", a.actor, "")->group("");
+  app.add_option("--relay", a.relays, "")->group("");
+  app.add_option("--warm", a.warm, "")->group("");
+  app.add_option("--run-schedule", a.run_schedule, "")->group("");
+  CLI11_PARSE(app, argc, argv);
+
+  if (a.role == "actor") return run_actor(s, a);
+  if (a.role == "relay") return run_relay(a);
+  if (a.role == "rollout") return Rollout(s, a).run();
+  return run_launcher(s);
+}
