@@ -72,6 +72,7 @@ struct Settings {
   int warmup_steps = 60;
   int max_live = 16;  // sequences one rollout worker decodes at once
   int max_staleness = 1;
+  double in_flight_batches = 1;  // laminar: samples out at once, in training batches
   int kill_rollout_at = 0;  // > 0: SIGKILL rollout 0 once the actor reports this step (laminar only)
   std::string out = "async_grpo_out";
   bool short_run = false;
@@ -191,6 +192,15 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     if (Status st = trainer.load_weights(flat); !st.ok()) return fail("actor", "warm-up weights", st);
   }
 
+  // laminar's prefill re-scoring of every trained sample under the version it names: equal bit for
+  // bit to the rollout's log-probs unless the sample mixes versions or the weights differ.
+  auto scorer = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+  if (!scorer.ok()) return fail("actor", "scoring engine", scorer.status());
+  auto score_cache = laminar::PagedKvCache::create(scorer->kv_layout(16, 16));
+  if (!score_cache.ok()) return fail("actor", "scoring cache", score_cache.status());
+  std::map<std::uint64_t, std::vector<std::byte>> recent;  // the newest published versions' bytes
+  std::uint64_t scorer_version = 0;
+
   std::vector<std::byte> flat(trainer.manifest().total_bytes());
   auto publish = [&](laminar::Version v) -> Status {
     const std::int64_t t0 = now_ns();
@@ -201,6 +211,8 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     LAMINAR_RETURN_IF_ERROR(server.set_newest_version(v));
     LAMINAR_RETURN_IF_ERROR(trainer.save_weights(flat));
     published.write(fmt::format("{} {:016x}", v.value(), weight_hash(flat)));
+    recent[v.value()] = flat;
+    while (recent.size() > 8) recent.erase(recent.begin());
     return writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kPublish,
                                           .start_ns = t0, .end_ns = now_ns(), .version = v.value(),
                                           .bytes = flat.size()});
@@ -217,14 +229,38 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     if (auto r = server.open(v, async_grpo::kAnyNewer, std::uint64_t(s.groups_per_step)); !r.ok())
       return fail("actor", "open", r.status());
   } else {
-    async_grpo::StreamWindow w{.max_staleness = std::uint64_t(s.max_staleness), .max_in_flight = 2 * batch_size};
+    const auto in_flight = std::max<std::uint64_t>(G, std::uint64_t(s.in_flight_batches * double(batch_size)));
+    async_grpo::StreamWindow w{.max_staleness = std::uint64_t(s.max_staleness), .max_in_flight = in_flight};
     if (Status st = server.set_stream(w); !st.ok()) return fail("actor", "stream", st);
   }
 
   std::unordered_set<std::uint64_t> trained_ids;
   std::uint64_t duplicate_trained = 0, partial_groups = 0, on_policy = 0;
   double max_lp_diff = 0, sum_lp_diff = 0;
-  std::uint64_t lp_tokens = 0;
+  std::uint64_t lp_tokens = 0, rescored = 0, rescore_differs = 0, not_rescored = 0;
+  auto rescore = [&](std::span<const laminar::Trajectory> ts) -> Status {
+    std::vector<const laminar::Trajectory*> order;
+    for (const laminar::Trajectory& t : ts) order.push_back(&t);
+    std::sort(order.begin(), order.end(), [](auto* x, auto* y) { return x->version < y->version; });
+    for (const laminar::Trajectory* t : order) {
+      auto bytes = recent.find(t->version.value());
+      if (bytes == recent.end()) {
+        ++not_rescored;
+        continue;
+      }
+      if (scorer_version != t->version.value()) {
+        LAMINAR_RETURN_IF_ERROR(scorer->load_weights(bytes->second));
+        scorer_version = t->version.value();
+      }
+      auto lp = scorer->score(*score_cache, laminar::SequenceId(1), t->prompt_tokens, t->response_tokens);
+      if (!lp.ok()) return lp.status();
+      ++rescored;
+      if (lp->size() != t->logprobs.size() ||
+          std::memcmp(lp->data(), t->logprobs.data(), lp->size() * sizeof(float)) != 0)
+        ++rescore_differs;
+    }
+    return laminar::ok_status();
+  };
   const std::int64_t train_start = now_ns();
   const auto deadline_ns = s.minutes > 0 ? train_start + std::int64_t(s.minutes * 60e9) : INT64_MAX;
   int step = 0;
@@ -254,6 +290,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
                                                      .length = t.response_tokens.size()});
     }
     for (const auto& [group, n] : group_count) partial_groups += n != G ? 1 : 0;
+    if (Status st = rescore(ts); !st.ok()) return fail("actor", "rescore", st);
     // The actor's recompute of on-policy samples: same weights, so only arithmetic order differs.
     if (!current.empty()) {
       auto lp = trainer.log_probs(current);
@@ -324,6 +361,10 @@ int run_actor(const Settings& s, const RoleArgs& a) {
                     "lost workers {}",
                     ds.groups_made, ds.groups_done, ds.completed, drained, ds.reissued, ds.lost_workers));
   check("whole_groups", partial_groups == 0, fmt::format("{} groups trained without all {} samples", partial_groups, G));
+  check("rescore_bit_equal", rescored > 0 && rescore_differs == 0,
+        fmt::format("{} trained samples re-scored by laminar's prefill under their version, {} differ, {} "
+                    "not re-scored (version no longer kept)",
+                    rescored, rescore_differs, not_rescored));
   check("behaviour_logprobs", on_policy == 0 || max_lp_diff < 1e-2,
         fmt::format("{} on-policy samples, {} tokens: |rollout - actor recompute| max {:.3g} mean {:.3g}", on_policy,
                     lp_tokens, max_lp_diff, lp_tokens ? sum_lp_diff / double(lp_tokens) : 0.0));
@@ -432,7 +473,9 @@ class Rollout {
       }
       std::vector<laminar::TrajectoryId> held;
       for (const Live& l : live_) held.push_back(l.seq.trajectory);
-      const std::uint32_t free_slots = want ? 0 : std::uint32_t(s_.max_live - int(live_.size()));
+      // No work before the first pull: the engine's weights are zeros until then.
+      const bool take = !want && current() > 0;
+      const std::uint32_t free_slots = take ? std::uint32_t(s_.max_live - int(live_.size())) : 0;
       Result<async_grpo::Grant> grant = client_->request(laminar::Version(current()), free_slots, held);
       if (!grant.ok()) return grant.status();  // after the run: the actor left
       for (laminar::TrajectoryId id : grant->drop) drop(id);
@@ -443,7 +486,7 @@ class Rollout {
       } else {
         flush_decode();
         const std::int64_t t0 = now_ns();
-        if (want && current() > 0) (void)store_->wait_for_version(*want, 20ms);
+        if (want) (void)store_->wait_for_version(*want, 20ms);
         else std::this_thread::sleep_for(2ms);
         LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
                                                                 .kind = async_grpo::SpanKind::kIdleWait,
@@ -684,7 +727,8 @@ std::vector<std::string> settings_args(const Settings& s) {
   return {"--seed",          std::to_string(s.seed),          "--group-size", std::to_string(s.group_size),
           "--groups-per-step", std::to_string(s.groups_per_step), "--steps",      std::to_string(s.steps),
           "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
-          "--max-staleness", std::to_string(s.max_staleness)};
+          "--max-staleness", std::to_string(s.max_staleness), "--in-flight-batches",
+          fmt::format("{}", s.in_flight_batches)};
 }
 
 Result<std::string> wait_address(const fs::path& file, Child& child) {
@@ -972,6 +1016,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-live", s.max_live, "sequences one rollout worker decodes at once")->check(CLI::Range(1, 256));
   app.add_option("--max-staleness", s.max_staleness, "laminar: versions a worker's weights may lag")
       ->check(CLI::Range(0, 16));
+  app.add_option("--in-flight-batches", s.in_flight_batches,
+                 "laminar: samples handed out and not yet trained, in batches (1: the next batch is "
+                 "generated while the current one trains)")
+      ->check(CLI::Range(0.1, 64.0));
   app.add_option("--kill-rollout-at", s.kill_rollout_at, "laminar: SIGKILL rollout 0 after this step (0: never)")
       ->check(CLI::Range(0, 100000));
   app.add_option("--out", s.out, "directory of the report and each schedule's records");
