@@ -41,6 +41,8 @@
 #include "engine.h"
 #include "laminar/kv_migrator.h"
 #include "laminar/relay_node.h"
+#include "laminar/repack_coordinator.h"
+#include "laminar/repack_driver.h"
 #include "laminar/relay_store.h"
 #include "laminar/remote_trajectory_queue.h"
 #include "laminar/trajectory_queue.h"
@@ -73,8 +75,10 @@ struct Settings {
   int max_live = 16;  // sequences one rollout worker decodes at once
   int max_staleness = 1;
   double in_flight_batches = 1;  // laminar: samples out at once, in training batches
+  bool repack = true;        // laminar: RepackCoordinator + a RepackDriver per worker
   int kill_rollout_at = 0;  // > 0: SIGKILL rollout 0 once the actor reports this step (laminar only)
   std::string out = "async_grpo_out";
+  static constexpr std::int32_t kPageSize = 16;  // tokens per KV page of every worker's cache
   bool short_run = false;
 };
 
@@ -178,6 +182,22 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (!dispatch.ok()) return fail("actor", "prompt server", dispatch.status());
   async_grpo::PromptServer& server = **dispatch;
 
+  std::unique_ptr<laminar::RepackCoordinator> coordinator;
+  if (a.run_schedule == "laminar" && s.repack) {
+    laminar::RepackCoordinatorOptions co;
+    co.tokens_per_page = Settings::kPageSize;
+    co.interval = 500ms;
+    co.stale_after = 2s;
+    // One page over every layer, K and V, f32; workers share one host.
+    const async_grpo::PolicyConfig pc;
+    co.policy.page_bytes = std::uint64_t(pc.num_layers) * 2 * pc.num_kv_heads * pc.head_dim * Settings::kPageSize * 4;
+    co.policy.link_bytes_per_s = 1e9;
+    co.policy.growth_horizon_steps = pc.max_positions;
+    auto c = laminar::RepackCoordinator::create(*transport, co);
+    if (!c.ok()) return fail("actor", "repack coordinator", c.status());
+    coordinator = std::move(*c);
+  }
+
   async_grpo::TrainerOptions to;
   to.seed = s.seed;
   to.intra_op_threads = 1;
@@ -209,6 +229,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     if (!views.ok()) return views.status();
     LAMINAR_RETURN_IF_ERROR(relay->publish(v, trainer.manifest(), *views));
     LAMINAR_RETURN_IF_ERROR(server.set_newest_version(v));
+    if (coordinator) LAMINAR_RETURN_IF_ERROR(coordinator->set_newest_version(v));
     LAMINAR_RETURN_IF_ERROR(trainer.save_weights(flat));
     published.write(fmt::format("{} {:016x}", v.value(), weight_hash(flat)));
     recent[v.value()] = flat;
@@ -369,6 +390,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
         fmt::format("{} on-policy samples, {} tokens: |rollout - actor recompute| max {:.3g} mean {:.3g}", on_policy,
                     lp_tokens, max_lp_diff, lp_tokens ? sum_lp_diff / double(lp_tokens) : 0.0));
   std::printf("dispatch %s\n", ds.to_json().c_str());
+  if (coordinator) std::printf("repack %s\n", coordinator->stats().to_json().c_str());
   std::printf("steps %d\n", step);
   std::fflush(stdout);
   q->close();
@@ -399,6 +421,7 @@ int run_relay(const RoleArgs& a) {
 // A rollout worker: engine, cache, worker-local store, puller, prompt client, queue producer.
 
 struct Live {
+  bool paused = false;  // a migration out of this worker holds it
   laminar::SequenceState seq;
   async_grpo::DigitPrompt prompt;
   std::int32_t max_tokens = 0;
@@ -425,11 +448,30 @@ class Rollout {
     auto transport = make_transport(a_.token);
     if (!transport.ok()) return fail(who_, "transport", transport.status());
     transport_ = *transport;
-    const std::int32_t page_size = 16;
-    const std::int32_t pages = s_.max_live * (engine_->config().max_positions / page_size + 1) + 8;
-    auto pools = laminar::KvMigrator::allocate_cache(*transport_, engine_->kv_layout(pages, page_size));
+    const std::int32_t page_size = Settings::kPageSize;
+    pages_ = s_.max_live * (engine_->config().max_positions / page_size + 1) + 8;
+    auto pools = laminar::KvMigrator::allocate_cache(*transport_, engine_->kv_layout(pages_, page_size));
     if (!pools.ok()) return fail(who_, "cache", pools.status());
     cache_ = pools->cache;
+    if (a_.run_schedule == "laminar" && s_.repack) {
+      // Migrations arrive at this worker's own address.
+      if (auto address = transport_->listen("127.0.0.1", 0); !address.ok()) return fail(who_, "listen", address.status());
+      laminar::KvMigratorOptions mo;
+      mo.k_pool_region = pools->k_pool;
+      mo.v_pool_region = pools->v_pool;
+      mo.max_sequences = std::uint32_t(s_.max_live);
+      auto migrator = laminar::KvMigrator::create(transport_, cache_, mo);
+      if (!migrator.ok()) return fail(who_, "migrator", migrator.status());
+      migrator_ = std::move(*migrator);
+      migrator_->set_version(laminar::Version(0));
+      laminar::RepackDriverOptions dopt;
+      dopt.worker = laminar::WorkerId(std::uint32_t(a_.index));
+      dopt.coordinator = a_.actor;
+      dopt.report_interval = 200ms;
+      auto driver = laminar::RepackDriver::create(transport_, migrator_, dopt);
+      if (!driver.ok()) return fail(who_, "repack driver", driver.status());
+      driver_ = std::move(*driver);
+    }
     auto store = laminar::RelayStore::create();
     if (!store.ok()) return fail(who_, "relay store", store.status());
     store_ = std::move(*store);
@@ -462,31 +504,37 @@ class Rollout {
   std::uint64_t current() const { return puller_->current_version() ? puller_->current_version()->value() : 0; }
 
   Status loop() {
-    std::optional<laminar::Version> want;  // the server asked for this version or newer
+    laminar::Version want{0};  // the server asked for this version or newer (0: it did not)
     while (!stop_requested(a_.dir)) {
-      if (live_.empty()) {
+      if (driver_) {
+        Result<std::vector<laminar::MigrationEvent>> events = driver_->step(snapshot());
+        if (!events.ok()) return events.status();
+        for (laminar::MigrationEvent& e : *events) LAMINAR_RETURN_IF_ERROR(handle(e));
+      }
+      if (idle()) {
         const std::optional<laminar::Version> newest = puller_->newest_version();
-        if (newest && newest->value() > current() && (!want || *newest >= *want)) {
+        if (newest && newest->value() > current() && *newest >= want) {
           LAMINAR_RETURN_IF_ERROR(pull(*newest));
-          want.reset();
+          want = laminar::Version(0);
         }
       }
       std::vector<laminar::TrajectoryId> held;
       for (const Live& l : live_) held.push_back(l.seq.trajectory);
       // No work before the first pull: the engine's weights are zeros until then.
-      const bool take = !want && current() > 0;
+      const bool take = want.value() == 0 && current() > 0;
+      taking_ = take;
       const std::uint32_t free_slots = take ? std::uint32_t(s_.max_live - int(live_.size())) : 0;
       Result<async_grpo::Grant> grant = client_->request(laminar::Version(current()), free_slots, held);
       if (!grant.ok()) return grant.status();  // after the run: the actor left
       for (laminar::TrajectoryId id : grant->drop) drop(id);
       if (grant->kind == async_grpo::GrantKind::kPullNewer) want = grant->pull_version;
       if (grant->kind == async_grpo::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(grant->samples));
-      if (!live_.empty()) {
+      if (!idle()) {
         LAMINAR_RETURN_IF_ERROR(step());
       } else {
         flush_decode();
         const std::int64_t t0 = now_ns();
-        if (want) (void)store_->wait_for_version(*want, 20ms);
+        if (want.value() > 0) (void)store_->wait_for_version(want, 20ms);
         else std::this_thread::sleep_for(2ms);
         LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
                                                                 .kind = async_grpo::SpanKind::kIdleWait,
@@ -497,10 +545,103 @@ class Rollout {
     return laminar::ok_status();
   }
 
+  // Nothing live and nothing moving: the only time weights may change.
+  bool idle() const { return live_.empty() && (!migrator_ || migrator_->moving().empty()); }
+
+  laminar::WorkerSnapshot snapshot() {
+    laminar::WorkerSnapshot w;
+    w.id = laminar::WorkerId(std::uint32_t(a_.index));
+    w.version = migrator_->version();
+    w.pages_total = pages_;
+    w.pages_used = cache_->used_pages();
+    w.slots_total = s_.max_live;
+    w.slots_used = std::int32_t(live_.size());
+    w.step_time = live_.empty() ? laminar::Duration(0) : step_time_;
+    // Taking no new samples (it waits for newer weights) or past its peak: its KV only shrinks now.
+    w.kv_stopped_growing = w.pages_used < peak_pages_ || !taking_;
+    for (const Live& l : live_) {
+      auto pages = cache_->pages(l.seq.sequence);
+      // The answer's length is the prompt's digit count plus EOS: the task's own length predictor.
+      const std::int64_t expected = std::int64_t(l.prompt.answer.size()) - std::int64_t(l.seq.response_tokens.size());
+      w.sequences.push_back({l.seq.sequence, std::int64_t(l.seq.kv_length),
+                             pages.ok() ? std::int64_t(pages->size()) : 0, std::max<std::int64_t>(0, expected)});
+    }
+    return w;
+  }
+
+  Status handle(laminar::MigrationEvent& e) {
+    using Kind = laminar::MigrationEvent::Kind;
+    auto find = [&](laminar::SequenceId id) {
+      return std::find_if(live_.begin(), live_.end(), [&](const Live& l) { return l.seq.sequence == id; });
+    };
+    switch (e.kind) {
+      case Kind::kPauseRequested: {
+        std::vector<laminar::SequenceState> states;
+        for (laminar::SequenceId id : e.sequences) {
+          auto it = find(id);
+          if (it == live_.end()) return laminar::internal_error(fmt::format("pause of sequence {}, not live", id.value()));
+          it->paused = true;
+          states.push_back(it->seq);
+        }
+        paused_at_[e.id] = now_ns();
+        const Status st = migrator_->finish(e.id, std::move(states));
+        // These two abort the migration (a kAborted event follows).
+        if (!st.ok() && st.code() != laminar::StatusCode::kFailedPrecondition &&
+            st.code() != laminar::StatusCode::kResourceExhausted)
+          return st;
+        return laminar::ok_status();
+      }
+      case Kind::kDone: {
+        const std::int64_t end = now_ns();
+        const std::int64_t start = paused_at_.contains(e.id) ? paused_at_[e.id] : end;
+        paused_at_.erase(e.id);
+        std::uint64_t pages = 0;
+        for (laminar::SequenceId id : e.sequences) {
+          auto it = find(id);
+          if (it == live_.end()) continue;
+          pages += (it->seq.kv_length + Settings::kPageSize - 1) / Settings::kPageSize;
+          live_.erase(it);  // the migrator released it from the cache
+        }
+        const std::uint64_t bytes = pages * std::uint64_t(engine_->config().num_layers) * 2 *
+                                    std::uint64_t(engine_->config().num_kv_heads) * std::uint64_t(engine_->config().head_dim) *
+                                    Settings::kPageSize * sizeof(float);
+        LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
+                                                                .kind = async_grpo::SpanKind::kMigrateOut,
+                                                                .start_ns = start, .end_ns = end, .version = current(),
+                                                                .sequences = e.sequences.size(), .bytes = bytes}));
+        return writer_->write(async_grpo::RepackEvent{.time_ns = end, .moved_sequences = e.sequences.size(),
+                                                      .bytes = bytes});
+      }
+      case Kind::kAborted:
+        if (e.outgoing) {
+          paused_at_.erase(e.id);
+          for (laminar::SequenceId id : e.sequences)
+            if (auto it = find(id); it != live_.end()) it->paused = false;
+        }
+        return laminar::ok_status();
+      case Kind::kArrived: {
+        const std::int64_t t = now_ns();
+        for (laminar::SequenceState& st : e.states) {
+          Live l;
+          l.prompt = task_->prompt(st.prompt_id);
+          l.max_tokens = task_->max_response_tokens(l.prompt);
+          l.start_ns = t;
+          l.seq = std::move(st);
+          live_.push_back(std::move(l));
+        }
+        return writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kMigrateIn,
+                                               .start_ns = t, .end_ns = now_ns(), .version = current(),
+                                               .sequences = e.states.size()});
+      }
+    }
+    return laminar::ok_status();
+  }
+
   Status pull(laminar::Version v) {
     const std::int64_t seen = now_ns();
     LAMINAR_RETURN_IF_ERROR(puller_->pull(v, destinations_, /*has_live_trajectory=*/false));
     LAMINAR_RETURN_IF_ERROR(engine_->check_weights());
+    if (migrator_) migrator_->set_version(v);
     const std::int64_t end = now_ns();
     ++pulls_;
     hashes_->write(fmt::format("{} {:016x}", v.value(), weight_hash(engine_->weight_bytes())));
@@ -513,13 +654,14 @@ class Rollout {
 
   void drop(laminar::TrajectoryId id) {
     auto it = std::find_if(live_.begin(), live_.end(), [&](const Live& l) { return l.seq.trajectory == id; });
-    if (it == live_.end()) return;
+    if (it == live_.end() || it->paused) return;  // a paused one is the migration's until it ends
     (void)cache_->release(it->seq.sequence);
     live_.erase(it);
   }
 
   Status start(const std::vector<async_grpo::Sample>& samples) {
     const std::size_t first = live_.size();
+    peak_pages_ = 0;  // new samples: the KV grows again
     for (const async_grpo::Sample& x : samples) {
       Live l;
       l.prompt = task_->prompt(x.prompt_index);
@@ -554,9 +696,14 @@ class Rollout {
 
   Status step() {
     std::vector<laminar::SequenceState*> batch;
-    for (Live& l : live_) batch.push_back(&l.seq);
+    for (Live& l : live_)
+      if (!l.paused) batch.push_back(&l.seq);
+    if (batch.empty()) return laminar::ok_status();
     if (decode_start_ == 0) decode_start_ = now_ns();
+    const std::int64_t t0 = now_ns();
     LAMINAR_RETURN_IF_ERROR(engine_->step(*cache_, batch));
+    step_time_ = std::chrono::nanoseconds(now_ns() - t0);
+    peak_pages_ = std::max(peak_pages_, std::int64_t(cache_->used_pages()));
     decode_tokens_ += batch.size();
     decode_max_seqs_ = std::max<std::uint64_t>(decode_max_seqs_, batch.size());
     if (now_ns() - decode_start_ > 50'000'000) flush_decode();  // one span per 50 ms of decoding
@@ -576,6 +723,10 @@ class Rollout {
   Status finish_done() {
     for (std::size_t i = 0; i < live_.size();) {
       Live& l = live_[i];
+      if (l.paused) {
+        ++i;
+        continue;
+      }
       const bool eos = !l.seq.response_tokens.empty() && l.seq.response_tokens.back() == async_grpo::kEos;
       const bool full = std::int32_t(l.seq.response_tokens.size()) >= l.max_tokens;
       if (!eos && !full) {
@@ -618,6 +769,13 @@ class Rollout {
   std::optional<LineFile> hashes_;
   std::shared_ptr<laminar::Transport> transport_;
   std::shared_ptr<laminar::PagedKvCache> cache_;
+  std::shared_ptr<laminar::KvMigrator> migrator_;
+  std::unique_ptr<laminar::RepackDriver> driver_;
+  std::map<laminar::MigrationId, std::int64_t> paused_at_;
+  std::int32_t pages_ = 0;
+  std::int64_t peak_pages_ = 0;
+  laminar::Duration step_time_{0};
+  bool taking_ = false;
   std::shared_ptr<laminar::RelayStore> store_;
   std::unique_ptr<laminar::RelayNode> node_;
   std::unique_ptr<laminar::WeightPuller> puller_;
@@ -728,7 +886,7 @@ std::vector<std::string> settings_args(const Settings& s) {
           "--groups-per-step", std::to_string(s.groups_per_step), "--steps",      std::to_string(s.steps),
           "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
           "--max-staleness", std::to_string(s.max_staleness), "--in-flight-batches",
-          fmt::format("{}", s.in_flight_batches)};
+          fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false"};
 }
 
 Result<std::string> wait_address(const fs::path& file, Child& child) {
@@ -883,7 +1041,7 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
     int consumed = 0;
     if (std::sscanf(line.c_str(), "check %63s %15s %n", name, verdict, &consumed) >= 2)
       outcome.checks.push_back({name, std::string(verdict) == "ok", line.substr(std::size_t(consumed))});
-    else if (line.rfind("dispatch ", 0) == 0)
+    else if (line.rfind("dispatch ", 0) == 0 || line.rfind("repack ", 0) == 0)
       std::cout << schedule << " " << line << "\n";
   }
   bool exits_ok = true;
@@ -1020,6 +1178,7 @@ int main(int argc, char** argv) {
                  "laminar: samples handed out and not yet trained, in batches (1: the next batch is "
                  "generated while the current one trains)")
       ->check(CLI::Range(0.1, 64.0));
+  app.add_option("--repack", s.repack, "laminar: repack sequences across rollout workers (KvMigrator)");
   app.add_option("--kill-rollout-at", s.kill_rollout_at, "laminar: SIGKILL rollout 0 after this step (0: never)")
       ->check(CLI::Range(0, 100000));
   app.add_option("--out", s.out, "directory of the report and each schedule's records");
