@@ -688,6 +688,11 @@ class Rollout {
       live_.resize(first);
       return st;
     }
+    // The launcher's kill test waits for this line, so the worker dies holding samples.
+    if (s_.kill_rollout_at > 0 && a_.index == 0) {
+      std::printf("granted %zu\n", batch.size());
+      std::fflush(stdout);
+    }
     LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kPrefill,
                                                             .start_ns = t0, .end_ns = now_ns(), .version = current(),
                                                             .sequences = batch.size(), .tokens = tokens}));
@@ -885,7 +890,7 @@ std::vector<std::string> settings_args(const Settings& s) {
   return {"--seed",          std::to_string(s.seed),          "--group-size", std::to_string(s.group_size),
           "--groups-per-step", std::to_string(s.groups_per_step), "--steps",      std::to_string(s.steps),
           "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
-          "--max-staleness", std::to_string(s.max_staleness), "--in-flight-batches",
+          "--max-staleness", std::to_string(s.max_staleness), "--kill-rollout-at", std::to_string(s.kill_rollout_at), "--in-flight-batches",
           fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false"};
 }
 
@@ -988,6 +993,7 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   LAMINAR_RETURN_IF_ERROR(progress.begin(schedule, std::uint64_t(s.steps), "steps"));
   const bool kill_one = s.kill_rollout_at > 0 && schedule == "laminar";
   bool killed = false;
+  int actor_step = 0;
   std::vector<std::string> actor_lines;
   while (children[0]->fd() >= 0) {
     std::vector<pollfd> fds;
@@ -1004,18 +1010,18 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
       std::vector<std::string> lines;
       who[i]->read_lines(lines);
       for (const std::string& line : lines) {
+        // rollout-0 says when it starts samples: killed then, it dies holding them.
+        if (kill_one && !killed && who[i] == children[first_rollout].get() && actor_step >= s.kill_rollout_at &&
+            line.rfind("granted ", 0) == 0) {
+          children[first_rollout]->kill_now();
+          killed = true;
+          std::cout << fmt::format("killed rollout-0 (pid {}) with SIGKILL after step {}, right after it was {}\n",
+                                   children[first_rollout]->pid(), actor_step, line);
+        }
         if (who[i] != children[0].get()) continue;
         actor_lines.push_back(line);
-        int step = 0;
-        if (std::sscanf(line.c_str(), "progress %d", &step) == 1) {
-          (void)progress.update(std::min<std::uint64_t>(std::uint64_t(step), std::uint64_t(s.steps)));
-          if (kill_one && !killed && step >= s.kill_rollout_at) {
-            children[first_rollout]->kill_now();
-            killed = true;
-            std::cout << fmt::format("killed rollout-0 (pid {}) with SIGKILL after step {}\n",
-                                     children[first_rollout]->pid(), step);
-          }
-        }
+        if (std::sscanf(line.c_str(), "progress %d", &actor_step) == 1)
+          (void)progress.update(std::min<std::uint64_t>(std::uint64_t(actor_step), std::uint64_t(s.steps)));
       }
     }
   }
@@ -1044,6 +1050,16 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
     else if (line.rfind("dispatch ", 0) == 0 || line.rfind("repack ", 0) == 0)
       std::cout << schedule << " " << line << "\n";
   }
+  std::uint64_t reissued = 0, lost = 0;
+  for (const std::string& line : actor_lines)
+    if (line.rfind("dispatch ", 0) == 0) {
+      auto field = [&](const std::string& key) -> std::uint64_t {
+        const std::size_t at = line.find("\"" + key + "\":");
+        return at == std::string::npos ? 0 : std::strtoull(line.c_str() + at + key.size() + 3, nullptr, 10);
+      };
+      reissued = field("reissued");
+      lost = field("lost_workers");
+    }
   bool exits_ok = true;
   std::string exits;
   for (std::size_t i = 1; i < children.size(); ++i) {
@@ -1053,8 +1069,12 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   }
   outcome.checks.push_back({"exits", exits_ok, exits});
   if (kill_one)
-    outcome.checks.push_back({"killed_worker", killed, killed ? "rollout-0 killed mid-run; see all_completed"
-                                                              : "the run ended before the kill step"});
+    outcome.checks.push_back(
+        {"killed_worker", killed && lost >= 1 && reissued >= 1,
+         killed ? fmt::format("rollout-0 killed holding samples: {} lost worker(s), {} samples handed out again "
+                              "(all_completed: none lost)",
+                              lost, reissued)
+                : "the run ended before the kill"});
 
   const auto published = read_hashes(dir / "published.txt");
   std::uint64_t pulls = 0, mismatches = 0;
