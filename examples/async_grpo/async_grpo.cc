@@ -134,7 +134,19 @@ Status write_address(const fs::path& dir, const std::string& name, const std::st
   return ec ? laminar::unavailable("cannot rename " + tmp.string()) : laminar::ok_status();
 }
 
-bool stop_requested(const fs::path& dir) { return fs::exists(dir / "stop"); }
+bool path_exists(const fs::path& p) {
+  std::error_code ec;  // the non-throwing form: an unreadable path counts as absent
+  return fs::exists(p, ec);
+}
+
+bool stop_requested(const fs::path& dir) { return path_exists(dir / "stop"); }
+
+// The actor's last published version, once training is over (0 before).
+std::uint64_t final_version(const fs::path& dir) {
+  std::ifstream f(dir / "final.addr");
+  std::uint64_t v = 0;
+  return f >> v ? v : 0;
+}
 
 Result<async_grpo::DigitTask> make_task(const Settings& s) { return async_grpo::DigitTask::create({}, s.seed); }
 
@@ -368,7 +380,9 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     }
     if (Status st = q->ack(batch->id()); !st.ok()) return fail("actor", "ack", st);
   }
-  std::ofstream(dir / "stop") << "done\n";
+  // The last version is published: workers leave once their stores hold it, so no relay is still
+  // writing into their memory when they free it.
+  if (Status st = write_address(dir, "final", std::to_string(v.value())); !st.ok()) return fail("actor", "final", st);
 
   const async_grpo::PromptServerStats ds = server.stats();
   auto check = [](const char* name, bool ok, const std::string& detail) {
@@ -393,6 +407,9 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (coordinator) std::printf("repack %s\n", coordinator->stats().to_json().c_str());
   std::printf("steps %d\n", step);
   std::fflush(stdout);
+  // The launcher says stop once every rollout worker has left.
+  const std::int64_t stop_deadline = now_ns() + std::int64_t(60e9);
+  while (!stop_requested(dir) && now_ns() < stop_deadline) std::this_thread::sleep_for(20ms);
   q->close();
   return 0;
 }
@@ -494,7 +511,10 @@ class Rollout {
 
     Status st = loop();
     flush_decode();
-    if (!st.ok() && !stop_requested(a_.dir)) return fail(who_, "loop", st);
+    if (!st.ok()) return fail(who_, "loop", st);
+    // Leaving with the final version still arriving would free memory its relay writes into.
+    if (Status w = store_->wait_for_version(laminar::Version(final_version(a_.dir)), 30s); !w.ok())
+      return fail(who_, "final version", w);
     std::printf("%s finished: %llu trajectories pushed, %llu pulls\n", who_.c_str(),
                 static_cast<unsigned long long>(pushed_), static_cast<unsigned long long>(pulls_));
     return 0;
@@ -505,7 +525,7 @@ class Rollout {
 
   Status loop() {
     laminar::Version want{0};  // the server asked for this version or newer (0: it did not)
-    while (!stop_requested(a_.dir)) {
+    while (final_version(a_.dir) == 0) {
       if (driver_) {
         Result<std::vector<laminar::MigrationEvent>> events = driver_->step(snapshot());
         if (!events.ok()) return events.status();
@@ -897,7 +917,7 @@ std::vector<std::string> settings_args(const Settings& s) {
 Result<std::string> wait_address(const fs::path& file, Child& child) {
   const auto deadline = std::chrono::steady_clock::now() + 120s;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (fs::exists(file)) {
+    if (path_exists(file)) {
       std::ifstream f(file);
       std::string address;
       std::getline(f, address);
@@ -913,8 +933,10 @@ Result<std::string> wait_address(const fs::path& file, Child& child) {
 Result<async_grpo::Records> read_records_lenient(const fs::path& dir) {
   async_grpo::Records all;
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(dir))
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
     if (e.path().extension() == ".jsonl") files.push_back(e.path());
+  if (ec) return laminar::not_found(fmt::format("cannot read {}: {}", dir.string(), ec.message()));
   std::sort(files.begin(), files.end());
   for (const fs::path& p : files) {
     std::ifstream f(p, std::ios::binary);
@@ -990,12 +1012,35 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   }
 
   async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
-  LAMINAR_RETURN_IF_ERROR(progress.begin(schedule, std::uint64_t(s.steps), "steps"));
+  // By steps, or by seconds under --minutes.
+  const bool timed = s.minutes > 0;
+  const std::uint64_t total = timed ? std::uint64_t(std::ceil(s.minutes * 60)) : std::uint64_t(s.steps);
+  LAMINAR_RETURN_IF_ERROR(progress.begin(schedule, total, timed ? "s" : "steps"));
   const bool kill_one = s.kill_rollout_at > 0 && schedule == "laminar";
   bool killed = false;
   int actor_step = 0;
   std::vector<std::string> actor_lines;
+  std::int64_t final_at = 0;  // when the actor's training ended
+  bool stop_written = false;
   while (children[0]->fd() >= 0) {
+    // After training: rollout workers leave on their own, then the actor and relays are told to stop.
+    if (!stop_written && final_version(dir) > 0) {
+      if (final_at == 0) final_at = now_ns();
+      bool rollouts_left = true;
+      for (std::size_t i = first_rollout; i < children.size(); ++i) rollouts_left = rollouts_left && children[i]->exited();
+      if (!rollouts_left && now_ns() - final_at > std::int64_t(30e9)) {
+        for (std::size_t i = first_rollout; i < children.size(); ++i)
+          if (!children[i]->exited()) {
+            std::cout << fmt::format("{} still running 30 s after training ended: SIGKILL\n", children[i]->name());
+            children[i]->kill_now();
+          }
+        rollouts_left = true;
+      }
+      if (rollouts_left) {
+        std::ofstream(dir / "stop") << "done\n";
+        stop_written = true;
+      }
+    }
     std::vector<pollfd> fds;
     std::vector<Child*> who;
     for (auto& c : children)
@@ -1003,8 +1048,10 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
         fds.push_back({c->fd(), POLLIN, 0});
         who.push_back(c.get());
       }
-    if (poll(fds.data(), fds.size(), 500) < 0 && errno != EINTR)
+    if (poll(fds.data(), fds.size(), 50) < 0 && errno != EINTR)
       return laminar::unavailable(fmt::format("poll: {}", std::strerror(errno)));
+    if (timed)
+      (void)progress.update(std::min<std::uint64_t>(std::uint64_t((now_ns() - outcome.run.start_ns) / 1'000'000'000), total));
     for (std::size_t i = 0; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       std::vector<std::string> lines;
@@ -1020,22 +1067,21 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
         }
         if (who[i] != children[0].get()) continue;
         actor_lines.push_back(line);
-        if (std::sscanf(line.c_str(), "progress %d", &actor_step) == 1)
-          (void)progress.update(std::min<std::uint64_t>(std::uint64_t(actor_step), std::uint64_t(s.steps)));
+        if (std::sscanf(line.c_str(), "progress %d", &actor_step) == 1 && !timed)
+          (void)progress.update(std::min<std::uint64_t>(std::uint64_t(actor_step), total));
       }
     }
   }
   const int actor_code = children[0]->wait();
   (void)progress.finish();
-  outcome.run.end_ns = now_ns();
-  // The actor wrote the stop file; the others see it (or the actor gone) and leave.
+  outcome.run.end_ns = final_at > 0 ? final_at : now_ns();
   std::ofstream(dir / "stop") << "done\n";
   const auto grace = std::chrono::steady_clock::now() + 15s;
   std::vector<int> codes(children.size(), 0);
   for (std::size_t i = 1; i < children.size(); ++i) {
     while (!children[i]->exited() && std::chrono::steady_clock::now() < grace) std::this_thread::sleep_for(20ms);
     if (!children[i]->exited()) {
-      std::cout << fmt::format("{} still running after the actor ended: SIGKILL\n", children[i]->name());
+      std::cout << fmt::format("{} still running after the stop: SIGKILL\n", children[i]->name());
       children[i]->kill_now();
     }
     codes[i] = children[i]->wait();
