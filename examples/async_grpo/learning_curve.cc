@@ -3,7 +3,7 @@
 // trainer's own samples. One line per step (elapsed seconds, loss or reward), so the tasks and
 // settings can be compared by measurement.
 //
-//   grpo_learning_curve --op sort --warmup-steps 60 --rl-steps 40 --seed 1
+//   grpo_learning_curve --op sort --warmup-steps 30 --rl-steps 60 --seed 1
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,9 +17,9 @@ namespace {
 
 struct Args {
   async_grpo::DigitOp op = async_grpo::DigitOp::kSort;
-  int warmup_steps = 60;
-  int warmup_batch = 64;
-  int rl_steps = 40;
+  int warmup_steps = 30;
+  int warmup_batch = 32;
+  int rl_steps = 60;
   int prompts = 8;  // per GRPO step
   int group = 8;    // samples per prompt
   float temperature = 1.0f;
@@ -28,11 +28,11 @@ struct Args {
   float lr = 3e-4f;
   float warmup_lr = 1e-3f;
   int minibatches = 2;
-  double median = 4.0;
+  double median = 3.0;
   double sigma = 1.1;
   int max_length = 62;
   int eval_every = 10;  // GRPO steps between evaluations
-  int eval_prompts = 64;
+  int eval_prompts = 128;
   int eval_samples = 1;  // per held-out prompt
 };
 

