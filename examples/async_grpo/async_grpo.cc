@@ -48,6 +48,7 @@
 #include "laminar/trajectory_queue.h"
 #include "laminar/transport.h"
 #include "laminar/weight_puller.h"
+#include "child_process.h"
 #include "prompt_dispatch.h"
 #include "records.h"
 #include "report.h"
@@ -815,96 +816,7 @@ class Rollout {
 // ---------------------------------------------------------------------------------------------
 // The launcher.
 
-// A child process: this binary again, its stdout read line by line. Killed (SIGKILL) and reaped by
-// the destructor if it still runs, and by the kernel if the launcher dies first.
-class Child {
- public:
-  static Result<std::unique_ptr<Child>> spawn(std::string name, std::vector<std::string> args) {
-    args.insert(args.begin(), "/proc/self/exe");
-    std::vector<char*> argv;
-    for (std::string& x : args) argv.push_back(x.data());
-    argv.push_back(nullptr);
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return laminar::unavailable(fmt::format("pipe: {}", std::strerror(errno)));
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid == 0) {
-      // Only async-signal-safe calls from here.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      if (dup2(out[1], STDOUT_FILENO) < 0) _exit(127);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    const int fork_errno = errno;
-    close(out[1]);
-    if (pid < 0) {
-      close(out[0]);
-      return laminar::unavailable(fmt::format("fork: {}", std::strerror(fork_errno)));
-    }
-    return std::unique_ptr<Child>(new Child(std::move(name), pid, out[0]));
-  }
-  ~Child() {
-    if (!reaped_) {
-      kill(pid_, SIGKILL);
-      (void)wait();
-    }
-    if (fd_ >= 0) close(fd_);
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  const std::string& name() const noexcept { return name_; }
-  pid_t pid() const noexcept { return pid_; }
-  int fd() const noexcept { return fd_; }
-  void read_lines(std::vector<std::string>& lines) {
-    char chunk[65536];
-    const ssize_t n = read(fd_, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) return;
-    if (n <= 0) {
-      close(fd_);
-      fd_ = -1;
-      return;
-    }
-    buffered_.append(chunk, std::size_t(n));
-    for (std::size_t nl; (nl = buffered_.find('\n')) != std::string::npos;) {
-      lines.push_back(buffered_.substr(0, nl));
-      buffered_.erase(0, nl + 1);
-    }
-  }
-  bool exited() {
-    if (reaped_) return true;
-    int status = 0;
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) record(status);
-    return reaped_;
-  }
-  void kill_now() {
-    if (!reaped_) kill(pid_, SIGKILL);
-  }
-  int wait() {
-    if (!reaped_) {
-      int status = 0;
-      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-      record(status);
-    }
-    return exit_code_;
-  }
-
- private:
-  Child(std::string name, pid_t pid, int fd) : name_(std::move(name)), pid_(pid), fd_(fd) {}
-  void record(int status) {
-    reaped_ = true;
-    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  std::string name_;
-  pid_t pid_;
-  int fd_;
-  bool reaped_ = false;
-  int exit_code_ = 0;
-  std::string buffered_;
-};
+using Child = examples::ChildProcess;
 
 std::vector<std::string> settings_args(const Settings& s) {
   return {"--seed",          std::to_string(s.seed),          "--group-size", std::to_string(s.group_size),

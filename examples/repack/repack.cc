@@ -52,6 +52,7 @@
 #include "laminar/repack_coordinator.h"
 #include "laminar/repack_driver.h"
 #include "laminar/transport.h"
+#include "child_process.h"
 #include "tiny_model.h"
 
 namespace {
@@ -419,85 +420,7 @@ int run_worker(const WorkerArgs& args) {
 // ---------------------------------------------------------------------------------------------
 // The parent: the coordinator, the worker processes, and the check.
 
-// A worker process: this binary again, its stdout read line by line. Killed (SIGKILL) and reaped
-// by the destructor if it still runs, and by the kernel if the parent dies first.
-class Child {
- public:
-  static Result<std::unique_ptr<Child>> spawn(std::vector<std::string> args) {
-    args.insert(args.begin(), "/proc/self/exe");
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return laminar::unavailable(fmt::format("pipe: {}", std::strerror(errno)));
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid == 0) {
-      // Only async-signal-safe calls from here: the parent has threads (its transport's).
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      if (dup2(out[1], STDOUT_FILENO) < 0) _exit(127);
-      // The parent's descriptors (its UCX sockets, its listening port) stay with the parent.
-      if (close_range(STDERR_FILENO + 1, ~0U, CLOSE_RANGE_CLOEXEC) != 0) _exit(127);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    const int fork_errno = errno;
-    close(out[1]);
-    if (pid < 0) {
-      close(out[0]);
-      return laminar::unavailable(fmt::format("fork: {}", std::strerror(fork_errno)));
-    }
-    return std::unique_ptr<Child>(new Child(pid, out[0]));
-  }
-  ~Child() {
-    if (!reaped_) {
-      kill(pid_, SIGKILL);
-      (void)wait();
-    }
-    if (fd_ >= 0) close(fd_);
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  int fd() const noexcept { return fd_; }
-  // Appends the whole lines that can be read now to `lines`. At the end of its stdout the pipe
-  // closes, and fd() is -1.
-  void read_lines(std::vector<std::string>& lines) {
-    char chunk[65536];
-    const ssize_t n = read(fd_, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) return;
-    if (n <= 0) {
-      close(fd_);
-      fd_ = -1;
-      return;
-    }
-    buffered_.append(chunk, std::size_t(n));
-    for (std::size_t nl; (nl = buffered_.find('\n')) != std::string::npos;) {
-      lines.push_back(buffered_.substr(0, nl));
-      buffered_.erase(0, nl + 1);
-    }
-  }
-  // Its exit code, or 128 + the signal that ended it.
-  int wait() {
-    if (!reaped_) {
-      int status = 0;
-      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-      reaped_ = true;
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    return exit_code_;
-  }
-
- private:
-  Child(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
-  pid_t pid_;
-  int fd_;
-  bool reaped_ = false;
-  int exit_code_ = 0;
-  std::string buffered_;
-};
+using Child = examples::ChildProcess;
 
 struct Trajectory {
   std::uint32_t worker = 0;
@@ -645,10 +568,11 @@ class Parent {
                     kPageSize, *address));
     std::vector<std::unique_ptr<Child>> children;
     for (std::uint32_t w = 1; w <= s.workers; ++w) {
-      auto child = Child::spawn({"--role", "worker", "--index", std::to_string(w), "--coordinator", *address,
-                                 "--token", token, "--workers", std::to_string(s.workers), "--prompts",
-                                 std::to_string(s.prompts), "--seed", std::to_string(s.seed), "--model-seed",
-                                 std::to_string(s.model_seed), "--step-ms", std::to_string(s.step_ms)});
+      auto child = Child::spawn(fmt::format("worker-{}", w),
+                                {"--role", "worker", "--index", std::to_string(w), "--coordinator", *address, "--token",
+                                 token, "--workers", std::to_string(s.workers), "--prompts", std::to_string(s.prompts),
+                                 "--seed", std::to_string(s.seed), "--model-seed", std::to_string(s.model_seed),
+                                 "--step-ms", std::to_string(s.step_ms)});
       if (!child.ok()) return fail("start worker", child.status());
       children.push_back(std::move(*child));
     }
