@@ -432,7 +432,7 @@ struct TrajectoryQueue::Impl {
         continue;
       }
       if (ids.contains(id) || call_ids.count(id) != 0) {
-        refuse(invalid_argument(fmt::format("trajectory {}: id already pushed", id)));
+        refuse(already_exists(fmt::format("trajectory {}: id already pushed", id)));
         continue;
       }
       if (t.group_size > 1) {

@@ -98,7 +98,7 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
   ahead.version = laminar::Version(9);
   expect_code(producer->push(std::move(ahead)), StatusCode::kInvalidArgument, "ahead of the newest");
   CHECK(ahead.version == laminar::Version(9));  // refused: still the caller's
-  expect_code(producer->push(laminar::test_remote::make(1)), StatusCode::kInvalidArgument, "already pushed");
+  expect_code(producer->push(laminar::test_remote::make(1)), StatusCode::kAlreadyExists, "already pushed");
   Trajectory bad = laminar::test_remote::make(3);
   bad.logprobs.pop_back();  // caught before it costs a credit
   expect_code(producer->push(std::move(bad)), StatusCode::kInvalidArgument, "logprobs for");
@@ -294,7 +294,7 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
   const std::vector<laminar::Status> out = producer->push_many(ts);
   REQUIRE(out.size() == 6);
   CHECK(out[0].ok());
-  expect_code(out[1], StatusCode::kInvalidArgument, "already pushed");
+  expect_code(out[1], StatusCode::kAlreadyExists, "already pushed");
   expect_code(out[2], StatusCode::kInvalidArgument, "logprobs for");
   expect_code(out[3], StatusCode::kInvalidArgument, "ahead of the newest");
   CHECK(out[4].ok());

@@ -259,11 +259,11 @@ TEST_CASE("ids are unique while queued and for a window after ack", "[queue][bad
   opt.id_dedup_window = 2;
   auto q = make_queue(opt);
   CHECK(q->push(make_traj(1)).ok());
-  expect_code(q->push(make_traj(1)), StatusCode::kInvalidArgument, "trajectory 1: id already pushed");
+  expect_code(q->push(make_traj(1)), StatusCode::kAlreadyExists, "trajectory 1: id already pushed");
   auto b = q->pop_batch(count_spec(1));
   REQUIRE(b.ok());
   REQUIRE(q->ack(b->id()).ok());
-  expect_code(q->push(make_traj(1)), StatusCode::kInvalidArgument, "id already pushed");
+  expect_code(q->push(make_traj(1)), StatusCode::kAlreadyExists, "id already pushed");
   // Two more retirements push id 1 out of the window of 2.
   for (std::uint64_t id : {2, 3}) {
     REQUIRE(q->push(make_traj(id)).ok());
@@ -275,7 +275,7 @@ TEST_CASE("ids are unique while queued and for a window after ack", "[queue][bad
   // The largest ids are ids like any other.
   for (std::uint64_t id : {~std::uint64_t(0), ~std::uint64_t(0) - 1}) {
     CHECK(q->push(make_traj(id)).ok());
-    expect_code(q->push(make_traj(id)), StatusCode::kInvalidArgument, "id already pushed");
+    expect_code(q->push(make_traj(id)), StatusCode::kAlreadyExists, "id already pushed");
   }
 }
 
@@ -349,9 +349,9 @@ TEST_CASE("push_many answers each trajectory as push would, and takes only the a
     REQUIRE(st.size() == ts.size());
     CHECK(st[0].ok());
     expect_code(st[1], StatusCode::kInvalidArgument, "trajectory 2: no reward");
-    expect_code(st[2], StatusCode::kInvalidArgument, "trajectory 50: id already pushed");
+    expect_code(st[2], StatusCode::kAlreadyExists, "trajectory 50: id already pushed");
     CHECK(st[3].ok());
-    expect_code(st[4], StatusCode::kInvalidArgument, "trajectory 1: id already pushed");
+    expect_code(st[4], StatusCode::kAlreadyExists, "trajectory 1: id already pushed");
     CHECK(st[5].ok());
     expect_code(st[6], StatusCode::kInvalidArgument, "group 3 already has sample_index 2");
     expect_code(st[7], StatusCode::kFailedPrecondition, "group 9 is already closed");
@@ -370,7 +370,7 @@ TEST_CASE("push_many answers each trajectory as push would, and takes only the a
     }
     // Ids a refusal gave back are free again; the accepted ones are not.
     CHECK(q->push(make_member(12, 4, 2, 0)).ok());
-    expect_code(q->push(make_traj(10)), StatusCode::kInvalidArgument, "id already pushed");
+    expect_code(q->push(make_traj(10)), StatusCode::kAlreadyExists, "id already pushed");
     auto b = q->pop_batch(count_spec(100));
     REQUIRE(b.ok());
     const std::vector<std::uint64_t> ready{90, 91, 50, 1, 10, 15, 11};
@@ -444,7 +444,7 @@ TEST_CASE("push_many takes a span longer than its chunk, in order", "[queue]") {
   REQUIRE(st.size() == 2500);
   for (std::size_t i = 0; i < st.size(); ++i) {
     if (i == 2049) {
-      expect_code(st[i], StatusCode::kInvalidArgument, "trajectory 7: id already pushed");
+      expect_code(st[i], StatusCode::kAlreadyExists, "trajectory 7: id already pushed");
     } else {
       REQUIRE(st[i].ok());
     }
@@ -720,7 +720,7 @@ TEST_CASE("staleness rules: drop, keep, keep and mark", "[queue][staleness]") {
   CHECK(st.dropped_stale == 2);
   CHECK(st.staleness[0] == 1);
   CHECK(st.staleness[1] == 1);
-  expect_code(q->push(make_traj(7, 7)), StatusCode::kInvalidArgument, "already pushed");  // dropped = retired
+  expect_code(q->push(make_traj(7, 7)), StatusCode::kAlreadyExists, "already pushed");  // dropped = retired
 
   auto q2 = make_queue(opt);
   fill(*q2);
@@ -1240,8 +1240,8 @@ TEST_CASE("WAL: push and push_many from many threads while consumers ack, then a
   auto q = make_queue(opt);
   CHECK(q->recovery().recovered == 0);
   CHECK(q->recovery().retired == 2 * kEach);
-  expect_code(q->push(make_traj(1)), StatusCode::kInvalidArgument, "id already pushed");
-  expect_code(q->push(make_member(kEach + 1, 1000, 4, 0)), StatusCode::kInvalidArgument, "id already pushed");
+  expect_code(q->push(make_traj(1)), StatusCode::kAlreadyExists, "id already pushed");
+  expect_code(q->push(make_member(kEach + 1, 1000, 4, 0)), StatusCode::kAlreadyExists, "id already pushed");
   q.reset();
   std::filesystem::remove(path);
 }
@@ -1289,7 +1289,7 @@ TEST_CASE("WAL: a reopened queue redelivers exactly the unacked trajectories", "
   REQUIRE(b.ok());
   CHECK(ids_of(*b) == std::vector<std::uint64_t>{5, 6, 7, 8, 9, 10, 30, 31});
   CHECK(q->stats().pending_groups == 1);
-  expect_code(q->push(make_traj(2)), StatusCode::kInvalidArgument, "already pushed");  // acked before restart
+  expect_code(q->push(make_traj(2)), StatusCode::kAlreadyExists, "already pushed");  // acked before restart
   expect_code(q->push(make_member(32, 4, 2, 0)), StatusCode::kFailedPrecondition, "already closed");
   REQUIRE(q->push(make_member(22, 3, 3, 1)).ok());
   auto g = q->pop_batch(count_spec(100));
@@ -1398,7 +1398,7 @@ TEST_CASE("WAL: compaction keeps the log small and the state intact", "[queue][w
   auto q = make_queue(opt);
   CHECK(q->recovery().tail.ok());
   CHECK(q->recovery().recovered == 200);
-  expect_code(q->push(make_traj(5)), StatusCode::kInvalidArgument, "already pushed");  // acked
+  expect_code(q->push(make_traj(5)), StatusCode::kAlreadyExists, "already pushed");  // acked
   auto b = q->pop_batch(count_spec(1000));
   REQUIRE(b.ok());
   std::vector<std::uint64_t> want;
@@ -1552,11 +1552,11 @@ TEST_CASE("an id a refused push gave back can be pushed again, its neighbours st
     if (id % 3 == 0) {
       REQUIRE(q->push(make_traj(id)).ok());
     } else {
-      expect_code(q->push(make_traj(id)), StatusCode::kInvalidArgument, "id already pushed");
+      expect_code(q->push(make_traj(id)), StatusCode::kAlreadyExists, "id already pushed");
     }
   }
   for (std::uint64_t id = 1; id <= 300; ++id) {
-    expect_code(q->push(make_traj(id)), StatusCode::kInvalidArgument, "id already pushed");
+    expect_code(q->push(make_traj(id)), StatusCode::kAlreadyExists, "id already pushed");
   }
 }
 

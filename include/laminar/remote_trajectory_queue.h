@@ -111,7 +111,7 @@ class RemoteProducer {
   // kDeadlineExceeded after options.timeout on the producer's clock), then returns the queue's answer, the same codes as
   // TrajectoryQueue::push, or the transport's error (the peer vanished: kUnavailable). `t` is moved
   // from only on OK. After a transport error the trajectory may or may not be in the queue; pushing
-  // it again is safe: the queue refuses a duplicate id. A server that hangs (stopped, wedged) keeps
+  // it again is safe: the queue refuses a duplicate id (kAlreadyExists). A server that hangs (stopped, wedged) keeps
   // its connection and answers nothing: a timed push then ends kDeadlineExceeded once its timeout
   // plus 5 s for the round trip has passed, a fail-fast one after the transport's
   // operation_timeout, unless a ping ends it sooner. A push still waiting after stall_timeout / 2

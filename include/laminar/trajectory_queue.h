@@ -241,9 +241,10 @@ class TrajectoryQueue {
 
   // Takes `t` (moved from only on success). Refusals, each leaving `t` untouched:
   //   kInvalidArgument: validate_trajectory (with TrajectoryQueueOptions::validate_contents) failed, version
-  //     ahead of newest_version(), id already in the queue or recently retired, a group member
-  //     disagreeing with the group (group_size, prompt_id) or repeating a sample_index, or a
-  //     trajectory larger than capacity_tokens;
+  //     ahead of newest_version(), a group member disagreeing with the group (group_size, prompt_id)
+  //     or repeating a sample_index, or a trajectory larger than capacity_tokens;
+  //   kAlreadyExists: its id is in the queue or recently retired (a producer retrying a push it is
+  //     unsure of may take this as delivered);
   //   kFailedPrecondition: its group was already closed (released, dropped or complete);
   //   kUnavailable (kFailFast) / kDeadlineExceeded (kTimeout): the queue is full;
   //   kCancelled: close() was called;  kDataLoss/kResourceExhausted: the WAL write failed.
