@@ -295,8 +295,10 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
   REQUIRE(m->weight_sync_p50_ms);
   CHECK(*m->weight_sync_p50_ms == Approx(nearest_rank(50)));
   CHECK(*m->weight_sync_p99_ms == Approx(nearest_rank(99)));
-  REQUIRE(m->final_reward);
-  CHECK(*m->final_reward == 0.7);
+  REQUIRE(m->final_training_reward);
+  CHECK(*m->final_training_reward == 0.7);
+  CHECK(m->held_out_versions == 0);
+  CHECK(!m->final_held_out);
 
   CHECK(!async_grpo::compute_metrics(run, 0.71).value().time_to_target_s);
 
@@ -342,18 +344,21 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
     std::vector<std::string> lines;
     std::istringstream in(table);
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-    // Header, rule, 14 rows, the speedup line; every line of the grid as wide as the rule.
-    REQUIRE(lines.size() == 17);
-    for (std::size_t i = 0; i + 1 < lines.size(); ++i) CHECK(lines[i].size() == lines[1].size());
+    // Header, rule, 17 rows, the speedup line, the pacing line; every line of the grid as wide as
+    // the rule.
+    REQUIRE(lines.size() == 21);
+    for (std::size_t i = 0; i < 19; ++i) CHECK(lines[i].size() == lines[1].size());
     CHECK(lines[0].find("sync") != std::string::npos);
     CHECK(lines[0].find("laminar") > lines[0].find("sync"));
-    CHECK(table.find("time to reward 0.500 (s)") != std::string::npos);
+    CHECK(table.find("time to training reward 0.500 (s)") != std::string::npos);
     CHECK(table.find(fmt::format("{:.1f}%", 100 * busy_s / (3 * wall_s))) != std::string::npos);
-    CHECK(lines.back() == fmt::format("laminar reaches reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
-                                      20.0 / 4.0));
+    CHECK(lines[19] == fmt::format("laminar reaches training reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
+                                   20.0 / 4.0));
+    CHECK(lines[20] == "rollout pacing: none (decode steps run at this CPU's speed)");
 
     auto j = nlohmann::json::parse(async_grpo::metrics_json(*c));
     CHECK(j["target_reward"] == 0.5);
+    CHECK(j["curve"] == "training");
     CHECK(j["speedup"].get<double>() == Approx(5.0));
     const auto& lam = j["schedules"][1];
     CHECK(lam["schedule"] == "laminar");
@@ -368,11 +373,129 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
     auto far = async_grpo::compare({sync, run}, {.target_reward = 0.65});
     REQUIRE(far.ok());
     CHECK(!far->speedup);
-    CHECK(async_grpo::format_table(*far).find("sync did not reach reward 0.650") != std::string::npos);
+    CHECK(async_grpo::format_table(*far).find("sync did not reach training reward 0.650") != std::string::npos);
 
     CHECK(async_grpo::compare({sync, sync}, {}).status().message().find("twice") != std::string::npos);
     CHECK(async_grpo::compare({run}, {}).status().code() == StatusCode::kInvalidArgument);  // no sync, no target
     CHECK(async_grpo::compare({}, {}).status().code() == StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("grpo report: held-out rewards are smoothed over versions and set the target") {
+  using async_grpo::HeldOutPoint;
+  SECTION("the moving average trails, in version order") {
+    // Out of version order on purpose.
+    std::vector<HeldOutPoint> points = {{.version = 3, .time_ns = 30, .reward = 0.6},
+                                        {.version = 1, .time_ns = 10, .reward = 0.0},
+                                        {.version = 4, .time_ns = 40, .reward = 0.9},
+                                        {.version = 2, .time_ns = 20, .reward = 0.3}};
+    auto s3 = async_grpo::smooth_held_out(points, 3);
+    REQUIRE(s3.ok());
+    REQUIRE(s3->size() == 2);
+    CHECK((*s3)[0].version == 3);
+    CHECK((*s3)[0].time_ns == 30);
+    CHECK((*s3)[0].reward == Approx((0.0 + 0.3 + 0.6) / 3));
+    CHECK((*s3)[1].version == 4);
+    CHECK((*s3)[1].reward == Approx((0.3 + 0.6 + 0.9) / 3));
+    auto s1 = async_grpo::smooth_held_out(points, 1);
+    REQUIRE(s1.ok());
+    REQUIRE(s1->size() == 4);
+    CHECK((*s1)[1].reward == 0.3);
+    // Fewer points than the window: their mean, at the last.
+    auto s9 = async_grpo::smooth_held_out(points, 9);
+    REQUIRE(s9.ok());
+    REQUIRE(s9->size() == 1);
+    CHECK((*s9)[0].version == 4);
+    CHECK((*s9)[0].reward == Approx(1.8 / 4));
+    CHECK(async_grpo::smooth_held_out({}, 3).value().empty());
+
+    CHECK(async_grpo::smooth_held_out(points, 0).status().code() == StatusCode::kInvalidArgument);
+    auto twice = points;
+    twice.push_back({.version = 2, .time_ns = 50, .reward = 0.1});
+    CHECK(async_grpo::smooth_held_out(twice, 3).status().message().find("version 2 appears twice") != std::string::npos);
+    auto out_of_range = points;
+    out_of_range[0].reward = 1.5;
+    CHECK(async_grpo::smooth_held_out(out_of_range, 3).status().message().find("not in [0, 1]") != std::string::npos);
+    out_of_range[0].reward = std::nan("");
+    CHECK(async_grpo::smooth_held_out(out_of_range, 3).status().code() == StatusCode::kInvalidArgument);
+  }
+
+  SECTION("the comparison reads the held-out curve, not the training reward") {
+    // sync: held-out 0.2, 0.3, 0.4, 0.5, 0.6 at 10..50 s; target = mean of its last three = 0.5,
+    // which its moving average first reaches at version 5 (50 s).
+    ScheduleRun sync{.schedule = "sync", .start_ns = 0, .end_ns = 60 * kS, .rollout_workers = 2};
+    for (std::uint64_t v = 1; v <= 5; ++v) {
+      sync.held_out.push_back({.version = v, .time_ns = std::int64_t(v) * 10 * kS, .reward = 0.1 + 0.1 * double(v)});
+      // A training reward that would reach any target at once: the held-out curve must win.
+      sync.records.rewards.push_back({.time_ns = std::int64_t(v) * 10 * kS, .version = v, .mean_reward = 0.9,
+                                      .samples = 8});
+    }
+    // laminar: publishes every 4 s; its version 3 alone reaches 0.7, but the average of versions
+    // 3..5 (0.7, 0.3, 0.5) is 0.5 only at version 5 (20 s).
+    ScheduleRun laminar{.schedule = "laminar", .start_ns = 100 * kS, .end_ns = 140 * kS, .rollout_workers = 2};
+    const std::vector<double> rewards = {0.2, 0.3, 0.7, 0.3, 0.5, 0.6};
+    for (std::size_t i = 0; i < rewards.size(); ++i) {
+      laminar.held_out.push_back({.version = i + 1, .time_ns = 100 * kS + std::int64_t(i + 1) * 4 * kS,
+                                  .reward = rewards[i]});
+    }
+    auto c = async_grpo::compare({sync, laminar}, {.decode_step_ms = 12.5});
+    REQUIRE(c.ok());
+    CHECK(c->curve == async_grpo::RewardCurve::kHeldOut);
+    CHECK(c->target_reward == Approx(0.5));
+    REQUIRE(c->schedules[0].time_to_target_s);
+    CHECK(*c->schedules[0].time_to_target_s == Approx(50.0));
+    REQUIRE(c->schedules[1].time_to_target_s);
+    CHECK(*c->schedules[1].time_to_target_s == Approx(20.0));
+    REQUIRE(c->speedup);
+    CHECK(*c->speedup == Approx(50.0 / 20.0));
+    CHECK(c->schedules[1].first_held_out == 0.2);
+    CHECK(*c->schedules[1].final_held_out == Approx((0.3 + 0.5 + 0.6) / 3));
+    CHECK(c->schedules[1].held_out_versions == 6);
+    CHECK(c->schedules[0].final_training_reward == 0.9);
+
+    const std::string table = async_grpo::format_table(*c);
+    INFO(table);
+    CHECK(table.find("time to held-out reward 0.500 (s)") != std::string::npos);
+    CHECK(table.find("laminar reaches held-out reward 0.500 2.50x as fast as sync (20.0 s against 50.0 s)") !=
+          std::string::npos);
+    CHECK(table.find("moving average over 3 versions") != std::string::npos);
+    CHECK(table.find("every decode and prefill step takes at least 12.5 ms") != std::string::npos);
+    auto j = nlohmann::json::parse(async_grpo::metrics_json(*c));
+    CHECK(j["curve"] == "held_out");
+    CHECK(j["decode_step_ms"].get<double>() == 12.5);
+    CHECK(j["schedules"][1]["held_out_versions"] == 6);
+
+    // A window of one: laminar's single lucky version 3 (12 s) counts.
+    auto single = async_grpo::compare({sync, laminar}, {.smoothing = 1});
+    REQUIRE(single.ok());
+    CHECK(single->target_reward == Approx(0.6));
+    CHECK(*single->schedules[1].time_to_target_s == Approx(12.0));
+
+    // A contender without held-out points never reaches the target.
+    ScheduleRun bare = laminar;
+    bare.held_out.clear();
+    auto none = async_grpo::compare({sync, bare}, {});
+    REQUIRE(none.ok());
+    CHECK(!none->schedules[1].time_to_target_s);
+    CHECK(!none->speedup);
+    // Held-out points, but none for the baseline to take the target from: refused.
+    ScheduleRun bare_sync = sync;
+    bare_sync.held_out.clear();
+    CHECK(async_grpo::compare({bare_sync, laminar}, {}).status().message().find("held-out points") !=
+          std::string::npos);
+
+    ScheduleRun bad = laminar;
+    bad.held_out.push_back({.version = 9, .time_ns = 150 * kS, .reward = 0.5});
+    CHECK(async_grpo::compare({sync, bad}, {}).status().message().find("outside the run") != std::string::npos);
+    bad = laminar;
+    bad.held_out[2].reward = -0.1;
+    CHECK(async_grpo::compare({sync, bad}, {}).status().message().find("not in [0, 1]") != std::string::npos);
+    bad = laminar;
+    bad.held_out[2].version = 1;
+    CHECK(async_grpo::compare({sync, bad}, {}).status().message().find("appears twice") != std::string::npos);
+    CHECK(async_grpo::compare({sync, laminar}, {.smoothing = 0}).status().code() == StatusCode::kInvalidArgument);
+    CHECK(async_grpo::compare({sync, laminar}, {.decode_step_ms = -1}).status().code() ==
+          StatusCode::kInvalidArgument);
   }
 }
 
@@ -429,6 +552,8 @@ TEST_CASE("grpo report: write_report writes the table, JSON and PNG plots") {
       const std::int64_t at = t0 + (v + 1) * 4 * kS;
       r.records.rewards.push_back({.time_ns = at, .version = static_cast<std::uint64_t>(v),
                                    .mean_reward = 0.1 * v * (1 + static_cast<double>(runs.size()) / 4), .samples = 16});
+      r.held_out.push_back({.version = static_cast<std::uint64_t>(v) + 1, .time_ns = at,
+                            .reward = 0.05 * v * (1 + static_cast<double>(runs.size()) / 4)});
       for (std::uint32_t w = 1; w <= 2; ++w) {
         const std::string worker = "rollout-" + std::to_string(w);
         r.records.spans.push_back(span(worker, 0, SpanKind::kPull, at - 4 * kS, at - 3 * kS));
@@ -462,8 +587,8 @@ TEST_CASE("grpo report: write_report writes the table, JSON and PNG plots") {
     CHECK(files->plot_note.empty());
     std::set<std::string> names;
     for (const auto& p : files->plots) names.insert(p.filename().string());
-    CHECK(names == std::set<std::string>{"reward.png", "activity_sync.png", "activity_one-step.png",
-                                         "activity_laminar.png"});
+    CHECK(names == std::set<std::string>{"reward.png", "training_reward.png", "activity_sync.png",
+                                         "activity_one-step.png", "activity_laminar.png"});
     for (const auto& p : files->plots) {
       INFO(p.string());
       const std::string png = read_all(p);

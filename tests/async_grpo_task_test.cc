@@ -112,6 +112,20 @@ TEST_CASE("grpo task: prompts depend on seed and index alone, answers on the op"
   }
 }
 
+TEST_CASE("grpo task: the held-out prompts are their own index range") {
+  const DigitTask task = make_task(DigitOp::kSort, 3);
+  const auto held_out = task.held_out_prompts(40);
+  REQUIRE(held_out.size() == 40);
+  for (std::size_t i = 0; i < held_out.size(); ++i) {
+    CHECK(held_out[i].index == async_grpo::kHeldOutFirstPrompt + i);
+    CHECK(held_out[i].tokens == task.prompt(async_grpo::kHeldOutFirstPrompt + i).tokens);
+  }
+  // RL deals from 0 and the warm-up from kWarmupFirstPrompt: neither reaches the held-out range.
+  STATIC_REQUIRE(async_grpo::kWarmupFirstPrompt < async_grpo::kHeldOutFirstPrompt);
+  STATIC_REQUIRE(async_grpo::kHeldOutFirstPrompt - async_grpo::kWarmupFirstPrompt > (1ull << 40));
+  CHECK(task.held_out_prompts(0).empty());
+}
+
 TEST_CASE("grpo task: options out of range are rejected by name") {
   auto rejects = [](DigitTaskOptions o, const char* field) {
     auto task = DigitTask::create(o, 1);

@@ -69,10 +69,13 @@ struct Settings {
   int relays = 1;
   std::uint64_t seed = 1;
   int group_size = 8;
-  int groups_per_step = 4;
+  int groups_per_step = 8;
   int steps = 40;
   double minutes = 0;  // > 0: stop training after this long, whatever `steps` says
-  int warmup_steps = 60;
+  int warmup_steps = 30;
+  int warmup_batch = 32;  // prompts per warm-up step
+  int eval_prompts = 128;  // held-out prompts each published version is evaluated on
+  double decode_step_ms = 0;  // > 0: each rollout decode or prefill step takes at least this long
   int max_live = 16;  // sequences one rollout worker decodes at once
   int max_staleness = 1;
   double in_flight_batches = 1;  // laminar: samples out at once, in training batches
@@ -246,6 +249,12 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     LAMINAR_RETURN_IF_ERROR(trainer.save_weights(flat));
     published.write(fmt::format("{} {:016x}", v.value(), weight_hash(flat)));
     recent[v.value()] = flat;
+    // Kept for the launcher's held-out evaluation after the run (it removes them).
+    {
+      std::ofstream f(dir / "versions" / fmt::format("{}.bin", v.value()), std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(flat.data()), std::streamsize(flat.size()));
+      if (!f) return laminar::unavailable(fmt::format("cannot write version {} into {}", v.value(), dir.string()));
+    }
     while (recent.size() > 8) recent.erase(recent.begin());
     return writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kPublish,
                                           .start_ns = t0, .end_ns = now_ns(), .version = v.value(),
@@ -709,6 +718,7 @@ class Rollout {
       live_.resize(first);
       return st;
     }
+    pace(t0);
     // The launcher's kill test waits for this line, so the worker dies holding samples.
     if (s_.kill_rollout_at > 0 && a_.index == 0) {
       std::printf("granted %zu\n", batch.size());
@@ -728,12 +738,21 @@ class Rollout {
     if (decode_start_ == 0) decode_start_ = now_ns();
     const std::int64_t t0 = now_ns();
     LAMINAR_RETURN_IF_ERROR(engine_->step(*cache_, batch));
+    pace(t0);
     step_time_ = std::chrono::nanoseconds(now_ns() - t0);
     peak_pages_ = std::max(peak_pages_, std::int64_t(cache_->used_pages()));
     decode_tokens_ += batch.size();
     decode_max_seqs_ = std::max<std::uint64_t>(decode_max_seqs_, batch.size());
     if (now_ns() - decode_start_ > 50'000'000) flush_decode();  // one span per 50 ms of decoding
     return finish_done();
+  }
+
+  // --decode-step-ms: a step that began at t0 lasts at least that long, as on an accelerator whose
+  // step latency hardly depends on the batch.
+  void pace(std::int64_t t0) const {
+    const std::int64_t until = t0 + std::int64_t(s_.decode_step_ms * 1e6);
+    const std::int64_t left = until - now_ns();
+    if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
   }
 
   void flush_decode() {
@@ -823,7 +842,8 @@ std::vector<std::string> settings_args(const Settings& s) {
           "--groups-per-step", std::to_string(s.groups_per_step), "--steps",      std::to_string(s.steps),
           "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
           "--max-staleness", std::to_string(s.max_staleness), "--kill-rollout-at", std::to_string(s.kill_rollout_at), "--in-flight-batches",
-          fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false"};
+          fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false",
+          "--decode-step-ms", fmt::format("{}", s.decode_step_ms)};
 }
 
 Result<std::string> wait_address(const fs::path& file, Child& child) {
@@ -876,6 +896,53 @@ struct CheckResult {
   std::string detail;
 };
 
+// Every version the actor kept (<dir>/versions/<v>.bin), evaluated on the held-out prompts at its
+// publish time (the end of its publish span); each file is removed once evaluated.
+Result<std::vector<async_grpo::HeldOutPoint>> evaluate_versions(const Settings& s, const std::string& schedule,
+                                                                const fs::path& dir, const async_grpo::Records& records) {
+  std::map<std::uint64_t, std::int64_t> published_at;
+  for (const async_grpo::Span& span : records.spans)
+    if (span.process == "actor" && span.kind == async_grpo::SpanKind::kPublish) published_at[span.version] = span.end_ns;
+  std::map<std::uint64_t, fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir / "versions", ec)) {
+    const std::string stem = e.path().stem().string();
+    if (e.path().extension() != ".bin" || stem.empty() || stem.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    files[std::stoull(stem)] = e.path();
+  }
+  if (ec) return laminar::not_found(fmt::format("cannot read {}: {}", (dir / "versions").string(), ec.message()));
+  auto task = make_task(s);
+  if (!task.ok()) return task.status();
+  async_grpo::TrainerOptions to;
+  to.seed = s.seed;
+  to.intra_op_threads = std::int32_t(std::max(1u, std::thread::hardware_concurrency()));  // the run is over
+  auto trainer = async_grpo::Trainer::create(to);
+  if (!trainer.ok()) return trainer.status();
+  const std::vector<async_grpo::DigitPrompt> prompts = task->held_out_prompts(std::size_t(s.eval_prompts));
+  async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
+  LAMINAR_RETURN_IF_ERROR(progress.begin(schedule + " held-out eval", std::max<std::size_t>(files.size(), 1), "versions"));
+  std::vector<async_grpo::HeldOutPoint> points;
+  std::vector<std::byte> flat((*trainer)->manifest().total_bytes());
+  for (const auto& [version, file] : files) {
+    auto at = published_at.find(version);
+    if (at == published_at.end())
+      return laminar::internal_error(fmt::format("version {} was kept but has no publish record", version));
+    std::ifstream f(file, std::ios::binary);
+    f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
+    if (!f) return laminar::data_loss(fmt::format("{}: shorter than {} bytes", file.string(), flat.size()));
+    LAMINAR_RETURN_IF_ERROR((*trainer)->load_weights(flat));
+    // One seed for every version and schedule: the versions differ only in their weights.
+    auto r = async_grpo::evaluate_held_out(**trainer, *task, prompts, 1, s.seed * 1000003 + 12345);
+    if (!r.ok()) return r.status();
+    points.push_back({.version = version, .time_ns = at->second, .reward = r->reward});
+    fs::remove(file, ec);
+    LAMINAR_RETURN_IF_ERROR(progress.update(points.size()));
+  }
+  LAMINAR_RETURN_IF_ERROR(progress.finish());
+  return points;
+}
+
 struct ScheduleOutcome {
   async_grpo::ScheduleRun run;
   std::vector<CheckResult> checks;
@@ -887,6 +954,7 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   std::error_code ec;
   fs::remove_all(dir, ec);
   fs::create_directories(dir / "records", ec);
+  if (!ec) fs::create_directories(dir / "versions", ec);
   if (ec) return laminar::unavailable("cannot create " + dir.string());
   ScheduleOutcome outcome;
   outcome.run.schedule = schedule;
@@ -1049,6 +1117,19 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   auto records = read_records_lenient(dir / "records");
   if (!records.ok()) return records.status();
   outcome.run.records = std::move(*records);
+  auto held_out = evaluate_versions(s, schedule, dir, outcome.run.records);
+  if (!held_out.ok()) return held_out.status();
+  outcome.run.held_out = std::move(*held_out);
+  {
+    const auto& h = outcome.run.held_out;
+    const bool in_range =
+        std::all_of(h.begin(), h.end(), [](const async_grpo::HeldOutPoint& p) { return p.reward >= 0 && p.reward <= 1; });
+    std::string detail = fmt::format("{} of {} published versions evaluated on {} held-out prompts", h.size(),
+                                     published.size(), s.eval_prompts);
+    if (!h.empty()) detail += fmt::format(": version {} {:.3f}, version {} {:.3f}", h.front().version,
+                                          h.front().reward, h.back().version, h.back().reward);
+    outcome.checks.push_back({"held_out_eval", !h.empty() && h.size() == published.size() && in_range, detail});
+  }
   const auto& rw = outcome.run.records.rewards;
   if (rw.size() >= 2) {
     const std::size_t tail = std::max<std::size_t>(1, rw.size() / 3);
@@ -1072,10 +1153,10 @@ Status warm_up(const Settings& s, const fs::path& file) {
   async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
   LAMINAR_RETURN_IF_ERROR(progress.begin("warm-up", std::uint64_t(s.warmup_steps), "steps"));
   // Prompts far past the ones the schedules deal, so RL sees prompts the warm-up did not.
-  std::uint64_t next = 1ull << 40;
+  std::uint64_t next = async_grpo::kWarmupFirstPrompt;
   for (int i = 0; i < s.warmup_steps; ++i) {
     std::vector<async_grpo::DigitPrompt> prompts;
-    for (int k = 0; k < 64; ++k) prompts.push_back(task->prompt(next++));
+    for (int k = 0; k < s.warmup_batch; ++k) prompts.push_back(task->prompt(next++));
     auto st = (*trainer)->warmup_step(prompts);
     if (!st.ok()) return st.status();
     LAMINAR_RETURN_IF_ERROR(progress.update(std::uint64_t(i + 1)));
@@ -1122,6 +1203,7 @@ int run_launcher(Settings s) {
     runs.push_back(std::move(outcome->run));
   }
   async_grpo::ReportOptions ro;
+  ro.decode_step_ms = s.decode_step_ms;
   if (schedules.size() == 1) ro.baseline = ro.contender = schedules[0];
   auto files = async_grpo::write_report(runs, ro, s.out);
   if (!files.ok()) return fail("launcher", "report", files.status());
@@ -1149,6 +1231,12 @@ int main(int argc, char** argv) {
   app.add_option("--minutes", s.minutes, "stop each schedule's training after this long (0: by --steps)")
       ->check(CLI::Range(0.0, 600.0));
   app.add_option("--warmup-steps", s.warmup_steps, "supervised warm-up steps before RL")->check(CLI::Range(0, 100000));
+  app.add_option("--warmup-batch", s.warmup_batch, "prompts per warm-up step")->check(CLI::Range(1, 4096));
+  app.add_option("--eval-prompts", s.eval_prompts, "held-out prompts each published version is evaluated on")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--decode-step-ms", s.decode_step_ms,
+                 "each rollout decode or prefill step takes at least this long (emulates an accelerator's step latency)")
+      ->check(CLI::Range(0.0, 10000.0));
   app.add_option("--max-live", s.max_live, "sequences one rollout worker decodes at once")->check(CLI::Range(1, 256));
   app.add_option("--max-staleness", s.max_staleness, "laminar: versions a worker's weights may lag")
       ->check(CLI::Range(0, 16));

@@ -118,19 +118,15 @@ int main(int argc, char** argv) {
     std::printf("warmup %3d t %6.2fs loss %.4f token_acc %.3f\n", s, elapsed(), stats->loss,
                 stats->accuracy);
   }
-  // Held-out prompts (indices far past the training ones), sampled at temperature 1.
-  std::vector<async_grpo::DigitPrompt> held_out;
-  for (int i = 0; i < a.eval_prompts; ++i) held_out.push_back(task->prompt((1ull << 40) + std::uint64_t(i)));
+  const std::vector<async_grpo::DigitPrompt> held_out = task->held_out_prompts(std::size_t(a.eval_prompts));
   auto evaluate = [&](int step) {
-    auto samples = (*trainer)->generate(*task, held_out, a.eval_samples, 1.0f, 12345, laminar::Version(0));
-    if (!samples.ok()) return false;
-    double reward = 0, exact = 0;
-    for (const auto& t : *samples) {
-      reward += t.rewards.front();
-      exact += t.rewards.front() == 1.0f ? 1 : 0;
+    auto r = async_grpo::evaluate_held_out(**trainer, *task, held_out, a.eval_samples, 12345);
+    if (!r.ok()) {
+      std::fprintf(stderr, "%s\n", r.status().to_string().c_str());
+      return false;
     }
     std::printf("eval after %d grpo steps t %6.2fs held_out_reward %.3f exact %.3f\n", step, elapsed(),
-                reward / double(samples->size()), exact / double(samples->size()));
+                r->reward, r->exact);
     return true;
   };
   for (int s = 0; s < a.rl_steps; ++s) {

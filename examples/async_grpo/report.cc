@@ -39,6 +39,13 @@ bool has_control_char(std::string_view s) {
 
 bool is_generation(SpanKind k) { return k == SpanKind::kDecode || k == SpanKind::kPrefill; }
 
+Status check_held_out(const HeldOutPoint& p) {
+  if (!(p.reward >= 0 && p.reward <= 1)) {
+    return laminar::invalid_argument(fmt::format("held-out reward {} of version {} is not in [0, 1]", p.reward, p.version));
+  }
+  return laminar::ok_status();
+}
+
 Status check_run(const ScheduleRun& run) {
   LAMINAR_RETURN_IF_ERROR(check_name("schedule", run.schedule));
   const std::string what = fmt::format("schedule '{}'", run.schedule);
@@ -57,6 +64,17 @@ Status check_run(const ScheduleRun& run) {
     LAMINAR_RETURN_IF_ERROR(validate_record(p).with_context(what));
     if (p.time_ns < run.start_ns || p.time_ns > run.end_ns) {
       return laminar::invalid_argument(fmt::format("{}: reward point of version {} at {} ns lies outside the run [{}, {}]",
+                                                   what, p.version, p.time_ns, run.start_ns, run.end_ns));
+    }
+  }
+  std::set<std::uint64_t> versions;
+  for (const HeldOutPoint& p : run.held_out) {
+    LAMINAR_RETURN_IF_ERROR(check_held_out(p).with_context(what));
+    if (!versions.insert(p.version).second) {
+      return laminar::invalid_argument(fmt::format("{}: held-out version {} appears twice", what, p.version));
+    }
+    if (p.time_ns < run.start_ns || p.time_ns > run.end_ns) {
+      return laminar::invalid_argument(fmt::format("{}: held-out version {} published at {} ns, outside the run [{}, {}]",
                                                    what, p.version, p.time_ns, run.start_ns, run.end_ns));
     }
   }
@@ -287,7 +305,30 @@ Result<double> nearest_rank_percentile(std::vector<double> values, double p) {
   return values[std::clamp<std::size_t>(rank, 1, values.size()) - 1];
 }
 
-Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_reward) {
+Result<std::vector<HeldOutPoint>> smooth_held_out(std::vector<HeldOutPoint> points, std::size_t window) {
+  if (window == 0) return laminar::invalid_argument("held-out smoothing window 0");
+  std::sort(points.begin(), points.end(),
+            [](const HeldOutPoint& a, const HeldOutPoint& b) { return a.version < b.version; });
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    LAMINAR_RETURN_IF_ERROR(check_held_out(points[i]));
+    if (i > 0 && points[i].version == points[i - 1].version) {
+      return laminar::invalid_argument(fmt::format("held-out version {} appears twice", points[i].version));
+    }
+  }
+  const std::size_t w = std::min(window, points.size());
+  std::vector<HeldOutPoint> out;
+  double sum = 0;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    sum += points[i].reward;
+    if (i >= w) sum -= points[i - w].reward;
+    if (i + 1 >= w) out.push_back({.version = points[i].version, .time_ns = points[i].time_ns,
+                                   .reward = sum / static_cast<double>(w)});
+  }
+  return out;
+}
+
+Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_reward, RewardCurve curve,
+                                        std::size_t smoothing) {
   if (!std::isfinite(target_reward)) {
     return laminar::invalid_argument(fmt::format("target reward {} is not finite", target_reward));
   }
@@ -299,13 +340,25 @@ Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_re
   std::vector<RewardPoint> rewards = run.records.rewards;
   std::stable_sort(rewards.begin(), rewards.end(),
                    [](const RewardPoint& a, const RewardPoint& b) { return a.time_ns < b.time_ns; });
-  for (const RewardPoint& p : rewards) {
-    if (p.mean_reward >= target_reward) {
-      m.time_to_target_s = static_cast<double>(p.time_ns - run.start_ns) / kNsPerS;
-      break;
-    }
+  if (!rewards.empty()) m.final_training_reward = rewards.back().mean_reward;
+  Result<std::vector<HeldOutPoint>> smoothed = smooth_held_out(run.held_out, smoothing);
+  if (!smoothed.ok()) return smoothed.status().with_context(fmt::format("schedule '{}'", run.schedule));
+  m.held_out_versions = run.held_out.size();
+  if (!run.held_out.empty()) {
+    m.first_held_out = std::min_element(run.held_out.begin(), run.held_out.end(), [](const auto& a, const auto& b) {
+                         return a.version < b.version;
+                       })->reward;
+    m.final_held_out = smoothed->back().reward;
   }
-  if (!rewards.empty()) m.final_reward = rewards.back().mean_reward;
+  auto reached = [&](std::int64_t time_ns, double reward) {
+    if (m.time_to_target_s || reward < target_reward) return;
+    m.time_to_target_s = static_cast<double>(time_ns - run.start_ns) / kNsPerS;
+  };
+  if (curve == RewardCurve::kHeldOut) {
+    for (const HeldOutPoint& p : *smoothed) reached(p.time_ns, p.reward);
+  } else {
+    for (const RewardPoint& p : rewards) reached(p.time_ns, p.mean_reward);
+  }
 
   for (const TrajectoryFact& t : run.records.trajectories) {
     ++m.trained_samples;
@@ -342,11 +395,29 @@ Result<Comparison> compare(const std::vector<ScheduleRun>& runs, const ReportOpt
     }
     if (run.schedule == options.baseline) baseline = &run;
   }
+  if (options.smoothing == 0) return laminar::invalid_argument("report: smoothing 0");
+  if (!(options.decode_step_ms >= 0 && std::isfinite(options.decode_step_ms))) {
+    return laminar::invalid_argument(fmt::format("report: decode_step_ms {} is not a finite value >= 0",
+                                                 options.decode_step_ms));
+  }
   Comparison c;
   c.baseline = options.baseline;
   c.contender = options.contender;
+  c.smoothing = options.smoothing;
+  c.decode_step_ms = options.decode_step_ms;
+  const bool held_out = std::any_of(runs.begin(), runs.end(), [](const ScheduleRun& r) { return !r.held_out.empty(); });
+  c.curve = held_out ? RewardCurve::kHeldOut : RewardCurve::kTraining;
   if (options.target_reward) {
     c.target_reward = *options.target_reward;
+  } else if (held_out) {
+    if (baseline == nullptr || baseline->held_out.empty()) {
+      return laminar::invalid_argument(fmt::format(
+          "report: no target reward given and no baseline schedule '{}' with held-out points to take it from",
+          options.baseline));
+    }
+    Result<std::vector<HeldOutPoint>> smoothed = smooth_held_out(baseline->held_out, options.smoothing);
+    if (!smoothed.ok()) return smoothed.status();
+    c.target_reward = smoothed->back().reward;
   } else {
     if (baseline == nullptr || baseline->records.rewards.empty()) {
       return laminar::invalid_argument(fmt::format(
@@ -360,7 +431,7 @@ Result<Comparison> compare(const std::vector<ScheduleRun>& runs, const ReportOpt
   }
   std::optional<double> base_t, cont_t;
   for (const ScheduleRun& run : runs) {
-    Result<ScheduleMetrics> m = compute_metrics(run, c.target_reward);
+    Result<ScheduleMetrics> m = compute_metrics(run, c.target_reward, c.curve, c.smoothing);
     if (!m.ok()) return m.status();
     if (run.schedule == options.baseline) base_t = m->time_to_target_s;
     if (run.schedule == options.contender) cont_t = m->time_to_target_s;
@@ -383,7 +454,8 @@ std::string format_table(const Comparison& c) {
     rows.push_back(std::move(r));
   };
   row("wall time (s)", [](const ScheduleMetrics& m) { return fixed(m.wall_s, 1); });
-  row(fmt::format("time to reward {:.3f} (s)", c.target_reward),
+  const std::string curve = c.curve == RewardCurve::kHeldOut ? "held-out reward" : "training reward";
+  row(fmt::format("time to {} {:.3f} (s)", curve, c.target_reward),
       [](const ScheduleMetrics& m) { return optional_fixed(m.time_to_target_s, 1, "not reached"); });
   row("trained samples/s", [](const ScheduleMetrics& m) { return fixed(m.samples_per_s, 2); });
   row("trained tokens/s", [](const ScheduleMetrics& m) { return fixed(m.tokens_per_s, 1); });
@@ -400,7 +472,11 @@ std::string format_table(const Comparison& c) {
   row("moved sequences", [](const ScheduleMetrics& m) { return std::to_string(m.moved_sequences); });
   row("weight sync p50 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.weight_sync_p50_ms, 2, "-"); });
   row("weight sync p99 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.weight_sync_p99_ms, 2, "-"); });
-  row("final reward", [](const ScheduleMetrics& m) { return optional_fixed(m.final_reward, 3, "-"); });
+  row("held-out reward, first version", [](const ScheduleMetrics& m) { return optional_fixed(m.first_held_out, 3, "-"); });
+  row(fmt::format("held-out reward, last {} versions", c.smoothing),
+      [](const ScheduleMetrics& m) { return optional_fixed(m.final_held_out, 3, "-"); });
+  row("versions evaluated", [](const ScheduleMetrics& m) { return std::to_string(m.held_out_versions); });
+  row("last step's training reward", [](const ScheduleMetrics& m) { return optional_fixed(m.final_training_reward, 3, "-"); });
 
   std::vector<std::size_t> width(header.size(), 0);
   for (const auto& r : rows) {
@@ -422,12 +498,19 @@ std::string format_table(const Comparison& c) {
     if (m.schedule == c.contender) cont = &m;
   }
   if (c.speedup) {
-    out += fmt::format("{} reaches reward {:.3f} {:.2f}x as fast as {} ({:.1f} s against {:.1f} s)\n", c.contender,
-                       c.target_reward, *c.speedup, c.baseline, *cont->time_to_target_s, *base->time_to_target_s);
+    out += fmt::format("{} reaches {} {:.3f} {:.2f}x as fast as {} ({:.1f} s against {:.1f} s)\n", c.contender,
+                       curve, c.target_reward, *c.speedup, c.baseline, *cont->time_to_target_s, *base->time_to_target_s);
   } else if (base != nullptr && cont != nullptr) {
-    out += fmt::format("no speedup of {} over {}: {} did not reach reward {:.3f}\n", c.contender, c.baseline,
-                       cont->time_to_target_s ? c.baseline : c.contender, c.target_reward);
+    out += fmt::format("no speedup of {} over {}: {} did not reach {} {:.3f}\n", c.contender, c.baseline,
+                       cont->time_to_target_s ? c.baseline : c.contender, curve, c.target_reward);
   }
+  if (c.curve == RewardCurve::kHeldOut) {
+    out += fmt::format("held-out reward: each published version's, moving average over {} versions, against its "
+                       "publish time\n", c.smoothing);
+  }
+  out += c.decode_step_ms > 0
+             ? fmt::format("rollout pacing: every decode and prefill step takes at least {:g} ms\n", c.decode_step_ms)
+             : std::string("rollout pacing: none (decode steps run at this CPU's speed)\n");
   return out;
 }
 
@@ -449,9 +532,15 @@ std::string metrics_json(const Comparison& c) {
                          {"moved_sequences", m.moved_sequences},
                          {"weight_sync_p50_ms", optional_json(m.weight_sync_p50_ms)},
                          {"weight_sync_p99_ms", optional_json(m.weight_sync_p99_ms)},
-                         {"final_reward", optional_json(m.final_reward)}});
+                         {"final_training_reward", optional_json(m.final_training_reward)},
+                         {"held_out_versions", m.held_out_versions},
+                         {"first_held_out", optional_json(m.first_held_out)},
+                         {"final_held_out", optional_json(m.final_held_out)}});
   }
   ordered_json j = {{"target_reward", c.target_reward},
+                    {"curve", c.curve == RewardCurve::kHeldOut ? "held_out" : "training"},
+                    {"smoothing", c.smoothing},
+                    {"decode_step_ms", c.decode_step_ms},
                     {"baseline", c.baseline},
                     {"contender", c.contender},
                     {"speedup", optional_json(c.speedup)},
@@ -495,7 +584,8 @@ Result<std::string> trace_json(const ScheduleRun& run) {
 }
 
 Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::filesystem::path& dir,
-                              const std::string& gnuplot) {
+                              const std::string& gnuplot, std::size_t smoothing) {
+  if (smoothing == 0) return laminar::invalid_argument("plots: smoothing 0");
   for (const ScheduleRun& run : runs) LAMINAR_RETURN_IF_ERROR(check_run(run));
   PlotFiles out;
   std::optional<std::filesystem::path> program = find_program(gnuplot);
@@ -511,7 +601,47 @@ Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::f
   std::string script;
   std::vector<std::string> skipped;
 
-  // Reward against wall time: one data block (index) per schedule with reward points.
+  // Held-out reward against publish time: per schedule, a block of each version's reward and one
+  // of its moving average, in one colour.
+  std::string held_data;
+  std::vector<std::string> held_plots;
+  int blocks = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const ScheduleRun& run = runs[i];
+    if (run.held_out.empty()) continue;
+    Result<std::vector<HeldOutPoint>> smoothed = smooth_held_out(run.held_out, smoothing);
+    if (!smoothed.ok()) return smoothed.status();
+    std::vector<HeldOutPoint> raw = run.held_out;
+    std::sort(raw.begin(), raw.end(), [](const HeldOutPoint& a, const HeldOutPoint& b) { return a.version < b.version; });
+    for (const std::vector<HeldOutPoint>* curve : {&raw, &*smoothed}) {
+      held_data += fmt::format("# {} {}\n", run.schedule, curve == &raw ? "per version" : "moving average");
+      for (const HeldOutPoint& p : *curve) {
+        held_data += fmt::format("{:.6f} {:.9g} {}\n", static_cast<double>(p.time_ns - run.start_ns) / kNsPerS,
+                                 p.reward, p.version);
+      }
+      held_data += "\n\n";
+    }
+    const std::string data = gp_quote((abs / "held_out.dat").string());
+    held_plots.push_back(fmt::format("{} index {} using 1:2 with points pt 7 ps 0.6 lc {} title {}", data, blocks,
+                                     i + 1, gp_quote(run.schedule + ", each version")));
+    held_plots.push_back(fmt::format("{} index {} using 1:2 with lines lw 2 lc {} title {}", data, blocks + 1, i + 1,
+                                     gp_quote(fmt::format("{}, mean of {} versions", run.schedule, smoothing))));
+    blocks += 2;
+  }
+  if (held_plots.empty()) {
+    skipped.push_back("reward.png (no held-out evaluations)");
+  } else {
+    LAMINAR_RETURN_IF_ERROR(write_file(abs / "held_out.dat", held_data));
+    out.pngs.push_back(abs / "reward.png");
+    script += fmt::format(
+        "set terminal pngcairo size 1000,600 noenhanced\nset output {}\n"
+        "set title 'Held-out reward of each published version against its publish time'\n"
+        "set xlabel 'wall time (s)'\nset xrange [0:*]\nset ylabel 'held-out reward'\nset grid\nset key bottom right\n"
+        "plot {}\n\n",
+        gp_quote(out.pngs.back().string()), fmt::join(held_plots, ", \\\n     "));
+  }
+
+  // Training reward against wall time: one data block (index) per schedule with reward points.
   std::string reward_data;
   std::vector<std::string> reward_plots;
   for (const ScheduleRun& run : runs) {
@@ -526,17 +656,18 @@ Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::f
     }
     reward_data += "\n\n";
     reward_plots.push_back(fmt::format("{} index {} using 1:2 with linespoints lw 2 title {}",
-                                       gp_quote((abs / "reward.dat").string()), reward_plots.size(),
+                                       gp_quote((abs / "training_reward.dat").string()), reward_plots.size(),
                                        gp_quote(run.schedule)));
   }
   if (reward_plots.empty()) {
-    skipped.push_back("reward.png (no reward points)");
+    skipped.push_back("training_reward.png (no reward points)");
   } else {
-    LAMINAR_RETURN_IF_ERROR(write_file(abs / "reward.dat", reward_data));
-    out.pngs.push_back(abs / "reward.png");
+    LAMINAR_RETURN_IF_ERROR(write_file(abs / "training_reward.dat", reward_data));
+    out.pngs.push_back(abs / "training_reward.png");
     script += fmt::format(
-        "set terminal pngcairo size 1000,600 noenhanced\nset output {}\nset title 'Reward against wall time'\n"
-        "set xlabel 'wall time (s)'\nset xrange [0:*]\nset ylabel 'mean reward'\nset grid\nset key bottom right\n"
+        "reset\nset terminal pngcairo size 1000,600 noenhanced\nset output {}\n"
+        "set title 'Training reward of each step (mean over the samples it trained on) against wall time'\n"
+        "set xlabel 'wall time (s)'\nset xrange [0:*]\nset ylabel 'mean training reward'\nset grid\nset key bottom right\n"
         "plot {}\n\n",
         gp_quote(out.pngs.back().string()), fmt::join(reward_plots, ", \\\n     "));
   }
@@ -606,7 +737,7 @@ Result<ReportFiles> write_report(const std::vector<ScheduleRun>& runs, const Rep
     files.traces.push_back(dir / fmt::format("trace_{}.json", run.schedule));
     LAMINAR_RETURN_IF_ERROR(write_file(files.traces.back(), *trace));
   }
-  Result<PlotFiles> plots = write_plots(runs, dir, options.gnuplot);
+  Result<PlotFiles> plots = write_plots(runs, dir, options.gnuplot, options.smoothing);
   if (!plots.ok()) return plots.status();
   files.plots = std::move(plots->pngs);
   files.plot_note = std::move(plots->note);

@@ -83,6 +83,21 @@ class Progress {
   laminar::Duration started_{}, last_print_{};
 };
 
+// The held-out reward of one published version (trainer.h's evaluate_held_out), which the launcher
+// measures after the run from the weights the actor kept, so evaluating costs the run no time.
+struct HeldOutPoint {
+  std::uint64_t version = 0;
+  std::int64_t time_ns = 0;  // steady_clock: when the actor published the version
+  double reward = 0;         // in [0, 1]
+  friend bool operator==(const HeldOutPoint&, const HeldOutPoint&) = default;
+};
+
+// The trailing moving average of `points` in version order: point i (from window - 1 on) keeps
+// its version and time and takes the mean reward of points i - window + 1 .. i. With fewer than
+// `window` points, one point: their mean at the last one. kInvalidArgument for window 0, a
+// version twice, or a reward outside [0, 1].
+laminar::Result<std::vector<HeldOutPoint>> smooth_held_out(std::vector<HeldOutPoint> points, std::size_t window);
+
 // One schedule's run as the launcher saw it, and everything its processes recorded.
 struct ScheduleRun {
   std::string schedule;             // "sync", "one-step", "laminar": a file-name-safe word, unique
@@ -90,13 +105,16 @@ struct ScheduleRun {
   std::int64_t end_ns = 0;          // > start_ns
   std::uint32_t rollout_workers = 0;  // > 0; decode/prefill spans come from at most this many workers
   Records records{};                // reward points lie within [start_ns, end_ns]
+  std::vector<HeldOutPoint> held_out{};  // one per version, published within [start_ns, end_ns]
 };
 
 // The table's column for one schedule.
 struct ScheduleMetrics {
   std::string schedule;
   double wall_s = 0;
-  // From the start to the first reward point at or above the target; none when never reached.
+  // From the start to the first point at or above the target on the comparison's curve (the
+  // smoothed held-out reward, or the per-step training reward without held-out points); none when
+  // never reached.
   std::optional<double> time_to_target_s;
   std::uint64_t trained_samples = 0;  // trajectory facts
   std::uint64_t trained_tokens = 0;   // their lengths summed
@@ -112,18 +130,35 @@ struct ScheduleMetrics {
   // Nearest-rank percentiles of the weight-sync durations; none without syncs.
   std::optional<double> weight_sync_p50_ms;
   std::optional<double> weight_sync_p99_ms;
-  std::optional<double> final_reward;  // the last reward point's
+  std::optional<double> final_training_reward;  // the last training step's mean sample reward
+  std::size_t held_out_versions = 0;
+  std::optional<double> first_held_out;  // the first version's held-out reward
+  std::optional<double> final_held_out;  // the last smoothed held-out reward
 };
 
-// Validates `run` (see ScheduleRun) and computes its column.
-laminar::Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_reward);
+// Which reward the time to target reads.
+enum class RewardCurve : std::uint8_t {
+  kHeldOut,   // smooth_held_out(run.held_out, smoothing)
+  kTraining,  // run.records.rewards: the mean reward of each step's training samples
+};
+
+// Validates `run` (see ScheduleRun) and computes its column. kInvalidArgument also for smoothing 0.
+laminar::Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_reward,
+                                                 RewardCurve curve = RewardCurve::kTraining,
+                                                 std::size_t smoothing = 3);
 
 // The nearest-rank percentile (0 < p <= 100) of non-empty `values`: the ceil(p/100 x n)-th smallest.
 laminar::Result<double> nearest_rank_percentile(std::vector<double> values, double p);
 
 struct ReportOptions {
-  // Absent: the baseline schedule's final reward.
+  // Absent: the baseline schedule's final reward on the curve compared (its last smoothed held-out
+  // reward when any run has held-out points, else its last training reward).
   std::optional<double> target_reward = std::nullopt;
+  // Versions in the held-out moving average: one version's reward on a few hundred samples is
+  // noisy, and a single lucky version would otherwise decide the time to target.
+  std::size_t smoothing = 3;
+  // The rollout workers' pacing (--decode-step-ms), stated with the table; 0: none.
+  double decode_step_ms = 0;
   std::string baseline = "sync";
   std::string contender = "laminar";
   // The gnuplot program, looked up in PATH unless it holds a '/'. Missing: plots are skipped.
@@ -132,14 +167,18 @@ struct ReportOptions {
 
 struct Comparison {
   double target_reward = 0;
+  RewardCurve curve = RewardCurve::kTraining;
+  std::size_t smoothing = 3;
+  double decode_step_ms = 0;
   std::string baseline, contender;
   std::vector<ScheduleMetrics> schedules;  // in the order of the runs
   // baseline's time to target / contender's; none unless both reached it.
   std::optional<double> speedup;
 };
 
-// kInvalidArgument for an invalid or duplicate run, no runs, or no target (none given and no
-// baseline run with a reward point).
+// The curve is kHeldOut when any run has held-out points. kInvalidArgument for an invalid or
+// duplicate run, no runs, smoothing 0, a negative decode_step_ms, or no target (none given and no
+// baseline run with a point on the curve).
 laminar::Result<Comparison> compare(const std::vector<ScheduleRun>& runs, const ReportOptions& options);
 
 // The aligned plain-text table, one column per schedule, and the speedup line under it.
@@ -152,15 +191,17 @@ std::string metrics_json(const Comparison& comparison);
 laminar::Result<std::string> trace_json(const ScheduleRun& run);
 
 struct PlotFiles {
-  std::vector<std::filesystem::path> pngs;  // reward.png, activity_<schedule>.png
+  std::vector<std::filesystem::path> pngs;  // reward.png, training_reward.png, activity_<schedule>.png
   std::string note;                         // why plots are missing (no gnuplot, no data), or empty
 };
-// Writes data files and scripts under `dir` (created if needed) and runs gnuplot on them: reward.png (reward against
-// wall time, a line per schedule) and activity_<schedule>.png (a row per worker, a box per span,
+// Writes data files and scripts under `dir` (created if needed) and runs gnuplot on them: reward.png
+// (held-out reward against publish time, each version's and the moving average over `smoothing`,
+// a colour per schedule), training_reward.png (each training step's mean sample reward against
+// wall time) and activity_<schedule>.png (a row per worker, a box per span,
 // coloured by kind). A missing gnuplot is not an error (note says so); gnuplot failing is
 // kInternal with its output.
 laminar::Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::filesystem::path& dir,
-                                       const std::string& gnuplot);
+                                       const std::string& gnuplot, std::size_t smoothing = 3);
 
 struct ReportFiles {
   std::string table;

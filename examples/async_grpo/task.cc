@@ -119,4 +119,11 @@ float DigitTask::reward(const DigitPrompt& prompt,
   return 0.5f * float(matches) / float(std::max(digits.size(), want.size()));
 }
 
+std::vector<DigitPrompt> DigitTask::held_out_prompts(std::size_t count) const {
+  std::vector<DigitPrompt> out;
+  out.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) out.push_back(prompt(kHeldOutFirstPrompt + i));
+  return out;
+}
+
 }  // namespace async_grpo

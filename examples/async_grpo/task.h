@@ -12,6 +12,7 @@
 //   float r = task->reward(p, out);                      // 1.0: exact
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -61,6 +62,11 @@ struct DigitPrompt {
   std::vector<std::int32_t> answer;  // [n + 1]: the transformed digits, then EOS
 };
 
+// Prompt indices by use, so no run trains on a prompt it evaluates on: RL deals indices from 0,
+// a supervised warm-up from kWarmupFirstPrompt, held-out evaluation from kHeldOutFirstPrompt.
+inline constexpr std::uint64_t kWarmupFirstPrompt = 1ull << 40;
+inline constexpr std::uint64_t kHeldOutFirstPrompt = 1ull << 48;
+
 class DigitTask {
  public:
   // kInvalidArgument naming the option: op not a DigitOp, median_length not in [1, max_length],
@@ -84,6 +90,9 @@ class DigitTask {
   //                           response's digit equals the answer's, longer is the longer length;
   //   0                       malformed: no EOS, a non-digit before EOS, or tokens after it.
   float reward(const DigitPrompt& prompt, std::span<const std::int32_t> response) const noexcept;
+
+  // The held-out set: prompts kHeldOutFirstPrompt .. + count - 1.
+  std::vector<DigitPrompt> held_out_prompts(std::size_t count) const;
 
  private:
   DigitTask(const DigitTaskOptions& options, std::uint64_t seed) : options_(options), seed_(seed) {}
