@@ -207,30 +207,6 @@ TEST_CASE("grpo trainer: the supervised warm-up lowers the loss") {
   CHECK(last < first * 0.6);
 }
 
-TEST_CASE("grpo trainer: the held-out reward is the mean verifier reward of seeded samples") {
-  const DigitTask task = short_task(6);
-  auto trainer = make_trainer(6);
-  for (int step = 0; step < 5; ++step) REQUIRE(trainer->warmup_step(prompts(task, std::uint64_t(step) * 32, 32)).ok());
-  const auto held_out = task.held_out_prompts(16);
-  auto r = async_grpo::evaluate_held_out(*trainer, task, held_out, 2, 99);
-  REQUIRE(r.ok());
-  auto samples = trainer->generate(task, held_out, 2, 1.0f, 99, laminar::Version(0));
-  REQUIRE(samples.ok());
-  double exact = 0;
-  for (const laminar::Trajectory& t : *samples) exact += t.rewards[0] == 1.0f ? 1 : 0;
-  CHECK(r->samples == 32);
-  CHECK(r->reward == Approx(mean_reward(*samples)));
-  CHECK(r->exact == Approx(exact / 32));
-  CHECK((r->reward >= 0 && r->reward <= 1));
-  // The same weights and seed: the same number.
-  CHECK(async_grpo::evaluate_held_out(*trainer, task, held_out, 2, 99).value().reward == r->reward);
-
-  CHECK(async_grpo::evaluate_held_out(*trainer, task, {}, 2, 99).status().code() ==
-        laminar::StatusCode::kInvalidArgument);
-  CHECK(async_grpo::evaluate_held_out(*trainer, task, held_out, 0, 99).status().message().find("samples_per_prompt") !=
-        std::string::npos);
-}
-
 TEST_CASE("grpo trainer: the recompute matches the sampler's log-probs") {
   const DigitTask task = short_task(8);
   auto trainer = make_trainer(8);

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "held_out.h"
 #include "laminar/kv_migrator.h"
 #include "laminar/relay_node.h"
 #include "laminar/repack_coordinator.h"
@@ -914,16 +915,13 @@ Result<std::vector<async_grpo::HeldOutPoint>> evaluate_versions(const Settings& 
   if (ec) return laminar::not_found(fmt::format("cannot read {}: {}", (dir / "versions").string(), ec.message()));
   auto task = make_task(s);
   if (!task.ok()) return task.status();
-  async_grpo::TrainerOptions to;
-  to.seed = s.seed;
-  to.intra_op_threads = std::int32_t(std::max(1u, std::thread::hardware_concurrency()));  // the run is over
-  auto trainer = async_grpo::Trainer::create(to);
-  if (!trainer.ok()) return trainer.status();
+  auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+  if (!engine.ok()) return engine.status();
   const std::vector<async_grpo::DigitPrompt> prompts = task->held_out_prompts(std::size_t(s.eval_prompts));
   async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
   LAMINAR_RETURN_IF_ERROR(progress.begin(schedule + " held-out eval", std::max<std::size_t>(files.size(), 1), "versions"));
   std::vector<async_grpo::HeldOutPoint> points;
-  std::vector<std::byte> flat((*trainer)->manifest().total_bytes());
+  std::vector<std::byte> flat(engine->manifest().total_bytes());
   for (const auto& [version, file] : files) {
     auto at = published_at.find(version);
     if (at == published_at.end())
@@ -931,9 +929,9 @@ Result<std::vector<async_grpo::HeldOutPoint>> evaluate_versions(const Settings& 
     std::ifstream f(file, std::ios::binary);
     f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
     if (!f) return laminar::data_loss(fmt::format("{}: shorter than {} bytes", file.string(), flat.size()));
-    LAMINAR_RETURN_IF_ERROR((*trainer)->load_weights(flat));
+    LAMINAR_RETURN_IF_ERROR(engine->load_weights(flat));
     // One seed for every version and schedule: the versions differ only in their weights.
-    auto r = async_grpo::evaluate_held_out(**trainer, *task, prompts, 1, s.seed * 1000003 + 12345);
+    auto r = async_grpo::evaluate_held_out(*engine, *task, prompts, {.seed = s.seed * 1000003 + 12345});
     if (!r.ok()) return r.status();
     points.push_back({.version = version, .time_ns = at->second, .reward = r->reward});
     fs::remove(file, ec);

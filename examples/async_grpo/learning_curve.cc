@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "engine.h"
+#include "held_out.h"
 #include "task.h"
 #include "trainer.h"
 
@@ -118,9 +120,21 @@ int main(int argc, char** argv) {
     std::printf("warmup %3d t %6.2fs loss %.4f token_acc %.3f\n", s, elapsed(), stats->loss,
                 stats->accuracy);
   }
+  // Scored by the rollout engine on the trainer's weights, as the async GRPO launcher scores each
+  // published version.
+  auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+  if (!engine.ok()) {
+    std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
+    return 1;
+  }
   const std::vector<async_grpo::DigitPrompt> held_out = task->held_out_prompts(std::size_t(a.eval_prompts));
+  std::vector<std::byte> flat((*trainer)->manifest().total_bytes());
   auto evaluate = [&](int step) {
-    auto r = async_grpo::evaluate_held_out(**trainer, *task, held_out, a.eval_samples, 12345);
+    laminar::Status st = (*trainer)->save_weights(flat);
+    if (st.ok()) st = engine->load_weights(flat);
+    auto r = st.ok() ? async_grpo::evaluate_held_out(*engine, *task, held_out,
+                                                     {.samples_per_prompt = a.eval_samples, .seed = 12345})
+                     : laminar::Result<async_grpo::HeldOutReward>(st);
     if (!r.ok()) {
       std::fprintf(stderr, "%s\n", r.status().to_string().c_str());
       return false;

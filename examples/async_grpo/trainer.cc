@@ -628,25 +628,4 @@ laminar::Result<std::vector<laminar::Trajectory>> Trainer::generate(
   });
 }
 
-laminar::Result<HeldOutReward> evaluate_held_out(const Trainer& trainer, const DigitTask& task,
-                                                 std::span<const DigitPrompt> prompts,
-                                                 std::int32_t samples_per_prompt, std::uint64_t seed) {
-  if (prompts.empty()) return invalid_argument("evaluate_held_out: no prompts");
-  if (samples_per_prompt < 1) {
-    return invalid_argument("evaluate_held_out: samples_per_prompt " + std::to_string(samples_per_prompt) +
-                            " < 1");
-  }
-  auto samples = trainer.generate(task, prompts, samples_per_prompt, 1.0f, seed, laminar::Version(0));
-  if (!samples.ok()) return samples.status();
-  HeldOutReward r;
-  r.samples = samples->size();
-  for (const laminar::Trajectory& t : *samples) {
-    r.reward += double(t.rewards.front());
-    r.exact += t.rewards.front() == 1.0f ? 1.0 : 0.0;
-  }
-  r.reward /= double(r.samples);
-  r.exact /= double(r.samples);
-  return r;
-}
-
 }  // namespace async_grpo

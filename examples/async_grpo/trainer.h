@@ -170,17 +170,4 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
 };
 
-// The policy's reward on prompts it never trains on (task.held_out_prompts): samples_per_prompt
-// samples of each at temperature 1, the policy's own distribution, from a fixed seed so two
-// versions are compared on the same random draws.
-struct HeldOutReward {
-  double reward = 0;  // mean verifier reward, in [0, 1]
-  double exact = 0;   // fraction of samples with reward 1
-  std::size_t samples = 0;
-};
-// kInvalidArgument when `prompts` is empty or samples_per_prompt < 1; what generate refuses.
-laminar::Result<HeldOutReward> evaluate_held_out(const Trainer& trainer, const DigitTask& task,
-                                                 std::span<const DigitPrompt> prompts,
-                                                 std::int32_t samples_per_prompt, std::uint64_t seed);
-
 }  // namespace async_grpo
