@@ -338,7 +338,9 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     for (const auto& [group, n] : group_count) partial_groups += n != G ? 1 : 0;
     if (Status st = rescore(ts); !st.ok()) return fail("actor", "rescore", st);
     // The actor's recompute of on-policy samples: same weights, so only arithmetic order differs.
-    if (!current.empty()) {
+    // One batch's worth per run: every schedule's first batch is on-policy, and a recompute of
+    // every sync batch would cost sync a third of a training step each step, and laminar nothing.
+    if (!current.empty() && on_policy < batch_size) {
       auto lp = trainer.log_probs(current);
       if (!lp.ok()) return fail("actor", "log_probs", lp.status());
       for (std::size_t i = 0; i < current.size(); ++i)
@@ -414,7 +416,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
                     "not re-scored (version no longer kept)",
                     rescored, rescore_differs, not_rescored));
   check("behaviour_logprobs", on_policy == 0 || max_lp_diff < 1e-2,
-        fmt::format("{} on-policy samples, {} tokens: |rollout - actor recompute| max {:.3g} mean {:.3g}", on_policy,
+        fmt::format("{} on-policy samples recomputed, {} tokens: |rollout - actor recompute| max {:.3g} mean {:.3g}", on_policy,
                     lp_tokens, max_lp_diff, lp_tokens ? sum_lp_diff / double(lp_tokens) : 0.0));
   std::printf("dispatch %s\n", ds.to_json().c_str());
   if (coordinator) std::printf("repack %s\n", coordinator->stats().to_json().c_str());
