@@ -1138,7 +1138,7 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
     double last = 0;
     for (std::size_t i = rw.size() - tail; i < rw.size(); ++i) last += rw[i].mean_reward / double(tail);
     outcome.checks.push_back({"reward_rises", last > rw.front().mean_reward,
-                              fmt::format("first step {:.3f}, mean of the last {} steps {:.3f}",
+                              fmt::format("training reward: first step {:.3f}, mean of the last {} steps {:.3f}",
                                           rw.front().mean_reward, tail, last)});
   }
   return outcome;
