@@ -71,7 +71,7 @@ struct Settings {
   std::uint64_t seed = 1;
   int group_size = 8;
   int groups_per_step = 8;
-  int steps = 60;
+  int steps = 90;
   double minutes = 0;  // > 0: stop training after this long, whatever `steps` says
   int warmup_steps = 30;
   int warmup_batch = 32;  // prompts per warm-up step
