@@ -199,8 +199,8 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (a.run_schedule == "laminar" && s.repack) {
     laminar::RepackCoordinatorOptions co;
     co.tokens_per_page = Settings::kPageSize;
-    co.interval = 500ms;
-    co.stale_after = 2s;
+    co.interval = 2ms;
+    co.stale_after = 100ms;
     // One page over every layer, K and V, f32; workers share one host.
     const async_grpo::PolicyConfig pc;
     co.policy.page_bytes = std::uint64_t(pc.num_layers) * 2 * pc.num_kv_heads * pc.head_dim * Settings::kPageSize * 4;
@@ -462,6 +462,7 @@ class Rollout {
     if (!writer.ok()) return fail(who_, "records", writer.status());
     writer_.emplace(std::move(*writer));
     hashes_.emplace(fs::path(a_.dir) / ("weights-" + who_ + ".txt"));
+    moved_log_.emplace(fs::path(a_.dir) / ("moved-" + who_ + ".txt"));
 
     auto transport = make_transport(a_.token);
     if (!transport.ok()) return fail(who_, "transport", transport.status());
@@ -485,7 +486,7 @@ class Rollout {
       laminar::RepackDriverOptions dopt;
       dopt.worker = laminar::WorkerId(std::uint32_t(a_.index));
       dopt.coordinator = a_.actor;
-      dopt.report_interval = 200ms;
+      dopt.report_interval = 1ms;
       auto driver = laminar::RepackDriver::create(transport_, migrator_, dopt);
       if (!driver.ok()) return fail(who_, "repack driver", driver.status());
       driver_ = std::move(*driver);
@@ -621,6 +622,8 @@ class Rollout {
           auto it = find(id);
           if (it == live_.end()) continue;
           pages += (it->seq.kv_length + Settings::kPageSize - 1) / Settings::kPageSize;
+          moved_log_->write(fmt::format("out {}", it->seq.trajectory.value()));
+          moved_.insert(it->seq.trajectory.value());
           live_.erase(it);  // the migrator released it from the cache
         }
         const std::uint64_t bytes = pages * std::uint64_t(engine_->config().num_layers) * 2 *
@@ -643,6 +646,8 @@ class Rollout {
       case Kind::kArrived: {
         const std::int64_t t = now_ns();
         for (laminar::SequenceState& st : e.states) {
+          moved_log_->write(fmt::format("in {}", st.trajectory.value()));
+          moved_.insert(st.trajectory.value());
           Live l;
           l.prompt = task_->prompt(st.prompt_id);
           l.max_tokens = task_->max_response_tokens(l.prompt);
@@ -675,7 +680,7 @@ class Rollout {
 
   void drop(laminar::TrajectoryId id) {
     auto it = std::find_if(live_.begin(), live_.end(), [&](const Live& l) { return l.seq.trajectory == id; });
-    if (it == live_.end() || it->paused) return;  // a paused one is the migration's until it ends
+    if (it == live_.end() || it->paused || moving(it->seq.sequence)) return;  // the migration's until it ends
     (void)cache_->release(it->seq.sequence);
     live_.erase(it);
   }
@@ -720,11 +725,24 @@ class Rollout {
     return finish_done();
   }
 
+  // At EOS or its token limit: pushed by finish_done, or held while a migration moves it.
+  static bool ended(const Live& l) {
+    return (!l.seq.response_tokens.empty() && l.seq.response_tokens.back() == async_grpo::kEos) ||
+           std::int32_t(l.seq.response_tokens.size()) >= l.max_tokens;
+  }
+
+  bool moving(laminar::SequenceId id) const {
+    if (!migrator_) return false;
+    const std::vector<laminar::SequenceId> m = migrator_->moving();
+    return std::find(m.begin(), m.end(), id) != m.end();
+  }
+
   Status step() {
     std::vector<laminar::SequenceState*> batch;
     for (Live& l : live_)
-      if (!l.paused) batch.push_back(&l.seq);
-    if (batch.empty()) return laminar::ok_status();
+      if (!l.paused && !ended(l)) batch.push_back(&l.seq);
+    // What ended while it was moving, and was then handed back or arrived here.
+    if (batch.empty()) return finish_done();
     if (decode_start_ == 0) decode_start_ = now_ns();
     const std::int64_t t0 = now_ns();
     LAMINAR_RETURN_IF_ERROR(engine_->step(*cache_, batch));
@@ -745,20 +763,19 @@ class Rollout {
     decode_tokens_ = decode_max_seqs_ = 0;
   }
 
-  // Pushes every live sequence that ended (EOS or its token limit), rewarded by the verifier.
+  // Pushes every live sequence that ended (EOS or its token limit), rewarded by the verifier. One
+  // a migration moves stays until the migration ends: its destination pushes it, or it comes back.
   Status finish_done() {
+    std::vector<laminar::SequenceId> in_flight;
+    if (migrator_) in_flight = migrator_->moving();
     for (std::size_t i = 0; i < live_.size();) {
       Live& l = live_[i];
-      if (l.paused) {
+      if (l.paused || !ended(l) ||
+          std::find(in_flight.begin(), in_flight.end(), l.seq.sequence) != in_flight.end()) {
         ++i;
         continue;
       }
       const bool eos = !l.seq.response_tokens.empty() && l.seq.response_tokens.back() == async_grpo::kEos;
-      const bool full = std::int32_t(l.seq.response_tokens.size()) >= l.max_tokens;
-      if (!eos && !full) {
-        ++i;
-        continue;
-      }
       if (l.seq.version.value() != current())
         return laminar::internal_error(fmt::format("{}: trajectory {} mixes versions {} and {}", who_,
                                                    l.seq.trajectory.value(), l.seq.version.value(), current()));
@@ -777,9 +794,11 @@ class Rollout {
       t.timings = {.generation_start_ns = l.start_ns, .generation_end_ns = now_ns()};
       LAMINAR_RETURN_IF_ERROR(cache_->release(l.seq.sequence));
       live_.erase(live_.begin() + std::ptrdiff_t(i));
+      const std::uint64_t id = t.id.value();
       Status st = producer_->push(std::move(t));
       // A sample handed out again after this worker looked lost is already in the queue.
       if (!st.ok() && st.code() != laminar::StatusCode::kAlreadyExists) return st;
+      if (moved_.contains(id)) moved_log_->write(fmt::format("push {}", id));
       ++pushed_;
     }
     return laminar::ok_status();
@@ -793,6 +812,9 @@ class Rollout {
   std::vector<laminar::NamedTensor> destinations_;
   std::optional<async_grpo::RecordWriter> writer_;
   std::optional<LineFile> hashes_;
+  // Trajectories a migration moved out of or into this worker: each one's out, in and push lines.
+  std::optional<LineFile> moved_log_;
+  std::unordered_set<std::uint64_t> moved_;
   std::shared_ptr<laminar::Transport> transport_;
   std::shared_ptr<laminar::PagedKvCache> cache_;
   std::shared_ptr<laminar::KvMigrator> migrator_;
@@ -875,6 +897,35 @@ struct CheckResult {
   bool ok = false;
   std::string detail;
 };
+
+// Every migrated trajectory, from the rollouts' moved-*.txt: each migration that completed left its
+// source once ("out") and arrived once ("in"), and the trajectory was pushed once, by the worker
+// holding it at the end ("push"). With a worker killed, what it held goes out again from the
+// PromptServer to workers that never saw it move, so only "at most once" holds then.
+CheckResult check_moved(const fs::path& dir, int workers, bool killed) {
+  struct Counts {
+    int out = 0, in = 0, push = 0;
+  };
+  std::map<std::uint64_t, Counts> moved;
+  for (int w = 0; w < workers; ++w) {
+    std::ifstream f(dir / fmt::format("moved-rollout-{}.txt", w));
+    std::string what;
+    std::uint64_t id;
+    while (f >> what >> id) {
+      Counts& c = moved[id];
+      (what == "out" ? c.out : what == "in" ? c.in : c.push) += 1;
+    }
+  }
+  std::uint64_t migrations = 0, bad = 0;
+  for (const auto& [id, c] : moved) {
+    migrations += std::uint64_t(c.in);
+    const bool ok = killed ? c.out <= c.in && c.push <= 1 : c.out == c.in && c.push == 1;
+    bad += ok ? 0 : 1;
+  }
+  return {"moved_once", bad == 0,
+          fmt::format("{} trajectories moved ({} arrivals); {} not moved out once, in once and pushed once{}",
+                      moved.size(), migrations, bad, killed ? " (at most once: a worker was killed)" : "")};
+}
 
 struct ScheduleOutcome {
   async_grpo::ScheduleRun run;
@@ -1045,6 +1096,8 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   outcome.checks.push_back({"weights_bit_equal", pulls > 0 && mismatches == 0,
                             fmt::format("{} pulls hashed, {} differ from the actor's published bytes", pulls,
                                         mismatches)});
+
+  if (schedule == "laminar" && s.repack) outcome.checks.push_back(check_moved(dir, s.workers, killed));
 
   auto records = read_records_lenient(dir / "records");
   if (!records.ok()) return records.status();
