@@ -199,6 +199,8 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (a.run_schedule == "laminar" && s.repack) {
     laminar::RepackCoordinatorOptions co;
     co.tokens_per_page = Settings::kPageSize;
+    // Decode steps take 20-250 us here, so a batch's tail is over within a few ms: reports every
+    // 1 ms (the driver's) and a plan every 2 ms see it; a report 100 ms old is of no use.
     co.interval = 2ms;
     co.stale_after = 100ms;
     // One page over every layer, K and V, f32; workers share one host.
@@ -206,6 +208,11 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     co.policy.page_bytes = std::uint64_t(pc.num_layers) * 2 * pc.num_kv_heads * pc.head_dim * Settings::kPageSize * 4;
     co.policy.link_bytes_per_s = 1e9;
     co.policy.growth_horizon_steps = pc.max_positions;
+    // The paper's rule: empty every old-version worker whose sequences fit elsewhere, so that it
+    // pulls the newest weights. The cost-aware rule weighs the decode time a move frees against
+    // the move, and here both are about a millisecond (a tail of a few 100 us steps; one migration
+    // between processes on a shared host), so it refuses nearly every plan.
+    co.policy.strategy = laminar::RepackStrategy::kPaperBestFit;
     auto c = laminar::RepackCoordinator::create(*transport, co);
     if (!c.ok()) return fail("actor", "repack coordinator", c.status());
     coordinator = std::move(*c);
@@ -584,9 +591,11 @@ class Rollout {
     for (const Live& l : live_) {
       auto pages = cache_->pages(l.seq.sequence);
       // The answer's length is the prompt's digit count plus EOS: the task's own length predictor.
+      // A response already past it runs on to EOS or its token limit, which it does not tell: the
+      // policy's own estimate then.
       const std::int64_t expected = std::int64_t(l.prompt.answer.size()) - std::int64_t(l.seq.response_tokens.size());
-      w.sequences.push_back({l.seq.sequence, std::int64_t(l.seq.kv_length),
-                             pages.ok() ? std::int64_t(pages->size()) : 0, std::max<std::int64_t>(0, expected)});
+      w.sequences.push_back({l.seq.sequence, std::int64_t(l.seq.kv_length), pages.ok() ? std::int64_t(pages->size()) : 0,
+                             expected > 0 ? std::optional<std::int64_t>(expected) : std::nullopt});
     }
     return w;
   }
