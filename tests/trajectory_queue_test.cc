@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "expect_code.h"
+
 using laminar::Batch;
 using laminar::BatchSpec;
 using laminar::Clock;
@@ -36,6 +38,7 @@ using laminar::Trajectory;
 using laminar::TrajectoryId;
 using laminar::TrajectoryQueue;
 using laminar::Version;
+using laminar::testing::expect_code;
 using namespace std::chrono_literals;
 
 namespace {
@@ -123,12 +126,6 @@ std::vector<std::uint64_t> ids_of(const Batch& b) {
   std::vector<std::uint64_t> ids;
   for (const Trajectory& t : b.trajectories()) ids.push_back(t.id.value());
   return ids;
-}
-
-void expect_code(const laminar::Status& st, StatusCode code, const char* needle) {
-  INFO(st.to_string());
-  CHECK(st.code() == code);
-  CHECK_THAT(st.message(), Catch::Contains(needle));
 }
 
 std::string temp_path(const char* name) {
