@@ -26,15 +26,17 @@
 // cuBLAS' order and exp() is the GPU's, so log-probs differ from the host engine's by rounding
 // (async_grpo_engine_cuda_test bounds the difference), and a re-scoring check compares host with
 // host and device with device. The GPU test, on a machine with a CUDA device:
-//   cmake --preset default -B build/cuda -DLAMINAR_CUDA=ON && cmake --build build/cuda --target async_grpo_engine_cuda_test
+//   cmake --preset default -B build/cuda -DLAMINAR_CUDA=ON
+//   cmake --build build/cuda --target async_grpo_engine_cuda_test
 //   ctest --test-dir build/cuda -R async_grpo_engine_cuda_test --output-on-failure
 //
-//   auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{}).value();
+//   auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{}, {.device = EngineDevice::kCuda}).value();
 //   LAMINAR_RETURN_IF_ERROR(puller->pull(v, engine.weight_tensors(), /*has_live_trajectory=*/false));
-//   auto cache = laminar::PagedKvCache::create(engine.kv_layout(256, 16)).value();
-//   LAMINAR_RETURN_IF_ERROR(engine.prefill(cache, seq));  // whole prompt, samples the first token
+//   LAMINAR_RETURN_IF_ERROR(engine.check_weights());      // on a device, also copies them there
+//   auto cache = engine.make_cache(256, 16).value();       // host or device pools, as the engine runs
+//   LAMINAR_RETURN_IF_ERROR(engine.prefill(*cache, seq));  // whole prompt, samples the first token
 //   laminar::SequenceState* batch[] = {&seq};
-//   while (seq.response_tokens.size() < 32) LAMINAR_RETURN_IF_ERROR(engine.step(cache, batch));
+//   while (seq.response_tokens.size() < 32) LAMINAR_RETURN_IF_ERROR(engine.step(*cache, batch));
 #pragma once
 
 #include <cstddef>
