@@ -18,11 +18,12 @@
 // caches (on a device they take turns on the engine's stream); nothing may write the weights (a
 // pull, load_weights) while one runs.
 //
-// On a device (kCuda) every matmul is one cublasSgemv per row with the same shapes, strides and
-// pedantic math for every row, the norms reduce each row on one thread in index order, and the
-// kernels keep their promises, so a row's bits still depend on nothing but its own inputs and
-// score() equals the log-probs step() and prefill() recorded bit for bit on the same device (same
-// GPU model and cuBLAS version). The device does not give the host's bits: its dot products sum in
+// On a device (kCuda) every matmul is one cublasSgemv per row, the same call (shapes, alignment,
+// pedantic math, no atomics) for every row, since cuBLAS may pick another algorithm for another
+// batch size; the norms reduce each row on one thread in index order, and the kernels keep their
+// promises. So a row's bits still depend on nothing but its own inputs, and score() equals the
+// log-probs step() and prefill() recorded bit for bit on the same device (same GPU model and
+// cuBLAS version). The device does not give the host's bits: its dot products sum in
 // cuBLAS' order and exp() is the GPU's, so log-probs differ from the host engine's by rounding
 // (async_grpo_engine_cuda_test bounds the difference), and a re-scoring check compares host with
 // host and device with device. The GPU test, on a machine with a CUDA device:

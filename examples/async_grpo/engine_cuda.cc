@@ -152,6 +152,9 @@ Result<std::unique_ptr<Engine::Cuda, Engine::CudaDeleter>> Engine::create_cuda(s
   LAMINAR_RETURN_IF_ERROR(blas_status(cublasSetStream(c->blas, c->stream), "cublasSetStream"));
   // The precision each call prescribes, with no TF32 (not even under NVIDIA_TF32_OVERRIDE).
   LAMINAR_RETURN_IF_ERROR(blas_status(cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode"));
+  // No atomics: a gemv's sums then come in the same order on every run.
+  LAMINAR_RETURN_IF_ERROR(
+      blas_status(cublasSetAtomicsMode(c->blas, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode"));
   return c;
 }
 
@@ -214,10 +217,10 @@ Status Engine::forward_cuda(PagedKvCache& cache, const Pass& pass, const LogitsU
   std::int32_t max_kv_len = 0;
   for (std::size_t b = 0; b < pass.ids.size(); ++b) {
     for (std::int32_t j = 0; j < pass.count[b]; ++j) {
-      Result<PagedKvCache::TokenSlot> s = cache.token_slot(pass.ids[b], pass.start[b] + j, 0);
-      LAMINAR_RETURN_IF_ERROR(s.status());
+      Result<PagedKvCache::TokenSlot> at = cache.token_slot(pass.ids[b], pass.start[b] + j, 0);
+      LAMINAR_RETURN_IF_ERROR(at.status());
       position.push_back(std::int32_t(pass.start[b] + j));
-      slot.push_back(std::int64_t(s->page) * cache.layout().page_size + s->offset);
+      slot.push_back(std::int64_t(at->page) * cache.layout().page_size + at->offset);
     }
     qo_indptr.push_back(qo_indptr.back() + pass.count[b]);
     max_kv_len = std::max(max_kv_len, std::int32_t(pass.start[b] + pass.count[b]));
