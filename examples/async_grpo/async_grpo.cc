@@ -6,6 +6,7 @@
 //   async_grpo                        # sync, then laminar on the same seed, and the comparison
 //   async_grpo --schedule laminar --workers 3 --steps 40 --out runs/a
 //   async_grpo --short                # the CI configuration: checks what the run must guarantee
+//   async_grpo --schedule laminar --repack false --device cuda   # rollouts on a GPU (a CUDA build)
 //
 // One binary, several roles: the launcher (no --role) warms the policy up, then for each schedule
 // re-executes itself as the actor, the relays and the rollout workers, reads their records and
@@ -81,6 +82,13 @@ struct Settings {
   std::string out = "async_grpo_out";
   static constexpr std::int32_t kPageSize = 16;  // tokens per KV page of every worker's cache
   bool short_run = false;
+  // Where the rollout workers' engines (and the actor's re-scoring one) run: cpu or cuda. The
+  // actor trains on the CPU either way.
+  std::string device = "cpu";
+
+  async_grpo::EngineOptions engine_options() const {
+    return {.device = device == "cuda" ? async_grpo::EngineDevice::kCuda : async_grpo::EngineDevice::kCpu};
+  }
 };
 
 // Role-only arguments.
@@ -233,10 +241,11 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   }
 
   // laminar's prefill re-scoring of every trained sample under the version it names: equal bit for
-  // bit to the rollout's log-probs unless the sample mixes versions or the weights differ.
-  auto scorer = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+  // bit to the rollout's log-probs unless the sample mixes versions or the weights differ. On the
+  // rollouts' device: the host's bits are not the device's (engine.h).
+  auto scorer = async_grpo::Engine::create(async_grpo::PolicyConfig{}, s.engine_options());
   if (!scorer.ok()) return fail("actor", "scoring engine", scorer.status());
-  auto score_cache = laminar::PagedKvCache::create(scorer->kv_layout(16, 16));
+  auto score_cache = scorer->make_cache(16, 16);
   if (!score_cache.ok()) return fail("actor", "scoring cache", score_cache.status());
   std::map<std::uint64_t, std::vector<std::byte>> recent;  // the newest published versions' bytes
   std::uint64_t scorer_version = 0;
@@ -293,7 +302,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
         LAMINAR_RETURN_IF_ERROR(scorer->load_weights(bytes->second));
         scorer_version = t->version.value();
       }
-      auto lp = scorer->score(*score_cache, laminar::SequenceId(1), t->prompt_tokens, t->response_tokens);
+      auto lp = scorer->score(**score_cache, laminar::SequenceId(1), t->prompt_tokens, t->response_tokens);
       if (!lp.ok()) return lp.status();
       ++rescored;
       if (lp->size() != t->logprobs.size() ||
@@ -461,7 +470,7 @@ class Rollout {
     auto task = make_task(s_);
     if (!task.ok()) return fail(who_, "task", task.status());
     task_.emplace(std::move(*task));
-    auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+    auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{}, s_.engine_options());
     if (!engine.ok()) return fail(who_, "engine", engine.status());
     engine_.emplace(std::move(*engine));
     destinations_ = engine_->weight_tensors();
@@ -479,6 +488,13 @@ class Rollout {
     auto pools = laminar::KvMigrator::allocate_cache(*transport_, engine_->kv_layout(pages_, page_size));
     if (!pools.ok()) return fail(who_, "cache", pools.status());
     cache_ = pools->cache;
+    // Device workers decode in device pools; they run without repack (the launcher refuses it), so
+    // the host pools above stay unused.
+    if (s_.device == "cuda") {
+      auto device_cache = engine_->make_cache(pages_, page_size);
+      if (!device_cache.ok()) return fail(who_, "cache", device_cache.status());
+      cache_ = *device_cache;
+    }
     if (a_.run_schedule == "laminar" && s_.repack) {
       // Migrations arrive at this worker's own address.
       if (auto address = transport_->listen("127.0.0.1", 0); !address.ok()) return fail(who_, "listen", address.status());
@@ -854,7 +870,7 @@ std::vector<std::string> settings_args(const Settings& s) {
           "--groups-per-step", std::to_string(s.groups_per_step), "--steps",      std::to_string(s.steps),
           "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
           "--max-staleness", std::to_string(s.max_staleness), "--kill-rollout-at", std::to_string(s.kill_rollout_at), "--in-flight-batches",
-          fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false"};
+          fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false", "--device", s.device};
 }
 
 Result<std::string> wait_address(const fs::path& file, Child& child) {
@@ -1160,6 +1176,10 @@ int run_launcher(Settings s) {
     s.kill_rollout_at = 3;
     if (s.schedule == "compare") s.schedule = "laminar";
   }
+  if (s.device == "cuda" && s.repack && s.schedule != "sync" && s.schedule != "one-step") {
+    std::fprintf(stderr, "async_grpo: --device cuda needs --repack false: the repack migrates host KV pools\n");
+    return 2;
+  }
   std::error_code ec;
   fs::create_directories(s.out, ec);
   if (ec) return fail("launcher", "out", laminar::unavailable("cannot create " + s.out));
@@ -1222,6 +1242,8 @@ int main(int argc, char** argv) {
   app.add_option("--kill-rollout-at", s.kill_rollout_at, "laminar: SIGKILL rollout 0 after this step (0: never)")
       ->check(CLI::Range(0, 100000));
   app.add_option("--out", s.out, "directory of the report and each schedule's records");
+  app.add_option("--device", s.device, "where rollout engines run: cpu, or cuda (a build with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--short", s.short_run, "the CI configuration: laminar, small, one worker killed, under a minute");
   app.add_option("--role", a.role, "")->group("")->check(CLI::IsMember({"actor", "relay", "rollout"}));
   app.add_option("--index", a.index, "")->group("");
