@@ -1,5 +1,5 @@
-// clock_wait.h: deadlines and condition-variable waits read from a laminar::Clock, shared by the
-// relay tier and the remote queue.
+// clock_wait.h: condition-variable waits read from a laminar::Clock, shared by the relay tier and
+// the remote queue.
 #pragma once
 
 #include <condition_variable>
@@ -13,13 +13,6 @@ namespace laminar::internal {
 // The clock of an options struct: the steady clock when none is given.
 inline std::shared_ptr<Clock> clock_or_steady(std::shared_ptr<Clock> clock) {
   return clock ? std::move(clock) : Clock::steady();
-}
-
-// now + timeout, saturating: kForever, or a timeout past the clock's range, is no deadline.
-inline Duration deadline_after(const Clock& clock, Duration timeout) {
-  const Duration now = clock.now();
-  if (timeout >= kForever - now) return kForever;
-  return now + timeout;
 }
 
 // Preconditions:

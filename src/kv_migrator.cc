@@ -344,7 +344,7 @@ Status KvMigrator::Impl::take_pages(OutMigration& m, const internal::MigrationRe
     link.link = std::move(*joined);
     link.ep = m.ep;
     link.rank = 0;
-    link.join_deadline = internal::deadline_after(*clock, options.stall_timeout);
+    link.join_deadline = deadline_after(*clock, options.stall_timeout);
     links.emplace(r.link, std::move(link));
   }
   m.link = r.link;

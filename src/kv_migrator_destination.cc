@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "clock_wait.h"
 #include "kv_migrator_impl.h"
 #include "transport/protocol.h"
 
@@ -142,7 +141,7 @@ void KvMigrator::Impl::on_offer(Incoming& msg) {
     for (const InSequence& q : m.seqs) LAMINAR_CHECK(cache->unreserve_pages(q.pages).ok());
     return;
   }
-  m.deadline = internal::deadline_after(*clock, options.lease);
+  m.deadline = deadline_after(*clock, options.lease);
   watch(m.ep);
   ++stats.migrations_in;
   in.emplace(offer->migration_id, std::move(m));
@@ -269,7 +268,7 @@ void KvMigrator::Impl::on_stage(Incoming& msg) {
           std::uint32_t(s.checksums.size());
     }
     ++m.next_stage;
-    m.deadline = internal::deadline_after(*clock, options.lease);
+    m.deadline = deadline_after(*clock, options.lease);
     auto l = links.find(m.link);
     if (l == links.end() || stage->batch < l->second.next_batch || l->second.waiting.contains(stage->batch)) {
       return refuse(m, msg,
@@ -327,7 +326,7 @@ void KvMigrator::Impl::stage_checked(InMigration& m, Incoming& msg, MigrationSta
                                         "the first page {} of sequence {}",
                                         stage.stage, stage.migration_id, failures, first_bad_page, first_bad.value())));
   }
-  m.deadline = internal::deadline_after(*clock, options.lease);
+  m.deadline = deadline_after(*clock, options.lease);
   if (stage.final) {
     if (Status why = check_final(m, stage); !why.ok()) return refuse(m, msg, why);
     return commit(m, msg, stage);
@@ -350,7 +349,7 @@ Result<std::uint64_t> KvMigrator::Impl::receive_link(const Endpoint& from) {
   l.ep = from;
   l.rank = 1;
   l.token = std::move(*token);
-  l.join_deadline = internal::deadline_after(*clock, options.stall_timeout);
+  l.join_deadline = deadline_after(*clock, options.stall_timeout);
   links.emplace(id, std::move(l));
   watch(from);
   return id;
@@ -476,8 +475,7 @@ void KvMigrator::Impl::end_in(InMigration& m, MigrationState state, Status reaso
     q.pages.clear();
   }
   if (fence) {
-    fenced.emplace(m.id.value(), Fenced{m.ep, std::move(pages), internal::deadline_after(*clock, options.lease),
-                                        std::move(e)});
+    fenced.emplace(m.id.value(), Fenced{m.ep, std::move(pages), deadline_after(*clock, options.lease), std::move(e)});
     return;
   }
   LAMINAR_CHECK(cache->unreserve_pages(pages).ok());

@@ -20,9 +20,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "handler_gate.h"
 #include "kv_migration_wire.h"
 #include "kv_migrator_device.h"
+#include "laminar/handler_gate.h"
 #include "laminar/kv_migrator.h"
 #include "transport_claim.h"
 
@@ -176,7 +176,7 @@ struct KvMigrator::Impl {
   const KvMigratorOptions options;
   const std::shared_ptr<Clock> clock;
   const std::shared_ptr<Inbox> inbox = std::make_shared<Inbox>();
-  internal::HandlerGate gate;
+  HandlerGate gate;
   MemoryRegion k_region;  // the cache's pools, whole (host pools)
   MemoryRegion v_region;
   bool device = false;  // the pools are in device memory: pages move by NCCL, not by put

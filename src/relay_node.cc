@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "clock_wait.h"
-#include "handler_gate.h"
+#include "laminar/handler_gate.h"
 #include "relay_node_hooks.h"
 #include "relay_node_wire.h"
 #include "transport/protocol.h"
@@ -61,7 +61,7 @@ struct RelayNode::Impl {
   // Wakes the subscriber thread: stop, a jump of a virtual clock.
   std::condition_variable cv;
   ClockSubscription clock_wake;
-  internal::HandlerGate gate;
+  HandlerGate gate;
   std::vector<std::thread> senders;
   std::vector<Endpoint> downstreams;
   std::optional<std::string> upstream;
@@ -475,7 +475,7 @@ struct RelayNode::Impl {
       if (!subscribed.ok()) {
         // The pause is timed from the failure, read before the event goes out: whoever reacts to
         // the event by moving the clock then always moves it past this deadline.
-        const Duration retry_at = internal::deadline_after(*clock, options.retry_interval);
+        const Duration retry_at = deadline_after(*clock, options.retry_interval);
         emit(RelayEvent::Kind::kUpstreamUnreachable, {}, 0, addr);
         // Once round the whole list without a link: pause before the next round.
         if (k % options.upstreams.size() == 0 && wait_for_stop(retry_at)) break;

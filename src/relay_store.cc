@@ -577,7 +577,7 @@ Status RelayStore::wait_for_version(Version v, Duration timeout) const {
   if (timeout < Duration::zero()) {
     return invalid_argument(fmt::format("relay store: wait_for_version timeout is negative ({} ns)", timeout.count()));
   }
-  const Duration deadline = internal::deadline_after(*core_->clock, timeout);
+  const Duration deadline = deadline_after(*core_->clock, timeout);
   std::unique_lock lock(core_->mu);
   const bool ok = internal::wait_until(*core_->clock, core_->changed, lock, deadline, [&] {
     auto n = core_->ledger.newest_committed();
@@ -609,7 +609,7 @@ Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i, 
   if (timeout < Duration::zero()) {
     return invalid_argument(fmt::format("relay store: read_chunk timeout is negative ({} ns)", timeout.count()));
   }
-  const Duration deadline = internal::deadline_after(*core_->clock, timeout);
+  const Duration deadline = deadline_after(*core_->clock, timeout);
   std::unique_lock lock(core_->mu);
   std::shared_ptr<VersionSlot> slot;
   Status why;
@@ -642,7 +642,7 @@ Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i, 
 }
 
 bool RelayStore::wait_for_newer(std::optional<Version> than, Duration timeout) const {
-  const Duration deadline = internal::deadline_after(*core_->clock, std::max(timeout, Duration::zero()));
+  const Duration deadline = deadline_after(*core_->clock, std::max(timeout, Duration::zero()));
   std::unique_lock lock(core_->mu);
   return internal::wait_until(*core_->clock, core_->changed, lock, deadline, [&] {
     return !core_->slots.empty() && (!than || core_->slots.rbegin()->first > *than);

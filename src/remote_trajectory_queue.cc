@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "clock_wait.h"
-#include "handler_gate.h"
+#include "laminar/handler_gate.h"
 #include "remote_trajectory_queue_wire.h"
 #include "transport/protocol.h"
 
@@ -83,7 +83,7 @@ struct TrajectoryQueueServer::Impl {
   TrajectoryQueueServerStats st;
   std::thread worker;
   ClockSubscription clock_wake;
-  internal::HandlerGate gate;
+  HandlerGate gate;
 
   static void answer(const Incoming& in, const Status& s) {
     // The producer may be gone; then there is nobody to tell, and nothing else to do.
@@ -183,7 +183,7 @@ struct TrajectoryQueueServer::Impl {
         return answer(hd);
       }
     }
-    if (wait.mode == PushMode::kTimeout) hd.deadline = internal::deadline_after(*clock, Duration(wait.timeout_ns));
+    if (wait.mode == PushMode::kTimeout) hd.deadline = deadline_after(*clock, Duration(wait.timeout_ns));
     held.push_back(std::move(hd));
     st.held = held.size();
     cv.notify_all();
@@ -217,7 +217,7 @@ struct TrajectoryQueueServer::Impl {
       const bool done = attempt(front);
       l.lock();
       if (!done) {
-        Duration wake = internal::deadline_after(*clock, kRetryEvery);
+        Duration wake = deadline_after(*clock, kRetryEvery);
         for (const Held& h : held) wake = std::min(wake, h.deadline);
         if (!stopping) clock->wait_until(cv, l, wake);
         continue;

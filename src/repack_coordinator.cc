@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "clock_wait.h"
-#include "handler_gate.h"
+#include "laminar/handler_gate.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
@@ -62,7 +62,7 @@ struct RepackCoordinator::Impl {
   Status first_error;
   std::thread thread;
   ClockSubscription clock_wake;
-  internal::HandlerGate gate;
+  HandlerGate gate;
 
   bool stale(const Kept& k, Duration now) const { return now - k.received_at > opt.stale_after; }
 
@@ -200,7 +200,7 @@ struct RepackCoordinator::Impl {
 
   void run() {
     std::unique_lock l(mu);
-    Duration next = internal::deadline_after(*clock, opt.interval);
+    Duration next = deadline_after(*clock, opt.interval);
     while (!stopping) {
       if (!plan_requested && clock->now() < next) {
         clock->wait_until(cv, l, next);
@@ -208,7 +208,7 @@ struct RepackCoordinator::Impl {
       }
       plan_requested = false;
       // Counted from the plan's start, so that whoever sees its orders knows when the next is due.
-      next = internal::deadline_after(*clock, opt.interval);
+      next = deadline_after(*clock, opt.interval);
       l.unlock();
       plan_once();
       l.lock();

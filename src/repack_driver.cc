@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "clock_wait.h"
-#include "handler_gate.h"
+#include "laminar/handler_gate.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
@@ -51,7 +51,7 @@ struct RepackDriver::Impl {
   RepackDriverStats st;
   std::thread thread;
   ClockSubscription clock_wake;
-  internal::HandlerGate gate;
+  HandlerGate gate;
 
   // The decode loop's own.
   std::uint64_t next_report = 1;
@@ -87,7 +87,7 @@ struct RepackDriver::Impl {
         l.lock();
         if (!ep.ok()) {
           ++st.connects_failed;
-          retry_at = internal::deadline_after(*clock, opt.retry_interval);
+          retry_at = deadline_after(*clock, opt.retry_interval);
           continue;
         }
         coordinator = *ep;
@@ -228,7 +228,7 @@ Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& sna
     ++d.st.reports_held;
   } else if (now >= d.report_at) {
     internal::RepackReport r{d.next_report++, !d.migrator->moving().empty(), d.address, snapshot};
-    d.report_at = internal::deadline_after(*d.clock, d.opt.report_interval);
+    d.report_at = deadline_after(*d.clock, d.opt.report_interval);
     std::lock_guard l(d.mu);
     d.outbox = std::move(r);
     d.cv.notify_all();

@@ -66,8 +66,6 @@ constexpr std::size_t kExpiredBatchMemory = 1 << 16;
 // ones twice over and by this many.
 constexpr std::size_t kStaleTimers = 1024;
 
-Duration deadline_after(Duration now, Duration d) { return d >= kForever - now ? kForever : now + d; }
-
 void add_wait(WaitHistogram& h, Duration waited) {
   const double ms = std::chrono::duration<double, std::milli>(waited).count();
   ++h.count;

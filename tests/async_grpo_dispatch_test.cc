@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "eventually.h"
+#include "expect_code.h"
+#include "make_transport.h"
 #include "process.h"
 
 using async_grpo::Grant;
@@ -34,26 +36,13 @@ using laminar::Transport;
 using laminar::Version;
 using laminar::WorkerId;
 using laminar::testing::eventually;
+using laminar::testing::expect_code;
+using laminar::testing::make_transport;
 using namespace std::chrono_literals;
 
 namespace {
 
 const char* kToken = "grpo-dispatch-test-token-0123456789";
-
-std::shared_ptr<Transport> make_transport() {
-  laminar::TransportOptions o;
-  o.cluster_token = kToken;
-  o.operation_timeout = 10s;
-  auto t = Transport::create(o);
-  REQUIRE(t.ok());
-  return std::move(t).value();
-}
-
-void expect_code(const laminar::Status& st, StatusCode code, const char* needle) {
-  INFO(st.to_string());
-  CHECK(st.code() == code);
-  CHECK_THAT(st.message(), Catch::Contains(needle));
-}
 
 // A rollout worker: its own transport (so closing it is a real connection closing) and client.
 struct Worker {
@@ -73,7 +62,7 @@ struct Worker {
 
 // The actor's transport and server, and workers connecting to it.
 struct Actor {
-  std::shared_ptr<Transport> transport = make_transport();
+  std::shared_ptr<Transport> transport = make_transport(kToken);
   std::string addr = transport->listen("127.0.0.1", 0).value();
   std::unique_ptr<PromptServer> server;
 
@@ -83,7 +72,7 @@ struct Actor {
     server = std::move(s).value();
   }
   Worker worker(std::uint32_t id) {
-    Worker w{make_transport(), nullptr, {}};
+    Worker w{make_transport(kToken), nullptr, {}};
     auto c = PromptClient::create(w.transport, {.worker = WorkerId(id), .server = addr});
     REQUIRE(c.ok());
     w.client = std::move(c).value();
@@ -497,7 +486,7 @@ TEST_CASE("grpo dispatch: malformed and invalid requests are refused and the ser
   constexpr std::uint32_t kG = 2;
   Actor actor({.group_size = kG, .seed = 1, .max_workers = 2, .max_held = 8});
   REQUIRE(actor.server->open(Version(0), Version(0), 2).ok());
-  std::shared_ptr<Transport> raw_tr = make_transport();
+  std::shared_ptr<Transport> raw_tr = make_transport(kToken);
   laminar::Endpoint raw = raw_tr->connect(actor.addr).value();
   auto send = [&](std::vector<std::byte> body) {
     return raw.request(laminar::Message{async_grpo::kPromptRequestMessage, std::move(body)}).status();

@@ -493,6 +493,29 @@ TEST_CASE("grpo engine: invalid input is refused, named, and changes nothing") {
   }
 }
 
+TEST_CASE("grpo engine: device kCuda is refused, named, where it cannot run") {
+  CHECK(Engine::create({}, {.device = async_grpo::EngineDevice::kCuda, .cuda_device = -1}).status().code() ==
+        StatusCode::kInvalidArgument);
+  auto engine = Engine::create({}, {.device = async_grpo::EngineDevice::kCuda});
+#if LAMINAR_GRPO_ENGINE_CUDA
+  if (engine.ok()) {
+    // A machine with a GPU: the engine's caches are on it (async_grpo_engine_cuda_test runs it).
+    auto cache = engine->make_cache(4, kPageSize);
+    REQUIRE(cache.ok());
+    CHECK((*cache)->device() == laminar::Device::cuda(0));
+    return;
+  }
+  std::printf("grpo engine kCuda: %s\n", engine.status().to_string().c_str());
+  CHECK(engine.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(engine.status().message(), Catch::Contains("CUDA"));
+  auto beyond = Engine::create({}, {.device = async_grpo::EngineDevice::kCuda, .cuda_device = 1 << 20});
+  CHECK(beyond.status().code() == StatusCode::kFailedPrecondition);
+#else
+  CHECK(engine.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(engine.status().message(), Catch::Contains("no CUDA"));
+#endif
+}
+
 TEST_CASE("grpo engine: weights pulled through a RelayStore and WeightPuller give the logits of loaded bytes") {
   const std::uint64_t seed = fresh_seed("relay");
   INFO("seed " << seed);

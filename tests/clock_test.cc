@@ -77,6 +77,34 @@ TEST_CASE("clock: a waiter on a manual clock wakes when time reaches its deadlin
   CHECK(wakes.load() == 4);
 }
 
+TEST_CASE("clock: a deadline after an instant saturates at both ends of the range", "[clock]") {
+  using laminar::deadline_after;
+  using laminar::kForever;
+  constexpr Duration kMin = Duration::min();
+  CHECK(deadline_after(5s, 2s) == 7s);
+  CHECK(deadline_after(5s, -7s) == -2s);
+  CHECK(deadline_after(5s, 0s) == 5s);
+  // kForever is no deadline from any instant, a negative one included.
+  CHECK(deadline_after(0s, kForever) == kForever);
+  CHECK(deadline_after(-5s, kForever) == kForever);
+  // A sum that would reach or pass the end of the range is no deadline either.
+  CHECK(deadline_after(kForever - 2s, 1s) == kForever - 1s);
+  CHECK(deadline_after(kForever - 2s, 2s) == kForever);
+  CHECK(deadline_after(kForever - 2s, 3s) == kForever);
+  CHECK(deadline_after(kForever, -1s) == kForever - 1s);
+  // A negative timeout stops at the start of the range.
+  CHECK(deadline_after(kMin + 2s, -2s) == kMin);
+  CHECK(deadline_after(kMin + 2s, -3s) == kMin);
+  CHECK(deadline_after(kMin + 2s, -1s) == kMin + 1s);
+
+  // From a clock: its reading at the time of the call.
+  ManualClock clock(10s);
+  CHECK(deadline_after(clock, 5s) == 15s);
+  REQUIRE(clock.advance(3s).ok());
+  CHECK(deadline_after(clock, 5s) == 18s);
+  CHECK(deadline_after(clock, kForever) == kForever);
+}
+
 TEST_CASE("clock: the steady clock never goes back and its coarse reading trails by its slack", "[clock]") {
   std::shared_ptr<Clock> clock = Clock::steady();
   REQUIRE(clock != nullptr);

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "eventually.h"
+#include "expect_code.h"
+#include "make_transport.h"
 #include "process.h"
 #include "relay_test_util.h"
 #include "remote_trajectory_protocol.h"
@@ -37,33 +39,20 @@ using laminar::internal::kQueuePushManyMessage;
 using laminar::internal::kQueuePushMessage;
 using laminar::internal::request_protocol;
 using laminar::testing::eventually;
+using laminar::testing::expect_code;
+using laminar::testing::make_transport;
 using namespace std::chrono_literals;
 
 namespace {
 
 const char* kToken = "remote-queue-test-token-0123456789";
 
-std::shared_ptr<Transport> make_transport() {
-  laminar::TransportOptions o;
-  o.cluster_token = kToken;
-  o.operation_timeout = 10s;
-  auto t = Transport::create(o);
-  REQUIRE(t.ok());
-  return std::move(t).value();
-}
-
-void expect_code(const laminar::Status& st, StatusCode code, const char* needle) {
-  INFO(st.to_string());
-  CHECK(st.code() == code);
-  CHECK_THAT(st.message(), Catch::Contains(needle));
-}
-
 // A queue served over the transport, and a client transport to reach it.
 struct Served {
-  std::shared_ptr<Transport> server_tr = make_transport();
+  std::shared_ptr<Transport> server_tr = make_transport(kToken);
   std::string addr = server_tr->listen("127.0.0.1", 0).value();
   std::unique_ptr<TrajectoryQueueServer> server;
-  std::shared_ptr<Transport> client_tr = make_transport();
+  std::shared_ptr<Transport> client_tr = make_transport(kToken);
 
   explicit Served(std::shared_ptr<TrajectoryQueue> q, laminar::TrajectoryQueueServerOptions o = {})
       : server(TrajectoryQueueServer::create(server_tr, std::move(q), std::move(o)).value()) {}
@@ -234,10 +223,10 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
   CHECK(queue->stats().pushed == 1);
   laminar::TrajectoryQueueServerOptions no_credit;
   no_credit.credits_per_producer = 0;
-  expect_code(TrajectoryQueueServer::create(make_transport(), queue, no_credit).status(),
+  expect_code(TrajectoryQueueServer::create(make_transport(kToken), queue, no_credit).status(),
               StatusCode::kInvalidArgument, "credits_per_producer");
   expect_code(TrajectoryQueueServer::create(nullptr, queue).status(), StatusCode::kInvalidArgument, "transport");
-  expect_code(TrajectoryQueueServer::create(make_transport(), nullptr).status(), StatusCode::kInvalidArgument,
+  expect_code(TrajectoryQueueServer::create(make_transport(kToken), nullptr).status(), StatusCode::kInvalidArgument,
               "queue");
   expect_code(RemoteProducer::create(nullptr, served.addr).status(), StatusCode::kInvalidArgument, "transport");
   expect_code(RemoteProducer::create(served.client_tr, laminar::Endpoint()).status(), StatusCode::kInvalidArgument,
@@ -426,7 +415,7 @@ TEST_CASE("remote push_many to a vanished server: each trajectory gets the error
           "[remote][bad-input]") {
   std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(TrajectoryQueueOptions{}).value();
   auto served = std::make_unique<Served>(queue);
-  auto producer = RemoteProducer::create(make_transport(), served->addr).value();
+  auto producer = RemoteProducer::create(make_transport(kToken), served->addr).value();
   std::vector<Trajectory> first(2);
   first[0] = laminar::test_remote::make(1);
   first[1] = laminar::test_remote::make(2);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "eventually.h"
+#include "make_transport.h"
 #include "laminar/transport.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
@@ -31,21 +32,13 @@ using laminar::WorkerId;
 using laminar::WorkerSnapshot;
 using laminar::internal::RepackOrders;
 using laminar::testing::eventually;
+using laminar::testing::make_transport;
 using namespace std::chrono_literals;
 
 namespace {
 
 const char* kToken = "repack-coordinator-test-token-0123456789";
 constexpr std::int32_t kPageSize = 4;
-
-std::shared_ptr<Transport> make_transport() {
-  laminar::TransportOptions o;
-  o.cluster_token = kToken;
-  o.operation_timeout = 10s;
-  auto t = Transport::create(o);
-  REQUIRE(t.ok());
-  return std::move(t).value();
-}
 
 // A worker that drains: no waiting prompt, KV no longer growing, every slot a listed sequence.
 // `seqs` are (id, tokens).
@@ -68,7 +61,7 @@ WorkerSnapshot draining(std::uint32_t id, Version v, const std::vector<std::pair
 
 struct Coordinated {
   std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
-  std::shared_ptr<Transport> tr = make_transport();
+  std::shared_ptr<Transport> tr = make_transport(kToken);
   std::string addr = tr->listen("127.0.0.1", 0).value();
   std::unique_ptr<RepackCoordinator> coordinator;
 
@@ -95,7 +88,7 @@ struct Worker {
   std::mutex mu;
   std::vector<RepackOrders> orders;
   int malformed = 0;
-  std::shared_ptr<Transport> tr = make_transport();
+  std::shared_ptr<Transport> tr = make_transport(kToken);
   std::string addr = tr->listen("127.0.0.1", 0).value();
   Endpoint to_coordinator;
 
@@ -232,7 +225,7 @@ TEST_CASE("repack coordinator: malformed, invalid and replayed reports are refus
   INFO("seed " << seed);
   std::printf("repack coordinator: random report bodies, seed %u\n", seed);
   std::mt19937 rng(seed);
-  auto peer = make_transport();
+  auto peer = make_transport(kToken);
   Endpoint raw = peer->connect(c.addr).value();
   auto send = [&](std::vector<std::byte> body) {
     REQUIRE(laminar::internal::send_protocol(raw, Message{laminar::internal::kRepackReportMessage, std::move(body)})
@@ -303,7 +296,7 @@ TEST_CASE("repack coordinator: at most max_workers reports are kept, and a stale
 }
 
 TEST_CASE("repack coordinator: options and versions are checked") {
-  auto tr = make_transport();
+  auto tr = make_transport(kToken);
   auto expect = [&](RepackCoordinatorOptions o, StatusCode code, const char* needle) {
     auto c = RepackCoordinator::create(tr, std::move(o));
     REQUIRE_FALSE(c.ok());

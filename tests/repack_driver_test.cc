@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "eventually.h"
+#include "make_transport.h"
 #include "laminar/kv_cache.h"
 #include "laminar/kv_migrator.h"
 #include "laminar/repack_coordinator.h"
@@ -43,6 +44,7 @@ using laminar::WorkerId;
 using laminar::WorkerSnapshot;
 using laminar::internal::RepackOrders;
 using laminar::testing::eventually;
+using laminar::testing::make_transport;
 using namespace std::chrono_literals;
 
 namespace {
@@ -53,15 +55,6 @@ constexpr std::int32_t kPages = 256;
 // A sequence stops growing at this length, as if its decode step were held up there, so that the
 // cache never runs out however many turns a test's loop takes.
 constexpr std::int64_t kMaxLength = 48;
-
-std::shared_ptr<Transport> make_transport() {
-  laminar::TransportOptions o;
-  o.cluster_token = kToken;
-  o.operation_timeout = 10s;
-  auto t = Transport::create(o);
-  REQUIRE(t.ok());
-  return std::move(t).value();
-}
 
 laminar::KvLayout layout() {
   laminar::KvLayout l;
@@ -85,7 +78,7 @@ struct Worker {
   WorkerId id;
   Version version;
   std::shared_ptr<ManualClock> clock;
-  std::shared_ptr<Transport> tr = make_transport();
+  std::shared_ptr<Transport> tr = make_transport(kToken);
   std::string addr = tr->listen("127.0.0.1", 0).value();
   std::shared_ptr<PagedKvCache> cache = std::make_shared<PagedKvCache>(PagedKvCache::create(layout()).value());
   std::shared_ptr<KvMigrator> mig;
@@ -235,7 +228,7 @@ struct Worker {
 
 struct Fleet {
   std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
-  std::shared_ptr<Transport> tr = make_transport();
+  std::shared_ptr<Transport> tr = make_transport(kToken);
   std::string addr = tr->listen("127.0.0.1", 0).value();
   std::unique_ptr<RepackCoordinator> coordinator;
 
@@ -373,7 +366,7 @@ struct FakeCoordinator {
   std::vector<laminar::internal::RepackReport> reports;
   int malformed = 0;
   Endpoint from;
-  std::shared_ptr<Transport> tr = make_transport();
+  std::shared_ptr<Transport> tr = make_transport(kToken);
   std::string addr;
 
   explicit FakeCoordinator(std::uint16_t port = 0) {
@@ -477,7 +470,7 @@ TEST_CASE("repack driver: reports go out every report_interval, and stale, forei
   REQUIRE(eventually([&] { return taken() == 3; }));
   CHECK(w.driver->stats().orders_refused == 1);
   // From a peer that is not the coordinator.
-  auto stranger = make_transport();
+  auto stranger = make_transport(kToken);
   Endpoint to_w = stranger->connect(w.addr).value();
   REQUIRE(laminar::internal::send_protocol(
               to_w, Message{laminar::internal::kRepackOrdersMessage, orders_for(2, Version(4), {SequenceId(10)})})
@@ -566,7 +559,7 @@ TEST_CASE("repack driver: a coordinator that goes away is connected to again whi
 
 TEST_CASE("repack driver: create and step check what they are given") {
   auto clock = std::make_shared<ManualClock>();
-  auto tr = make_transport();
+  auto tr = make_transport(kToken);
   const std::string addr = tr->listen("127.0.0.1", 0).value();
   auto cache = std::make_shared<PagedKvCache>(PagedKvCache::create(layout()).value());
   std::shared_ptr<KvMigrator> mig = KvMigrator::create(tr, cache, {}).value();
@@ -594,7 +587,7 @@ TEST_CASE("repack driver: create and step check what they are given") {
   o.retry_interval = -1s;
   expect(tr, mig, o, StatusCode::kInvalidArgument, "retry_interval -1000000000 ns");
   {
-    auto quiet = make_transport();  // does not listen
+    auto quiet = make_transport(kToken);  // does not listen
     auto quiet_cache = std::make_shared<PagedKvCache>(PagedKvCache::create(layout()).value());
     std::shared_ptr<KvMigrator> quiet_mig = KvMigrator::create(quiet, quiet_cache, {}).value();
     expect(quiet, quiet_mig, good, StatusCode::kFailedPrecondition, "no address");

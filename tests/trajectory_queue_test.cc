@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "expect_code.h"
+
 using laminar::Batch;
 using laminar::BatchSpec;
 using laminar::Clock;
@@ -36,6 +38,7 @@ using laminar::Trajectory;
 using laminar::TrajectoryId;
 using laminar::TrajectoryQueue;
 using laminar::Version;
+using laminar::testing::expect_code;
 using namespace std::chrono_literals;
 
 namespace {
@@ -123,12 +126,6 @@ std::vector<std::uint64_t> ids_of(const Batch& b) {
   std::vector<std::uint64_t> ids;
   for (const Trajectory& t : b.trajectories()) ids.push_back(t.id.value());
   return ids;
-}
-
-void expect_code(const laminar::Status& st, StatusCode code, const char* needle) {
-  INFO(st.to_string());
-  CHECK(st.code() == code);
-  CHECK_THAT(st.message(), Catch::Contains(needle));
 }
 
 std::string temp_path(const char* name) {
@@ -1073,7 +1070,7 @@ TEST_CASE("a group's members from different threads, one id from many, capacity 
         laminar::Status st = q->push(make_traj(kContendedBase + std::uint64_t(r)));
         if (st.ok()) {
           ++contended_won[std::size_t(p)];
-        } else if (st.code() != StatusCode::kInvalidArgument) {
+        } else if (st.code() != StatusCode::kAlreadyExists) {
           ++errors[std::size_t(p)];
         }
         round.arrive_and_wait();
@@ -1475,7 +1472,7 @@ TEST_CASE("the id dedup window stays exact through heavy churn", "[queue][bad-in
     const bool in_window = std::find(window.begin(), window.end(), id) != window.end();
     laminar::Status st = q->push(make_traj(id));
     if (in_window) {
-      REQUIRE(st.code() == StatusCode::kInvalidArgument);
+      REQUIRE(st.code() == StatusCode::kAlreadyExists);
       continue;
     }
     REQUIRE(st.ok());
@@ -1513,7 +1510,7 @@ TEST_CASE("after acks from many threads the window holds exactly the last ids re
   for (std::uint64_t id = 1; id <= kThreads * kEach; ++id) {
     const laminar::Status st = q->push(make_traj(id));
     if (!st.ok()) {
-      CHECK(st.code() == StatusCode::kInvalidArgument);
+      CHECK(st.code() == StatusCode::kAlreadyExists);
       ++refused;
     }
   }

@@ -6,8 +6,11 @@
 #include <cstring>
 #include <string>
 
+#include "expect_code.h"
+
 using laminar::StatusCode;
 using laminar::Trajectory;
+using laminar::testing::expect_code;
 
 namespace {
 
@@ -38,12 +41,6 @@ std::string to_hex(const std::string& bytes) {
     hex += kDigits[c & 15];
   }
   return hex;
-}
-
-void expect_code(const laminar::Status& st, StatusCode code, const char* needle) {
-  INFO(st.to_string());
-  CHECK(st.code() == code);
-  CHECK_THAT(st.message(), Catch::Contains(needle));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "byte_codec.h"
+#include "expect_code.h"
 
 using laminar::StatusCode;
 using laminar::Trajectory;
@@ -28,6 +29,7 @@ using laminar::internal::ByteWriter;
 using laminar::internal::TrajectoryWal;
 using laminar::internal::WalRecordType;
 using laminar::internal::WalRetireReason;
+using laminar::testing::expect_code;
 
 // The heap bytes this process has in use, and their peak, counted by the replacements of the
 // global allocation functions below: a test reads what a call allocated at most. (Its RSS would
@@ -158,12 +160,6 @@ Opened open_log(const std::string& path) {
   o.status = wal.status();
   if (wal.ok()) o.wal = std::move(wal).value();
   return o;
-}
-
-void expect_code(const laminar::Status& st, StatusCode code, const std::string& needle) {
-  INFO(st.to_string());
-  CHECK(st.code() == code);
-  CHECK_THAT(st.message(), Catch::Contains(needle));
 }
 
 }  // namespace

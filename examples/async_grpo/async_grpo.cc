@@ -6,6 +6,7 @@
 //   async_grpo                        # sync, then laminar on the same seed, and the comparison
 //   async_grpo --schedule laminar --workers 3 --steps 40 --out runs/a
 //   async_grpo --short                # the CI configuration: checks what the run must guarantee
+//   async_grpo --schedule laminar --repack false --device cuda   # rollouts on a GPU (a CUDA build)
 //
 // One binary, several roles: the launcher (no --role) warms the policy up, then for each schedule
 // re-executes itself as the actor, the relays and the rollout workers, reads their records and
@@ -87,6 +88,13 @@ struct Settings {
   std::string out = "async_grpo_out";
   static constexpr std::int32_t kPageSize = 16;  // tokens per KV page of every worker's cache
   bool short_run = false;
+  // Where the rollout workers' engines (and the actor's re-scoring one) run: cpu or cuda. The
+  // actor trains on the CPU either way.
+  std::string device = "cpu";
+
+  async_grpo::EngineOptions engine_options() const {
+    return {.device = device == "cuda" ? async_grpo::EngineDevice::kCuda : async_grpo::EngineDevice::kCpu};
+  }
 };
 
 // Role-only arguments.
@@ -205,13 +213,20 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (a.run_schedule == "laminar" && s.repack) {
     laminar::RepackCoordinatorOptions co;
     co.tokens_per_page = Settings::kPageSize;
-    co.interval = 500ms;
-    co.stale_after = 2s;
+    // Decode steps take 20-250 us here, so a batch's tail is over within a few ms: reports every
+    // 1 ms (the driver's) and a plan every 2 ms see it; a report 100 ms old is of no use.
+    co.interval = 2ms;
+    co.stale_after = 100ms;
     // One page over every layer, K and V, f32; workers share one host.
     const async_grpo::PolicyConfig pc;
     co.policy.page_bytes = std::uint64_t(pc.num_layers) * 2 * pc.num_kv_heads * pc.head_dim * Settings::kPageSize * 4;
     co.policy.link_bytes_per_s = 1e9;
     co.policy.growth_horizon_steps = pc.max_positions;
+    // The paper's rule: empty every old-version worker whose sequences fit elsewhere, so that it
+    // pulls the newest weights. The cost-aware rule weighs the decode time a move frees against
+    // the move, and here both are about a millisecond (a tail of a few 100 us steps; one migration
+    // between processes on a shared host), so it refuses nearly every plan.
+    co.policy.strategy = laminar::RepackStrategy::kPaperBestFit;
     auto c = laminar::RepackCoordinator::create(*transport, co);
     if (!c.ok()) return fail("actor", "repack coordinator", c.status());
     coordinator = std::move(*c);
@@ -232,10 +247,11 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   }
 
   // laminar's prefill re-scoring of every trained sample under the version it names: equal bit for
-  // bit to the rollout's log-probs unless the sample mixes versions or the weights differ.
-  auto scorer = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+  // bit to the rollout's log-probs unless the sample mixes versions or the weights differ. On the
+  // rollouts' device: the host's bits are not the device's (engine.h).
+  auto scorer = async_grpo::Engine::create(async_grpo::PolicyConfig{}, s.engine_options());
   if (!scorer.ok()) return fail("actor", "scoring engine", scorer.status());
-  auto score_cache = laminar::PagedKvCache::create(scorer->kv_layout(16, 16));
+  auto score_cache = scorer->make_cache(16, 16);
   if (!score_cache.ok()) return fail("actor", "scoring cache", score_cache.status());
   std::map<std::uint64_t, std::vector<std::byte>> recent;  // the newest published versions' bytes
   std::uint64_t scorer_version = 0;
@@ -298,7 +314,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
         LAMINAR_RETURN_IF_ERROR(scorer->load_weights(bytes->second));
         scorer_version = t->version.value();
       }
-      auto lp = scorer->score(*score_cache, laminar::SequenceId(1), t->prompt_tokens, t->response_tokens);
+      auto lp = scorer->score(**score_cache, laminar::SequenceId(1), t->prompt_tokens, t->response_tokens);
       if (!lp.ok()) return lp.status();
       ++rescored;
       if (lp->size() != t->logprobs.size() ||
@@ -468,7 +484,7 @@ class Rollout {
     auto task = make_task(s_);
     if (!task.ok()) return fail(who_, "task", task.status());
     task_.emplace(std::move(*task));
-    auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+    auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{}, s_.engine_options());
     if (!engine.ok()) return fail(who_, "engine", engine.status());
     engine_.emplace(std::move(*engine));
     destinations_ = engine_->weight_tensors();
@@ -476,6 +492,7 @@ class Rollout {
     if (!writer.ok()) return fail(who_, "records", writer.status());
     writer_.emplace(std::move(*writer));
     hashes_.emplace(fs::path(a_.dir) / ("weights-" + who_ + ".txt"));
+    moved_log_.emplace(fs::path(a_.dir) / ("moved-" + who_ + ".txt"));
 
     auto transport = make_transport(a_.token);
     if (!transport.ok()) return fail(who_, "transport", transport.status());
@@ -485,6 +502,13 @@ class Rollout {
     auto pools = laminar::KvMigrator::allocate_cache(*transport_, engine_->kv_layout(pages_, page_size));
     if (!pools.ok()) return fail(who_, "cache", pools.status());
     cache_ = pools->cache;
+    // Device workers decode in device pools; they run without repack (the launcher refuses it), so
+    // the host pools above stay unused.
+    if (s_.device == "cuda") {
+      auto device_cache = engine_->make_cache(pages_, page_size);
+      if (!device_cache.ok()) return fail(who_, "cache", device_cache.status());
+      cache_ = *device_cache;
+    }
     if (a_.run_schedule == "laminar" && s_.repack) {
       // Migrations arrive at this worker's own address.
       if (auto address = transport_->listen("127.0.0.1", 0); !address.ok()) return fail(who_, "listen", address.status());
@@ -499,7 +523,7 @@ class Rollout {
       laminar::RepackDriverOptions dopt;
       dopt.worker = laminar::WorkerId(std::uint32_t(a_.index));
       dopt.coordinator = a_.actor;
-      dopt.report_interval = 200ms;
+      dopt.report_interval = 1ms;
       auto driver = laminar::RepackDriver::create(transport_, migrator_, dopt);
       if (!driver.ok()) return fail(who_, "repack driver", driver.status());
       driver_ = std::move(*driver);
@@ -597,9 +621,11 @@ class Rollout {
     for (const Live& l : live_) {
       auto pages = cache_->pages(l.seq.sequence);
       // The answer's length is the prompt's digit count plus EOS: the task's own length predictor.
+      // A response already past it runs on to EOS or its token limit, which it does not tell: the
+      // policy's own estimate then.
       const std::int64_t expected = std::int64_t(l.prompt.answer.size()) - std::int64_t(l.seq.response_tokens.size());
-      w.sequences.push_back({l.seq.sequence, std::int64_t(l.seq.kv_length),
-                             pages.ok() ? std::int64_t(pages->size()) : 0, std::max<std::int64_t>(0, expected)});
+      w.sequences.push_back({l.seq.sequence, std::int64_t(l.seq.kv_length), pages.ok() ? std::int64_t(pages->size()) : 0,
+                             expected > 0 ? std::optional<std::int64_t>(expected) : std::nullopt});
     }
     return w;
   }
@@ -635,6 +661,8 @@ class Rollout {
           auto it = find(id);
           if (it == live_.end()) continue;
           pages += (it->seq.kv_length + Settings::kPageSize - 1) / Settings::kPageSize;
+          moved_log_->write(fmt::format("out {}", it->seq.trajectory.value()));
+          moved_.insert(it->seq.trajectory.value());
           live_.erase(it);  // the migrator released it from the cache
         }
         const std::uint64_t bytes = pages * std::uint64_t(engine_->config().num_layers) * 2 *
@@ -657,6 +685,8 @@ class Rollout {
       case Kind::kArrived: {
         const std::int64_t t = now_ns();
         for (laminar::SequenceState& st : e.states) {
+          moved_log_->write(fmt::format("in {}", st.trajectory.value()));
+          moved_.insert(st.trajectory.value());
           Live l;
           l.prompt = task_->prompt(st.prompt_id);
           l.max_tokens = task_->max_response_tokens(l.prompt);
@@ -689,7 +719,7 @@ class Rollout {
 
   void drop(laminar::TrajectoryId id) {
     auto it = std::find_if(live_.begin(), live_.end(), [&](const Live& l) { return l.seq.trajectory == id; });
-    if (it == live_.end() || it->paused) return;  // a paused one is the migration's until it ends
+    if (it == live_.end() || it->paused || moving(it->seq.sequence)) return;  // the migration's until it ends
     (void)cache_->release(it->seq.sequence);
     live_.erase(it);
   }
@@ -735,11 +765,24 @@ class Rollout {
     return finish_done();
   }
 
+  // At EOS or its token limit: pushed by finish_done, or held while a migration moves it.
+  static bool ended(const Live& l) {
+    return (!l.seq.response_tokens.empty() && l.seq.response_tokens.back() == async_grpo::kEos) ||
+           std::int32_t(l.seq.response_tokens.size()) >= l.max_tokens;
+  }
+
+  bool moving(laminar::SequenceId id) const {
+    if (!migrator_) return false;
+    const std::vector<laminar::SequenceId> m = migrator_->moving();
+    return std::find(m.begin(), m.end(), id) != m.end();
+  }
+
   Status step() {
     std::vector<laminar::SequenceState*> batch;
     for (Live& l : live_)
-      if (!l.paused) batch.push_back(&l.seq);
-    if (batch.empty()) return laminar::ok_status();
+      if (!l.paused && !ended(l)) batch.push_back(&l.seq);
+    // What ended while it was moving, and was then handed back or arrived here.
+    if (batch.empty()) return finish_done();
     if (decode_start_ == 0) decode_start_ = now_ns();
     const std::int64_t t0 = now_ns();
     LAMINAR_RETURN_IF_ERROR(engine_->step(*cache_, batch));
@@ -769,20 +812,19 @@ class Rollout {
     decode_tokens_ = decode_max_seqs_ = 0;
   }
 
-  // Pushes every live sequence that ended (EOS or its token limit), rewarded by the verifier.
+  // Pushes every live sequence that ended (EOS or its token limit), rewarded by the verifier. One
+  // a migration moves stays until the migration ends: its destination pushes it, or it comes back.
   Status finish_done() {
+    std::vector<laminar::SequenceId> in_flight;
+    if (migrator_) in_flight = migrator_->moving();
     for (std::size_t i = 0; i < live_.size();) {
       Live& l = live_[i];
-      if (l.paused) {
+      if (l.paused || !ended(l) ||
+          std::find(in_flight.begin(), in_flight.end(), l.seq.sequence) != in_flight.end()) {
         ++i;
         continue;
       }
       const bool eos = !l.seq.response_tokens.empty() && l.seq.response_tokens.back() == async_grpo::kEos;
-      const bool full = std::int32_t(l.seq.response_tokens.size()) >= l.max_tokens;
-      if (!eos && !full) {
-        ++i;
-        continue;
-      }
       if (l.seq.version.value() != current())
         return laminar::internal_error(fmt::format("{}: trajectory {} mixes versions {} and {}", who_,
                                                    l.seq.trajectory.value(), l.seq.version.value(), current()));
@@ -801,9 +843,11 @@ class Rollout {
       t.timings = {.generation_start_ns = l.start_ns, .generation_end_ns = now_ns()};
       LAMINAR_RETURN_IF_ERROR(cache_->release(l.seq.sequence));
       live_.erase(live_.begin() + std::ptrdiff_t(i));
+      const std::uint64_t id = t.id.value();
       Status st = producer_->push(std::move(t));
       // A sample handed out again after this worker looked lost is already in the queue.
       if (!st.ok() && st.code() != laminar::StatusCode::kAlreadyExists) return st;
+      if (moved_.contains(id)) moved_log_->write(fmt::format("push {}", id));
       ++pushed_;
     }
     return laminar::ok_status();
@@ -817,6 +861,9 @@ class Rollout {
   std::vector<laminar::NamedTensor> destinations_;
   std::optional<async_grpo::RecordWriter> writer_;
   std::optional<LineFile> hashes_;
+  // Trajectories a migration moved out of or into this worker: each one's out, in and push lines.
+  std::optional<LineFile> moved_log_;
+  std::unordered_set<std::uint64_t> moved_;
   std::shared_ptr<laminar::Transport> transport_;
   std::shared_ptr<laminar::PagedKvCache> cache_;
   std::shared_ptr<laminar::KvMigrator> migrator_;
@@ -847,7 +894,7 @@ std::vector<std::string> settings_args(const Settings& s) {
           "--groups-per-step", std::to_string(s.groups_per_step), "--steps",      std::to_string(s.steps),
           "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
           "--max-staleness", std::to_string(s.max_staleness), "--kill-rollout-at", std::to_string(s.kill_rollout_at), "--in-flight-batches",
-          fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false",
+          fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false", "--device", s.device,
           "--decode-step-ms", fmt::format("{}", s.decode_step_ms)};
 }
 
@@ -900,6 +947,35 @@ struct CheckResult {
   bool ok = false;
   std::string detail;
 };
+
+// Every migrated trajectory, from the rollouts' moved-*.txt: each migration that completed left its
+// source once ("out") and arrived once ("in"), and the trajectory was pushed once, by the worker
+// holding it at the end ("push"). With a worker killed, what it held goes out again from the
+// PromptServer to workers that never saw it move, so only "at most once" holds then.
+CheckResult check_moved(const fs::path& dir, int workers, bool killed) {
+  struct Counts {
+    int out = 0, in = 0, push = 0;
+  };
+  std::map<std::uint64_t, Counts> moved;
+  for (int w = 0; w < workers; ++w) {
+    std::ifstream f(dir / fmt::format("moved-rollout-{}.txt", w));
+    std::string what;
+    std::uint64_t id;
+    while (f >> what >> id) {
+      Counts& c = moved[id];
+      (what == "out" ? c.out : what == "in" ? c.in : c.push) += 1;
+    }
+  }
+  std::uint64_t migrations = 0, bad = 0;
+  for (const auto& [id, c] : moved) {
+    migrations += std::uint64_t(c.in);
+    const bool ok = killed ? c.out <= c.in && c.push <= 1 : c.out == c.in && c.push == 1;
+    bad += ok ? 0 : 1;
+  }
+  return {"moved_once", bad == 0,
+          fmt::format("{} trajectories moved ({} arrivals); {} not moved out once, in once and pushed once{}",
+                      moved.size(), migrations, bad, killed ? " (at most once: a worker was killed)" : "")};
+}
 
 // Every version the actor kept (<dir>/versions/<v>.bin), evaluated on the held-out prompts at its
 // publish time (the end of its publish span); each file is removed once evaluated.
@@ -1116,6 +1192,8 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
                             fmt::format("{} pulls hashed, {} differ from the actor's published bytes", pulls,
                                         mismatches)});
 
+  if (schedule == "laminar" && s.repack) outcome.checks.push_back(check_moved(dir, s.workers, killed));
+
   auto records = read_records_lenient(dir / "records");
   if (!records.ok()) return records.status();
   outcome.run.records = std::move(*records);
@@ -1180,6 +1258,10 @@ int run_launcher(Settings s) {
     s.group_size = 8;
     s.kill_rollout_at = 3;
     if (s.schedule == "compare") s.schedule = "laminar";
+  }
+  if (s.device == "cuda" && s.repack && s.schedule != "sync" && s.schedule != "one-step") {
+    std::fprintf(stderr, "async_grpo: --device cuda needs --repack false: the repack migrates host KV pools\n");
+    return 2;
   }
   std::error_code ec;
   fs::create_directories(s.out, ec);
@@ -1260,6 +1342,8 @@ int main(int argc, char** argv) {
   app.add_option("--kill-rollout-at", s.kill_rollout_at, "laminar: SIGKILL rollout 0 after this step (0: never)")
       ->check(CLI::Range(0, 100000));
   app.add_option("--out", s.out, "directory of the report and each schedule's records");
+  app.add_option("--device", s.device, "where rollout engines run: cpu, or cuda (a build with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--short", s.short_run, "the CI configuration: laminar, small, one worker killed, under a minute");
   app.add_option("--role", a.role, "")->group("")->check(CLI::IsMember({"actor", "relay", "rollout"}));
   app.add_option("--index", a.index, "")->group("");

@@ -141,14 +141,6 @@ std::int64_t pages_for(std::int64_t tokens, std::int32_t page_size) { return (to
 
 }  // namespace
 
-struct Engine::Pass {
-  std::vector<SequenceId> ids;       // [batch]
-  std::vector<std::int64_t> start;   // [batch] position of the sequence's first fed token
-  std::vector<std::int32_t> count;   // [batch] tokens it feeds, >= 1
-  std::vector<std::int32_t> tokens;  // [rows] fed tokens, sequence by sequence
-  std::vector<std::int64_t> logit_rows;  // rows whose logits the caller wants, in output order
-};
-
 Engine::Engine(const PolicyConfig& config, const EngineOptions& options, laminar::WeightManifest manifest)
     : config_(config),
       options_(options),
@@ -159,9 +151,21 @@ Result<Engine> Engine::create(const PolicyConfig& config, const EngineOptions& o
   if (options.cpu_threads < 0) {
     return laminar::invalid_argument(fmt::format("engine: cpu_threads = {} is negative", options.cpu_threads));
   }
+  if (options.device != EngineDevice::kCpu && options.device != EngineDevice::kCuda) {
+    return laminar::invalid_argument(fmt::format("engine: device {} is neither kCpu nor kCuda", int(options.device)));
+  }
+  if (options.cuda_device < 0) {
+    return laminar::invalid_argument(fmt::format("engine: cuda_device = {} is negative", options.cuda_device));
+  }
   Result<laminar::WeightManifest> manifest = weight_manifest(config);
   if (!manifest.ok()) return manifest.status().with_context("engine");
-  return Engine(config, options, std::move(*manifest));
+  Engine engine(config, options, std::move(*manifest));
+  if (options.device == EngineDevice::kCuda) {
+    auto cuda = create_cuda(options.cuda_device, engine.manifest_.total_bytes());
+    if (!cuda.ok()) return cuda.status().with_context("engine");
+    engine.cuda_ = std::move(*cuda);
+  }
+  return engine;
 }
 
 std::vector<laminar::NamedTensor> Engine::weight_tensors() {
@@ -206,10 +210,11 @@ Status Engine::load_weights(const laminar::WeightManifest& layout, std::span<con
     }
   }
   std::memcpy(weights_.data(), bytes.data(), bytes.size());
+  if (cuda_) return upload_weights().with_context("engine load_weights");
   return laminar::ok_status();
 }
 
-Status Engine::check_weights() const {
+Status Engine::check_weights() {
   for (std::size_t k = 0; k < manifest_.size(); ++k) {
     const laminar::WeightManifest::Entry& e = manifest_.entries()[k];
     const float* w = weight(k);
@@ -219,6 +224,7 @@ Status Engine::check_weights() const {
       }
     }
   }
+  if (cuda_) return upload_weights().with_context("engine check_weights");
   return laminar::ok_status();
 }
 
@@ -242,6 +248,16 @@ laminar::KvLayout Engine::kv_layout(std::int32_t num_pages, std::int32_t page_si
           .num_layers = config_.num_layers};
 }
 
+Result<std::shared_ptr<PagedKvCache>> Engine::make_cache(std::int32_t num_pages, std::int32_t page_size,
+                                                         DType dtype) const {
+  const laminar::KvLayout layout = kv_layout(num_pages, page_size, dtype);
+  if (Status st = laminar::validate(layout); !st.ok()) return st.with_context("engine make_cache");
+  if (cuda_) return make_device_cache(layout);
+  Result<PagedKvCache> cache = PagedKvCache::create(layout);
+  if (!cache.ok()) return cache.status().with_context("engine make_cache");
+  return std::make_shared<PagedKvCache>(std::move(*cache));
+}
+
 Status Engine::check_cache(const PagedKvCache& cache, const char* call) const {
   const laminar::KvLayout& layout = cache.layout();
   if (layout.num_layers != config_.num_layers || layout.num_kv_heads != config_.num_kv_heads ||
@@ -255,9 +271,10 @@ Status Engine::check_cache(const PagedKvCache& cache, const char* call) const {
     return laminar::invalid_argument(fmt::format("engine {}: the cache holds {}, the engine runs on f32, f16 or bf16",
                                                  call, laminar::dtype_name(layout.dtype)));
   }
-  if (!cache.device().is_host()) {
-    return laminar::invalid_argument(
-        fmt::format("engine {}: the cache is on {}, the engine runs on the host", call, to_string(cache.device())));
+  const laminar::Device here = cuda_ ? laminar::Device::cuda(options_.cuda_device) : laminar::Device::cpu();
+  if (cache.device().is_host() ? !here.is_host() : cache.device() != here) {
+    return laminar::invalid_argument(fmt::format("engine {}: the cache is on {}, the engine runs on {} (make_cache)",
+                                                 call, to_string(cache.device()), to_string(here)));
   }
   return laminar::ok_status();
 }
@@ -371,9 +388,8 @@ Status Engine::forward(PagedKvCache& cache, const Pass& pass, float* logits) con
   return laminar::ok_status();
 }
 
-Status Engine::sample(std::span<SequenceState* const> batch, const float* logits) const {
+Status Engine::forward_sample(PagedKvCache& cache, const Pass& pass, std::span<SequenceState* const> batch) const {
   const std::size_t n = batch.size();
-  if (n == 0) return laminar::ok_status();
   std::vector<float> temperature, top_p;
   std::vector<std::int32_t> top_k;
   std::vector<std::uint64_t> seed;
@@ -388,7 +404,6 @@ Status Engine::sample(std::span<SequenceState* const> batch, const float* logits
   std::vector<std::int32_t> token(n);
   std::vector<float> logprob(n);
   laminar::kernels::SamplingParams p;
-  p.logits = logits;
   p.logits_dtype = DType::kF32;
   p.batch = std::int64_t(n);
   p.vocab = config_.vocab;
@@ -400,7 +415,15 @@ Status Engine::sample(std::span<SequenceState* const> batch, const float* logits
   p.token = token.data();
   p.raw_logprob = logprob.data();
   p.cpu_threads = options_.cpu_threads;
-  LAMINAR_RETURN_IF_ERROR(laminar::kernels::run(p, Stream::host()));
+  if (cuda_) {
+    LAMINAR_RETURN_IF_ERROR(forward_cuda(cache, pass, {.sample = &p}));
+  } else {
+    std::vector<float> logits(n * std::size_t(config_.vocab));  // [n, vocab]
+    LAMINAR_RETURN_IF_ERROR(forward(cache, pass, logits.data()));
+    if (n == 0) return laminar::ok_status();
+    p.logits = logits.data();
+    LAMINAR_RETURN_IF_ERROR(laminar::kernels::run(p, Stream::host()));
+  }
   for (std::size_t r = 0; r < n; ++r) {
     if (token[r] == laminar::kernels::kInvalidToken) {
       return laminar::failed_precondition(
@@ -485,14 +508,9 @@ Status Engine::prefill(PagedKvCache& cache, std::span<SequenceState* const> batc
       return st.with_context("engine prefill");
     }
   }
-  std::vector<float> logits(batch.size() * std::size_t(config_.vocab));  // [batch, vocab]
-  Status st = forward(cache, pass, logits.data());
+  Status st = forward_sample(cache, pass, batch);
   if (st.ok()) {
     for (SequenceState* s : batch) s->kv_length = s->prompt_tokens.size();
-    st = sample(batch, logits.data());
-    if (!st.ok()) {
-      for (SequenceState* s : batch) s->kv_length = 0;
-    }
   }
   if (!st.ok()) {
     release(batch.size());
@@ -561,15 +579,20 @@ Status Engine::step(PagedKvCache& cache, std::span<SequenceState* const> batch) 
       sampling.push_back(s);
     }
   }
-  std::vector<float> logits(sampling.size() * std::size_t(config_.vocab));  // [sampling, vocab]
-  LAMINAR_RETURN_IF_ERROR(forward(cache, pass, logits.data()));
-  LAMINAR_RETURN_IF_ERROR(sample(sampling, logits.data()));
+  LAMINAR_RETURN_IF_ERROR(forward_sample(cache, pass, sampling));
   for (SequenceState* s : batch) ++s->kv_length;
   return laminar::ok_status();
 }
 
 Result<std::vector<float>> Engine::logits(PagedKvCache& cache, SequenceId scratch,
                                           std::span<const std::int32_t> tokens) const {
+  std::vector<float> out(tokens.size() * std::size_t(config_.vocab));  // [tokens, vocab]
+  LAMINAR_RETURN_IF_ERROR(feed(cache, scratch, tokens, 0, {.logits = out.data()}));
+  return out;
+}
+
+Status Engine::feed(PagedKvCache& cache, SequenceId scratch, std::span<const std::int32_t> tokens,
+                    std::size_t first_row, const LogitsUse& use) const {
   LAMINAR_RETURN_IF_ERROR(check_cache(cache, "logits"));
   if (tokens.empty() || std::int64_t(tokens.size()) > config_.max_positions) {
     return laminar::invalid_argument(fmt::format("engine logits: {} tokens, the model takes 1 to {}", tokens.size(),
@@ -595,15 +618,27 @@ Result<std::vector<float>> Engine::logits(PagedKvCache& cache, SequenceId scratc
   pass.start = {0};
   pass.count = {std::int32_t(tokens.size())};
   pass.tokens.assign(tokens.begin(), tokens.end());
-  for (std::int64_t r = 0; r < std::int64_t(tokens.size()); ++r) pass.logit_rows.push_back(r);
+  for (std::int64_t r = std::int64_t(first_row); r < std::int64_t(tokens.size()); ++r) pass.logit_rows.push_back(r);
   Status st = cache.add_sequence(scratch);
   if (!st.ok()) return st.with_context("engine logits");
-  std::vector<float> out(tokens.size() * std::size_t(config_.vocab));  // [tokens, vocab]
   st = cache.append_tokens(scratch, std::int64_t(tokens.size()));
-  if (st.ok()) st = forward(cache, pass, out.data());
+  if (st.ok() && cuda_) {
+    st = forward_cuda(cache, pass, use);
+  } else if (st.ok()) {
+    std::vector<float> scored;  // [logit_rows, vocab] for use.score
+    if (use.score != nullptr) scored.resize(pass.logit_rows.size() * std::size_t(config_.vocab));
+    st = forward(cache, pass, use.score != nullptr ? scored.data() : use.logits);
+    if (st.ok() && use.score != nullptr) {
+      laminar::kernels::TokenLogprobParams p = *use.score;
+      p.logits = scored.data();
+      p.logits_dtype = DType::kF32;
+      p.row_stride = 0;
+      st = laminar::kernels::run(p, Stream::host());
+    }
+  }
   (void)cache.release(scratch);
   if (!st.ok()) return st.with_context("engine logits");
-  return out;
+  return laminar::ok_status();
 }
 
 Result<std::vector<float>> Engine::score(PagedKvCache& cache, SequenceId scratch, std::span<const std::int32_t> prompt,
@@ -625,19 +660,16 @@ Result<std::vector<float>> Engine::score(PagedKvCache& cache, SequenceId scratch
   // Every token but the last is fed; the logits of position t give the token at t + 1.
   std::vector<std::int32_t> fed(prompt.begin(), prompt.end());
   fed.insert(fed.end(), response.begin(), response.end() - 1);
-  Result<std::vector<float>> all = logits(cache, scratch, fed);
-  if (!all.ok()) return all.status().with_context("engine score");
-  const std::size_t vocab = std::size_t(config_.vocab);
   std::vector<float> out(response.size());
   laminar::kernels::TokenLogprobParams p;
-  p.logits = all->data() + (prompt.size() - 1) * vocab;
-  p.logits_dtype = DType::kF32;
   p.batch = std::int64_t(response.size());
   p.vocab = config_.vocab;
   p.token = response.data();
   p.logprob = out.data();
   p.cpu_threads = options_.cpu_threads;
-  LAMINAR_RETURN_IF_ERROR(laminar::kernels::run(p, Stream::host()));
+  if (Status st = feed(cache, scratch, fed, prompt.size() - 1, {.score = &p}); !st.ok()) {
+    return st.with_context("engine score");
+  }
   return out;
 }
 

@@ -11,9 +11,12 @@
 #include <thread>
 #include <utility>
 
+#include "laminar/handler_gate.h"
+
 namespace async_grpo {
 
 using laminar::Clock;
+using laminar::deadline_after;
 using laminar::Duration;
 using laminar::Endpoint;
 using laminar::Incoming;
@@ -33,44 +36,6 @@ std::uint64_t splitmix64(std::uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
-
-Duration deadline_after(Duration now, Duration timeout) {
-  return timeout >= kForever - now ? kForever : now + timeout;
-}
-
-// Lets the server remove its handler and close callbacks from a shared Transport and then know none
-// of them still runs (removing one does not wait for a call in progress). The wrapped callbacks hold
-// only the gate, so the server is never destroyed on the transport's callback thread.
-class Gate {
- public:
-  template <class F>
-  auto wrap(F f) const {
-    return [state = state_, f = std::move(f)](auto arg) {
-      {
-        std::lock_guard lock(state->mu);
-        if (!state->open) return;
-        ++state->running;
-      }
-      f(std::move(arg));
-      std::lock_guard lock(state->mu);
-      if (--state->running == 0) state->cv.notify_all();
-    };
-  }
-  void close() const {
-    std::unique_lock lock(state_->mu);
-    state_->open = false;
-    state_->cv.wait(lock, [&] { return state_->running == 0; });
-  }
-
- private:
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool open = true;
-    int running = 0;
-  };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
-};
 
 enum class SampleState : std::uint8_t { kWaiting, kHeld, kReleased, kCompleted };
 
@@ -113,7 +78,7 @@ struct PromptServer::Impl {
   const std::shared_ptr<laminar::Transport> transport;
   const PromptServerOptions opt;
   const std::shared_ptr<Clock> clock;
-  Gate gate;
+  laminar::HandlerGate gate;
 
   mutable std::mutex mu;
   // Signalled on requests (a new lease to watch), completions, stopping and clock jumps.

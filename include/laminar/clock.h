@@ -33,6 +33,16 @@ using Duration = std::chrono::nanoseconds;
 // "No deadline", wherever a Duration is a timeout.
 inline constexpr Duration kForever = Duration::max();
 
+// The instant `timeout` after `from`, saturating: a timeout of kForever, or one that would reach
+// the end of Duration's range, is no deadline (kForever); a negative one that would pass its start
+// is Duration::min().
+constexpr Duration deadline_after(Duration from, Duration timeout) noexcept {
+  if (timeout == kForever) return kForever;
+  if (timeout > Duration::zero() && from >= kForever - timeout) return kForever;
+  if (timeout < Duration::zero() && from < Duration::min() - timeout) return Duration::min();
+  return from + timeout;
+}
+
 class Clock;
 
 // Keeps a wake-up callback registered with a clock; unregisters it on destruction. Once the
@@ -93,6 +103,11 @@ class Clock {
   friend class ClockSubscription;
   virtual void unsubscribe(std::uint64_t /*id*/) noexcept {}
 };
+
+// The instant `timeout` after clock.now(), saturating as above.
+inline Duration deadline_after(const Clock& clock, Duration timeout) noexcept {
+  return deadline_after(clock.now(), timeout);
+}
 
 // std::chrono::steady_clock behind the Clock interface.
 class SteadyClock final : public Clock {

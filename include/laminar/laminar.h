@@ -2,6 +2,7 @@
 #pragma once
 
 #include "laminar/clock.h"
+#include "laminar/handler_gate.h"
 #include "laminar/kernels/cast.h"
 #include "laminar/kernels/paged_decode.h"
 #include "laminar/kernels/sampling.h"
