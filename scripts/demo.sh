@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The README's main command: installs dependencies, builds, and runs the most complete example there
-# is today. Part 1 (quickstart): the actor prepares a policy version (manifest, DLPack views, f32 ->
+# The README's further examples: installs dependencies, builds, and runs the smaller examples one after
+# the other. Part 1 (quickstart): the actor prepares a policy version (manifest, DLPack views, f32 ->
 # bf16). Part 2 (core_loop): the asynchronous loop in one process, learning a toy policy. Part 3
 # (relay_server, real processes over UCX): an actor publishes three versions, a chain of two relays
 # forwards them chunk by chunk, and a rollout pulls the newest version, every byte checked against
