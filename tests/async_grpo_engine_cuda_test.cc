@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "grpo_engine_weights.h"
 
 using async_grpo::Engine;
 using async_grpo::EngineDevice;
@@ -23,6 +24,8 @@ using laminar::PagedKvCache;
 using laminar::SequenceId;
 using laminar::SequenceState;
 using laminar::StatusCode;
+using laminar::testing::bits;
+using laminar::testing::random_weights;
 
 namespace {
 
@@ -32,36 +35,7 @@ constexpr std::int32_t kPageSize = 16;
 // still catches a real mistake (a wrong weight, position or page moves them by 1e-2 or more).
 constexpr double kHostDeviceTolerance = 1e-3;
 
-std::uint64_t fresh_seed(const char* what) {
-  const std::uint64_t seed = std::random_device{}();
-  std::printf("grpo engine cuda %s: seed %llu\n", what, static_cast<unsigned long long>(seed));
-  return seed;
-}
-
-std::vector<std::uint32_t> bits(const std::vector<float>& v) {
-  std::vector<std::uint32_t> out;
-  for (float f : v) out.push_back(std::bit_cast<std::uint32_t>(f));
-  return out;
-}
-
-// As in async_grpo_engine_test: activations near unit size, logits of standard deviation about 2.
-std::vector<std::byte> random_weights(const laminar::WeightManifest& m, std::uint64_t seed) {
-  std::vector<std::byte> bytes(m.total_bytes());
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (const auto& e : m.entries()) {
-    const std::int64_t in = e.shape.size() == 2 ? e.shape[1] : 1;
-    float centre = 0.0f, scale = std::sqrt(3.0f / float(in));
-    if (e.name == "pos_embed") scale = 0.5f;
-    if (e.name.ends_with("norm")) centre = 1.0f, scale = 0.1f;
-    if (e.name == "lm_head") scale *= 2.0f;
-    for (std::uint64_t i = 0; i < e.nbytes / sizeof(float); ++i) {
-      const float v = centre + scale * u(rng);
-      std::memcpy(bytes.data() + e.offset + i * sizeof(float), &v, sizeof v);
-    }
-  }
-  return bytes;
-}
+std::uint64_t fresh_seed(const char* what) { return laminar::testing::fresh_seed("grpo engine cuda", what); }
 
 Engine make_engine(EngineDevice device, const std::vector<std::byte>& weights,
                    const async_grpo::PolicyConfig& config = {}) {
