@@ -628,18 +628,26 @@ Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::f
                                      gp_quote(fmt::format("{}, mean of {} versions", run.schedule, smoothing))));
     blocks += 2;
   }
-  if (held_plots.empty()) {
-    skipped.push_back("reward.png (no held-out evaluations)");
-  } else {
-    LAMINAR_RETURN_IF_ERROR(write_file(abs / "held_out.dat", held_data));
-    out.pngs.push_back(abs / "reward.png");
+  // A reward plot against wall time: its data file, PNG and gnuplot commands, or why it is missing.
+  auto line_plot = [&](const std::string& name, const std::string& data_file, const std::string& data,
+                       const std::vector<std::string>& plots, std::string_view title, std::string_view ylabel,
+                       std::string_view missing) -> Status {
+    if (plots.empty()) {
+      skipped.push_back(fmt::format("{}.png ({})", name, missing));
+      return laminar::ok_status();
+    }
+    LAMINAR_RETURN_IF_ERROR(write_file(abs / data_file, data));
+    out.pngs.push_back(abs / (name + ".png"));
     script += fmt::format(
-        "set terminal pngcairo size 1000,600 noenhanced\nset output {}\n"
-        "set title 'Held-out reward of each published version against its publish time'\n"
-        "set xlabel 'wall time (s)'\nset xrange [0:*]\nset ylabel 'held-out reward'\nset grid\nset key bottom right\n"
+        "reset\nset terminal pngcairo size 1000,600 noenhanced\nset output {}\nset title '{}'\n"
+        "set xlabel 'wall time (s)'\nset xrange [0:*]\nset ylabel '{}'\nset grid\nset key bottom right\n"
         "plot {}\n\n",
-        gp_quote(out.pngs.back().string()), fmt::join(held_plots, ", \\\n     "));
-  }
+        gp_quote(out.pngs.back().string()), title, ylabel, fmt::join(plots, ", \\\n     "));
+    return laminar::ok_status();
+  };
+  LAMINAR_RETURN_IF_ERROR(line_plot("reward", "held_out.dat", held_data, held_plots,
+                                    "Held-out reward of each published version against its publish time",
+                                    "held-out reward", "no held-out evaluations"));
 
   // Training reward against wall time: one data block (index) per schedule with reward points.
   std::string reward_data;
@@ -659,18 +667,10 @@ Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::f
                                        gp_quote((abs / "training_reward.dat").string()), reward_plots.size(),
                                        gp_quote(run.schedule)));
   }
-  if (reward_plots.empty()) {
-    skipped.push_back("training_reward.png (no reward points)");
-  } else {
-    LAMINAR_RETURN_IF_ERROR(write_file(abs / "training_reward.dat", reward_data));
-    out.pngs.push_back(abs / "training_reward.png");
-    script += fmt::format(
-        "reset\nset terminal pngcairo size 1000,600 noenhanced\nset output {}\n"
-        "set title 'Training reward of each step (mean over the samples it trained on) against wall time'\n"
-        "set xlabel 'wall time (s)'\nset xrange [0:*]\nset ylabel 'mean training reward'\nset grid\nset key bottom right\n"
-        "plot {}\n\n",
-        gp_quote(out.pngs.back().string()), fmt::join(reward_plots, ", \\\n     "));
-  }
+  LAMINAR_RETURN_IF_ERROR(line_plot(
+      "training_reward", "training_reward.dat", reward_data, reward_plots,
+      "Training reward of each step (mean over the samples it trained on) against wall time", "mean training reward",
+      "no reward points"));
 
   // Activity: a row per worker, a box per span (x centre, row, half width), a data block per kind.
   for (const ScheduleRun& run : runs) {
