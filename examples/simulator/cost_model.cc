@@ -33,7 +33,7 @@ Status at_least(std::int64_t v, std::int64_t min, std::string_view field) {
   return ok_status();
 }
 
-// Opens `key` of `top` as a section; absent is fine (nullopt-like: ok with no reader).
+// Opens the section `key` of `top`; kNotFound when it is absent, which optional sections allow.
 Result<ObjectReader> section(ObjectReader& top, std::string_view key) {
   const json* j = top.child(key);
   if (j == nullptr) return not_found(std::string(key));
@@ -51,7 +51,12 @@ double pipelined_chain_s(double bytes, std::int64_t hops, double bw, double chun
 
 }  // namespace
 
-Duration seconds(double s) { return Duration(std::llround(s * 1e9)); }
+Duration seconds(double s) {
+  // Saturates: a duration past Duration's range is "never" (a huge MTBF, say), not an overflow.
+  const double ns = s * 1e9;
+  if (!(ns < static_cast<double>(kForever.count()))) return kForever;
+  return Duration(std::llround(ns));
+}
 
 Result<GpuSpec> GpuSpec::preset(std::string_view name) {
   GpuSpec g;

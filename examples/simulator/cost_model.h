@@ -181,7 +181,7 @@ class CostModel {
   std::int64_t capacity_pages_;
 };
 
-// Seconds to Duration, rounding to the nanosecond.
+// Seconds (>= 0) to Duration, rounding to the nanosecond; kForever past Duration's range.
 Duration seconds(double s);
 
 }  // namespace laminar::sim

@@ -191,6 +191,12 @@ TEST_CASE("sim cost: failures arrive at nodes / MTBF and recovery reloads the we
   // 30 s detection + 120 s restart + fetching 15.22e9 bytes at 320e9 B/s + loading over PCIe.
   CHECK(to_s(m.recovery_time()) == near(150 + 15.22e9 / 320e9 + 1e-5 + 15.22e9 / 51.2e9 + 1e-5));
   CHECK(m.time_to_failure(0, rng).status().code() == StatusCode::kInvalidArgument);
+
+  // A wait past Duration's range saturates to "never" instead of overflowing.
+  CostConfig c = config("h100", "qwen2.5-7b");
+  c.failure.node_mtbf_s = 1e300;
+  CHECK(*CostModel::create(c)->time_to_failure(1, rng) == laminar::kForever);
+  CHECK(seconds(1.5) == Duration(1'500'000'000));
   CHECK(m.expected_failures(1, Duration(-1)).status().code() == StatusCode::kInvalidArgument);
 }
 

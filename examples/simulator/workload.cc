@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -434,8 +435,9 @@ Result<StepWorkload> Workload::step(std::int64_t step) const {
         Turn turn;
         turn.generate_tokens = x.response_tokens / segments + (t < x.response_tokens % segments ? 1 : 0);
         if (t < calls) {
-          double latency_s = tc.env_latency_s.draw(rng);
-          turn.env_latency = Duration(std::llround(std::min(latency_s, 1e9) * 1e9));
+          // Capped at 1e9 s so a heavy tail cannot overflow the nanosecond count.
+          double latency_s = std::min(tc.env_latency_s.draw(rng), 1e9);
+          turn.env_latency = Duration(std::llround(latency_s * 1e9));
           turn.observation_tokens =
               clamp_length(tc.observation_tokens.draw(rng), 0, std::numeric_limits<std::int32_t>::max());
         }
