@@ -1,7 +1,9 @@
-// sim_random.h: the simulator's random draws, bit-identical for a seed on every platform.
+// sim_random.h: the simulator's random draws, bit-identical for a seed on one platform.
 //
 // std's distributions are not specified bit for bit, so the simulator draws its own uniforms from
-// std::mt19937_64 (whose output is specified) and builds everything else from them.
+// std::mt19937_64 (whose output is specified) and builds everything else from them. Uniforms are
+// the same everywhere; normals go through libm's log and cos, whose last bit may differ between
+// C libraries.
 //
 //   std::mt19937_64 rng(seed);
 //   double u = internal::uniform01(rng);        // [0, 1)

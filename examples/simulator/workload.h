@@ -5,7 +5,8 @@
 // tasks, tool calls that pause the sample for an environment's latency. Lengths within a group are
 // correlated through a Gaussian copula (a shared per-prompt normal factor), so a hard prompt makes
 // all of its samples long while each length keeps exactly the configured marginal distribution.
-// Sampling is a pure function of (seed, step): the simulator may ask for steps in any order.
+// Sampling is a pure function of (seed, step), bit-identical on one platform: the simulator may
+// ask for steps in any order.
 //
 //   laminar::Result<WorkloadConfig> cfg = WorkloadConfig::from_json(text);  // or paper_math()
 //   laminar::Result<Workload> w = Workload::create(*cfg);
