@@ -141,7 +141,9 @@ class CostModel {
   // Prefill of `new_tokens` >= 1 tokens after `cached_tokens` >= 0 already in the KV cache.
   Result<Duration> prefill(std::int64_t new_tokens, std::int64_t cached_tokens = 0) const;
 
-  // KV cache of one rollout instance.
+  // KV cache of one rollout instance (each of its TP ranks holds its heads' share of every page).
+  // When the running sequences need more pages than this, the simulator preempts one and later
+  // pays preemption_recompute for it.
   std::int64_t kv_capacity_pages() const { return capacity_pages_; }
   std::int64_t kv_capacity_tokens() const { return capacity_pages_ * c_.rollout.page_tokens; }
   // Pages a sequence of `tokens` >= 0 occupies.
