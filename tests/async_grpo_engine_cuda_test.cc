@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "engine.h"
-#include "grpo_engine_weights.h"
+#include "grpo_engine_fixtures.h"
 
 using async_grpo::Engine;
 using async_grpo::EngineDevice;
@@ -25,6 +25,8 @@ using laminar::SequenceId;
 using laminar::SequenceState;
 using laminar::StatusCode;
 using laminar::testing::bits;
+using laminar::testing::new_sequence;
+using laminar::testing::random_tokens;
 using laminar::testing::random_weights;
 
 namespace {
@@ -51,24 +53,6 @@ std::shared_ptr<PagedKvCache> make_cache(const Engine& engine, DType dtype = DTy
   INFO(cache.status().to_string());
   REQUIRE(cache.ok());
   return *cache;
-}
-
-SequenceState new_sequence(std::uint64_t id, std::vector<std::int32_t> prompt, std::uint64_t seed,
-                           float temperature) {
-  SequenceState s;
-  s.sequence = SequenceId(id);
-  s.trajectory = laminar::TrajectoryId(id);
-  s.temperature = temperature;
-  s.seed = seed;
-  s.rng_position = prompt.size();
-  s.prompt_tokens = std::move(prompt);
-  return s;
-}
-
-std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std::int32_t vocab) {
-  std::vector<std::int32_t> t;
-  for (std::size_t i = 0; i < n; ++i) t.push_back(std::int32_t(rng() % std::uint64_t(vocab)));
-  return t;
 }
 
 // Prefills `seqs` as one batch, then steps them until each has `response` tokens.

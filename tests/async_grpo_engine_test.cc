@@ -3,7 +3,7 @@
 // logits against a double-precision forward written from policy_config.h's architecture comment,
 // input checks that change nothing, and weights that arrive through a RelayStore and WeightPuller.
 #include "engine.h"
-#include "grpo_engine_weights.h"
+#include "grpo_engine_fixtures.h"
 
 #include <catch2/catch.hpp>
 
@@ -30,6 +30,8 @@ using laminar::SequenceId;
 using laminar::SequenceState;
 using laminar::StatusCode;
 using laminar::testing::bits;
+using laminar::testing::new_sequence;
+using laminar::testing::random_tokens;
 using laminar::testing::random_weights;
 
 namespace {
@@ -49,24 +51,6 @@ PagedKvCache make_cache(const Engine& engine, std::int32_t num_pages = 64, DType
   auto cache = PagedKvCache::create(engine.kv_layout(num_pages, kPageSize, dtype));
   REQUIRE(cache.ok());
   return std::move(*cache);
-}
-
-SequenceState new_sequence(std::uint64_t id, std::vector<std::int32_t> prompt, std::uint64_t seed,
-                           float temperature = 1.0f) {
-  SequenceState s;
-  s.sequence = SequenceId(id);
-  s.trajectory = laminar::TrajectoryId(id);
-  s.temperature = temperature;
-  s.seed = seed;
-  s.rng_position = prompt.size();
-  s.prompt_tokens = std::move(prompt);
-  return s;
-}
-
-std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std::int32_t vocab = 16) {
-  std::vector<std::int32_t> t;
-  for (std::size_t i = 0; i < n; ++i) t.push_back(std::int32_t(rng() % std::uint64_t(vocab)));
-  return t;
 }
 
 // Steps `batch` until every sequence in it has `response` response tokens; one that has them

@@ -1,5 +1,6 @@
-// grpo_engine_weights.h: what the async GRPO engine tests (host and CUDA) share: a seed printed
-// with the test's name, a float vector's bits, and a seeded random weight buffer.
+// grpo_engine_fixtures.h: what the async GRPO engine tests (host and CUDA) share: a seed printed
+// with the test's name, a float vector's bits, a seeded random weight buffer, random prompts and
+// fresh sequences.
 #pragma once
 
 #include <bit>
@@ -9,8 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
+#include "laminar/kv_migrator.h"
 #include "laminar/weight_manifest.h"
 
 namespace laminar::testing {
@@ -46,6 +49,25 @@ inline std::vector<std::byte> random_weights(const WeightManifest& m, std::uint6
     }
   }
   return bytes;
+}
+
+inline std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::size_t n, std::int32_t vocab = 16) {
+  std::vector<std::int32_t> t;
+  for (std::size_t i = 0; i < n; ++i) t.push_back(std::int32_t(rng() % std::uint64_t(vocab)));
+  return t;
+}
+
+// A sequence about to be prefilled: its prompt, sampling seed and temperature, no response yet.
+inline SequenceState new_sequence(std::uint64_t id, std::vector<std::int32_t> prompt, std::uint64_t seed,
+                                  float temperature = 1.0f) {
+  SequenceState s;
+  s.sequence = SequenceId(id);
+  s.trajectory = TrajectoryId(id);
+  s.temperature = temperature;
+  s.seed = seed;
+  s.rng_position = prompt.size();
+  s.prompt_tokens = std::move(prompt);
+  return s;
 }
 
 }  // namespace laminar::testing
