@@ -78,7 +78,9 @@ struct Settings {
   int warmup_steps = 30;
   int warmup_batch = 32;  // prompts per warm-up step
   int eval_prompts = 128;  // held-out prompts each published version is evaluated on
-  int lr_warmup_steps = 0;  // GRPO steps over which the actor's learning rate ramps up
+  // GRPO steps over which the actor's learning rate ramps up: the actor's Adam starts without the
+  // warm-up's moments, and at the full rate its first steps cost 0.02-0.03 of held-out reward.
+  int lr_warmup_steps = 10;
   // > 0: each rollout decode or prefill step takes at least this long. 20 ms: the order of a 7-13B
   // model's decode step at batch 16-64 on one GPU; unpaced, this model's step takes under 1 ms.
   double decode_step_ms = 20;
