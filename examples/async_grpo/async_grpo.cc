@@ -79,7 +79,8 @@ struct Settings {
   int warmup_batch = 32;  // prompts per warm-up step
   int eval_prompts = 128;  // held-out prompts each published version is evaluated on
   // GRPO steps over which the actor's learning rate ramps up: the actor's Adam starts without the
-  // warm-up's moments, and at the full rate its first steps cost 0.02-0.03 of held-out reward.
+  // warm-up's moments, and at the full rate its first steps cost up to 0.06 of held-out reward
+  // (bench/README.md, Asynchronous GRPO).
   int lr_warmup_steps = 10;
   // > 0: each rollout decode or prefill step takes at least this long. 20 ms: the order of a 7-13B
   // model's decode step at batch 16-64 on one GPU; unpaced, this model's step takes under 1 ms.
