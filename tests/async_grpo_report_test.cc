@@ -465,6 +465,13 @@ TEST_CASE("grpo report: held-out rewards are smoothed over versions and set the 
     CHECK(j["decode_step_ms"].get<double>() == 12.5);
     CHECK(j["schedules"][1]["held_out_versions"] == 6);
 
+    // One schedule against itself: its own final reward is the target, and there is no speedup.
+    auto alone = async_grpo::compare({laminar}, {.baseline = "laminar", .contender = "laminar"});
+    REQUIRE(alone.ok());
+    CHECK_FALSE(alone->speedup);
+    CHECK(async_grpo::format_table(*alone).find("one schedule: the target is laminar's own final held-out reward") !=
+          std::string::npos);
+
     // A window of one: laminar's single lucky version 3 (12 s) counts.
     auto single = async_grpo::compare({sync, laminar}, {.smoothing = 1});
     REQUIRE(single.ok());

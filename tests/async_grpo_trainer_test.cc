@@ -269,6 +269,42 @@ TEST_CASE("grpo trainer: malformed batches are refused and leave the weights alo
   CHECK_THAT(Trainer::create(o).status().message(), Catch::Contains("head_dim"));
 }
 
+TEST_CASE("grpo trainer: the learning-rate ramp scales the first steps") {
+  laminar::Trajectory worse = trajectory(0, 0.0f);
+  worse.response_tokens = {3, 1, async_grpo::kEos};
+  std::vector<laminar::Trajectory> batch = {trajectory(0, 1.0f), worse};
+  TrainerOptions ramped;
+  ramped.learning_rate_warmup_steps = 4;
+  auto full = make_trainer(5);
+  auto ramp = make_trainer(5, ramped);
+  auto own = full->log_probs(batch);
+  REQUIRE(own.ok());
+  for (std::size_t i = 0; i < batch.size(); ++i) batch[i].logprobs = (*own)[i];
+  const auto before = saved(*full);
+  REQUIRE(saved(*ramp) == before);
+  REQUIRE(full->train_step(batch).ok());
+  REQUIRE(ramp->train_step(batch).ok());
+  // Adam's first steps move each weight by about the learning rate, so the distance moved scales
+  // with it: a quarter of the rate on the first of 4 ramp steps.
+  auto moved = [&](const Trainer& t) {
+    const auto after = saved(t);
+    std::vector<float> a(before.size() / 4), b(after.size() / 4);
+    std::memcpy(a.data(), before.data(), before.size());
+    std::memcpy(b.data(), after.data(), after.size());
+    double sum = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) sum += std::fabs(double(b[i]) - double(a[i]));
+    return sum;
+  };
+  const double ratio = moved(*ramp) / moved(*full);
+  std::printf("ramped / full first step: %.3f\n", ratio);
+  CHECK(ratio > 0.2);
+  CHECK(ratio < 0.3);
+
+  TrainerOptions o;
+  o.learning_rate_warmup_steps = -1;
+  CHECK_THAT(Trainer::create(o).status().message(), Catch::Contains("learning_rate_warmup_steps"));
+}
+
 TEST_CASE("grpo trainer: GRPO on its own samples raises the reward after a warm-up") {
   // Fixed, as a learning curve is checked against a margin; LAMINAR_TEST_SEED tries another.
   const char* other = std::getenv("LAMINAR_TEST_SEED");

@@ -4,6 +4,7 @@
 // actor's TrajectoryQueue, and prompts reach the workers through the PromptServer.
 //
 //   async_grpo                        # sync, then laminar on the same seed, and the comparison
+//   async_grpo --schedule all         # sync, one-step, then laminar, the same way
 //   async_grpo --schedule laminar --workers 3 --steps 40 --out runs/a
 //   async_grpo --short                # the CI configuration: checks what the run must guarantee
 //   async_grpo --schedule laminar --repack false --device cuda   # rollouts on a GPU (a CUDA build)
@@ -77,6 +78,10 @@ struct Settings {
   int warmup_steps = 30;
   int warmup_batch = 32;  // prompts per warm-up step
   int eval_prompts = 128;  // held-out prompts each published version is evaluated on
+  // GRPO steps over which the actor's learning rate ramps up: the actor's Adam starts without the
+  // warm-up's moments, and at the full rate its first steps cost up to 0.06 of held-out reward
+  // (bench/README.md, Asynchronous GRPO).
+  int lr_warmup_steps = 10;
   // > 0: each rollout decode or prefill step takes at least this long. 20 ms: the order of a 7-13B
   // model's decode step at batch 16-64 on one GPU; unpaced, this model's step takes under 1 ms.
   double decode_step_ms = 20;
@@ -235,6 +240,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   async_grpo::TrainerOptions to;
   to.seed = s.seed;
   to.intra_op_threads = 1;
+  to.learning_rate_warmup_steps = s.lr_warmup_steps;
   auto trainer_or = async_grpo::Trainer::create(to);
   if (!trainer_or.ok()) return fail("actor", "trainer", trainer_or.status());
   async_grpo::Trainer& trainer = **trainer_or;
@@ -895,7 +901,8 @@ std::vector<std::string> settings_args(const Settings& s) {
           "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
           "--max-staleness", std::to_string(s.max_staleness), "--kill-rollout-at", std::to_string(s.kill_rollout_at), "--in-flight-batches",
           fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false", "--device", s.device,
-          "--decode-step-ms", fmt::format("{}", s.decode_step_ms)};
+          "--decode-step-ms", fmt::format("{}", s.decode_step_ms), "--lr-warmup-steps",
+          std::to_string(s.lr_warmup_steps)};
 }
 
 Result<std::string> wait_address(const fs::path& file, Child& child) {
@@ -1025,6 +1032,9 @@ struct ScheduleOutcome {
   async_grpo::ScheduleRun run;
   std::vector<CheckResult> checks;
 };
+
+// Versions from which reward_rises compares held-out reward rather than training reward.
+constexpr std::size_t kHeldOutRiseVersions = 20;
 
 Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& schedule, const fs::path& warm,
                                      const std::string& token) {
@@ -1210,8 +1220,19 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
                                           h.front().reward, h.back().version, h.back().reward);
     outcome.checks.push_back({"held_out_eval", !h.empty() && h.size() == published.size() && in_range, detail});
   }
+  const auto& h = outcome.run.held_out;
   const auto& rw = outcome.run.records.rewards;
-  if (rw.size() >= 2) {
+  if (h.size() >= kHeldOutRiseVersions) {
+    // Held-out reward scores every version on the same prompts and seed; a training step's reward
+    // is one batch's and too noisy to compare two points of.
+    double last = 0;
+    for (std::size_t i = h.size() - 3; i < h.size(); ++i) last += h[i].reward / 3;
+    outcome.checks.push_back({"reward_rises", last > h.front().reward,
+                              fmt::format("held-out reward: version {} {:.3f}, mean of the last 3 versions {:.3f}",
+                                          h.front().version, h.front().reward, last)});
+  } else if (rw.size() >= 2) {
+    // Too few versions for a held-out mean to stand out of its noise: the mean of the last third
+    // of the training steps against the first.
     const std::size_t tail = std::max<std::size_t>(1, rw.size() / 3);
     double last = 0;
     for (std::size_t i = rw.size() - tail; i < rw.size(); ++i) last += rw[i].mean_reward / double(tail);
@@ -1257,7 +1278,7 @@ int run_launcher(Settings s) {
     s.groups_per_step = 4;
     s.group_size = 8;
     s.kill_rollout_at = 3;
-    if (s.schedule == "compare") s.schedule = "laminar";
+    if (s.schedule == "compare" || s.schedule == "all") s.schedule = "laminar";
   }
   if (s.device == "cuda" && s.repack && s.schedule != "sync" && s.schedule != "one-step") {
     std::fprintf(stderr, "async_grpo: --device cuda needs --repack false: the repack migrates host KV pools\n");
@@ -1271,15 +1292,17 @@ int run_launcher(Settings s) {
   const fs::path warm = fs::absolute(fs::path(s.out) / "warmup.bin");
   if (Status st = warm_up(s, warm); !st.ok()) return fail("launcher", "warm-up", st);
 
-  std::vector<std::string> schedules =
-      s.schedule == "compare" ? std::vector<std::string>{"sync", "laminar"} : std::vector<std::string>{s.schedule};
+  const bool several = s.schedule == "compare" || s.schedule == "all";
+  std::vector<std::string> schedules = {s.schedule};
+  if (s.schedule == "compare") schedules = {"sync", "laminar"};
+  if (s.schedule == "all") schedules = {"sync", "one-step", "laminar"};
   std::vector<async_grpo::ScheduleRun> runs;
   bool all_ok = true;
   for (const std::string& schedule : schedules) {
     Settings run = s;
-    // The contender trains for as long as the baseline took, not for as many steps: time to the
+    // Each contender trains for as long as the baseline took, not for as many steps: time to the
     // target is the comparison, and a schedule that steps faster must get to use that time.
-    if (s.schedule == "compare" && s.minutes == 0 && !runs.empty()) {
+    if (several && s.minutes == 0 && !runs.empty()) {
       run.minutes = double(runs.front().end_ns - runs.front().start_ns) / 60e9;
       run.steps = 4 * s.steps;
     }
@@ -1311,21 +1334,25 @@ int main(int argc, char** argv) {
   CLI::App app{"Asynchronous GRPO end to end: a libtorch actor, relay processes and rollout workers"};
   Settings s;
   RoleArgs a;
-  app.add_option("--schedule", s.schedule, "sync, one-step, laminar, or compare (sync then laminar)")
-      ->check(CLI::IsMember({"sync", "one-step", "laminar", "compare"}));
+  app.add_option("--schedule", s.schedule,
+                 "sync, one-step, laminar, compare (sync then laminar) or all (sync, one-step, then laminar)")
+      ->check(CLI::IsMember({"sync", "one-step", "laminar", "compare", "all"}));
   app.add_option("--workers", s.workers, "rollout worker processes")->check(CLI::Range(1, 64));
   app.add_option("--relays", s.relays, "relay processes between the actor and the workers")->check(CLI::Range(0, 8));
   app.add_option("--seed", s.seed, "task, initial weights and sampling seed");
   app.add_option("--group-size", s.group_size, "samples per prompt")->check(CLI::Range(2, 64));
   app.add_option("--groups-per-step", s.groups_per_step, "prompts per training batch")->check(CLI::Range(1, 256));
   app.add_option("--steps", s.steps,
-                 "training steps per schedule (compare: the baseline's; the contender then trains for the "
-                 "baseline's wall time, up to 4x as many steps)")
+                 "training steps per schedule (compare and all: sync's; each other schedule then trains for "
+                 "sync's wall time, up to 4x as many steps)")
       ->check(CLI::Range(1, 100000));
   app.add_option("--minutes", s.minutes, "stop each schedule's training after this long (0: by --steps)")
       ->check(CLI::Range(0.0, 600.0));
   app.add_option("--warmup-steps", s.warmup_steps, "supervised warm-up steps before RL")->check(CLI::Range(0, 100000));
   app.add_option("--warmup-batch", s.warmup_batch, "prompts per warm-up step")->check(CLI::Range(1, 4096));
+  app.add_option("--lr-warmup-steps", s.lr_warmup_steps,
+                 "GRPO steps over which the actor's learning rate ramps linearly up (0: none)")
+      ->check(CLI::Range(0, 100000));
   app.add_option("--eval-prompts", s.eval_prompts, "held-out prompts each published version is evaluated on")
       ->check(CLI::Range(1, 100000));
   app.add_option("--decode-step-ms", s.decode_step_ms,

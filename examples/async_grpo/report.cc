@@ -437,7 +437,8 @@ Result<Comparison> compare(const std::vector<ScheduleRun>& runs, const ReportOpt
     if (run.schedule == options.contender) cont_t = m->time_to_target_s;
     c.schedules.push_back(std::move(*m));
   }
-  if (base_t && cont_t && *cont_t > 0) c.speedup = *base_t / *cont_t;
+  // A schedule against itself is no comparison: its target is only its own final reward.
+  if (base_t && cont_t && *cont_t > 0 && c.baseline != c.contender) c.speedup = *base_t / *cont_t;
   return c;
 }
 
@@ -500,6 +501,9 @@ std::string format_table(const Comparison& c) {
   if (c.speedup) {
     out += fmt::format("{} reaches {} {:.3f} {:.2f}x as fast as {} ({:.1f} s against {:.1f} s)\n", c.contender,
                        curve, c.target_reward, *c.speedup, c.baseline, *cont->time_to_target_s, *base->time_to_target_s);
+  } else if (c.baseline == c.contender) {
+    out += fmt::format("one schedule: the target is {}'s own final {} (--schedule compare or all compares schedules)\n",
+                       c.baseline, curve);
   } else if (base != nullptr && cont != nullptr) {
     out += fmt::format("no speedup of {} over {}: {} did not reach {} {:.3f}\n", c.contender, c.baseline,
                        cont->time_to_target_s ? c.baseline : c.contender, curve, c.target_reward);

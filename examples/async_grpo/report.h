@@ -172,7 +172,8 @@ struct Comparison {
   double decode_step_ms = 0;
   std::string baseline, contender;
   std::vector<ScheduleMetrics> schedules;  // in the order of the runs
-  // baseline's time to target / contender's; none unless both reached it.
+  // baseline's time to target / contender's; none unless both reached it, or when the baseline is
+  // the contender.
   std::optional<double> speedup;
 };
 

@@ -132,6 +132,7 @@ struct Trainer::Impl {
   laminar::WeightManifest manifest;
   std::vector<torch::Tensor> params;  // manifest order
   std::unique_ptr<torch::optim::Adam> adam;
+  std::int64_t train_steps = 0;  // train_step calls that stepped Adam
 
   // Indices into params of one layer's weights.
   struct Layer {
@@ -295,6 +296,7 @@ laminar::Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& 
   if (!(o.truncation > 0 && std::isfinite(o.truncation))) return bad("truncation", o.truncation);
   if (!(o.advantage_eps >= 0 && std::isfinite(o.advantage_eps))) return bad("advantage_eps", o.advantage_eps);
   if (o.minibatches < 1) return bad("minibatches", o.minibatches);
+  if (o.learning_rate_warmup_steps < 0) return bad("learning_rate_warmup_steps", o.learning_rate_warmup_steps);
 
   return guarded("Trainer::create", [&]() -> laminar::Result<std::unique_ptr<Trainer>> {
     torch::set_num_threads(o.intra_op_threads);
@@ -431,7 +433,10 @@ laminar::Result<TrainStats> Trainer::train_step(std::span<const laminar::Traject
 
   return guarded("Trainer::train_step", [&]() -> laminar::Result<TrainStats> {
     const TrainerOptions& o = impl_->options;
-    impl_->set_learning_rate(o.learning_rate);
+    const std::int64_t ramp = o.learning_rate_warmup_steps;
+    const double scale = ramp > 0 ? std::min(1.0, double(impl_->train_steps + 1) / double(ramp)) : 1.0;
+    impl_->set_learning_rate(float(o.learning_rate * scale));
+    ++impl_->train_steps;
     const auto minibatches = std::min<std::size_t>(std::size_t(o.minibatches), batch.size());
     TrainStats stats;
     stats.trajectories = std::int64_t(batch.size());

@@ -55,6 +55,10 @@ struct TrainerOptions {
   std::int32_t intra_op_threads = 1;
 
   float learning_rate = 3e-4f;         // GRPO steps (1e-4 learns slower, 1e-3 collapses)
+  // train_steps over which the GRPO learning rate ramps linearly up to learning_rate (0: none).
+  // Adam's first steps after a restart move every weight by about the learning rate whatever its
+  // gradient's size (the second moment has seen one gradient), which undoes part of the warm-up.
+  std::int32_t learning_rate_warmup_steps = 0;
   // Supervised warm-up steps. 30 steps of 32 default-task prompts reach answer-token accuracy
   // 0.65-0.74 and held-out reward 0.25-0.29: room left for GRPO to show.
   float warmup_learning_rate = 1e-3f;
