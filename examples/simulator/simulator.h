@@ -34,8 +34,10 @@ namespace laminar::sim {
 // What every schedule shares: the workload's training step s is the dataset batch s (its prompts,
 // prompts_per_step GRPO groups of samples_per_prompt); the trainer's step trains on
 // prompts_per_step complete groups popped from the TrajectoryQueue and publishes version s + 1
-// (version 0 is the initial policy). A group is generated on one rollout instance (its samples
-// share the prompt's prefill) and pushed when its last sample ends.
+// (version 0 is the initial policy). Samples are dispatched one by one to the least loaded
+// rollout instance that admits them (a group's samples may run on different instances, each
+// prefilling the prompt); a group is pushed to the queue as its samples end and is ready for the
+// trainer when its last one has.
 enum class ScheduleKind : std::uint8_t {
   // Colocated (verl's hybrid engine): every GPU generates step s with version s, then every GPU
   // trains on it; the weights move between the two engines on each GPU, never over the network.
