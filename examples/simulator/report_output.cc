@@ -60,6 +60,13 @@ Status plot(const std::string& gnuplot, const std::filesystem::path& dir, const 
   return examples::run_gnuplot(*program, gp, dir / (name + ".log"));
 }
 
+// A string column of a gnuplot data file: double-quoted, which data files read as one field.
+std::string data_quote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? '\'' : c;
+  return out + "\"";
+}
+
 constexpr std::string_view kPngHeader = "set terminal pngcairo size 1000,600 noenhanced\n";
 
 }  // namespace
@@ -344,7 +351,7 @@ Result<PlotFiles> write_comparison_plots(const std::vector<SimReport>& reports, 
   // Throughput: samples/s and tokens/s differ by orders of magnitude, so a panel each.
   std::string data = "# schedule samples_per_s generation_tokens_per_s\n";
   for (const SimReport& r : reports) {
-    data += fmt::format("{} {:.9g} {:.9g}\n", gp_quote(r.schedule), r.samples_per_s, r.generation_tokens_per_s);
+    data += fmt::format("{} {:.9g} {:.9g}\n", data_quote(r.schedule), r.samples_per_s, r.generation_tokens_per_s);
   }
   LAMINAR_RETURN_IF_ERROR(write_file(*abs / "throughput.dat", data));
   out.pngs.push_back(*abs / "throughput.png");
@@ -361,7 +368,7 @@ Result<PlotFiles> write_comparison_plots(const std::vector<SimReport>& reports, 
   std::size_t kmax = 1;
   for (const SimReport& r : reports) kmax = std::max(kmax, r.staleness_histogram.size());
   std::string stale = "k";
-  for (const SimReport& r : reports) stale += fmt::format(" {}", gp_quote(r.schedule));
+  for (const SimReport& r : reports) stale += fmt::format(" {}", data_quote(r.schedule));
   stale += "\n";
   for (std::size_t k = 0; k < kmax; ++k) {
     stale += std::to_string(k);
