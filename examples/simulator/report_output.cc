@@ -443,27 +443,30 @@ ProgressLine::ProgressLine(std::shared_ptr<Clock> clock, std::ostream& out, std:
     : clock_(std::move(clock)), out_(out), total_(total_steps), started_(clock_->now()) {}
 
 std::string ProgressLine::format(std::string_view label, std::int64_t done, std::int64_t total, Duration elapsed) {
-  auto whole_seconds = [](double s) {
-    const auto n = static_cast<std::int64_t>(std::ceil(std::max(s, 0.0)));
+  auto whole_seconds = [](double s, bool round_up) {
+    const double r = round_up ? std::ceil(std::max(s, 0.0)) : std::floor(std::max(s, 0.0));
+    const auto n = static_cast<std::int64_t>(r);
     return n < 60 ? fmt::format("{}s", n) : fmt::format("{}m{:02}s", n / 60, n % 60);
   };
   const double elapsed_s = seconds(elapsed);
   std::string eta = "--";
-  if (done > 0) eta = whole_seconds(static_cast<double>(total - done) * elapsed_s / static_cast<double>(done));
-  return fmt::format("{}  step {}/{}  elapsed {}  ETA {}", label, done, total, whole_seconds(elapsed_s), eta);
+  if (done > 0) eta = whole_seconds(static_cast<double>(total - done) * elapsed_s / static_cast<double>(done), true);
+  return fmt::format("{}  step {}/{}  elapsed {}  ETA {}", label, done, total, whole_seconds(elapsed_s, false), eta);
 }
 
 void ProgressLine::update(std::string_view label, std::int64_t steps) {
   done_ = std::min(total_, done_ + steps);
-  out_ << '\r' << format(label, done_, total_, clock_->now() - started_) << "\x1b[K";
+  const Duration now = clock_->now();
+  if (last_draw_ && now - *last_draw_ < kRedrawPeriod && done_ < total_) return;
+  out_ << '\r' << format(label, done_, total_, now - started_) << "\x1b[K";
   out_.flush();
-  drawn_ = true;
+  last_draw_ = now;
 }
 
 void ProgressLine::finish() {
-  if (drawn_) out_ << '\n';
+  if (last_draw_) out_ << '\n';
   out_.flush();
-  drawn_ = false;
+  last_draw_.reset();
 }
 
 }  // namespace laminar::sim

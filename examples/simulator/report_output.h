@@ -10,6 +10,7 @@
 //   Result<PlotFiles> plots = write_comparison_plots(reports, out_dir, "gnuplot");
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -114,13 +115,15 @@ Result<PlotFiles> write_sweep_plot(const std::vector<SweepPoint>& points, const 
                                    const std::string& gnuplot);
 
 // A progress line for long runs on stderr: "\r<label>  step <done>/<total>  elapsed 12s  ETA 40s",
-// redrawn in place. `clock` is the wall clock of the command; the simulation never reads it.
+// redrawn in place, at most every kRedrawPeriod (and at the last step), so fast runs do not flood a
+// log. `clock` is the wall clock of the command; the simulation never reads it.
 //
 //   ProgressLine p(laminar::Clock::steady(), std::cerr, 600);
 //   options.on_step = [&](std::int64_t done, std::int64_t) { p.update("laminar 64 GPUs", 1); };
 //   p.finish();
 class ProgressLine {
  public:
+  static constexpr Duration kRedrawPeriod = std::chrono::milliseconds(200);
   // Precondition: total_steps > 0 (the command checks it).
   ProgressLine(std::shared_ptr<Clock> clock, std::ostream& out, std::int64_t total_steps);
   // `steps` more done, under `label` (the schedule running).
@@ -128,7 +131,8 @@ class ProgressLine {
   // Ends the line with a newline (once something was drawn).
   void finish();
 
-  // ETA = remaining x elapsed / done, in whole seconds rounded up; "--" before any step.
+  // Elapsed in whole seconds rounded down; ETA = remaining x elapsed / done, rounded up; "--" before
+  // any step.
   static std::string format(std::string_view label, std::int64_t done, std::int64_t total, Duration elapsed);
 
  private:
@@ -137,7 +141,7 @@ class ProgressLine {
   std::int64_t total_;
   std::int64_t done_ = 0;
   Duration started_;
-  bool drawn_ = false;
+  std::optional<Duration> last_draw_;
 };
 
 }  // namespace laminar::sim

@@ -313,6 +313,7 @@ TEST_CASE("sim output: the progress line counts steps and estimates from the wal
   CHECK(laminar::sim::ProgressLine::format("sync 64 GPUs", 0, 12, 0s) == "sync 64 GPUs  step 0/12  elapsed 0s  ETA --");
   CHECK(laminar::sim::ProgressLine::format("laminar", 3, 12, 6s) == "laminar  step 3/12  elapsed 6s  ETA 18s");
   CHECK(laminar::sim::ProgressLine::format("laminar", 12, 12, 100s) == "laminar  step 12/12  elapsed 1m40s  ETA 0s");
+  CHECK(laminar::sim::ProgressLine::format("laminar", 1, 3, 1500ms) == "laminar  step 1/3  elapsed 1s  ETA 3s");
 
   auto clock = std::make_shared<laminar::ManualClock>();
   std::ostringstream out;
@@ -321,6 +322,11 @@ TEST_CASE("sim output: the progress line counts steps and estimates from the wal
   p.update("sync", 1);
   REQUIRE(clock->advance(2s).ok());
   p.update("laminar", 1);
+  p.update("laminar", 1);  // within the redraw period: not drawn
+  REQUIRE(clock->advance(1500ms).ok());
+  p.update("laminar", 1);  // the last step: always drawn
   p.finish();
-  CHECK(out.str() == "\rsync  step 1/4  elapsed 2s  ETA 6s\x1b[K\rlaminar  step 2/4  elapsed 4s  ETA 4s\x1b[K\n");
+  CHECK(out.str() ==
+        "\rsync  step 1/4  elapsed 2s  ETA 6s\x1b[K\rlaminar  step 2/4  elapsed 4s  ETA 4s\x1b[K"
+        "\rlaminar  step 4/4  elapsed 5s  ETA 0s\x1b[K\n");
 }

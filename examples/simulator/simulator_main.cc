@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -112,6 +113,9 @@ Result<SimConfig> build_config(const Args& a) {
     if (!parsed.ok()) return parsed.status().with_context(fmt::format("--config {}", a.config_file));
     cfg = std::move(*parsed);
   }
+  for (auto [flag, value] : {std::pair{"--steps", a.steps}, std::pair{"--gpus", a.gpus}}) {
+    if (value && *value < 1) return laminar::invalid_argument(fmt::format("{}: must be >= 1, got {}", flag, *value));
+  }
   if (a.steps) cfg.steps = *a.steps;
   if (a.gpus) cfg.cluster.gpus = *a.gpus;
   if (a.seed) {
@@ -134,7 +138,7 @@ Result<std::vector<ScheduleSpec>> build_specs(const Args& a) {
     kinds.assign(std::begin(kAllSchedules), std::end(kAllSchedules));
   } else {
     Result<ScheduleKind> kind = laminar::sim::parse_schedule(a.schedule);
-    if (!kind.ok()) return kind.status().with_context("--schedule");
+    if (!kind.ok()) return kind.status();
     kinds.push_back(*kind);
   }
   std::optional<std::optional<std::int64_t>> max_ahead;
@@ -296,8 +300,8 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--schedule", a.schedule,
                  "sync, one-step, stream-global, bounded-staleness, partial-rollout, laminar, or all");
-  app.add_option("--steps", a.steps, "training steps to simulate")->check(CLI::PositiveNumber);
-  app.add_option("--gpus", a.gpus, "GPUs in the cluster")->check(CLI::PositiveNumber);
+  app.add_option("--steps", a.steps, "training steps to simulate (>= 1)");
+  app.add_option("--gpus", a.gpus, "GPUs in the cluster (>= 1)");
   app.add_option("--model", a.model,
                  "qwen2.5-7b, qwen2.5-32b or qwen2.5-72b (rollout tensor parallel 1, 2 or 4)")
       ->check(CLI::IsMember({"qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b"}));
