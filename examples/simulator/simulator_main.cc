@@ -235,6 +235,9 @@ int run(const Args& a) {
     sweep = std::move(*counts);
   }
   if (!a.baseline.empty()) {
+    if (sweep) {
+      return fail("--baseline", laminar::invalid_argument("a sweep compares GPU counts, not schedules: drop --baseline or --sweep"));
+    }
     Result<ScheduleKind> kind = laminar::sim::parse_schedule(a.baseline);
     if (!kind.ok()) return fail("--baseline", kind.status());
     if (std::none_of(specs->begin(), specs->end(), [&](const ScheduleSpec& s) { return s.kind == *kind; })) {
