@@ -73,7 +73,8 @@ struct RoleArgs {
 // Every setting as an option of `app`, and the role-only arguments as options --help leaves out.
 void add_options(CLI::App& app, Settings& s, RoleArgs& a);
 
-// The arguments that give a child process the launcher's settings.
+// The settings the roles' processes read, as the arguments the launcher starts each one with (the
+// launcher's own, such as --workers and --out, stay out).
 std::vector<std::string> settings_args(const Settings& s);
 
 }  // namespace async_grpo
