@@ -6,12 +6,12 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "clock_wait.h"
 #include "laminar/handler_gate.h"
+#include "laminar/internal/clocked_thread.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
@@ -56,12 +56,10 @@ struct RepackCoordinator::Impl {
   std::map<WorkerId, Kept> workers;
   Version newest{0};
   bool plan_requested = false;
-  bool stopping = false;
   std::uint64_t plans = 0;
   RepackCoordinatorStats st;
   Status first_error;
-  std::thread thread;
-  ClockSubscription clock_wake;
+  internal::ClockedThread thread;
   HandlerGate gate;
 
   bool stale(const Kept& k, Duration now) const { return now - k.received_at > opt.stale_after; }
@@ -201,7 +199,7 @@ struct RepackCoordinator::Impl {
   void run() {
     std::unique_lock l(mu);
     Duration next = deadline_after(*clock, opt.interval);
-    while (!stopping) {
+    while (!thread.stopping()) {
       if (!plan_requested && clock->now() < next) {
         clock->wait_until(cv, l, next);
         continue;
@@ -238,11 +236,7 @@ Result<std::unique_ptr<RepackCoordinator>> RepackCoordinator::create(std::shared
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(options));
   impl->claim = std::move(*claim);
   Impl* p = impl.get();
-  impl->clock_wake = impl->clock->subscribe([p] {
-    std::lock_guard l(p->mu);
-    p->cv.notify_all();
-  });
-  impl->thread = std::thread([p] { p->run(); });
+  impl->thread.start(p->mu, p->cv, *p->clock, [p] { p->run(); });
   // The type is laminar's own, in the reserved range: registering it cannot fail.
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kRepackReportMessage,
                                               p->gate.wrap([p](Incoming in) { p->on_report(in); }))
@@ -255,13 +249,7 @@ RepackCoordinator::RepackCoordinator(std::unique_ptr<Impl> impl) : impl_(std::mo
 RepackCoordinator::~RepackCoordinator() {
   (void)internal::on_protocol_message(*impl_->transport, kRepackReportMessage, {});
   impl_->gate.close();
-  {
-    std::lock_guard l(impl_->mu);
-    impl_->stopping = true;
-  }
-  impl_->cv.notify_all();
-  impl_->thread.join();
-  impl_->clock_wake.reset();
+  impl_->thread.stop();
   impl_->claim.release();
 }
 

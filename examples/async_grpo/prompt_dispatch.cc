@@ -8,10 +8,10 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <thread>
 #include <utility>
 
 #include "laminar/handler_gate.h"
+#include "laminar/internal/clocked_thread.h"
 
 namespace async_grpo {
 
@@ -92,11 +92,9 @@ struct PromptServer::Impl {
   bool stream_on = false;
   StreamWindow stream;
   std::uint64_t waiting_total = 0;
-  bool stopping = false;
   PromptServerStats st;
   Status first_error;
-  std::thread thread;
-  laminar::ClockSubscription clock_wake;
+  laminar::internal::ClockedThread thread;
 
   std::uint64_t max_prompt() const { return std::numeric_limits<std::uint64_t>::max() / opt.group_size - 1; }
 
@@ -409,7 +407,7 @@ struct PromptServer::Impl {
 
   void run() {
     std::unique_lock l(mu);
-    while (!stopping) {
+    while (!thread.stopping()) {
       Graveyard graveyard;
       const Duration next = sweep(graveyard);
       if (!graveyard.empty()) {
@@ -452,11 +450,7 @@ Result<std::unique_ptr<PromptServer>> PromptServer::create(std::shared_ptr<lamin
   // The type is an application one: registering it cannot fail.
   LAMINAR_CHECK(p->transport->on_message(kPromptRequestMessage, p->gate.wrap([p](Incoming in) { p->on_request(in); }))
                     .ok());
-  p->clock_wake = p->clock->subscribe([p] {
-    std::lock_guard l(p->mu);
-    p->cv.notify_all();
-  });
-  p->thread = std::thread([p] { p->run(); });
+  p->thread.start(p->mu, p->cv, *p->clock, [p] { p->run(); });
   return std::unique_ptr<PromptServer>(new PromptServer(std::move(impl)));
 }
 
@@ -465,13 +459,7 @@ PromptServer::PromptServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 PromptServer::~PromptServer() {
   (void)impl_->transport->on_message(kPromptRequestMessage, {});
   impl_->gate.close();
-  {
-    std::lock_guard l(impl_->mu);
-    impl_->stopping = true;
-  }
-  impl_->cv.notify_all();
-  impl_->thread.join();
-  impl_->clock_wake.reset();
+  impl_->thread.stop();
   Graveyard graveyard;
   {
     std::lock_guard l(impl_->mu);

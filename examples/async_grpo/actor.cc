@@ -1,0 +1,309 @@
+// The actor: queue server, head relay, prompt server, repack coordinator and the trainer. It
+// publishes each version, trains on what the rollout workers push, re-scores what it trained on,
+// and prints its checks for the launcher.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "engine.h"
+#include "laminar/relay_node.h"
+#include "laminar/relay_store.h"
+#include "laminar/remote_trajectory_queue.h"
+#include "laminar/repack_coordinator.h"
+#include "laminar/trajectory_queue.h"
+#include "policy_config.h"
+#include "prompt_dispatch.h"
+#include "records.h"
+#include "roles.h"
+#include "trainer.h"
+
+namespace async_grpo {
+
+namespace fs = std::filesystem;
+using laminar::Result;
+using laminar::Status;
+using namespace std::chrono_literals;
+
+int run_actor(const Settings& s, const RoleArgs& a) {
+  const fs::path dir = a.dir;
+  auto writer = async_grpo::RecordWriter::open(dir / "records" / "actor.jsonl");
+  if (!writer.ok()) return fail("actor", "records", writer.status());
+  LineFile published(dir / "published.txt");
+  auto transport = make_transport(a.token);
+  if (!transport.ok()) return fail("actor", "transport", transport.status());
+  auto address = (*transport)->listen("127.0.0.1", 0);
+  if (!address.ok()) return fail("actor", "listen", address.status());
+
+  const std::uint32_t G = std::uint32_t(s.group_size);
+  const std::size_t batch_size = std::size_t(s.groups_per_step) * G;
+  laminar::TrajectoryQueueOptions qo;
+  qo.group_timeout = laminar::kForever;  // a lost worker's samples are generated again elsewhere
+  auto queue = laminar::TrajectoryQueue::create(qo);
+  if (!queue.ok()) return fail("actor", "queue", queue.status());
+  std::shared_ptr<laminar::TrajectoryQueue> q = std::move(*queue);
+  auto qserver = laminar::TrajectoryQueueServer::create(*transport, q);
+  if (!qserver.ok()) return fail("actor", "queue server", qserver.status());
+  auto store = laminar::RelayStore::create();
+  if (!store.ok()) return fail("actor", "relay store", store.status());
+  std::shared_ptr<laminar::RelayStore> relay = std::move(*store);
+  auto head = laminar::RelayNode::create(*transport, relay, {});
+  if (!head.ok()) return fail("actor", "relay node", head.status());
+  async_grpo::PromptServerOptions po;
+  po.group_size = G;
+  po.seed = s.seed;
+  po.lease = std::chrono::seconds(10);
+  auto dispatch = async_grpo::PromptServer::create(*transport, po);
+  if (!dispatch.ok()) return fail("actor", "prompt server", dispatch.status());
+  async_grpo::PromptServer& server = **dispatch;
+
+  std::unique_ptr<laminar::RepackCoordinator> coordinator;
+  if (a.run_schedule == "laminar" && s.repack) {
+    laminar::RepackCoordinatorOptions co;
+    co.tokens_per_page = Settings::kPageSize;
+    // Decode steps take 20-250 us here, so a batch's tail is over within a few ms: reports every
+    // 1 ms (the driver's) and a plan every 2 ms see it; a report 100 ms old is of no use.
+    co.interval = 2ms;
+    co.stale_after = 100ms;
+    // One page over every layer, K and V, f32; workers share one host.
+    const async_grpo::PolicyConfig pc;
+    co.policy.page_bytes = std::uint64_t(pc.num_layers) * 2 * pc.num_kv_heads * pc.head_dim * Settings::kPageSize * 4;
+    co.policy.link_bytes_per_s = 1e9;
+    co.policy.growth_horizon_steps = pc.max_positions;
+    // The paper's rule: empty every old-version worker whose sequences fit elsewhere, so that it
+    // pulls the newest weights. The cost-aware rule weighs the decode time a move frees against
+    // the move, and here both are about a millisecond (a tail of a few 100 us steps; one migration
+    // between processes on a shared host), so it refuses nearly every plan.
+    co.policy.strategy = laminar::RepackStrategy::kPaperBestFit;
+    auto c = laminar::RepackCoordinator::create(*transport, co);
+    if (!c.ok()) return fail("actor", "repack coordinator", c.status());
+    coordinator = std::move(*c);
+  }
+
+  async_grpo::TrainerOptions to;
+  to.seed = s.seed;
+  to.intra_op_threads = 1;
+  to.learning_rate_warmup_steps = s.lr_warmup_steps;
+  auto trainer_or = async_grpo::Trainer::create(to);
+  if (!trainer_or.ok()) return fail("actor", "trainer", trainer_or.status());
+  async_grpo::Trainer& trainer = **trainer_or;
+  {
+    std::ifstream f(a.warm, std::ios::binary);
+    std::vector<std::byte> flat(trainer.manifest().total_bytes());
+    f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
+    if (!f) return fail("actor", "warm-up weights", laminar::not_found("cannot read " + a.warm));
+    if (Status st = trainer.load_weights(flat); !st.ok()) return fail("actor", "warm-up weights", st);
+  }
+
+  // laminar's prefill re-scoring of every trained sample under the version it names: equal bit for
+  // bit to the rollout's log-probs unless the sample mixes versions or the weights differ. On the
+  // rollouts' device: the host's bits are not the device's (engine.h).
+  auto scorer = async_grpo::Engine::create(async_grpo::PolicyConfig{}, s.engine_options());
+  if (!scorer.ok()) return fail("actor", "scoring engine", scorer.status());
+  auto score_cache = scorer->make_cache(16, 16);
+  if (!score_cache.ok()) return fail("actor", "scoring cache", score_cache.status());
+  std::map<std::uint64_t, std::vector<std::byte>> recent;  // the newest published versions' bytes
+  std::uint64_t scorer_version = 0;
+
+  std::vector<std::byte> flat(trainer.manifest().total_bytes());
+  auto publish = [&](laminar::Version v) -> Status {
+    const std::int64_t t0 = now_ns();
+    LAMINAR_RETURN_IF_ERROR(q->publish_version(v));  // first, so the queue accepts what v generates
+    auto views = trainer.weights();
+    if (!views.ok()) return views.status();
+    LAMINAR_RETURN_IF_ERROR(relay->publish(v, trainer.manifest(), *views));
+    LAMINAR_RETURN_IF_ERROR(server.set_newest_version(v));
+    if (coordinator) LAMINAR_RETURN_IF_ERROR(coordinator->set_newest_version(v));
+    LAMINAR_RETURN_IF_ERROR(trainer.save_weights(flat));
+    published.write(fmt::format("{} {:016x}", v.value(), weight_hash(flat)));
+    recent[v.value()] = flat;
+    // Kept for the launcher's held-out evaluation after the run (it removes them).
+    {
+      std::ofstream f(dir / "versions" / fmt::format("{}.bin", v.value()), std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(flat.data()), std::streamsize(flat.size()));
+      if (!f) return laminar::unavailable(fmt::format("cannot write version {} into {}", v.value(), dir.string()));
+    }
+    while (recent.size() > 8) recent.erase(recent.begin());
+    return writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kPublish,
+                                          .start_ns = t0, .end_ns = now_ns(), .version = v.value(),
+                                          .bytes = flat.size()});
+  };
+
+  laminar::Version v(1);
+  if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
+  if (Status st = write_address(dir, "actor", *address); !st.ok()) return fail("actor", "address", st);
+
+  const std::string& sched = a.run_schedule;
+  if (sched == "sync") {
+    if (auto r = server.open(v, v, std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
+  } else if (sched == "one-step") {
+    if (auto r = server.open(v, async_grpo::kAnyNewer, std::uint64_t(s.groups_per_step)); !r.ok())
+      return fail("actor", "open", r.status());
+  } else {
+    const auto in_flight = std::max<std::uint64_t>(G, std::uint64_t(s.in_flight_batches * double(batch_size)));
+    async_grpo::StreamWindow w{.max_staleness = std::uint64_t(s.max_staleness), .max_in_flight = in_flight};
+    if (Status st = server.set_stream(w); !st.ok()) return fail("actor", "stream", st);
+  }
+
+  std::unordered_set<std::uint64_t> trained_ids;
+  std::uint64_t duplicate_trained = 0, partial_groups = 0, on_policy = 0;
+  double max_lp_diff = 0, sum_lp_diff = 0;
+  std::uint64_t lp_tokens = 0, rescored = 0, rescore_differs = 0, not_rescored = 0;
+  auto rescore = [&](std::span<const laminar::Trajectory> ts) -> Status {
+    std::vector<const laminar::Trajectory*> order;
+    for (const laminar::Trajectory& t : ts) order.push_back(&t);
+    std::sort(order.begin(), order.end(), [](auto* x, auto* y) { return x->version < y->version; });
+    for (const laminar::Trajectory* t : order) {
+      auto bytes = recent.find(t->version.value());
+      if (bytes == recent.end()) {
+        ++not_rescored;
+        continue;
+      }
+      if (scorer_version != t->version.value()) {
+        LAMINAR_RETURN_IF_ERROR(scorer->load_weights(bytes->second));
+        scorer_version = t->version.value();
+      }
+      auto lp = scorer->score(**score_cache, laminar::SequenceId(1), t->prompt_tokens, t->response_tokens);
+      if (!lp.ok()) return lp.status();
+      ++rescored;
+      if (lp->size() != t->logprobs.size() ||
+          std::memcmp(lp->data(), t->logprobs.data(), lp->size() * sizeof(float)) != 0)
+        ++rescore_differs;
+    }
+    return laminar::ok_status();
+  };
+  const std::int64_t train_start = now_ns();
+  const auto deadline_ns = s.minutes > 0 ? train_start + std::int64_t(s.minutes * 60e9) : INT64_MAX;
+  int step = 0;
+  for (; step < s.steps && now_ns() < deadline_ns; ++step) {
+    laminar::BatchSpec spec;
+    spec.max_trajectories = spec.min_trajectories = batch_size;
+    spec.wait = std::chrono::seconds(120);
+    spec.consumer_version = v;
+    const std::int64_t wait0 = now_ns();
+    Result<laminar::Batch> batch = q->pop_batch(spec);
+    if (!batch.ok()) return fail("actor", "pop_batch", batch.status());
+    (void)writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kIdleWait,
+                                         .start_ns = wait0, .end_ns = now_ns(), .version = v.value()});
+    const auto ts = batch->trajectories();
+    std::map<std::uint64_t, std::uint32_t> group_count;
+    std::vector<laminar::Trajectory> current;
+    double reward = 0;
+    for (const laminar::Trajectory& t : ts) {
+      auto c = server.completed(t.id);
+      if (!c.ok()) return fail("actor", "completed", c.status());
+      if (!trained_ids.insert(t.id.value()).second) ++duplicate_trained;
+      ++group_count[t.group_id];
+      reward += t.rewards[0] / double(ts.size());
+      if (t.version == v) current.push_back(t);
+      (void)writer->write(async_grpo::TrajectoryFact{.behaviour_version = t.version.value(),
+                                                     .trained_version = v.value(),
+                                                     .length = t.response_tokens.size()});
+    }
+    for (const auto& [group, n] : group_count) partial_groups += n != G ? 1 : 0;
+    if (Status st = rescore(ts); !st.ok()) return fail("actor", "rescore", st);
+    // The actor's recompute of on-policy samples: same weights, so only arithmetic order differs.
+    // One batch's worth per run: every schedule's first batch is on-policy, and a recompute of
+    // every sync batch would cost sync a third of a training step each step, and laminar nothing.
+    if (!current.empty() && on_policy < batch_size) {
+      auto lp = trainer.log_probs(current);
+      if (!lp.ok()) return fail("actor", "log_probs", lp.status());
+      for (std::size_t i = 0; i < current.size(); ++i)
+        for (std::size_t k = 0; k < current[i].logprobs.size(); ++k) {
+          const double d = std::fabs(double((*lp)[i][k]) - double(current[i].logprobs[k]));
+          max_lp_diff = std::max(max_lp_diff, d);
+          sum_lp_diff += d;
+          ++lp_tokens;
+        }
+      on_policy += current.size();
+    }
+    if (sched == "one-step" && step + 1 < s.steps)
+      if (auto r = server.open(v, async_grpo::kAnyNewer, std::uint64_t(s.groups_per_step)); !r.ok())
+        return fail("actor", "open", r.status());
+    const std::int64_t t0 = now_ns();
+    auto stats = trainer.train_step(ts);
+    if (!stats.ok()) return fail("actor", "train_step", stats.status());
+    (void)writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kTrain, .start_ns = t0,
+                                         .end_ns = now_ns(), .version = v.value(), .sequences = ts.size(),
+                                         .tokens = std::uint64_t(stats->tokens)});
+    if (Status st = q->ack(batch->id()); !st.ok()) return fail("actor", "ack", st);
+    (void)writer->write(async_grpo::RewardPoint{.time_ns = now_ns(), .version = v.value(), .mean_reward = reward,
+                                                .samples = ts.size()});
+    v = laminar::Version(v.value() + 1);
+    if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
+    if (sched == "sync" && step + 1 < s.steps)
+      if (auto r = server.open(v, v, std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
+    std::printf("progress %d reward %.3f\n", step + 1, reward);
+    std::fflush(stdout);
+  }
+
+  // The stream's groups still out: let them finish so every sample made reaches the queue once.
+  server.stop_stream();
+  std::uint64_t drained = 0;
+  const std::int64_t drain_deadline = now_ns() + std::int64_t(60e9);
+  while (server.stats().groups_done < server.stats().groups_made && now_ns() < drain_deadline) {
+    laminar::BatchSpec spec;
+    spec.max_trajectories = batch_size;
+    spec.min_trajectories = 1;
+    spec.wait = std::chrono::seconds(1);
+    spec.consumer_version = v;
+    Result<laminar::Batch> batch = q->pop_batch(spec);
+    if (!batch.ok()) {
+      if (batch.status().code() == laminar::StatusCode::kDeadlineExceeded) continue;
+      return fail("actor", "drain", batch.status());
+    }
+    for (const laminar::Trajectory& t : batch->trajectories()) {
+      auto c = server.completed(t.id);
+      if (!c.ok()) return fail("actor", "completed", c.status());
+      if (!trained_ids.insert(t.id.value()).second) ++duplicate_trained;
+      ++drained;
+    }
+    if (Status st = q->ack(batch->id()); !st.ok()) return fail("actor", "ack", st);
+  }
+  // The last version is published: workers leave once their stores hold it, so no relay is still
+  // writing into their memory when they free it.
+  if (Status st = write_address(dir, "final", std::to_string(v.value())); !st.ok()) return fail("actor", "final", st);
+
+  const async_grpo::PromptServerStats ds = server.stats();
+  auto check = [](const char* name, bool ok, const std::string& detail) {
+    std::printf("check %s %s %s\n", name, ok ? "ok" : "FAIL", detail.c_str());
+  };
+  check("trained_once", duplicate_trained == 0 && ds.duplicates == 0,
+        fmt::format("{} samples reached the trainer, {} twice; dispatch duplicates {}", trained_ids.size(),
+                    duplicate_trained, ds.duplicates));
+  check("all_completed", ds.groups_done == ds.groups_made && ds.completed == ds.groups_made * G,
+        fmt::format("groups made {} done {}, samples completed {}, drained after the last step {}, reissued {}, "
+                    "lost workers {}",
+                    ds.groups_made, ds.groups_done, ds.completed, drained, ds.reissued, ds.lost_workers));
+  check("whole_groups", partial_groups == 0, fmt::format("{} groups trained without all {} samples", partial_groups, G));
+  check("rescore_bit_equal", rescored > 0 && rescore_differs == 0,
+        fmt::format("{} trained samples re-scored by laminar's prefill under their version, {} differ, {} "
+                    "not re-scored (version no longer kept)",
+                    rescored, rescore_differs, not_rescored));
+  check("behaviour_logprobs", on_policy == 0 || max_lp_diff < 1e-2,
+        fmt::format("{} on-policy samples recomputed, {} tokens: |rollout - actor recompute| max {:.3g} mean {:.3g}", on_policy,
+                    lp_tokens, max_lp_diff, lp_tokens ? sum_lp_diff / double(lp_tokens) : 0.0));
+  std::printf("dispatch %s\n", ds.to_json().c_str());
+  if (coordinator) std::printf("repack %s\n", coordinator->stats().to_json().c_str());
+  std::printf("steps %d\n", step);
+  std::fflush(stdout);
+  // The launcher says stop once every rollout worker has left.
+  const std::int64_t stop_deadline = now_ns() + std::int64_t(60e9);
+  while (!stop_requested(dir) && now_ns() < stop_deadline) std::this_thread::sleep_for(20ms);
+  q->close();
+  return 0;
+}
+
+}  // namespace async_grpo

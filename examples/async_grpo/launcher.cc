@@ -1,0 +1,472 @@
+// The launcher: warms the policy up, then for each schedule starts the actor, the relays and the
+// rollout workers as children of this process (this binary again, with --role), watches them,
+// stops and reaps every one, checks what the run must guarantee and writes the report.
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "child_process.h"
+#include "engine.h"
+#include "held_out.h"
+#include "records.h"
+#include "report.h"
+#include "roles.h"
+#include "task.h"
+#include "trainer.h"
+
+namespace async_grpo {
+
+namespace fs = std::filesystem;
+using laminar::Result;
+using laminar::Status;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Child = examples::ChildProcess;
+
+Result<std::string> wait_address(const fs::path& file, Child& child) {
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (path_exists(file)) {
+      std::ifstream f(file);
+      std::string address;
+      std::getline(f, address);
+      if (!address.empty()) return address;
+    }
+    if (child.exited()) return laminar::unavailable(fmt::format("{} exited with {}", child.name(), child.wait()));
+    std::this_thread::sleep_for(20ms);
+  }
+  return laminar::deadline_exceeded(fmt::format("{} wrote no address in 120 s", child.name()));
+}
+
+// Reads each process's records; a killed worker's file may end in a torn line, which is dropped.
+Result<async_grpo::Records> read_records_lenient(const fs::path& dir) {
+  async_grpo::Records all;
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".jsonl") files.push_back(e.path());
+  if (ec) return laminar::not_found(fmt::format("cannot read {}: {}", dir.string(), ec.message()));
+  std::sort(files.begin(), files.end());
+  for (const fs::path& p : files) {
+    std::ifstream f(p, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    text.erase(text.find_last_of('\n') == std::string::npos ? 0 : text.find_last_of('\n') + 1);
+    auto r = async_grpo::parse_records(text, p.string());
+    if (!r.ok()) return r.status();
+    all.append(std::move(*r));
+  }
+  return all;
+}
+
+std::map<std::uint64_t, std::string> read_hashes(const fs::path& file) {
+  std::map<std::uint64_t, std::string> out;
+  std::ifstream f(file);
+  std::uint64_t v;
+  std::string h;
+  while (f >> v >> h) out[v] = h;
+  return out;
+}
+
+struct CheckResult {
+  std::string name;
+  bool ok = false;
+  std::string detail;
+};
+
+// Every migrated trajectory, from the rollouts' moved-*.txt: each migration that completed left its
+// source once ("out") and arrived once ("in"), and the trajectory was pushed once, by the worker
+// holding it at the end ("push"). With a worker killed, what it held goes out again from the
+// PromptServer to workers that never saw it move, so only "at most once" holds then.
+CheckResult check_moved(const fs::path& dir, int workers, bool killed) {
+  struct Counts {
+    int out = 0, in = 0, push = 0;
+  };
+  std::map<std::uint64_t, Counts> moved;
+  for (int w = 0; w < workers; ++w) {
+    std::ifstream f(dir / fmt::format("moved-rollout-{}.txt", w));
+    std::string what;
+    std::uint64_t id;
+    while (f >> what >> id) {
+      Counts& c = moved[id];
+      (what == "out" ? c.out : what == "in" ? c.in : c.push) += 1;
+    }
+  }
+  std::uint64_t migrations = 0, bad = 0;
+  for (const auto& [id, c] : moved) {
+    migrations += std::uint64_t(c.in);
+    const bool ok = killed ? c.out <= c.in && c.push <= 1 : c.out == c.in && c.push == 1;
+    bad += ok ? 0 : 1;
+  }
+  return {"moved_once", bad == 0,
+          fmt::format("{} trajectories moved ({} arrivals); {} not moved out once, in once and pushed once{}",
+                      moved.size(), migrations, bad, killed ? " (at most once: a worker was killed)" : "")};
+}
+
+// Every version the actor kept (<dir>/versions/<v>.bin), evaluated on the held-out prompts at its
+// publish time (the end of its publish span); each file is removed once evaluated.
+Result<std::vector<async_grpo::HeldOutPoint>> evaluate_versions(const Settings& s, const std::string& schedule,
+                                                                const fs::path& dir, const async_grpo::Records& records) {
+  std::map<std::uint64_t, std::int64_t> published_at;
+  for (const async_grpo::Span& span : records.spans)
+    if (span.process == "actor" && span.kind == async_grpo::SpanKind::kPublish) published_at[span.version] = span.end_ns;
+  std::map<std::uint64_t, fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir / "versions", ec)) {
+    const std::string stem = e.path().stem().string();
+    if (e.path().extension() != ".bin" || stem.empty() || stem.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    files[std::stoull(stem)] = e.path();
+  }
+  if (ec) return laminar::not_found(fmt::format("cannot read {}: {}", (dir / "versions").string(), ec.message()));
+  auto task = make_task(s);
+  if (!task.ok()) return task.status();
+  auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+  if (!engine.ok()) return engine.status();
+  const std::vector<async_grpo::DigitPrompt> prompts = task->held_out_prompts(std::size_t(s.eval_prompts));
+  async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
+  LAMINAR_RETURN_IF_ERROR(progress.begin(schedule + " held-out eval", std::max<std::size_t>(files.size(), 1), "versions"));
+  std::vector<async_grpo::HeldOutPoint> points;
+  std::vector<std::byte> flat(engine->manifest().total_bytes());
+  for (const auto& [version, file] : files) {
+    auto at = published_at.find(version);
+    if (at == published_at.end())
+      return laminar::internal_error(fmt::format("version {} was kept but has no publish record", version));
+    std::ifstream f(file, std::ios::binary);
+    f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
+    if (!f) return laminar::data_loss(fmt::format("{}: shorter than {} bytes", file.string(), flat.size()));
+    LAMINAR_RETURN_IF_ERROR(engine->load_weights(flat));
+    // One seed for every version and schedule: the versions differ only in their weights.
+    auto r = async_grpo::evaluate_held_out(*engine, *task, prompts, {.seed = s.seed * 1000003 + 12345});
+    if (!r.ok()) return r.status();
+    points.push_back({.version = version, .time_ns = at->second, .reward = r->reward});
+    fs::remove(file, ec);
+    LAMINAR_RETURN_IF_ERROR(progress.update(points.size()));
+  }
+  LAMINAR_RETURN_IF_ERROR(progress.finish());
+  return points;
+}
+
+struct ScheduleOutcome {
+  async_grpo::ScheduleRun run;
+  std::vector<CheckResult> checks;
+};
+
+// Versions from which reward_rises compares held-out reward rather than training reward.
+constexpr std::size_t kHeldOutRiseVersions = 20;
+
+Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& schedule, const fs::path& warm,
+                                     const std::string& token) {
+  const fs::path dir = fs::absolute(fs::path(s.out) / schedule);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir / "records", ec);
+  if (!ec) fs::create_directories(dir / "versions", ec);
+  if (ec) return laminar::unavailable("cannot create " + dir.string());
+  ScheduleOutcome outcome;
+  outcome.run.schedule = schedule;
+  outcome.run.rollout_workers = std::uint32_t(s.workers);
+  outcome.run.start_ns = now_ns();
+  std::vector<std::string> common = settings_args(s);
+  common.insert(common.end(), {"--dir", dir.string(), "--token", token, "--run-schedule", schedule});
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  std::vector<std::unique_ptr<Child>> children;
+  auto actor = Child::spawn("actor", with({"--role", "actor", "--warm", warm.string()}));
+  if (!actor.ok()) return actor.status();
+  children.push_back(std::move(*actor));
+  auto actor_address = wait_address(dir / "actor.addr", *children[0]);
+  if (!actor_address.ok()) return actor_address.status();
+  std::vector<std::string> relay_args;
+  for (int r = 0; r < s.relays; ++r) {
+    auto relay = Child::spawn(fmt::format("relay-{}", r), with({"--role", "relay", "--index", std::to_string(r),
+                                                                "--actor", *actor_address}));
+    if (!relay.ok()) return relay.status();
+    children.push_back(std::move(*relay));
+    auto address = wait_address(dir / fmt::format("relay-{}.addr", r), *children.back());
+    if (!address.ok()) return address.status();
+    relay_args.insert(relay_args.end(), {"--relay", *address});
+  }
+  const std::size_t first_rollout = children.size();
+  for (int w = 0; w < s.workers; ++w) {
+    std::vector<std::string> args = {"--role", "rollout", "--index", std::to_string(w), "--actor", *actor_address};
+    args.insert(args.end(), relay_args.begin(), relay_args.end());
+    auto rollout = Child::spawn(fmt::format("rollout-{}", w), with(args));
+    if (!rollout.ok()) return rollout.status();
+    children.push_back(std::move(*rollout));
+  }
+
+  async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
+  // By steps, or by seconds under --minutes.
+  const bool timed = s.minutes > 0;
+  const std::uint64_t total = timed ? std::uint64_t(std::ceil(s.minutes * 60)) : std::uint64_t(s.steps);
+  LAMINAR_RETURN_IF_ERROR(progress.begin(schedule, total, timed ? "s" : "steps"));
+  const bool kill_one = s.kill_rollout_at > 0 && schedule == "laminar";
+  bool killed = false;
+  int actor_step = 0;
+  std::vector<std::string> actor_lines;
+  std::int64_t final_at = 0;  // when the actor's training ended
+  bool stop_written = false;
+  while (children[0]->fd() >= 0) {
+    // After training: rollout workers leave on their own, then the actor and relays are told to stop.
+    if (!stop_written && final_version(dir) > 0) {
+      if (final_at == 0) final_at = now_ns();
+      bool rollouts_left = true;
+      for (std::size_t i = first_rollout; i < children.size(); ++i) rollouts_left = rollouts_left && children[i]->exited();
+      if (!rollouts_left && now_ns() - final_at > std::int64_t(30e9)) {
+        for (std::size_t i = first_rollout; i < children.size(); ++i)
+          if (!children[i]->exited()) {
+            std::cout << fmt::format("{} still running 30 s after training ended: SIGKILL\n", children[i]->name());
+            children[i]->kill_now();
+          }
+        rollouts_left = true;
+      }
+      if (rollouts_left) {
+        std::ofstream(dir / "stop") << "done\n";
+        stop_written = true;
+      }
+    }
+    std::vector<pollfd> fds;
+    std::vector<Child*> who;
+    for (auto& c : children)
+      if (c->fd() >= 0) {
+        fds.push_back({c->fd(), POLLIN, 0});
+        who.push_back(c.get());
+      }
+    if (poll(fds.data(), fds.size(), 50) < 0 && errno != EINTR)
+      return laminar::unavailable(fmt::format("poll: {}", std::strerror(errno)));
+    if (timed)
+      (void)progress.update(std::min<std::uint64_t>(std::uint64_t((now_ns() - outcome.run.start_ns) / 1'000'000'000), total));
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      std::vector<std::string> lines;
+      who[i]->read_lines(lines);
+      for (const std::string& line : lines) {
+        // rollout-0 says when it starts samples: killed then, it dies holding them.
+        if (kill_one && !killed && who[i] == children[first_rollout].get() && actor_step >= s.kill_rollout_at &&
+            line.rfind("granted ", 0) == 0) {
+          children[first_rollout]->kill_now();
+          killed = true;
+          std::cout << fmt::format("killed rollout-0 (pid {}) with SIGKILL after step {}, right after it was {}\n",
+                                   children[first_rollout]->pid(), actor_step, line);
+        }
+        if (who[i] != children[0].get()) continue;
+        actor_lines.push_back(line);
+        if (std::sscanf(line.c_str(), "progress %d", &actor_step) == 1 && !timed)
+          (void)progress.update(std::min<std::uint64_t>(std::uint64_t(actor_step), total));
+      }
+    }
+  }
+  const int actor_code = children[0]->wait();
+  (void)progress.finish();
+  outcome.run.end_ns = final_at > 0 ? final_at : now_ns();
+  std::ofstream(dir / "stop") << "done\n";
+  const auto grace = std::chrono::steady_clock::now() + 15s;
+  std::vector<int> codes(children.size(), 0);
+  for (std::size_t i = 1; i < children.size(); ++i) {
+    while (!children[i]->exited() && std::chrono::steady_clock::now() < grace) std::this_thread::sleep_for(20ms);
+    if (!children[i]->exited()) {
+      std::cout << fmt::format("{} still running after the stop: SIGKILL\n", children[i]->name());
+      children[i]->kill_now();
+    }
+    codes[i] = children[i]->wait();
+  }
+  if (actor_code != 0) return laminar::internal_error(fmt::format("the actor exited with {}", actor_code));
+
+  for (const std::string& line : actor_lines) {
+    char name[64], verdict[16];
+    int consumed = 0;
+    if (std::sscanf(line.c_str(), "check %63s %15s %n", name, verdict, &consumed) >= 2)
+      outcome.checks.push_back({name, std::string(verdict) == "ok", line.substr(std::size_t(consumed))});
+    else if (line.rfind("dispatch ", 0) == 0 || line.rfind("repack ", 0) == 0)
+      std::cout << schedule << " " << line << "\n";
+  }
+  std::uint64_t reissued = 0, lost = 0;
+  for (const std::string& line : actor_lines)
+    if (line.rfind("dispatch ", 0) == 0) {
+      auto field = [&](const std::string& key) -> std::uint64_t {
+        const std::size_t at = line.find("\"" + key + "\":");
+        return at == std::string::npos ? 0 : std::strtoull(line.c_str() + at + key.size() + 3, nullptr, 10);
+      };
+      reissued = field("reissued");
+      lost = field("lost_workers");
+    }
+  bool exits_ok = true;
+  std::string exits;
+  for (std::size_t i = 1; i < children.size(); ++i) {
+    const bool expected_kill = killed && i == first_rollout;
+    exits_ok = exits_ok && (expected_kill ? codes[i] == 128 + SIGKILL : codes[i] == 0);
+    exits += fmt::format("{}={} ", children[i]->name(), codes[i]);
+  }
+  outcome.checks.push_back({"exits", exits_ok, exits});
+  if (kill_one)
+    outcome.checks.push_back(
+        {"killed_worker", killed && lost >= 1 && reissued >= 1,
+         killed ? fmt::format("rollout-0 killed holding samples: {} lost worker(s), {} samples handed out again "
+                              "(all_completed: none lost)",
+                              lost, reissued)
+                : "the run ended before the kill"});
+
+  const auto published = read_hashes(dir / "published.txt");
+  std::uint64_t pulls = 0, mismatches = 0;
+  for (int w = 0; w < s.workers; ++w)
+    for (const auto& [v, h] : read_hashes(dir / fmt::format("weights-rollout-{}.txt", w))) {
+      ++pulls;
+      auto it = published.find(v);
+      if (it == published.end() || it->second != h) ++mismatches;
+    }
+  outcome.checks.push_back({"weights_bit_equal", pulls > 0 && mismatches == 0,
+                            fmt::format("{} pulls hashed, {} differ from the actor's published bytes", pulls,
+                                        mismatches)});
+
+  if (schedule == "laminar" && s.repack) outcome.checks.push_back(check_moved(dir, s.workers, killed));
+
+  auto records = read_records_lenient(dir / "records");
+  if (!records.ok()) return records.status();
+  outcome.run.records = std::move(*records);
+  auto held_out = evaluate_versions(s, schedule, dir, outcome.run.records);
+  if (!held_out.ok()) return held_out.status();
+  outcome.run.held_out = std::move(*held_out);
+  {
+    const auto& h = outcome.run.held_out;
+    const bool in_range =
+        std::all_of(h.begin(), h.end(), [](const async_grpo::HeldOutPoint& p) { return p.reward >= 0 && p.reward <= 1; });
+    std::string detail = fmt::format("{} of {} published versions evaluated on {} held-out prompts", h.size(),
+                                     published.size(), s.eval_prompts);
+    if (!h.empty()) detail += fmt::format(": version {} {:.3f}, version {} {:.3f}", h.front().version,
+                                          h.front().reward, h.back().version, h.back().reward);
+    outcome.checks.push_back({"held_out_eval", !h.empty() && h.size() == published.size() && in_range, detail});
+  }
+  const auto& h = outcome.run.held_out;
+  const auto& rw = outcome.run.records.rewards;
+  if (h.size() >= kHeldOutRiseVersions) {
+    // Held-out reward scores every version on the same prompts and seed; a training step's reward
+    // is one batch's and too noisy to compare two points of.
+    double last = 0;
+    for (std::size_t i = h.size() - 3; i < h.size(); ++i) last += h[i].reward / 3;
+    outcome.checks.push_back({"reward_rises", last > h.front().reward,
+                              fmt::format("held-out reward: version {} {:.3f}, mean of the last 3 versions {:.3f}",
+                                          h.front().version, h.front().reward, last)});
+  } else if (rw.size() >= 2) {
+    // Too few versions for a held-out mean to stand out of its noise: the mean of the last third
+    // of the training steps against the first.
+    const std::size_t tail = std::max<std::size_t>(1, rw.size() / 3);
+    double last = 0;
+    for (std::size_t i = rw.size() - tail; i < rw.size(); ++i) last += rw[i].mean_reward / double(tail);
+    outcome.checks.push_back({"reward_rises", last > rw.front().mean_reward,
+                              fmt::format("training reward: first step {:.3f}, mean of the last {} steps {:.3f}",
+                                          rw.front().mean_reward, tail, last)});
+  }
+  return outcome;
+}
+
+Status warm_up(const Settings& s, const fs::path& file) {
+  auto task = make_task(s);
+  if (!task.ok()) return task.status();
+  async_grpo::TrainerOptions to;
+  to.seed = s.seed;
+  to.intra_op_threads = 1;
+  auto trainer = async_grpo::Trainer::create(to);
+  if (!trainer.ok()) return trainer.status();
+  async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
+  LAMINAR_RETURN_IF_ERROR(progress.begin("warm-up", std::uint64_t(s.warmup_steps), "steps"));
+  // Prompts far past the ones the schedules deal, so RL sees prompts the warm-up did not.
+  std::uint64_t next = async_grpo::kWarmupFirstPrompt;
+  for (int i = 0; i < s.warmup_steps; ++i) {
+    std::vector<async_grpo::DigitPrompt> prompts;
+    for (int k = 0; k < s.warmup_batch; ++k) prompts.push_back(task->prompt(next++));
+    auto st = (*trainer)->warmup_step(prompts);
+    if (!st.ok()) return st.status();
+    LAMINAR_RETURN_IF_ERROR(progress.update(std::uint64_t(i + 1)));
+  }
+  LAMINAR_RETURN_IF_ERROR(progress.finish());
+  std::vector<std::byte> flat((*trainer)->manifest().total_bytes());
+  LAMINAR_RETURN_IF_ERROR((*trainer)->save_weights(flat));
+  std::ofstream f(file, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(flat.data()), std::streamsize(flat.size()));
+  return f ? laminar::ok_status() : laminar::unavailable("cannot write " + file.string());
+}
+
+}  // namespace
+
+int run_launcher(Settings s) {
+  if (s.short_run) {
+    s.workers = 3;
+    s.steps = 10;
+    s.warmup_steps = 20;
+    s.groups_per_step = 4;
+    s.group_size = 8;
+    s.kill_rollout_at = 3;
+    if (s.schedule == "compare" || s.schedule == "all") s.schedule = "laminar";
+  }
+  if (s.device == "cuda" && s.repack && s.schedule != "sync" && s.schedule != "one-step") {
+    std::fprintf(stderr, "async_grpo: --device cuda needs --repack false: the repack migrates host KV pools\n");
+    return 2;
+  }
+  std::error_code ec;
+  fs::create_directories(s.out, ec);
+  if (ec) return fail("launcher", "out", laminar::unavailable("cannot create " + s.out));
+  std::random_device rd;
+  const std::string token = fmt::format("async-grpo-{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+  const fs::path warm = fs::absolute(fs::path(s.out) / "warmup.bin");
+  if (Status st = warm_up(s, warm); !st.ok()) return fail("launcher", "warm-up", st);
+
+  const bool several = s.schedule == "compare" || s.schedule == "all";
+  std::vector<std::string> schedules = {s.schedule};
+  if (s.schedule == "compare") schedules = {"sync", "laminar"};
+  if (s.schedule == "all") schedules = {"sync", "one-step", "laminar"};
+  std::vector<async_grpo::ScheduleRun> runs;
+  bool all_ok = true;
+  for (const std::string& schedule : schedules) {
+    Settings run = s;
+    // Each contender trains for as long as the baseline took, not for as many steps: time to the
+    // target is the comparison, and a schedule that steps faster must get to use that time.
+    if (several && s.minutes == 0 && !runs.empty()) {
+      run.minutes = double(runs.front().end_ns - runs.front().start_ns) / 60e9;
+      run.steps = 4 * s.steps;
+    }
+    auto outcome = run_schedule(run, schedule, warm, token);
+    if (!outcome.ok()) return fail("launcher", schedule, outcome.status());
+    std::cout << fmt::format("{}: {:.1f} s wall\n", schedule,
+                             double(outcome->run.end_ns - outcome->run.start_ns) / 1e9);
+    for (const CheckResult& c : outcome->checks) {
+      std::cout << fmt::format("  check {:<20} {}  {}\n", c.name, c.ok ? "ok  " : "FAIL", c.detail);
+      all_ok = all_ok && c.ok;
+    }
+    runs.push_back(std::move(outcome->run));
+  }
+  async_grpo::ReportOptions ro;
+  ro.decode_step_ms = s.decode_step_ms;
+  if (schedules.size() == 1) ro.baseline = ro.contender = schedules[0];
+  auto files = async_grpo::write_report(runs, ro, s.out);
+  if (!files.ok()) return fail("launcher", "report", files.status());
+  std::cout << "\n" << files->table;
+  if (!files->plot_note.empty()) std::cout << files->plot_note << "\n";
+  std::cout << fmt::format("report in {}: table.txt, metrics.json, trace_<schedule>.json, plots\n", s.out);
+  std::cout << (all_ok ? "all checks passed\n" : "some checks FAILED\n");
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace async_grpo

@@ -1,0 +1,479 @@
+// The relay and rollout worker roles: the processes between the actor's head relay and the
+// trajectories that reach its queue.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "engine.h"
+#include "laminar/kv_migrator.h"
+#include "laminar/relay_node.h"
+#include "laminar/relay_store.h"
+#include "laminar/remote_trajectory_queue.h"
+#include "laminar/repack_driver.h"
+#include "laminar/weight_puller.h"
+#include "prompt_dispatch.h"
+#include "records.h"
+#include "roles.h"
+#include "task.h"
+
+namespace async_grpo {
+
+namespace fs = std::filesystem;
+using laminar::Result;
+using laminar::Status;
+using namespace std::chrono_literals;
+
+// A relay: a RelayNode between the actor and the workers.
+int run_relay(const RoleArgs& a) {
+  const std::string who = fmt::format("relay-{}", a.index);
+  auto transport = make_transport(a.token);
+  if (!transport.ok()) return fail(who, "transport", transport.status());
+  auto address = (*transport)->listen("127.0.0.1", 0);
+  if (!address.ok()) return fail(who, "listen", address.status());
+  auto store = laminar::RelayStore::create();
+  if (!store.ok()) return fail(who, "relay store", store.status());
+  laminar::RelayNodeOptions o;
+  o.upstreams = {a.actor};
+  auto node = laminar::RelayNode::create(*transport, std::move(*store), o);
+  if (!node.ok()) return fail(who, "relay node", node.status());
+  if (Status st = write_address(a.dir, who, *address); !st.ok()) return fail(who, "address", st);
+  while (!stop_requested(a.dir)) std::this_thread::sleep_for(50ms);
+  return 0;
+}
+
+// A rollout worker: engine, cache, worker-local store, puller, prompt client, queue producer, and
+// under the laminar schedule a KvMigrator and a RepackDriver.
+namespace {
+
+struct Live {
+  bool paused = false;  // a migration out of this worker holds it
+  laminar::SequenceState seq;
+  async_grpo::DigitPrompt prompt;
+  std::int32_t max_tokens = 0;
+  std::int64_t start_ns = 0;
+};
+
+class Rollout {
+ public:
+  Rollout(const Settings& s, const RoleArgs& a) : s_(s), a_(a), who_(fmt::format("rollout-{}", a.index)) {}
+
+  int run() {
+    auto task = make_task(s_);
+    if (!task.ok()) return fail(who_, "task", task.status());
+    task_.emplace(std::move(*task));
+    auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{}, s_.engine_options());
+    if (!engine.ok()) return fail(who_, "engine", engine.status());
+    engine_.emplace(std::move(*engine));
+    destinations_ = engine_->weight_tensors();
+    auto writer = async_grpo::RecordWriter::open(fs::path(a_.dir) / "records" / (who_ + ".jsonl"));
+    if (!writer.ok()) return fail(who_, "records", writer.status());
+    writer_.emplace(std::move(*writer));
+    hashes_.emplace(fs::path(a_.dir) / ("weights-" + who_ + ".txt"));
+    moved_log_.emplace(fs::path(a_.dir) / ("moved-" + who_ + ".txt"));
+
+    auto transport = make_transport(a_.token);
+    if (!transport.ok()) return fail(who_, "transport", transport.status());
+    transport_ = *transport;
+    const std::int32_t page_size = Settings::kPageSize;
+    pages_ = s_.max_live * (engine_->config().max_positions / page_size + 1) + 8;
+    auto pools = laminar::KvMigrator::allocate_cache(*transport_, engine_->kv_layout(pages_, page_size));
+    if (!pools.ok()) return fail(who_, "cache", pools.status());
+    cache_ = pools->cache;
+    // Device workers decode in device pools; they run without repack (the launcher refuses it), so
+    // the host pools above stay unused.
+    if (s_.device == "cuda") {
+      auto device_cache = engine_->make_cache(pages_, page_size);
+      if (!device_cache.ok()) return fail(who_, "cache", device_cache.status());
+      cache_ = *device_cache;
+    }
+    if (a_.run_schedule == "laminar" && s_.repack) {
+      // Migrations arrive at this worker's own address.
+      if (auto address = transport_->listen("127.0.0.1", 0); !address.ok()) return fail(who_, "listen", address.status());
+      laminar::KvMigratorOptions mo;
+      mo.k_pool_region = pools->k_pool;
+      mo.v_pool_region = pools->v_pool;
+      mo.max_sequences = std::uint32_t(s_.max_live);
+      auto migrator = laminar::KvMigrator::create(transport_, cache_, mo);
+      if (!migrator.ok()) return fail(who_, "migrator", migrator.status());
+      migrator_ = std::move(*migrator);
+      migrator_->set_version(laminar::Version(0));
+      laminar::RepackDriverOptions dopt;
+      dopt.worker = laminar::WorkerId(std::uint32_t(a_.index));
+      dopt.coordinator = a_.actor;
+      dopt.report_interval = 1ms;
+      auto driver = laminar::RepackDriver::create(transport_, migrator_, dopt);
+      if (!driver.ok()) return fail(who_, "repack driver", driver.status());
+      driver_ = std::move(*driver);
+    }
+    auto store = laminar::RelayStore::create();
+    if (!store.ok()) return fail(who_, "relay store", store.status());
+    store_ = std::move(*store);
+    laminar::RelayNodeOptions o;
+    o.upstreams = a_.relays;
+    o.upstreams.push_back(a_.actor);  // the chain re-forms around a dead relay
+    auto node = laminar::RelayNode::create(transport_, store_, o);
+    if (!node.ok()) return fail(who_, "relay node", node.status());
+    node_ = std::move(*node);
+    auto puller = laminar::WeightPuller::create(store_);
+    if (!puller.ok()) return fail(who_, "puller", puller.status());
+    puller_ = std::move(*puller);
+    auto client = async_grpo::PromptClient::create(
+        transport_, {.worker = laminar::WorkerId(std::uint32_t(a_.index)), .server = a_.actor});
+    if (!client.ok()) return fail(who_, "prompt client", client.status());
+    client_ = std::move(*client);
+    auto producer = laminar::RemoteProducer::create(transport_, a_.actor);
+    if (!producer.ok()) return fail(who_, "producer", producer.status());
+    producer_ = std::move(*producer);
+
+    Status st = loop();
+    flush_decode();
+    if (!st.ok()) return fail(who_, "loop", st);
+    // Leaving with the final version still arriving would free memory its relay writes into.
+    if (Status w = store_->wait_for_version(laminar::Version(final_version(a_.dir)), 30s); !w.ok())
+      return fail(who_, "final version", w);
+    std::printf("%s finished: %llu trajectories pushed, %llu pulls\n", who_.c_str(),
+                static_cast<unsigned long long>(pushed_), static_cast<unsigned long long>(pulls_));
+    return 0;
+  }
+
+ private:
+  std::uint64_t current() const { return puller_->current_version() ? puller_->current_version()->value() : 0; }
+
+  Status loop() {
+    laminar::Version want{0};  // the server asked for this version or newer (0: it did not)
+    while (final_version(a_.dir) == 0) {
+      if (driver_) {
+        Result<std::vector<laminar::MigrationEvent>> events = driver_->step(snapshot());
+        if (!events.ok()) return events.status();
+        for (laminar::MigrationEvent& e : *events) LAMINAR_RETURN_IF_ERROR(handle(e));
+      }
+      if (idle()) {
+        const std::optional<laminar::Version> newest = puller_->newest_version();
+        if (newest && newest->value() > current() && *newest >= want) {
+          LAMINAR_RETURN_IF_ERROR(pull(*newest));
+          want = laminar::Version(0);
+        }
+      }
+      std::vector<laminar::TrajectoryId> held;
+      for (const Live& l : live_) held.push_back(l.seq.trajectory);
+      // No work before the first pull: the engine's weights are zeros until then.
+      const bool take = want.value() == 0 && current() > 0;
+      taking_ = take;
+      const std::uint32_t free_slots = take ? std::uint32_t(s_.max_live - int(live_.size())) : 0;
+      Result<async_grpo::Grant> grant = client_->request(laminar::Version(current()), free_slots, held);
+      if (!grant.ok()) return grant.status();  // after the run: the actor left
+      for (laminar::TrajectoryId id : grant->drop) drop(id);
+      if (grant->kind == async_grpo::GrantKind::kPullNewer) want = grant->pull_version;
+      if (grant->kind == async_grpo::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(grant->samples));
+      if (!idle()) {
+        LAMINAR_RETURN_IF_ERROR(step());
+      } else {
+        flush_decode();
+        const std::int64_t t0 = now_ns();
+        if (want.value() > 0) (void)store_->wait_for_version(want, 20ms);
+        else std::this_thread::sleep_for(2ms);
+        LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
+                                                                .kind = async_grpo::SpanKind::kIdleWait,
+                                                                .start_ns = t0, .end_ns = now_ns(),
+                                                                .version = current()}));
+      }
+    }
+    return laminar::ok_status();
+  }
+
+  // Nothing live and nothing moving: the only time weights may change.
+  bool idle() const { return live_.empty() && (!migrator_ || migrator_->moving().empty()); }
+
+  laminar::WorkerSnapshot snapshot() {
+    laminar::WorkerSnapshot w;
+    w.id = laminar::WorkerId(std::uint32_t(a_.index));
+    w.version = migrator_->version();
+    w.pages_total = pages_;
+    w.pages_used = cache_->used_pages();
+    w.slots_total = s_.max_live;
+    w.slots_used = std::int32_t(live_.size());
+    w.step_time = live_.empty() ? laminar::Duration(0) : step_time_;
+    // Taking no new samples (it waits for newer weights) or past its peak: its KV only shrinks now.
+    w.kv_stopped_growing = w.pages_used < peak_pages_ || !taking_;
+    for (const Live& l : live_) {
+      auto pages = cache_->pages(l.seq.sequence);
+      // The answer's length is the prompt's digit count plus EOS: the task's own length predictor.
+      // A response already past it runs on to EOS or its token limit, which it does not tell: the
+      // policy's own estimate then.
+      const std::int64_t expected = std::int64_t(l.prompt.answer.size()) - std::int64_t(l.seq.response_tokens.size());
+      w.sequences.push_back({l.seq.sequence, std::int64_t(l.seq.kv_length), pages.ok() ? std::int64_t(pages->size()) : 0,
+                             expected > 0 ? std::optional<std::int64_t>(expected) : std::nullopt});
+    }
+    return w;
+  }
+
+  Status handle(laminar::MigrationEvent& e) {
+    using Kind = laminar::MigrationEvent::Kind;
+    auto find = [&](laminar::SequenceId id) {
+      return std::find_if(live_.begin(), live_.end(), [&](const Live& l) { return l.seq.sequence == id; });
+    };
+    switch (e.kind) {
+      case Kind::kPauseRequested: {
+        std::vector<laminar::SequenceState> states;
+        for (laminar::SequenceId id : e.sequences) {
+          auto it = find(id);
+          if (it == live_.end()) return laminar::internal_error(fmt::format("pause of sequence {}, not live", id.value()));
+          it->paused = true;
+          states.push_back(it->seq);
+        }
+        paused_at_[e.id] = now_ns();
+        const Status st = migrator_->finish(e.id, std::move(states));
+        // These two abort the migration (a kAborted event follows).
+        if (!st.ok() && st.code() != laminar::StatusCode::kFailedPrecondition &&
+            st.code() != laminar::StatusCode::kResourceExhausted)
+          return st;
+        return laminar::ok_status();
+      }
+      case Kind::kDone: {
+        const std::int64_t end = now_ns();
+        const std::int64_t start = paused_at_.contains(e.id) ? paused_at_[e.id] : end;
+        paused_at_.erase(e.id);
+        std::uint64_t pages = 0;
+        for (laminar::SequenceId id : e.sequences) {
+          auto it = find(id);
+          if (it == live_.end()) continue;
+          pages += (it->seq.kv_length + Settings::kPageSize - 1) / Settings::kPageSize;
+          moved_log_->write(fmt::format("out {}", it->seq.trajectory.value()));
+          moved_.insert(it->seq.trajectory.value());
+          live_.erase(it);  // the migrator released it from the cache
+        }
+        const std::uint64_t bytes = pages * std::uint64_t(engine_->config().num_layers) * 2 *
+                                    std::uint64_t(engine_->config().num_kv_heads) * std::uint64_t(engine_->config().head_dim) *
+                                    Settings::kPageSize * sizeof(float);
+        LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
+                                                                .kind = async_grpo::SpanKind::kMigrateOut,
+                                                                .start_ns = start, .end_ns = end, .version = current(),
+                                                                .sequences = e.sequences.size(), .bytes = bytes}));
+        return writer_->write(async_grpo::RepackEvent{.time_ns = end, .moved_sequences = e.sequences.size(),
+                                                      .bytes = bytes});
+      }
+      case Kind::kAborted:
+        if (e.outgoing) {
+          paused_at_.erase(e.id);
+          for (laminar::SequenceId id : e.sequences)
+            if (auto it = find(id); it != live_.end()) it->paused = false;
+        }
+        return laminar::ok_status();
+      case Kind::kArrived: {
+        const std::int64_t t = now_ns();
+        for (laminar::SequenceState& st : e.states) {
+          moved_log_->write(fmt::format("in {}", st.trajectory.value()));
+          moved_.insert(st.trajectory.value());
+          Live l;
+          l.prompt = task_->prompt(st.prompt_id);
+          l.max_tokens = task_->max_response_tokens(l.prompt);
+          l.start_ns = t;
+          l.seq = std::move(st);
+          live_.push_back(std::move(l));
+        }
+        return writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kMigrateIn,
+                                               .start_ns = t, .end_ns = now_ns(), .version = current(),
+                                               .sequences = e.states.size()});
+      }
+    }
+    return laminar::ok_status();
+  }
+
+  Status pull(laminar::Version v) {
+    const std::int64_t seen = now_ns();
+    LAMINAR_RETURN_IF_ERROR(puller_->pull(v, destinations_, /*has_live_trajectory=*/false));
+    LAMINAR_RETURN_IF_ERROR(engine_->check_weights());
+    if (migrator_) migrator_->set_version(v);
+    const std::int64_t end = now_ns();
+    ++pulls_;
+    hashes_->write(fmt::format("{} {:016x}", v.value(), weight_hash(engine_->weight_bytes())));
+    LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kPull,
+                                                            .start_ns = seen, .end_ns = end, .version = v.value(),
+                                                            .bytes = engine_->weight_bytes().size()}));
+    return writer_->write(async_grpo::WeightSync{.process = who_, .version = v.value(), .start_ns = seen,
+                                                 .end_ns = end});
+  }
+
+  void drop(laminar::TrajectoryId id) {
+    auto it = std::find_if(live_.begin(), live_.end(), [&](const Live& l) { return l.seq.trajectory == id; });
+    if (it == live_.end() || it->paused || moving(it->seq.sequence)) return;  // the migration's until it ends
+    (void)cache_->release(it->seq.sequence);
+    live_.erase(it);
+  }
+
+  Status start(const std::vector<async_grpo::Sample>& samples) {
+    const std::size_t first = live_.size();
+    peak_pages_ = 0;  // new samples: the KV grows again
+    for (const async_grpo::Sample& x : samples) {
+      Live l;
+      l.prompt = task_->prompt(x.prompt_index);
+      l.max_tokens = task_->max_response_tokens(l.prompt);
+      l.start_ns = now_ns();
+      l.seq.sequence = laminar::SequenceId(x.id.value());
+      l.seq.trajectory = x.id;
+      l.seq.prompt_id = l.seq.group_id = x.prompt_index;
+      l.seq.group_size = std::uint32_t(s_.group_size);
+      l.seq.sample_index = x.sample_index;
+      l.seq.version = laminar::Version(current());
+      l.seq.seed = x.seed;
+      l.seq.prompt_tokens = l.prompt.tokens;
+      live_.push_back(std::move(l));
+    }
+    std::vector<laminar::SequenceState*> batch;
+    std::uint64_t tokens = 0;
+    for (std::size_t i = first; i < live_.size(); ++i) {
+      batch.push_back(&live_[i].seq);
+      tokens += live_[i].seq.prompt_tokens.size();
+    }
+    const std::int64_t t0 = now_ns();
+    if (Status st = engine_->prefill(*cache_, batch); !st.ok()) {
+      live_.resize(first);
+      return st;
+    }
+    pace(t0);
+    // The launcher's kill test waits for this line, so the worker dies holding samples.
+    if (s_.kill_rollout_at > 0 && a_.index == 0) {
+      std::printf("granted %zu\n", batch.size());
+      std::fflush(stdout);
+    }
+    LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kPrefill,
+                                                            .start_ns = t0, .end_ns = now_ns(), .version = current(),
+                                                            .sequences = batch.size(), .tokens = tokens}));
+    return finish_done();
+  }
+
+  // At EOS or its token limit: pushed by finish_done, or held while a migration moves it.
+  static bool ended(const Live& l) {
+    return (!l.seq.response_tokens.empty() && l.seq.response_tokens.back() == async_grpo::kEos) ||
+           std::int32_t(l.seq.response_tokens.size()) >= l.max_tokens;
+  }
+
+  bool moving(laminar::SequenceId id) const {
+    if (!migrator_) return false;
+    const std::vector<laminar::SequenceId> m = migrator_->moving();
+    return std::find(m.begin(), m.end(), id) != m.end();
+  }
+
+  Status step() {
+    std::vector<laminar::SequenceState*> batch;
+    for (Live& l : live_)
+      if (!l.paused && !ended(l)) batch.push_back(&l.seq);
+    // What ended while it was moving, and was then handed back or arrived here.
+    if (batch.empty()) return finish_done();
+    if (decode_start_ == 0) decode_start_ = now_ns();
+    const std::int64_t t0 = now_ns();
+    LAMINAR_RETURN_IF_ERROR(engine_->step(*cache_, batch));
+    pace(t0);
+    step_time_ = std::chrono::nanoseconds(now_ns() - t0);
+    peak_pages_ = std::max(peak_pages_, std::int64_t(cache_->used_pages()));
+    decode_tokens_ += batch.size();
+    decode_max_seqs_ = std::max<std::uint64_t>(decode_max_seqs_, batch.size());
+    if (now_ns() - decode_start_ > 50'000'000) flush_decode();  // one span per 50 ms of decoding
+    return finish_done();
+  }
+
+  // --decode-step-ms: a step that began at t0 lasts at least that long, as on an accelerator whose
+  // step latency hardly depends on the batch.
+  void pace(std::int64_t t0) const {
+    const std::int64_t until = t0 + std::int64_t(s_.decode_step_ms * 1e6);
+    const std::int64_t left = until - now_ns();
+    if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
+  }
+
+  void flush_decode() {
+    if (decode_start_ == 0) return;
+    (void)writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kDecode,
+                                          .start_ns = decode_start_, .end_ns = now_ns(), .version = current(),
+                                          .sequences = decode_max_seqs_, .tokens = decode_tokens_});
+    decode_start_ = 0;
+    decode_tokens_ = decode_max_seqs_ = 0;
+  }
+
+  // Pushes every live sequence that ended (EOS or its token limit), rewarded by the verifier. One
+  // a migration moves stays until the migration ends: its destination pushes it, or it comes back.
+  Status finish_done() {
+    std::vector<laminar::SequenceId> in_flight;
+    if (migrator_) in_flight = migrator_->moving();
+    for (std::size_t i = 0; i < live_.size();) {
+      Live& l = live_[i];
+      if (l.paused || !ended(l) ||
+          std::find(in_flight.begin(), in_flight.end(), l.seq.sequence) != in_flight.end()) {
+        ++i;
+        continue;
+      }
+      const bool eos = !l.seq.response_tokens.empty() && l.seq.response_tokens.back() == async_grpo::kEos;
+      if (l.seq.version.value() != current())
+        return laminar::internal_error(fmt::format("{}: trajectory {} mixes versions {} and {}", who_,
+                                                   l.seq.trajectory.value(), l.seq.version.value(), current()));
+      laminar::Trajectory t;
+      t.id = l.seq.trajectory;
+      t.prompt_id = l.seq.prompt_id;
+      t.group_id = l.seq.group_id;
+      t.group_size = l.seq.group_size;
+      t.sample_index = l.seq.sample_index;
+      t.version = l.seq.version;
+      t.prompt_tokens = l.seq.prompt_tokens;
+      t.response_tokens = l.seq.response_tokens;
+      t.logprobs = l.seq.logprobs;
+      t.rewards = {task_->reward(l.prompt, t.response_tokens)};
+      t.finish_reason = eos ? laminar::FinishReason::kStop : laminar::FinishReason::kLength;
+      t.timings = {.generation_start_ns = l.start_ns, .generation_end_ns = now_ns()};
+      LAMINAR_RETURN_IF_ERROR(cache_->release(l.seq.sequence));
+      live_.erase(live_.begin() + std::ptrdiff_t(i));
+      const std::uint64_t id = t.id.value();
+      Status st = producer_->push(std::move(t));
+      // A sample handed out again after this worker looked lost is already in the queue.
+      if (!st.ok() && st.code() != laminar::StatusCode::kAlreadyExists) return st;
+      if (moved_.contains(id)) moved_log_->write(fmt::format("push {}", id));
+      ++pushed_;
+    }
+    return laminar::ok_status();
+  }
+
+  const Settings& s_;
+  const RoleArgs& a_;
+  std::string who_;
+  std::optional<async_grpo::DigitTask> task_;
+  std::optional<async_grpo::Engine> engine_;
+  std::vector<laminar::NamedTensor> destinations_;
+  std::optional<async_grpo::RecordWriter> writer_;
+  std::optional<LineFile> hashes_;
+  // Trajectories a migration moved out of or into this worker: each one's out, in and push lines.
+  std::optional<LineFile> moved_log_;
+  std::unordered_set<std::uint64_t> moved_;
+  std::shared_ptr<laminar::Transport> transport_;
+  std::shared_ptr<laminar::PagedKvCache> cache_;
+  std::shared_ptr<laminar::KvMigrator> migrator_;
+  std::unique_ptr<laminar::RepackDriver> driver_;
+  std::map<laminar::MigrationId, std::int64_t> paused_at_;
+  std::int32_t pages_ = 0;
+  std::int64_t peak_pages_ = 0;
+  laminar::Duration step_time_{0};
+  bool taking_ = false;
+  std::shared_ptr<laminar::RelayStore> store_;
+  std::unique_ptr<laminar::RelayNode> node_;
+  std::unique_ptr<laminar::WeightPuller> puller_;
+  std::unique_ptr<async_grpo::PromptClient> client_;
+  std::unique_ptr<laminar::RemoteProducer> producer_;
+  std::vector<Live> live_;
+  std::int64_t decode_start_ = 0;
+  std::uint64_t decode_tokens_ = 0, decode_max_seqs_ = 0;
+  std::uint64_t pushed_ = 0, pulls_ = 0;
+};
+
+}  // namespace
+
+int run_rollout(const Settings& s, const RoleArgs& a) { return Rollout(s, a).run(); }
+
+}  // namespace async_grpo

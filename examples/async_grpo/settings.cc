@@ -1,0 +1,67 @@
+#include "settings.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+namespace async_grpo {
+
+void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
+  app.add_option("--schedule", s.schedule,
+                 "sync, one-step, laminar, compare (sync then laminar) or all (sync, one-step, then laminar)")
+      ->check(CLI::IsMember({"sync", "one-step", "laminar", "compare", "all"}));
+  app.add_option("--workers", s.workers, "rollout worker processes")->check(CLI::Range(1, 64));
+  app.add_option("--relays", s.relays, "relay processes between the actor and the workers")->check(CLI::Range(0, 8));
+  app.add_option("--seed", s.seed, "task, initial weights and sampling seed");
+  app.add_option("--group-size", s.group_size, "samples per prompt")->check(CLI::Range(2, 64));
+  app.add_option("--groups-per-step", s.groups_per_step, "prompts per training batch")->check(CLI::Range(1, 256));
+  app.add_option("--steps", s.steps,
+                 "training steps per schedule (compare and all: sync's; each other schedule then trains for "
+                 "sync's wall time, up to 4x as many steps)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--minutes", s.minutes, "stop each schedule's training after this long (0: by --steps)")
+      ->check(CLI::Range(0.0, 600.0));
+  app.add_option("--warmup-steps", s.warmup_steps, "supervised warm-up steps before RL")->check(CLI::Range(0, 100000));
+  app.add_option("--warmup-batch", s.warmup_batch, "prompts per warm-up step")->check(CLI::Range(1, 4096));
+  app.add_option("--lr-warmup-steps", s.lr_warmup_steps,
+                 "GRPO steps over which the actor's learning rate ramps linearly up (0: none)")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--eval-prompts", s.eval_prompts, "held-out prompts each published version is evaluated on")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--decode-step-ms", s.decode_step_ms,
+                 "each rollout decode or prefill step takes at least this long (emulates an accelerator's step latency)")
+      ->check(CLI::Range(0.0, 10000.0));
+  app.add_option("--max-live", s.max_live, "sequences one rollout worker decodes at once")->check(CLI::Range(1, 256));
+  app.add_option("--max-staleness", s.max_staleness, "laminar: versions a worker's weights may lag")
+      ->check(CLI::Range(0, 16));
+  app.add_option("--in-flight-batches", s.in_flight_batches,
+                 "laminar: samples handed out and not yet trained, in batches (1: the next batch is "
+                 "generated while the current one trains)")
+      ->check(CLI::Range(0.1, 64.0));
+  app.add_option("--repack", s.repack, "laminar: repack sequences across rollout workers (KvMigrator)");
+  app.add_option("--kill-rollout-at", s.kill_rollout_at, "laminar: SIGKILL rollout 0 after this step (0: never)")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--out", s.out, "directory of the report and each schedule's records");
+  app.add_option("--device", s.device, "where rollout engines run: cpu, or cuda (a build with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--short", s.short_run, "the CI configuration: laminar, small, one worker killed, under a minute");
+  app.add_option("--role", a.role, "")->group("")->check(CLI::IsMember({"actor", "relay", "rollout"}));
+  app.add_option("--index", a.index, "")->group("");
+  app.add_option("--dir", a.dir, "")->group("");
+  app.add_option("--token", a.token, "")->group("");
+  app.add_option("--actor", a.actor, "")->group("");
+  app.add_option("--relay", a.relays, "")->group("");
+  app.add_option("--warm", a.warm, "")->group("");
+  app.add_option("--run-schedule", a.run_schedule, "")->group("");
+}
+
+std::vector<std::string> settings_args(const Settings& s) {
+  return {"--seed",          std::to_string(s.seed),          "--group-size", std::to_string(s.group_size),
+          "--groups-per-step", std::to_string(s.groups_per_step), "--steps",      std::to_string(s.steps),
+          "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
+          "--max-staleness", std::to_string(s.max_staleness), "--kill-rollout-at", std::to_string(s.kill_rollout_at), "--in-flight-batches",
+          fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false", "--device", s.device,
+          "--decode-step-ms", fmt::format("{}", s.decode_step_ms), "--lr-warmup-steps",
+          std::to_string(s.lr_warmup_steps)};
+}
+
+}  // namespace async_grpo

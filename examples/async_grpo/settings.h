@@ -1,0 +1,80 @@
+// settings.h: what every process of an async GRPO run agrees on (Settings), the arguments only a
+// role's process takes (RoleArgs), and the command line that carries both. The launcher parses it
+// and passes settings_args(s) on to each child it starts, which parses it the same way.
+//
+//   CLI::App app{"..."};
+//   async_grpo::Settings s;
+//   async_grpo::RoleArgs a;
+//   async_grpo::add_options(app, s, a);
+//   CLI11_PARSE(app, argc, argv);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace async_grpo {
+
+// Everything every role needs to agree on; the launcher passes it on to each child.
+struct Settings {
+  std::string schedule = "compare";
+  int workers = 3;
+  int relays = 1;
+  std::uint64_t seed = 1;
+  int group_size = 8;
+  int groups_per_step = 8;
+  int steps = 90;
+  double minutes = 0;  // > 0: stop training after this long, whatever `steps` says
+  int warmup_steps = 30;
+  int warmup_batch = 32;  // prompts per warm-up step
+  int eval_prompts = 128;  // held-out prompts each published version is evaluated on
+  // GRPO steps over which the actor's learning rate ramps up: the actor's Adam starts without the
+  // warm-up's moments, and at the full rate its first steps cost up to 0.06 of held-out reward
+  // (bench/README.md, Asynchronous GRPO).
+  int lr_warmup_steps = 10;
+  // > 0: each rollout decode or prefill step takes at least this long. 20 ms: the order of a 7-13B
+  // model's decode step at batch 16-64 on one GPU; unpaced, this model's step takes under 1 ms.
+  double decode_step_ms = 20;
+  int max_live = 16;  // sequences one rollout worker decodes at once
+  int max_staleness = 1;
+  double in_flight_batches = 1;  // laminar: samples out at once, in training batches
+  bool repack = true;        // laminar: RepackCoordinator + a RepackDriver per worker
+  int kill_rollout_at = 0;  // > 0: SIGKILL rollout 0 once the actor reports this step (laminar only)
+  std::string out = "async_grpo_out";
+  static constexpr std::int32_t kPageSize = 16;  // tokens per KV page of every worker's cache
+  bool short_run = false;
+  // Where the rollout workers' engines (and the actor's re-scoring one) run: cpu or cuda. The
+  // actor trains on the CPU either way.
+  std::string device = "cpu";
+
+  async_grpo::EngineOptions engine_options() const {
+    return {.device = device == "cuda" ? async_grpo::EngineDevice::kCuda : async_grpo::EngineDevice::kCpu};
+  }
+};
+
+// Role-only arguments.
+struct RoleArgs {
+  std::string role;
+  int index = 0;
+  std::string dir;
+  std::string token;
+  std::string actor;                // actor's address
+  std::vector<std::string> relays;  // relay addresses, preferred first
+  std::string warm;                 // warmed-up weights file
+  std::string run_schedule;         // sync, one-step or laminar
+};
+
+// Every setting as an option of `app`, and the role-only arguments as options --help leaves out.
+void add_options(CLI::App& app, Settings& s, RoleArgs& a);
+
+// The settings the roles' processes read, as the arguments the launcher starts each one with (the
+// launcher's own, such as --workers and --out, stay out).
+std::vector<std::string> settings_args(const Settings& s);
+
+}  // namespace async_grpo
