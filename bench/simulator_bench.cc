@@ -64,19 +64,19 @@ struct Event {
 };
 
 // The hold model above: `events` pops from a heap holding `pending` events. Returns a checksum of
-// the popped times so the loop cannot be optimised away.
-std::int64_t bare_heap(std::int64_t pending, std::int64_t events, std::uint64_t seed) {
+// the popped times (unsigned, so it wraps) so the loop cannot be optimised away.
+std::uint64_t bare_heap(std::int64_t pending, std::int64_t events, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<std::int64_t> delay(0, 999'999'999);
   std::vector<Event> storage;
   storage.reserve(static_cast<std::size_t>(pending));
   std::priority_queue<Event, std::vector<Event>, std::greater<>> heap(std::greater<>{}, std::move(storage));
   for (std::int64_t i = 0; i < pending; ++i) heap.push({delay(rng), i});
-  std::int64_t checksum = 0;
+  std::uint64_t checksum = 0;
   for (std::int64_t n = 0; n < events; ++n) {
     const Event e = heap.top();
     heap.pop();
-    checksum += e.time_ns ^ e.id;
+    checksum += static_cast<std::uint64_t>(e.time_ns ^ e.id);
     heap.push({e.time_ns + delay(rng), e.id});
   }
   return checksum;
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   }
   if (sweep_events < 1 || sweep_s <= 0) fail("the sweep processed no events");
 
-  std::int64_t checksum = 0;
+  std::uint64_t checksum = 0;
   const laminar::bench::Timing bare = laminar::bench::measure(
       [&] { checksum += bare_heap(config.cluster.gpus, sweep_events, 1); }, {.warmup = 1, .repeats = 5});
   laminar::bench::require_stable_baseline("bare_heap", bare);
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   const double sim_rate = static_cast<double>(sweep_events) / sweep_s;
   const double bare_rate = static_cast<double>(sweep_events) / bare.median_s;
   std::printf("%-34s %10.3f %14" PRId64 " %14.4g\n", "total sweep", sweep_s, sweep_events, sim_rate);
-  std::printf("%-34s %10.3f %14" PRId64 " %14.4g   (median of %d; checksum %" PRId64 ")\n",
+  std::printf("%-34s %10.3f %14" PRId64 " %14.4g   (median of %d; checksum %" PRIu64 ")\n",
               ("bare heap, " + std::to_string(config.cluster.gpus) + " pending").c_str(), bare.median_s,
               sweep_events, bare_rate, bare.repeats, checksum);
   laminar::bench::report_throughput("simulator_bench", "events_per_s", sim_rate, "bare_heap", bare_rate);
