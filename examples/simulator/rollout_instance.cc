@@ -1,0 +1,152 @@
+#include "rollout_instance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace laminar::sim::internal {
+namespace {
+
+double decode_s(const CostModel& cost, std::int64_t batch, std::int64_t kv) {
+  return static_cast<double>(cost.decode_step(batch, kv).value().count()) * 1e-9;
+}
+
+// Sum of a + s j over j in [p, q).
+double line_sum(double a, double s, std::int64_t p, std::int64_t q) {
+  if (q <= p) return 0;
+  const double n = static_cast<double>(q - p);
+  return n * a + s * static_cast<double>(p + q - 1) * n / 2;
+}
+
+bool decodes(const Sample& s) { return s.stage == Sample::Stage::kDecoding; }
+
+}  // namespace
+
+void Sample::restart() {
+  stage = Stage::kPooled;
+  turn = 0;
+  turn_left = (*turns)[0].generate_tokens;
+  context = kv_missing = prompt_tokens;
+  pages = 0;
+  iteration_tokens = 0;
+  oldest_version = last_version = -1;
+  mixed = false;
+  instance = -1;
+  ++incarnation;
+}
+
+DecodeCurve DecodeCurve::fit(const CostModel& cost, std::int64_t batch, std::int64_t kv_tokens, std::int64_t steps) {
+  DecodeCurve c;
+  const std::int64_t last = std::max<std::int64_t>(steps, 2) - 1;
+  const double f0 = decode_s(cost, batch, kv_tokens);
+  c.a0 = f0;
+  c.s0 = decode_s(cost, batch, kv_tokens + batch) - f0;
+  const double fl = decode_s(cost, batch, kv_tokens + batch * last);
+  c.s1 = fl - decode_s(cost, batch, kv_tokens + batch * (last - 1));
+  c.a1 = fl - c.s1 * static_cast<double>(last);
+  return c;
+}
+
+double DecodeCurve::seconds_for(std::int64_t k) const {
+  if (k <= 0) return 0;
+  // The two lines cross once at most: sum each where it is the larger.
+  const bool first_leads = a0 >= a1;
+  std::int64_t cross = k;
+  if (s0 != s1) {
+    const double x = (a1 - a0) / (s0 - s1);
+    if (x > 0 && x < static_cast<double>(k)) cross = static_cast<std::int64_t>(std::ceil(x));
+  }
+  const double lead_a = first_leads ? a0 : a1, lead_s = first_leads ? s0 : s1;
+  const double tail_a = first_leads ? a1 : a0, tail_s = first_leads ? s1 : s0;
+  return line_sum(lead_a, lead_s, 0, cross) + line_sum(tail_a, tail_s, cross, k);
+}
+
+std::int64_t DecodeCurve::steps_within(double s, std::int64_t max_steps) const {
+  std::int64_t lo = 0, hi = max_steps;
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo + 1) / 2;
+    if (seconds_for(mid) <= s) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples,
+                                 std::int64_t budget) {
+  std::vector<std::int64_t> stopped;
+  if (in.state != RolloutInstance::State::kRunning) return stopped;
+  const Duration end = std::min(now, in.seg_end);
+  std::int64_t k = in.seg_steps;
+  if (now < in.seg_end) {
+    const double decode_time = static_cast<double>((now - in.seg_start).count()) * 1e-9 - in.seg_prefill_s;
+    k = decode_time <= 0 ? 0 : in.seg_curve.steps_within(decode_time, in.seg_steps);
+  }
+  in.busy_generating += end - in.seg_start;
+  in.tokens_generated += k * in.seg_batch;
+  in.pages_used = 0;
+  for (std::int64_t id : in.live) {
+    Sample& s = samples.sample(id);
+    if (decodes(s)) {
+      // The segment began with this sample's prefill, which is done even when cut short.
+      s.kv_missing = 0;
+      s.context += k;
+      s.turn_left -= k;
+      s.iteration_tokens += k;
+      s.pages = cost.pages_for(s.context).value();
+      if (s.turn_left == 0 || (budget > 0 && s.iteration_tokens >= budget)) stopped.push_back(id);
+    }
+    in.pages_used += s.pages;
+  }
+  in.state = RolloutInstance::State::kIdle;
+  in.state_since = now;
+  ++in.epoch;
+  return stopped;
+}
+
+bool start_segment(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples,
+                   std::int64_t budget) {
+  std::int64_t batch = 0, kv = 0;
+  std::int64_t steps = std::numeric_limits<std::int64_t>::max();
+  double prefill_s = 0;
+  for (std::int64_t id : in.live) {
+    const Sample& s = samples.sample(id);
+    if (!decodes(s)) continue;
+    ++batch;
+    kv += s.context;
+    steps = std::min(steps, s.turn_left);
+    if (budget > 0) steps = std::min(steps, budget - s.iteration_tokens);
+    if (s.kv_missing > 0) {
+      prefill_s += static_cast<double>(cost.prefill(s.kv_missing, s.context - s.kv_missing).value().count()) * 1e-9;
+    }
+  }
+  if (batch == 0) return false;
+  // KV grows by `batch` tokens a step; stop where the free pages would run out (the tails of
+  // pages already held give a little more room, which the next segment uses).
+  const std::int64_t free_tokens = (cost.kv_capacity_pages() - in.pages_used) * cost.config().rollout.page_tokens;
+  steps = std::max<std::int64_t>(1, std::min(steps, free_tokens / batch));
+  in.state = RolloutInstance::State::kRunning;
+  ++in.epoch;
+  in.seg_start = now;
+  in.seg_prefill_s = prefill_s;
+  in.seg_batch = batch;
+  in.seg_steps = steps;
+  in.seg_curve = DecodeCurve::fit(cost, batch, kv, steps);
+  in.seg_end = now + seconds(prefill_s + in.seg_curve.seconds_for(steps));
+  in.state_since = now;
+  return true;
+}
+
+std::int64_t pages_for_next_step(const RolloutInstance& in, const CostModel& cost, SampleTable& samples) {
+  std::int64_t pages = in.pages_used;
+  const std::int64_t page_tokens = cost.config().rollout.page_tokens;
+  for (std::int64_t id : in.live) {
+    const Sample& s = samples.sample(id);
+    if (decodes(s) && s.context % page_tokens == 0) ++pages;
+  }
+  return pages;
+}
+
+}  // namespace laminar::sim::internal
