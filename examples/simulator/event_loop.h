@@ -26,6 +26,7 @@ enum class EventKind : std::uint8_t {
   kRelayArrive,    // relay `a` holds version `b`
   kRepackTick,     // Laminar: time to plan a repack
   kFailure,        // a rollout node fails
+  kDispatch,       // hand pooled samples to instances with room, after this instant's other events
 };
 
 struct Event {

@@ -118,6 +118,12 @@ class Engine final : public internal::SampleTable {
 
   // The pool of samples not yet on an instance, and the trainer.
   void release_steps();
+  // Dispatch once every event of this instant is handled, so instances freed together share fairly.
+  void request_dispatch() {
+    if (dispatch_pending_) return;
+    dispatch_pending_ = true;
+    loop_.after(Duration::zero(), Event{EventKind::kDispatch});
+  }
   void dispatch();
   void try_train();
   void check_barrier();
@@ -143,7 +149,7 @@ class Engine final : public internal::SampleTable {
   std::int64_t next_release_ = 0;
   std::deque<std::int64_t> pool_;
   std::vector<std::int64_t> carried_;  // partial rollout: over budget, back at the next version
-  bool dispatch_needed_ = false;
+  bool dispatch_pending_ = false;
   std::vector<RolloutInstance> instances_;
   std::vector<std::int64_t> loading_version_;  // per instance: the version a kBusy pull brings
   std::uint64_t admitted_ = 0;
@@ -243,8 +249,7 @@ Status Engine::init() {
     if (!ttf.ok()) return ttf.status();
     loop_.at(*ttf, Event{EventKind::kFailure});
   }
-  release_steps();
-  dispatch();
+  request_dispatch();
   return ok_status();
 }
 
@@ -298,8 +303,8 @@ void Engine::release_steps() {
 
 // Samples go one by one to the least loaded instance that admits them and has a free slot.
 void Engine::dispatch() {
-  while (dispatch_needed_ || !pool_.empty()) {
-    dispatch_needed_ = false;
+  dispatch_pending_ = false;
+  for (;;) {
     release_steps();
     if (pool_.empty()) return;
     using Load = std::pair<std::int64_t, std::int32_t>;
@@ -308,11 +313,15 @@ void Engine::dispatch() {
       if (admits(in) && in.load() < config_.cluster.max_batch) open.emplace(in.load(), in.id);
     }
     std::vector<std::int32_t> touched;
+    std::vector<bool> marked(instances_.size(), false);
     while (!pool_.empty() && !open.empty()) {
       auto [load, id] = open.top();
       open.pop();
       RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
-      if (in.waiting.empty()) touched.push_back(id);
+      if (!marked[static_cast<std::size_t>(id)]) {
+        marked[static_cast<std::size_t>(id)] = true;
+        touched.push_back(id);
+      }
       Sample& s = sample(pool_.front());
       pool_.pop_front();
       s.stage = Stage::kWaiting;
@@ -437,11 +446,7 @@ void Engine::resume(RolloutInstance& in) {
     in.waiting.pop_front();
     admit(in, s);
   }
-  while (fresh_ok && in.waiting.empty() && !pool_.empty() && fits(sample(pool_.front()))) {
-    admit(in, sample(pool_.front()));
-    pool_.pop_front();
-    if (pool_.empty()) dispatch_needed_ = true;
-  }
+  if (fresh_ok && !pool_.empty() && in.load() < config_.cluster.max_batch) request_dispatch();
   const Duration idle_from = in.state_since;
   if (!internal::start_segment(in, loop_.now(), cost_, *this, budget())) {
     on_idle(in);
@@ -483,7 +488,7 @@ void Engine::return_fresh_waiting(RolloutInstance& in) {
       s.stage = Stage::kPooled;
       s.instance = -1;
       pool_.push_front(*it);
-      dispatch_needed_ = true;
+      request_dispatch();
     }
   }
   in.waiting = std::move(keep);
@@ -563,7 +568,7 @@ void Engine::on_instance_ready(RolloutInstance& in) {
       s.kv_missing = s.context;
     }
   }
-  dispatch_needed_ = true;
+  request_dispatch();
   resume(in);
 }
 
@@ -677,7 +682,7 @@ void Engine::on_publish(std::int64_t v) {
     }
   }
   if (kind_ == ScheduleKind::kPartialRollout) restart_carried();
-  dispatch_needed_ = true;
+  request_dispatch();
 }
 
 // Partial rollout: a new iteration; the carried samples go first.
@@ -687,7 +692,7 @@ void Engine::restart_carried() {
     pool_.push_front(*it);
   }
   carried_.clear();
-  dispatch_needed_ = true;
+  request_dispatch();
 }
 
 void Engine::on_relay_arrive(std::int64_t relay, std::int64_t v) {
@@ -799,7 +804,7 @@ void Engine::on_failure() {
     ++in.epoch;
     loop_.after(cost_.recovery_time(), Event{EventKind::kInstanceReady, in.id, 0, in.epoch});
   }
-  dispatch_needed_ = true;
+  request_dispatch();
   if (global_update()) check_barrier();
   loop_.after(cost_.time_to_failure(nodes_, rng_).value(), Event{EventKind::kFailure});
 }
@@ -850,9 +855,11 @@ Result<SimReport> Engine::run() {
       case EventKind::kFailure:
         on_failure();
         break;
+      case EventKind::kDispatch:
+        dispatch();
+        break;
     }
     if (done_) break;
-    if (dispatch_needed_) dispatch();
     try_train();
   }
   LAMINAR_RETURN_IF_ERROR(error_);

@@ -122,9 +122,9 @@ TEST_CASE("sim engine: every schedule trains every sample exactly once") {
     CHECK(r.generation_utilisation > 0);
     CHECK(r.generation_utilisation <= 1);
     CHECK(r.trace.empty());
-    // Partial rollout's carried samples keep their oldest version across iterations: the admission
-    // rule bounds when a prompt starts, not how many versions it spans.
-    if (spec_of(kind).max_ahead_steps && kind != ScheduleKind::kPartialRollout) {
+    // Mixed trajectories keep their oldest version however long they run: the admission rule
+    // bounds when a prompt starts, not how many versions it spans.
+    if (spec_of(kind).max_ahead_steps && r.mixed_version_trajectories == 0) {
       CHECK(r.max_staleness <= *spec_of(kind).max_ahead_steps);
     }
     if (kind == ScheduleKind::kSync) CHECK(r.max_staleness == 0);
