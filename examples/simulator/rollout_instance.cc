@@ -18,8 +18,6 @@ double line_sum(double a, double s, std::int64_t p, std::int64_t q) {
   return n * a + s * static_cast<double>(p + q - 1) * n / 2;
 }
 
-bool decodes(const Sample& s) { return s.stage == Sample::Stage::kDecoding; }
-
 }  // namespace
 
 void Sample::restart() {
@@ -27,7 +25,7 @@ void Sample::restart() {
   turn = 0;
   turn_left = (*turns)[0].generate_tokens;
   context = kv_missing = prompt_tokens;
-  pages = 0;
+  synced = stop_step = 0;
   iteration_tokens = 0;
   oldest_version = last_version = -1;
   mixed = false;
@@ -74,8 +72,49 @@ std::int64_t DecodeCurve::steps_within(double s, std::int64_t max_steps) const {
   return lo;
 }
 
-std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples,
-                                 std::int64_t budget) {
+void sync(const RolloutInstance& in, Sample& s) {
+  const std::int64_t k = in.decoded - s.synced;
+  s.context += k;
+  s.turn_left -= k;
+  s.iteration_tokens += k;
+  s.synced = in.decoded;
+}
+
+void enter_decoding(RolloutInstance& in, Sample& s, std::int64_t budget) {
+  s.stage = Sample::Stage::kDecoding;
+  s.synced = in.decoded;
+  // A turn of no tokens still takes one step: the engine emits at least one token per turn.
+  std::int64_t left = std::max<std::int64_t>(s.turn_left, 1);
+  if (budget > 0) left = std::min(left, std::max<std::int64_t>(budget - s.iteration_tokens, 1));
+  s.stop_step = in.decoded + left;
+  in.stops.emplace(s.stop_step, s.id);
+  ++in.decoding;
+  in.kv_decoding += s.context;
+  if (s.kv_missing > 0) in.prefilling.push_back(s.id);
+}
+
+void leave_decoding(RolloutInstance& in, Sample& s) {
+  sync(in, s);
+  s.stage = Sample::Stage::kToolWait;
+  --in.decoding;
+  in.kv_decoding -= s.context;
+}
+
+namespace {
+
+// Drops heap entries of samples that left the batch or were re-entered since.
+void prune_stops(RolloutInstance& in, SampleTable& samples) {
+  while (!in.stops.empty()) {
+    const auto [step, id] = in.stops.top();
+    const Sample& s = samples.sample(id);
+    if (s.stage == Sample::Stage::kDecoding && s.instance == in.id && s.stop_step == step) return;
+    in.stops.pop();
+  }
+}
+
+}  // namespace
+
+std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget) {
   std::vector<std::int64_t> stopped;
   if (in.state != RolloutInstance::State::kRunning) return stopped;
   const Duration end = std::min(now, in.seg_end);
@@ -86,19 +125,16 @@ std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, const CostMo
   }
   in.busy_generating += end - in.seg_start;
   in.tokens_generated += k * in.seg_batch;
-  in.pages_used = 0;
-  for (std::int64_t id : in.live) {
-    Sample& s = samples.sample(id);
-    if (decodes(s)) {
-      // The segment began with this sample's prefill, which is done even when cut short.
-      s.kv_missing = 0;
-      s.context += k;
-      s.turn_left -= k;
-      s.iteration_tokens += k;
-      s.pages = cost.pages_for(s.context).value();
-      if (s.turn_left == 0 || (budget > 0 && s.iteration_tokens >= budget)) stopped.push_back(id);
-    }
-    in.pages_used += s.pages;
+  in.decoded += k;
+  in.kv_decoding += k * in.seg_batch;
+  // The segment began with these samples' prefill, which is done even when cut short.
+  for (std::int64_t id : in.prefilling) samples.sample(id).kv_missing = 0;
+  in.prefilling.clear();
+  for (prune_stops(in, samples); !in.stops.empty() && in.stops.top().first <= in.decoded; prune_stops(in, samples)) {
+    Sample& s = samples.sample(in.stops.top().second);
+    in.stops.pop();
+    sync(in, s);
+    if (s.turn_left <= 0 || (budget > 0 && s.iteration_tokens >= budget)) stopped.push_back(s.id);
   }
   in.state = RolloutInstance::State::kIdle;
   in.state_since = now;
@@ -106,47 +142,29 @@ std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, const CostMo
   return stopped;
 }
 
-bool start_segment(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples,
-                   std::int64_t budget) {
-  std::int64_t batch = 0, kv = 0;
-  std::int64_t steps = std::numeric_limits<std::int64_t>::max();
+bool start_segment(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples) {
+  if (in.decoding == 0) return false;
+  prune_stops(in, samples);
+  std::int64_t steps = in.stops.top().first - in.decoded;
   double prefill_s = 0;
-  for (std::int64_t id : in.live) {
+  for (std::int64_t id : in.prefilling) {
     const Sample& s = samples.sample(id);
-    if (!decodes(s)) continue;
-    ++batch;
-    kv += s.context;
-    steps = std::min(steps, s.turn_left);
-    if (budget > 0) steps = std::min(steps, budget - s.iteration_tokens);
-    if (s.kv_missing > 0) {
-      prefill_s += static_cast<double>(cost.prefill(s.kv_missing, s.context - s.kv_missing).value().count()) * 1e-9;
-    }
+    prefill_s += static_cast<double>(cost.prefill(s.kv_missing, s.context - s.kv_missing).value().count()) * 1e-9;
   }
-  if (batch == 0) return false;
-  // KV grows by `batch` tokens a step; stop where the free pages would run out (the tails of
-  // pages already held give a little more room, which the next segment uses).
-  const std::int64_t free_tokens = (cost.kv_capacity_pages() - in.pages_used) * cost.config().rollout.page_tokens;
-  steps = std::max<std::int64_t>(1, std::min(steps, free_tokens / batch));
+  // KV grows by `decoding` tokens a step; stop where the free pages would run out.
+  const std::int64_t page_tokens = cost.config().rollout.page_tokens;
+  const std::int64_t free_tokens = (cost.kv_capacity_pages() - in.pages_used(page_tokens)) * page_tokens;
+  steps = std::max<std::int64_t>(1, std::min(steps, free_tokens / in.decoding));
   in.state = RolloutInstance::State::kRunning;
   ++in.epoch;
   in.seg_start = now;
   in.seg_prefill_s = prefill_s;
-  in.seg_batch = batch;
+  in.seg_batch = in.decoding;
   in.seg_steps = steps;
-  in.seg_curve = DecodeCurve::fit(cost, batch, kv, steps);
+  in.seg_curve = DecodeCurve::fit(cost, in.decoding, in.kv_decoding, steps);
   in.seg_end = now + seconds(prefill_s + in.seg_curve.seconds_for(steps));
   in.state_since = now;
   return true;
-}
-
-std::int64_t pages_for_next_step(const RolloutInstance& in, const CostModel& cost, SampleTable& samples) {
-  std::int64_t pages = in.pages_used;
-  const std::int64_t page_tokens = cost.config().rollout.page_tokens;
-  for (std::int64_t id : in.live) {
-    const Sample& s = samples.sample(id);
-    if (decodes(s) && s.context % page_tokens == 0) ++pages;
-  }
-  return pages;
 }
 
 }  // namespace laminar::sim::internal

@@ -4,16 +4,21 @@
 // Between two interesting moments (a sample ending a turn, an admission, a weight update, a
 // migration) an instance decodes a constant batch whose KV grows by `batch` tokens a step, so the
 // time of its first k steps has a closed form (DecodeCurve) and a segment is one event, however
-// many steps it holds. An instance knows nothing of schedules: the engine (simulator.cc) decides
-// what it admits, when it stops and which weights it runs.
+// many steps it holds. A segment costs O(log batch), not O(batch): a decoding sample's progress is
+// the instance's step count since the sample was last synced, and a heap keeps the step at which
+// each one stops. An instance knows nothing of schedules: the engine (simulator.cc) decides what it
+// admits, when it stops and which weights it runs.
 //
-//   RolloutInstance& in = instances[i];
-//   in.start_segment(now, cost, samples, max_steps);  // after admitting: returns the segment's end
-//   std::vector<std::int64_t> stopped = in.settle(now, samples);  // samples that reached a turn end
+//   enter_decoding(in, s, cost);                           // admitted
+//   if (start_segment(in, now, cost, table, budget)) loop.at(in.seg_end, ...);
+//   std::vector<std::int64_t> stopped = settle(in, now, cost, table, budget);  // at the event
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <queue>
+#include <utility>
 #include <vector>
 
 #include "cost_model.h"
@@ -37,9 +42,12 @@ struct Sample {
   Stage stage = Stage::kPooled;
   std::int32_t turn = 0;
   std::int64_t turn_left = 0;        // tokens still to generate in the current turn
-  std::int64_t context = 0;          // its tokens so far: prompt, generated, tool observations
+  // Its tokens so far (prompt, generated, tool observations); while decoding, as of instance step
+  // `synced` (sync() brings it up to date).
+  std::int64_t context = 0;
   std::int64_t kv_missing = 0;       // the last of those not in its KV yet: prefilled before decoding
-  std::int64_t pages = 0;            // KV pages it holds on its instance
+  std::int64_t synced = 0;
+  std::int64_t stop_step = 0;        // the instance step at which it stops, while decoding
   std::int64_t iteration_tokens = 0; // generated since the last weight update (partial rollout)
   std::int64_t oldest_version = -1;  // -1: not started
   std::int64_t last_version = -1;
@@ -80,7 +88,15 @@ struct RolloutInstance {
 
   std::vector<std::int64_t> live;       // resident samples: decoding, tool-waiting, or migrating in
   std::deque<std::int64_t> waiting;     // assigned, not admitted: preempted ones at the front
-  std::int64_t pages_used = 0;
+  std::int64_t decoded = 0;             // decode steps run so far
+  std::int64_t decoding = 0;            // samples in the batch
+  std::int64_t kv_decoding = 0;         // their tokens
+  std::int64_t kv_parked = 0;           // tokens of resident samples not decoding
+  // (stop step, sample) of every decoding sample; stale entries are skipped.
+  std::priority_queue<std::pair<std::int64_t, std::int64_t>, std::vector<std::pair<std::int64_t, std::int64_t>>,
+                      std::greater<>>
+      stops;
+  std::vector<std::int64_t> prefilling;  // decoding samples with kv_missing > 0
 
   // The current segment.
   Duration seg_start{0};
@@ -96,6 +112,12 @@ struct RolloutInstance {
   Duration state_since{0};  // for trace spans
 
   std::int64_t load() const { return static_cast<std::int64_t>(live.size() + waiting.size()); }
+  // KV pages held: each resident sample's tokens rounded up to pages, bounded from above by
+  // assuming each sample's last page holds one token.
+  std::int64_t pages_used(std::int64_t page_tokens, std::int64_t extra_tokens = 0) const {
+    const auto n = static_cast<std::int64_t>(live.size());
+    return (kv_decoding + kv_parked + extra_tokens + n * (page_tokens - 1)) / page_tokens;
+  }
 };
 
 // What the instance needs from the engine's tables.
@@ -105,18 +127,20 @@ class SampleTable {
   virtual Sample& sample(std::int64_t id) = 0;
 };
 
-// Decode progress up to `now` of the running segment (the whole segment if now >= seg_end): each
-// decoding sample gains the steps done. Returns the decoding samples with no tokens left in their
-// turn, or at the iteration budget (`budget` > 0), in the order they sit. Leaves the instance kIdle.
-std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples,
-                                 std::int64_t budget);
+// Brings a decoding sample's context, turn and iteration counts up to its instance's step.
+void sync(const RolloutInstance& in, Sample& s);
+// A resident sample joins the batch (`budget` > 0: partial rollout's per-iteration token budget).
+void enter_decoding(RolloutInstance& in, Sample& s, std::int64_t budget);
+// A decoding sample leaves the batch and stays resident (a tool call, a migration on its way).
+void leave_decoding(RolloutInstance& in, Sample& s);
+
+// Decode progress up to `now` of the running segment (the whole segment if now >= seg_end).
+// Returns the decoding samples, synced, with no tokens left in their turn or at the iteration
+// budget (`budget` > 0). Leaves the instance kIdle.
+std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget);
 
 // Starts a segment at `now` over the decoding samples (their pending prefill first), ending at the
-// first turn end, budget end (`budget` > 0), or where the KV cache fills. False when nothing decodes.
-bool start_segment(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples,
-                   std::int64_t budget);
-
-// Pages the instance holds after its decoding samples take one more token each.
-std::int64_t pages_for_next_step(const RolloutInstance& in, const CostModel& cost, SampleTable& samples);
+// first sample's stop or where the KV cache fills. False when nothing decodes.
+bool start_segment(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples);
 
 }  // namespace laminar::sim::internal

@@ -348,14 +348,15 @@ void Engine::settle(RolloutInstance& in) {
   if (in.state != State::kRunning) return;
   const Duration start = in.seg_start;
   const std::int64_t batch = in.seg_batch;
-  std::vector<std::int64_t> stopped = internal::settle(in, loop_.now(), cost_, *this, budget());
+  std::vector<std::int64_t> stopped = internal::settle(in, loop_.now(), *this, budget());
   span(in, TraceSpan::Kind::kGenerate, start, loop_.now(), batch);
   for (std::int64_t id : stopped) {
     Sample& s = sample(id);
     if (s.turn_left <= 0 && s.last_turn()) {
       finish(in, s);
     } else if (s.turn_left <= 0) {
-      s.stage = Stage::kToolWait;
+      internal::leave_decoding(in, s);
+      in.kv_parked += s.context;
       loop_.after((*s.turns)[static_cast<std::size_t>(s.turn)].env_latency,
                   Event{EventKind::kToolReturn, s.id, 0, s.incarnation});
     } else {
@@ -369,9 +370,12 @@ void Engine::settle(RolloutInstance& in) {
 }
 
 void Engine::remove_live(RolloutInstance& in, Sample& s) {
+  if (s.stage == Stage::kDecoding) {
+    internal::leave_decoding(in, s);
+  } else {
+    in.kv_parked -= s.context;
+  }
   in.live.erase(std::find(in.live.begin(), in.live.end(), s.id));
-  in.pages_used -= s.pages;
-  s.pages = 0;
   s.instance = -1;
 }
 
@@ -398,12 +402,10 @@ void Engine::finish(RolloutInstance& in, Sample& s) {
 }
 
 void Engine::admit(RolloutInstance& in, Sample& s) {
-  s.stage = Stage::kDecoding;
   s.instance = in.id;
   s.admitted_order = ++admitted_;
-  s.pages = cost_.pages_for(s.context).value();
-  in.pages_used += s.pages;
   in.live.push_back(s.id);
+  internal::enter_decoding(in, s, budget());
   if (s.oldest_version < 0) {
     s.oldest_version = in.version;
   } else if (s.last_version != in.version) {
@@ -417,8 +419,9 @@ void Engine::admit(RolloutInstance& in, Sample& s) {
 void Engine::resume(RolloutInstance& in) {
   if (in.state != State::kIdle) return;
   const std::int64_t capacity = cost_.kv_capacity_pages();
+  const std::int64_t page_tokens = cost_.config().rollout.page_tokens;
   // KV full: preempt the most recently admitted decoding sample (vLLM's recompute preemption).
-  while (internal::pages_for_next_step(in, cost_, *this) > capacity) {
+  while (in.pages_used(page_tokens, in.decoding) > capacity) {
     Sample* victim = nullptr;
     std::int64_t decoding = 0;
     for (std::int64_t id : in.live) {
@@ -438,7 +441,7 @@ void Engine::resume(RolloutInstance& in) {
   const bool fresh_ok = admits(in);
   auto fits = [&](const Sample& s) {
     return static_cast<std::int64_t>(in.live.size()) < config_.cluster.max_batch &&
-           in.pages_used + cost_.pages_for(s.context + 1).value() + watermark_pages_ <= capacity;
+           in.pages_used(page_tokens) + cost_.pages_for(s.context + 1).value() + watermark_pages_ <= capacity;
   };
   while (!in.waiting.empty()) {
     Sample& s = sample(in.waiting.front());
@@ -448,7 +451,7 @@ void Engine::resume(RolloutInstance& in) {
   }
   if (fresh_ok && !pool_.empty() && in.load() < config_.cluster.max_batch) request_dispatch();
   const Duration idle_from = in.state_since;
-  if (!internal::start_segment(in, loop_.now(), cost_, *this, budget())) {
+  if (!internal::start_segment(in, loop_.now(), cost_, *this)) {
     on_idle(in);
     return;
   }
@@ -533,12 +536,10 @@ void Engine::on_tool_return(Sample& s) {
   const Turn& done = (*s.turns)[static_cast<std::size_t>(s.turn)];
   ++s.turn;
   s.turn_left = (*s.turns)[static_cast<std::size_t>(s.turn)].generate_tokens;
+  in.kv_parked -= s.context;
   s.context += done.observation_tokens;
   s.kv_missing += done.observation_tokens;
-  in.pages_used -= s.pages;
-  s.pages = cost_.pages_for(s.context).value();
-  in.pages_used += s.pages;
-  s.stage = Stage::kDecoding;
+  internal::enter_decoding(in, s, budget());
   resume(in);
 }
 
@@ -562,11 +563,14 @@ void Engine::on_instance_ready(RolloutInstance& in) {
   // Weights changed under live samples (bounded staleness): their KV is recomputed.
   for (std::int64_t id : in.live) {
     Sample& s = sample(id);
-    if (s.last_version != in.version) {
-      s.mixed = true;
-      s.last_version = in.version;
-      s.kv_missing = s.context;
+    if (s.last_version == in.version) continue;
+    s.mixed = true;
+    s.last_version = in.version;
+    if (s.stage == Stage::kDecoding) {
+      internal::sync(in, s);
+      if (s.kv_missing == 0) in.prefilling.push_back(s.id);
     }
+    s.kv_missing = s.context;
   }
   request_dispatch();
   resume(in);
@@ -574,7 +578,8 @@ void Engine::on_instance_ready(RolloutInstance& in) {
 
 void Engine::on_sample_arrive(RolloutInstance& in, Sample& s) {
   settle(in);
-  s.stage = Stage::kDecoding;
+  in.kv_parked -= s.context;
+  internal::enter_decoding(in, s, budget());
   resume(in);
 }
 
@@ -732,21 +737,22 @@ void Engine::on_repack_tick() {
     WorkerSnapshot w;
     w.id = WorkerId(static_cast<std::uint32_t>(in.id));
     w.version = Version(static_cast<std::uint64_t>(in.version));
-    std::int64_t batch = 0, kv = 0;
+    std::int64_t pages_used = 0;
     for (std::int64_t id : in.live) {
-      const Sample& s = sample(id);
-      if (s.stage != Stage::kDecoding) continue;
-      ++batch;
-      kv += s.context;
-      if (s.kv_missing == 0) {
-        w.sequences.push_back(SequenceSnapshot{SequenceId(static_cast<std::uint64_t>(id)), s.context, s.pages, std::nullopt});
+      Sample& s = sample(id);
+      if (s.stage == Stage::kDecoding) internal::sync(in, s);
+      const std::int64_t pages = cost_.pages_for(s.context).value();
+      pages_used += pages;
+      if (s.stage == Stage::kDecoding && s.kv_missing == 0) {
+        w.sequences.push_back(SequenceSnapshot{SequenceId(static_cast<std::uint64_t>(id)), s.context, pages, std::nullopt});
       }
     }
-    w.pages_total = cost_.kv_capacity_pages();
-    w.pages_used = in.pages_used;
+    // Tool observations and arrivals may overfill a cache until the instance's next preemption.
+    w.pages_total = std::max(cost_.kv_capacity_pages(), pages_used);
+    w.pages_used = pages_used;
     w.slots_total = static_cast<std::int32_t>(config_.cluster.max_batch);
     w.slots_used = static_cast<std::int32_t>(in.live.size());
-    w.step_time = cost_.decode_step(std::max<std::int64_t>(batch, 1), kv).value();
+    w.step_time = cost_.decode_step(std::max<std::int64_t>(in.decoding, 1), in.kv_decoding).value();
     w.waiting_prompts = static_cast<std::int64_t>(in.waiting.size());
     w.kv_stopped_growing = true;
     fleet.workers.push_back(std::move(w));
@@ -764,13 +770,11 @@ void Engine::on_repack_tick() {
       RolloutInstance& to = instances_[m.to.value()];
       Sample& s = sample(static_cast<std::int64_t>(m.sequence.value()));
       sent[from.id] += cost_.kv_migration(s.context, from.node == to.node).value();
-      const std::int64_t pages = s.pages;
       remove_live(from, s);
-      s.pages = pages;
       s.instance = to.id;
       s.stage = Stage::kMigrating;
       to.live.push_back(s.id);
-      to.pages_used += pages;
+      to.kv_parked += s.context;
       loop_.after(sent[from.id], Event{EventKind::kSampleArrive, to.id, s.id, s.incarnation});
     }
     for (const FreedWorker& f : plan->freed) {
@@ -798,7 +802,9 @@ void Engine::on_failure() {
     for (auto it = in.waiting.rbegin(); it != in.waiting.rend(); ++it) pool_.push_front(*it);
     in.live.clear();
     in.waiting.clear();
-    in.pages_used = 0;
+    in.decoding = in.kv_decoding = in.kv_parked = 0;
+    in.stops = {};
+    in.prefilling.clear();
     in.state = State::kDown;
     in.state_since = loop_.now();
     ++in.epoch;
