@@ -4,6 +4,7 @@
 // admit and in how a new version reaches the instances (publish()).
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <queue>
@@ -869,6 +870,21 @@ Result<SimReport> Engine::run() {
     try_train();
   }
   LAMINAR_RETURN_IF_ERROR(error_);
+  // Exactly once: every trained sample was popped once (checked as popped); no group is missing a
+  // member, and the count is the steps' worth.
+  std::int64_t trained = 0;
+  for (std::size_t g = 0; g < popped_.size(); g += static_cast<std::size_t>(group_size_)) {
+    std::int64_t members = 0;
+    for (std::size_t i = g; i < g + static_cast<std::size_t>(group_size_); ++i) members += popped_[i];
+    if (members != 0 && members != group_size_) {
+      return internal_error(fmt::format("group {}: {} of its {} samples trained", g / static_cast<std::size_t>(group_size_),
+                                        members, group_size_));
+    }
+    trained += members;
+  }
+  if (trained != config_.steps * step_samples_) {
+    return internal_error(fmt::format("{} samples trained, expected {}", trained, config_.steps * step_samples_));
+  }
   return finish_report();
 }
 
