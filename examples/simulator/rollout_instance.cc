@@ -95,24 +95,12 @@ void enter_decoding(RolloutInstance& in, Sample& s, std::int64_t budget) {
 
 void leave_decoding(RolloutInstance& in, Sample& s) {
   sync(in, s);
+  in.stops.erase({s.stop_step, s.id});
+  if (s.kv_missing > 0) std::erase(in.prefilling, s.id);
   s.stage = Sample::Stage::kToolWait;
   --in.decoding;
   in.kv_decoding -= s.context;
 }
-
-namespace {
-
-// Drops heap entries of samples that left the batch or were re-entered since.
-void prune_stops(RolloutInstance& in, SampleTable& samples) {
-  while (!in.stops.empty()) {
-    const auto [step, id] = in.stops.top();
-    const Sample& s = samples.sample(id);
-    if (s.stage == Sample::Stage::kDecoding && s.instance == in.id && s.stop_step == step) return;
-    in.stops.pop();
-  }
-}
-
-}  // namespace
 
 std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget) {
   std::vector<std::int64_t> stopped;
@@ -130,9 +118,9 @@ std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable&
   // The segment began with these samples' prefill, which is done even when cut short.
   for (std::int64_t id : in.prefilling) samples.sample(id).kv_missing = 0;
   in.prefilling.clear();
-  for (prune_stops(in, samples); !in.stops.empty() && in.stops.top().first <= in.decoded; prune_stops(in, samples)) {
-    Sample& s = samples.sample(in.stops.top().second);
-    in.stops.pop();
+  while (!in.stops.empty() && in.stops.begin()->first <= in.decoded) {
+    Sample& s = samples.sample(in.stops.begin()->second);
+    in.stops.erase(in.stops.begin());
     sync(in, s);
     if (s.turn_left <= 0 || (budget > 0 && s.iteration_tokens >= budget)) stopped.push_back(s.id);
   }
@@ -144,8 +132,7 @@ std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable&
 
 bool start_segment(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples) {
   if (in.decoding == 0) return false;
-  prune_stops(in, samples);
-  std::int64_t steps = in.stops.top().first - in.decoded;
+  std::int64_t steps = in.stops.begin()->first - in.decoded;
   double prefill_s = 0;
   for (std::int64_t id : in.prefilling) {
     const Sample& s = samples.sample(id);

@@ -5,8 +5,8 @@
 // migration) an instance decodes a constant batch whose KV grows by `batch` tokens a step, so the
 // time of its first k steps has a closed form (DecodeCurve) and a segment is one event, however
 // many steps it holds. A segment costs O(log batch), not O(batch): a decoding sample's progress is
-// the instance's step count since the sample was last synced, and a heap keeps the step at which
-// each one stops. An instance knows nothing of schedules: the engine (simulator.cc) decides what it
+// the instance's step count since the sample was last synced, and an ordered set keeps the step at
+// which each one stops. An instance knows nothing of schedules: the engine (simulator.cc) decides what it
 // admits, when it stops and which weights it runs.
 //
 //   enter_decoding(in, s, cost);                           // admitted
@@ -16,8 +16,7 @@
 
 #include <cstdint>
 #include <deque>
-#include <functional>
-#include <queue>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -92,10 +91,7 @@ struct RolloutInstance {
   std::int64_t decoding = 0;            // samples in the batch
   std::int64_t kv_decoding = 0;         // their tokens
   std::int64_t kv_parked = 0;           // tokens of resident samples not decoding
-  // (stop step, sample) of every decoding sample; stale entries are skipped.
-  std::priority_queue<std::pair<std::int64_t, std::int64_t>, std::vector<std::pair<std::int64_t, std::int64_t>>,
-                      std::greater<>>
-      stops;
+  std::set<std::pair<std::int64_t, std::int64_t>> stops;  // (stop step, sample) of every decoding sample
   std::vector<std::int64_t> prefilling;  // decoding samples with kv_missing > 0
 
   // The current segment.
