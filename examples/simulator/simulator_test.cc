@@ -136,6 +136,21 @@ TEST_CASE("sim engine: every schedule trains every sample exactly once") {
   }
 }
 
+// Long enough that trained steps' tables are freed while instances still hold their samples' state.
+TEST_CASE("sim engine: Laminar under an admission bound trains every sample once") {
+  SimConfig c = small_config();
+  c.steps = 16;
+  for (std::int64_t bound : {1, 2}) {
+    INFO("max_ahead_steps " << bound);
+    ScheduleSpec spec = spec_of(ScheduleKind::kLaminar);
+    spec.max_ahead_steps = bound;
+    Result<SimReport> r = simulate(c, spec);
+    REQUIRE(r.ok());
+    CHECK(r->samples_trained == c.steps * c.workload.prompts_per_step * c.workload.samples_per_prompt);
+    CHECK(r->spec.max_ahead_steps == bound);
+  }
+}
+
 TEST_CASE("sim engine: Laminar repacks draining instances and records a trace when asked") {
   SimOptions o;
   o.trace = true;
