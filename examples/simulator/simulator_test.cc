@@ -187,6 +187,31 @@ TEST_CASE("sim engine: Laminar's speed-up over one-step comes from the long tail
   CHECK(flat_ratio < 1.1);
 }
 
+TEST_CASE("sim engine: tool calls pause samples and a full KV cache preempts, each trained once") {
+  SimConfig c = small_config();
+  c.workload.tool_calls.call_probability = 0.5;
+  c.workload.tool_calls.max_calls = 3;
+  c.workload.tool_calls.env_latency_s = *Distribution::log_normal(2, 0.5);
+  c.workload.tool_calls.observation_tokens = *Distribution::constant(200);
+  const SimReport quick = run(c, ScheduleKind::kSync);
+  c.workload.tool_calls.env_latency_s = *Distribution::log_normal(20, 0.5);
+  const SimReport slow = run(c, ScheduleKind::kSync);
+  CHECK(slow.total > quick.total);  // the environment's latency is on the critical path
+  CHECK(quick.preemptions == 0);
+
+  // About 65k tokens of KV per instance: 64 samples of ~1k tokens and growing do not fit.
+  c.cost.rollout.memory_utilization = 0.26;
+  c.cluster.gpus = 8;
+  c.cluster.trainer_gpus = 2;
+  c.workload.prompts_per_step = 64;
+  for (ScheduleKind kind : kAll) {
+    INFO(schedule_name(kind));
+    const SimReport r = run(c, kind);
+    CHECK(r.preemptions > 0);
+    CHECK(r.samples_trained == c.steps * c.workload.prompts_per_step * c.workload.samples_per_prompt);
+  }
+}
+
 TEST_CASE("sim engine: a virtual-time run never reads the wall clock") {
   const SimConfig c = small_config();
   // The counter sees a read on this thread, so a zero below is not the interposer missing.
