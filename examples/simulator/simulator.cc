@@ -1,7 +1,7 @@
 // simulate(): the engine. One event loop on a ManualClock drives the rollout instances
 // (rollout_instance.h), the trainer, the real TrajectoryQueue between them and, for Laminar, the
 // relay tier's version bookkeeping and plan_repack(). Schedules differ only in what an instance may
-// admit and in how a new version reaches the instances (publish()).
+// admit and in how a new version reaches the instances (on_train_done(), on_publish()).
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -50,6 +50,10 @@ Result<Layout> layout_of(const SimConfig& c, ScheduleKind kind) {
   Layout l;
   if (kind == ScheduleKind::kSync) {
     l.rollout_gpus = l.trainer_gpus = k.gpus;
+    if (l.rollout_gpus < tp) {
+      return invalid_argument(fmt::format("cluster.gpus: {} GPUs cannot hold one rollout instance of {} "
+                                          "(rollout.tensor_parallel)", k.gpus, tp));
+    }
   } else {
     l.trainer_gpus = k.trainer_gpus > 0 ? k.trainer_gpus : k.gpus / 4;
     l.rollout_gpus = k.gpus - l.trainer_gpus;
@@ -59,10 +63,6 @@ Result<Layout> layout_of(const SimConfig& c, ScheduleKind kind) {
           "least 1 trainer GPU and one rollout instance of {} (rollout.tensor_parallel)",
           k.gpus, l.trainer_gpus, l.rollout_gpus, tp));
     }
-  }
-  if (l.rollout_gpus < tp) {
-    return invalid_argument(fmt::format("cluster.gpus: {} GPUs cannot hold one rollout instance of {} "
-                                        "(rollout.tensor_parallel)", k.gpus, tp));
   }
   l.instances = l.rollout_gpus / tp;
   return l;
@@ -293,7 +293,6 @@ void Engine::release_steps() {
         x.response_tokens = g.samples[i].response_tokens;
         x.turns = &g.samples[i].turns;
         x.restart();
-        x.incarnation = 0;
         st->samples.push_back(x);
         pool_.push_back(x.id);
       }
