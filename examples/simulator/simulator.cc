@@ -920,6 +920,7 @@ SimReport Engine::finish_report() {
 }  // namespace
 
 Result<SimReport> simulate(const SimConfig& config, const ScheduleSpec& spec, const SimOptions& options) {
+  if (config.steps < 1) return invalid_argument(fmt::format("steps: must be >= 1, got {}", config.steps));
   Result<Layout> layout = layout_of(config, spec.kind);
   if (!layout.ok()) return layout.status();
   LAMINAR_RETURN_IF_ERROR(config.validate());
