@@ -92,6 +92,10 @@ TEST_CASE("sim engine: the same config and seed give the same report") {
       CHECK(a.step_records[i].end == b.step_records[i].end);
     }
     CHECK(a.failures > 0);
+    // The seed draws the failures: another one gives another run.
+    SimConfig reseeded = c;
+    reseeded.seed = c.seed + 1;
+    CHECK(run(reseeded, kind).total != a.total);
   }
 }
 
