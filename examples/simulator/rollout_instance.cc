@@ -26,6 +26,7 @@ void Sample::restart() {
   turn_left = (*turns)[0].generate_tokens;
   context = kv_missing = prompt_tokens;
   synced = stop_step = 0;
+  slot = -1;
   iteration_tokens = 0;
   oldest_version = last_version = -1;
   mixed = false;
@@ -87,7 +88,16 @@ void enter_decoding(RolloutInstance& in, Sample& s, std::int64_t budget) {
   std::int64_t left = std::max<std::int64_t>(s.turn_left, 1);
   if (budget > 0) left = std::min(left, std::max<std::int64_t>(budget - s.iteration_tokens, 1));
   s.stop_step = in.decoded + left;
-  in.stops.emplace(s.stop_step, s.id);
+  if (in.free_slots.empty()) {
+    in.free_slots.push_back(static_cast<std::int32_t>(in.slot_sample.size()));
+    in.slot_sample.push_back(-1);
+    in.slot_generation.push_back(0);
+  }
+  s.slot = in.free_slots.back();
+  in.free_slots.pop_back();
+  const auto slot = static_cast<std::size_t>(s.slot);
+  in.slot_sample[slot] = s.id;
+  in.stops.push({s.stop_step, s.slot, in.slot_generation[slot]});
   ++in.decoding;
   in.kv_decoding += s.context;
   if (s.kv_missing > 0) in.prefilling.push_back(s.id);
@@ -95,11 +105,36 @@ void enter_decoding(RolloutInstance& in, Sample& s, std::int64_t budget) {
 
 void leave_decoding(RolloutInstance& in, Sample& s) {
   sync(in, s);
-  in.stops.erase({s.stop_step, s.id});
+  ++in.slot_generation[static_cast<std::size_t>(s.slot)];
+  in.free_slots.push_back(s.slot);
+  s.slot = -1;
   if (s.kv_missing > 0) std::erase(in.prefilling, s.id);
   s.stage = Sample::Stage::kToolWait;
   --in.decoding;
   in.kv_decoding -= s.context;
+}
+
+namespace {
+
+// Drops the heap's entries of samples that left their slot.
+void prune_stops(RolloutInstance& in) {
+  while (!in.stops.empty() &&
+         in.stops.top().generation != in.slot_generation[static_cast<std::size_t>(in.stops.top().slot)]) {
+    in.stops.pop();
+  }
+}
+
+}  // namespace
+
+void clear(RolloutInstance& in) {
+  in.live.clear();
+  in.waiting.clear();
+  in.decoding = in.kv_decoding = in.kv_parked = 0;
+  in.stops = {};
+  in.slot_sample.clear();
+  in.slot_generation.clear();
+  in.free_slots.clear();
+  in.prefilling.clear();
 }
 
 std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget) {
@@ -118,9 +153,9 @@ std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable&
   // The segment began with these samples' prefill, which is done even when cut short.
   for (std::int64_t id : in.prefilling) samples.sample(id).kv_missing = 0;
   in.prefilling.clear();
-  while (!in.stops.empty() && in.stops.begin()->first <= in.decoded) {
-    Sample& s = samples.sample(in.stops.begin()->second);
-    in.stops.erase(in.stops.begin());
+  for (prune_stops(in); !in.stops.empty() && in.stops.top().step <= in.decoded; prune_stops(in)) {
+    Sample& s = samples.sample(in.slot_sample[static_cast<std::size_t>(in.stops.top().slot)]);
+    in.stops.pop();
     sync(in, s);
     if (s.turn_left <= 0 || (budget > 0 && s.iteration_tokens >= budget)) stopped.push_back(s.id);
   }
@@ -132,7 +167,8 @@ std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable&
 
 bool start_segment(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples) {
   if (in.decoding == 0) return false;
-  std::int64_t steps = in.stops.begin()->first - in.decoded;
+  prune_stops(in);
+  std::int64_t steps = in.stops.top().step - in.decoded;
   double prefill_s = 0;
   for (std::int64_t id : in.prefilling) {
     const Sample& s = samples.sample(id);

@@ -5,8 +5,8 @@
 // migration) an instance decodes a constant batch whose KV grows by `batch` tokens a step, so the
 // time of its first k steps has a closed form (DecodeCurve) and a segment is one event, however
 // many steps it holds. A segment costs O(log batch), not O(batch): a decoding sample's progress is
-// the instance's step count since the sample was last synced, and an ordered set keeps the step at
-// which each one stops. An instance knows nothing of schedules: the engine (simulator.cc) decides what it
+// the instance's step count since the sample was last synced, and a heap keeps the step at which
+// each one stops. An instance knows nothing of schedules: the engine (simulator.cc) decides what it
 // admits, when it stops and which weights it runs.
 //
 //   enter_decoding(in, s, cost);                           // admitted
@@ -16,8 +16,8 @@
 
 #include <cstdint>
 #include <deque>
-#include <set>
-#include <utility>
+#include <functional>
+#include <queue>
 #include <vector>
 
 #include "cost_model.h"
@@ -47,6 +47,7 @@ struct Sample {
   std::int64_t kv_missing = 0;       // the last of those not in its KV yet: prefilled before decoding
   std::int64_t synced = 0;
   std::int64_t stop_step = 0;        // the instance step at which it stops, while decoding
+  std::int32_t slot = -1;            // its batch slot on the instance, while decoding
   std::int64_t iteration_tokens = 0; // generated since the last weight update (partial rollout)
   std::int64_t oldest_version = -1;  // -1: not started
   std::int64_t last_version = -1;
@@ -91,7 +92,18 @@ struct RolloutInstance {
   std::int64_t decoding = 0;            // samples in the batch
   std::int64_t kv_decoding = 0;         // their tokens
   std::int64_t kv_parked = 0;           // tokens of resident samples not decoding
-  std::set<std::pair<std::int64_t, std::int64_t>> stops;  // (stop step, sample) of every decoding sample
+  // Batch slots: the sample in each, and a generation bumped when it leaves, so that the stops
+  // heap's entries of samples gone (preempted, migrated) are skipped without reading them.
+  struct Stop {
+    std::int64_t step;
+    std::int32_t slot;
+    std::uint32_t generation;
+    bool operator>(const Stop& o) const { return step != o.step ? step > o.step : slot > o.slot; }
+  };
+  std::priority_queue<Stop, std::vector<Stop>, std::greater<>> stops;
+  std::vector<std::int64_t> slot_sample;
+  std::vector<std::uint32_t> slot_generation;
+  std::vector<std::int32_t> free_slots;
   std::vector<std::int64_t> prefilling;  // decoding samples with kv_missing > 0
 
   // The current segment.
@@ -129,6 +141,9 @@ void sync(const RolloutInstance& in, Sample& s);
 void enter_decoding(RolloutInstance& in, Sample& s, std::int64_t budget);
 // A decoding sample leaves the batch and stays resident (a tool call, a migration on its way).
 void leave_decoding(RolloutInstance& in, Sample& s);
+
+// Forgets every resident sample (its node failed).
+void clear(RolloutInstance& in);
 
 // Decode progress up to `now` of the running segment (the whole segment if now >= seg_end).
 // Returns the decoding samples, synced, with no tokens left in their turn or at the iteration

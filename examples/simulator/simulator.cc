@@ -800,11 +800,7 @@ void Engine::on_failure() {
     for (std::int64_t id : in.waiting) sample(id).restart();
     for (auto it = in.live.rbegin(); it != in.live.rend(); ++it) pool_.push_front(*it);
     for (auto it = in.waiting.rbegin(); it != in.waiting.rend(); ++it) pool_.push_front(*it);
-    in.live.clear();
-    in.waiting.clear();
-    in.decoding = in.kv_decoding = in.kv_parked = 0;
-    in.stops = {};
-    in.prefilling.clear();
+    internal::clear(in);
     in.state = State::kDown;
     in.state_since = loop_.now();
     ++in.epoch;
