@@ -421,6 +421,15 @@ Result<PlotFiles> write_sweep_plot(const std::vector<SweepPoint>& points, const 
     }
     data += fmt::format("{} {:.9g}\n", p.gpus, p.generation_tokens_per_s);
   }
+  // Log axes need a positive range: the slowest positive point to the fastest or the ideal's end.
+  double y_min = 0, y_max = ideal_base * static_cast<double>(max_gpus) / static_cast<double>(min_gpus);
+  for (const SweepPoint& p : points) {
+    if (p.generation_tokens_per_s > 0 && (y_min == 0 || p.generation_tokens_per_s < y_min)) {
+      y_min = p.generation_tokens_per_s;
+    }
+    y_max = std::max(y_max, p.generation_tokens_per_s);
+  }
+  const std::string y_range = y_min > 0 ? fmt::format("set yrange [{:.9g}:{:.9g}]\n", y_min / 1.3, y_max * 1.3) : "";
   if (ideal_base > 0) {
     plots.push_back(fmt::format("{:.9g} * x / {} with lines dt 2 lw 1 lc rgb '#000000' title 'ideal linear'",
                                 ideal_base, min_gpus));
@@ -429,10 +438,10 @@ Result<PlotFiles> write_sweep_plot(const std::vector<SweepPoint>& points, const 
   out.pngs.push_back(*abs / "scaling.png");
   const std::string script = fmt::format(
       "{}set output {}\nset title 'Generation throughput against cluster size'\nset xlabel 'GPUs'\n"
-      "set ylabel 'generated tokens/s'\nset logscale xy 2\nset xrange [{}:{}]\nset grid\nset key top left\n"
-      "plot {}\n",
+      "set ylabel 'generated tokens/s'\nset logscale xy 2\nset format y '%.0s%c'\nset xrange [{}:{}]\n{}"
+      "set grid\nset key top left\nplot {}\n",
       kPngHeader, gp_quote(out.pngs.back().string()), static_cast<double>(min_gpus) / 1.2,
-      static_cast<double>(max_gpus) * 1.2, fmt::join(plots, ", \\\n     "));
+      static_cast<double>(max_gpus) * 1.2, y_range, fmt::join(plots, ", \\\n     "));
   LAMINAR_RETURN_IF_ERROR(plot(gnuplot, *abs, "sweep", script, out));
   return out;
 }
