@@ -67,6 +67,8 @@ std::string data_quote(std::string_view s) {
   return out + "\"";
 }
 
+constexpr std::size_t kStalenessBins = 16;
+
 constexpr std::string_view kPngHeader = "set terminal pngcairo size 1000,600 noenhanced\n";
 
 }  // namespace
@@ -364,19 +366,24 @@ Result<PlotFiles> write_comparison_plots(const std::vector<SimReport>& reports, 
       gp_quote(fmt::format("Throughput per schedule ({} GPUs, {} steps)", reports.front().gpus, reports.front().steps)),
       gp_quote((*abs / "throughput.dat").string()), gp_quote((*abs / "throughput.dat").string()));
 
-  // Staleness: rows k, a column per schedule with its share of trajectories at staleness k.
+  // Staleness: a row per bin of versions, a column per schedule with its share of trajectories in
+  // the bin. Long tails (an unbounded admission rule) are binned so at most kStalenessBins remain.
   std::size_t kmax = 1;
   for (const SimReport& r : reports) kmax = std::max(kmax, r.staleness_histogram.size());
-  std::string stale = "k";
+  const std::size_t width = (kmax + kStalenessBins - 1) / kStalenessBins;
+  std::string stale = "versions";
   for (const SimReport& r : reports) stale += fmt::format(" {}", data_quote(r.schedule));
   stale += "\n";
-  for (std::size_t k = 0; k < kmax; ++k) {
-    stale += std::to_string(k);
+  for (std::size_t lo = 0; lo < kmax; lo += width) {
+    const std::size_t hi = std::min(lo + width, kmax) - 1;
+    stale += data_quote(lo == hi ? std::to_string(lo) : fmt::format("{}-{}", lo, hi));
     for (const SimReport& r : reports) {
-      double n = 0;
-      for (std::int64_t v : r.staleness_histogram) n += static_cast<double>(v);
-      const double v = k < r.staleness_histogram.size() ? static_cast<double>(r.staleness_histogram[k]) : 0.0;
-      stale += fmt::format(" {:.9g}", n > 0 ? v / n : 0.0);
+      double n = 0, in_bin = 0;
+      for (std::size_t k = 0; k < r.staleness_histogram.size(); ++k) {
+        n += static_cast<double>(r.staleness_histogram[k]);
+        if (k >= lo && k <= hi) in_bin += static_cast<double>(r.staleness_histogram[k]);
+      }
+      stale += fmt::format(" {:.9g}", n > 0 ? in_bin / n : 0.0);
     }
     stale += "\n";
   }

@@ -286,6 +286,17 @@ TEST_CASE("sim output: gnuplot writes the throughput, staleness and scaling PNGs
     CHECK(plots->pngs.empty());
     CHECK(plots->note.find("gnuplot") != std::string::npos);
   }
+  SECTION("a long staleness tail is binned into at most 16 bars") {
+    reports[3].staleness_histogram.assign(40, 1);  // 0..39: bins of 3 versions, the last 39 alone
+    REQUIRE(laminar::sim::write_comparison_plots(reports, dir.path(), "/nonexistent/gnuplot").ok());
+    std::istringstream data(read_all(dir.path() / "staleness.dat"));
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(data, line);) lines.push_back(line);
+    REQUIRE(lines.size() == 1 + 14);
+    CHECK(lines[1].rfind("\"0-2\" 1 1 ", 0) == 0);  // sync all at 0, one-step all at 1
+    CHECK(lines[14].rfind("\"39\" ", 0) == 0);
+    CHECK(lines[14].substr(lines[14].rfind(' ') + 1) == "0.025");  // laminar: 1 of 40
+  }
   SECTION("with gnuplot every PNG is a non-empty PNG file") {
     auto plots = laminar::sim::write_comparison_plots(reports, dir.path() / "plots", "gnuplot");
     REQUIRE(plots.ok());
