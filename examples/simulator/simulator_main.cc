@@ -57,6 +57,7 @@ struct Args {
   std::optional<std::uint64_t> seed;
   std::string model;
   std::string max_ahead;
+  std::string repack = "on";
   std::string baseline;
   std::string sweep;
   std::string trace_file;
@@ -154,6 +155,7 @@ Result<std::vector<ScheduleSpec>> build_specs(const Args& a) {
     ScheduleSpec spec = ScheduleSpec::defaults(kind);
     // sync and one-step are defined by their bound (0 and 1); the others take any.
     if (max_ahead && kind != ScheduleKind::kSync && kind != ScheduleKind::kOneStep) spec.max_ahead_steps = *max_ahead;
+    if (kind == ScheduleKind::kLaminar) spec.repack = a.repack == "on";
     LAMINAR_RETURN_IF_ERROR(spec.validate().with_context(fmt::format("schedule {}", laminar::sim::schedule_name(kind))));
     specs.push_back(std::move(spec));
   }
@@ -311,6 +313,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-ahead", a.max_ahead,
                  "admission rule of stream-global, bounded-staleness, partial-rollout and laminar: a prompt of step "
                  "s starts once version s - N is published; N >= 0 or 'unbounded'");
+  app.add_option("--repack", a.repack, "laminar's repacking of draining instances: on (default) or off")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--baseline", a.baseline, "schedule the speed-ups are over (default: the fastest but laminar)");
   app.add_option("--sweep", a.sweep, "comma-separated GPU counts: runs each schedule at each, e.g. 64,128,256");
   app.add_option("--trace", a.trace_file,
