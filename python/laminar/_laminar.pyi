@@ -1,0 +1,316 @@
+"""Type stubs of laminar._laminar, the extension re-exported by the package laminar.
+
+Ids and versions are ints; durations are float seconds (None or math.inf: no deadline); arrays are
+NumPy arrays.
+"""
+
+import datetime
+import enum
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import numpy.typing as npt
+
+# Seconds, a timedelta, or None (no deadline).
+Seconds = Union[float, int, datetime.timedelta, None]
+# A 1-D list, tuple, NumPy array or CPU torch tensor (read through __dlpack__).
+ArrayLike = Union[Sequence[int], Sequence[float], npt.NDArray[np.generic], "torch.Tensor"]  # noqa: F821
+
+
+class StatusCode(enum.IntEnum):
+    """What the caller should do next, the code of every laminar error."""
+    OK = 0
+    INVALID_ARGUMENT = 1
+    NOT_FOUND = 2
+    ALREADY_EXISTS = 3
+    FAILED_PRECONDITION = 4
+    OUT_OF_RANGE = 5
+    RESOURCE_EXHAUSTED = 6
+    UNAVAILABLE = 7
+    ABORTED = 8
+    DEADLINE_EXCEEDED = 9
+    CANCELLED = 10
+    DATA_LOSS = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+
+
+class Error(Exception):
+    """Base of every laminar error. `code` is its StatusCode, `message` names what was wrong."""
+    code: StatusCode
+    message: str
+
+
+class InvalidArgumentError(Error, ValueError):
+    """Fix the input."""
+
+
+class NotFoundError(Error, LookupError):
+    """The named thing does not exist."""
+
+
+class AlreadyExistsError(Error):
+    """The thing being created is there already (e.g. a trajectory id the queue holds or retired)."""
+
+
+class FailedPreconditionError(Error):
+    """Fix the state first."""
+
+
+class OutOfRangeError(Error, IndexError):
+    """Asked past the end of something valid."""
+
+
+class ResourceExhaustedError(Error):
+    """Out of memory, KV blocks, credits or capacity."""
+
+
+class UnavailableError(Error):
+    """Retry the same call (a peer gone, a queue momentarily full)."""
+
+
+class AbortedError(Error):
+    """Redo the whole operation (e.g. a lease ran out)."""
+
+
+class DeadlineExceededError(Error, TimeoutError):
+    """Too slow."""
+
+
+class CancelledError(Error):
+    """The caller, or shutdown (close()), stopped it."""
+
+
+class DataLossError(Error):
+    """Data failed its checksum or is truncated."""
+
+
+class UnimplementedError(Error, NotImplementedError):
+    """Not compiled in, or not supported in this build."""
+
+
+class InternalError(Error):
+    """A bug of laminar's."""
+
+
+class FinishReason(enum.IntEnum):
+    """Why generation of a trajectory ended."""
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+
+
+class Trajectory:
+    """One finished rollout sample, as TrajectoryQueue.push takes it.
+
+    Token arrays take a list or tuple of ints, or a 1-D NumPy array or CPU torch tensor of an
+    integer dtype (values must fit int32); log-probs and rewards take numbers, or a floating dtype.
+    A wrong dtype, a shape that is not 1-D or a value that does not fit raises InvalidArgumentError.
+    Arrays read back as new NumPy arrays (int32 tokens, float32 log-probs and rewards).
+    """
+    id: int
+    prompt_id: int
+    group_id: int
+    group_size: int
+    sample_index: int
+    version: int
+    finish_reason: FinishReason
+    generation_start_ns: int
+    generation_end_ns: int
+    metadata: str
+
+    def __init__(self, *, id: int = 0, prompt_id: int = 0, group_id: int = 0, group_size: int = 1,
+                 sample_index: int = 0, version: int = 0, prompt_tokens: ArrayLike = (),
+                 response_tokens: ArrayLike = (), logprobs: ArrayLike = (), rewards: ArrayLike = (),
+                 finish_reason: FinishReason = FinishReason.STOP, generation_start_ns: int = 0,
+                 generation_end_ns: int = 0, metadata: str = "") -> None: ...
+    @property
+    def prompt_tokens(self) -> npt.NDArray[np.int32]: ...
+    @prompt_tokens.setter
+    def prompt_tokens(self, value: ArrayLike) -> None: ...
+    @property
+    def response_tokens(self) -> npt.NDArray[np.int32]: ...
+    @response_tokens.setter
+    def response_tokens(self, value: ArrayLike) -> None: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]:
+        """float32[num_response_tokens]: behaviour log-prob of each response token."""
+    @logprobs.setter
+    def logprobs(self, value: ArrayLike) -> None: ...
+    @property
+    def rewards(self) -> npt.NDArray[np.float32]:
+        """float32[num_rewards >= 1]."""
+    @rewards.setter
+    def rewards(self, value: ArrayLike) -> None: ...
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus response tokens."""
+    def validate(self, contents: bool = True) -> None:
+        """Raises InvalidArgumentError for what push would refuse without looking at the queue."""
+    def encode(self) -> bytes:
+        """The binary encoding of the write-ahead log and remote producers."""
+    @staticmethod
+    def decode(data: bytes, contents: bool = True) -> "Trajectory":
+        """Inverse of encode; DataLossError for truncated or padded bytes, InvalidArgumentError for
+        an invalid trajectory."""
+    def __copy__(self) -> "Trajectory": ...
+    def __deepcopy__(self, memo: dict) -> "Trajectory": ...
+    def __eq__(self, other: object) -> bool: ...
+
+
+class StalenessRule(enum.IntEnum):
+    """staleness = consumer_version - trajectory.version (0 when the trajectory is newer)."""
+    DROP = 0
+    KEEP = 1
+    KEEP_AND_MARK = 2
+
+
+class PartialGroupPolicy(enum.IntEnum):
+    """What happens to a GRPO group still incomplete when group_timeout runs out."""
+    RELEASE = 0
+    DROP = 1
+
+
+class TrajectoryQueueOptions:
+    """Options of a TrajectoryQueue; every field is also a keyword of the constructor. Durations
+    read back as float seconds (math.inf: no timeout). An unknown keyword, a negative count or a
+    negative duration raises InvalidArgumentError."""
+    capacity_trajectories: int
+    capacity_tokens: int
+    default_lease: float
+    group_timeout: float
+    partial_group_policy: PartialGroupPolicy
+    validate_contents: bool
+    initial_version: int
+    id_dedup_window: int
+    wal_path: str
+    wal_fsync: bool
+    wal_compact_bytes: int
+
+    def __init__(self, *, capacity_trajectories: int = ..., capacity_tokens: int = ...,
+                 default_lease: Seconds = ..., group_timeout: Seconds = ...,
+                 partial_group_policy: PartialGroupPolicy = ..., validate_contents: bool = ...,
+                 initial_version: int = ..., id_dedup_window: int = ..., wal_path: str = ...,
+                 wal_fsync: bool = ..., wal_compact_bytes: int = ...) -> None: ...
+
+
+class BatchSpec:
+    """What pop_batch takes; every field is also a keyword of the constructor. At least one of
+    max_trajectories and max_tokens is set. wait and lease are seconds (None or math.inf: forever)."""
+    max_trajectories: int
+    max_tokens: int
+    min_trajectories: int
+    wait: float
+    consumer_version: int
+    staleness_rule: StalenessRule
+    max_staleness: int
+    lease: float
+
+    def __init__(self, *, max_trajectories: int = 0, max_tokens: int = 0, min_trajectories: int = 1,
+                 wait: Seconds = 0, consumer_version: int = 0, staleness_rule: StalenessRule = StalenessRule.KEEP,
+                 max_staleness: int = 0, lease: Seconds = 0) -> None: ...
+
+
+class Batch:
+    """A leased batch. Each field is a NumPy array with one entry per trajectory, or, for the token,
+    log-prob and reward arrays, every trajectory's values end to end with an int64 offsets array of
+    length len(batch) + 1: trajectory i's response tokens are
+    response_tokens[response_offsets[i]:response_offsets[i + 1]], and so are its logprobs. Each
+    access builds a new array. Reading stays valid after ack or expiry."""
+    @property
+    def id(self) -> int: ...
+    def __len__(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def lease_deadline(self) -> float:
+        """End of the lease, seconds on the queue's clock (math.inf: never)."""
+    def __getitem__(self, i: int) -> Trajectory: ...
+    def trajectories(self) -> list[Trajectory]: ...
+    @property
+    def ids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def prompt_ids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def group_ids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def group_sizes(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def sample_indices(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def versions(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def finish_reasons(self) -> npt.NDArray[np.uint8]: ...
+    @property
+    def generation_start_ns(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def generation_end_ns(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def prompt_tokens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def prompt_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def response_tokens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def response_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def rewards(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def reward_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def metadata(self) -> list[str]: ...
+    @property
+    def staleness(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def over_limit(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def partial_group(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def delivery(self) -> npt.NDArray[np.uint32]: ...
+
+
+class TrajectoryQueue:
+    """The experience buffer between rollouts and the actor: bounded, version-tagged, releasing GRPO
+    groups whole, delivering exactly once (a popped batch is leased until ack). Every call is
+    thread-safe; the blocking ones (push, push_many, pop_batch) release the GIL while they wait, so
+    Python producer and consumer threads run at the same time."""
+
+    def __init__(self, options: Optional[TrajectoryQueueOptions] = None) -> None:
+        """InvalidArgumentError for bad options; FailedPreconditionError or DataLossError for an
+        unusable write-ahead log."""
+    def publish_version(self, version: int) -> None:
+        """Announces a published version; InvalidArgumentError if older than the newest."""
+    def newest_version(self) -> int: ...
+    def push(self, trajectory: Trajectory, *, block: bool = True, timeout: Seconds = None) -> None:
+        """Pushes a copy of `trajectory` (which stays usable). When the queue is full: block=True
+        waits (up to `timeout` seconds if given, then DeadlineExceededError); block=False raises
+        UnavailableError at once (`timeout` is then ignored, as in queue.Queue.put). Raises
+        InvalidArgumentError for an invalid trajectory or a version ahead of newest_version(),
+        AlreadyExistsError for an id the queue holds or retired recently, FailedPreconditionError
+        for a closed group, CancelledError after close()."""
+    def push_many(self, trajectories: Sequence[Trajectory], *, block: bool = True,
+                  timeout: Seconds = None) -> list[Optional[Error]]:
+        """push for several trajectories at once; returns, per trajectory in order, None when it
+        went in or the Error push would have raised (not raised)."""
+    def pop_batch(self, spec: BatchSpec) -> Batch:
+        """Leases a batch. InvalidArgumentError for a spec without a limit, min_trajectories above
+        max_trajectories or a consumer_version ahead of newest_version(); UnavailableError when too
+        few are ready and spec.wait is 0; DeadlineExceededError when they did not become ready
+        within spec.wait; CancelledError after close()."""
+    def ack(self, batch: Union[Batch, int]) -> None:
+        """Commits a batch (a Batch or its id). NotFoundError for an unknown or acked id;
+        AbortedError when its lease ran out (do not apply it)."""
+    def nack(self, batch: Union[Batch, int]) -> None:
+        """Gives a batch back for redelivery ahead of everything else. Errors as ack."""
+    def close(self) -> None:
+        """Wakes every blocked push and pop with CancelledError and refuses later ones; acks still
+        work."""
+    def stats(self) -> dict:
+        """Depth, flow, drops, staleness histogram, group waits and log, as a dict."""
+    def recovery(self) -> dict:
+        """What replaying the write-ahead log found, as a dict."""
+    def background_error(self) -> Optional[Error]:
+        """The first error of work no caller waited on (an Error, not raised), or None."""
