@@ -314,3 +314,95 @@ class TrajectoryQueue:
         """What replaying the write-ahead log found, as a dict."""
     def background_error(self) -> Optional[Error]:
         """The first error of work no caller waited on (an Error, not raised), or None."""
+
+
+class TransportOptions:
+    """Options of a Transport; every field is also a keyword of the constructor. Durations are
+    seconds (None or math.inf: no deadline)."""
+    cluster_token: bytes
+    ucx_transports: str
+    max_message_bytes: int
+    connect_timeout: float
+    handshake_timeout: float
+    max_unauthenticated_connections: int
+    operation_timeout: float
+    idle_timeout: float
+    max_inbox_bytes_per_connection: int
+    max_inbox_bytes: int
+
+    def __init__(self, *, cluster_token: Union[bytes, str] = ..., ucx_transports: str = ...,
+                 max_message_bytes: int = ..., connect_timeout: Seconds = ..., handshake_timeout: Seconds = ...,
+                 max_unauthenticated_connections: int = ..., operation_timeout: Seconds = ...,
+                 idle_timeout: Seconds = ..., max_inbox_bytes_per_connection: int = ...,
+                 max_inbox_bytes: int = ...) -> None: ...
+
+
+class Transport:
+    """laminar's one way across processes and machines (UCX), with its own progress and callback
+    threads; a process makes one and hosts every networked part on it (queue server, remote
+    producers). No Python code runs on its threads."""
+
+    def __init__(self, options: Optional[TransportOptions] = None) -> None:
+        """InvalidArgumentError for bad options (a cluster_token under 16 bytes, ...); UCX's errors
+        as they come."""
+    def listen(self, host: str, port: int = 0) -> str:
+        """Listens on host:port (port 0: any free one) and returns the address peers connect to,
+        "host:port"."""
+    def listen_address(self) -> Optional[str]:
+        """The address listen() returned, or None."""
+    @property
+    def options(self) -> TransportOptions:
+        """A copy of the options it was made with."""
+    def stats(self) -> dict:
+        """Inbox depth and refusals, as a dict."""
+
+
+class TrajectoryQueueServerOptions:
+    """Options of a TrajectoryQueueServer (keywords too)."""
+    credits_per_producer: int
+
+    def __init__(self, *, credits_per_producer: int = 16) -> None: ...
+
+
+class TrajectoryQueueServer:
+    """Serves a TrajectoryQueue on a Transport, for RemoteProducers in other processes. Its handlers
+    run on the transport's callback thread and push in C++; no Python runs there. Dropping the last
+    reference (del server) removes them and answers every held push with CancelledError."""
+
+    def __init__(self, transport: Transport, queue: TrajectoryQueue,
+                 options: Optional[TrajectoryQueueServerOptions] = None) -> None:
+        """InvalidArgumentError for zero credits."""
+    def stats(self) -> dict:
+        """Producers, messages received, trajectories accepted and refused, malformed and held
+        messages."""
+
+
+class RemoteProducerOptions:
+    """Options of a RemoteProducer (keywords too); seconds."""
+    connect_timeout: float
+    stall_timeout: float
+
+    def __init__(self, *, connect_timeout: Seconds = 10.0, stall_timeout: Seconds = 10.0) -> None: ...
+
+
+class RemoteProducer:
+    """Pushes into the TrajectoryQueue a TrajectoryQueueServer serves at "host:port", with the
+    queue's own answers, over this process's Transport. Thread-safe: threads share its credits.
+    push and push_many release the GIL while they wait."""
+
+    def __init__(self, transport: Transport, address: str, options: Optional[RemoteProducerOptions] = None) -> None:
+        """Connects and handshakes. InvalidArgumentError for bad options; UnavailableError or
+        DeadlineExceededError when the server cannot be reached."""
+    def push(self, trajectory: Trajectory, *, block: bool = True, timeout: Seconds = None) -> None:
+        """TrajectoryQueue.push across the wire: the queue's errors, or UnavailableError when the
+        server vanished (pushing again is safe: a duplicate is AlreadyExistsError). block and
+        timeout govern the wait for a credit."""
+    def push_many(self, trajectories: Sequence[Trajectory], *, block: bool = True,
+                  timeout: Seconds = None) -> list[Optional[Error]]:
+        """TrajectoryQueue.push_many across the wire: None or the Error (not raised) per trajectory."""
+    @property
+    def credits_granted(self) -> int:
+        """Pushes in flight the server allows this producer."""
+    @property
+    def credits_free(self) -> int:
+        """Credits not in use now."""

@@ -10,50 +10,6 @@
 namespace laminar::python {
 namespace {
 
-// Properties whose setters check their Python value (ints in range, seconds), for the options
-// structs; `name` is also the name in the error message.
-template <class C, class M>
-void def_uint(py::class_<C>& cls, const char* name, M C::*member, const char* doc) {
-  cls.def_property(
-      name, [member](const C& c) { return c.*member; },
-      [member, name](C& c, py::handle v) {
-        c.*member = static_cast<M>(to_uint(v, name, std::numeric_limits<M>::max()));
-      },
-      doc);
-}
-
-template <class C>
-void def_seconds(py::class_<C>& cls, const char* name, Duration C::*member, const char* doc) {
-  cls.def_property(
-      name, [member](const C& c) { return from_duration(c.*member); },
-      [member, name](C& c, py::handle v) { c.*member = to_duration(v, name); }, doc);
-}
-
-// C(**kwargs): each keyword goes through the property of its name (and its checks).
-template <class C>
-void def_kwargs_init(py::class_<C>& cls) {
-  cls.def(py::init([](py::kwargs kwargs) {
-    py::object obj = py::cast(C{});
-    py::object type = py::type::of(obj);
-    py::object property = py::module_::import("builtins").attr("property");
-    for (auto [key, value] : kwargs) {
-      py::object attr = py::getattr(type, key, py::none());
-      if (!py::isinstance(attr, property)) {
-        throw_invalid(std::string(py::str(type.attr("__name__"))) + " has no field '" +
-                      std::string(py::str(key)) + "'");
-      }
-      obj.attr(key) = value;
-    }
-    return obj.cast<C>();
-  }));
-}
-
-PushOptions push_options(bool block, py::handle timeout) {
-  if (!block) return PushOptions::fail_fast();
-  if (timeout.is_none()) return PushOptions::block();
-  return PushOptions::with_timeout(to_duration(timeout, "timeout"));
-}
-
 // An array of one value per trajectory.
 template <class T, class F>
 py::array_t<T> per_trajectory(const Batch& b, F field) {
@@ -109,8 +65,6 @@ BatchId batch_id_of(py::handle batch_or_id) {
   }
   return batch_or_id.cast<BatchId>();
 }
-
-py::object json_loads(const std::string& text) { return py::module_::import("json").attr("loads")(text); }
 
 }  // namespace
 
@@ -334,11 +288,11 @@ CancelledError after close().)doc")
               py::gil_scoped_release unlocked;
               json = q.stats().to_json();
             }
-            return json_loads(json);
+            return json_to_dict(json);
           },
           "Depth, flow, drops, staleness histogram, group waits and log, as a dict.")
       .def(
-          "recovery", [](const TrajectoryQueue& q) { return json_loads(q.recovery().to_json()); },
+          "recovery", [](const TrajectoryQueue& q) { return json_to_dict(q.recovery().to_json()); },
           "What replaying the write-ahead log found, as a dict.")
       .def(
           "background_error", [](const TrajectoryQueue& q) { return status_to_exception(q.background_error()); },

@@ -29,6 +29,7 @@
 
 #include "laminar/clock.h"
 #include "laminar/status.h"
+#include "laminar/trajectory_queue.h"
 #include "laminar/types.h"
 
 namespace laminar::python {
@@ -38,6 +39,8 @@ namespace py = pybind11;
 void bind_status(py::module_& m);
 void bind_trajectory(py::module_& m);
 void bind_queue(py::module_& m);
+void bind_transport(py::module_& m);
+void bind_remote_queue(py::module_& m);
 
 // Carries a non-OK Status from C++ to bind_status's translator.
 class StatusError : public std::exception {
@@ -94,6 +97,51 @@ py::array_t<T> to_numpy(std::span<const T> values) {
   py::array_t<T> out(static_cast<py::ssize_t>(values.size()));
   if (!values.empty()) std::copy(values.begin(), values.end(), out.mutable_data());
   return out;
+}
+
+// The dict of a stats struct's to_json().
+py::object json_to_dict(const std::string& json);
+
+// What push(block=, timeout=) means, as in queue.Queue.put: block=False fails at once (timeout
+// ignored), block=True waits for `timeout` seconds, or without a deadline when it is None.
+PushOptions push_options(bool block, py::handle timeout);
+
+// Properties whose setters check their Python value (ints in range, seconds), for the options
+// structs; `name` is also the name in the error message.
+template <class C, class M>
+void def_uint(py::class_<C>& cls, const char* name, M C::*member, const char* doc) {
+  cls.def_property(
+      name, [member](const C& c) { return c.*member; },
+      [member, name](C& c, py::handle v) {
+        c.*member = static_cast<M>(to_uint(v, name, std::numeric_limits<M>::max()));
+      },
+      doc);
+}
+
+template <class C>
+void def_seconds(py::class_<C>& cls, const char* name, Duration C::*member, const char* doc) {
+  cls.def_property(
+      name, [member](const C& c) { return from_duration(c.*member); },
+      [member, name](C& c, py::handle v) { c.*member = to_duration(v, name); }, doc);
+}
+
+// C(**kwargs): each keyword goes through the property of its name (and its checks).
+template <class C>
+void def_kwargs_init(py::class_<C>& cls) {
+  cls.def(py::init([](py::kwargs kwargs) {
+    py::object obj = py::cast(C{});
+    py::object type = py::type::of(obj);
+    py::object property = py::module_::import("builtins").attr("property");
+    for (auto [key, value] : kwargs) {
+      py::object attr = py::getattr(type, key, py::none());
+      if (!py::isinstance(attr, property)) {
+        throw_invalid(std::string(py::str(type.attr("__name__"))) + " has no field '" +
+                      std::string(py::str(key)) + "'");
+      }
+      obj.attr(key) = value;
+    }
+    return obj.cast<C>();
+  }));
 }
 
 }  // namespace laminar::python

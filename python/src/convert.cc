@@ -87,6 +87,14 @@ std::int64_t to_int64(py::handle value, std::string_view what) {
   return v;
 }
 
+py::object json_to_dict(const std::string& json) { return py::module_::import("json").attr("loads")(json); }
+
+PushOptions push_options(bool block, py::handle timeout) {
+  if (!block) return PushOptions::fail_fast();
+  if (timeout.is_none()) return PushOptions::block();
+  return PushOptions::with_timeout(to_duration(timeout, "timeout"));
+}
+
 Duration to_duration(py::handle seconds, std::string_view what) {
   if (seconds.is_none()) return kForever;
   double s = 0;

@@ -6,4 +6,6 @@ PYBIND11_MODULE(_laminar, m) {
   laminar::python::bind_status(m);
   laminar::python::bind_trajectory(m);
   laminar::python::bind_queue(m);
+  laminar::python::bind_transport(m);
+  laminar::python::bind_remote_queue(m);
 }
