@@ -406,3 +406,12 @@ class RemoteProducer:
     @property
     def credits_free(self) -> int:
         """Credits not in use now."""
+
+
+def cast(src: "DLPackTensor", dst: "DLPackTensor") -> None:  # noqa: F821
+    """Converts src into dst, element by element, between float32, float16 and bfloat16 (round to
+    nearest even, NaN kept; the same bits on the CPU and CUDA). Both are tensors given through
+    DLPack (torch tensors, NumPy arrays) of the same shape, dense, on the host or one CUDA device;
+    dst is written in place, nothing is copied on the way in. On CUDA the cast is enqueued on the
+    legacy default stream. InvalidArgumentError names the tensor and what is wrong (dtype, shape,
+    strides, overlap); UnimplementedError for CUDA tensors in a build without CUDA."""

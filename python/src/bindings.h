@@ -41,6 +41,7 @@ void bind_trajectory(py::module_& m);
 void bind_queue(py::module_& m);
 void bind_transport(py::module_& m);
 void bind_remote_queue(py::module_& m);
+void bind_kernels(py::module_& m);
 
 // Carries a non-OK Status from C++ to bind_status's translator.
 class StatusError : public std::exception {
@@ -91,6 +92,23 @@ std::vector<std::int32_t> to_int32_vector(py::handle values, std::string_view wh
 // The same for real numbers: a list or tuple of ints and floats, or an array of a floating dtype.
 std::vector<float> to_float_vector(py::handle values, std::string_view what);
 
+// A tensor borrowed through the DLPack protocol (`__dlpack__`: torch tensors, NumPy arrays, ...),
+// without a copy: view() points into the producer's memory, kept alive (with the producer's
+// object) as long as this lives. CUDA tensors are exported for the legacy default stream, which is
+// where the kernels bound here run them.
+class DlpackTensor {
+ public:
+  // kInvalidArgument naming `what` for an object without __dlpack__, one whose export fails (a
+  // torch tensor that requires grad, a read-only NumPy array), or a tensor TensorView::from_dlpack
+  // refuses (dtype, negative strides, device).
+  static DlpackTensor borrow(py::handle obj, std::string_view what);
+  const TensorView& view() const noexcept { return view_; }
+
+ private:
+  py::capsule capsule_;  // owns the DLManagedTensor; its destructor calls the producer's deleter
+  TensorView view_;
+};
+
 // A new NumPy array holding a copy of `values`.
 template <class T>
 py::array_t<T> to_numpy(std::span<const T> values) {
@@ -98,6 +116,9 @@ py::array_t<T> to_numpy(std::span<const T> values) {
   if (!values.empty()) std::copy(values.begin(), values.end(), out.mutable_data());
   return out;
 }
+
+// "TypeName: message" of a Python exception, without the traceback error_already_set::what() adds.
+std::string describe_error(const py::error_already_set& e);
 
 // The dict of a stats struct's to_json().
 py::object json_to_dict(const std::string& json);

@@ -24,7 +24,7 @@ py::object as_array(py::handle values, std::string_view what) {
     return py::module_::import("numpy").attr("from_dlpack")(values);
   } catch (py::error_already_set& e) {
     throw_invalid(std::string(what) + ": cannot read this " + describe(values) + " through DLPack (" +
-                  e.what() + ")");
+                  describe_error(e) + ")");
   }
 }
 
@@ -85,6 +85,10 @@ std::int64_t to_int64(py::handle value, std::string_view what) {
   long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
   if (overflow != 0) throw_invalid(std::string(what) + " = " + std::string(py::str(value)) + " does not fit int64");
   return v;
+}
+
+std::string describe_error(const py::error_already_set& e) {
+  return std::string(py::str(e.type().attr("__name__"))) + ": " + std::string(py::str(e.value()));
 }
 
 py::object json_to_dict(const std::string& json) { return py::module_::import("json").attr("loads")(json); }

@@ -19,8 +19,8 @@ def public(names):
 
 def test_every_name_has_a_stub_and_every_stub_a_name():
     tree = stub_tree()
-    stubbed = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
-    bound = public(name for name, value in vars(_laminar).items() if inspect.isclass(value))
+    stubbed = {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+    bound = public(name for name, value in vars(_laminar).items() if inspect.isclass(value) or callable(value))
     assert bound == stubbed
     assert bound <= set(laminar.__all__)
 
