@@ -181,6 +181,7 @@ class TrajectoryQueueOptions:
     default_lease: float
     group_timeout: float
     partial_group_policy: PartialGroupPolicy
+    clock: Optional["Clock"]
     validate_contents: bool
     initial_version: int
     id_dedup_window: int
@@ -190,7 +191,8 @@ class TrajectoryQueueOptions:
 
     def __init__(self, *, capacity_trajectories: int = ..., capacity_tokens: int = ...,
                  default_lease: Seconds = ..., group_timeout: Seconds = ...,
-                 partial_group_policy: PartialGroupPolicy = ..., validate_contents: bool = ...,
+                 clock: Optional["Clock"] = ..., partial_group_policy: PartialGroupPolicy = ...,
+                 validate_contents: bool = ...,
                  initial_version: int = ..., id_dedup_window: int = ..., wal_path: str = ...,
                  wal_fsync: bool = ..., wal_compact_bytes: int = ...) -> None: ...
 
@@ -329,12 +331,13 @@ class TransportOptions:
     idle_timeout: float
     max_inbox_bytes_per_connection: int
     max_inbox_bytes: int
+    clock: Optional["Clock"]
 
     def __init__(self, *, cluster_token: Union[bytes, str] = ..., ucx_transports: str = ...,
                  max_message_bytes: int = ..., connect_timeout: Seconds = ..., handshake_timeout: Seconds = ...,
                  max_unauthenticated_connections: int = ..., operation_timeout: Seconds = ...,
                  idle_timeout: Seconds = ..., max_inbox_bytes_per_connection: int = ...,
-                 max_inbox_bytes: int = ...) -> None: ...
+                 max_inbox_bytes: int = ..., clock: Optional["Clock"] = ...) -> None: ...
 
 
 class Transport:
@@ -360,8 +363,9 @@ class Transport:
 class TrajectoryQueueServerOptions:
     """Options of a TrajectoryQueueServer (keywords too)."""
     credits_per_producer: int
+    clock: Optional["Clock"]
 
-    def __init__(self, *, credits_per_producer: int = 16) -> None: ...
+    def __init__(self, *, credits_per_producer: int = 16, clock: Optional["Clock"] = None) -> None: ...
 
 
 class TrajectoryQueueServer:
@@ -381,8 +385,10 @@ class RemoteProducerOptions:
     """Options of a RemoteProducer (keywords too); seconds."""
     connect_timeout: float
     stall_timeout: float
+    clock: Optional["Clock"]
 
-    def __init__(self, *, connect_timeout: Seconds = 10.0, stall_timeout: Seconds = 10.0) -> None: ...
+    def __init__(self, *, connect_timeout: Seconds = 10.0, stall_timeout: Seconds = 10.0,
+                 clock: Optional["Clock"] = None) -> None: ...
 
 
 class RemoteProducer:
@@ -415,3 +421,27 @@ def cast(src: "DLPackTensor", dst: "DLPackTensor") -> None:  # noqa: F821
     dst is written in place, nothing is copied on the way in. On CUDA the cast is enqueued on the
     legacy default stream. InvalidArgumentError names the tensor and what is wrong (dtype, shape,
     strides, overlap); UnimplementedError for CUDA tensors in a build without CUDA."""
+
+
+class Clock:
+    """The time every laminar timeout, lease and deadline reads. Options take one (their `clock`
+    field; None: the steady clock). Clock.steady() is real time; a ManualClock moves only when told,
+    so a test or a simulation makes leases and timeouts expire exactly when it says."""
+
+    def now(self) -> float:
+        """Seconds since the clock's epoch."""
+    @staticmethod
+    def steady() -> "Clock":
+        """The process-wide steady (monotonic, real-time) clock."""
+
+
+class ManualClock(Clock):
+    """Virtual time that only moves when told to."""
+
+    def __init__(self, start: Seconds = 0) -> None:
+        """Starts at `start` seconds."""
+    def advance(self, seconds: Seconds) -> None:
+        """Moves time forward, then wakes every call waiting on this clock (they re-check their
+        deadlines). InvalidArgumentError for a negative step or one reaching infinity."""
+    def set(self, seconds: Seconds) -> None:
+        """Jumps to `seconds`. InvalidArgumentError when that is before now()."""

@@ -92,6 +92,8 @@ seconds (float); None or math.inf means no timeout.)doc");
               "Lease of a popped batch whose BatchSpec.lease is 0.");
   def_seconds(options_class, "group_timeout", &TrajectoryQueueOptions::group_timeout,
               "How long a group may wait for its last member (None: forever).");
+  options_class.def_readwrite("clock", &TrajectoryQueueOptions::clock,
+                              "The Clock of leases, group timeouts and waits (None: Clock.steady()).");
   options_class.def_readwrite("partial_group_policy", &TrajectoryQueueOptions::partial_group_policy);
   options_class.def_readwrite("validate_contents", &TrajectoryQueueOptions::validate_contents,
                         "push() checks every token id, log-prob, reward and the metadata JSON.");

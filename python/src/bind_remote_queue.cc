@@ -23,6 +23,8 @@ void bind_remote_queue(py::module_& m) {
   def_kwargs_init(server_options);
   def_uint(server_options, "credits_per_producer", &TrajectoryQueueServerOptions::credits_per_producer,
            "Push messages one producer may have in flight.");
+  server_options.def_readwrite("clock", &TrajectoryQueueServerOptions::clock,
+                               "The Clock of producers' push timeouts and of retries (None: Clock.steady()).");
 
   py::class_<TrajectoryQueueServer>(m, "TrajectoryQueueServer", R"doc(
 Serves a TrajectoryQueue on a Transport, for RemoteProducers in other processes. Its handlers run
@@ -55,6 +57,8 @@ last reference (del server) removes them and answers every held push with Cancel
               "Connecting plus the handshake.");
   def_seconds(producer_options, "stall_timeout", &RemoteProducerOptions::stall_timeout,
               "A server leaving a ping unanswered this long counts as hung (None: never ping).");
+  producer_options.def_readwrite("clock", &RemoteProducerOptions::clock,
+                                 "The Clock of push timeouts (None: Clock.steady()).");
 
   py::class_<RemoteProducer>(m, "RemoteProducer", R"doc(
 Pushes into the TrajectoryQueue a TrajectoryQueueServer serves at "host:port", with the queue's own

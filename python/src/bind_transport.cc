@@ -42,6 +42,8 @@ Options of a Transport; every field is also a keyword of the constructor. Durati
            "Bytes of unhandled messages kept from one connection.");
   def_uint(options_class, "max_inbox_bytes", &TransportOptions::max_inbox_bytes,
            "Bytes of unhandled messages kept from all connections.");
+  options_class.def_readwrite("clock", &TransportOptions::clock,
+                              "The Clock every deadline of the transport reads (None: Clock.steady()).");
 
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport", R"doc(
 laminar's one way across processes and machines (UCX), with its own progress and callback threads;

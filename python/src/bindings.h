@@ -37,6 +37,7 @@ namespace laminar::python {
 namespace py = pybind11;
 
 void bind_status(py::module_& m);
+void bind_clock(py::module_& m);
 void bind_trajectory(py::module_& m);
 void bind_queue(py::module_& m);
 void bind_transport(py::module_& m);

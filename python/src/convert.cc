@@ -121,7 +121,7 @@ Duration to_duration(py::handle seconds, std::string_view what) {
 
 double from_duration(Duration d) {
   if (d == kForever) return std::numeric_limits<double>::infinity();
-  return static_cast<double>(d.count()) * 1e-9;
+  return static_cast<double>(d.count()) / 1e9;
 }
 
 std::vector<std::int32_t> to_int32_vector(py::handle values, std::string_view what) {

@@ -4,6 +4,7 @@
 PYBIND11_MODULE(_laminar, m) {
   m.doc() = "laminar's C++ components, bound with pybind11; import them from the package laminar.";
   laminar::python::bind_status(m);
+  laminar::python::bind_clock(m);
   laminar::python::bind_trajectory(m);
   laminar::python::bind_queue(m);
   laminar::python::bind_transport(m);
