@@ -445,3 +445,122 @@ class ManualClock(Clock):
         deadlines). InvalidArgumentError for a negative step or one reaching infinity."""
     def set(self, seconds: Seconds) -> None:
         """Jumps to `seconds`. InvalidArgumentError when that is before now()."""
+
+
+# A tensor given through DLPack: a torch tensor or a NumPy array (read or written in place).
+Tensor = Union["torch.Tensor", npt.NDArray[np.generic]]  # noqa: F821
+
+
+class RelayStoreOptions:
+    """Options of a RelayStore (keywords too)."""
+    chunk_bytes: int
+    memory_budget_bytes: int
+    pin_memory: bool
+    shareable: bool
+    clock: Optional[Clock]
+
+    def __init__(self, *, chunk_bytes: int = ..., memory_budget_bytes: int = ..., pin_memory: bool = ...,
+                 shareable: bool = ..., clock: Optional[Clock] = ...) -> None: ...
+
+
+class ReadHandle:
+    """A reference on one committed version of a RelayStore: its bytes stay valid and unchanged
+    while the handle (or an array it returned) lives."""
+    @property
+    def version(self) -> int: ...
+    @property
+    def manifest(self) -> dict:
+        """The version's manifest: {"total_bytes", "tensors": [{"name", "dtype", "shape", "nbytes",
+        "offset"}, ...]}."""
+    def tensor_bytes(self, name: str) -> npt.NDArray[np.uint8]:
+        """The stored bytes of one tensor, as a read-only uint8 array over the store's memory (no
+        copy). NotFoundError naming the tensor when the manifest lacks it."""
+    def verify(self) -> None:
+        """Re-hashes every chunk against its checksum; DataLossError naming the first that differs."""
+
+
+class RelayStore:
+    """The versioned weight store: publish copies a version out of the caller's tensors and returns
+    without waiting for readers; the version commits once every chunk is checksummed (in the
+    background). Readers acquire the newest committed version, or pull it with a WeightPuller."""
+
+    def __init__(self, options: Optional[RelayStoreOptions] = None) -> None:
+        """InvalidArgumentError for a bad chunk size or a zero budget."""
+    def publish(self, version: int, tensors: dict[str, Tensor]) -> None:
+        """Publishes version `version` from {name: tensor} (torch tensors or NumPy arrays, through
+        DLPack, read in place), laid out in the dict's order. Returns once the bytes are copied into
+        the store. InvalidArgumentError when the version does not increase, the dict is empty, a
+        name is empty, or a tensor is not dense row-major or has an unsupported dtype;
+        ResourceExhaustedError past the memory budget."""
+    def wait_for_version(self, version: int, timeout: Seconds = None) -> None:
+        """Waits until a version >= `version` is committed; DeadlineExceededError after `timeout`
+        seconds (None: no deadline)."""
+    def newest_version(self) -> Optional[int]:
+        """Newest committed version, or None."""
+    def acquire(self, version: Optional[int] = None) -> ReadHandle:
+        """A ReadHandle on `version` (None: the newest committed). NotFoundError when it is not
+        held, UnavailableError while it is still arriving."""
+    def stats(self) -> dict:
+        """Bytes and versions held, chunks rejected, as a dict."""
+
+
+class PullPolicy(enum.IntEnum):
+    """When a WeightPuller may take a newer version."""
+    WHEN_IDLE = 0
+    PREFETCH_THEN_SWAP = 1
+
+
+class PullAction(enum.IntEnum):
+    """What WeightPuller.next_action says to do."""
+    NONE = 0
+    PULL = 1
+    PREFETCH = 2
+    SWAP = 3
+
+
+class WeightPullerOptions:
+    """Options of a WeightPuller (keywords too)."""
+    policy: PullPolicy
+    verify_checksums: bool
+    copy_chunk_bytes: int
+    relay_timeout: float
+    clock: Optional[Clock]
+
+    def __init__(self, *, policy: PullPolicy = ..., verify_checksums: bool = ..., copy_chunk_bytes: int = ...,
+                 relay_timeout: Seconds = ..., clock: Optional[Clock] = ...) -> None: ...
+
+
+class WeightPuller:
+    """The rollout side of the relay tier: takes the newest version when the worker has no live
+    trajectory, copying it straight from the relay's memory into the engine's tensors (in place,
+    through DLPack). One thread at a time uses a puller, except cancel(). pull, prefetch and swap
+    release the GIL."""
+
+    def __init__(self, relay: RelayStore, options: Optional[WeightPullerOptions] = None) -> None:
+        """Pulls from a RelayStore in this process. InvalidArgumentError for bad options."""
+    def newest_version(self) -> Optional[int]:
+        """Newest version the relay has committed, or None."""
+    def current_version(self) -> Optional[int]:
+        """Version the destinations hold after the last pull or swap, or None."""
+    def prefetched_version(self) -> Optional[int]:
+        """Version reserved by prefetch and not swapped in yet, or None."""
+    def next_action(self, has_live_trajectory: bool) -> tuple[PullAction, Optional[int]]:
+        """(PullAction, version or None): what to do next. Never PULL or SWAP with a live
+        trajectory."""
+    def pull(self, version: int, destinations: dict[str, Tensor], has_live_trajectory: bool = False) -> None:
+        """Copies version `version`'s tensors named by {name: tensor} into those tensors, in place.
+        FailedPreconditionError with a live trajectory; NotFoundError for a version or tensor name
+        the relay lacks (UnavailableError while the version arrives); InvalidArgumentError for a
+        tensor whose dtype or shape differs from the manifest's, or that is not dense; DataLossError
+        when verify_checksums finds a bad chunk; CancelledError when cancel() stopped it (pulling
+        again resumes)."""
+    def prefetch(self, version: int) -> None:
+        """Reserves `version` for a later swap (PREFETCH_THEN_SWAP only: FailedPreconditionError
+        otherwise)."""
+    def swap(self, destinations: dict[str, Tensor], has_live_trajectory: bool = False) -> None:
+        """Copies the prefetched version into the destinations; errors as pull."""
+    def cancel(self) -> None:
+        """Stops a pull running on another thread at its next chunk; the one call that may run
+        concurrently."""
+    def stopped_pull(self) -> Optional[tuple[int, int]]:
+        """(version, bytes_done) of the last cancelled pull until a pull completes, or None."""

@@ -9,5 +9,6 @@ PYBIND11_MODULE(_laminar, m) {
   laminar::python::bind_queue(m);
   laminar::python::bind_transport(m);
   laminar::python::bind_remote_queue(m);
+  laminar::python::bind_relay(m);
   laminar::python::bind_kernels(m);
 }

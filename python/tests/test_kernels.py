@@ -42,7 +42,8 @@ def test_numpy_arrays_and_nan(rng):
     src[3] = np.nan
     dst = np.zeros(src.shape, np.float16)
     laminar.cast(src, dst)
-    expected = src.astype(np.float16)
+    with np.errstate(over="ignore"):  # 1e6 and 65520 become inf, as they should
+        expected = src.astype(np.float16)
     assert np.isnan(dst[3])
     keep = ~np.isnan(src)
     np.testing.assert_array_equal(dst[keep].view(np.int16), expected[keep].view(np.int16))

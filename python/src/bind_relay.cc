@@ -1,0 +1,254 @@
+// RelayStore (publish from tensors given through DLPack, acquire) and WeightPuller (pull into
+// tensors in place): the in-process relay tier.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "laminar/relay_store.h"
+#include "laminar/weight_manifest.h"
+#include "laminar/weight_puller.h"
+
+namespace laminar::python {
+namespace {
+
+// A {name: tensor} mapping, borrowed through DLPack, as the NamedTensor span the C++ calls take.
+// Built with the GIL held; the views stay valid while it lives, without it.
+class NamedTensors {
+ public:
+  NamedTensors(py::handle mapping, std::string_view what) {
+    if (!PyDict_Check(mapping.ptr())) {
+      throw_invalid(std::string(what) + " must be a dict {name: tensor}, got " +
+                    std::string(py::str(py::type::of(mapping).attr("__name__"))));
+    }
+    py::dict d = py::reinterpret_borrow<py::dict>(mapping);
+    for (auto [key, value] : d) {
+      if (!PyUnicode_Check(key.ptr())) throw_invalid(std::string(what) + ": tensor names must be str");
+      names_.push_back(key.cast<std::string>());
+      tensors_.push_back(DlpackTensor::borrow(value, std::string(what) + "['" + names_.back() + "']"));
+    }
+    for (std::size_t i = 0; i < names_.size(); ++i) named_.push_back({names_[i], tensors_[i].view()});
+  }
+  std::span<const NamedTensor> span() const noexcept { return named_; }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<DlpackTensor> tensors_;
+  std::vector<NamedTensor> named_;
+};
+
+py::object optional_version(std::optional<Version> v) {
+  if (!v) return py::none();
+  return py::cast(*v);
+}
+
+// A read-only uint8 NumPy array over `bytes`, keeping `handle` (and so the version) alive.
+py::array read_only_bytes(const ReadHandle& handle, std::span<const std::byte> bytes) {
+  auto* keep = new ReadHandle(handle);
+  py::capsule owner(keep, [](void* p) { delete static_cast<ReadHandle*>(p); });
+  py::array_t<std::uint8_t> a({static_cast<py::ssize_t>(bytes.size())}, {py::ssize_t(1)},
+                              reinterpret_cast<const std::uint8_t*>(bytes.data()), owner);
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
+}
+
+}  // namespace
+
+void bind_relay(py::module_& m) {
+  py::class_<RelayStoreOptions> store_options(m, "RelayStoreOptions", "Options of a RelayStore (keywords too).");
+  def_kwargs_init(store_options);
+  def_uint(store_options, "chunk_bytes", &RelayStoreOptions::chunk_bytes,
+           "Chunk size of published versions (>= 4096, a multiple of 256).");
+  def_uint(store_options, "memory_budget_bytes", &RelayStoreOptions::memory_budget_bytes,
+           "Bytes of version buffers the store may hold.");
+  store_options.def_readwrite("pin_memory", &RelayStoreOptions::pin_memory,
+                              "Page-lock version buffers through CUDA when a device is present.");
+  store_options.def_readwrite("shareable", &RelayStoreOptions::shareable,
+                              "Keep versions in sealed memfds, for a LocalRelayServer.");
+  store_options.def_readwrite("clock", &RelayStoreOptions::clock, "The Clock of every wait (None: Clock.steady()).");
+
+  py::class_<ReadHandle>(m, "ReadHandle", R"doc(
+A reference on one committed version of a RelayStore: its bytes stay valid and unchanged while the
+handle (or an array it returned) lives.)doc")
+      .def_property_readonly("version", &ReadHandle::version)
+      .def_property_readonly(
+          "manifest", [](const ReadHandle& h) { return json_to_dict(h.manifest().to_json()); },
+          "The version's manifest: {\"total_bytes\", \"tensors\": [{\"name\", \"dtype\", \"shape\", \"nbytes\", "
+          "\"offset\"}, ...]}.")
+      .def(
+          "tensor_bytes",
+          [](const ReadHandle& h, const std::string& name) {
+            return read_only_bytes(h, unwrap(h.tensor(name)));
+          },
+          py::arg("name"),
+          "The stored bytes of one tensor, as a read-only uint8 array over the store's memory (no copy). "
+          "NotFoundError naming the tensor when the manifest lacks it.")
+      .def(
+          "verify",
+          [](const ReadHandle& h) {
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = h.verify(0, h.plan().num_chunks());
+            }
+            check(st);
+          },
+          "Re-hashes every chunk against its checksum; DataLossError naming the first that differs.");
+
+  py::class_<RelayStore, std::shared_ptr<RelayStore>>(m, "RelayStore", R"doc(
+The versioned weight store: publish copies a version out of the caller's tensors and returns
+without waiting for readers; the version commits once every chunk is checksummed (in the
+background). Readers acquire the newest committed version, or pull it with a WeightPuller.)doc")
+      .def(py::init([](std::optional<RelayStoreOptions> options) {
+             return std::shared_ptr<RelayStore>(unwrap(RelayStore::create(options.value_or(RelayStoreOptions{}))));
+           }),
+           py::arg("options") = py::none(), "InvalidArgumentError for a bad chunk size or a zero budget.")
+      .def(
+          "publish",
+          [](RelayStore& s, Version v, py::handle tensors) {
+            NamedTensors named(tensors, "tensors");
+            WeightManifest manifest;
+            for (const NamedTensor& t : named.span()) check(manifest.add(t.name, t.view.dtype(), t.view.shape()));
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = s.publish(v, manifest, named.span());
+            }
+            check(st);
+          },
+          py::arg("version"), py::arg("tensors"), R"doc(
+Publishes version `version` from {name: tensor} (torch tensors or NumPy arrays, through DLPack, read
+in place), laid out in the dict's order. Returns once the bytes are copied into the store.
+InvalidArgumentError when the version does not increase, the dict is empty, a name is empty, or a
+tensor is not dense row-major or has an unsupported dtype; ResourceExhaustedError past the memory
+budget.)doc")
+      .def(
+          "wait_for_version",
+          [](const RelayStore& s, Version v, py::handle timeout) {
+            Duration d = to_duration(timeout, "timeout");
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = s.wait_for_version(v, d);
+            }
+            check(st);
+          },
+          py::arg("version"), py::arg("timeout") = py::none(),
+          "Waits until a version >= `version` is committed; DeadlineExceededError after `timeout` seconds "
+          "(None: no deadline).")
+      .def(
+          "newest_version", [](const RelayStore& s) { return optional_version(s.newest_version()); },
+          "Newest committed version, or None.")
+      .def(
+          "acquire",
+          [](const RelayStore& s, std::optional<Version> v) { return unwrap(v ? s.acquire(*v) : s.acquire()); },
+          py::arg("version") = py::none(),
+          "A ReadHandle on `version` (None: the newest committed). NotFoundError when it is not held, "
+          "UnavailableError while it is still arriving.")
+      .def(
+          "stats", [](const RelayStore& s) { return json_to_dict(s.stats().to_json()); },
+          "Bytes and versions held, chunks rejected, as a dict.");
+
+  py::enum_<PullPolicy>(m, "PullPolicy", "When a WeightPuller may take a newer version.")
+      .value("WHEN_IDLE", PullPolicy::kWhenIdle, "pull only with no live trajectory (one version each)")
+      .value("PREFETCH_THEN_SWAP", PullPolicy::kPrefetchThenSwap,
+             "fetch while generating, swap in when idle");
+  py::enum_<PullAction>(m, "PullAction", "What WeightPuller.next_action says to do.")
+      .value("NONE", PullAction::kNone)
+      .value("PULL", PullAction::kPull)
+      .value("PREFETCH", PullAction::kPrefetch)
+      .value("SWAP", PullAction::kSwap);
+
+  py::class_<WeightPullerOptions> puller_options(m, "WeightPullerOptions",
+                                                 "Options of a WeightPuller (keywords too).");
+  def_kwargs_init(puller_options);
+  puller_options.def_readwrite("policy", &WeightPullerOptions::policy);
+  puller_options.def_readwrite("verify_checksums", &WeightPullerOptions::verify_checksums,
+                               "Re-hash every chunk a pull reads before copying it out.");
+  def_uint(puller_options, "copy_chunk_bytes", &WeightPullerOptions::copy_chunk_bytes,
+           "Granularity of copies and of cancel / resume (>= 4096).");
+  def_seconds(puller_options, "relay_timeout", &WeightPullerOptions::relay_timeout,
+              "How long one answer from a local relay may take.");
+  puller_options.def_readwrite("clock", &WeightPullerOptions::clock, "The Clock of relay_timeout.");
+
+  py::class_<WeightPuller>(m, "WeightPuller", R"doc(
+The rollout side of the relay tier: takes the newest version when the worker has no live
+trajectory, copying it straight from the relay's memory into the engine's tensors (in place,
+through DLPack). One thread at a time uses a puller, except cancel(). pull, prefetch and swap
+release the GIL.)doc")
+      .def(py::init([](std::shared_ptr<RelayStore> relay, std::optional<WeightPullerOptions> options) {
+             if (!relay) throw_invalid("relay must be a RelayStore, not None");
+             return unwrap(WeightPuller::create(std::move(relay), options.value_or(WeightPullerOptions{})));
+           }),
+           py::arg("relay"), py::arg("options") = py::none(),
+           "Pulls from a RelayStore in this process. InvalidArgumentError for bad options.")
+      .def("newest_version", [](const WeightPuller& p) { return optional_version(p.newest_version()); },
+           "Newest version the relay has committed, or None.")
+      .def("current_version", [](const WeightPuller& p) { return optional_version(p.current_version()); },
+           "Version the destinations hold after the last pull or swap, or None.")
+      .def("prefetched_version", [](const WeightPuller& p) { return optional_version(p.prefetched_version()); },
+           "Version reserved by prefetch and not swapped in yet, or None.")
+      .def(
+          "next_action",
+          [](const WeightPuller& p, bool has_live_trajectory) {
+            PullDecision d = p.next_action(has_live_trajectory);
+            return py::make_tuple(d.action, d.action == PullAction::kNone ? py::none() : py::cast(d.version));
+          },
+          py::arg("has_live_trajectory"),
+          "(PullAction, version or None): what to do next. Never PULL or SWAP with a live trajectory.")
+      .def(
+          "pull",
+          [](WeightPuller& p, Version v, py::handle destinations, bool has_live_trajectory) {
+            NamedTensors named(destinations, "destinations");
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = p.pull(v, named.span(), has_live_trajectory);
+            }
+            check(st);
+          },
+          py::arg("version"), py::arg("destinations"), py::arg("has_live_trajectory") = false, R"doc(
+Copies version `version`'s tensors named by {name: tensor} into those tensors, in place.
+FailedPreconditionError with a live trajectory; NotFoundError for a version or tensor name the relay
+lacks (UnavailableError while the version arrives); InvalidArgumentError for a tensor whose dtype or
+shape differs from the manifest's, or that is not dense; DataLossError when verify_checksums finds a
+bad chunk; CancelledError when cancel() stopped it (pulling again resumes).)doc")
+      .def(
+          "prefetch",
+          [](WeightPuller& p, Version v) {
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = p.prefetch(v);
+            }
+            check(st);
+          },
+          py::arg("version"),
+          "Reserves `version` for a later swap (PREFETCH_THEN_SWAP only: FailedPreconditionError otherwise).")
+      .def(
+          "swap",
+          [](WeightPuller& p, py::handle destinations, bool has_live_trajectory) {
+            NamedTensors named(destinations, "destinations");
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = p.swap(named.span(), has_live_trajectory);
+            }
+            check(st);
+          },
+          py::arg("destinations"), py::arg("has_live_trajectory") = false,
+          "Copies the prefetched version into the destinations; errors as pull.")
+      .def("cancel", &WeightPuller::cancel,
+           "Stops a pull running on another thread at its next chunk; the one call that may run concurrently.")
+      .def(
+          "stopped_pull",
+          [](const WeightPuller& p) -> py::object {
+            std::optional<WeightPuller::StoppedPull> s = p.stopped_pull();
+            if (!s) return py::none();
+            return py::make_tuple(s->version, s->bytes_done);
+          },
+          "(version, bytes_done) of the last cancelled pull until a pull completes, or None.");
+}
+
+}  // namespace laminar::python
