@@ -538,8 +538,15 @@ class WeightPuller:
 
     def __init__(self, relay: RelayStore, options: Optional[WeightPullerOptions] = None) -> None:
         """Pulls from a RelayStore in this process. InvalidArgumentError for bad options."""
+    @staticmethod
+    def local(socket_paths: Sequence[str], options: Optional[WeightPullerOptions] = None) -> "WeightPuller":
+        """Pulls from the LocalRelayServers at these socket paths, the first that answers, in order
+        (connecting on first use). InvalidArgumentError for an empty list or a path too long for a
+        socket."""
+    def relay(self) -> str:
+        """Where requests go now: "this process" or a local relay's socket path."""
     def newest_version(self) -> Optional[int]:
-        """Newest version the relay has committed, or None."""
+        """Newest version the relay has committed, or None (also when no local relay answers)."""
     def current_version(self) -> Optional[int]:
         """Version the destinations hold after the last pull or swap, or None."""
     def prefetched_version(self) -> Optional[int]:
@@ -564,3 +571,33 @@ class WeightPuller:
         concurrently."""
     def stopped_pull(self) -> Optional[tuple[int, int]]:
         """(version, bytes_done) of the last cancelled pull until a pull completes, or None."""
+
+
+class LocalRelayServerOptions:
+    """Options of a LocalRelayServer (keywords too)."""
+    max_clients: int
+    max_leases_per_client: int
+    max_client_buffer_bytes: int
+    idle_timeout: float
+    clock: Optional[Clock]
+
+    def __init__(self, *, max_clients: int = ..., max_leases_per_client: int = ...,
+                 max_client_buffer_bytes: int = ..., idle_timeout: Seconds = ...,
+                 clock: Optional[Clock] = ...) -> None: ...
+
+
+class LocalRelayServer:
+    """Serves a shareable RelayStore's committed versions to WeightPuller.local in other processes
+    of this host, over a Unix domain socket: they map a version's memory read-only and copy from it
+    in place. Runs one thread of its own (no Python runs on it). Dropping the last reference stops
+    it, drops every lease and removes the socket file."""
+
+    def __init__(self, store: RelayStore, socket_path: str, options: Optional[LocalRelayServerOptions] = None) -> None:
+        """FailedPreconditionError for a store that is not shareable; AlreadyExistsError when a live
+        server owns the path; InvalidArgumentError for a bad path or options."""
+    @property
+    def socket_path(self) -> str: ...
+    def stats(self) -> dict:
+        """Clients, leases and closed connections, as a dict."""
+    def background_error(self) -> Optional[Error]:
+        """The failure that stopped the server's thread (an Error, not raised), or None."""

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "laminar/local_relay.h"
 #include "laminar/relay_store.h"
 #include "laminar/weight_manifest.h"
 #include "laminar/weight_puller.h"
@@ -150,6 +151,40 @@ budget.)doc")
           "stats", [](const RelayStore& s) { return json_to_dict(s.stats().to_json()); },
           "Bytes and versions held, chunks rejected, as a dict.");
 
+  py::class_<LocalRelayServerOptions> local_options(m, "LocalRelayServerOptions",
+                                                   "Options of a LocalRelayServer (keywords too).");
+  def_kwargs_init(local_options);
+  def_uint(local_options, "max_clients", &LocalRelayServerOptions::max_clients, "Connections served at once.");
+  def_uint(local_options, "max_leases_per_client", &LocalRelayServerOptions::max_leases_per_client,
+           "Leases one connection may hold.");
+  def_uint(local_options, "max_client_buffer_bytes", &LocalRelayServerOptions::max_client_buffer_bytes,
+           "Replies queued for one client before its requests stop being read.");
+  def_seconds(local_options, "idle_timeout", &LocalRelayServerOptions::idle_timeout,
+              "An idle connection holding no lease is closed after this long (None: never).");
+  local_options.def_readwrite("clock", &LocalRelayServerOptions::clock, "The Clock of idle_timeout.");
+
+  py::class_<LocalRelayServer>(m, "LocalRelayServer", R"doc(
+Serves a shareable RelayStore's committed versions to WeightPuller.local in other processes of this
+host, over a Unix domain socket: they map a version's memory read-only and copy from it in place.
+Runs one thread of its own (no Python runs on it). Dropping the last reference stops it, drops every
+lease and removes the socket file.)doc")
+      .def(py::init([](std::shared_ptr<RelayStore> store, std::string socket_path,
+                       std::optional<LocalRelayServerOptions> options) {
+             if (!store) throw_invalid("store must be a RelayStore, not None");
+             return unwrap(LocalRelayServer::create(std::move(store), std::move(socket_path),
+                                                    options.value_or(LocalRelayServerOptions{})));
+           }),
+           py::arg("store"), py::arg("socket_path"), py::arg("options") = py::none(),
+           "FailedPreconditionError for a store that is not shareable; AlreadyExistsError when a live server "
+           "owns the path; InvalidArgumentError for a bad path or options.")
+      .def_property_readonly("socket_path", &LocalRelayServer::socket_path)
+      .def(
+          "stats", [](const LocalRelayServer& s) { return json_to_dict(s.stats().to_json()); },
+          "Clients, leases and closed connections, as a dict.")
+      .def(
+          "background_error", [](const LocalRelayServer& s) { return status_to_exception(s.background_error()); },
+          "The failure that stopped the server's thread (an Error, not raised), or None.");
+
   py::enum_<PullPolicy>(m, "PullPolicy", "When a WeightPuller may take a newer version.")
       .value("WHEN_IDLE", PullPolicy::kWhenIdle, "pull only with no live trajectory (one version each)")
       .value("PREFETCH_THEN_SWAP", PullPolicy::kPrefetchThenSwap,
@@ -183,8 +218,27 @@ release the GIL.)doc")
            }),
            py::arg("relay"), py::arg("options") = py::none(),
            "Pulls from a RelayStore in this process. InvalidArgumentError for bad options.")
-      .def("newest_version", [](const WeightPuller& p) { return optional_version(p.newest_version()); },
-           "Newest version the relay has committed, or None.")
+      .def_static(
+          "local",
+          [](std::vector<std::string> socket_paths, std::optional<WeightPullerOptions> options) {
+            return unwrap(WeightPuller::create_local(std::move(socket_paths), options.value_or(WeightPullerOptions{})));
+          },
+          py::arg("socket_paths"), py::arg("options") = py::none(),
+          "Pulls from the LocalRelayServers at these socket paths, the first that answers, in order (connecting "
+          "on first use). InvalidArgumentError for an empty list or a path too long for a socket.")
+      .def("relay", &WeightPuller::relay, "Where requests go now: \"this process\" or a local relay's socket path.")
+      .def(
+          "newest_version",
+          [](const WeightPuller& p) {
+            std::optional<Version> v;
+            {
+              // A local relay is asked over its socket.
+              py::gil_scoped_release unlocked;
+              v = p.newest_version();
+            }
+            return optional_version(v);
+          },
+          "Newest version the relay has committed, or None (also when no local relay answers).")
       .def("current_version", [](const WeightPuller& p) { return optional_version(p.current_version()); },
            "Version the destinations hold after the last pull or swap, or None.")
       .def("prefetched_version", [](const WeightPuller& p) { return optional_version(p.prefetched_version()); },
@@ -192,7 +246,11 @@ release the GIL.)doc")
       .def(
           "next_action",
           [](const WeightPuller& p, bool has_live_trajectory) {
-            PullDecision d = p.next_action(has_live_trajectory);
+            PullDecision d;
+            {
+              py::gil_scoped_release unlocked;
+              d = p.next_action(has_live_trajectory);
+            }
             return py::make_tuple(d.action, d.action == PullAction::kNone ? py::none() : py::cast(d.version));
           },
           py::arg("has_live_trajectory"),

@@ -202,3 +202,57 @@ def test_pull_and_publishes_on_two_threads():
     t.join(timeout=60)
     assert not t.is_alive() and not errors, errors
     assert torch.equal(dst["w"], big["w"])
+
+
+PULLER_CHILD = """
+import hashlib, sys
+import numpy as np, torch
+import laminar
+socket_path, version = sys.argv[1], int(sys.argv[2])
+puller = laminar.WeightPuller.local([socket_path])
+assert puller.newest_version() == version
+dst = {"embed": torch.zeros(300, 64), "norm": torch.zeros(64, dtype=torch.bfloat16),
+       "proj": torch.zeros(64, 48, dtype=torch.float16)}
+action, v = puller.next_action(False)
+assert (action, v) == (laminar.PullAction.PULL, version), (action, v)
+puller.pull(version, dst)
+h = hashlib.sha256()
+for name in ("embed", "norm", "proj"):
+    h.update(dst[name].view(torch.int16 if dst[name].dtype == torch.bfloat16 else dst[name].dtype).numpy().tobytes())
+print(puller.current_version(), puller.relay(), h.hexdigest())
+"""
+
+
+def test_pull_in_another_process_through_a_local_relay(tmp_path):
+    import hashlib
+    import subprocess
+    import sys
+
+    s = laminar.RelayStore(laminar.RelayStoreOptions(chunk_bytes=4096, shareable=True))
+    socket_path = str(tmp_path / "relay.sock")
+    server = laminar.LocalRelayServer(s, socket_path, laminar.LocalRelayServerOptions(idle_timeout=30))
+    assert server.socket_path == socket_path
+    with pytest.raises(laminar.AlreadyExistsError):
+        laminar.LocalRelayServer(s, socket_path)
+    with pytest.raises(laminar.FailedPreconditionError):
+        laminar.LocalRelayServer(store(), str(tmp_path / "other.sock"))
+    w = weights(7)
+    s.publish(3, w)
+    s.wait_for_version(3, timeout=10)
+    child = subprocess.run([sys.executable, "-c", PULLER_CHILD, socket_path, "3"], capture_output=True, text=True,
+                           timeout=60)
+    assert child.returncode == 0, child.stderr
+    version, relay, digest = child.stdout.split()
+    assert relay == socket_path
+    expected = hashlib.sha256()
+    for name in ("embed", "norm", "proj"):
+        expected.update(raw(w[name]))
+    assert (int(version), digest) == (3, expected.hexdigest())
+    stats = server.stats()
+    assert stats["grants"] >= 1 and server.background_error() is None
+    del server
+    with pytest.raises(laminar.Error):
+        laminar.WeightPuller.local([socket_path],
+                                   laminar.WeightPullerOptions(relay_timeout=1)).pull(3, {"embed": torch.zeros(300, 64)})
+    with pytest.raises(laminar.InvalidArgumentError):
+        laminar.WeightPuller.local([])
