@@ -38,7 +38,10 @@ def rollout(args):
     while time.monotonic() < deadline:
         action, version = puller.next_action(False)  # between groups nothing is live
         if action == laminar.PullAction.PULL:
-            puller.pull(version, {"logits": logits})
+            try:
+                puller.pull(version, {"logits": logits})
+            except laminar.NotFoundError:
+                continue  # a newer version replaced it meanwhile: ask again
         if puller.current_version() is None:
             time.sleep(0.01)
             continue

@@ -15,6 +15,8 @@ import numpy.typing as npt
 Seconds = Union[float, int, datetime.timedelta, None]
 # A 1-D list, tuple, NumPy array or CPU torch tensor (read through __dlpack__).
 ArrayLike = Union[Sequence[int], Sequence[float], npt.NDArray[np.generic], "torch.Tensor"]  # noqa: F821
+# A tensor given through DLPack: a torch tensor or a NumPy array (read or written in place).
+Tensor = Union["torch.Tensor", npt.NDArray[np.generic]]  # noqa: F821
 
 
 class StatusCode(enum.IntEnum):
@@ -414,7 +416,7 @@ class RemoteProducer:
         """Credits not in use now."""
 
 
-def cast(src: "DLPackTensor", dst: "DLPackTensor") -> None:  # noqa: F821
+def cast(src: Tensor, dst: Tensor) -> None:
     """Converts src into dst, element by element, between float32, float16 and bfloat16 (round to
     nearest even, NaN kept; the same bits on the CPU and CUDA). Both are tensors given through
     DLPack (torch tensors, NumPy arrays) of the same shape, dense, on the host or one CUDA device;
@@ -446,9 +448,6 @@ class ManualClock(Clock):
     def set(self, seconds: Seconds) -> None:
         """Jumps to `seconds`. InvalidArgumentError when that is before now()."""
 
-
-# A tensor given through DLPack: a torch tensor or a NumPy array (read or written in place).
-Tensor = Union["torch.Tensor", npt.NDArray[np.generic]]  # noqa: F821
 
 
 class RelayStoreOptions:
@@ -601,3 +600,43 @@ class LocalRelayServer:
         """Clients, leases and closed connections, as a dict."""
     def background_error(self) -> Optional[Error]:
         """The failure that stopped the server's thread (an Error, not raised), or None."""
+
+
+def sample(logits: Tensor, seed: Tensor, position: Tensor, token: Tensor, *, temperature: Optional[Tensor] = None,
+           top_k: Optional[Tensor] = None, top_p: Optional[Tensor] = None, min_p: Optional[Tensor] = None,
+           raw_logprob: Optional[Tensor] = None, processed_logprob: Optional[Tensor] = None,
+           kept_mass: Optional[Tensor] = None, cpu_threads: int = 0) -> None:
+    """Samples one token per row of logits [batch, vocab] (float32/16, bfloat16; rows may be
+    strided) into token [batch] int32, in place. seed and position are int64 [batch]: each row's
+    randomness is Philox keyed by (seed, position), so a row's token depends only on its own logits
+    and settings, never on its batch mates, the thread count or CPU vs CUDA. Optional per-row
+    settings: temperature float32 (below 1e-5: greedy), top_k int32 (0: off), top_p and min_p
+    float32. Optional outputs, float32 [batch]: raw_logprob (log-softmax of the raw logits at the
+    token, the same bits token_logprob gives), processed_logprob (under the distribution sampled
+    from) and kept_mass. InvalidArgumentError names the tensor or the row and field that is wrong,
+    before any output is written."""
+
+
+def token_logprob(logits: Tensor, token: Tensor, logprob: Tensor, *, cpu_threads: int = 0) -> None:
+    """Writes log-softmax(logits[row])[token[row]] into logprob [batch] float32, in place: what the
+    trainer scores a rollout's tokens with, bit-identical to sample's raw_logprob for the same
+    logits. token is int32, or int64 on the host. InvalidArgumentError names the row whose token is
+    outside [0, vocab)."""
+
+
+def paged_decode(q: Tensor, out: Tensor, k_pages: Tensor, v_pages: Tensor, indptr: Tensor, indices: Tensor,
+                 last_page_len: Tensor, *, lse: Optional[Tensor] = None, qo_indptr: Optional[Tensor] = None,
+                 sm_scale: Optional[float] = None, workspace: Optional[Tensor] = None,
+                 max_kv_len: Optional[int] = None, cpu_threads: int = 0) -> None:
+    """Paged attention over one layer's KV pages, writing out (and lse) in place. q, out:
+    [num_rows, num_qo_heads, head_dim]; k_pages, v_pages: [num_pages, page_size, num_kv_heads,
+    head_dim] (float32/16, bfloat16, all the same; head_dim 64 or 128; num_qo_heads = num_kv_heads *
+    1, 2, 4 or 8). The page table as in FlashInfer: sequence b's pages are
+    indices[indptr[b]:indptr[b + 1]], its last page holding last_page_len[b] tokens (int32, or
+    int64). Decode: one row per sequence, at its last position. Prefill: qo_indptr [batch + 1] gives
+    each sequence's rows, its last positions in order, causal. lse: [num_rows, num_qo_heads]
+    float32, natural-log sum of exp of the scaled scores. sm_scale defaults to 1 / sqrt(head_dim).
+    On the host max_kv_len defaults to the longest sequence and no workspace is needed; CUDA tensors
+    (the page table then on the device too) need max_kv_len and a workspace tensor of at least the
+    bytes the InvalidArgumentError for a missing one names. InvalidArgumentError names the tensor and
+    the mismatch; UnimplementedError for CUDA tensors in a build without CUDA."""
