@@ -640,3 +640,117 @@ def paged_decode(q: Tensor, out: Tensor, k_pages: Tensor, v_pages: Tensor, indpt
     (the page table then on the device too) need max_kv_len and a workspace tensor of at least the
     bytes the InvalidArgumentError for a missing one names. InvalidArgumentError names the tensor and
     the mismatch; UnimplementedError for CUDA tensors in a build without CUDA."""
+
+
+class SequenceSnapshot:
+    """One live sequence of a rollout worker (keywords too)."""
+    id: int
+    tokens: int
+    pages: int
+    expected_remaining_tokens: Optional[int]
+
+    def __init__(self, *, id: int = 0, tokens: int = 0, pages: int = 0,
+                 expected_remaining_tokens: Optional[int] = None) -> None: ...
+
+
+class WorkerSnapshot:
+    """One rollout worker as the policy sees it (keywords too). `sequences` is a list read and
+    assigned whole: appending to the list it returns changes a copy."""
+    id: int
+    version: int
+    sequences: list[SequenceSnapshot]
+    pages_total: int
+    pages_used: int
+    slots_total: int
+    slots_used: int
+    step_time: float
+    waiting_prompts: int
+    kv_stopped_growing: bool
+
+    def __init__(self, *, id: int = 0, version: int = 0, sequences: Sequence[SequenceSnapshot] = (),
+                 pages_total: int = 0, pages_used: int = 0, slots_total: int = 0, slots_used: int = 0,
+                 step_time: Seconds = 0, waiting_prompts: int = 0, kv_stopped_growing: bool = False) -> None: ...
+
+
+class FleetSnapshot:
+    """Every rollout worker (keywords too)."""
+    tokens_per_page: int
+    workers: list[WorkerSnapshot]
+
+    def __init__(self, *, tokens_per_page: int = 0, workers: Sequence[WorkerSnapshot] = ()) -> None: ...
+
+
+class RepackStrategy(enum.IntEnum):
+    """Which rule plans the moves."""
+    PAPER_BEST_FIT = 0
+    COST_AWARE = 1
+
+
+class RepackPolicyOptions:
+    """Options of plan_repack (keywords too); see repack_policy.h."""
+    strategy: RepackStrategy
+    growth_horizon_steps: int
+    page_bytes: int
+    link_bytes_per_s: float
+    move_overhead: float
+    step_seconds_per_token: Optional[float]
+    max_tail_growth: float
+    min_gain: float
+    default_remaining_ratio: float
+
+    def __init__(self, *, strategy: RepackStrategy = ..., growth_horizon_steps: int = ..., page_bytes: int = ...,
+                 link_bytes_per_s: float = ..., move_overhead: Seconds = ...,
+                 step_seconds_per_token: Optional[float] = ..., max_tail_growth: float = ...,
+                 min_gain: Seconds = ..., default_remaining_ratio: float = ...) -> None: ...
+
+
+class Move:
+    """One sequence to migrate."""
+    @property
+    def sequence(self) -> int: ...
+    @property
+    def from_worker(self) -> int:
+        """The source worker."""
+    @property
+    def to_worker(self) -> int:
+        """The destination worker."""
+    @property
+    def pages(self) -> int:
+        """Pages the migrator copies."""
+
+
+class FreedWorker:
+    """A worker the plan empties, so it can pull the newest version."""
+    @property
+    def worker(self) -> int: ...
+    @property
+    def busy_left(self) -> float:
+        """Seconds it was expected to stay busy without the plan."""
+    @property
+    def move_time(self) -> float:
+        """Seconds of sending its pages, plus move_overhead per sequence."""
+    @property
+    def gain(self) -> float:
+        """Seconds gained."""
+
+
+class MigrationPlan:
+    """What plan_repack decided."""
+    @property
+    def moves(self) -> list[Move]: ...
+    @property
+    def freed(self) -> list[FreedWorker]: ...
+    @property
+    def pages_moved(self) -> int: ...
+    @property
+    def gain(self) -> float:
+        """Seconds: the sum of the freed workers' gains."""
+    @property
+    def tail_growth(self) -> float: ...
+
+
+def plan_repack(fleet: FleetSnapshot, newest: int, options: Optional[RepackPolicyOptions] = None) -> MigrationPlan:
+    """Which live sequences move where so that whole workers of older versions empty out and can
+    pull `newest`. A pure function: never mixes versions, never overfills a worker, never moves a
+    sequence twice, never moves onto a worker it empties. InvalidArgumentError names the worker,
+    sequence or option that is wrong."""

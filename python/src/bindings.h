@@ -44,6 +44,7 @@ void bind_transport(py::module_& m);
 void bind_remote_queue(py::module_& m);
 void bind_relay(py::module_& m);
 void bind_kernels(py::module_& m);
+void bind_repack(py::module_& m);
 
 // Carries a non-OK Status from C++ to bind_status's translator.
 class StatusError : public std::exception {

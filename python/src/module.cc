@@ -11,4 +11,5 @@ PYBIND11_MODULE(_laminar, m) {
   laminar::python::bind_remote_queue(m);
   laminar::python::bind_relay(m);
   laminar::python::bind_kernels(m);
+  laminar::python::bind_repack(m);
 }
