@@ -503,6 +503,39 @@ class RelayStore:
         """Bytes and versions held, chunks rejected, as a dict."""
 
 
+class RelayNodeOptions:
+    """Options of a RelayNode (keywords too)."""
+    upstreams: list[str]
+    window: int
+    connect_timeout: float
+    retry_interval: float
+    stall_timeout: float
+    clock: Optional[Clock]
+
+    def __init__(self, *, upstreams: Sequence[str] = (), window: int = 4, connect_timeout: Seconds = 2.0,
+                 retry_interval: Seconds = 0.05, stall_timeout: Seconds = 10.0,
+                 clock: Optional[Clock] = None) -> None: ...
+
+
+class RelayNode:
+    """One relay of the chain that spreads versions across processes and hosts: it serves its
+    RelayStore to subscribers on the process's Transport (which the host makes listen) and, unless
+    it is the head, feeds the store from the first upstream that answers, chunk by chunk, checked,
+    failing over and resuming when one dies or hangs. Its threads run no Python. Dropping the last
+    reference removes its handlers."""
+
+    def __init__(self, transport: Transport, store: RelayStore, options: Optional[RelayNodeOptions] = None) -> None:
+        """InvalidArgumentError for bad options; AlreadyExistsError when another RelayNode serves
+        on the transport."""
+    def address(self) -> Optional[str]:
+        """Where subscribers reach this node (the transport's listen address), or None."""
+    def upstream(self) -> Optional[str]:
+        """The upstream it is subscribed to now, or None."""
+    def stats(self) -> dict:
+        """Chunks received, sent and resent, failovers, stalls and subscribers, as a dict."""
+    def background_error(self) -> Optional[Error]:
+        """The first failure of its background work (an Error, not raised), or None."""
+
 class PullPolicy(enum.IntEnum):
     """When a WeightPuller may take a newer version."""
     WHEN_IDLE = 0

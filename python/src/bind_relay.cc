@@ -7,6 +7,7 @@
 
 #include "bindings.h"
 #include "laminar/local_relay.h"
+#include "laminar/relay_node.h"
 #include "laminar/relay_store.h"
 #include "laminar/weight_manifest.h"
 #include "laminar/weight_puller.h"
@@ -184,6 +185,44 @@ lease and removes the socket file.)doc")
       .def(
           "background_error", [](const LocalRelayServer& s) { return status_to_exception(s.background_error()); },
           "The failure that stopped the server's thread (an Error, not raised), or None.");
+
+  py::class_<RelayNodeOptions> node_options(m, "RelayNodeOptions", "Options of a RelayNode (keywords too).");
+  def_kwargs_init(node_options);
+  node_options.def_readwrite("upstreams", &RelayNodeOptions::upstreams,
+                             "Relays to subscribe to, \"host:port\", preferred first; empty: the chain's head.");
+  def_uint(node_options, "window", &RelayNodeOptions::window, "Chunks in flight to each subscriber.");
+  def_seconds(node_options, "connect_timeout", &RelayNodeOptions::connect_timeout,
+              "Connecting and subscribing to one upstream.");
+  def_seconds(node_options, "retry_interval", &RelayNodeOptions::retry_interval,
+              "Pause before trying the upstream list again once every one failed.");
+  def_seconds(node_options, "stall_timeout", &RelayNodeOptions::stall_timeout,
+              "An upstream or subscriber silent this long is dropped.");
+  node_options.def_readwrite("clock", &RelayNodeOptions::clock, "The Clock of every timeout.");
+
+  py::class_<RelayNode>(m, "RelayNode", R"doc(
+One relay of the chain that spreads versions across processes and hosts: it serves its RelayStore
+to subscribers on the process's Transport (which the host makes listen) and, unless it is the head,
+feeds the store from the first upstream that answers, chunk by chunk, checked, failing over and
+resuming when one dies or hangs. Its threads run no Python. Dropping the last reference removes its
+handlers.)doc")
+      .def(py::init([](std::shared_ptr<Transport> transport, std::shared_ptr<RelayStore> store,
+                       std::optional<RelayNodeOptions> options) {
+             if (!transport) throw_invalid("transport must be a Transport, not None");
+             if (!store) throw_invalid("store must be a RelayStore, not None");
+             return unwrap(
+                 RelayNode::create(std::move(transport), std::move(store), options.value_or(RelayNodeOptions{})));
+           }),
+           py::arg("transport"), py::arg("store"), py::arg("options") = py::none(),
+           "InvalidArgumentError for bad options; AlreadyExistsError when another RelayNode serves on the "
+           "transport.")
+      .def("address", &RelayNode::address, "Where subscribers reach this node (the transport's listen address), or None.")
+      .def("upstream", &RelayNode::upstream, "The upstream it is subscribed to now, or None.")
+      .def(
+          "stats", [](const RelayNode& n) { return json_to_dict(n.stats().to_json()); },
+          "Chunks received, sent and resent, failovers, stalls and subscribers, as a dict.")
+      .def(
+          "background_error", [](const RelayNode& n) { return status_to_exception(n.background_error()); },
+          "The first failure of its background work (an Error, not raised), or None.");
 
   py::enum_<PullPolicy>(m, "PullPolicy", "When a WeightPuller may take a newer version.")
       .value("WHEN_IDLE", PullPolicy::kWhenIdle, "pull only with no live trajectory (one version each)")

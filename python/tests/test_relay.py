@@ -256,3 +256,52 @@ def test_pull_in_another_process_through_a_local_relay(tmp_path):
                                    laminar.WeightPullerOptions(relay_timeout=1)).pull(3, {"embed": torch.zeros(300, 64)})
     with pytest.raises(laminar.InvalidArgumentError):
         laminar.WeightPuller.local([])
+
+
+CHAIN_CHILD = """
+import hashlib, sys
+import torch
+import laminar
+upstreams, version = sys.argv[1].split(","), int(sys.argv[2])
+transport = laminar.Transport(laminar.TransportOptions(cluster_token=b"laminar relay chain test token"))
+store = laminar.RelayStore()
+node = laminar.RelayNode(transport, store, laminar.RelayNodeOptions(upstreams=upstreams, stall_timeout=30))
+store.wait_for_version(version, timeout=60)
+dst = {"embed": torch.zeros(300, 64), "proj": torch.zeros(64, 48, dtype=torch.float16)}
+laminar.WeightPuller(store).pull(version, dst)
+digest = hashlib.sha256(dst["embed"].numpy().tobytes() + dst["proj"].numpy().tobytes()).hexdigest()
+print(node.upstream(), node.address(), digest)
+"""
+
+
+def test_a_relay_chain_into_another_process():
+    import hashlib
+    import subprocess
+    import sys
+
+    options = laminar.TransportOptions(cluster_token=b"laminar relay chain test token")
+    head_transport, middle_transport = laminar.Transport(options), laminar.Transport(options)
+    head_address = head_transport.listen("127.0.0.1")
+    middle_address = middle_transport.listen("127.0.0.1")
+    head_store, middle_store = store(), laminar.RelayStore()
+    head = laminar.RelayNode(head_transport, head_store)
+    middle = laminar.RelayNode(middle_transport, middle_store,
+                               laminar.RelayNodeOptions(upstreams=[head_address], window=2, connect_timeout=5,
+                                                        retry_interval=0.01, stall_timeout=30))
+    assert head.address() == head_address and head.upstream() is None
+    with pytest.raises(laminar.AlreadyExistsError):
+        laminar.RelayNode(head_transport, head_store)
+    with pytest.raises(laminar.InvalidArgumentError):
+        laminar.RelayNode(laminar.Transport(options), store(), laminar.RelayNodeOptions(window=0))
+    w = weights(9)
+    head_store.publish(4, {"embed": w["embed"], "proj": w["proj"]})
+    middle_store.wait_for_version(4, timeout=30)
+    assert middle.upstream() == head_address
+    child = subprocess.run([sys.executable, "-c", CHAIN_CHILD, f"{middle_address},{head_address}", "4"],
+                           capture_output=True, text=True, timeout=90)
+    assert child.returncode == 0, child.stderr
+    upstream, address, digest = child.stdout.split()
+    assert (upstream, address) == (middle_address, "None")  # a leaf: its transport does not listen
+    assert digest == hashlib.sha256(raw(w["embed"]) + raw(w["proj"])).hexdigest()
+    assert middle.stats()["chunks_sent"] > 0 and head.stats()["chunks_sent"] > 0
+    assert middle.background_error() is None and head.background_error() is None
