@@ -16,8 +16,8 @@ struct ErrorClass {
   const char* doc;
 };
 
-// Filled by bind_status; index = StatusCode. The classes live as long as the module.
-std::array<PyObject*, 14> g_classes{};
+// Filled by bind_status; index = StatusCode (the base class at kOk). The module holds the classes.
+std::array<PyObject*, static_cast<std::size_t>(StatusCode::kInternal) + 1> g_classes{};
 
 PyObject* class_of(StatusCode code) {
   auto i = static_cast<std::size_t>(code);

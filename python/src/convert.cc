@@ -40,10 +40,8 @@ py::array checked_1d(py::object obj, std::string_view what, std::string_view kin
   return a;
 }
 
-// Python sequences other than str/bytes, read item by item.
-bool is_sequence(py::handle v) {
-  return (PyList_Check(v.ptr()) || PyTuple_Check(v.ptr()));
-}
+// Lists and tuples are read item by item; anything else must be an array.
+bool is_sequence(py::handle v) { return PyList_Check(v.ptr()) || PyTuple_Check(v.ptr()); }
 
 template <class Wide>
 void append_checked(std::vector<std::int32_t>& out, const Wide* data, py::ssize_t n, std::string_view what) {
