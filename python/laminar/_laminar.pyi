@@ -416,6 +416,70 @@ class RemoteProducer:
         """Credits not in use now."""
 
 
+class KvLayout:
+    """The shape of a paged KV cache (keywords too): num_layers pools of num_pages pages, each page
+    page_size tokens of num_kv_heads x head_dim elements of dtype ("f32", "f16" or "bf16")."""
+    num_pages: int
+    page_size: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int
+    dtype: str
+
+    def __init__(self, *, num_pages: int = 0, page_size: int = 0, num_kv_heads: int = 0, head_dim: int = 0,
+                 num_layers: int = 1, dtype: str = "bf16") -> None: ...
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page of one layer's K (or V)."""
+
+
+class PagedKvCache:
+    """Block allocator and per-sequence page tables over K and V pools the caller allocated and
+    keeps writing: k_pool and v_pool are tensors (torch or NumPy, through DLPack, used in place)
+    [num_layers, num_pages, page_size, num_kv_heads, head_dim] of the layout's dtype, dense (with
+    one layer, the 4-D [num_pages, ...] too). The cache keeps them alive. A sequence's K/V of token
+    pos in a layer go at pool[layer, page, offset] for (page, offset) = token_slot(id, pos, layer)."""
+
+    def __init__(self, layout: KvLayout, k_pool: Tensor, v_pool: Tensor) -> None:
+        """InvalidArgumentError for a bad layout or a pool whose shape, dtype or strides do not
+        match it."""
+    @property
+    def layout(self) -> KvLayout: ...
+    def add_sequence(self, id: int) -> None:
+        """Starts an empty sequence; AlreadyExistsError if the id is live."""
+    def append_tokens(self, id: int, n: int) -> None:
+        """Grows a sequence by n tokens, taking pages as needed; ResourceExhaustedError (and no
+        change) when too few are free, NotFoundError for an unknown id."""
+    def release(self, id: int) -> None:
+        """Returns the sequence's pages to the free list."""
+    def length(self, id: int) -> int:
+        """Tokens of the sequence."""
+    def pages(self, id: int) -> npt.NDArray[np.int32]:
+        """int32 array: the sequence's pages in token order."""
+    def token_slot(self, id: int, pos: int, layer: int = 0) -> tuple[int, int]:
+        """(page, offset) of token pos in the pools; OutOfRangeError past the sequence's length or
+        the layers."""
+    def build_page_table(self, ids: Sequence[int]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32],
+                                                             npt.NDArray[np.int32]]:
+        """(indptr, indices, last_page_len), int32 arrays of the sequences in that order: what
+        paged_decode takes. NotFoundError for an unknown id, InvalidArgumentError for one given
+        twice."""
+    def reserve_pages(self, n: int) -> list[int]:
+        """Takes n pages out of the free list for a sequence on its way here; a list of pages."""
+    def unreserve_pages(self, pages: Sequence[int]) -> None:
+        """Returns reserved pages to the free list."""
+    def adopt_sequence(self, id: int, pages: Sequence[int], length: int) -> None:
+        """Makes sequence id of length tokens from reserved pages (the first ones, in token
+        order)."""
+    @property
+    def free_pages(self) -> int: ...
+    @property
+    def used_pages(self) -> int: ...
+    @property
+    def reserved_pages(self) -> int: ...
+    @property
+    def num_sequences(self) -> int: ...
+
 def cast(src: Tensor, dst: Tensor) -> None:
     """Converts src into dst, element by element, between float32, float16 and bfloat16 (round to
     nearest even, NaN kept; the same bits on the CPU and CUDA). Both are tensors given through

@@ -43,6 +43,7 @@ void bind_queue(py::module_& m);
 void bind_transport(py::module_& m);
 void bind_remote_queue(py::module_& m);
 void bind_relay(py::module_& m);
+void bind_kv_cache(py::module_& m);
 void bind_kernels(py::module_& m);
 void bind_repack(py::module_& m);
 
