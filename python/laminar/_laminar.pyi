@@ -480,6 +480,139 @@ class PagedKvCache:
     @property
     def num_sequences(self) -> int: ...
 
+class SequenceState:
+    """What a sequence's decoding resumes from on the destination (keywords too): the host fills it
+    when the source pauses the sequence (KvMigrator.finish) and gets it back in an ARRIVED event.
+    Token and log-prob fields take lists or 1-D arrays and read back as NumPy arrays, as in
+    Trajectory."""
+    sequence: int
+    trajectory: int
+    prompt_id: int
+    group_id: int
+    group_size: int
+    sample_index: int
+    version: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    rng_position: int
+    kv_length: int
+    engine_state: bytes
+
+    def __init__(self, *, sequence: int = 0, trajectory: int = 0, prompt_id: int = 0, group_id: int = 0,
+                 group_size: int = 1, sample_index: int = 0, version: int = 0, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, rng_position: int = 0, kv_length: int = 0,
+                 prompt_tokens: ArrayLike = (), response_tokens: ArrayLike = (), logprobs: ArrayLike = (),
+                 engine_state: bytes = b"") -> None: ...
+    @property
+    def prompt_tokens(self) -> npt.NDArray[np.int32]: ...
+    @prompt_tokens.setter
+    def prompt_tokens(self, value: ArrayLike) -> None: ...
+    @property
+    def response_tokens(self) -> npt.NDArray[np.int32]: ...
+    @response_tokens.setter
+    def response_tokens(self, value: ArrayLike) -> None: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    @logprobs.setter
+    def logprobs(self, value: ArrayLike) -> None: ...
+    def __eq__(self, other: object) -> bool: ...
+
+
+class MigrationState(enum.IntEnum):
+    """Where a migration stands, as either side sees it."""
+    RUNNING = 0
+    ABORTED_BY_SOURCE = 1
+    ABORTED_BY_DESTINATION = 2
+    DONE = 3
+
+
+class MigrationEvent:
+    """What poll() reports."""
+
+    class Kind(enum.IntEnum):
+        PAUSE_REQUESTED = 0
+        DONE = 1
+        ABORTED = 2
+        ARRIVED = 3
+
+    @property
+    def kind(self) -> "MigrationEvent.Kind": ...
+    @property
+    def id(self) -> int:
+        """Migration id (int)."""
+    @property
+    def outgoing(self) -> bool:
+        """This worker is the migration's source."""
+    @property
+    def state(self) -> MigrationState: ...
+    @property
+    def sequences(self) -> list[int]: ...
+    @property
+    def states(self) -> list[SequenceState]:
+        """ARRIVED only, in the order of `sequences`."""
+    @property
+    def reason(self) -> Optional[Error]:
+        """ABORTED: why (an Error, not raised); otherwise None."""
+
+
+class KvMigratorOptions:
+    """Options of a KvMigrator (keywords too); durations in seconds."""
+    lease: float
+    stall_timeout: float
+    connect_timeout: float
+    max_live_stages: int
+    pause_after_pages: int
+    growth_pages: int
+    stage_bytes: int
+    max_sequences: int
+    max_migrations: int
+    clock: Optional[Clock]
+
+    def __init__(self, *, lease: Seconds = ..., stall_timeout: Seconds = ..., connect_timeout: Seconds = ...,
+                 max_live_stages: int = ..., pause_after_pages: int = ..., growth_pages: int = ...,
+                 stage_bytes: int = ..., max_sequences: int = ..., max_migrations: int = ...,
+                 clock: Optional[Clock] = ...) -> None: ...
+
+
+class KvMigrator:
+    """Moves live sequences with their KV pages to the KvMigrator of another rollout worker holding
+    the same version: pages are copied while the source keeps decoding, only the last stage pauses
+    the sequences, every page is checked, and an abort or a lost peer leaves each sequence whole at
+    exactly one worker. Drive it from the decode loop: poll() between steps and act on its events.
+    Its pools are the PagedKvCache's, registered with the transport (which must listen to
+    receive)."""
+
+    def __init__(self, transport: Transport, cache: PagedKvCache, options: Optional[KvMigratorOptions] = None) -> None:
+        """InvalidArgumentError for bad options; AlreadyExistsError when another migrator serves the
+        transport."""
+    def set_version(self, version: int) -> None:
+        """The weights this worker decodes with; migrations only go between workers of one
+        version."""
+    def version(self) -> int: ...
+    def migrate(self, destination: str, sequences: Sequence[int]) -> int:
+        """Starts moving `sequences` to the migrator at "host:port"; the migration's id.
+        NotFoundError for an id not in the cache, FailedPreconditionError for one already moving,
+        ResourceExhaustedError past max_migrations, the transport's errors from connecting."""
+    def poll(self) -> list[MigrationEvent]:
+        """Advances every migration both ways and returns what happened since the last call, in
+        order. Never blocks on a peer."""
+    def finish(self, id: int, states: Sequence[SequenceState]) -> None:
+        """After PAUSE_REQUESTED: the paused sequences' states; starts the final stage.
+        InvalidArgumentError naming the sequence for a missing, repeated or inconsistent state."""
+    def abort(self, id: int, reason: str) -> None:
+        """Gives a running migration up; its sequences stay or return here."""
+    def state(self, id: int) -> MigrationState: ...
+    def moving(self) -> list[int]:
+        """Sequences of this worker in outgoing migrations."""
+    def address(self) -> Optional[str]:
+        """Where peers reach this migrator, or None."""
+    def stats(self) -> dict:
+        """Migrations, pages and bytes moved, checksum failures, as a dict."""
+    def background_error(self) -> Optional[Error]:
+        """The first failure of its background work (an Error, not raised), or None."""
+
 def cast(src: Tensor, dst: Tensor) -> None:
     """Converts src into dst, element by element, between float32, float16 and bfloat16 (round to
     nearest even, NaN kept; the same bits on the CPU and CUDA). Both are tensors given through

@@ -44,6 +44,7 @@ void bind_transport(py::module_& m);
 void bind_remote_queue(py::module_& m);
 void bind_relay(py::module_& m);
 void bind_kv_cache(py::module_& m);
+void bind_kv_migrator(py::module_& m);
 void bind_kernels(py::module_& m);
 void bind_repack(py::module_& m);
 
@@ -211,6 +212,7 @@ struct type_caster<laminar::StrongId<Tag, Rep>> {
     if constexpr (std::is_same_v<Tag, laminar::BatchIdTag>) return "batch id";
     if constexpr (std::is_same_v<Tag, laminar::SequenceIdTag>) return "sequence id";
     if constexpr (std::is_same_v<Tag, laminar::WorkerIdTag>) return "worker id";
+    if constexpr (std::is_same_v<Tag, laminar::MigrationIdTag>) return "migration id";
     return "id";
   }
 };

@@ -11,6 +11,7 @@ PYBIND11_MODULE(_laminar, m) {
   laminar::python::bind_remote_queue(m);
   laminar::python::bind_relay(m);
   laminar::python::bind_kv_cache(m);
+  laminar::python::bind_kv_migrator(m);
   laminar::python::bind_kernels(m);
   laminar::python::bind_repack(m);
 }
