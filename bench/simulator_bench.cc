@@ -1,0 +1,145 @@
+// The cluster simulator (examples/simulator) over its whole schedule sweep: SimConfig::paper_math()
+// (1,024 GPUs x 100 training steps of 512 prompts x 16 samples) under every schedule's defaults,
+// each simulate() call timed with the wall clock. The headline is the sweep's events per second
+// (SimReport::events summed over the schedules, over the summed seconds).
+//
+// The baseline, measured in the same run, is a bare event loop doing nothing but the heap work
+// every discrete-event simulator does: the classic "hold" model of priority-queue benchmarks. A
+// std::priority_queue (binary heap) starts with one event per GPU of the config at uniformly random
+// virtual times in [0, 1 s); each step pops the earliest event and pushes one follow-up at the
+// popped time plus a uniformly random delay in [0, 1 s), so the heap keeps that many pending events,
+// until as many events have been popped as the sweep processed. What the simulator spends above
+// that is its model: segments, the cost model, the TrajectoryQueue, the schedules.
+//
+//   simulator_bench [--steps N] [--gpus N] [--schedule NAME]
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <queue>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "simulator.h"
+
+namespace {
+
+using laminar::sim::ScheduleKind;
+using laminar::sim::ScheduleSpec;
+using laminar::sim::SimConfig;
+using laminar::sim::SimReport;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "simulator_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+std::int64_t positive_flag(const char* name, const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < 1) {
+    fail(std::string(name) + ": must be a positive integer, got '" + text + "'");
+  }
+  return v;
+}
+
+struct Row {
+  std::string schedule;
+  double seconds = 0;
+  std::int64_t events = 0;
+  double samples_per_s = 0;  // simulated: samples trained per virtual second
+};
+
+struct Event {
+  std::int64_t time_ns = 0;
+  std::int64_t id = 0;
+  bool operator>(const Event& o) const { return time_ns > o.time_ns; }
+};
+
+// The hold model above: `events` pops from a heap holding `pending` events. Returns a checksum of
+// the popped times (unsigned, so it wraps) so the loop cannot be optimised away.
+std::uint64_t bare_heap(std::int64_t pending, std::int64_t events, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<std::int64_t> delay(0, 999'999'999);
+  std::vector<Event> storage;
+  storage.reserve(static_cast<std::size_t>(pending));
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> heap(std::greater<>{}, std::move(storage));
+  for (std::int64_t i = 0; i < pending; ++i) heap.push({delay(rng), i});
+  std::uint64_t checksum = 0;
+  for (std::int64_t n = 0; n < events; ++n) {
+    const Event e = heap.top();
+    heap.pop();
+    checksum += static_cast<std::uint64_t>(e.time_ns ^ e.id);
+    heap.push({e.time_ns + delay(rng), e.id});
+  }
+  return checksum;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  SimConfig config = SimConfig::paper_math();
+  std::vector<ScheduleKind> kinds = {ScheduleKind::kSync,           ScheduleKind::kOneStep,
+                                     ScheduleKind::kStreamGlobal,   ScheduleKind::kBoundedStaleness,
+                                     ScheduleKind::kPartialRollout, ScheduleKind::kLaminar};
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) fail(std::string(argv[i]) + ": missing its value");
+    const std::string flag = argv[i];
+    if (flag == "--steps") {
+      config.steps = positive_flag("--steps", argv[i + 1]);
+    } else if (flag == "--gpus") {
+      config.cluster.gpus = positive_flag("--gpus", argv[i + 1]);
+    } else if (flag == "--schedule") {
+      laminar::Result<ScheduleKind> k = laminar::sim::parse_schedule(argv[i + 1]);
+      if (!k.ok()) fail(k.status().to_string());
+      kinds = {*k};
+    } else {
+      fail("unknown flag '" + flag + "' (--steps, --gpus, --schedule)");
+    }
+  }
+  if (laminar::Status st = config.validate(); !st.ok()) fail(st.to_string());
+
+  std::vector<Row> rows;
+  double sweep_s = 0;
+  std::int64_t sweep_events = 0;
+  for (ScheduleKind kind : kinds) {
+    const auto start = std::chrono::steady_clock::now();
+    laminar::Result<SimReport> r = laminar::sim::simulate(config, ScheduleSpec::defaults(kind));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!r.ok()) fail(std::string(laminar::sim::schedule_name(kind)) + ": " + r.status().to_string());
+    rows.push_back({r->schedule, s, r->events, r->samples_per_s});
+    sweep_s += s;
+    sweep_events += r->events;
+  }
+  if (sweep_events < 1 || sweep_s <= 0) fail("the sweep processed no events");
+
+  std::uint64_t checksum = 0;
+  const laminar::bench::Timing bare = laminar::bench::measure(
+      [&] { checksum += bare_heap(config.cluster.gpus, sweep_events, 1); }, {.warmup = 1, .repeats = 5});
+  laminar::bench::require_stable_baseline("bare_heap", bare);
+
+  std::printf("simulator_bench: %" PRId64 " GPUs x %" PRId64 " steps, %" PRId64 " prompts x %" PRId64
+              " samples a step\n",
+              config.cluster.gpus, config.steps, config.workload.prompts_per_step,
+              config.workload.samples_per_prompt);
+  std::printf("%-34s %10s %14s %14s %22s\n", "schedule", "seconds", "events", "events/s", "samples/s simulated");
+  for (const Row& row : rows) {
+    std::printf("%-34s %10.3f %14" PRId64 " %14.4g %22.1f\n", row.schedule.c_str(), row.seconds, row.events,
+                static_cast<double>(row.events) / row.seconds, row.samples_per_s);
+  }
+  const double sim_rate = static_cast<double>(sweep_events) / sweep_s;
+  const double bare_rate = static_cast<double>(sweep_events) / bare.median_s;
+  std::printf("%-34s %10.3f %14" PRId64 " %14.4g\n", "total sweep", sweep_s, sweep_events, sim_rate);
+  std::printf("%-34s %10.3f %14" PRId64 " %14.4g   (median of %d; checksum %" PRIu64 ")\n",
+              ("bare heap, " + std::to_string(config.cluster.gpus) + " pending").c_str(), bare.median_s,
+              sweep_events, bare_rate, bare.repeats, checksum);
+  laminar::bench::report_throughput("simulator_bench", "events_per_s", sim_rate, "bare_heap", bare_rate);
+  return 0;
+}
