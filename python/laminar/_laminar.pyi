@@ -984,3 +984,67 @@ def plan_repack(fleet: FleetSnapshot, newest: int, options: Optional[RepackPolic
     pull `newest`. A pure function: never mixes versions, never overfills a worker, never moves a
     sequence twice, never moves onto a worker it empties. InvalidArgumentError names the worker,
     sequence or option that is wrong."""
+
+
+class RepackCoordinatorOptions:
+    """Options of a RepackCoordinator (keywords too)."""
+    tokens_per_page: int
+    interval: float
+    stale_after: float
+    max_workers: int
+    send_timeout: float
+    policy: RepackPolicyOptions
+    clock: Optional[Clock]
+
+    def __init__(self, *, tokens_per_page: int = 0, interval: Seconds = 5.0, stale_after: Seconds = 15.0,
+                 max_workers: int = 1024, send_timeout: Seconds = 1.0, policy: RepackPolicyOptions = ...,
+                 clock: Optional[Clock] = None) -> None: ...
+
+
+class RepackCoordinator:
+    """Plans repacks for the fleet: takes every RepackDriver's reports on its transport, plans every
+    interval and on each newer version, and sends each source its moves. Its thread runs no
+    Python."""
+
+    def __init__(self, transport: Transport, options: Optional[RepackCoordinatorOptions] = None) -> None:
+        """InvalidArgumentError for bad options (tokens_per_page must be set); AlreadyExistsError
+        when another coordinator serves the transport."""
+    def set_newest_version(self, version: int) -> None:
+        """The newest version the relays publish; a newer one plans at once. InvalidArgumentError
+        for an older one."""
+    def newest_version(self) -> int: ...
+    def stats(self) -> dict:
+        """Reports, plans, moves, freed workers and orders, as a dict."""
+    def background_error(self) -> Optional[Error]:
+        """The first plan plan_repack refused (an Error, not raised), or None."""
+
+
+class RepackDriverOptions:
+    """Options of a RepackDriver (keywords too)."""
+    worker: int
+    coordinator: str
+    report_interval: float
+    connect_timeout: float
+    retry_interval: float
+    send_timeout: float
+    clock: Optional[Clock]
+
+    def __init__(self, *, worker: int = 0, coordinator: str = "", report_interval: Seconds = 1.0,
+                 connect_timeout: Seconds = 5.0, retry_interval: Seconds = 1.0, send_timeout: Seconds = 1.0,
+                 clock: Optional[Clock] = None) -> None: ...
+
+
+class RepackDriver:
+    """The worker side of repacking, wrapping its KvMigrator: call step(snapshot) between decode
+    steps. It starts the moves the coordinator ordered, reports the snapshot every report_interval
+    (its own thread sends, running no Python) and returns the migrator's events, to handle as
+    KvMigrator.poll's."""
+
+    def __init__(self, transport: Transport, migrator: KvMigrator, options: RepackDriverOptions) -> None:
+        """InvalidArgumentError for bad options (an empty coordinator address, ...)."""
+    def step(self, snapshot: WorkerSnapshot) -> list[MigrationEvent]:
+        """Starts ordered migrations, reports when due, returns the migrator's events.
+        InvalidArgumentError for a snapshot of another worker; FailedPreconditionError for a version
+        other than the migrator's."""
+    def stats(self) -> dict:
+        """Reports, orders and migrations started or refused, as a dict."""

@@ -86,7 +86,7 @@ log-prob fields take lists or 1-D arrays and read back as NumPy arrays, as in Tr
   def_uint(options_class, "max_migrations", &KvMigratorOptions::max_migrations, "Migrations at once, each way.");
   options_class.def_readwrite("clock", &KvMigratorOptions::clock, "The Clock of leases and stalls.");
 
-  py::class_<KvMigrator>(m, "KvMigrator", R"doc(
+  py::class_<KvMigrator, std::shared_ptr<KvMigrator>>(m, "KvMigrator", R"doc(
 Moves live sequences with their KV pages to the KvMigrator of another rollout worker holding the
 same version: pages are copied while the source keeps decoding, only the last stage pauses the
 sequences, every page is checked, and an abort or a lost peer leaves each sequence whole at
@@ -96,8 +96,8 @@ Its pools are the PagedKvCache's, registered with the transport (which must list
                        std::optional<KvMigratorOptions> options) {
              if (!transport) throw_invalid("transport must be a Transport, not None");
              if (!cache) throw_invalid("cache must be a PagedKvCache, not None");
-             return unwrap(
-                 KvMigrator::create(std::move(transport), std::move(cache), options.value_or(KvMigratorOptions{})));
+             return std::shared_ptr<KvMigrator>(unwrap(
+                 KvMigrator::create(std::move(transport), std::move(cache), options.value_or(KvMigratorOptions{}))));
            }),
            py::arg("transport"), py::arg("cache"), py::arg("options") = py::none(),
            "InvalidArgumentError for bad options; AlreadyExistsError when another migrator serves the transport.")

@@ -1,8 +1,13 @@
-// RepackPolicy: plan_repack, the pure decision of which live sequences move where, over a
-// snapshot of the fleet built in Python.
+// Repack: plan_repack, the pure decision of which live sequences move where over a snapshot of the
+// fleet built in Python, and the RepackCoordinator and RepackDriver that carry plans out.
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "bindings.h"
+#include "laminar/repack_coordinator.h"
+#include "laminar/repack_driver.h"
 #include "laminar/repack_policy.h"
 
 namespace laminar::python {
@@ -98,6 +103,89 @@ Which live sequences move where so that whole workers of older versions empty ou
 `newest`. A pure function: never mixes versions, never overfills a worker, never moves a sequence
 twice, never moves onto a worker it empties. InvalidArgumentError names the worker, sequence or
 option that is wrong.)doc");
+
+  py::class_<RepackCoordinatorOptions> coordinator_options(m, "RepackCoordinatorOptions",
+                                                           "Options of a RepackCoordinator (keywords too).");
+  def_kwargs_init(coordinator_options);
+  coordinator_options.def_readwrite("tokens_per_page", &RepackCoordinatorOptions::tokens_per_page,
+                                    "Page size of every worker's KV cache.")
+      .def_readwrite("policy", &RepackCoordinatorOptions::policy, "The plan_repack options it plans with.")
+      .def_readwrite("clock", &RepackCoordinatorOptions::clock, "The Clock of its intervals.");
+  def_seconds(coordinator_options, "interval", &RepackCoordinatorOptions::interval, "Plans this often.");
+  def_seconds(coordinator_options, "stale_after", &RepackCoordinatorOptions::stale_after,
+              "A worker whose last report is older is left out of plans.");
+  def_uint(coordinator_options, "max_workers", &RepackCoordinatorOptions::max_workers, "Workers it keeps reports of.");
+  def_seconds(coordinator_options, "send_timeout", &RepackCoordinatorOptions::send_timeout, "One order's send.");
+
+  py::class_<RepackCoordinator>(m, "RepackCoordinator", R"doc(
+Plans repacks for the fleet: takes every RepackDriver's reports on its transport, plans every
+interval and on each newer version, and sends each source its moves. Its thread runs no Python.)doc")
+      .def(py::init([](std::shared_ptr<Transport> transport, std::optional<RepackCoordinatorOptions> options) {
+             if (!transport) throw_invalid("transport must be a Transport, not None");
+             return unwrap(RepackCoordinator::create(std::move(transport), options.value_or(RepackCoordinatorOptions{})));
+           }),
+           py::arg("transport"), py::arg("options") = py::none(),
+           "InvalidArgumentError for bad options (tokens_per_page must be set); AlreadyExistsError when "
+           "another coordinator serves the transport.")
+      .def(
+          "set_newest_version",
+          [](RepackCoordinator& c, Version v) {
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = c.set_newest_version(v);
+            }
+            check(st);
+          },
+          py::arg("version"), "The newest version the relays publish; a newer one plans at once. "
+          "InvalidArgumentError for an older one.")
+      .def("newest_version", &RepackCoordinator::newest_version)
+      .def(
+          "stats", [](const RepackCoordinator& c) { return json_to_dict(c.stats().to_json()); },
+          "Reports, plans, moves, freed workers and orders, as a dict.")
+      .def(
+          "background_error", [](const RepackCoordinator& c) { return status_to_exception(c.background_error()); },
+          "The first plan plan_repack refused (an Error, not raised), or None.");
+
+  py::class_<RepackDriverOptions> driver_options(m, "RepackDriverOptions",
+                                                 "Options of a RepackDriver (keywords too).");
+  def_kwargs_init(driver_options);
+  driver_options.def_readwrite("worker", &RepackDriverOptions::worker, "This worker's id.")
+      .def_readwrite("coordinator", &RepackDriverOptions::coordinator, "The coordinator's \"host:port\".")
+      .def_readwrite("clock", &RepackDriverOptions::clock, "The Clock of report intervals and retries.");
+  def_seconds(driver_options, "report_interval", &RepackDriverOptions::report_interval, "Reports this often.");
+  def_seconds(driver_options, "connect_timeout", &RepackDriverOptions::connect_timeout, "Connecting to the coordinator.");
+  def_seconds(driver_options, "retry_interval", &RepackDriverOptions::retry_interval, "Between connection attempts.");
+  def_seconds(driver_options, "send_timeout", &RepackDriverOptions::send_timeout, "One report's send.");
+
+  py::class_<RepackDriver>(m, "RepackDriver", R"doc(
+The worker side of repacking, wrapping its KvMigrator: call step(snapshot) between decode steps. It
+starts the moves the coordinator ordered, reports the snapshot every report_interval (its own thread
+sends, running no Python) and returns the migrator's events, to handle as KvMigrator.poll's.)doc")
+      .def(py::init([](std::shared_ptr<Transport> transport, std::shared_ptr<KvMigrator> migrator,
+                       const RepackDriverOptions& options) {
+             if (!transport) throw_invalid("transport must be a Transport, not None");
+             if (!migrator) throw_invalid("migrator must be a KvMigrator, not None");
+             return unwrap(RepackDriver::create(std::move(transport), std::move(migrator), options));
+           }),
+           py::arg("transport"), py::arg("migrator"), py::arg("options"),
+           "InvalidArgumentError for bad options (an empty coordinator address, ...).")
+      .def(
+          "step",
+          [](RepackDriver& d, const WorkerSnapshot& snapshot) {
+            std::optional<Result<std::vector<MigrationEvent>>> events;
+            {
+              py::gil_scoped_release unlocked;  // may connect to a destination
+              events.emplace(d.step(snapshot));
+            }
+            return unwrap(std::move(*events));
+          },
+          py::arg("snapshot"),
+          "Starts ordered migrations, reports when due, returns the migrator's events. InvalidArgumentError for "
+          "a snapshot of another worker; FailedPreconditionError for a version other than the migrator's.")
+      .def(
+          "stats", [](const RepackDriver& d) { return json_to_dict(d.stats().to_json()); },
+          "Reports, orders and migrations started or refused, as a dict.");
 }
 
 }  // namespace laminar::python

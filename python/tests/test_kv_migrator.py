@@ -105,3 +105,58 @@ def test_refusals():
         source.migrator.state(-1)
     with pytest.raises(laminar.InvalidArgumentError, match="logprobs"):
         laminar.SequenceState(logprobs=torch.zeros(2, dtype=torch.int32))
+
+
+def snapshot(worker, wid):
+    ids = worker.live
+    return laminar.WorkerSnapshot(
+        id=wid, version=worker.migrator.version(), pages_total=worker.layout.num_pages,
+        pages_used=worker.cache.used_pages, slots_total=8, slots_used=len(ids), step_time=0.02,
+        kv_stopped_growing=True,
+        sequences=[laminar.SequenceSnapshot(id=s, tokens=worker.cache.length(s), pages=len(worker.cache.pages(s)))
+                   for s in ids])
+
+
+def test_a_coordinator_repacks_two_drivers():
+    coordinator_transport = laminar.Transport(laminar.TransportOptions(cluster_token=TOKEN))
+    coordinator_address = coordinator_transport.listen("127.0.0.1")
+    coordinator = laminar.RepackCoordinator(
+        coordinator_transport, laminar.RepackCoordinatorOptions(tokens_per_page=4, interval=0.05, stale_after=5))
+    with pytest.raises(laminar.InvalidArgumentError):
+        laminar.RepackCoordinator(laminar.Transport(laminar.TransportOptions(cluster_token=TOKEN)))
+    workers = [Worker(), Worker()]
+    lengths = [{1: 6}, {2: 30, 3: 25}]  # worker 0 holds little: it empties into worker 1
+    drivers = []
+    for wid, (w, seqs) in enumerate(zip(workers, lengths)):
+        w.live = sorted(seqs)
+        for sid, n in seqs.items():
+            w.cache.add_sequence(sid)
+            w.cache.append_tokens(sid, n)
+        drivers.append(laminar.RepackDriver(w.transport, w.migrator, laminar.RepackDriverOptions(
+            worker=wid, coordinator=coordinator_address, report_interval=0.01, retry_interval=0.01)))
+    coordinator.set_newest_version(4)  # both workers hold version 3: draining
+    assert coordinator.newest_version() == 4
+    with pytest.raises(laminar.InvalidArgumentError):
+        coordinator.set_newest_version(2)
+    with pytest.raises(laminar.InvalidArgumentError):
+        drivers[0].step(snapshot(workers[1], 1))  # another worker's snapshot
+
+    kinds = set()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not {"DONE", "ARRIVED"} <= kinds:
+        for wid, (w, driver) in enumerate(zip(workers, drivers)):
+            for e in driver.step(snapshot(w, wid)):
+                kinds.add(e.kind.name)
+                if e.kind == laminar.MigrationEvent.Kind.PAUSE_REQUESTED:
+                    w.migrator.finish(e.id, [state_of(w, s) for s in e.sequences])
+                elif e.kind == laminar.MigrationEvent.Kind.DONE:
+                    w.live = [s for s in w.live if s not in e.sequences]
+                elif e.kind == laminar.MigrationEvent.Kind.ARRIVED:
+                    w.live = sorted(w.live + list(e.sequences))
+        time.sleep(0.005)
+    assert {"DONE", "ARRIVED"} <= kinds, (kinds, coordinator.stats(), [d.stats() for d in drivers])
+    assert workers[0].live == [] and workers[1].live == [1, 2, 3]
+    assert workers[1].cache.length(1) == 6
+    stats = coordinator.stats()
+    assert stats["moves"] >= 1 and stats["workers_freed"] >= 1 and coordinator.background_error() is None
+    assert drivers[0].stats()["migrations_started"] == 1
