@@ -714,12 +714,37 @@ class RelayNodeOptions:
                  clock: Optional[Clock] = None) -> None: ...
 
 
+class RelayEvent:
+    """What a RelayNode reports (events())."""
+
+    class Kind(enum.IntEnum):
+        UPSTREAM = 0
+        UPSTREAM_LOST = 1
+        UPSTREAM_UNREACHABLE = 2
+        COMMITTED = 3
+        CHUNK_STORED = 4
+        CHUNK_REJECTED = 5
+        UPSTREAM_STALLED = 6
+        SUBSCRIBER_STALLED = 7
+
+    @property
+    def kind(self) -> "RelayEvent.Kind": ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def chunk(self) -> int: ...
+    @property
+    def upstream(self) -> str: ...
+    @property
+    def subscriber(self) -> str: ...
+
+
 class RelayNode:
     """One relay of the chain that spreads versions across processes and hosts: it serves its
     RelayStore to subscribers on the process's Transport (which the host makes listen) and, unless
     it is the head, feeds the store from the first upstream that answers, chunk by chunk, checked,
-    failing over and resuming when one dies or hangs. Its threads run no Python. Dropping the last
-    reference removes its handlers."""
+    failing over and resuming when one dies or hangs. Its threads run no Python: their events wait
+    in a bounded buffer for events(). Dropping the last reference removes its handlers."""
 
     def __init__(self, transport: Transport, store: RelayStore, options: Optional[RelayNodeOptions] = None) -> None:
         """InvalidArgumentError for bad options; AlreadyExistsError when another RelayNode serves
@@ -730,6 +755,11 @@ class RelayNode:
         """The upstream it is subscribed to now, or None."""
     def stats(self) -> dict:
         """Chunks received, sent and resent, failovers, stalls and subscribers, as a dict."""
+    def events(self) -> list[RelayEvent]:
+        """The events since the last call, oldest first (at most 4096 kept; events_dropped counts
+        the rest)."""
+    @property
+    def events_dropped(self) -> int: ...
     def background_error(self) -> Optional[Error]:
         """The first failure of its background work (an Error, not raised), or None."""
 
@@ -815,11 +845,33 @@ class LocalRelayServerOptions:
                  clock: Optional[Clock] = ...) -> None: ...
 
 
+class LocalRelayEvent:
+    """What a LocalRelayServer reports (events())."""
+
+    class Kind(enum.IntEnum):
+        GRANTED = 0
+        RELEASED = 1
+        REFUSED = 2
+        CLOSED = 3
+
+    @property
+    def kind(self) -> "LocalRelayEvent.Kind": ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def client_pid(self) -> int: ...
+    @property
+    def disconnected(self) -> bool: ...
+    @property
+    def detail(self) -> str: ...
+
+
 class LocalRelayServer:
     """Serves a shareable RelayStore's committed versions to WeightPuller.local in other processes
     of this host, over a Unix domain socket: they map a version's memory read-only and copy from it
-    in place. Runs one thread of its own (no Python runs on it). Dropping the last reference stops
-    it, drops every lease and removes the socket file."""
+    in place. Runs one thread of its own, which runs no Python: its events wait in a bounded buffer
+    for events(). Dropping the last reference stops it, drops every lease and removes the socket
+    file."""
 
     def __init__(self, store: RelayStore, socket_path: str, options: Optional[LocalRelayServerOptions] = None) -> None:
         """FailedPreconditionError for a store that is not shareable; AlreadyExistsError when a live
@@ -828,6 +880,11 @@ class LocalRelayServer:
     def socket_path(self) -> str: ...
     def stats(self) -> dict:
         """Clients, leases and closed connections, as a dict."""
+    def events(self) -> list[LocalRelayEvent]:
+        """The events since the last call, oldest first (at most 4096 kept; events_dropped counts
+        the rest)."""
+    @property
+    def events_dropped(self) -> int: ...
     def background_error(self) -> Optional[Error]:
         """The failure that stopped the server's thread (an Error, not raised), or None."""
 

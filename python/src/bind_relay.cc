@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "event_buffer.h"
 #include "laminar/local_relay.h"
 #include "laminar/relay_node.h"
 #include "laminar/relay_store.h"
@@ -38,6 +39,16 @@ class NamedTensors {
   std::vector<std::string> names_;
   std::vector<DlpackTensor> tensors_;
   std::vector<NamedTensor> named_;
+};
+
+// A LocalRelayServer or RelayNode with the buffer its on_event fills.
+struct LocalRelayServerHolder {
+  std::shared_ptr<EventBuffer<LocalRelayEvent>> events;
+  std::unique_ptr<LocalRelayServer> server;
+};
+struct RelayNodeHolder {
+  std::shared_ptr<EventBuffer<RelayEvent>> events;
+  std::unique_ptr<RelayNode> node;
 };
 
 py::object optional_version(std::optional<Version> v) {
@@ -164,26 +175,47 @@ budget.)doc")
               "An idle connection holding no lease is closed after this long (None: never).");
   local_options.def_readwrite("clock", &LocalRelayServerOptions::clock, "The Clock of idle_timeout.");
 
-  py::class_<LocalRelayServer>(m, "LocalRelayServer", R"doc(
+  py::class_<LocalRelayEvent> local_event(m, "LocalRelayEvent", "What a LocalRelayServer reports (events()).");
+  py::enum_<LocalRelayEvent::Kind>(local_event, "Kind")
+      .value("GRANTED", LocalRelayEvent::Kind::kGranted, "a client took a lease on `version`")
+      .value("RELEASED", LocalRelayEvent::Kind::kReleased, "a lease ended (`disconnected`: its connection closed)")
+      .value("REFUSED", LocalRelayEvent::Kind::kRefused, "a client sent something malformed (`detail`)")
+      .value("CLOSED", LocalRelayEvent::Kind::kClosed, "a connection was closed: idle, evicted or turned away");
+  local_event.def_readonly("kind", &LocalRelayEvent::kind)
+      .def_readonly("version", &LocalRelayEvent::version)
+      .def_readonly("client_pid", &LocalRelayEvent::client_pid)
+      .def_readonly("disconnected", &LocalRelayEvent::disconnected)
+      .def_readonly("detail", &LocalRelayEvent::detail);
+
+  py::class_<LocalRelayServerHolder>(m, "LocalRelayServer", R"doc(
 Serves a shareable RelayStore's committed versions to WeightPuller.local in other processes of this
 host, over a Unix domain socket: they map a version's memory read-only and copy from it in place.
-Runs one thread of its own (no Python runs on it). Dropping the last reference stops it, drops every
-lease and removes the socket file.)doc")
+Runs one thread of its own, which runs no Python: its events wait in a bounded buffer for
+events(). Dropping the last reference stops it, drops every lease and removes the socket file.)doc")
       .def(py::init([](std::shared_ptr<RelayStore> store, std::string socket_path,
                        std::optional<LocalRelayServerOptions> options) {
              if (!store) throw_invalid("store must be a RelayStore, not None");
-             return unwrap(LocalRelayServer::create(std::move(store), std::move(socket_path),
-                                                    options.value_or(LocalRelayServerOptions{})));
+             auto h = std::make_unique<LocalRelayServerHolder>();
+             h->events = std::make_shared<EventBuffer<LocalRelayEvent>>();
+             LocalRelayServerOptions o = options.value_or(LocalRelayServerOptions{});
+             o.on_event = EventBuffer<LocalRelayEvent>::sink(h->events);
+             h->server = unwrap(LocalRelayServer::create(std::move(store), std::move(socket_path), std::move(o)));
+             return h;
            }),
            py::arg("store"), py::arg("socket_path"), py::arg("options") = py::none(),
            "FailedPreconditionError for a store that is not shareable; AlreadyExistsError when a live server "
            "owns the path; InvalidArgumentError for a bad path or options.")
-      .def_property_readonly("socket_path", &LocalRelayServer::socket_path)
+      .def_property_readonly("socket_path", [](const LocalRelayServerHolder& h) { return h.server->socket_path(); })
       .def(
-          "stats", [](const LocalRelayServer& s) { return json_to_dict(s.stats().to_json()); },
+          "stats", [](const LocalRelayServerHolder& h) { return json_to_dict(h.server->stats().to_json()); },
           "Clients, leases and closed connections, as a dict.")
       .def(
-          "background_error", [](const LocalRelayServer& s) { return status_to_exception(s.background_error()); },
+          "events", [](LocalRelayServerHolder& h) { return h.events->drain(); },
+          "The events since the last call, oldest first (at most 4096 kept; events_dropped counts the rest).")
+      .def_property_readonly("events_dropped", [](const LocalRelayServerHolder& h) { return h.events->dropped(); })
+      .def(
+          "background_error",
+          [](const LocalRelayServerHolder& h) { return status_to_exception(h.server->background_error()); },
           "The failure that stopped the server's thread (an Error, not raised), or None.");
 
   py::class_<RelayNodeOptions> node_options(m, "RelayNodeOptions", "Options of a RelayNode (keywords too).");
@@ -199,29 +231,55 @@ lease and removes the socket file.)doc")
               "An upstream or subscriber silent this long is dropped.");
   node_options.def_readwrite("clock", &RelayNodeOptions::clock, "The Clock of every timeout.");
 
-  py::class_<RelayNode>(m, "RelayNode", R"doc(
+  py::class_<RelayEvent> relay_event(m, "RelayEvent", "What a RelayNode reports (events()).");
+  py::enum_<RelayEvent::Kind>(relay_event, "Kind")
+      .value("UPSTREAM", RelayEvent::Kind::kUpstream, "subscribed to `upstream`")
+      .value("UPSTREAM_LOST", RelayEvent::Kind::kUpstreamLost, "the connection to `upstream` broke")
+      .value("UPSTREAM_UNREACHABLE", RelayEvent::Kind::kUpstreamUnreachable, "`upstream` failed; the next is tried")
+      .value("COMMITTED", RelayEvent::Kind::kCommitted, "`version` is complete here")
+      .value("CHUNK_STORED", RelayEvent::Kind::kChunkStored, "`chunk` of `version` arrived and passed its check")
+      .value("CHUNK_REJECTED", RelayEvent::Kind::kChunkRejected, "`chunk` of `version` failed its check")
+      .value("UPSTREAM_STALLED", RelayEvent::Kind::kUpstreamStalled, "`upstream` went quiet and was dropped")
+      .value("SUBSCRIBER_STALLED", RelayEvent::Kind::kSubscriberStalled, "`subscriber` went quiet and was dropped");
+  relay_event.def_readonly("kind", &RelayEvent::kind)
+      .def_readonly("version", &RelayEvent::version)
+      .def_readonly("chunk", &RelayEvent::chunk)
+      .def_readonly("upstream", &RelayEvent::upstream)
+      .def_readonly("subscriber", &RelayEvent::subscriber);
+
+  py::class_<RelayNodeHolder>(m, "RelayNode", R"doc(
 One relay of the chain that spreads versions across processes and hosts: it serves its RelayStore
 to subscribers on the process's Transport (which the host makes listen) and, unless it is the head,
 feeds the store from the first upstream that answers, chunk by chunk, checked, failing over and
-resuming when one dies or hangs. Its threads run no Python. Dropping the last reference removes its
-handlers.)doc")
+resuming when one dies or hangs. Its threads run no Python: their events wait in a bounded buffer
+for events(). Dropping the last reference removes its handlers.)doc")
       .def(py::init([](std::shared_ptr<Transport> transport, std::shared_ptr<RelayStore> store,
                        std::optional<RelayNodeOptions> options) {
              if (!transport) throw_invalid("transport must be a Transport, not None");
              if (!store) throw_invalid("store must be a RelayStore, not None");
-             return unwrap(
-                 RelayNode::create(std::move(transport), std::move(store), options.value_or(RelayNodeOptions{})));
+             auto h = std::make_unique<RelayNodeHolder>();
+             h->events = std::make_shared<EventBuffer<RelayEvent>>();
+             RelayNodeOptions o = options.value_or(RelayNodeOptions{});
+             o.on_event = EventBuffer<RelayEvent>::sink(h->events);
+             h->node = unwrap(RelayNode::create(std::move(transport), std::move(store), std::move(o)));
+             return h;
            }),
            py::arg("transport"), py::arg("store"), py::arg("options") = py::none(),
            "InvalidArgumentError for bad options; AlreadyExistsError when another RelayNode serves on the "
            "transport.")
-      .def("address", &RelayNode::address, "Where subscribers reach this node (the transport's listen address), or None.")
-      .def("upstream", &RelayNode::upstream, "The upstream it is subscribed to now, or None.")
+      .def("address", [](const RelayNodeHolder& h) { return h.node->address(); },
+           "Where subscribers reach this node (the transport's listen address), or None.")
+      .def("upstream", [](const RelayNodeHolder& h) { return h.node->upstream(); },
+           "The upstream it is subscribed to now, or None.")
       .def(
-          "stats", [](const RelayNode& n) { return json_to_dict(n.stats().to_json()); },
+          "stats", [](const RelayNodeHolder& h) { return json_to_dict(h.node->stats().to_json()); },
           "Chunks received, sent and resent, failovers, stalls and subscribers, as a dict.")
       .def(
-          "background_error", [](const RelayNode& n) { return status_to_exception(n.background_error()); },
+          "events", [](RelayNodeHolder& h) { return h.events->drain(); },
+          "The events since the last call, oldest first (at most 4096 kept; events_dropped counts the rest).")
+      .def_property_readonly("events_dropped", [](const RelayNodeHolder& h) { return h.events->dropped(); })
+      .def(
+          "background_error", [](const RelayNodeHolder& h) { return status_to_exception(h.node->background_error()); },
           "The first failure of its background work (an Error, not raised), or None.");
 
   py::enum_<PullPolicy>(m, "PullPolicy", "When a WeightPuller may take a newer version.")

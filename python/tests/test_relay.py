@@ -2,6 +2,7 @@
 into other tensors in place, bytes compared; bad tensors and versions refused."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -239,10 +240,16 @@ def test_pull_in_another_process_through_a_local_relay(tmp_path):
     w = weights(7)
     s.publish(3, w)
     s.wait_for_version(3, timeout=10)
-    child = subprocess.run([sys.executable, "-c", PULLER_CHILD, socket_path, "3"], capture_output=True, text=True,
-                           timeout=60)
-    assert child.returncode == 0, child.stderr
-    version, relay, digest = child.stdout.split()
+    child = subprocess.Popen([sys.executable, "-c", PULLER_CHILD, socket_path, "3"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    version, relay, digest = out.split()
     assert relay == socket_path
     expected = hashlib.sha256()
     for name in ("embed", "norm", "proj"):
@@ -250,6 +257,14 @@ def test_pull_in_another_process_through_a_local_relay(tmp_path):
     assert (int(version), digest) == (3, expected.hexdigest())
     stats = server.stats()
     assert stats["grants"] >= 1 and server.background_error() is None
+    deadline = time.monotonic() + 10  # the release arrives when the server sees the child's socket close
+    events = server.events()
+    while not any(e.kind == laminar.LocalRelayEvent.Kind.RELEASED for e in events) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        events += server.events()
+    granted = [e for e in events if e.kind == laminar.LocalRelayEvent.Kind.GRANTED]
+    assert granted and all(e.version == 3 and e.client_pid == child.pid for e in granted)
+    assert any(e.kind == laminar.LocalRelayEvent.Kind.RELEASED and e.client_pid == child.pid for e in events)
     del server
     with pytest.raises(laminar.Error):
         laminar.WeightPuller.local([socket_path],
@@ -305,3 +320,11 @@ def test_a_relay_chain_into_another_process():
     assert digest == hashlib.sha256(raw(w["embed"]) + raw(w["proj"])).hexdigest()
     assert middle.stats()["chunks_sent"] > 0 and head.stats()["chunks_sent"] > 0
     assert middle.background_error() is None and head.background_error() is None
+    events = middle.events()
+    kinds = [e.kind for e in events]
+    assert kinds[0] == laminar.RelayEvent.Kind.UPSTREAM and events[0].upstream == head_address
+    committed = [e.version for e in events if e.kind == laminar.RelayEvent.Kind.COMMITTED]
+    assert committed == [4]
+    stored = [e.chunk for e in events if e.kind == laminar.RelayEvent.Kind.CHUNK_STORED and e.version == 4]
+    assert sorted(stored) == list(range(len(stored))) and stored
+    assert middle.events() == [] and middle.events_dropped == 0  # drained
