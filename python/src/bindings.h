@@ -7,7 +7,8 @@
 //     throw StatusError, translated by bind_status's translator;
 //   - a call that can block (waits, locks, IO) runs under py::gil_scoped_release, and everything it
 //     needs from Python objects is copied out before the GIL is dropped;
-//   - no Python callback runs on a thread of laminar's: the C++ parts call back only into C++;
+//   - no Python runs on a thread of laminar's: a part's background callback (on_event) only
+//     appends to an EventBuffer (event_buffer.h), which Python drains from its own calls;
 //   - ids and versions are Python ints, durations float seconds (None or math.inf: no deadline),
 //     arrays NumPy arrays.
 #pragma once
