@@ -11,7 +11,7 @@
 //
 //   enter_decoding(in, s, cost);                           // admitted
 //   if (start_segment(in, now, cost, table, budget)) loop.at(in.seg_end, ...);
-//   std::vector<std::int64_t> stopped = settle(in, now, cost, table, budget);  // at the event
+//   settle(in, now, table, budget, stopped);               // at the event
 #pragma once
 
 #include <cstdint>
@@ -146,9 +146,11 @@ void leave_decoding(RolloutInstance& in, Sample& s);
 void clear(RolloutInstance& in);
 
 // Decode progress up to `now` of the running segment (the whole segment if now >= seg_end).
-// Returns the decoding samples, synced, with no tokens left in their turn or at the iteration
-// budget (`budget` > 0). Leaves the instance kIdle.
-std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget);
+// Replaces `stopped` (a buffer the caller reuses) with the decoding samples, synced, that have no
+// tokens left in their turn or reached the iteration budget (`budget` > 0). Leaves the instance
+// kIdle.
+void settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget,
+            std::vector<std::int64_t>& stopped);
 
 // Starts a segment at `now` over the decoding samples (their pending prefill first), ending at the
 // first sample's stop or where the KV cache fills. False when nothing decodes.

@@ -151,6 +151,11 @@ class Engine final : public internal::SampleTable {
   std::deque<std::int64_t> pool_;
   std::vector<std::int64_t> carried_;  // partial rollout: over budget, back at the next version
   bool dispatch_pending_ = false;
+  using Load = std::pair<std::int64_t, std::int32_t>;
+  std::vector<Load> dispatch_open_;          // dispatch()'s heap, reused
+  std::vector<std::int32_t> dispatch_touched_;
+  std::vector<bool> dispatch_marked_;        // per instance: in dispatch_touched_
+  std::vector<std::int64_t> stopped_;        // settle()'s, reused
   std::vector<RolloutInstance> instances_;
   std::vector<std::int64_t> loading_version_;  // per instance: the version a kBusy pull brings
   std::uint64_t admitted_ = 0;
@@ -207,6 +212,7 @@ Status Engine::init() {
   nodes_ = (layout_.instances * tp + gpn - 1) / gpn;
   instances_.resize(static_cast<std::size_t>(layout_.instances));
   loading_version_.assign(instances_.size(), -1);
+  dispatch_marked_.assign(instances_.size(), false);
   for (std::size_t i = 0; i < instances_.size(); ++i) {
     instances_[i].id = static_cast<std::int32_t>(i);
     instances_[i].node = static_cast<std::int32_t>(static_cast<std::int64_t>(i) * tp / gpn);
@@ -307,19 +313,22 @@ void Engine::dispatch() {
   for (;;) {
     release_steps();
     if (pool_.empty()) return;
-    using Load = std::pair<std::int64_t, std::int32_t>;
-    std::priority_queue<Load, std::vector<Load>, std::greater<Load>> open;
+    // A min-heap of (load, id) in a reused buffer: the least loaded first, ties to the lowest id.
+    std::vector<Load>& open = dispatch_open_;
+    open.clear();
     for (const RolloutInstance& in : instances_) {
-      if (admits(in) && in.load() < config_.cluster.max_batch) open.emplace(in.load(), in.id);
+      if (admits(in) && in.load() < config_.cluster.max_batch) open.emplace_back(in.load(), in.id);
     }
-    std::vector<std::int32_t> touched;
-    std::vector<bool> marked(instances_.size(), false);
+    std::make_heap(open.begin(), open.end(), std::greater<>());
+    std::vector<std::int32_t>& touched = dispatch_touched_;
+    touched.clear();
     while (!pool_.empty() && !open.empty()) {
-      auto [load, id] = open.top();
-      open.pop();
+      std::pop_heap(open.begin(), open.end(), std::greater<>());
+      const auto [load, id] = open.back();
+      open.pop_back();
       RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
-      if (!marked[static_cast<std::size_t>(id)]) {
-        marked[static_cast<std::size_t>(id)] = true;
+      if (!dispatch_marked_[static_cast<std::size_t>(id)]) {
+        dispatch_marked_[static_cast<std::size_t>(id)] = true;
         touched.push_back(id);
       }
       Sample& s = sample(pool_.front());
@@ -327,9 +336,13 @@ void Engine::dispatch() {
       s.stage = Stage::kWaiting;
       s.instance = id;
       in.waiting.push_back(s.id);
-      if (load + 1 < config_.cluster.max_batch) open.emplace(load + 1, id);
+      if (load + 1 < config_.cluster.max_batch) {
+        open.emplace_back(load + 1, id);
+        std::push_heap(open.begin(), open.end(), std::greater<>());
+      }
     }
     for (std::int32_t id : touched) {
+      dispatch_marked_[static_cast<std::size_t>(id)] = false;
       RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
       settle(in);
       if (in.state == State::kIdle) resume(in);
@@ -348,9 +361,9 @@ void Engine::settle(RolloutInstance& in) {
   if (in.state != State::kRunning) return;
   const Duration start = in.seg_start;
   const std::int64_t batch = in.seg_batch;
-  std::vector<std::int64_t> stopped = internal::settle(in, loop_.now(), *this, budget());
+  internal::settle(in, loop_.now(), *this, budget(), stopped_);
   span(in, TraceSpan::Kind::kGenerate, start, loop_.now(), batch);
-  for (std::int64_t id : stopped) {
+  for (std::int64_t id : stopped_) {
     Sample& s = sample(id);
     if (s.turn_left <= 0 && s.last_turn()) {
       finish(in, s);
