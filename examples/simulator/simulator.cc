@@ -402,10 +402,8 @@ void Engine::finish(RolloutInstance& in, Sample& s) {
   t.group_size = static_cast<std::uint32_t>(group_size_);
   t.sample_index = static_cast<std::uint32_t>(s.index);
   t.version = Version(static_cast<std::uint64_t>(s.oldest_version));
-  // The real lengths stay in the engine's tables: one token stands for them.
-  t.prompt_tokens = {0};
-  t.response_tokens = {0};
-  t.logprobs = {0.0f};
+  // The real lengths stay in the engine's tables, so the token arrays stay empty (no batch here
+  // has a token limit); a trajectory needs its reward.
   t.rewards = {0.0f};
   Status st = queue_->push(std::move(t), PushOptions::fail_fast());
   if (!st.ok()) return fail(internal_error(fmt::format("sample {}: queue refused it: {}", s.id, st.to_string())));
