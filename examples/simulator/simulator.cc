@@ -72,7 +72,7 @@ Result<Layout> layout_of(const SimConfig& c, ScheduleKind kind) {
 struct StepState {
   StepWorkload workload;
   std::vector<Sample> samples;
-  std::vector<std::int32_t> pushed;  // per group: samples in the queue
+  std::vector<std::int32_t> finished;  // per group: samples done (the group is queued with its last)
   std::int64_t trained = 0;
 };
 
@@ -113,6 +113,7 @@ class Engine final : public internal::SampleTable {
   void admit(RolloutInstance& in, Sample& s);
   void remove_live(RolloutInstance& in, Sample& s);
   void finish(RolloutInstance& in, Sample& s);
+  void push_group(std::int64_t first);
   void busy_for(RolloutInstance& in, Duration d, TraceSpan::Kind kind, std::int64_t load_version);
   void return_fresh_waiting(RolloutInstance& in);
   void span(const RolloutInstance& in, TraceSpan::Kind kind, Duration start, Duration end, std::int64_t batch);
@@ -156,6 +157,7 @@ class Engine final : public internal::SampleTable {
   std::vector<std::int32_t> dispatch_touched_;
   std::vector<bool> dispatch_marked_;        // per instance: in dispatch_touched_
   std::vector<std::int64_t> stopped_;        // settle()'s, reused
+  std::vector<Trajectory> group_buffer_;     // push_group()'s, reused
   std::vector<RolloutInstance> instances_;
   std::vector<std::int64_t> loading_version_;  // per instance: the version a kBusy pull brings
   std::uint64_t admitted_ = 0;
@@ -286,7 +288,7 @@ void Engine::release_steps() {
     }
     auto st = std::make_unique<StepState>();
     st->workload = std::move(*w);
-    st->pushed.assign(st->workload.groups.size(), 0);
+    st->finished.assign(st->workload.groups.size(), 0);
     st->samples.reserve(static_cast<std::size_t>(step_samples_));
     for (const PromptGroup& g : st->workload.groups) {
       for (std::size_t i = 0; i < g.samples.size(); ++i) {
@@ -395,21 +397,36 @@ void Engine::remove_live(RolloutInstance& in, Sample& s) {
 void Engine::finish(RolloutInstance& in, Sample& s) {
   remove_live(in, s);
   s.stage = Stage::kDone;
-  Trajectory t;
-  t.id = TrajectoryId(static_cast<std::uint64_t>(s.id) + 1);
-  t.prompt_id = static_cast<std::uint64_t>(s.group);
-  t.group_id = static_cast<std::uint64_t>(s.group) + 1;
-  t.group_size = static_cast<std::uint32_t>(group_size_);
-  t.sample_index = static_cast<std::uint32_t>(s.index);
-  t.version = Version(static_cast<std::uint64_t>(s.oldest_version));
-  // The real lengths stay in the engine's tables, so the token arrays stay empty (no batch here
-  // has a token limit); a trajectory needs its reward.
-  t.rewards = {0.0f};
-  Status st = queue_->push(std::move(t), PushOptions::fail_fast());
-  if (!st.ok()) return fail(internal_error(fmt::format("sample {}: queue refused it: {}", s.id, st.to_string())));
   StepState& step = *steps_[static_cast<std::size_t>(s.step)];
   const auto g = static_cast<std::size_t>(s.group - s.step * config_.workload.prompts_per_step);
-  if (++step.pushed[g] == group_size_) ready_trajectories_ += group_size_;
+  if (++step.finished[g] == group_size_) push_group(s.id - s.index);
+}
+
+// A group's samples are adjacent ids from `first`; they go to the queue together, in sample
+// order, with one push_many: one admission for the group instead of one per member.
+void Engine::push_group(std::int64_t first) {
+  group_buffer_.clear();
+  for (std::int64_t i = 0; i < group_size_; ++i) {
+    const Sample& s = sample(first + i);
+    Trajectory& t = group_buffer_.emplace_back();
+    t.id = TrajectoryId(static_cast<std::uint64_t>(s.id) + 1);
+    t.prompt_id = static_cast<std::uint64_t>(s.group);
+    t.group_id = static_cast<std::uint64_t>(s.group) + 1;
+    t.group_size = static_cast<std::uint32_t>(group_size_);
+    t.sample_index = static_cast<std::uint32_t>(s.index);
+    t.version = Version(static_cast<std::uint64_t>(s.oldest_version));
+    // The real lengths stay in the engine's tables, so the token arrays stay empty (no batch here
+    // has a token limit); a trajectory needs its reward.
+    t.rewards = {0.0f};
+  }
+  const std::vector<Status> st = queue_->push_many(group_buffer_, PushOptions::fail_fast());
+  for (std::size_t i = 0; i < st.size(); ++i) {
+    if (!st[i].ok()) {
+      return fail(internal_error(fmt::format("sample {}: queue refused it: {}", first + static_cast<std::int64_t>(i),
+                                             st[i].to_string())));
+    }
+  }
+  ready_trajectories_ += group_size_;
 }
 
 void Engine::admit(RolloutInstance& in, Sample& s) {
