@@ -34,6 +34,7 @@ struct Sample {
   std::int64_t step = 0;
   std::int64_t group = 0;  // global group id: step * prompts + prompt index
   std::int32_t index = 0;  // within its group
+  std::int32_t turn_count = 0;  // turns->size(), kept here: reading it through `turns` misses the cache
   std::int64_t prompt_tokens = 0;
   std::int64_t response_tokens = 0;
   const std::vector<Turn>* turns = nullptr;  // the step's workload, alive while the sample is
@@ -56,7 +57,7 @@ struct Sample {
   std::uint64_t admitted_order = 0;  // preemption evicts the most recent
   std::uint64_t incarnation = 0;     // bumped when a failure restarts it: stale events ignore it
 
-  bool last_turn() const { return static_cast<std::size_t>(turn) + 1 == turns->size(); }
+  bool last_turn() const { return turn + 1 == turn_count; }
   // Back to not started: a failure lost its tokens.
   void restart();
 };

@@ -300,6 +300,7 @@ void Engine::release_steps() {
         x.prompt_tokens = g.prompt_tokens;
         x.response_tokens = g.samples[i].response_tokens;
         x.turns = &g.samples[i].turns;
+        x.turn_count = static_cast<std::int32_t>(g.samples[i].turns.size());
         x.restart();
         st->samples.push_back(x);
         pool_.push_back(x.id);
