@@ -420,6 +420,7 @@ void Engine::push_group(std::int64_t first) {
     // has a token limit); a trajectory needs its reward.
     t.rewards = {0.0f};
   }
+  (void)loop_.clock();
   const std::vector<Status> st = queue_->push_many(group_buffer_, PushOptions::fail_fast());
   for (std::size_t i = 0; i < st.size(); ++i) {
     if (!st[i].ok()) {
@@ -620,6 +621,7 @@ void Engine::try_train() {
   b.max_trajectories = b.min_trajectories = static_cast<std::size_t>(batch_size);
   b.consumer_version = Version(static_cast<std::uint64_t>(step));
   b.lease = kForever;
+  (void)loop_.clock();
   Result<Batch> batch = queue_->pop_batch(b);
   if (!batch.ok()) return fail(internal_error(fmt::format("step {}: pop_batch: {}", step, batch.status().to_string())));
   if (static_cast<std::int64_t>(batch->size()) != batch_size) {
@@ -700,6 +702,7 @@ void Engine::on_train_done(std::int64_t step) {
 
 void Engine::on_publish(std::int64_t v) {
   version_ = v;
+  (void)loop_.clock();
   if (Status st = queue_->publish_version(Version(static_cast<std::uint64_t>(v))); !st.ok()) return fail(st);
   trainer_busy_ = false;
   report_.step_records[static_cast<std::size_t>(v - 1)].end = loop_.now();
