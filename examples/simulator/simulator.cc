@@ -420,7 +420,7 @@ void Engine::push_group(std::int64_t first) {
     // has a token limit); a trajectory needs its reward.
     t.rewards = {0.0f};
   }
-  (void)loop_.clock();
+  (void)loop_.clock();  // brought up to now: the queue reads it
   const std::vector<Status> st = queue_->push_many(group_buffer_, PushOptions::fail_fast());
   for (std::size_t i = 0; i < st.size(); ++i) {
     if (!st[i].ok()) {
