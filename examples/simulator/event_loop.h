@@ -1,11 +1,16 @@
 // event_loop.h: the simulator's discrete-event loop: a binary heap of events ordered by virtual
 // time, ties broken by the order they were scheduled, driving a laminar::ManualClock.
 //
+// Setting a ManualClock wakes its subscribers (a TrajectoryQueue takes its lock and notifies its
+// waiters), which would cost more than the heap work of an event; so the clock follows the loop's
+// time only when clock() is asked for it, before a call into a component that reads it.
+//
 //   EventLoop loop;
 //   loop.at(seconds(2.5), Event{EventKind::kTrainDone});
-//   while (std::optional<Event> e = loop.next()) handle(*e);  // loop.clock()->now() is e's time
+//   while (std::optional<Event> e = loop.next()) handle(*e);  // loop.now() is e's time
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -40,19 +45,23 @@ class EventLoop {
  public:
   EventLoop() : clock_(std::make_shared<ManualClock>()) {}
 
-  const std::shared_ptr<ManualClock>& clock() const { return clock_; }
-  Duration now() const { return clock_->now(); }
+  // The clock, brought up to now().
+  const std::shared_ptr<ManualClock>& clock() {
+    if (now_ > clock_->now()) (void)clock_->set(now_);
+    return clock_;
+  }
+  Duration now() const { return now_; }
 
   // Preconditions: t >= now().
   void at(Duration t, Event e) { heap_.push(Entry{t, next_seq_++, e}); }
   void after(Duration d, Event e) { at(now() + d, e); }
 
-  // The earliest event, with the clock set to its time; nullopt when none is left.
+  // The earliest event, with now() at its time; nullopt when none is left.
   std::optional<Event> next() {
     if (heap_.empty()) return std::nullopt;
     Entry top = heap_.top();
     heap_.pop();
-    if (top.time > clock_->now()) (void)clock_->set(top.time);
+    now_ = std::max(now_, top.time);
     ++processed_;
     return top.event;
   }
@@ -69,6 +78,7 @@ class EventLoop {
   };
 
   std::shared_ptr<ManualClock> clock_;
+  Duration now_{0};
   std::priority_queue<Entry> heap_;
   std::uint64_t next_seq_ = 0;
   std::int64_t processed_ = 0;

@@ -137,9 +137,10 @@ void clear(RolloutInstance& in) {
   in.prefilling.clear();
 }
 
-std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget) {
-  std::vector<std::int64_t> stopped;
-  if (in.state != RolloutInstance::State::kRunning) return stopped;
+void settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget,
+            std::vector<std::int64_t>& stopped) {
+  stopped.clear();
+  if (in.state != RolloutInstance::State::kRunning) return;
   const Duration end = std::min(now, in.seg_end);
   std::int64_t k = in.seg_steps;
   if (now < in.seg_end) {
@@ -162,7 +163,6 @@ std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable&
   in.state = RolloutInstance::State::kIdle;
   in.state_since = now;
   ++in.epoch;
-  return stopped;
 }
 
 bool start_segment(RolloutInstance& in, Duration now, const CostModel& cost, SampleTable& samples) {

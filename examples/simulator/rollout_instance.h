@@ -11,7 +11,7 @@
 //
 //   enter_decoding(in, s, cost);                           // admitted
 //   if (start_segment(in, now, cost, table, budget)) loop.at(in.seg_end, ...);
-//   std::vector<std::int64_t> stopped = settle(in, now, cost, table, budget);  // at the event
+//   settle(in, now, table, budget, stopped);               // at the event
 #pragma once
 
 #include <cstdint>
@@ -34,6 +34,7 @@ struct Sample {
   std::int64_t step = 0;
   std::int64_t group = 0;  // global group id: step * prompts + prompt index
   std::int32_t index = 0;  // within its group
+  std::int32_t turn_count = 0;  // turns->size(), kept here: reading it through `turns` misses the cache
   std::int64_t prompt_tokens = 0;
   std::int64_t response_tokens = 0;
   const std::vector<Turn>* turns = nullptr;  // the step's workload, alive while the sample is
@@ -56,7 +57,7 @@ struct Sample {
   std::uint64_t admitted_order = 0;  // preemption evicts the most recent
   std::uint64_t incarnation = 0;     // bumped when a failure restarts it: stale events ignore it
 
-  bool last_turn() const { return static_cast<std::size_t>(turn) + 1 == turns->size(); }
+  bool last_turn() const { return turn + 1 == turn_count; }
   // Back to not started: a failure lost its tokens.
   void restart();
 };
@@ -146,9 +147,11 @@ void leave_decoding(RolloutInstance& in, Sample& s);
 void clear(RolloutInstance& in);
 
 // Decode progress up to `now` of the running segment (the whole segment if now >= seg_end).
-// Returns the decoding samples, synced, with no tokens left in their turn or at the iteration
-// budget (`budget` > 0). Leaves the instance kIdle.
-std::vector<std::int64_t> settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget);
+// Replaces `stopped` (a buffer the caller reuses) with the decoding samples, synced, that have no
+// tokens left in their turn or reached the iteration budget (`budget` > 0). Leaves the instance
+// kIdle.
+void settle(RolloutInstance& in, Duration now, SampleTable& samples, std::int64_t budget,
+            std::vector<std::int64_t>& stopped);
 
 // Starts a segment at `now` over the decoding samples (their pending prefill first), ending at the
 // first sample's stop or where the KV cache fills. False when nothing decodes.

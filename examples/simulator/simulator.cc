@@ -72,7 +72,7 @@ Result<Layout> layout_of(const SimConfig& c, ScheduleKind kind) {
 struct StepState {
   StepWorkload workload;
   std::vector<Sample> samples;
-  std::vector<std::int32_t> pushed;  // per group: samples in the queue
+  std::vector<std::int32_t> finished;  // per group: samples done (the group is queued with its last)
   std::int64_t trained = 0;
 };
 
@@ -113,6 +113,7 @@ class Engine final : public internal::SampleTable {
   void admit(RolloutInstance& in, Sample& s);
   void remove_live(RolloutInstance& in, Sample& s);
   void finish(RolloutInstance& in, Sample& s);
+  void push_group(std::int64_t first);
   void busy_for(RolloutInstance& in, Duration d, TraceSpan::Kind kind, std::int64_t load_version);
   void return_fresh_waiting(RolloutInstance& in);
   void span(const RolloutInstance& in, TraceSpan::Kind kind, Duration start, Duration end, std::int64_t batch);
@@ -151,6 +152,12 @@ class Engine final : public internal::SampleTable {
   std::deque<std::int64_t> pool_;
   std::vector<std::int64_t> carried_;  // partial rollout: over budget, back at the next version
   bool dispatch_pending_ = false;
+  using Load = std::pair<std::int64_t, std::int32_t>;
+  std::vector<Load> dispatch_open_;          // dispatch()'s heap, reused
+  std::vector<std::int32_t> dispatch_touched_;
+  std::vector<bool> dispatch_marked_;        // per instance: in dispatch_touched_
+  std::vector<std::int64_t> stopped_;        // settle()'s, reused
+  std::vector<Trajectory> group_buffer_;     // push_group()'s, reused
   std::vector<RolloutInstance> instances_;
   std::vector<std::int64_t> loading_version_;  // per instance: the version a kBusy pull brings
   std::uint64_t admitted_ = 0;
@@ -207,6 +214,7 @@ Status Engine::init() {
   nodes_ = (layout_.instances * tp + gpn - 1) / gpn;
   instances_.resize(static_cast<std::size_t>(layout_.instances));
   loading_version_.assign(instances_.size(), -1);
+  dispatch_marked_.assign(instances_.size(), false);
   for (std::size_t i = 0; i < instances_.size(); ++i) {
     instances_[i].id = static_cast<std::int32_t>(i);
     instances_[i].node = static_cast<std::int32_t>(static_cast<std::int64_t>(i) * tp / gpn);
@@ -285,7 +293,7 @@ void Engine::release_steps() {
     }
     auto st = std::make_unique<StepState>();
     st->workload = std::move(*w);
-    st->pushed.assign(st->workload.groups.size(), 0);
+    st->finished.assign(st->workload.groups.size(), 0);
     st->samples.reserve(static_cast<std::size_t>(step_samples_));
     for (const PromptGroup& g : st->workload.groups) {
       for (std::size_t i = 0; i < g.samples.size(); ++i) {
@@ -297,6 +305,7 @@ void Engine::release_steps() {
         x.prompt_tokens = g.prompt_tokens;
         x.response_tokens = g.samples[i].response_tokens;
         x.turns = &g.samples[i].turns;
+        x.turn_count = static_cast<std::int32_t>(g.samples[i].turns.size());
         x.restart();
         st->samples.push_back(x);
         pool_.push_back(x.id);
@@ -312,19 +321,22 @@ void Engine::dispatch() {
   for (;;) {
     release_steps();
     if (pool_.empty()) return;
-    using Load = std::pair<std::int64_t, std::int32_t>;
-    std::priority_queue<Load, std::vector<Load>, std::greater<Load>> open;
+    // A min-heap of (load, id) in a reused buffer: the least loaded first, ties to the lowest id.
+    std::vector<Load>& open = dispatch_open_;
+    open.clear();
     for (const RolloutInstance& in : instances_) {
-      if (admits(in) && in.load() < config_.cluster.max_batch) open.emplace(in.load(), in.id);
+      if (admits(in) && in.load() < config_.cluster.max_batch) open.emplace_back(in.load(), in.id);
     }
-    std::vector<std::int32_t> touched;
-    std::vector<bool> marked(instances_.size(), false);
+    std::make_heap(open.begin(), open.end(), std::greater<>());
+    std::vector<std::int32_t>& touched = dispatch_touched_;
+    touched.clear();
     while (!pool_.empty() && !open.empty()) {
-      auto [load, id] = open.top();
-      open.pop();
+      std::pop_heap(open.begin(), open.end(), std::greater<>());
+      const auto [load, id] = open.back();
+      open.pop_back();
       RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
-      if (!marked[static_cast<std::size_t>(id)]) {
-        marked[static_cast<std::size_t>(id)] = true;
+      if (!dispatch_marked_[static_cast<std::size_t>(id)]) {
+        dispatch_marked_[static_cast<std::size_t>(id)] = true;
         touched.push_back(id);
       }
       Sample& s = sample(pool_.front());
@@ -332,9 +344,13 @@ void Engine::dispatch() {
       s.stage = Stage::kWaiting;
       s.instance = id;
       in.waiting.push_back(s.id);
-      if (load + 1 < config_.cluster.max_batch) open.emplace(load + 1, id);
+      if (load + 1 < config_.cluster.max_batch) {
+        open.emplace_back(load + 1, id);
+        std::push_heap(open.begin(), open.end(), std::greater<>());
+      }
     }
     for (std::int32_t id : touched) {
+      dispatch_marked_[static_cast<std::size_t>(id)] = false;
       RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
       settle(in);
       if (in.state == State::kIdle) resume(in);
@@ -353,9 +369,9 @@ void Engine::settle(RolloutInstance& in) {
   if (in.state != State::kRunning) return;
   const Duration start = in.seg_start;
   const std::int64_t batch = in.seg_batch;
-  std::vector<std::int64_t> stopped = internal::settle(in, loop_.now(), *this, budget());
+  internal::settle(in, loop_.now(), *this, budget(), stopped_);
   span(in, TraceSpan::Kind::kGenerate, start, loop_.now(), batch);
-  for (std::int64_t id : stopped) {
+  for (std::int64_t id : stopped_) {
     Sample& s = sample(id);
     if (s.turn_left <= 0 && s.last_turn()) {
       finish(in, s);
@@ -387,23 +403,37 @@ void Engine::remove_live(RolloutInstance& in, Sample& s) {
 void Engine::finish(RolloutInstance& in, Sample& s) {
   remove_live(in, s);
   s.stage = Stage::kDone;
-  Trajectory t;
-  t.id = TrajectoryId(static_cast<std::uint64_t>(s.id) + 1);
-  t.prompt_id = static_cast<std::uint64_t>(s.group);
-  t.group_id = static_cast<std::uint64_t>(s.group) + 1;
-  t.group_size = static_cast<std::uint32_t>(group_size_);
-  t.sample_index = static_cast<std::uint32_t>(s.index);
-  t.version = Version(static_cast<std::uint64_t>(s.oldest_version));
-  // The real lengths stay in the engine's tables: one token stands for them.
-  t.prompt_tokens = {0};
-  t.response_tokens = {0};
-  t.logprobs = {0.0f};
-  t.rewards = {0.0f};
-  Status st = queue_->push(std::move(t), PushOptions::fail_fast());
-  if (!st.ok()) return fail(internal_error(fmt::format("sample {}: queue refused it: {}", s.id, st.to_string())));
   StepState& step = *steps_[static_cast<std::size_t>(s.step)];
   const auto g = static_cast<std::size_t>(s.group - s.step * config_.workload.prompts_per_step);
-  if (++step.pushed[g] == group_size_) ready_trajectories_ += group_size_;
+  if (++step.finished[g] == group_size_) push_group(s.id - s.index);
+}
+
+// A group's samples are adjacent ids from `first`; they go to the queue together, in sample
+// order, with one push_many: one admission for the group instead of one per member.
+void Engine::push_group(std::int64_t first) {
+  group_buffer_.clear();
+  for (std::int64_t i = 0; i < group_size_; ++i) {
+    const Sample& s = sample(first + i);
+    Trajectory& t = group_buffer_.emplace_back();
+    t.id = TrajectoryId(static_cast<std::uint64_t>(s.id) + 1);
+    t.prompt_id = static_cast<std::uint64_t>(s.group);
+    t.group_id = static_cast<std::uint64_t>(s.group) + 1;
+    t.group_size = static_cast<std::uint32_t>(group_size_);
+    t.sample_index = static_cast<std::uint32_t>(s.index);
+    t.version = Version(static_cast<std::uint64_t>(s.oldest_version));
+    // The real lengths stay in the engine's tables, so the token arrays stay empty (no batch here
+    // has a token limit); a trajectory needs its reward.
+    t.rewards = {0.0f};
+  }
+  (void)loop_.clock();  // brought up to now: the queue reads it
+  const std::vector<Status> st = queue_->push_many(group_buffer_, PushOptions::fail_fast());
+  for (std::size_t i = 0; i < st.size(); ++i) {
+    if (!st[i].ok()) {
+      return fail(internal_error(fmt::format("sample {}: queue refused it: {}", first + static_cast<std::int64_t>(i),
+                                             st[i].to_string())));
+    }
+  }
+  ready_trajectories_ += group_size_;
 }
 
 void Engine::admit(RolloutInstance& in, Sample& s) {
@@ -596,6 +626,7 @@ void Engine::try_train() {
   b.max_trajectories = b.min_trajectories = static_cast<std::size_t>(batch_size);
   b.consumer_version = Version(static_cast<std::uint64_t>(step));
   b.lease = kForever;
+  (void)loop_.clock();
   Result<Batch> batch = queue_->pop_batch(b);
   if (!batch.ok()) return fail(internal_error(fmt::format("step {}: pop_batch: {}", step, batch.status().to_string())));
   if (static_cast<std::int64_t>(batch->size()) != batch_size) {
@@ -676,6 +707,7 @@ void Engine::on_train_done(std::int64_t step) {
 
 void Engine::on_publish(std::int64_t v) {
   version_ = v;
+  (void)loop_.clock();
   if (Status st = queue_->publish_version(Version(static_cast<std::uint64_t>(v))); !st.ok()) return fail(st);
   trainer_busy_ = false;
   report_.step_records[static_cast<std::size_t>(v - 1)].end = loop_.now();

@@ -36,8 +36,8 @@ namespace laminar::sim {
 // prompts_per_step complete groups popped from the TrajectoryQueue and publishes version s + 1
 // (version 0 is the initial policy). Samples are dispatched one by one to the least loaded
 // rollout instance that admits them (a group's samples may run on different instances, each
-// prefilling the prompt); a group is pushed to the queue as its samples end and is ready for the
-// trainer when its last one has.
+// prefilling the prompt); a group is pushed to the queue, whole, when its last sample ends, and is
+// then ready for the trainer.
 enum class ScheduleKind : std::uint8_t {
   // Colocated (verl's hybrid engine): every GPU generates step s with version s, then every GPU
   // trains on it; the weights move between the two engines on each GPU, never over the network.
