@@ -1,9 +1,10 @@
 // sim_repack_study: why repacking wins or loses in the Laminar schedule, on the paper's math
 // setting. Runs simulate() for Laminar with repacking off and under each RepackPolicy rule and
-// interval, on a 7B/TP1 and a 32B/TP4 cluster, with the admission bound at 4 steps and unbounded,
-// and prints per run the throughput, the plans and, from the trace, where rollout time went.
+// interval, on 7B/TP1 clusters of 768 and 256 rollout GPUs and a 32B/TP4 one, with the admission
+// bound at 4 steps and unbounded, and prints per run the throughput, the plans and, from the
+// trace, where rollout time went.
 //
-//   sim_repack_study [--steps N] [--model 7b|32b|all] [--bound 4|none|all] [--only NAME]
+//   sim_repack_study [--steps N] [--model 7b|7b-r256|32b|all] [--bound 4|none|all] [--only NAME]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -39,18 +40,30 @@ std::vector<Variant> variants() {
       {"off", [](ScheduleSpec& s) { s.repack = false; }},
       {"paper 5s", rule(RepackStrategy::kPaperBestFit, 5s)},
       {"paper 30s", rule(RepackStrategy::kPaperBestFit, 30s)},
+      {"cost 2s", rule(RepackStrategy::kCostAware, 2s)},
       {"cost 5s", rule(RepackStrategy::kCostAware, 5s)},
       {"cost 30s", rule(RepackStrategy::kCostAware, 30s)},
       {"cost 120s", rule(RepackStrategy::kCostAware, 120s)},
-      {"cost 5s tail0", [=](ScheduleSpec& s) { rule(RepackStrategy::kCostAware, 5s)(s); s.repack_options.max_tail_growth = 0; }},
-      {"cost 5s tail0.01", [=](ScheduleSpec& s) { rule(RepackStrategy::kCostAware, 5s)(s); s.repack_options.max_tail_growth = 0.01; }},
-      {"cost 5s gain10", [=](ScheduleSpec& s) { rule(RepackStrategy::kCostAware, 5s)(s); s.repack_options.min_gain = 10s; }},
-      {"cost 5s gain60", [=](ScheduleSpec& s) { rule(RepackStrategy::kCostAware, 5s)(s); s.repack_options.min_gain = 60s; }},
+      // cost-aware without the waiting-prompts rule: frees every worker its checks allow.
+      {"cost 5s no-demand",
+       [=](ScheduleSpec& s) {
+         rule(RepackStrategy::kCostAware, 5s)(s);
+         s.repack_options.only_for_waiting_prompts = false;
+       }},
+      {"cost 5s no-demand step0.25",
+       [=](ScheduleSpec& s) {
+         rule(RepackStrategy::kCostAware, 5s)(s);
+         s.repack_options.only_for_waiting_prompts = false;
+         s.repack_options.max_step_slowdown = 0.25;
+       }},
   };
 }
 
+// "7b": paper_math, 768 rollout GPUs, trainer-bound or latency-bound; "7b-r256": the same with 768
+// trainer GPUs, so that rollouts are the bottleneck; "32b": a Qwen2.5-32B-shaped model at TP 4.
 SimConfig model_config(const std::string& model, std::int64_t steps) {
   SimConfig c = SimConfig::paper_math();
+  if (model == "7b-r256") c.cluster.trainer_gpus = 768;
   if (model == "32b") {
     c.cost.model = ModelSpec::preset("qwen2.5-32b").value();
     c.cost.rollout.tensor_parallel = 4;
@@ -118,10 +131,10 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("%-4s %-5s %-22s %8s %7s %6s %8s %8s %6s | %7s %7s %6s %6s %6s %6s %6s %6s\n", "model", "bound",
+  std::printf("%-7s %-5s %-26s %8s %7s %6s %8s %8s %6s | %7s %7s %6s %6s %6s %6s %6s %6s\n", "model", "bound",
               "repack", "samp/s", "step_s", "stale", "plans", "moves", "GB", "util", "gen_new", "gen_old",
               "migr", "pull", "idle", "b_new", "b_old");
-  for (const std::string m : {"7b", "32b"}) {
+  for (const std::string m : {"7b", "7b-r256", "32b"}) {
     if (model != "all" && model != m) continue;
     for (const std::optional<std::int64_t> b : {std::optional<std::int64_t>(4), std::optional<std::int64_t>()}) {
       const std::string bname = b ? std::to_string(*b) : "none";
@@ -148,7 +161,7 @@ int run(int argc, char** argv) {
           stale += static_cast<double>(k) * static_cast<double>(r->staleness_histogram[k]);
         }
         stale /= static_cast<double>(r->samples_trained);
-        std::printf("%-4s %-5s %-22s %8.1f %7.2f %6.2f %8lld %8lld %6.0f | %7.3f %7.3f %6.3f %6.3f %6.3f %6.3f %6.1f %6.1f\n",
+        std::printf("%-7s %-5s %-26s %8.1f %7.2f %6.2f %8lld %8lld %6.0f | %7.3f %7.3f %6.3f %6.3f %6.3f %6.3f %6.1f %6.1f\n",
                     m.c_str(), bname.c_str(), v.name.c_str(), r->samples_per_s, to_s(r->mean_step_time), stale,
                     static_cast<long long>(r->repack_plans), static_cast<long long>(r->repack_moves),
                     r->repack_bytes / 1e9, r->generation_utilisation, t.generate_new / inst_s,
