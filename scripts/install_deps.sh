@@ -12,6 +12,7 @@ packages=(
   clang libclang-rt-14-dev
   iproute2 procps
   libtorch-dev gnuplot-nox
+  pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
 )
 
 missing=()

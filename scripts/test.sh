@@ -14,6 +14,10 @@ case "$scope" in
 esac
 bash scripts/install_deps.sh
 jobs="${LAMINAR_JOBS:-$(nproc)}"
-cmake --preset "$preset"
+# The Python packages install_deps.sh installs (NumPy, torch, pytest) belong to Debian's interpreter,
+# which a python3 earlier on PATH (pyenv, conda) may lack.
+python_args=()
+[ -x /usr/bin/python3 ] && python_args=(-DPython3_EXECUTABLE=/usr/bin/python3)
+cmake --preset "$preset" "${python_args[@]}"
 cmake --build --preset "$preset" -j "$jobs" "${build_args[@]}"
 ctest --preset "$preset" -j "$jobs" "${test_args[@]}"

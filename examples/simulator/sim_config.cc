@@ -72,8 +72,10 @@ ScheduleSpec ScheduleSpec::defaults(ScheduleKind kind) {
     case ScheduleKind::kOneStep:
     case ScheduleKind::kStreamGlobal:
     case ScheduleKind::kPartialRollout: s.max_ahead_steps = 1; break;
-    case ScheduleKind::kBoundedStaleness: s.max_ahead_steps = 4; break;  // AReaL's default
-    case ScheduleKind::kLaminar: s.max_ahead_steps = std::nullopt; break;
+    // AReaL's default; Laminar's is the same, so the default comparison is at matched staleness (with
+    // no bound its rollouts outrun a quarter of the GPUs training by tens of versions).
+    case ScheduleKind::kBoundedStaleness:
+    case ScheduleKind::kLaminar: s.max_ahead_steps = 4; break;
   }
   return s;
 }

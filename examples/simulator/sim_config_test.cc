@@ -62,7 +62,7 @@ TEST_CASE("sim config: each schedule's defaults") {
   const std::vector<std::pair<ScheduleKind, std::optional<std::int64_t>>> expected = {
       {ScheduleKind::kSync, 0},         {ScheduleKind::kOneStep, 1},
       {ScheduleKind::kStreamGlobal, 1}, {ScheduleKind::kBoundedStaleness, 4},
-      {ScheduleKind::kPartialRollout, 1}, {ScheduleKind::kLaminar, std::nullopt}};
+      {ScheduleKind::kPartialRollout, 1}, {ScheduleKind::kLaminar, 4}};
   for (const auto& [kind, ahead] : expected) {
     INFO(schedule_name(kind));
     ScheduleSpec s = ScheduleSpec::defaults(kind);

@@ -270,8 +270,13 @@ bool Engine::admits(const RolloutInstance& in) const {
 // Puts the next steps' samples into the pool while the admission rule allows and the pool is
 // empty, so that the pool never runs ahead of what instances can take.
 void Engine::release_steps() {
+  // The rule bounds the weights a prompt starts on. Laminar's instances start fresh prompts only on
+  // their relay's newest version, so a step waits until every relay holds the version the rule
+  // needs; the trainer's publish alone would let prompts start on the version before.
+  const std::int64_t admissible =
+      kind_ == ScheduleKind::kLaminar ? *std::min_element(relay_newest_.begin(), relay_newest_.end()) : version_;
   while (pool_.empty() && next_release_ < config_.steps &&
-         (!spec_.max_ahead_steps || version_ >= next_release_ - *spec_.max_ahead_steps)) {
+         (!spec_.max_ahead_steps || admissible >= next_release_ - *spec_.max_ahead_steps)) {
     const std::int64_t s = next_release_++;
     Result<StepWorkload> w = workload_.step(s);
     if (!w.ok()) {
@@ -714,6 +719,7 @@ void Engine::on_relay_arrive(std::int64_t relay, std::int64_t v) {
     return_fresh_waiting(in);
     if (in.live.empty() && in.waiting.empty()) on_idle(in);
   }
+  if (relay == nodes_ - 1) request_dispatch();  // the whole tier holds v: the admission rule may release a step
   if (spec_.repack && relay == nodes_ - 1 && !repack_tick_pending_) {
     repack_tick_pending_ = true;
     loop_.after(Duration::zero(), Event{EventKind::kRepackTick});

@@ -90,7 +90,7 @@ struct ScheduleSpec {
   RepackPolicyOptions repack_options;
 
   // The defaults of each schedule: kSync 0, kOneStep 1, kStreamGlobal 1, kBoundedStaleness 4
-  // (AReaL's), kPartialRollout 1, kLaminar unbounded.
+  // (AReaL's), kPartialRollout 1, kLaminar 4.
   static ScheduleSpec defaults(ScheduleKind kind);
   // kInvalidArgument naming the first bad field (negative bounds, a bound on kSync other than 0).
   Status validate() const;
