@@ -73,9 +73,9 @@ SimConfig model_config(const std::string& model, std::int64_t steps) {
 }
 
 // Where rollout instance time went, from the trace. An instance is draining while it generates
-// with weights older than the newest published version.
+// with weights older than the newest published version; the time outside these spans is idle.
 struct TimeSplit {
-  double generate_new = 0, generate_old = 0, migrate = 0, pull = 0, idle = 0;
+  double generate_new = 0, generate_old = 0, migrate = 0, pull = 0;
   double old_batch_time = 0;  // sum of batch x seconds over draining generation
   double new_batch_time = 0;
 };
@@ -107,7 +107,6 @@ TimeSplit split_of(const SimReport& r) {
         break;
       case TraceSpan::Kind::kMigrate: t.migrate += d; break;
       case TraceSpan::Kind::kPull: t.pull += d; break;
-      case TraceSpan::Kind::kIdle: t.idle += d; break;
       default: break;
     }
   }
@@ -165,7 +164,8 @@ int run(int argc, char** argv) {
                     m.c_str(), bname.c_str(), v.name.c_str(), r->samples_per_s, to_s(r->mean_step_time), stale,
                     static_cast<long long>(r->repack_plans), static_cast<long long>(r->repack_moves),
                     r->repack_bytes / 1e9, r->generation_utilisation, t.generate_new / inst_s,
-                    t.generate_old / inst_s, t.migrate / inst_s, t.pull / inst_s, t.idle / inst_s,
+                    t.generate_old / inst_s, t.migrate / inst_s, t.pull / inst_s,
+                    1 - (t.generate_new + t.generate_old + t.migrate + t.pull) / inst_s,
                     t.generate_new > 0 ? t.new_batch_time / t.generate_new : 0.0,
                     t.generate_old > 0 ? t.old_batch_time / t.generate_old : 0.0);
         std::fflush(stdout);

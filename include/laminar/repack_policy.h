@@ -132,8 +132,8 @@ struct RepackPolicyOptions {
   // free slots of the newest version's workers and of the workers freed so far: an emptied worker
   // with no prompt to start gains nothing, and its sequences slow the destinations that take them.
   // Simulating the paper's math setting at an admission bound of 4 (bench/README.md), repacking
-  // without this ran at 261 samples/s against 436 with no repacking, and 438 with it; with a third
-  // of the rollout GPUs, where prompts do wait, 380 against 322 with no repacking.
+  // without this ran at 273 samples/s against 366 with no repacking, and 368 with it; with a third
+  // of the rollout GPUs, where prompts do wait, 383 against 351 with no repacking.
   bool only_for_waiting_prompts = true;
   // A sequence without expected_remaining_tokens is expected to run this many times its tokens so
   // far: 1 is the mean remaining life of a Pareto tail of index 2, a fit to RL response lengths
