@@ -73,7 +73,7 @@ struct RepackCoordinator::Impl {
     Result<internal::RepackReport> r = internal::decode_repack_report(in.message.body);
     if (!r.ok()) return refuse();
     // One worker, checked as plan_repack checks every worker of a fleet.
-    const FleetSnapshot one{opt.tokens_per_page, {r->snapshot}};
+    const FleetSnapshot one{opt.tokens_per_page, {r->snapshot}, std::nullopt};
     if (!plan_repack(one, r->snapshot.version, opt.policy).ok()) return refuse();
     const WorkerId id = r->snapshot.id;
     const Duration now = clock->now();
@@ -114,7 +114,7 @@ struct RepackCoordinator::Impl {
 
   // Reads the kept reports into a fleet (under mu), leaving out those the header lists.
   FleetSnapshot collect(std::map<WorkerId, Planned>& planned) {
-    FleetSnapshot fleet{opt.tokens_per_page, {}};
+    FleetSnapshot fleet{opt.tokens_per_page, {}, std::nullopt};
     const Duration now = clock->now();
     std::map<SequenceId, int> holders;
     std::vector<const Kept*> eligible;
@@ -228,7 +228,7 @@ Result<std::unique_ptr<RepackCoordinator>> RepackCoordinator::create(std::shared
   }
   if (options.max_workers == 0) return invalid_argument("RepackCoordinatorOptions: max_workers 0");
   // An empty fleet checks the policy options alone.
-  if (Result<MigrationPlan> p = plan_repack({options.tokens_per_page, {}}, Version(0), options.policy); !p.ok()) {
+  if (Result<MigrationPlan> p = plan_repack({options.tokens_per_page, {}, std::nullopt}, Version(0), options.policy); !p.ok()) {
     return invalid_argument(fmt::format("RepackCoordinatorOptions: policy: {}", p.status().message()));
   }
   Result<internal::TransportClaim> claim = internal::TransportClaim::take(*transport, "repack coordinator");

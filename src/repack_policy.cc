@@ -113,6 +113,9 @@ Status validate_options(const RepackPolicyOptions& o) {
   if (!(o.max_tail_growth >= 0)) {
     return invalid_argument(fmt::format("repack options: max_tail_growth is {}, not >= 0", o.max_tail_growth));
   }
+  if (!(o.max_step_slowdown >= 0)) {
+    return invalid_argument(fmt::format("repack options: max_step_slowdown is {}, not >= 0", o.max_step_slowdown));
+  }
   if (!(o.default_remaining_ratio >= 0) || !std::isfinite(o.default_remaining_ratio)) {
     return invalid_argument(fmt::format("repack options: default_remaining_ratio is {}, not >= 0 and finite",
                                         o.default_remaining_ratio));
@@ -183,6 +186,10 @@ Status validate(const FleetSnapshot& fleet, Version newest, const RepackPolicyOp
   LAMINAR_RETURN_IF_ERROR(validate_options(options));
   if (fleet.tokens_per_page <= 0) {
     return invalid_argument(fmt::format("fleet: tokens_per_page is {}, not positive", fleet.tokens_per_page));
+  }
+  if (fleet.prompts_waiting && (*fleet.prompts_waiting < 0 || *fleet.prompts_waiting > kMaxCount)) {
+    return invalid_argument(
+        fmt::format("fleet: prompts_waiting is {}, not in [0, 2^40]", *fleet.prompts_waiting));
   }
   std::size_t sequences = 0;
   std::uint64_t seq_lo = ~std::uint64_t(0), seq_hi = 0, worker_lo = ~std::uint64_t(0), worker_hi = 0;
@@ -307,6 +314,7 @@ class FitIndex {
 // A sequence of a draining worker, as the packing needs it.
 struct Item {
   std::int64_t need;    // pages it takes on a destination: what it holds plus its growth reserve
+  std::int64_t tokens;  // of KV it holds
   double remaining;     // expected remaining tokens (= decode steps)
   double work;          // token-steps of KV it reads until it ends: tokens * remaining + remaining^2 / 2
   std::uint32_t index;  // into its worker's sequences
@@ -328,9 +336,11 @@ struct Bin {
   std::uint32_t first = 0;   // its items: [first, first + count)
   std::uint32_t count = 0;
   std::int64_t pages = 0;  // pages its sequences hold
+  std::int32_t slots_total = 0;
   double own_busy = 0;     // expected busy time with only its own sequences
   // What the packing changes.
   Busy busy;
+  std::int64_t tokens = 0;  // of KV its sequences hold
   std::int64_t free = 0;  // pages left after every growth reserve
   std::int32_t slots = 0;
   bool source = false;
@@ -362,13 +372,14 @@ struct Packing {
 class VersionPacker {
  public:
   VersionPacker(const RepackPolicyOptions& o, double per_token, std::vector<Bin> bins, std::vector<Item> items,
-                double tail_limit)
+                double tail_limit, std::int64_t& slots_wanted)
       : o_(o),
         cost_aware_(o.strategy == RepackStrategy::kCostAware),
         per_token_(per_token),
         bins_(std::move(bins)),
         items_(std::move(items)),
-        tail_limit_(tail_limit) {
+        tail_limit_(tail_limit),
+        slots_wanted_(slots_wanted) {
     std::int64_t max_free = 0;
     for (const Bin& b : bins_) max_free = std::max(max_free, b.free);
     index_.reset(max_free, bins_.size());
@@ -389,6 +400,7 @@ class VersionPacker {
     Packing out;
     std::uint32_t attempt = 0;
     for (const std::uint32_t s : order_) {
+      if (slots_wanted_ <= 0) break;
       if (bins_[s].received) continue;
       ++attempt;
       bins_[s].source = true;
@@ -417,6 +429,7 @@ class VersionPacker {
       }
       out.freed.push_back({s, std::uint32_t(mark), src.own_busy, move_time, gain});
       out.gain += gain;
+      slots_wanted_ -= src.slots_total;
     }
     for (const Bin& b : bins_) {
       if (!b.source) out.finish = std::max(out.finish, time(b.busy));
@@ -437,13 +450,22 @@ class VersionPacker {
     return {b.fixed, std::max(b.remaining, item.remaining), b.work + item.work};
   }
 
+  // The destination's step with this sequence too, against max_step_slowdown.
+  bool step_fits(const Bin& dst, const Item& item) const {
+    if (std::isinf(o_.max_step_slowdown)) return true;
+    return per_token_ * double(dst.tokens + item.tokens) <= o_.max_step_slowdown * dst.busy.fixed;
+  }
+
   // Places every sequence of source s, or stops at the first that fits nowhere (false).
   bool place_all(std::uint32_t s, std::uint32_t attempt, std::vector<Placement>& placements) {
     const Bin& src = bins_[s];
     for (std::uint32_t it = src.first; it < src.first + src.count; ++it) {
       const Item& item = items_[it];
       // The destination, with this sequence too, must still finish within the version's limit.
-      auto fits = [&](int b) { return time(with(bins_[std::size_t(b)].busy, item)) <= tail_limit_; };
+      auto fits = [&](int b) {
+        const Bin& dst = bins_[std::size_t(b)];
+        return time(with(dst.busy, item)) <= tail_limit_ && step_fits(dst, item);
+      };
       const int d = cost_aware_ ? index_.best_fit(item.need, fits, kMaxProbes)
                                 : index_.best_fit(item.need, [](int) { return true; }, 1);
       if (d < 0) return false;
@@ -455,6 +477,7 @@ class VersionPacker {
       dst.free -= item.need;
       dst.slots -= 1;
       dst.busy = with(dst.busy, item);
+      dst.tokens += item.tokens;
       dst.received = true;
       reindex(std::uint32_t(d));
       placements.push_back({it, std::uint32_t(d)});
@@ -475,6 +498,7 @@ class VersionPacker {
   std::vector<Bin> bins_;
   std::vector<Item> items_;
   double tail_limit_;
+  std::int64_t& slots_wanted_;  // free slots the waiting prompts still need; a plan stops at 0
   std::vector<std::uint32_t> order_;  // sources in the order they are tried
   std::vector<Saved> undo_;
   FitIndex index_;
@@ -533,7 +557,7 @@ bool draining(const WorkerSnapshot& w) {
 // Plans one version's workers (indices into fleet.workers) into plan; returns that version's
 // expected finish after the plan over the one before.
 double plan_version(const FleetSnapshot& fleet, std::span<const std::uint32_t> workers, double per_token,
-                    const RepackPolicyOptions& o, MigrationPlan& plan) {
+                    const RepackPolicyOptions& o, std::int64_t& slots_wanted, MigrationPlan& plan) {
   auto time = [&](const Busy& b) { return b.fixed * b.remaining + per_token * b.work; };
   double finish_before = 0, finish_others = 0;
   std::vector<Bin> bins;
@@ -552,6 +576,7 @@ double plan_version(const FleetSnapshot& fleet, std::span<const std::uint32_t> w
     b.count = std::uint32_t(w.sequences.size());
     b.busy = busy;
     b.own_busy = time(busy);
+    b.slots_total = w.slots_total;
     std::int64_t reserve = 0;
     for (std::uint32_t i = 0; i < b.count; ++i) {
       const SequenceSnapshot& s = w.sequences[i];
@@ -561,8 +586,9 @@ double plan_version(const FleetSnapshot& fleet, std::span<const std::uint32_t> w
                                     ? std::int64_t(std::min(double(o.growth_horizon_steps), std::ceil(rem)))
                                     : o.growth_horizon_steps;
       const std::int64_t extra = std::max<std::int64_t>(0, ceil_div(s.tokens + grow, fleet.tokens_per_page) - s.pages);
-      items.push_back({s.pages + extra, rem, double(s.tokens) * rem + rem * rem / 2, i});
+      items.push_back({s.pages + extra, s.tokens, rem, double(s.tokens) * rem + rem * rem / 2, i});
       b.pages += s.pages;
+      b.tokens += s.tokens;
       reserve += extra;
     }
     b.free = w.pages_total - w.pages_used - reserve;
@@ -574,7 +600,7 @@ double plan_version(const FleetSnapshot& fleet, std::span<const std::uint32_t> w
   // Infinity turns the check off, also for a version expected to end now (0 * inf is NaN).
   const double tail_limit = std::isinf(o.max_tail_growth) ? o.max_tail_growth
                                                            : finish_before * (1.0 + o.max_tail_growth);
-  VersionPacker packer(o, per_token, std::move(bins), std::move(items), tail_limit);
+  VersionPacker packer(o, per_token, std::move(bins), std::move(items), tail_limit, slots_wanted);
   const Packing best = packer.pack();
 
   const std::vector<Bin>& b = packer.bins();
@@ -609,12 +635,20 @@ Result<MigrationPlan> plan_repack(const FleetSnapshot& fleet, Version newest, co
   std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
     return fleet.workers[a].version < fleet.workers[b].version;
   });
+  // Slots the waiting prompts still need, past the newest version's free ones.
+  std::int64_t slots_wanted = std::numeric_limits<std::int64_t>::max();
+  if (fleet.prompts_waiting && options.only_for_waiting_prompts && options.strategy == RepackStrategy::kCostAware) {
+    slots_wanted = *fleet.prompts_waiting;
+    for (const WorkerSnapshot& w : fleet.workers) {
+      if (w.version == newest) slots_wanted -= w.slots_total - w.slots_used;
+    }
+  }
   MigrationPlan plan;
   for (std::size_t begin = 0; begin < order.size();) {
     std::size_t end = begin + 1;
     while (end < order.size() && fleet.workers[order[end]].version == fleet.workers[order[begin]].version) ++end;
     const double growth =
-        plan_version(fleet, std::span(order).subspan(begin, end - begin), per_token, options, plan);
+        plan_version(fleet, std::span(order).subspan(begin, end - begin), per_token, options, slots_wanted, plan);
     plan.tail_growth = std::max(plan.tail_growth, growth);
     begin = end;
   }

@@ -50,7 +50,7 @@ WorkerSnapshot worker(std::uint32_t id, std::uint64_t v, std::vector<std::pair<s
   return w;
 }
 
-FleetSnapshot fleet_of(std::vector<WorkerSnapshot> workers) { return {16, std::move(workers)}; }
+FleetSnapshot fleet_of(std::vector<WorkerSnapshot> workers) { return {16, std::move(workers), std::nullopt}; }
 
 // The paper's rule with no growth reserve: plain page arithmetic.
 RepackPolicyOptions paper() {
@@ -135,6 +135,19 @@ std::string check_plan(const FleetSnapshot& fleet, Version newest, const RepackP
     if (!at.count(f.worker.value()) || !freed.insert(at[f.worker.value()]).second) return "freed lists a worker twice";
   }
   if (freed != sources) return "the freed workers are not exactly the sources";
+  // With prompts waiting, a plan stops freeing once the freed slots and the newest version's free
+  // ones cover them: every freed worker but the last was still needed.
+  if (fleet.prompts_waiting && o.only_for_waiting_prompts && o.strategy == RepackStrategy::kCostAware &&
+      !plan.freed.empty()) {
+    std::int64_t wanted = *fleet.prompts_waiting;
+    for (const auto& w : fleet.workers) {
+      if (w.version == newest) wanted -= w.slots_total - w.slots_used;
+    }
+    for (std::size_t i = 0; i < plan.freed.size(); ++i) {
+      if (wanted <= 0) return fmt::format("worker {} is freed with no prompt waiting for it", plan.freed[i].worker.value());
+      wanted -= fleet.workers[at[plan.freed[i].worker.value()]].slots_total;
+    }
+  }
   if (pages_moved != plan.pages_moved) return "pages_moved is not the sum of the moves";
 
   // Capacity of every destination after the plan, and the best-fit order for the paper's rule:
@@ -213,6 +226,19 @@ std::string check_plan(const FleetSnapshot& fleet, Version newest, const RepackP
       d.remaining = std::max(d.remaining, r);
       d.work += double(s.tokens) * r + r * r / 2;
     }
+    if (o.strategy == RepackStrategy::kCostAware && !std::isinf(o.max_step_slowdown)) {
+      std::map<std::size_t, double> received;
+      for (const Move& m : plan.moves) {
+        received[at[m.to.value()]] += double(fleet.workers[at[m.from.value()]].sequences[seq_at[m.sequence.value()].second].tokens);
+      }
+      for (const auto& [w, extra] : received) {
+        double tokens = 0;
+        for (const auto& q : fleet.workers[w].sequences) tokens += double(q.tokens);
+        if (per_token * (tokens + extra) > o.max_step_slowdown * before[w].fixed * (1 + 1e-9)) {
+          return fmt::format("worker {}'s step grows past max_step_slowdown", fleet.workers[w].id.value());
+        }
+      }
+    }
     std::map<Version, std::pair<double, double>> finish;  // version -> before, after
     for (std::size_t w = 0; w < fleet.workers.size(); ++w) {
       if (!(fleet.workers[w].version < newest)) continue;
@@ -258,6 +284,8 @@ RepackPolicyOptions random_options(std::mt19937_64& rng) {
   o.max_tail_growth = std::vector<double>{0.0, 0.05, 1.0, INFINITY}[rng() % 4];
   o.min_gain = std::vector<Duration>{Duration::min(), Duration::zero(), 10s}[rng() % 3];
   if (rng() % 2) o.step_seconds_per_token = 1.5e-7;
+  o.max_step_slowdown = std::vector<double>{0.1, 1.0, INFINITY, INFINITY}[rng() % 4];
+  o.only_for_waiting_prompts = rng() % 4 != 0;
   return o;
 }
 
@@ -432,6 +460,112 @@ TEST_CASE("repack policy: cost-aware: the version's longest sequence is not move
   }
 }
 
+TEST_CASE("repack policy: cost-aware: with prompts waiting, frees only the workers they need", "[repack_policy]") {
+  // Four small draining workers of version 1 (8 slots, 2 pages free each) fit into worker 5;
+  // worker 6 runs the newest version with 3 free slots.
+  std::vector<WorkerSnapshot> ws = {worker(1, 1, {{10, 5}}, 7), worker(2, 1, {{20, 6}}, 8), worker(3, 1, {{30, 7}}, 9),
+                                    worker(4, 1, {{40, 8}}, 10), worker(5, 1, {{50, 10}}, 1000, 64),
+                                    worker(6, 2, {{60, 5}, {61, 5}, {62, 5}, {63, 5}, {64, 5}})};
+  FleetSnapshot fleet = fleet_of(ws);
+  RepackPolicyOptions o;
+  o.growth_horizon_steps = 0;
+  o.max_tail_growth = INFINITY;
+  o.min_gain = Duration::min();
+  auto freed_with = [&](std::optional<std::int64_t> waiting) {
+    fleet.prompts_waiting = waiting;
+    const MigrationPlan plan = plan_repack(fleet, Version(2), o).value();
+    INFO("prompts waiting " << (waiting ? std::to_string(*waiting) : "unknown"));
+    CHECK(check_plan(fleet, Version(2), o, plan) == "");
+    return freed_ids(plan);
+  };
+  // Unknown: every worker that fits is freed, smallest first.
+  CHECK(freed_with(std::nullopt) == std::set<std::uint32_t>{1, 2, 3, 4});
+  // Worker 6's 3 free slots take 3 prompts: nothing to free for them.
+  CHECK(freed_with(0).empty());
+  CHECK(freed_with(3).empty());
+  // One more prompt than worker 6 takes: one worker (8 slots) covers up to 11.
+  CHECK(freed_with(4) == std::set<std::uint32_t>{1});
+  CHECK(freed_with(11) == std::set<std::uint32_t>{1});
+  CHECK(freed_with(12) == std::set<std::uint32_t>{1, 2});
+  CHECK(freed_with(1000) == std::set<std::uint32_t>{1, 2, 3, 4});
+  // The option off, and the paper's rule, ignore the queue.
+  o.only_for_waiting_prompts = false;
+  CHECK(freed_with(0) == std::set<std::uint32_t>{1, 2, 3, 4});
+  o.only_for_waiting_prompts = true;
+  o.strategy = RepackStrategy::kPaperBestFit;
+  CHECK(freed_with(0) == std::set<std::uint32_t>{1, 2, 3, 4});
+}
+
+TEST_CASE("repack policy: cost-aware: max_step_slowdown bounds a destination's step however many plans run",
+          "[repack_policy]") {
+  // Twelve workers of version 1, each decoding one 1,600-token sequence expected to run 1,600 more:
+  // a step is 10 ms plus 0.1 us per token held. Plans run one after another on the fleet as the
+  // last one left it (freed workers gone, received sequences in place), as a planner every few
+  // seconds sees it.
+  constexpr double kFixed = 0.010, kPerToken = 1e-7;
+  auto replan = [&](RepackPolicyOptions o, int rounds) {
+    std::vector<WorkerSnapshot> ws;
+    for (std::uint32_t i = 0; i < 12; ++i) ws.push_back(worker(i + 1, 1, {{100 + i, 100}}, 100000, 64));
+    o.step_seconds_per_token = kPerToken;
+    o.growth_horizon_steps = 0;
+    o.min_gain = Duration::min();
+    std::int64_t most_tokens = 0;
+    double growth = 1.0;
+    for (int r = 0; r < rounds; ++r) {
+      for (WorkerSnapshot& w : ws) {
+        double tokens = 0;
+        for (SequenceSnapshot& q : w.sequences) {
+          q.expected_remaining_tokens = 1600;
+          tokens += double(q.tokens);
+        }
+        w.step_time = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(kFixed + kPerToken * tokens));
+      }
+      const FleetSnapshot fleet = fleet_of(ws);
+      const MigrationPlan plan = plan_repack(fleet, Version(2), o).value();
+      INFO("round " << r);
+      REQUIRE(check_plan(fleet, Version(2), o, plan) == "");
+      growth *= plan.tail_growth;
+      for (const Move& m : plan.moves) {
+        auto from = std::find_if(ws.begin(), ws.end(), [&](const WorkerSnapshot& w) { return w.id == m.from; });
+        auto to = std::find_if(ws.begin(), ws.end(), [&](const WorkerSnapshot& w) { return w.id == m.to; });
+        auto seq = std::find_if(from->sequences.begin(), from->sequences.end(),
+                                [&](const SequenceSnapshot& q) { return q.id == m.sequence; });
+        to->sequences.push_back(*seq);
+        to->pages_used += seq->pages;
+        to->slots_used += 1;
+        from->sequences.erase(seq);
+      }
+      std::erase_if(ws, [](const WorkerSnapshot& w) { return w.sequences.empty(); });
+      for (const WorkerSnapshot& w : ws) {
+        std::int64_t tokens = 0;
+        for (const SequenceSnapshot& q : w.sequences) tokens += q.tokens;
+        most_tokens = std::max(most_tokens, tokens);
+      }
+    }
+    return std::pair{most_tokens, growth};
+  };
+  // The tail check alone: each plan may end the version 5% later than the fleet it finds, so
+  // every plan packs more and the growth compounds past 5%.
+  RepackPolicyOptions tail;
+  tail.max_tail_growth = 0.05;
+  const auto [one_plan, one_growth] = replan(tail, 1);
+  const auto [many_plans, many_growth] = replan(tail, 6);
+  CHECK(one_growth <= 1.05 + 1e-9);
+  CHECK(many_plans > one_plan);
+  CHECK(many_growth > 1.05);
+  // The step bound: 0.5 x 10 ms of KV reads is 50,000 tokens at most, after any number of plans.
+  RepackPolicyOptions step;
+  step.max_tail_growth = INFINITY;
+  step.max_step_slowdown = 0.5;
+  const auto [bounded, bounded_growth] = replan(step, 6);
+  CHECK(bounded <= 50000);
+  CHECK(bounded > 1600);  // it still packs
+  CHECK(replan(step, 1).first == bounded);
+  // Just under what one more sequence needs, that destination takes none.
+  step.max_step_slowdown = 3200 * kPerToken / kFixed * (1 - 1e-6);
+  CHECK(replan(step, 3).first == 1600);
+}
+
 TEST_CASE("repack policy: an empty fleet or one draining worker per version gives an empty plan", "[repack_policy]") {
   const MigrationPlan empty = plan_repack(fleet_of({}), Version(0)).value();
   CHECK(empty.moves.empty());
@@ -476,6 +610,8 @@ TEST_CASE("repack policy: every precondition is checked and names what is wrong"
       {"step_seconds_per_token is nan",
        [](FleetSnapshot&, RepackPolicyOptions& o) { o.step_seconds_per_token = NAN; }},
       {"max_tail_growth is -0.1", [](FleetSnapshot&, RepackPolicyOptions& o) { o.max_tail_growth = -0.1; }},
+      {"max_step_slowdown is -1", [](FleetSnapshot&, RepackPolicyOptions& o) { o.max_step_slowdown = -1; }},
+      {"prompts_waiting is -3", [](FleetSnapshot& f, RepackPolicyOptions&) { f.prompts_waiting = -3; }},
       {"default_remaining_ratio is inf",
        [](FleetSnapshot&, RepackPolicyOptions& o) { o.default_remaining_ratio = INFINITY; }},
   };
@@ -524,7 +660,8 @@ TEST_CASE("repack policy: properties over random fleets: every plan is valid", "
   std::mt19937_64 rng(seed);
   int planned = 0, with_moves = 0;
   for (int i = 0; i < 3000; ++i) {
-    const auto f = random_small_fleet(rng);
+    auto f = random_small_fleet(rng);
+    if (rng() % 2) f.fleet.prompts_waiting = std::int64_t(rng() % 200);
     const RepackPolicyOptions o = random_options(rng);
     INFO("seed " << seed << ", fleet " << i << ", strategy " << laminar::repack_strategy_name(o.strategy));
     const auto plan = plan_repack(f.fleet, f.newest, o);
@@ -602,7 +739,7 @@ TEST_CASE("repack policy: the README's example", "[repack_policy]") {
   busier.pages_used = 1001;
   busier.slots_used = 2;
 
-  FleetSnapshot fleet{.tokens_per_page = 16, .workers = {w, busier}};
+  FleetSnapshot fleet{.tokens_per_page = 16, .workers = {w, busier}, .prompts_waiting = 40};
   Result<MigrationPlan> plan = plan_repack(fleet, /*newest=*/Version(8));
   if (!plan.ok()) FAIL(plan.status().to_string());
   for (const Move& m : plan->moves) migrate(m.sequence, m.from, m.to);  // the KvMigrator's job

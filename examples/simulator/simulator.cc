@@ -764,10 +764,17 @@ void Engine::on_repack_tick() {
   const std::int64_t newest = *std::max_element(relay_newest_.begin(), relay_newest_.end());
   FleetSnapshot fleet;
   fleet.tokens_per_page = static_cast<std::int32_t>(cost_.config().rollout.page_tokens);
+  // Dispatch runs whenever an admitting instance has room, so pooled samples are ones the newest
+  // version's instances have no slot for: the listed instances' free slots need not be counted.
+  fleet.prompts_waiting = static_cast<std::int64_t>(pool_.size());
   std::vector<std::int32_t> settled;
   bool draining = false;
   for (RolloutInstance& in : instances_) {
-    if (in.version >= newest || in.live.empty() || in.state == State::kBusy || in.state == State::kDown) continue;
+    // An instance whose relay lacks the newest version still admits prompts: it is not draining.
+    if (in.version >= relay_newest_[static_cast<std::size_t>(in.node)] || in.live.empty() ||
+        in.state == State::kBusy || in.state == State::kDown) {
+      continue;
+    }
     draining = true;
     settle(in);
     settled.push_back(in.id);

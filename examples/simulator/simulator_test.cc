@@ -183,9 +183,25 @@ TEST_CASE("sim engine: an admission bound holds Laminar's staleness to what it h
 }
 
 TEST_CASE("sim engine: Laminar repacks draining instances and records a trace when asked") {
+  // By default the policy empties instances only while prompts wait for one; here every prompt
+  // finds a slot at once, so nothing moves. With room for 8 sequences an instance, prompts wait.
+  ScheduleSpec spec = spec_of(ScheduleKind::kLaminar);
+  SimConfig c = small_config();
+  Result<SimReport> roomy = simulate(c, spec);
+  REQUIRE(roomy.ok());
+  CHECK(roomy->repack_plans > 0);
+  CHECK(roomy->repack_moves == 0);
+  c.cluster.max_batch = 8;
+  Result<SimReport> tight = simulate(c, spec);
+  REQUIRE(tight.ok());
+  CHECK(tight->repack_moves > 0);
+  // Without that rule, the roomy cluster repacks too.
+  spec.repack_options.only_for_waiting_prompts = false;
   SimOptions o;
   o.trace = true;
-  const SimReport r = run(small_config(), ScheduleKind::kLaminar, o);
+  Result<SimReport> made = simulate(small_config(), spec, o);
+  REQUIRE(made.ok());
+  const SimReport& r = *made;
   CHECK(r.repack_plans > 0);
   CHECK(r.repack_moves > 0);
   CHECK(r.repack_bytes > 0);

@@ -963,8 +963,10 @@ class FleetSnapshot:
     """Every rollout worker (keywords too)."""
     tokens_per_page: int
     workers: list[WorkerSnapshot]
+    prompts_waiting: Optional[int]
 
-    def __init__(self, *, tokens_per_page: int = 0, workers: Sequence[WorkerSnapshot] = ()) -> None: ...
+    def __init__(self, *, tokens_per_page: int = 0, workers: Sequence[WorkerSnapshot] = (),
+                 prompts_waiting: Optional[int] = None) -> None: ...
 
 
 class RepackStrategy(enum.IntEnum):
@@ -984,11 +986,14 @@ class RepackPolicyOptions:
     max_tail_growth: float
     min_gain: float
     default_remaining_ratio: float
+    max_step_slowdown: float
+    only_for_waiting_prompts: bool
 
     def __init__(self, *, strategy: RepackStrategy = ..., growth_horizon_steps: int = ..., page_bytes: int = ...,
                  link_bytes_per_s: float = ..., move_overhead: Seconds = ...,
                  step_seconds_per_token: Optional[float] = ..., max_tail_growth: float = ...,
-                 min_gain: Seconds = ..., default_remaining_ratio: float = ...) -> None: ...
+                 min_gain: Seconds = ..., default_remaining_ratio: float = ..., max_step_slowdown: float = ...,
+                 only_for_waiting_prompts: bool = ...) -> None: ...
 
 
 class Move:

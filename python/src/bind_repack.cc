@@ -42,7 +42,9 @@ whole: appending to the list it returns changes a copy.)doc");
   py::class_<FleetSnapshot> fleet_class(m, "FleetSnapshot", "Every rollout worker (keywords too).");
   def_kwargs_init(fleet_class);
   fleet_class.def_readwrite("tokens_per_page", &FleetSnapshot::tokens_per_page, "Page size of every worker's KV cache.")
-      .def_readwrite("workers", &FleetSnapshot::workers, "The workers, a list read and assigned whole.");
+      .def_readwrite("workers", &FleetSnapshot::workers, "The workers, a list read and assigned whole.")
+      .def_readwrite("prompts_waiting", &FleetSnapshot::prompts_waiting,
+                     "Prompts only a newest-version worker may start, none held yet; None: not known.");
 
   py::enum_<RepackStrategy>(m, "RepackStrategy", "Which rule plans the moves.")
       .value("PAPER_BEST_FIT", RepackStrategy::kPaperBestFit, "the Laminar paper's rule")
@@ -62,7 +64,11 @@ whole: appending to the list it returns changes a copy.)doc");
       .def_readwrite("max_tail_growth", &RepackPolicyOptions::max_tail_growth,
                      "How much longer the version's tail may get.")
       .def_readwrite("default_remaining_ratio", &RepackPolicyOptions::default_remaining_ratio,
-                     "Remaining tokens guessed per token so far when a sequence has no estimate.");
+                     "Remaining tokens guessed per token so far when a sequence has no estimate.")
+      .def_readwrite("max_step_slowdown", &RepackPolicyOptions::max_step_slowdown,
+                     "How much slower a destination's step may get than one reading no KV.")
+      .def_readwrite("only_for_waiting_prompts", &RepackPolicyOptions::only_for_waiting_prompts,
+                     "Free workers only while FleetSnapshot.prompts_waiting outnumbers free slots.");
   def_seconds(options_class, "move_overhead", &RepackPolicyOptions::move_overhead, "Fixed cost of each move.");
   def_seconds(options_class, "min_gain", &RepackPolicyOptions::min_gain, "A freed worker must gain at least this.");
 

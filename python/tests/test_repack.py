@@ -74,3 +74,24 @@ def test_options_fields():
     assert o.default_remaining_ratio == 2.0 and o.strategy == laminar.RepackStrategy.COST_AWARE
     w = laminar.WorkerSnapshot(waiting_prompts=3)
     assert w.waiting_prompts == 3 and w.sequences == [] and w.step_time == 0.0
+
+
+def test_prompts_waiting_limits_the_workers_freed():
+    # Workers 1 and 2 (2 pages free each) empty into worker 3; each freed worker has 8 slots.
+    fleet = laminar.FleetSnapshot(tokens_per_page=16, workers=[
+        worker(1, 1, [(10, 5)], pages_total=7), worker(2, 1, [(20, 6)], pages_total=8),
+        worker(3, 1, [(30, 10)], pages_total=1000, slots_total=64)])
+    options = laminar.RepackPolicyOptions(growth_horizon_steps=0, max_tail_growth=float("inf"))
+    assert fleet.prompts_waiting is None
+    assert [f.worker for f in laminar.plan_repack(fleet, 2, options).freed] == [1, 2]
+    fleet.prompts_waiting = 0
+    assert laminar.plan_repack(fleet, 2, options).freed == []
+    fleet.prompts_waiting = 5
+    assert [f.worker for f in laminar.plan_repack(fleet, 2, options).freed] == [1]
+    options.only_for_waiting_prompts = False
+    assert [f.worker for f in laminar.plan_repack(fleet, 2, options).freed] == [1, 2]
+    with pytest.raises(laminar.InvalidArgumentError, match="max_step_slowdown"):
+        laminar.plan_repack(fleet, 2, laminar.RepackPolicyOptions(max_step_slowdown=-1.0))
+    fleet.prompts_waiting = -1
+    with pytest.raises(laminar.InvalidArgumentError, match="prompts_waiting"):
+        laminar.plan_repack(fleet, 2, options)
