@@ -2,6 +2,7 @@
 // real files, the table's numbers from hand-made records, the trace JSON, gnuplot's PNGs and the
 // progress lines under a ManualClock.
 #include "report.h"
+#include "temp_dir.h"
 
 #include <stdlib.h>
 
@@ -39,30 +40,8 @@ namespace {
 
 constexpr std::int64_t kS = 1'000'000'000;  // ns per second
 
-// A fresh directory, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "grpo_report_XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
-std::string read_all(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using laminar::testing::read_all;
+using laminar::testing::TempDir;
 
 void write_all(const std::filesystem::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
@@ -115,7 +94,7 @@ TEST_CASE("grpo report: records round-trip through a file") {
   std::mt19937_64 rng(seed);
   const Records written = random_records(rng);
 
-  TempDir dir;
+  TempDir dir("grpo_report");
   const auto path = dir.path() / "rollout.jsonl";
   {
     RecordWriter w = RecordWriter::open(path).value();
@@ -152,7 +131,7 @@ TEST_CASE("grpo report: records round-trip through a file") {
 }
 
 TEST_CASE("grpo report: a truncated or corrupt record file is refused, naming the line") {
-  TempDir dir;
+  TempDir dir("grpo_report");
   const auto path = dir.path() / "rollout.jsonl";
   {
     RecordWriter w = RecordWriter::open(path).value();
@@ -572,7 +551,7 @@ TEST_CASE("grpo report: write_report writes the table, JSON and PNG plots") {
     runs.push_back(std::move(r));
   }
 
-  TempDir dir;
+  TempDir dir("grpo_report");
   SECTION("without gnuplot the report is written and says plots were skipped") {
     auto files = async_grpo::write_report(runs, {.gnuplot = "/nonexistent/gnuplot"}, dir.path() / "out");
     REQUIRE(files.ok());

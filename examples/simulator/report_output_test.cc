@@ -2,6 +2,7 @@
 // comparison's numbers and speed-ups, the sweep's scaling efficiency, the JSON fields, the Perfetto
 // trace, gnuplot's PNGs and the progress line under a ManualClock.
 #include "report_output.h"
+#include "temp_dir.h"
 
 #include <stdlib.h>
 
@@ -27,30 +28,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A fresh directory, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "sim_output_XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
-std::string read_all(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using laminar::testing::read_all;
+using laminar::testing::TempDir;
 
 SimReport report(std::string schedule, ScheduleKind kind, std::optional<std::int64_t> max_ahead, double samples_per_s,
                  std::vector<std::int64_t> staleness, std::int64_t gpus = 64) {
@@ -209,7 +188,7 @@ TEST_CASE("sim output: report JSON holds seconds and null for an unbounded admis
   CHECK(bs["mixed_version_trajectories"] == 5);
   CHECK(!bs.contains("trace"));
 
-  TempDir dir;
+  TempDir dir("sim_output");
   auto c = laminar::sim::compare(reports, "sync");
   REQUIRE(c.ok());
   auto points = laminar::sim::sweep_points(reports);
@@ -268,7 +247,7 @@ TEST_CASE("sim output: the trace is Chrome trace JSON, one event per span in mic
 }
 
 TEST_CASE("sim output: gnuplot writes the throughput, staleness and scaling PNGs", "[sim_output]") {
-  TempDir dir;
+  TempDir dir("sim_output");
   std::vector<SimReport> reports = setting();
   std::vector<SimReport> sweep;
   for (int gpus : {64, 128, 256}) {

@@ -200,16 +200,7 @@ Python producer and consumer threads run at the same time.)doc")
       .def("newest_version", &TrajectoryQueue::newest_version)
       .def(
           "push",
-          [](TrajectoryQueue& q, const Trajectory& t, bool block, py::handle timeout) {
-            PushOptions o = push_options(block, timeout);
-            Trajectory copy = t;
-            Status st;
-            {
-              py::gil_scoped_release unlocked;
-              st = q.push(std::move(copy), o);
-            }
-            check(st);
-          },
+          &push_copy<TrajectoryQueue>,
           py::arg("trajectory"), py::kw_only(), py::arg("block") = true, py::arg("timeout") = py::none(),
           R"doc(
 Pushes a copy of `trajectory` (which stays usable). When the queue is full: block=True waits
@@ -219,18 +210,7 @@ invalid trajectory or a version ahead of newest_version(), AlreadyExistsError fo
 holds or retired recently, FailedPreconditionError for a closed group, CancelledError after close().)doc")
       .def(
           "push_many",
-          [](TrajectoryQueue& q, const std::vector<Trajectory>& ts, bool block, py::handle timeout) {
-            PushOptions o = push_options(block, timeout);
-            std::vector<Trajectory> copies = ts;
-            std::vector<Status> statuses;
-            {
-              py::gil_scoped_release unlocked;
-              statuses = q.push_many(copies, o);
-            }
-            py::list out;
-            for (const Status& st : statuses) out.append(status_to_exception(st));
-            return out;
-          },
+          &push_many_copies<TrajectoryQueue>,
           py::arg("trajectories"), py::kw_only(), py::arg("block") = true, py::arg("timeout") = py::none(),
           "push for several trajectories at once; returns, per trajectory in order, None when it went in "
           "or the Error push would have raised (not raised).")

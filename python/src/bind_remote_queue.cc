@@ -80,34 +80,14 @@ release the GIL while they wait.)doc")
            "DeadlineExceededError when the server cannot be reached.")
       .def(
           "push",
-          [](RemoteProducer& p, const Trajectory& t, bool block, py::handle timeout) {
-            PushOptions o = push_options(block, timeout);
-            Trajectory copy = t;
-            Status st;
-            {
-              py::gil_scoped_release unlocked;
-              st = p.push(std::move(copy), o);
-            }
-            check(st);
-          },
+          &push_copy<RemoteProducer>,
           py::arg("trajectory"), py::kw_only(), py::arg("block") = true, py::arg("timeout") = py::none(),
           "TrajectoryQueue.push across the wire: the queue's errors, or UnavailableError when the server "
           "vanished (pushing again is safe: a duplicate is AlreadyExistsError). block and timeout govern "
           "the wait for a credit.")
       .def(
           "push_many",
-          [](RemoteProducer& p, const std::vector<Trajectory>& ts, bool block, py::handle timeout) {
-            PushOptions o = push_options(block, timeout);
-            std::vector<Trajectory> copies = ts;
-            std::vector<Status> statuses;
-            {
-              py::gil_scoped_release unlocked;
-              statuses = p.push_many(copies, o);
-            }
-            py::list out;
-            for (const Status& st : statuses) out.append(status_to_exception(st));
-            return out;
-          },
+          &push_many_copies<RemoteProducer>,
           py::arg("trajectories"), py::kw_only(), py::arg("block") = true, py::arg("timeout") = py::none(),
           "TrajectoryQueue.push_many across the wire: None or the Error (not raised) per trajectory.")
       .def_property_readonly("credits_granted", &RemoteProducer::credits_granted,

@@ -133,6 +133,34 @@ py::object json_to_dict(const std::string& json);
 // ignored), block=True waits for `timeout` seconds, or without a deadline when it is None.
 PushOptions push_options(bool block, py::handle timeout);
 
+// push and push_many of a TrajectoryQueue or a RemoteProducer: each pushes copies (the caller's
+// trajectories stay usable) with the GIL released. push raises the failure; push_many returns, per
+// trajectory, None or the Error push would have raised.
+template <class Sink>
+void push_copy(Sink& sink, const Trajectory& t, bool block, py::handle timeout) {
+  PushOptions o = push_options(block, timeout);
+  Trajectory copy = t;
+  Status st;
+  {
+    py::gil_scoped_release unlocked;
+    st = sink.push(std::move(copy), o);
+  }
+  check(st);
+}
+template <class Sink>
+py::list push_many_copies(Sink& sink, const std::vector<Trajectory>& ts, bool block, py::handle timeout) {
+  PushOptions o = push_options(block, timeout);
+  std::vector<Trajectory> copies = ts;
+  std::vector<Status> statuses;
+  {
+    py::gil_scoped_release unlocked;
+    statuses = sink.push_many(copies, o);
+  }
+  py::list out;
+  for (const Status& st : statuses) out.append(status_to_exception(st));
+  return out;
+}
+
 // Properties whose setters check their Python value (ints in range, seconds), for the options
 // structs; `name` is also the name in the error message.
 template <class C, class M>
