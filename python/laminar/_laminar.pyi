@@ -613,13 +613,17 @@ class KvMigrator:
     def background_error(self) -> Optional[Error]:
         """The first failure of its background work (an Error, not raised), or None."""
 
-def cast(src: Tensor, dst: Tensor) -> None:
+def cast(src: Tensor, dst: Tensor, *, stream: Optional[int] = None) -> None:
     """Converts src into dst, element by element, between float32, float16 and bfloat16 (round to
     nearest even, NaN kept; the same bits on the CPU and CUDA). Both are tensors given through
     DLPack (torch tensors, NumPy arrays) of the same shape, dense, on the host or one CUDA device;
-    dst is written in place, nothing is copied on the way in. On CUDA the cast is enqueued on the
-    legacy default stream. InvalidArgumentError names the tensor and what is wrong (dtype, shape,
-    strides, overlap); UnimplementedError for CUDA tensors in a build without CUDA."""
+    dst is written in place, nothing is copied on the way in. On CUDA the cast is enqueued on a
+    stream (see below). InvalidArgumentError names the tensor and what is wrong (dtype, shape,
+    strides, overlap); UnimplementedError for CUDA tensors in a build without CUDA.
+    stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
+    through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
+    device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a
+    negative or non-int stream, and for any stream with host tensors."""
 
 
 class Clock:
@@ -892,7 +896,7 @@ class LocalRelayServer:
 def sample(logits: Tensor, seed: Tensor, position: Tensor, token: Tensor, *, temperature: Optional[Tensor] = None,
            top_k: Optional[Tensor] = None, top_p: Optional[Tensor] = None, min_p: Optional[Tensor] = None,
            raw_logprob: Optional[Tensor] = None, processed_logprob: Optional[Tensor] = None,
-           kept_mass: Optional[Tensor] = None, cpu_threads: int = 0) -> None:
+           kept_mass: Optional[Tensor] = None, cpu_threads: int = 0, stream: Optional[int] = None) -> None:
     """Samples one token per row of logits [batch, vocab] (float32/16, bfloat16; rows may be
     strided) into token [batch] int32, in place. seed and position are int64 [batch]: each row's
     randomness is Philox keyed by (seed, position), so a row's token depends only on its own logits
@@ -901,20 +905,29 @@ def sample(logits: Tensor, seed: Tensor, position: Tensor, token: Tensor, *, tem
     float32. Optional outputs, float32 [batch]: raw_logprob (log-softmax of the raw logits at the
     token, the same bits token_logprob gives), processed_logprob (under the distribution sampled
     from) and kept_mass. InvalidArgumentError names the tensor or the row and field that is wrong,
-    before any output is written."""
+    before any output is written.
+    stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
+    through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
+    device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a
+    negative or non-int stream, and for any stream with host tensors."""
 
 
-def token_logprob(logits: Tensor, token: Tensor, logprob: Tensor, *, cpu_threads: int = 0) -> None:
+def token_logprob(logits: Tensor, token: Tensor, logprob: Tensor, *, cpu_threads: int = 0,
+                  stream: Optional[int] = None) -> None:
     """Writes log-softmax(logits[row])[token[row]] into logprob [batch] float32, in place: what the
     trainer scores a rollout's tokens with, bit-identical to sample's raw_logprob for the same
     logits. token is int32, or int64 on the host. InvalidArgumentError names the row whose token is
-    outside [0, vocab)."""
+    outside [0, vocab).
+    stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
+    through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
+    device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a
+    negative or non-int stream, and for any stream with host tensors."""
 
 
 def paged_decode(q: Tensor, out: Tensor, k_pages: Tensor, v_pages: Tensor, indptr: Tensor, indices: Tensor,
                  last_page_len: Tensor, *, lse: Optional[Tensor] = None, qo_indptr: Optional[Tensor] = None,
                  sm_scale: Optional[float] = None, workspace: Optional[Tensor] = None,
-                 max_kv_len: Optional[int] = None, cpu_threads: int = 0) -> None:
+                 max_kv_len: Optional[int] = None, cpu_threads: int = 0, stream: Optional[int] = None) -> None:
     """Paged attention over one layer's KV pages, writing out (and lse) in place. q, out:
     [num_rows, num_qo_heads, head_dim]; k_pages, v_pages: [num_pages, page_size, num_kv_heads,
     head_dim] (float32/16, bfloat16, all the same; head_dim 64 or 128; num_qo_heads = num_kv_heads *
@@ -926,7 +939,11 @@ def paged_decode(q: Tensor, out: Tensor, k_pages: Tensor, v_pages: Tensor, indpt
     On the host max_kv_len defaults to the longest sequence and no workspace is needed; CUDA tensors
     (the page table then on the device too) need max_kv_len and a workspace tensor of at least the
     bytes the InvalidArgumentError for a missing one names. InvalidArgumentError names the tensor and
-    the mismatch; UnimplementedError for CUDA tensors in a build without CUDA."""
+    the mismatch; UnimplementedError for CUDA tensors in a build without CUDA.
+    stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
+    through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
+    device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a
+    negative or non-int stream, and for any stream with host tensors."""
 
 
 class SequenceSnapshot:

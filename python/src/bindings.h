@@ -106,8 +106,9 @@ class DlpackTensor {
  public:
   // kInvalidArgument naming `what` for an object without __dlpack__, one whose export fails (a
   // torch tensor that requires grad, a read-only NumPy array), or a tensor TensorView::from_dlpack
-  // refuses (dtype, negative strides, device).
-  static DlpackTensor borrow(py::handle obj, std::string_view what);
+  // refuses (dtype, negative strides, device). A CUDA tensor is exported for `cuda_stream`, the
+  // stream its consumer runs on (0: the legacy default), so the producer orders its work before it.
+  static DlpackTensor borrow(py::handle obj, std::string_view what, std::uintptr_t cuda_stream = 0);
   const TensorView& view() const noexcept { return view_; }
 
  private:

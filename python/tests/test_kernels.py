@@ -1,6 +1,8 @@
 """laminar.cast on torch tensors and NumPy arrays given through DLPack, against torch's and NumPy's
 own conversions (all round to nearest even, so the bits must match)."""
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -215,3 +217,90 @@ def test_paged_decode_bad_input(rng):
     with pytest.raises(laminar.InvalidArgumentError, match="sm_scale"):
         laminar.paged_decode(q, out, k, v, indptr, indices, last, sm_scale="x")
     assert torch.equal(out, torch.zeros_like(q))
+
+
+def cpu_calls():
+    """Each kernel once on host tensors, as a function taking the call's keywords."""
+    logits = torch.randn(4, 100)
+    token = torch.zeros(4, dtype=torch.int32)
+    seed, position = torch.arange(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
+    q, k, v, indptr, indices, last = paged(random.Random(0), torch.float32, [5, 9])
+    return [
+        lambda **kw: laminar.cast(logits, torch.empty(4, 100, dtype=torch.float16), **kw),
+        lambda **kw: laminar.sample(logits, seed, position, token, **kw),
+        lambda **kw: laminar.token_logprob(logits, token, torch.empty(4), **kw),
+        lambda **kw: laminar.paged_decode(q, torch.empty_like(q), k, v, indptr, indices, last, **kw),
+    ]
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, "0", 1.0, True])
+def test_stream_must_be_a_non_negative_int(bad):
+    for call in cpu_calls():
+        with pytest.raises(laminar.InvalidArgumentError, match="stream"):
+            call(stream=bad)
+
+
+def test_stream_is_refused_for_host_tensors():
+    for call in cpu_calls():
+        call(stream=None)
+        with pytest.raises(laminar.InvalidArgumentError, match="stream applies to CUDA tensors only"):
+            call(stream=0)
+
+
+def late_on(stream, make, like):
+    """A tensor `make()` fills on `stream` after a sleep: a kernel not ordered after the stream's
+    work reads the NaNs it starts with."""
+    out = torch.full_like(like, float("nan"))
+    stream.wait_stream(torch.cuda.current_stream())  # everything made so far, the NaNs included
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)
+        out.copy_(make())
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_kernels_run_on_torchs_current_stream(rng):
+    torch.manual_seed(rng.randrange(2**31))
+    side = torch.cuda.Stream()
+    source = torch.randn(64, 32000, device="cuda") * 4
+    tokens = torch.randint(0, 32000, (64,), device="cuda", dtype=torch.int32)
+    rows = torch.arange(64, device="cuda")
+    logits = late_on(side, lambda: source, source)
+    with torch.cuda.stream(side):
+        out = torch.full((64,), float("nan"), device="cuda")
+        laminar.token_logprob(logits, tokens, out)
+        expected = torch.log_softmax(source.double(), dim=1)[rows, tokens.long()].float()
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=0)
+        half = torch.empty(64, 32000, device="cuda", dtype=torch.float16)
+        laminar.cast(logits, half)
+        assert torch.equal(half, source.half())
+        token = torch.empty(64, dtype=torch.int32, device="cuda")
+        laminar.sample(logits, torch.arange(64, device="cuda"), torch.zeros(64, dtype=torch.int64, device="cuda"),
+                       token, temperature=torch.zeros(64, device="cuda"))
+        assert torch.equal(token.long(), source.argmax(dim=1))
+
+    lengths = [1, 17, 300, 64]
+    q, k, v, indptr, indices, last = (t.cuda() for t in paged(rng, torch.float32, lengths))
+    late_q = late_on(side, lambda: q, q)
+    with torch.cuda.stream(side):
+        attn = torch.full_like(q, float("nan"))
+        laminar.paged_decode(late_q, attn, k, v, indptr, indices, last, max_kv_len=max(lengths),
+                             workspace=torch.empty(16 << 20, dtype=torch.uint8, device="cuda"))
+        expected, _ = attention_reference(q, k, v, indptr, indices, lengths, group=2)
+        torch.testing.assert_close(attn.double(), expected, atol=1e-5, rtol=0)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_kernels_run_on_the_stream_given(rng):
+    torch.manual_seed(rng.randrange(2**31))
+    side, given = torch.cuda.Stream(), torch.cuda.Stream()
+    source = torch.randn(16, 5000, device="cuda")
+    logits = late_on(side, lambda: source, source)
+    with torch.cuda.stream(side):
+        half = torch.empty(16, 5000, device="cuda", dtype=torch.float16)
+        # The export for `given` orders it after side's copy; side then waits for the cast.
+        laminar.cast(logits, half, stream=given.cuda_stream)
+        side.wait_stream(given)
+        assert torch.equal(half, source.half())
+    torch.cuda.synchronize()
