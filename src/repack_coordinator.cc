@@ -6,6 +6,8 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -55,6 +57,7 @@ struct RepackCoordinator::Impl {
   std::condition_variable cv;
   std::map<WorkerId, Kept> workers;
   Version newest{0};
+  std::optional<std::int64_t> prompts_waiting;
   bool plan_requested = false;
   std::uint64_t plans = 0;
   RepackCoordinatorStats st;
@@ -114,7 +117,7 @@ struct RepackCoordinator::Impl {
 
   // Reads the kept reports into a fleet (under mu), leaving out those the header lists.
   FleetSnapshot collect(std::map<WorkerId, Planned>& planned) {
-    FleetSnapshot fleet{opt.tokens_per_page, {}, std::nullopt};
+    FleetSnapshot fleet{opt.tokens_per_page, {}, prompts_waiting};
     const Duration now = clock->now();
     std::map<SequenceId, int> holders;
     std::vector<const Kept*> eligible;
@@ -136,6 +139,7 @@ struct RepackCoordinator::Impl {
     }
     st.planned_workers = fleet.workers.size();
     st.left_out = workers.size() - fleet.workers.size();
+    st.prompts_waiting = prompts_waiting;
     return fleet;
   }
 
@@ -271,6 +275,22 @@ Version RepackCoordinator::newest_version() const {
   return impl_->newest;
 }
 
+Status RepackCoordinator::set_prompts_waiting(std::int64_t n) {
+  // An empty fleet checks the count against plan_repack's own bounds.
+  const FleetSnapshot none{impl_->opt.tokens_per_page, {}, n};
+  if (Result<MigrationPlan> p = plan_repack(none, Version(0), impl_->opt.policy); !p.ok()) {
+    return invalid_argument(fmt::format("repack coordinator: {}", p.status().message()));
+  }
+  std::lock_guard l(impl_->mu);
+  impl_->prompts_waiting = n;
+  return ok_status();
+}
+
+std::optional<std::int64_t> RepackCoordinator::prompts_waiting() const {
+  std::lock_guard l(impl_->mu);
+  return impl_->prompts_waiting;
+}
+
 RepackCoordinatorStats RepackCoordinator::stats() const {
   std::lock_guard l(impl_->mu);
   return impl_->st;
@@ -284,9 +304,9 @@ Status RepackCoordinator::background_error() const {
 std::string RepackCoordinatorStats::to_json() const {
   return fmt::format(
       R"({{"reports":{},"reports_refused":{},"workers":{},"plans":{},"plans_failed":{},"planned_workers":{},)"
-      R"("left_out":{},"moves":{},"workers_freed":{},"orders_sent":{},"orders_failed":{}}})",
+      R"("left_out":{},"moves":{},"workers_freed":{},"orders_sent":{},"orders_failed":{},"prompts_waiting":{}}})",
       reports, reports_refused, workers, plans, plans_failed, planned_workers, left_out, moves, workers_freed,
-      orders_sent, orders_failed);
+      orders_sent, orders_failed, prompts_waiting ? std::to_string(*prompts_waiting) : "null");
 }
 
 }  // namespace laminar

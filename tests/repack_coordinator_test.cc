@@ -3,7 +3,10 @@
 // the coordinator is told; tests/repack_driver_test.cc runs it with real drivers and migrators.
 #include "laminar/repack_coordinator.h"
 
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -150,6 +153,9 @@ TEST_CASE("repack coordinator: a newer version plans at once and orders the smal
   CHECK(st.workers_freed == 1);
   CHECK(st.orders_failed == 0);
   CHECK_THAT(st.to_json(), Catch::Contains(R"("plans":1,)") && Catch::Contains(R"("moves":1,)"));
+  // Never told of the prompts: the plan did not know them.
+  CHECK_FALSE(st.prompts_waiting.has_value());
+  CHECK_THAT(st.to_json(), Catch::Contains(R"("prompts_waiting":null)"));
 
   // Both were named in that plan, so the next one leaves them out until they report again.
   REQUIRE(c.coordinator->set_newest_version(Version(2)).ok());
@@ -172,6 +178,59 @@ TEST_CASE("repack coordinator: a newer version plans at once and orders the smal
   REQUIRE(eventually([&] { return c.stats().plans == 4; }));
   CHECK(c.stats().left_out == 2);
   CHECK(c.stats().moves == 2);
+  CHECK(c.coordinator->background_error().ok());
+}
+
+TEST_CASE("repack coordinator: under the cost-aware policy, workers are freed only while prompts wait for them") {
+  RepackCoordinatorOptions o = Coordinated::options();
+  o.interval = 2s;
+  o.stale_after = 10s;  // one report each serves every plan below
+  o.policy.strategy = laminar::RepackStrategy::kCostAware;
+  o.policy.max_tail_growth = INFINITY;
+  o.policy.min_gain = laminar::Duration::min();
+  Coordinated c(o);
+  REQUIRE(c.coordinator->set_prompts_waiting(0).ok());
+  CHECK(c.coordinator->prompts_waiting() == 0);
+  Worker small(c.addr), big(c.addr), fresh(c.addr);
+  small.report(1, draining(1, Version(0), {{10, 6}}));
+  big.report(1, draining(2, Version(0), {{20, 9}, {21, 13}, {22, 5}}));
+  fresh.report(1, draining(3, Version(1), {{30, 5}, {31, 5}}));  // the newest version, 6 slots free
+  REQUIRE(eventually([&] { return c.stats().reports == 3; }));
+
+  // Without a waiting prompt the small worker stays (the first test moves it).
+  REQUIRE(c.coordinator->set_newest_version(Version(1)).ok());
+  REQUIRE(eventually([&] { return c.stats().plans == 1; }));
+  laminar::RepackCoordinatorStats st = c.stats();
+  CHECK(st.planned_workers == 3);
+  CHECK(st.prompts_waiting == 0);
+  CHECK(st.moves == 0);
+  CHECK_THAT(st.to_json(), Catch::Contains(R"("prompts_waiting":0})"));
+
+  // As many as the newest version's free slots take: still nothing to free. A new count waits for
+  // the next plan, an interval after the last.
+  REQUIRE(c.coordinator->set_prompts_waiting(6).ok());
+  CHECK(c.stats().plans == 1);
+  REQUIRE(c.clock->advance(2s).ok());
+  REQUIRE(eventually([&] { return c.stats().plans == 2; }));
+  CHECK(c.stats().prompts_waiting == 6);
+  CHECK(c.stats().moves == 0);
+  CHECK(small.received().empty());
+
+  // More than they take: the small worker is freed for them.
+  REQUIRE(c.coordinator->set_prompts_waiting(100).ok());
+  REQUIRE(c.clock->advance(2s).ok());
+  REQUIRE(eventually([&] { return small.received().size() == 1; }));
+  st = c.stats();
+  CHECK(st.plans == 3);
+  CHECK(st.prompts_waiting == 100);
+  CHECK(st.moves == 1);
+  CHECK(st.workers_freed == 1);
+  const RepackOrders orders = small.received()[0];
+  REQUIRE(orders.destinations.size() == 1);
+  CHECK(orders.destinations[0].worker == WorkerId(2));
+  CHECK(orders.destinations[0].sequences == std::vector<SequenceId>{SequenceId(10)});
+  CHECK(big.received().empty());
+  CHECK(fresh.received().empty());
   CHECK(c.coordinator->background_error().ok());
 }
 
@@ -338,6 +397,19 @@ TEST_CASE("repack coordinator: options and versions are checked") {
   CHECK(older.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(older.message(), Catch::Contains("version 2 is older than the newest, 3"));
   CHECK((*c)->newest_version() == Version(3));
+
+  CHECK_FALSE((*c)->prompts_waiting().has_value());
+  for (const std::int64_t bad : {std::int64_t(-1), (std::int64_t(1) << 40) + 1, INT64_MIN}) {
+    const laminar::Status s = (*c)->set_prompts_waiting(bad);
+    INFO(s.to_string());
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(s.message(), Catch::Contains(fmt::format("prompts_waiting is {},", bad)));
+  }
+  CHECK_FALSE((*c)->prompts_waiting().has_value());
+  REQUIRE((*c)->set_prompts_waiting(std::int64_t(1) << 40).ok());
+  CHECK((*c)->prompts_waiting() == std::int64_t(1) << 40);
+  CHECK((*c)->set_prompts_waiting(-5).code() == StatusCode::kInvalidArgument);
+  CHECK((*c)->prompts_waiting() == std::int64_t(1) << 40);
   c->reset();
   CHECK(RepackCoordinator::create(tr, good).ok());  // the transport is free again
 }

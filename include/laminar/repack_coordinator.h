@@ -23,6 +23,13 @@
 // Reports are checked when they arrive (the wire's bounds, then plan_repack's preconditions for
 // that one worker) and refused whole; so a bad report leaves out only its worker, never the plan.
 //
+// The scheduler's queue. Under the cost-aware policy's only_for_waiting_prompts rule (both
+// defaults), a plan frees workers only while prompts wait for them: an emptied worker with no
+// prompt to start gains nothing, and the sequences it sheds slow the workers that take them. Only
+// the host knows its queue, so it tells the coordinator with set_prompts_waiting(), whenever the
+// queue changes or at least once an interval; every plan reads the newest count. Until the first
+// call the count is not known and the rule stays off: plans free every worker that fits.
+//
 // Threads. The coordinator's own thread makes the plans and sends the orders (one-way sends, at
 // most send_timeout each). Reports are taken on the transport's callback thread. Every method is
 // thread-safe.
@@ -32,10 +39,13 @@
 //   auto coordinator = laminar::RepackCoordinator::create(transport, opt).value();
 //   // on every trainer update:
 //   (void)coordinator->set_newest_version(published);        // plans at once
+//   // whenever the scheduler's queue changes:
+//   (void)coordinator->set_prompts_waiting(queue_size);       // read by the next plan
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "laminar/clock.h"
@@ -77,6 +87,7 @@ struct RepackCoordinatorStats {
   std::uint64_t workers_freed = 0;     // freed workers, over all plans
   std::uint64_t orders_sent = 0;       // orders messages sent
   std::uint64_t orders_failed = 0;     // orders messages that could not be sent (worker gone)
+  std::optional<std::int64_t> prompts_waiting;  // what the last plan was given (nullopt: not known)
 
   std::string to_json() const;
 };
@@ -98,6 +109,17 @@ class RepackCoordinator {
   // does nothing. kInvalidArgument for an older one: published versions only increase.
   Status set_newest_version(Version v);
   Version newest_version() const;
+
+  // How many prompts wait for a worker, none holding them yet (the scheduler's queue, counted in
+  // sequences: each takes one batch slot); every later plan's FleetSnapshot::prompts_waiting.
+  // kInvalidArgument outside [0, 2^40]. A change plans nothing at once: the queue moves with every
+  // prompt handed out, while workers change only between reports, and each worker a plan names
+  // sits out until it reports again; the next plan, at most `interval` away, reads the newest
+  // count. It takes only the coordinator's own lock and calls nothing, so a scheduler may call it
+  // holding its own.
+  Status set_prompts_waiting(std::int64_t n);
+  // The newest count set; nullopt before the first set_prompts_waiting().
+  std::optional<std::int64_t> prompts_waiting() const;
 
   RepackCoordinatorStats stats() const;
   // The first plan plan_repack refused (a fleet the per-report checks let through: a bug of ours);
