@@ -8,11 +8,11 @@
 #include <future>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include "clock_wait.h"
 #include "laminar/handler_gate.h"
+#include "laminar/internal/clocked_thread.h"
 #include "remote_trajectory_queue_wire.h"
 #include "transport/protocol.h"
 
@@ -76,13 +76,11 @@ struct TrajectoryQueueServer::Impl {
   const std::shared_ptr<Clock> clock;
 
   mutable std::mutex mu;
-  // Signalled on arrivals, on stopping and on every jump of a virtual clock (clock_wake).
+  // Signalled on arrivals, on stopping and on every jump of a virtual clock.
   std::condition_variable cv;
   std::deque<Held> held;  // arrival order; only the worker takes from the front
-  bool stopping = false;
   TrajectoryQueueServerStats st;
-  std::thread worker;
-  ClockSubscription clock_wake;
+  internal::ClockedThread worker;
   HandlerGate gate;
 
   static void answer(const Incoming& in, const Status& s) {
@@ -167,7 +165,7 @@ struct TrajectoryQueueServer::Impl {
     hd.out.assign(hd.ts.size(), unavailable("waiting for room"));
     std::unique_lock<std::mutex> l(mu);
     ++st.received;
-    if (stopping) {
+    if (worker.stopping()) {
       l.unlock();
       hd.settle(cancelled("queue server is stopping"));
       return answer(hd);
@@ -177,7 +175,7 @@ struct TrajectoryQueueServer::Impl {
       l.unlock();
       if (attempt(hd) || wait.mode == PushMode::kFailFast) return answer(hd);
       l.lock();
-      if (stopping) {
+      if (worker.stopping()) {
         l.unlock();
         hd.settle(cancelled("queue server is stopping"));
         return answer(hd);
@@ -191,7 +189,7 @@ struct TrajectoryQueueServer::Impl {
 
   void run() {
     std::unique_lock<std::mutex> l(mu);
-    while (!stopping) {
+    while (!worker.stopping()) {
       if (held.empty()) {
         cv.wait(l);
         continue;
@@ -219,7 +217,7 @@ struct TrajectoryQueueServer::Impl {
       if (!done) {
         Duration wake = deadline_after(*clock, kRetryEvery);
         for (const Held& h : held) wake = std::min(wake, h.deadline);
-        if (!stopping) clock->wait_until(cv, l, wake);
+        if (!worker.stopping()) clock->wait_until(cv, l, wake);
         continue;
       }
       Held h = std::move(held.front());
@@ -247,13 +245,9 @@ Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::create(std
   if (!queue) return invalid_argument("queue server: the queue is null");
   if (options.credits_per_producer == 0) return invalid_argument("TrajectoryQueueServerOptions: credits_per_producer is 0");
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(queue), std::move(options));
-  impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
-    std::lock_guard<std::mutex> l(raw->mu);
-    raw->cv.notify_all();
-  });
-  impl->worker = std::thread([raw = impl.get()] { raw->run(); });
-  // The types are laminar's own, in the reserved range: registering them cannot fail.
   Impl* p = impl.get();
+  impl->worker.start(p->mu, p->cv, *p->clock, [p] { p->run(); });
+  // The types are laminar's own, in the reserved range: registering them cannot fail.
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueueHelloMessage,
                                               p->gate.wrap([p](Incoming in) { p->on_hello(in); }))
                     .ok());
@@ -277,13 +271,7 @@ TrajectoryQueueServer::~TrajectoryQueueServer() {
   (void)internal::on_protocol_message(*impl_->transport, kQueuePushMessage, {});
   (void)internal::on_protocol_message(*impl_->transport, kQueuePushManyMessage, {});
   impl_->gate.close();
-  {
-    std::lock_guard<std::mutex> l(impl_->mu);
-    impl_->stopping = true;
-  }
-  impl_->cv.notify_all();
-  impl_->worker.join();
-  impl_->clock_wake.reset();
+  impl_->worker.stop();
 }
 
 TrajectoryQueueServerStats TrajectoryQueueServer::stats() const {

@@ -7,11 +7,11 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 #include <utility>
 
 #include "clock_wait.h"
 #include "laminar/handler_gate.h"
+#include "laminar/internal/clocked_thread.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
@@ -19,11 +19,6 @@
 namespace laminar {
 using internal::kRepackOrdersMessage;
 using internal::kRepackReportMessage;
-
-namespace {
-
-
-}  // namespace
 
 struct RepackDriver::Impl {
   Impl(std::shared_ptr<Transport> t, std::shared_ptr<KvMigrator> m, RepackDriverOptions o, std::string a)
@@ -47,10 +42,8 @@ struct RepackDriver::Impl {
   Endpoint coordinator;                          // invalid while not connected
   std::uint64_t coordinator_id = 0;              // its id, which orders must arrive on (0: none)
   std::optional<internal::RepackOrders> pending;
-  bool stopping = false;
   RepackDriverStats st;
-  std::thread thread;
-  ClockSubscription clock_wake;
+  internal::ClockedThread thread;
   HandlerGate gate;
 
   // The decode loop's own.
@@ -72,7 +65,7 @@ struct RepackDriver::Impl {
   void run() {
     std::unique_lock l(mu);
     Duration retry_at{0};
-    while (!stopping) {
+    while (!thread.stopping()) {
       if (!outbox) {
         clock->wait_until(cv, l, kForever);
         continue;
@@ -165,11 +158,7 @@ Result<std::unique_ptr<RepackDriver>> RepackDriver::create(std::shared_ptr<Trans
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(migrator), std::move(options), *address);
   impl->claim = std::move(*claim);
   Impl* p = impl.get();
-  impl->clock_wake = impl->clock->subscribe([p] {
-    std::lock_guard l(p->mu);
-    p->cv.notify_all();
-  });
-  impl->thread = std::thread([p] { p->run(); });
+  impl->thread.start(p->mu, p->cv, *p->clock, [p] { p->run(); });
   // The type is laminar's own, in the reserved range: registering it cannot fail.
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kRepackOrdersMessage,
                                               p->gate.wrap([p](Incoming in) { p->on_orders(in); }))
@@ -182,15 +171,9 @@ RepackDriver::RepackDriver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 RepackDriver::~RepackDriver() {
   (void)internal::on_protocol_message(*impl_->transport, kRepackOrdersMessage, {});
   impl_->gate.close();
-  {
-    std::lock_guard l(impl_->mu);
-    impl_->stopping = true;
-  }
-  impl_->cv.notify_all();
-  impl_->thread.join();
+  impl_->thread.stop();
   // The thread may have connected up to its last moment: closed once it is gone.
   if (impl_->coordinator.valid()) impl_->coordinator.close();
-  impl_->clock_wake.reset();
   impl_->claim.release();
 }
 
