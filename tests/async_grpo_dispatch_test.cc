@@ -305,6 +305,44 @@ TEST_CASE("grpo dispatch: the laminar stream bounds staleness and samples in fli
   CHECK(actor.server->stats().groups_made == 5);
 }
 
+TEST_CASE("grpo dispatch: on_available hears what a request on the newest weights could take, as it changes",
+          "[grpo_dispatch]") {
+  constexpr std::uint32_t kG = 2;
+  std::mutex mu;
+  std::vector<std::uint64_t> heard;
+  auto heard_now = [&] {
+    std::lock_guard l(mu);
+    return heard;
+  };
+  Actor actor({.group_size = kG, .seed = 3, .on_available = [&](std::uint64_t n) {
+                 std::lock_guard l(mu);
+                 heard.push_back(n);
+               }});
+  REQUIRE(actor.server->set_newest_version(Version(5)).ok());
+  CHECK(heard_now() == std::vector<std::uint64_t>{0});
+  // The stream's room is what may be handed out, though no group of it is made yet.
+  REQUIRE(actor.server->set_stream({.max_staleness = 1, .max_in_flight = 6}).ok());
+  CHECK(actor.server->stats().available == 6);
+  CHECK(actor.server->stats().groups_made == 0);
+  Worker a = actor.worker(1);
+  const Grant ga = a.ask(Version(5), 4);
+  REQUIRE(ga.samples.size() == 4);
+  CHECK(heard_now() == std::vector<std::uint64_t>{0, 6, 2});
+  // A batch group for the newest weights takes the stream's last room: 2 all the same, unheard.
+  REQUIRE(actor.server->open(Version(5), Version(5), 1).ok());
+  // One for older weights only is not counted.
+  REQUIRE(actor.server->open(Version(4), Version(4), 1).ok());
+  CHECK(actor.server->stats().waiting == 4);
+  CHECK(actor.server->stats().available == 2);
+  CHECK(heard_now() == std::vector<std::uint64_t>{0, 6, 2});
+  // Completions make room for one more stream group once two samples are done.
+  actor.complete(ga.samples);
+  CHECK(heard_now() == std::vector<std::uint64_t>{0, 6, 2, 4});
+  actor.server->stop_stream();
+  CHECK(heard_now() == std::vector<std::uint64_t>{0, 6, 2, 4, 2});
+  CHECK_THAT(actor.server->stats().to_json(), Catch::Contains(R"("available":2})"));
+}
+
 TEST_CASE("grpo dispatch: every sample completes exactly once under duplicate completions", "[grpo_dispatch]") {
   const unsigned seed = std::random_device{}();
   std::printf("grpo dispatch duplicates seed %u\n", seed);

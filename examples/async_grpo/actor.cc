@@ -61,14 +61,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   std::shared_ptr<laminar::RelayStore> relay = std::move(*store);
   auto head = laminar::RelayNode::create(*transport, relay, {});
   if (!head.ok()) return fail("actor", "relay node", head.status());
-  async_grpo::PromptServerOptions po;
-  po.group_size = G;
-  po.seed = s.seed;
-  po.lease = std::chrono::seconds(10);
-  auto dispatch = async_grpo::PromptServer::create(*transport, po);
-  if (!dispatch.ok()) return fail("actor", "prompt server", dispatch.status());
-  async_grpo::PromptServer& server = **dispatch;
-
+  // Before the prompt server, which tells it the queue until the server is gone.
   std::unique_ptr<laminar::RepackCoordinator> coordinator;
   if (a.run_schedule == "laminar" && s.repack) {
     laminar::RepackCoordinatorOptions co;
@@ -91,6 +84,22 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     if (!c.ok()) return fail("actor", "repack coordinator", c.status());
     coordinator = std::move(*c);
   }
+
+  async_grpo::PromptServerOptions po;
+  po.group_size = G;
+  po.seed = s.seed;
+  po.lease = std::chrono::seconds(10);
+  if (coordinator) {
+    // The prompts a freed worker would start, which the cost-aware rule weighs (the paper's, used
+    // here, does not; its stats show the count). Capped at the coordinator's bound, 2^40: already
+    // more than any fleet's free slots.
+    po.on_available = [c = coordinator.get()](std::uint64_t n) {
+      (void)c->set_prompts_waiting(std::int64_t(std::min<std::uint64_t>(n, std::uint64_t(1) << 40)));
+    };
+  }
+  auto dispatch = async_grpo::PromptServer::create(*transport, po);
+  if (!dispatch.ok()) return fail("actor", "prompt server", dispatch.status());
+  async_grpo::PromptServer& server = **dispatch;
 
   async_grpo::TrainerOptions to;
   to.seed = s.seed;

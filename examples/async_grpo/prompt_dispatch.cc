@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -92,6 +93,7 @@ struct PromptServer::Impl {
   bool stream_on = false;
   StreamWindow stream;
   std::uint64_t waiting_total = 0;
+  std::optional<std::uint64_t> told_available;  // what on_available heard last
   PromptServerStats st;
   Status first_error;
   laminar::internal::ClockedThread thread;
@@ -114,10 +116,11 @@ struct PromptServer::Impl {
     return true;
   }
   std::uint64_t oldest_open() const { return groups.empty() ? next_group : groups.begin()->first; }
-  bool room_for_groups(std::uint64_t n) const {
-    return n <= opt.max_open_groups && next_group + n - oldest_open() <= opt.max_open_groups &&
-           n <= max_prompt() - opt.first_prompt - next_group + 1;
+  // Groups that may still be made: within max_open_groups of the oldest open one, and with ids.
+  std::uint64_t group_room() const {
+    return std::min(opt.max_open_groups - (next_group - oldest_open()), max_prompt() - opt.first_prompt - next_group + 1);
   }
+  bool room_for_groups(std::uint64_t n) const { return n <= group_room(); }
 
   void make_group(bool is_stream, Version vmin, Version vmax) {
     Group grp{is_stream, vmin, vmax, std::vector<SampleRec>(opt.group_size), opt.group_size, 0};
@@ -279,6 +282,43 @@ struct PromptServer::Impl {
 
   std::uint64_t in_flight() const { return st.groups_made * opt.group_size - st.completed; }
 
+  // PromptServerStats::available.
+  std::uint64_t available() const {
+    std::uint64_t n = 0;
+    for (std::uint64_t g : with_waiting) {
+      const Group& grp = groups.at(g);
+      if (eligible(grp, newest)) n += grp.waiting;
+    }
+    if (stream_on) {
+      const std::uint64_t flight = in_flight();
+      const std::uint64_t fit = flight < stream.max_in_flight ? (stream.max_in_flight - flight) / opt.group_size : 0;
+      n += std::min(fit, group_room()) * opt.group_size;
+    }
+    return n;
+  }
+
+  // Preconditions: mu is held.
+  void tell_available() {
+    if (!opt.on_available) return;
+    const std::uint64_t n = available();
+    if (told_available == n) return;
+    told_available = n;
+    opt.on_available(n);
+  }
+
+  // The lock of a change to what may be handed out: on_available hears of it before the lock goes.
+  class Changing {
+   public:
+    explicit Changing(Impl& m) : m_(m), l_(m.mu) {}
+    Changing(const Changing&) = delete;
+    Changing& operator=(const Changing&) = delete;
+    ~Changing() { m_.tell_available(); }
+
+   private:
+    Impl& m_;
+    std::lock_guard<std::mutex> l_;
+  };
+
   // Checks the request and takes it in (the worker's lease, its held list); then the grant.
   // `known`: the worker this connection served already, if any; `sub`: the connection's close
   // callback otherwise.
@@ -377,7 +417,7 @@ struct PromptServer::Impl {
     }
     Graveyard graveyard;
     Result<Grant> g = [&]() -> Result<Grant> {
-      std::lock_guard l(mu);
+      Changing l(*this);
       Result<Grant> r = serve(in, known, sub, graveyard);
       if (!r.ok()) ++st.refused;
       return r;
@@ -395,7 +435,7 @@ struct PromptServer::Impl {
 
   void on_closed(std::uint64_t endpoint) {
     Graveyard graveyard;
-    std::lock_guard l(mu);
+    Changing l(*this);
     for (auto it = workers.begin(); it != workers.end(); ++it) {
       if (it->second.from.id() == endpoint) {
         // This very callback's subscription: resetting it from inside is allowed.
@@ -410,6 +450,7 @@ struct PromptServer::Impl {
     while (!thread.stopping()) {
       Graveyard graveyard;
       const Duration next = sweep(graveyard);
+      tell_available();
       if (!graveyard.empty()) {
         l.unlock();
         graveyard.clear();
@@ -476,7 +517,7 @@ Result<std::uint64_t> PromptServer::open(Version version_min, Version version_ma
     return laminar::invalid_argument(fmt::format("prompt server: open for versions [{}, {}]", version_min.value(),
                                                  version_max.value()));
   }
-  std::lock_guard l(impl_->mu);
+  Impl::Changing l(*impl_);
   if (!impl_->room_for_groups(groups)) {
     return laminar::resource_exhausted(
         fmt::format("prompt server: {} more groups pass max_open_groups {} (groups {} to {} are open)", groups,
@@ -492,19 +533,19 @@ Status PromptServer::set_stream(StreamWindow window) {
     return laminar::invalid_argument(fmt::format("StreamWindow: max_in_flight {} is below one group of {}",
                                                  window.max_in_flight, impl_->opt.group_size));
   }
-  std::lock_guard l(impl_->mu);
+  Impl::Changing l(*impl_);
   impl_->stream = window;
   impl_->stream_on = true;
   return laminar::ok_status();
 }
 
 void PromptServer::stop_stream() {
-  std::lock_guard l(impl_->mu);
+  Impl::Changing l(*impl_);
   impl_->stream_on = false;
 }
 
 Status PromptServer::set_newest_version(Version v) {
-  std::lock_guard l(impl_->mu);
+  Impl::Changing l(*impl_);
   if (v < impl_->newest) {
     return laminar::invalid_argument(fmt::format("prompt server: version {} is older than the newest, {}", v.value(),
                                                  impl_->newest.value()));
@@ -514,7 +555,7 @@ Status PromptServer::set_newest_version(Version v) {
 }
 
 Result<Completion> PromptServer::completed(TrajectoryId id) {
-  std::lock_guard l(impl_->mu);
+  Impl::Changing l(*impl_);
   Impl& m = *impl_;
   std::uint64_t g = 0;
   std::uint32_t s = 0;
@@ -562,6 +603,7 @@ PromptServerStats PromptServer::stats() const {
   s.workers = impl_->workers.size();
   s.in_flight = impl_->in_flight();
   s.waiting = impl_->waiting_total;
+  s.available = impl_->available();
   return s;
 }
 
@@ -573,9 +615,10 @@ Status PromptServer::background_error() const {
 std::string PromptServerStats::to_json() const {
   return fmt::format(
       R"({{"requests":{},"refused":{},"groups_made":{},"groups_done":{},"handed_out":{},"reissued":{},)"
-      R"("claimed":{},"completed":{},"duplicates":{},"lost_workers":{},"workers":{},"in_flight":{},"waiting":{}}})",
+      R"("claimed":{},"completed":{},"duplicates":{},"lost_workers":{},"workers":{},"in_flight":{},"waiting":{},)"
+      R"("available":{}}})",
       requests, refused, groups_made, groups_done, handed_out, reissued, claimed, completed, duplicates, lost_workers,
-      workers, in_flight, waiting);
+      workers, in_flight, waiting, available);
 }
 
 bool PendingGrant::ready() const {

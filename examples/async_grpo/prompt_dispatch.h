@@ -49,8 +49,9 @@
 //
 // Threads. Requests are answered on the transport's callback thread; connection closes are taken
 // there too. The server's own thread wakes at lease ends to find silent workers and released
-// samples (with a ManualClock: when the clock moves). Every method is thread-safe. A PromptClient
-// has no thread: request() blocks its caller; request_async() returns at once.
+// samples (with a ManualClock: when the clock moves). on_available runs on any of these threads
+// and on those calling the server's methods. Every method is thread-safe. A PromptClient has no
+// thread: request() blocks its caller; request_async() returns at once.
 //
 //   // the actor:
 //   auto server = async_grpo::PromptServer::create(transport, {.group_size = 8, .seed = 1}).value();
@@ -61,6 +62,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <limits>
 #include <memory>
@@ -98,6 +100,9 @@ struct PromptServerOptions {
   std::uint64_t max_open_groups = 1 << 16;
   // Time of leases (null: Clock::steady()).
   std::shared_ptr<laminar::Clock> clock = nullptr;
+  // Called with stats().available each time it changes (null: never), on the thread that changed
+  // it and holding the server's lock, so the calls arrive in order: it must not call the server.
+  std::function<void(std::uint64_t)> on_available = nullptr;
 };
 
 // The laminar schedule's window.
@@ -123,6 +128,10 @@ struct PromptServerStats {
   std::uint64_t workers = 0;           // known now
   std::uint64_t in_flight = 0;         // samples made and not completed, now
   std::uint64_t waiting = 0;           // of those, waiting to be handed out (fresh or reissued)
+  // Samples a request on the newest weights could be handed now: the waiting ones its weights may
+  // take, and those the stream may still make under max_in_flight. The scheduler's queue, as a
+  // RepackCoordinator counts it (set_prompts_waiting): on demand, the stream's room is a queue.
+  std::uint64_t available = 0;
 
   std::string to_json() const;
 };
