@@ -1092,6 +1092,14 @@ class RepackCoordinator:
         """The newest version the relays publish; a newer one plans at once. InvalidArgumentError
         for an older one."""
     def newest_version(self) -> int: ...
+    def set_prompts_waiting(self, n: int) -> None:
+        """How many prompts wait for a worker, none holding them yet (the scheduler's queue, one
+        per batch slot); every later plan reads the newest count. Under the cost-aware policy with
+        only_for_waiting_prompts (the defaults), plans then free workers only while the prompts
+        outnumber the newest version's free slots; never set, the count is not known and that
+        rule stays off. Plans nothing at once. InvalidArgumentError outside [0, 2**40]."""
+    def prompts_waiting(self) -> Optional[int]:
+        """The newest count set_prompts_waiting gave, or None before the first."""
     def stats(self) -> dict:
         """Reports, plans, moves, freed workers and orders, as a dict."""
     def background_error(self) -> Optional[Error]:

@@ -1,5 +1,6 @@
 // Repack: plan_repack, the pure decision of which live sequences move where over a snapshot of the
 // fleet built in Python, and the RepackCoordinator and RepackDriver that carry plans out.
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -146,6 +147,25 @@ interval and on each newer version, and sends each source its moves. Its thread 
           py::arg("version"), "The newest version the relays publish; a newer one plans at once. "
           "InvalidArgumentError for an older one.")
       .def("newest_version", &RepackCoordinator::newest_version)
+      .def(
+          "set_prompts_waiting",
+          [](RepackCoordinator& c, py::handle n) {
+            const std::int64_t count = to_int64(n, "n");
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = c.set_prompts_waiting(count);
+            }
+            check(st);
+          },
+          py::arg("n"), R"doc(
+How many prompts wait for a worker, none holding them yet (the scheduler's queue, one per batch
+slot); every later plan reads the newest count. Under the cost-aware policy with
+only_for_waiting_prompts (the defaults), plans then free workers only while the prompts outnumber
+the newest version's free slots; never set, the count is not known and that rule stays off. Plans
+nothing at once. InvalidArgumentError outside [0, 2**40].)doc")
+      .def("prompts_waiting", &RepackCoordinator::prompts_waiting,
+           "The newest count set_prompts_waiting gave, or None before the first.")
       .def(
           "stats", [](const RepackCoordinator& c) { return json_to_dict(c.stats().to_json()); },
           "Reports, plans, moves, freed workers and orders, as a dict.")

@@ -134,6 +134,13 @@ def test_a_coordinator_repacks_two_drivers():
             w.cache.append_tokens(sid, n)
         drivers.append(laminar.RepackDriver(w.transport, w.migrator, laminar.RepackDriverOptions(
             worker=wid, coordinator=coordinator_address, report_interval=0.01, retry_interval=0.01)))
+    assert coordinator.prompts_waiting() is None and coordinator.stats()["prompts_waiting"] is None
+    with pytest.raises(laminar.InvalidArgumentError, match="prompts_waiting is -1"):
+        coordinator.set_prompts_waiting(-1)
+    with pytest.raises(laminar.InvalidArgumentError, match="does not fit int64"):
+        coordinator.set_prompts_waiting(2**70)
+    coordinator.set_prompts_waiting(100)  # more than the freed worker's 8 slots take: worth freeing
+    assert coordinator.prompts_waiting() == 100
     coordinator.set_newest_version(4)  # both workers hold version 3: draining
     assert coordinator.newest_version() == 4
     with pytest.raises(laminar.InvalidArgumentError):
@@ -159,4 +166,5 @@ def test_a_coordinator_repacks_two_drivers():
     assert workers[1].cache.length(1) == 6
     stats = coordinator.stats()
     assert stats["moves"] >= 1 and stats["workers_freed"] >= 1 and coordinator.background_error() is None
+    assert stats["prompts_waiting"] == 100
     assert drivers[0].stats()["migrations_started"] == 1
