@@ -118,7 +118,8 @@ struct PromptServer::Impl {
   std::uint64_t oldest_open() const { return groups.empty() ? next_group : groups.begin()->first; }
   // Groups that may still be made: within max_open_groups of the oldest open one, and with ids.
   std::uint64_t group_room() const {
-    return std::min(opt.max_open_groups - (next_group - oldest_open()), max_prompt() - opt.first_prompt - next_group + 1);
+    return std::min(opt.max_open_groups - (next_group - oldest_open()),
+                    max_prompt() - opt.first_prompt - next_group + 1);
   }
   bool room_for_groups(std::uint64_t n) const { return n <= group_room(); }
 
