@@ -11,6 +11,8 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import numpy.typing as npt
 
+__version__: str
+
 # Seconds, a timedelta, or None (no deadline).
 Seconds = Union[float, int, datetime.timedelta, None]
 # A 1-D list, tuple, NumPy array or CPU torch tensor (read through __dlpack__).
