@@ -13,6 +13,7 @@ packages=(
   iproute2 procps
   libtorch-dev gnuplot-nox
   pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
+  python3-venv python3-pip python3-setuptools python3-wheel
 )
 
 missing=()

@@ -5,5 +5,6 @@ re-exports them. Every failed call raises a subclass of laminar.Error, one per S
 """
 
 from laminar._laminar import *  # noqa: F401,F403
+from laminar._laminar import __version__  # noqa: F401
 
 __all__ = [name for name in dir() if not name.startswith("_")]

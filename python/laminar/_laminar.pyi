@@ -11,6 +11,8 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import numpy.typing as npt
 
+__version__: str
+
 # Seconds, a timedelta, or None (no deadline).
 Seconds = Union[float, int, datetime.timedelta, None]
 # A 1-D list, tuple, NumPy array or CPU torch tensor (read through __dlpack__).
@@ -576,17 +578,71 @@ class KvMigratorOptions:
                  clock: Optional[Clock] = ...) -> None: ...
 
 
+class KvPool:
+    """One pool (K or V) of a cache KvMigrator.allocate_cache made, lent through DLPack without a
+    copy: torch.from_dlpack(pool) and numpy.from_dlpack(pool) give the tensor
+    [num_layers, num_pages, page_size, num_kv_heads, head_dim] of the layout's dtype over the
+    transport's own memory (NumPy 1.x marks its import read-only: numpy() is the writable array).
+    Each tensor keeps the memory alive as long as it lives, after the cache and the migrator are
+    gone."""
+
+    def __dlpack__(self, *, stream: None = None, max_version: Optional[tuple[int, int]] = None,
+                   dl_device: Optional[tuple[int, int]] = None, copy: Optional[bool] = None) -> object:
+        """A DLPack capsule of the pool (the array API's __dlpack__). stream must be None (host
+        memory); BufferError for copy=True or a dl_device other than the host's."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(1, 0): host memory."""
+    def numpy(self) -> npt.NDArray[np.generic]:
+        """A writable NumPy array over the pool, no copy (numpy.from_dlpack's is read-only in NumPy
+        1.x); it keeps the memory alive too. InvalidArgumentError for bf16, which NumPy has no dtype
+        for."""
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """(num_layers, num_pages, page_size, num_kv_heads, head_dim)."""
+    @property
+    def dtype(self) -> str:
+        """"f32", "f16" or "bf16"."""
+
+
+class AllocatedKvCache:
+    """A PagedKvCache whose pools the transport allocated (KvMigrator.allocate_cache): give it to
+    KvMigrator in place of the cache, and peers put pages straight into its pools. Python reads and
+    writes the pools through k_pool and v_pool (torch.from_dlpack(k_pool), k_pool.numpy()), without
+    a copy."""
+
+    @property
+    def cache(self) -> PagedKvCache:
+        """The PagedKvCache: sequences, pages and token slots."""
+    @property
+    def layout(self) -> KvLayout: ...
+    @property
+    def k_pool(self) -> KvPool:
+        """The K pool, lent through DLPack."""
+    @property
+    def v_pool(self) -> KvPool:
+        """The V pool, lent through DLPack."""
+
+
 class KvMigrator:
     """Moves live sequences with their KV pages to the KvMigrator of another rollout worker holding
     the same version: pages are copied while the source keeps decoding, only the last stage pauses
     the sequences, every page is checked, and an abort or a lost peer leaves each sequence whole at
     exactly one worker. Drive it from the decode loop: poll() between steps and act on its events.
-    Its pools are the PagedKvCache's, registered with the transport (which must listen to
-    receive)."""
+    Its pools are the PagedKvCache's, registered with the transport (which must listen to receive),
+    or those of an AllocatedKvCache, which the transport allocated: on one host, peers put into
+    those with one memcpy, more than ten times faster than into pools it registers
+    (bench/README.md)."""
 
-    def __init__(self, transport: Transport, cache: PagedKvCache, options: Optional[KvMigratorOptions] = None) -> None:
-        """InvalidArgumentError for bad options; AlreadyExistsError when another migrator serves the
-        transport."""
+    def __init__(self, transport: Transport, cache: Union[PagedKvCache, AllocatedKvCache],
+                 options: Optional[KvMigratorOptions] = None) -> None:
+        """cache: a PagedKvCache or an AllocatedKvCache of this transport. InvalidArgumentError for
+        bad options or an AllocatedKvCache of another transport; AlreadyExistsError when another
+        migrator serves the transport."""
+    @staticmethod
+    def allocate_cache(transport: Transport, layout: KvLayout) -> AllocatedKvCache:
+        """A cache whose zero-filled pools `transport` allocates, for a KvMigrator on the same
+        transport. InvalidArgumentError naming the field for a bad layout; ResourceExhaustedError
+        when the memory is not there."""
     def set_version(self, version: int) -> None:
         """The weights this worker decodes with; migrations only go between workers of one
         version."""

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -114,6 +115,34 @@ class DlpackTensor {
  private:
   py::capsule capsule_;  // owns the DLManagedTensor; its destructor calls the producer's deleter
   TensorView view_;
+};
+
+// A tensor in host memory that laminar owns, lent to Python through the DLPack protocol
+// (torch.from_dlpack, numpy.from_dlpack) without a copy. Every capsule it makes holds `owner`,
+// released by the capsule's deleter, so the memory lives as long as the last tensor made from it,
+// whatever happens to this object. Precondition: `view` is on the host, valid while `owner` lives.
+class DlpackExport {
+ public:
+  DlpackExport(TensorView view, std::shared_ptr<const void> owner, std::string name)
+      : view_(view), owner_(std::move(owner)), name_(std::move(name)) {}
+  // __dlpack__ of the array API standard, a DLPack 0.x "dltensor" capsule whatever max_version
+  // asks. kInvalidArgument naming the argument for a stream other than None (host memory has none)
+  // or a malformed max_version, dl_device or copy; BufferError for a dl_device other than the
+  // host or copy=True (it lends the memory itself, never a copy).
+  py::capsule dlpack(py::handle stream, py::handle max_version, py::handle dl_device, py::handle copy) const;
+  // __dlpack_device__: (DLDeviceType, device id), (1, 0) for the host.
+  std::pair<int, int> dlpack_device() const;
+  // A writable NumPy array over the memory, holding `owner` (NumPy marks what numpy.from_dlpack
+  // imports read-only: DLPack 0.x cannot say whether the producer allows writes). kInvalidArgument
+  // for bf16, which NumPy has no dtype for.
+  py::array numpy() const;
+  const TensorView& view() const noexcept { return view_; }
+  py::tuple shape() const;
+
+ private:
+  TensorView view_;
+  std::shared_ptr<const void> owner_;
+  std::string name_;  // in error messages
 };
 
 // A new NumPy array holding a copy of `values`.

@@ -3,6 +3,7 @@
 
 PYBIND11_MODULE(_laminar, m) {
   m.doc() = "laminar's C++ components, bound with pybind11; import them from the package laminar.";
+  m.attr("__version__") = LAMINAR_VERSION;
   laminar::python::bind_status(m);
   laminar::python::bind_clock(m);
   laminar::python::bind_trajectory(m);
