@@ -876,7 +876,8 @@ void Engine::on_repack_tick() {
   FleetSnapshot fleet;
   fleet.tokens_per_page = static_cast<std::int32_t>(cost_.config().rollout.page_tokens);
   // Dispatch runs whenever an admitting instance has room, so pooled samples are ones the newest
-  // version's instances have no slot for: the listed instances' free slots need not be counted.
+  // version's instances have no slot or step share for: the listed instances' free slots need not
+  // be counted.
   fleet.prompts_waiting = static_cast<std::int64_t>(pool_.size());
   std::vector<std::int32_t> settled;
   bool draining = false;
