@@ -85,9 +85,10 @@ struct ScheduleSpec {
   // instances that pull next, and the next admissible step is released for the instances the cap
   // stops. Without it a released step goes to the few instances that have already drained and
   // pulled, each up to max_batch, while the rest of the fleet finishes older tails; too small a
-  // share holds a step's last samples until nearly every instance has drained. nullopt: no cap but
-  // max_batch. The other schedules admit on every instance at once, so the least loaded rule
-  // already spreads a step evenly: it applies to kLaminar only.
+  // share holds a step's last samples until nearly every instance has drained. At least 1, or the
+  // fleet could never take a whole step; nullopt: no cap but max_batch (defaults() sets
+  // kDefaultStepShare). The other schedules admit on every instance at once, so the least loaded
+  // rule already spreads a step evenly: it applies to kLaminar only.
   std::optional<double> max_step_share;
   // kPartialRollout: generated tokens per sequence per iteration.
   std::int64_t partial_token_budget = 4096;
