@@ -44,11 +44,13 @@ std::string_view trace_kind_name(TraceSpan::Kind kind) noexcept {
 nlohmann::json ScheduleSpec::to_json() const {
   nlohmann::json j = {{"schedule", schedule_name(kind)},
                       {"max_ahead_steps", nullptr},
+                      {"max_step_share", nullptr},
                       {"partial_token_budget", partial_token_budget},
                       {"repack", repack},
                       {"repack_interval_s", seconds(repack_interval)},
                       {"repack_options", repack_options_json(repack_options)}};
   if (max_ahead_steps) j["max_ahead_steps"] = *max_ahead_steps;
+  if (max_step_share) j["max_step_share"] = *max_step_share;
   return j;
 }
 
@@ -81,6 +83,7 @@ nlohmann::json SimReport::to_json() const {
                       {"repack_moves", repack_moves},
                       {"repack_bytes", repack_bytes},
                       {"preemptions", preemptions},
+                      {"max_step_samples_per_instance", max_step_samples_per_instance},
                       {"weight_updates", weight_updates},
                       {"failures", failures},
                       {"events", events},

@@ -129,6 +129,7 @@ Result<Comparison> compare(const std::vector<SimReport>& reports, std::string_vi
   for (const SimReport& r : reports) {
     ComparisonRow row{.schedule = r.schedule,
                       .max_ahead_steps = r.spec.max_ahead_steps,
+                      .max_step_share = r.spec.max_step_share,
                       .samples_per_s = r.samples_per_s,
                       .tokens_per_s = r.tokens_per_s,
                       .mean_step_s = seconds(r.mean_step_time),
@@ -158,6 +159,10 @@ std::string format_comparison(const Comparison& c) {
     rows.push_back(std::move(line));
   };
   row("admission: max steps ahead", [](const ComparisonRow& r) { return bound_name(r.max_ahead_steps); });
+  row("dispatch: max share of a step", [](const ComparisonRow& r) {
+    if (r.max_step_share) return fmt::format("{:g}", *r.max_step_share);
+    return std::string(r.schedule == kLaminar ? "none" : "-");
+  });
   row("samples/s", [](const ComparisonRow& r) { return fmt::format("{:.2f}", r.samples_per_s); });
   row("tokens/s", [](const ComparisonRow& r) { return fmt::format("{:.0f}", r.tokens_per_s); });
   row("mean step time (s)", [](const ComparisonRow& r) { return fmt::format("{:.1f}", r.mean_step_s); });
@@ -269,6 +274,7 @@ Status write_json_report(const std::filesystem::path& path, const nlohmann::json
     for (const ComparisonRow& r : comparison->rows) {
       rows.push_back({{"schedule", r.schedule},
                       {"max_ahead_steps", r.max_ahead_steps ? nlohmann::json(*r.max_ahead_steps) : nlohmann::json()},
+                      {"max_step_share", optional_json(r.max_step_share)},
                       {"samples_per_s", r.samples_per_s},
                       {"tokens_per_s", r.tokens_per_s},
                       {"mean_step_s", r.mean_step_s},

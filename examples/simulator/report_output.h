@@ -36,6 +36,7 @@ double mean_staleness(const SimReport& report);
 struct ComparisonRow {
   std::string schedule;
   std::optional<std::int64_t> max_ahead_steps;  // none: unbounded
+  std::optional<double> max_step_share;         // laminar's cap on one step's samples an instance takes
   double samples_per_s = 0;
   double tokens_per_s = 0;
   double mean_step_s = 0;

@@ -58,6 +58,7 @@ std::vector<SimReport> setting() {
                                     report("bounded-staleness", ScheduleKind::kBoundedStaleness, 4, 16, {3, 2, 0, 1}),
                                     report("laminar", ScheduleKind::kLaminar, std::nullopt, 30, {2, 1, 1})};
   reports[3].repack_moves = 7;
+  reports[3].spec.max_step_share = 2.5;
   reports[3].repack_bytes = 2.5e9;
   reports[2].mixed_version_trajectories = 5;
   reports[2].max_staleness = 3;
@@ -96,11 +97,14 @@ TEST_CASE("sim output: the comparison's rows and speed-ups", "[sim_output]") {
   CHECK(rows["laminar"].repack_gb == Approx(2.5));
   CHECK(rows["sync"].mean_step_s == Approx(12.5));
   CHECK(!rows["laminar"].max_ahead_steps.has_value());
+  CHECK(rows["laminar"].max_step_share == 2.5);
+  CHECK(!rows["sync"].max_step_share.has_value());
 
   const std::string table = laminar::sim::format_comparison(*c);
   INFO(table);
   CHECK(table.find("unbounded") != std::string::npos);
   CHECK(table.find("speed-up over one-step") != std::string::npos);
+  CHECK(table.find("dispatch: max share of a step") != std::string::npos);
   CHECK(table.find("1.88x") != std::string::npos);  // laminar over bounded-staleness
   CHECK(table.find("0.83") != std::string::npos);
   CHECK(table.find("2.5") != std::string::npos);
@@ -201,6 +205,9 @@ TEST_CASE("sim output: report JSON holds seconds and null for an unbounded admis
   CHECK(j["comparison"]["rows"][3]["max_ahead_steps"].is_null());
   CHECK(j["comparison"]["rows"][3]["speedup_over_baseline"].get<double>() == Approx(3.0));
   CHECK(j["comparison"]["rows"][0]["max_ahead_steps"] == 0);
+  CHECK(j["comparison"]["rows"][3]["max_step_share"] == 2.5);
+  CHECK(j["comparison"]["rows"][0]["max_step_share"].is_null());
+  CHECK(j["reports"][3]["spec"]["max_step_share"] == 2.5);
   REQUIRE(j["reports"].size() == 4);
   CHECK(j["reports"][1]["schedule"] == "one-step");
   CHECK(j["sweep"].size() == 4);

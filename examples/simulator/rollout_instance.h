@@ -54,6 +54,7 @@ struct Sample {
   std::int64_t last_version = -1;
   bool mixed = false;
   std::int32_t instance = -1;
+  std::int32_t charged = -1;         // the instance whose share of the step it counts against
   std::uint64_t admitted_order = 0;  // preemption evicts the most recent
   std::uint64_t incarnation = 0;     // bumped when a failure restarts it: stale events ignore it
 

@@ -77,6 +77,7 @@ ScheduleSpec ScheduleSpec::defaults(ScheduleKind kind) {
     case ScheduleKind::kBoundedStaleness:
     case ScheduleKind::kLaminar: s.max_ahead_steps = 4; break;
   }
+  if (kind == ScheduleKind::kLaminar) s.max_step_share = kDefaultStepShare;
   return s;
 }
 
@@ -91,6 +92,14 @@ Status ScheduleSpec::validate() const {
   if (kind == ScheduleKind::kSync && max_ahead_steps != std::optional<std::int64_t>(0)) {
     return invalid_argument(fmt::format("max_ahead_steps: sync admits only 0, got {}",
                                         max_ahead_steps ? std::to_string(*max_ahead_steps) : "unbounded"));
+  }
+  // Below 1 the instances together could never take a whole step.
+  if (max_step_share && !(*max_step_share >= 1 && std::isfinite(*max_step_share))) {
+    return invalid_argument(fmt::format("max_step_share: must be >= 1 and finite, got {}", *max_step_share));
+  }
+  if (max_step_share && kind != ScheduleKind::kLaminar) {
+    return invalid_argument(fmt::format("max_step_share: applies to laminar only, set to {} on {}", *max_step_share,
+                                        schedule_name(kind)));
   }
   if (partial_token_budget < 1) {
     return invalid_argument(fmt::format("partial_token_budget: must be >= 1, got {}", partial_token_budget));

@@ -76,6 +76,7 @@ TEST_CASE("sim config: schedule validation names each bad field") {
   const std::vector<std::pair<std::string, std::function<void(ScheduleSpec&)>>> cases = {
       {"kind", [](ScheduleSpec& s) { s.kind = static_cast<ScheduleKind>(99); }},
       {"max_ahead_steps", [](ScheduleSpec& s) { s.max_ahead_steps = -1; }},
+      {"max_step_share", [](ScheduleSpec& s) { s.max_step_share = 0; }},
       {"partial_token_budget", [](ScheduleSpec& s) { s.partial_token_budget = 0; }},
       {"repack_interval", [](ScheduleSpec& s) { s.repack_interval = Duration(0); }},
       {"repack_options.strategy",

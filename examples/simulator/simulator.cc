@@ -73,6 +73,7 @@ struct StepState {
   StepWorkload workload;
   std::vector<Sample> samples;
   std::vector<std::int32_t> finished;  // per group: samples done (the group is queued with its last)
+  std::vector<std::int64_t> taken;     // per instance: samples dispatched there, less those handed back
   std::int64_t trained = 0;
 };
 
@@ -119,7 +120,7 @@ class Engine final : public internal::SampleTable {
   void span(const RolloutInstance& in, TraceSpan::Kind kind, Duration start, Duration end, std::int64_t batch);
 
   // The pool of samples not yet on an instance, and the trainer.
-  void release_steps();
+  void release_steps(bool capped_out = false);
   // Dispatch once every event of this instant is handled, so instances freed together share fairly.
   void request_dispatch() {
     if (dispatch_pending_) return;
@@ -127,6 +128,10 @@ class Engine final : public internal::SampleTable {
     loop_.after(Duration::zero(), Event{EventKind::kDispatch});
   }
   void dispatch();
+  void dispatch_capped();
+  void assign(RolloutInstance& in, Sample& s);
+  void uncharge(Sample& s);
+  bool may_take(const RolloutInstance& in) const;
   void try_train();
   void check_barrier();
   void restart_carried();
@@ -144,6 +149,7 @@ class Engine final : public internal::SampleTable {
   Layout layout_;
   std::int64_t step_samples_;
   std::int64_t group_size_;
+  std::optional<std::int64_t> step_cap_;  // Laminar: ScheduleSpec::max_step_share in samples
 
   internal::EventLoop loop_;
   std::unique_ptr<TrajectoryQueue> queue_;
@@ -156,6 +162,8 @@ class Engine final : public internal::SampleTable {
   std::vector<Load> dispatch_open_;          // dispatch()'s heap, reused
   std::vector<std::int32_t> dispatch_touched_;
   std::vector<bool> dispatch_marked_;        // per instance: in dispatch_touched_
+  std::deque<std::int64_t> dispatch_kept_;   // dispatch_capped()'s, reused
+  std::vector<std::int64_t> pool_steps_;     // the steps pooled after the last dispatch_capped()
   std::vector<std::int64_t> stopped_;        // settle()'s, reused
   std::vector<Trajectory> group_buffer_;     // push_group()'s, reused
   std::vector<RolloutInstance> instances_;
@@ -220,6 +228,10 @@ Status Engine::init() {
     instances_[i].node = static_cast<std::int32_t>(static_cast<std::int64_t>(i) * tp / gpn);
   }
   watermark_pages_ = std::max<std::int64_t>(1, cost_.kv_capacity_pages() / 100);
+  if (kind_ == ScheduleKind::kLaminar && spec_.max_step_share) {
+    const double fair = std::ceil(static_cast<double>(step_samples_) / static_cast<double>(layout_.instances));
+    step_cap_ = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(*spec_.max_step_share * fair)));
+  }
   steps_.resize(static_cast<std::size_t>(config_.steps));
   popped_.assign(static_cast<std::size_t>(config_.steps * step_samples_), 0);
   report_.step_records.resize(static_cast<std::size_t>(config_.steps));
@@ -277,14 +289,17 @@ bool Engine::admits(const RolloutInstance& in) const {
 
 // Puts the next steps' samples into the pool while the admission rule allows and the pool is
 // empty, so that the pool never runs ahead of what instances can take.
-void Engine::release_steps() {
+// `capped_out`: the pool holds only samples the step share keeps from the instances with room, so
+// one more step may go to them.
+void Engine::release_steps(bool capped_out) {
   // The rule bounds the weights a prompt starts on. Laminar's instances start fresh prompts only on
   // their relay's newest version, so a step waits until every relay holds the version the rule
   // needs; the trainer's publish alone would let prompts start on the version before.
   const std::int64_t admissible =
       kind_ == ScheduleKind::kLaminar ? *std::min_element(relay_newest_.begin(), relay_newest_.end()) : version_;
-  while (pool_.empty() && next_release_ < config_.steps &&
+  while ((pool_.empty() || capped_out) && next_release_ < config_.steps &&
          (!spec_.max_ahead_steps || admissible >= next_release_ - *spec_.max_ahead_steps)) {
+    capped_out = false;
     const std::int64_t s = next_release_++;
     Result<StepWorkload> w = workload_.step(s);
     if (!w.ok()) {
@@ -294,6 +309,7 @@ void Engine::release_steps() {
     auto st = std::make_unique<StepState>();
     st->workload = std::move(*w);
     st->finished.assign(st->workload.groups.size(), 0);
+    st->taken.assign(instances_.size(), 0);
     st->samples.reserve(static_cast<std::size_t>(step_samples_));
     for (const PromptGroup& g : st->workload.groups) {
       for (std::size_t i = 0; i < g.samples.size(); ++i) {
@@ -318,6 +334,7 @@ void Engine::release_steps() {
 // Samples go one by one to the least loaded instance that admits them and has a free slot.
 void Engine::dispatch() {
   dispatch_pending_ = false;
+  if (step_cap_) return dispatch_capped();
   for (;;) {
     release_steps();
     if (pool_.empty()) return;
@@ -341,9 +358,7 @@ void Engine::dispatch() {
       }
       Sample& s = sample(pool_.front());
       pool_.pop_front();
-      s.stage = Stage::kWaiting;
-      s.instance = id;
-      in.waiting.push_back(s.id);
+      assign(in, s);
       if (load + 1 < config_.cluster.max_batch) {
         open.emplace_back(load + 1, id);
         std::push_heap(open.begin(), open.end(), std::greater<>());
@@ -357,6 +372,101 @@ void Engine::dispatch() {
     }
     if (!pool_.empty()) return;  // no room anywhere: instances take the rest as slots free
   }
+}
+
+// Laminar with a step share: as dispatch(), but an instance takes at most step_cap_ samples of one
+// step. Samples no instance may take stay in the pool, in order, for the instances that pull next;
+// when only such samples are left and instances still have room, the next admissible step goes to
+// them.
+void Engine::dispatch_capped() {
+  const std::int64_t max_batch = config_.cluster.max_batch;
+  std::vector<Load>& open = dispatch_open_;
+  std::vector<std::int32_t>& touched = dispatch_touched_;
+  std::deque<std::int64_t>& kept = dispatch_kept_;
+  for (;;) {
+    release_steps();
+    if (pool_.empty()) return;
+    touched.clear();
+    kept.clear();
+    pool_steps_.clear();
+    // The pool in runs of one step (returned samples go to its front): each run's own heap holds the
+    // admitting instances with room that are still under the cap of its step.
+    while (!pool_.empty()) {
+      const std::int64_t step = sample(pool_.front()).step;
+      std::vector<std::int64_t>& taken = steps_[static_cast<std::size_t>(step)]->taken;
+      open.clear();
+      for (const RolloutInstance& in : instances_) {
+        if (admits(in) && in.load() < max_batch && taken[static_cast<std::size_t>(in.id)] < *step_cap_) {
+          open.emplace_back(in.load(), in.id);
+        }
+      }
+      std::make_heap(open.begin(), open.end(), std::greater<>());
+      while (!pool_.empty() && sample(pool_.front()).step == step) {
+        if (open.empty()) {
+          if (pool_steps_.empty() || pool_steps_.back() != step) pool_steps_.push_back(step);
+          kept.push_back(pool_.front());
+          pool_.pop_front();
+          continue;
+        }
+        std::pop_heap(open.begin(), open.end(), std::greater<>());
+        const auto [load, id] = open.back();
+        open.pop_back();
+        RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
+        if (!dispatch_marked_[static_cast<std::size_t>(id)]) {
+          dispatch_marked_[static_cast<std::size_t>(id)] = true;
+          touched.push_back(id);
+        }
+        Sample& s = sample(pool_.front());
+        pool_.pop_front();
+        assign(in, s);
+        if (load + 1 < max_batch && taken[static_cast<std::size_t>(id)] < *step_cap_) {
+          open.emplace_back(load + 1, id);
+          std::push_heap(open.begin(), open.end(), std::greater<>());
+        }
+      }
+    }
+    pool_.swap(kept);
+    for (std::int32_t id : touched) {
+      dispatch_marked_[static_cast<std::size_t>(id)] = false;
+      RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
+      settle(in);
+      if (in.state == State::kIdle) resume(in);
+    }
+    if (pool_.empty()) continue;
+    const bool room = std::any_of(instances_.begin(), instances_.end(), [&](const RolloutInstance& in) {
+      return admits(in) && in.load() < max_batch;
+    });
+    if (!room) return;
+    const std::int64_t released = next_release_;
+    release_steps(/*capped_out=*/true);
+    if (next_release_ == released) return;  // the admission rule holds the next step back
+  }
+}
+
+// `s` leaves the pool for `in`, counting against in's share of its step.
+void Engine::assign(RolloutInstance& in, Sample& s) {
+  s.stage = Stage::kWaiting;
+  s.instance = in.id;
+  s.charged = in.id;
+  in.waiting.push_back(s.id);
+  std::int64_t& taken = steps_[static_cast<std::size_t>(s.step)]->taken[static_cast<std::size_t>(in.id)];
+  report_.max_step_samples_per_instance = std::max(report_.max_step_samples_per_instance, ++taken);
+}
+
+// `s` goes back to the pool unstarted: its instance's share of the step is free again.
+void Engine::uncharge(Sample& s) {
+  if (s.charged < 0) return;
+  --steps_[static_cast<std::size_t>(s.step)]->taken[static_cast<std::size_t>(s.charged)];
+  s.charged = -1;
+}
+
+// Whether a dispatch could give `in` a pooled sample under the step share (pool_steps_ is as of the
+// last dispatch; whatever adds to the pool since asks for a dispatch itself).
+bool Engine::may_take(const RolloutInstance& in) const {
+  if (!step_cap_) return true;
+  return std::any_of(pool_steps_.begin(), pool_steps_.end(), [&](std::int64_t step) {
+    return steps_[static_cast<std::size_t>(step)]->taken[static_cast<std::size_t>(in.id)] < *step_cap_;
+  });
 }
 
 void Engine::span(const RolloutInstance& in, TraceSpan::Kind kind, Duration start, Duration end, std::int64_t batch) {
@@ -484,7 +594,7 @@ void Engine::resume(RolloutInstance& in) {
     in.waiting.pop_front();
     admit(in, s);
   }
-  if (fresh_ok && !pool_.empty() && in.load() < config_.cluster.max_batch) request_dispatch();
+  if (fresh_ok && !pool_.empty() && in.load() < config_.cluster.max_batch && may_take(in)) request_dispatch();
   const Duration idle_from = in.state_since;
   if (!internal::start_segment(in, loop_.now(), cost_, *this)) {
     on_idle(in);
@@ -523,6 +633,7 @@ void Engine::return_fresh_waiting(RolloutInstance& in) {
     if (s.oldest_version >= 0) {
       keep.push_front(*it);
     } else {
+      uncharge(s);
       s.stage = Stage::kPooled;
       s.instance = -1;
       pool_.push_front(*it);
@@ -765,7 +876,8 @@ void Engine::on_repack_tick() {
   FleetSnapshot fleet;
   fleet.tokens_per_page = static_cast<std::int32_t>(cost_.config().rollout.page_tokens);
   // Dispatch runs whenever an admitting instance has room, so pooled samples are ones the newest
-  // version's instances have no slot for: the listed instances' free slots need not be counted.
+  // version's instances have no slot or step share for: the listed instances' free slots need not
+  // be counted.
   fleet.prompts_waiting = static_cast<std::int64_t>(pool_.size());
   std::vector<std::int32_t> settled;
   bool draining = false;
@@ -841,8 +953,14 @@ void Engine::on_failure() {
   for (RolloutInstance& in : instances_) {
     if (in.node != node || in.state == State::kDown) continue;
     if (in.state == State::kRunning) in.busy_generating += loop_.now() - in.seg_start;
-    for (std::int64_t id : in.live) sample(id).restart();
-    for (std::int64_t id : in.waiting) sample(id).restart();
+    for (std::int64_t id : in.live) {
+      uncharge(sample(id));
+      sample(id).restart();
+    }
+    for (std::int64_t id : in.waiting) {
+      uncharge(sample(id));
+      sample(id).restart();
+    }
     for (auto it = in.live.rbegin(); it != in.live.rend(); ++it) pool_.push_front(*it);
     for (auto it = in.waiting.rbegin(); it != in.waiting.rend(); ++it) pool_.push_front(*it);
     internal::clear(in);

@@ -80,6 +80,16 @@ struct ScheduleSpec {
   // 1; nullopt: no bound (prompts start whenever a rollout has room). Reported with the results:
   // it decides both staleness and speed.
   std::optional<std::int64_t> max_ahead_steps;
+  // kLaminar: the most of one step's samples an instance may take, as a multiple of its fair share
+  // (the step's samples over the rollout instances, rounded up); the rest wait in the pool for the
+  // instances that pull next, and the next admissible step is released for the instances the cap
+  // stops. Without it a released step goes to the few instances that have already drained and
+  // pulled, each up to max_batch, while the rest of the fleet finishes older tails; too small a
+  // share holds a step's last samples until nearly every instance has drained. At least 1, or the
+  // fleet could never take a whole step; nullopt: no cap but max_batch (defaults() sets
+  // kDefaultStepShare). The other schedules admit on every instance at once, so the least loaded
+  // rule already spreads a step evenly: it applies to kLaminar only.
+  std::optional<double> max_step_share;
   // kPartialRollout: generated tokens per sequence per iteration.
   std::int64_t partial_token_budget = 4096;
   // kLaminar: repacking (off: instances drain alone), how often a plan is made while some
@@ -90,9 +100,12 @@ struct ScheduleSpec {
   RepackPolicyOptions repack_options;
 
   // The defaults of each schedule: kSync 0, kOneStep 1, kStreamGlobal 1, kBoundedStaleness 4
-  // (AReaL's), kPartialRollout 1, kLaminar 4.
+  // (AReaL's), kPartialRollout 1, kLaminar 4; kLaminar's max_step_share kDefaultStepShare, the
+  // fastest measured at bound 4 on the paper's math setting (examples/simulator/README.md).
+  static constexpr double kDefaultStepShare = 8.0;
   static ScheduleSpec defaults(ScheduleKind kind);
-  // kInvalidArgument naming the first bad field (negative bounds, a bound on kSync other than 0).
+  // kInvalidArgument naming the first bad field (negative bounds, a bound on kSync other than 0, a
+  // step share below 1 or set on a schedule other than kLaminar).
   Status validate() const;
   nlohmann::json to_json() const;
 };
@@ -171,6 +184,8 @@ struct SimReport {
   std::int64_t repack_moves = 0;
   double repack_bytes = 0;
   std::int64_t preemptions = 0;
+  // The most samples of one step dispatched to one instance (ScheduleSpec::max_step_share bounds it).
+  std::int64_t max_step_samples_per_instance = 0;
   std::int64_t weight_updates = 0;  // instance weight loads
   std::int64_t failures = 0;
   std::int64_t events = 0;  // events the loop processed

@@ -58,6 +58,7 @@ struct Args {
   std::string model;
   std::string max_ahead;
   std::string repack = "on";
+  std::string step_share;
   std::string baseline;
   std::string sweep;
   std::string trace_file;
@@ -150,12 +151,28 @@ Result<std::vector<ScheduleSpec>> build_specs(const Args& a) {
     if (!n.ok()) return n.status();
     max_ahead.emplace(*n);
   }
+  std::optional<std::optional<double>> step_share;
+  if (a.step_share == "none") {
+    step_share.emplace(std::nullopt);
+  } else if (!a.step_share.empty()) {
+    double v = 0;
+    auto [end, ec] = std::from_chars(a.step_share.data(), a.step_share.data() + a.step_share.size(), v);
+    if (ec != std::errc() || end != a.step_share.data() + a.step_share.size()) {
+      return laminar::invalid_argument(
+          fmt::format("--step-share: '{}' is not a number or 'none'", a.step_share));
+    }
+    step_share.emplace(v);
+  }
+  if (step_share && std::none_of(kinds.begin(), kinds.end(), [](ScheduleKind k) { return k == ScheduleKind::kLaminar; })) {
+    return laminar::invalid_argument(fmt::format("--step-share {}: applies to laminar only", a.step_share));
+  }
   std::vector<ScheduleSpec> specs;
   for (ScheduleKind kind : kinds) {
     ScheduleSpec spec = ScheduleSpec::defaults(kind);
     // sync and one-step are defined by their bound (0 and 1); the others take any.
     if (max_ahead && kind != ScheduleKind::kSync && kind != ScheduleKind::kOneStep) spec.max_ahead_steps = *max_ahead;
     if (kind == ScheduleKind::kLaminar) spec.repack = a.repack == "on";
+    if (kind == ScheduleKind::kLaminar && step_share) spec.max_step_share = *step_share;
     LAMINAR_RETURN_IF_ERROR(spec.validate().with_context(fmt::format("schedule {}", laminar::sim::schedule_name(kind))));
     specs.push_back(std::move(spec));
   }
@@ -315,6 +332,9 @@ int main(int argc, char** argv) {
                  "s starts once version s - N is published; N >= 0 or 'unbounded'");
   app.add_option("--repack", a.repack, "laminar's repacking of draining instances: on (default) or off")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--step-share", a.step_share,
+                 "laminar: the most of one step's samples an instance takes, as a multiple of the step's samples "
+                 "over the rollout instances (default 8), or 'none' (up to max_batch)");
   app.add_option("--baseline", a.baseline, "schedule the speed-ups are over (default: the fastest but laminar)");
   app.add_option("--sweep", a.sweep, "comma-separated GPU counts: runs each schedule at each, e.g. 64,128,256");
   app.add_option("--trace", a.trace_file,
