@@ -186,6 +186,8 @@ def test_pull_and_publishes_on_two_threads():
     big = {"w": torch.randn(1 << 21)}
     s.publish(1, big)
     s.wait_for_version(1, timeout=10)
+    # The handle keeps version 1 held whether the pulls start before or after the newer publishes.
+    held = s.acquire(1)
     dst = {"w": torch.zeros(1 << 21)}
     errors = []
 
@@ -203,6 +205,7 @@ def test_pull_and_publishes_on_two_threads():
     t.join(timeout=60)
     assert not t.is_alive() and not errors, errors
     assert torch.equal(dst["w"], big["w"])
+    del held
 
 
 PULLER_CHILD = """
