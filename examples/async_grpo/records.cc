@@ -98,10 +98,27 @@ json to_json(const WeightSync& w) {
           {"end_ns", w.end_ns}};
 }
 
+// One field of a record: its key and where its value goes.
+template <class T>
+struct Field {
+  const char* key;
+  T* out;
+};
+
 // Reads the fields of one decoded object, rejecting missing, mistyped and unknown ones.
 class Fields {
  public:
   Fields(const json& obj, std::string_view type) : obj_(obj), type_(type) {}
+
+  // Reads every field of a record that has exactly these: the keys are written once, so the
+  // fields read and the fields allowed cannot drift apart. The first field that fails stops it.
+  template <class... T>
+  Status read(Field<T>... fields) const {
+    LAMINAR_RETURN_IF_ERROR(check_keys({std::string_view(fields.key)...}));
+    Status st;
+    (void)((st = get(fields.key, fields.out)).ok() && ...);
+    return st;
+  }
 
   Status check_keys(std::initializer_list<std::string_view> keys) const {
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
@@ -167,60 +184,43 @@ class Fields {
 };
 
 Result<Record> decode_span(const Fields& f) {
-  LAMINAR_RETURN_IF_ERROR(f.check_keys(
-      {"process", "worker", "kind", "start_ns", "end_ns", "version", "sequences", "bytes", "tokens"}));
   Span s;
   std::string kind;
-  LAMINAR_RETURN_IF_ERROR(f.get("process", &s.process));
-  LAMINAR_RETURN_IF_ERROR(f.get("worker", &s.worker));
-  LAMINAR_RETURN_IF_ERROR(f.get("kind", &kind));
+  LAMINAR_RETURN_IF_ERROR(f.read(Field{"process", &s.process}, Field{"worker", &s.worker}, Field{"kind", &kind},
+                                 Field{"start_ns", &s.start_ns}, Field{"end_ns", &s.end_ns},
+                                 Field{"version", &s.version}, Field{"sequences", &s.sequences},
+                                 Field{"bytes", &s.bytes}, Field{"tokens", &s.tokens}));
   Result<SpanKind> k = parse_span_kind(kind);
   if (!k.ok()) return k.status();
   s.kind = *k;
-  LAMINAR_RETURN_IF_ERROR(f.get("start_ns", &s.start_ns));
-  LAMINAR_RETURN_IF_ERROR(f.get("end_ns", &s.end_ns));
-  LAMINAR_RETURN_IF_ERROR(f.get("version", &s.version));
-  LAMINAR_RETURN_IF_ERROR(f.get("sequences", &s.sequences));
-  LAMINAR_RETURN_IF_ERROR(f.get("bytes", &s.bytes));
-  LAMINAR_RETURN_IF_ERROR(f.get("tokens", &s.tokens));
   return Record(std::move(s));
 }
 
 Result<Record> decode_reward(const Fields& f) {
-  LAMINAR_RETURN_IF_ERROR(f.check_keys({"time_ns", "version", "mean_reward", "samples"}));
   RewardPoint r;
-  LAMINAR_RETURN_IF_ERROR(f.get("time_ns", &r.time_ns));
-  LAMINAR_RETURN_IF_ERROR(f.get("version", &r.version));
-  LAMINAR_RETURN_IF_ERROR(f.get("mean_reward", &r.mean_reward));
-  LAMINAR_RETURN_IF_ERROR(f.get("samples", &r.samples));
+  LAMINAR_RETURN_IF_ERROR(f.read(Field{"time_ns", &r.time_ns}, Field{"version", &r.version},
+                                 Field{"mean_reward", &r.mean_reward}, Field{"samples", &r.samples}));
   return Record(r);
 }
 
 Result<Record> decode_trajectory(const Fields& f) {
-  LAMINAR_RETURN_IF_ERROR(f.check_keys({"behaviour_version", "trained_version", "length"}));
   TrajectoryFact t;
-  LAMINAR_RETURN_IF_ERROR(f.get("behaviour_version", &t.behaviour_version));
-  LAMINAR_RETURN_IF_ERROR(f.get("trained_version", &t.trained_version));
-  LAMINAR_RETURN_IF_ERROR(f.get("length", &t.length));
+  LAMINAR_RETURN_IF_ERROR(f.read(Field{"behaviour_version", &t.behaviour_version},
+                                 Field{"trained_version", &t.trained_version}, Field{"length", &t.length}));
   return Record(t);
 }
 
 Result<Record> decode_repack(const Fields& f) {
-  LAMINAR_RETURN_IF_ERROR(f.check_keys({"time_ns", "moved_sequences", "bytes"}));
   RepackEvent r;
-  LAMINAR_RETURN_IF_ERROR(f.get("time_ns", &r.time_ns));
-  LAMINAR_RETURN_IF_ERROR(f.get("moved_sequences", &r.moved_sequences));
-  LAMINAR_RETURN_IF_ERROR(f.get("bytes", &r.bytes));
+  LAMINAR_RETURN_IF_ERROR(f.read(Field{"time_ns", &r.time_ns}, Field{"moved_sequences", &r.moved_sequences},
+                                 Field{"bytes", &r.bytes}));
   return Record(r);
 }
 
 Result<Record> decode_weight_sync(const Fields& f) {
-  LAMINAR_RETURN_IF_ERROR(f.check_keys({"process", "version", "start_ns", "end_ns"}));
   WeightSync w;
-  LAMINAR_RETURN_IF_ERROR(f.get("process", &w.process));
-  LAMINAR_RETURN_IF_ERROR(f.get("version", &w.version));
-  LAMINAR_RETURN_IF_ERROR(f.get("start_ns", &w.start_ns));
-  LAMINAR_RETURN_IF_ERROR(f.get("end_ns", &w.end_ns));
+  LAMINAR_RETURN_IF_ERROR(f.read(Field{"process", &w.process}, Field{"version", &w.version},
+                                 Field{"start_ns", &w.start_ns}, Field{"end_ns", &w.end_ns}));
   return Record(std::move(w));
 }
 
