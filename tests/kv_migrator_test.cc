@@ -48,6 +48,12 @@ KvLayout layout(std::int32_t num_pages, std::int32_t head_dim = 8) {
   return {num_pages, /*page_size=*/4, /*num_kv_heads=*/2, head_dim, DType::kF32, /*num_layers=*/3};
 }
 
+std::shared_ptr<laminar::Transport> make_transport() {
+  laminar::TransportOptions o;
+  o.cluster_token = kToken;
+  return laminar::Transport::create(o).value();
+}
+
 // One rollout worker: a listening transport, its cache and its migrator, and every event its
 // migrator reported so far.
 struct Worker {
@@ -73,9 +79,7 @@ enum class Pools { kRegistered, kAllocated };
 
 Worker make_worker(KvMigratorOptions options = {}, KvLayout l = layout(64), Pools pools = Pools::kRegistered) {
   Worker w;
-  laminar::TransportOptions to;
-  to.cluster_token = kToken;
-  w.transport = laminar::Transport::create(to).value();
+  w.transport = make_transport();
   w.address = w.transport->listen("127.0.0.1", 0).value();
   if (pools == Pools::kAllocated) {
     auto allocated = KvMigrator::allocate_cache(*w.transport, l);
@@ -219,6 +223,20 @@ void sync_with(Worker& from, Worker& w) {
   REQUIRE(arrived->get_future().wait_for(10s) == std::future_status::ready);
   REQUIRE(w.transport->on_message(kSync, {}).ok());
 }
+
+// The test speaking the migration protocol to `dst` by hand, through a transport of its own.
+struct ProtocolPeer {
+  Worker& dst;
+  std::shared_ptr<laminar::Transport> transport = make_transport();
+  laminar::Endpoint ep = transport->connect(dst.address).value();
+
+  // Sends a request and polls the destination until it answers.
+  laminar::Result<laminar::Message> ask(laminar::MessageType type, std::vector<std::byte> body) {
+    auto answer = laminar::internal::request_protocol_async(ep, laminar::Message{type, std::move(body)}, 10s);
+    REQUIRE(drive({&dst}, [&] { return answer.wait_for(0s) == std::future_status::ready; }));
+    return answer.get();
+  }
+};
 
 }  // namespace
 
@@ -437,9 +455,7 @@ TEST_CASE("kv migrator: migrate() refuses bad arguments before anything is sent"
 }
 
 TEST_CASE("kv migrator: create() validates its options and serves one migrator per transport") {
-  laminar::TransportOptions to;
-  to.cluster_token = kToken;
-  std::shared_ptr<laminar::Transport> t = laminar::Transport::create(to).value();
+  std::shared_ptr<laminar::Transport> t = make_transport();
   auto cache = std::make_shared<PagedKvCache>(PagedKvCache::create(layout(8)).value());
   CHECK(KvMigrator::create(nullptr, cache).status().code() == StatusCode::kInvalidArgument);
   CHECK(KvMigrator::create(t, nullptr).status().code() == StatusCode::kInvalidArgument);
@@ -489,10 +505,8 @@ TEST_CASE("kv migrator: pools the transport allocates move every byte, either wa
 }
 
 TEST_CASE("kv migrator: allocate_cache() gives zeroed pools, and create() takes only regions that are the pools") {
-  laminar::TransportOptions to;
-  to.cluster_token = kToken;
-  std::shared_ptr<laminar::Transport> t = laminar::Transport::create(to).value();
-  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
+  std::shared_ptr<laminar::Transport> t = make_transport();
+  std::shared_ptr<laminar::Transport> other = make_transport();
   KvLayout bad = layout(8);
   bad.page_size = 0;
   CHECK(KvMigrator::allocate_cache(*t, bad).status().code() == StatusCode::kInvalidArgument);
@@ -941,40 +955,31 @@ TEST_CASE("kv migrator: bytes that do not decode, stray stages and forged aborts
   Worker src = make_worker();
   Worker dst = make_worker();
   add(*src.cache, SequenceId(1), 10);
-  laminar::TransportOptions to;
-  to.cluster_token = kToken;
-  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
-  laminar::Endpoint ep = other->connect(dst.address).value();
-  // Sends a request through the migration protocol and polls the destination until it answers.
-  const auto ask = [&](laminar::MessageType type, std::vector<std::byte> body) {
-    auto answer = li::request_protocol_async(ep, laminar::Message{type, std::move(body)}, 10s);
-    const bool answered = drive({&dst}, [&] { return answer.wait_for(0s) == std::future_status::ready; });
-    REQUIRE(answered);
-    return answer.get();
-  };
+  ProtocolPeer peer{dst};
   const auto garbage = [](std::size_t n) { return std::vector<std::byte>(n, std::byte{0xA5}); };
 
-  auto offer = ask(li::kMigrationOfferMessage, garbage(7));
+  auto offer = peer.ask(li::kMigrationOfferMessage, garbage(7));
   CHECK(offer.status().code() == StatusCode::kDataLoss);
   CHECK(dst.migrator->stats().offers_refused == 1);
-  auto stage = ask(li::kMigrationStageMessage, garbage(30));
+  auto stage = peer.ask(li::kMigrationStageMessage, garbage(30));
   CHECK_FALSE(stage.ok());
   // A well-formed stage of a migration nobody started here.
-  auto stray = ask(li::kMigrationStageMessage, li::encode_migration_stage({77, 0, false, {}}));
+  auto stray = peer.ask(li::kMigrationStageMessage, li::encode_migration_stage({77, 0, false, {}}));
   REQUIRE(stray.ok());
   auto refused = li::decode_migration_stage_answer(stray->body);
   REQUIRE(refused.ok());
   REQUIRE(refused->refusal.has_value());
   CHECK(refused->refusal->code == StatusCode::kNotFound);
-  REQUIRE(li::send_protocol(ep, laminar::Message{li::kMigrationAbortMessage, garbage(3)}).ok());
+  REQUIRE(li::send_protocol(peer.ep, laminar::Message{li::kMigrationAbortMessage, garbage(3)}).ok());
 
   // A real migration runs alongside; an abort of it from another connection is ignored.
   auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(1)});
   REQUIRE(id.ok());
   REQUIRE(drive({&src, &dst}, [&] { return !dst.migrator->moving().empty(); }));
   const li::MigrationAbort forged{id->value(), li::MigrationSide::kSource, StatusCode::kAborted, "forged"};
-  REQUIRE(li::send_protocol(ep, laminar::Message{li::kMigrationAbortMessage, li::encode_migration_abort(forged)}).ok());
-  auto late = ask(li::kMigrationStageMessage, li::encode_migration_stage({id->value(), 0, false, {}}));
+  REQUIRE(li::send_protocol(peer.ep, laminar::Message{li::kMigrationAbortMessage, li::encode_migration_abort(forged)})
+              .ok());
+  auto late = peer.ask(li::kMigrationStageMessage, li::encode_migration_stage({id->value(), 0, false, {}}));
   REQUIRE(late.ok());
   CHECK(li::decode_migration_stage_answer(late->body)->refusal->code == StatusCode::kNotFound);
   CHECK(*dst.migrator->state(*id) == MigrationState::kRunning);
@@ -989,14 +994,11 @@ TEST_CASE("kv migrator: bytes that do not decode, stray stages and forged aborts
 TEST_CASE("kv migrator: a destination that does not poll queues at most 256 messages and refuses the rest") {
   namespace li = laminar::internal;
   Worker dst = make_worker();
-  laminar::TransportOptions to;
-  to.cluster_token = kToken;
-  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
-  laminar::Endpoint ep = other->connect(dst.address).value();
+  ProtocolPeer peer{dst};
   std::vector<std::future<laminar::Result<laminar::Message>>> answers;
   for (int i = 0; i < 260; ++i) {
     answers.push_back(li::request_protocol_async(
-        ep, laminar::Message{li::kMigrationOfferMessage, std::vector<std::byte>(5, std::byte{1})}, 20s));
+        peer.ep, laminar::Message{li::kMigrationOfferMessage, std::vector<std::byte>(5, std::byte{1})}, 20s));
   }
   // Without a poll, only the four past the bound are answered, by the transport's callback thread.
   std::size_t exhausted = 0;
@@ -1074,9 +1076,7 @@ TEST_CASE("kv migrator: attention over the moved pages equals the source's bit f
 }
 
 TEST_CASE("kv migrator: device pools need a usable device, and say so when there is none") {
-  laminar::TransportOptions to;
-  to.cluster_token = kToken;
-  std::shared_ptr<laminar::Transport> t = laminar::Transport::create(to).value();
+  std::shared_ptr<laminar::Transport> t = make_transport();
   const KvLayout l = layout(8);
   // Views that name CUDA device 0: create() decides from the device before it reads a byte.
   std::vector<float> k(std::size_t(l.pool_bytes() / 4)), v(k.size());
@@ -1110,21 +1110,12 @@ TEST_CASE("kv migrator: device pools need a usable device, and say so when there
 TEST_CASE("kv migrator: a host-pool worker refuses device pools' offers and stages, and nothing changes") {
   namespace li = laminar::internal;
   Worker dst = make_worker();
-  laminar::TransportOptions to;
-  to.cluster_token = kToken;
-  std::shared_ptr<laminar::Transport> other = laminar::Transport::create(to).value();
-  laminar::Endpoint ep = other->connect(dst.address).value();
-  const auto ask = [&](laminar::MessageType type, std::vector<std::byte> body) {
-    auto answer = li::request_protocol_async(ep, laminar::Message{type, std::move(body)}, 10s);
-    const bool answered = drive({&dst}, [&] { return answer.wait_for(0s) == std::future_status::ready; });
-    REQUIRE(answered);
-    return answer.get();
-  };
+  ProtocolPeer peer{dst};
   const std::int64_t free_before = dst.cache->free_pages();
   const KvLayout& l = dst.cache->layout();
   li::MigrationOffer offer{5, dst.migrator->version(), {l.num_layers, l.page_size, l.num_kv_heads, l.head_dim, l.dtype},
                            {{SequenceId(3), 6, 4}}, li::KvPools::kDevice};
-  auto answer = ask(li::kMigrationOfferMessage, li::encode_migration_offer(offer));
+  auto answer = peer.ask(li::kMigrationOfferMessage, li::encode_migration_offer(offer));
   REQUIRE(answer.ok());
   auto r = li::decode_migration_reservation(answer->body);
   REQUIRE(r.ok());
@@ -1137,7 +1128,7 @@ TEST_CASE("kv migrator: a host-pool worker refuses device pools' offers and stag
   // The same offer of host pools is taken; a stage that says its pages came by NCCL is refused
   // and the reservation returns.
   offer.pools = li::KvPools::kHost;
-  answer = ask(li::kMigrationOfferMessage, li::encode_migration_offer(offer));
+  answer = peer.ask(li::kMigrationOfferMessage, li::encode_migration_offer(offer));
   REQUIRE(answer.ok());
   r = li::decode_migration_reservation(answer->body);
   REQUIRE(r.ok());
@@ -1146,7 +1137,7 @@ TEST_CASE("kv migrator: a host-pool worker refuses device pools' offers and stag
   CHECK(r->link_token.empty());
   CHECK(dst.cache->free_pages() == free_before - 4);
   li::MigrationStage stage{5, 0, false, {{SequenceId(3), 0, {1}, {}, {1}}}, 1};
-  auto refused = ask(li::kMigrationStageMessage, li::encode_migration_stage(stage));
+  auto refused = peer.ask(li::kMigrationStageMessage, li::encode_migration_stage(stage));
   REQUIRE(refused.ok());
   auto a = li::decode_migration_stage_answer(refused->body);
   REQUIRE(a.ok());
@@ -1155,6 +1146,6 @@ TEST_CASE("kv migrator: a host-pool worker refuses device pools' offers and stag
   CHECK_THAT(a->refusal->text, Catch::Contains("its pages came by NCCL, this worker's pools are in host memory"));
   CHECK(*dst.migrator->state(MigrationId(5)) == MigrationState::kAbortedByDestination);
   // Fenced as any refused stage: the pages return once the source confirms or its connection goes.
-  ep.close();
+  peer.ep.close();
   REQUIRE(drive({&dst}, [&] { return dst.cache->free_pages() == free_before; }));
 }
