@@ -71,6 +71,22 @@ std::string stop(ChildProcess& c) {
   return stats;
 }
 
+// An actor that has published version 1: its process, the address it listens on and the version's
+// digest. `args` are its options beyond those.
+struct Actor {
+  ChildProcess process;
+  std::string addr;
+  std::string digest;
+};
+
+Actor start_actor(std::vector<std::string> args = {}, int mib = kMib) {
+  args.insert(args.begin(), {"--actor", "--versions", "1"});
+  ChildProcess process = start(std::move(args), mib);
+  std::string addr = listening(process);
+  std::string digest = expect_line(process, "published 1 ");
+  return {std::move(process), std::move(addr), std::move(digest)};
+}
+
 std::string received(std::uint64_t n) { return "received " + std::to_string(n) + " "; }
 
 std::shared_ptr<laminar::Transport> make_transport() {
@@ -309,9 +325,7 @@ TEST_CASE("actor, a chain of 4 relays and 2 pullers: every relay and puller gets
 
 TEST_CASE("a relay killed mid-broadcast: the chain re-forms and the version still reaches everyone",
           "[relay_node]") {
-  ChildProcess actor = start({"--actor", "--versions", "1"});
-  const std::string a = listening(actor);
-  const std::string digest = expect_line(actor, "published 1 ");
+  auto [actor, a, digest] = start_actor();
   ChildProcess r1 = start({"--upstream", a});
   const std::string a1 = listening(r1);
   // r2 hangs after storing a third of the version, as a wedged relay would, and is then killed.
@@ -338,9 +352,7 @@ TEST_CASE("a relay killed mid-broadcast: the chain re-forms and the version stil
 }
 
 TEST_CASE("a corrupt chunk on the wire is refused, resent, and never served", "[relay_node]") {
-  ChildProcess actor = start({"--actor", "--versions", "1"});
-  const std::string a = listening(actor);
-  const std::string digest = expect_line(actor, "published 1 ");
+  auto [actor, a, digest] = start_actor();
   ChildProcess r1 = start({"--upstream", a, "--corrupt", "1:5"});
   const std::string a1 = listening(r1);
   ChildProcess r2 = start({"--upstream", a1});
@@ -372,9 +384,7 @@ TEST_CASE("a relay that joins late gets the newest version", "[relay_node]") {
 
 TEST_CASE("a puller whose relay dies mid-pull fails over and resumes from the last verified chunk",
           "[relay_node]") {
-  ChildProcess actor = start({"--actor", "--versions", "1"});
-  const std::string a = listening(actor);
-  const std::string digest = expect_line(actor, "published 1 ");
+  auto [actor, a, digest] = start_actor();
   ChildProcess r1 = start({"--upstream", a});
   const std::string a1 = listening(r1);
   CHECK(expect_line(r1, "committed 1 ") == digest);
@@ -592,9 +602,7 @@ TEST_CASE("a relay stopped (SIGSTOP) mid-broadcast is failed over within stall_t
   using Ms = std::chrono::milliseconds;
   constexpr Ms kStall = 1000ms;
   const std::string stall = std::to_string(kStall.count());
-  ChildProcess actor = start({"--actor", "--versions", "1", "--stall-timeout-ms", "60000"});
-  const std::string a = listening(actor);
-  const std::string digest = expect_line(actor, "published 1 ");
+  auto [actor, a, digest] = start_actor({"--stall-timeout-ms", "60000"});
   // The middle relay hangs after a third of the version. Its own stall_timeout is long, so it counts
   // itself fed and keeps telling the tail it is waiting: that alone is no reason to leave it.
   ChildProcess mid =
@@ -643,9 +651,7 @@ TEST_CASE("a slow upstream that keeps delivering is not failed over, however lon
   constexpr int kSmallMib = 1;
   constexpr std::uint64_t kSmallChunks =
       ((std::uint64_t(kSmallMib) << 20) + 256 + (kChunkKib << 10) - 1) / (kChunkKib << 10);
-  ChildProcess actor = start({"--actor", "--versions", "1"}, kSmallMib);
-  const std::string a = listening(actor);
-  const std::string digest = expect_line(actor, "published 1 ");
+  auto [actor, a, digest] = start_actor({}, kSmallMib);
   // Each chunk leaves the middle 400 ms late: the version takes about twice the tail's stall_timeout,
   // but a chunk lands well within it every time.
   ChildProcess mid = start({"--upstream", a, "--delay-chunk-ms", "400"}, kSmallMib);
