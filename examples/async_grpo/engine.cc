@@ -80,8 +80,9 @@ template <int kRows>
 }
 
 // On x86-64, matmul() is compiled for AVX2 as well as the baseline, picked at load time: the same
-// lanes and sums either way.
-#if defined(__x86_64__)
+// lanes and sums either way. Not under ThreadSanitizer: GCC instruments the clones' ifunc resolver,
+// which the loader runs before TSan's runtime is set up, so the program crashes as it loads.
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define LAMINAR_GRPO_MATMUL_CLONES [[gnu::target_clones("avx2", "default")]]
 #else
 #define LAMINAR_GRPO_MATMUL_CLONES
