@@ -130,6 +130,10 @@ class Engine final : public internal::SampleTable {
   void dispatch();
   void dispatch_capped();
   void assign(RolloutInstance& in, Sample& s);
+  using Load = std::pair<std::int64_t, std::int32_t>;
+  Load give_front(std::vector<Load>& open);
+  static void reopen(std::vector<Load>& open, std::int64_t load, std::int32_t id);
+  void start_touched();
   void uncharge(Sample& s);
   bool may_take(const RolloutInstance& in) const;
   void try_train();
@@ -158,7 +162,6 @@ class Engine final : public internal::SampleTable {
   std::deque<std::int64_t> pool_;
   std::vector<std::int64_t> carried_;  // partial rollout: over budget, back at the next version
   bool dispatch_pending_ = false;
-  using Load = std::pair<std::int64_t, std::int32_t>;
   std::vector<Load> dispatch_open_;          // dispatch()'s heap, reused
   std::vector<std::int32_t> dispatch_touched_;
   std::vector<bool> dispatch_marked_;        // per instance: in dispatch_touched_
@@ -345,32 +348,44 @@ void Engine::dispatch() {
       if (admits(in) && in.load() < config_.cluster.max_batch) open.emplace_back(in.load(), in.id);
     }
     std::make_heap(open.begin(), open.end(), std::greater<>());
-    std::vector<std::int32_t>& touched = dispatch_touched_;
-    touched.clear();
+    dispatch_touched_.clear();
     while (!pool_.empty() && !open.empty()) {
-      std::pop_heap(open.begin(), open.end(), std::greater<>());
-      const auto [load, id] = open.back();
-      open.pop_back();
-      RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
-      if (!dispatch_marked_[static_cast<std::size_t>(id)]) {
-        dispatch_marked_[static_cast<std::size_t>(id)] = true;
-        touched.push_back(id);
-      }
-      Sample& s = sample(pool_.front());
-      pool_.pop_front();
-      assign(in, s);
-      if (load + 1 < config_.cluster.max_batch) {
-        open.emplace_back(load + 1, id);
-        std::push_heap(open.begin(), open.end(), std::greater<>());
-      }
+      const auto [load, id] = give_front(open);
+      if (load < config_.cluster.max_batch) reopen(open, load, id);
     }
-    for (std::int32_t id : touched) {
-      dispatch_marked_[static_cast<std::size_t>(id)] = false;
-      RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
-      settle(in);
-      if (in.state == State::kIdle) resume(in);
-    }
+    start_touched();
     if (!pool_.empty()) return;  // no room anywhere: instances take the rest as slots free
+  }
+}
+
+// Gives the pool's front sample to the least loaded instance of the min-heap `open`, which it
+// leaves; returns that instance's new load and id. The instance is settled by start_touched().
+Engine::Load Engine::give_front(std::vector<Load>& open) {
+  std::pop_heap(open.begin(), open.end(), std::greater<>());
+  const auto [load, id] = open.back();
+  open.pop_back();
+  if (!dispatch_marked_[static_cast<std::size_t>(id)]) {
+    dispatch_marked_[static_cast<std::size_t>(id)] = true;
+    dispatch_touched_.push_back(id);
+  }
+  Sample& s = sample(pool_.front());
+  pool_.pop_front();
+  assign(instances_[static_cast<std::size_t>(id)], s);
+  return {load + 1, id};
+}
+
+void Engine::reopen(std::vector<Load>& open, std::int64_t load, std::int32_t id) {
+  open.emplace_back(load, id);
+  std::push_heap(open.begin(), open.end(), std::greater<>());
+}
+
+// Settles every instance a dispatch gave samples to and starts the idle ones.
+void Engine::start_touched() {
+  for (std::int32_t id : dispatch_touched_) {
+    dispatch_marked_[static_cast<std::size_t>(id)] = false;
+    RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
+    settle(in);
+    if (in.state == State::kIdle) resume(in);
   }
 }
 
@@ -381,12 +396,11 @@ void Engine::dispatch() {
 void Engine::dispatch_capped() {
   const std::int64_t max_batch = config_.cluster.max_batch;
   std::vector<Load>& open = dispatch_open_;
-  std::vector<std::int32_t>& touched = dispatch_touched_;
   std::deque<std::int64_t>& kept = dispatch_kept_;
   for (;;) {
     release_steps();
     if (pool_.empty()) return;
-    touched.clear();
+    dispatch_touched_.clear();
     kept.clear();
     pool_steps_.clear();
     // The pool in runs of one step (returned samples go to its front): each run's own heap holds the
@@ -408,30 +422,12 @@ void Engine::dispatch_capped() {
           pool_.pop_front();
           continue;
         }
-        std::pop_heap(open.begin(), open.end(), std::greater<>());
-        const auto [load, id] = open.back();
-        open.pop_back();
-        RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
-        if (!dispatch_marked_[static_cast<std::size_t>(id)]) {
-          dispatch_marked_[static_cast<std::size_t>(id)] = true;
-          touched.push_back(id);
-        }
-        Sample& s = sample(pool_.front());
-        pool_.pop_front();
-        assign(in, s);
-        if (load + 1 < max_batch && taken[static_cast<std::size_t>(id)] < *step_cap_) {
-          open.emplace_back(load + 1, id);
-          std::push_heap(open.begin(), open.end(), std::greater<>());
-        }
+        const auto [load, id] = give_front(open);
+        if (load < max_batch && taken[static_cast<std::size_t>(id)] < *step_cap_) reopen(open, load, id);
       }
     }
     pool_.swap(kept);
-    for (std::int32_t id : touched) {
-      dispatch_marked_[static_cast<std::size_t>(id)] = false;
-      RolloutInstance& in = instances_[static_cast<std::size_t>(id)];
-      settle(in);
-      if (in.state == State::kIdle) resume(in);
-    }
+    start_touched();
     if (pool_.empty()) continue;
     const bool room = std::any_of(instances_.begin(), instances_.end(), [&](const RolloutInstance& in) {
       return admits(in) && in.load() < max_batch;
