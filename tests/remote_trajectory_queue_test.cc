@@ -566,7 +566,7 @@ TEST_CASE("a push to a stopped (SIGSTOP) queue server ends after its timeout, a 
   auto watched = RemoteProducer::create(tr, line->substr(10), watched_options).value();
 
   // Stopped, the server keeps its connection open and answers nothing.
-  server.kill(SIGSTOP);
+  REQUIRE(server.stop(10s).ok());
   const auto timed = [&](std::uint64_t id, PushOptions o, RemoteProducer* p) {
     const auto start = std::chrono::steady_clock::now();
     laminar::Status st = p->push(laminar::test_remote::make(id), o);

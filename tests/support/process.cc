@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -271,6 +272,26 @@ Result<int> ChildProcess::wait(std::chrono::milliseconds timeout) {
 
 void ChildProcess::kill(int signal) {
   if (running()) ::kill(pid_, signal);
+}
+
+Status ChildProcess::stop(std::chrono::milliseconds timeout) {
+  if (!running()) return failed_precondition(fmt::format("child {} is not running", pid_));
+  if (::kill(pid_, SIGSTOP) != 0) return unavailable(fmt::format("SIGSTOP {}: {}", pid_, std::strerror(errno)));
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WUNTRACED | WNOHANG);
+    if (r == pid_ && WIFSTOPPED(status)) return ok_status();
+    if (r == pid_) {
+      reaped_ = true;
+      return unavailable(fmt::format("child {} ended instead of stopping", pid_));
+    }
+    if (r < 0 && errno != EINTR) return unavailable(fmt::format("waitpid {}: {}", pid_, std::strerror(errno)));
+    if (Clock::now() >= deadline) {
+      return deadline_exceeded(fmt::format("child {} not stopped after {} ms", pid_, timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 Result<NetnsPair> NetnsPair::create(const std::string& prefix) {

@@ -66,6 +66,9 @@ class ChildProcess {
 
   // Sends `signal` to this child only (no-op once reaped).
   void kill(int signal);
+  // Sends SIGSTOP and returns once every thread of the child has stopped: kill() returns before
+  // that, and a thread still running may answer a peer meanwhile. kDeadlineExceeded after timeout.
+  Status stop(std::chrono::milliseconds timeout);
 
  private:
   ChildProcess(pid_t pid, int stdout_fd) : pid_(pid), stdout_fd_(stdout_fd) {}
