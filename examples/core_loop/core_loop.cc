@@ -6,6 +6,9 @@
 // version that generated it. Neither side waits for the other's step. The policy is one logit per
 // token and the reward is the share of sampled tokens equal to kTarget, so the mean reward climbs
 // as the policy learns. Exits 0 when it learned (final mean reward above --goal).
+//
+// The lines between "README snippet begin" and "README snippet end" are the README's core loop,
+// word for word (the readme_core_loop_snippet test compares them).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -87,6 +90,19 @@ int fail(const char* what, const Status& st) {
   return 1;
 }
 
+// Prints one step's mean reward and its oldest trajectory's staleness; returns the mean reward.
+float report(int step, const Batch& batch) {
+  float reward = 0;
+  std::uint64_t stalest = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    reward += batch.trajectories()[i].rewards[0] / float(batch.size());
+    stalest = std::max(stalest, batch.info()[i].staleness);
+  }
+  std::printf("step %2d: mean reward %.3f, oldest trajectory %llu versions behind\n", step, reward,
+              static_cast<unsigned long long>(stalest));
+  return reward;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,22 +116,24 @@ int main(int argc, char** argv) {
 
   WeightManifest manifest;
   if (Status st = manifest.add("logits", DType::kF32, {kVocab}); !st.ok()) return fail("manifest", st);
-  std::shared_ptr<RelayStore> relay = RelayStore::create().value();
   TrajectoryQueueOptions qo;
   qo.capacity_trajectories = 8 * kGroup;  // backpressure: rollouts run at most a few batches ahead
   qo.group_timeout = 30s;
-  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
   std::vector<float> actor_w(kVocab, 0.0f);
-  auto publish = [&](Version v) {
+  // README snippet begin
+  std::shared_ptr<RelayStore> relay = RelayStore::create().value();
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+  auto publish = [&](Version v) {             // the actor's weights, as a DLPack-style view
     NamedTensor t{"logits", TensorView::contiguous(actor_w.data(), DType::kF32, kShape).value()};
-    Status st = queue->publish_version(v);  // first, so the queue accepts what v generates
+    Status st = queue->publish_version(v);    // first, so the queue accepts what v generates
     return st.ok() ? relay->publish(v, manifest, {&t, 1}) : st;
   };
+  // README snippet end
   if (Status st = publish(Version(1)); !st.ok()) return fail("publish", st);
   if (Status st = relay->wait_for_version(Version(1), 30s); !st.ok()) return fail("seal", st);
 
-  // --- the core loop: rollout side -------------------------------------------------------------
-  std::thread rollout([&] {
+  // README snippet begin
+  std::thread rollout([&] {                   // a rollout worker: pull when idle, generate, push
     auto puller = WeightPuller::create(relay).value();
     std::vector<float> w(kVocab);
     NamedTensor dst{"logits", TensorView::contiguous(w.data(), DType::kF32, kShape).value()};
@@ -128,30 +146,21 @@ int main(int argc, char** argv) {
       }
     }
   });
+  // README snippet end
 
-  // --- the core loop: actor side ---------------------------------------------------------------
   float reward = 0;
-  for (int step = 1; step <= steps; ++step) {
-    BatchSpec spec;
-    spec.max_trajectories = spec.min_trajectories = 4 * kGroup;
-    spec.wait = 30s;
-    spec.consumer_version = Version(std::uint64_t(step));
-    spec.staleness_rule = StalenessRule::kDrop;
-    spec.max_staleness = 2;
-    Result<Batch> batch = queue->pop_batch(spec);
+  // README snippet begin
+  for (int step = 1; step <= steps; ++step) {  // the actor: pop whole groups, train, ack, publish
+    Result<Batch> batch = queue->pop_batch({.max_trajectories = 4 * kGroup, .min_trajectories = 4 * kGroup,
+                                            .wait = 30s, .consumer_version = Version(std::uint64_t(step)),
+                                            .staleness_rule = StalenessRule::kDrop, .max_staleness = 2});
     if (!batch.ok()) return fail("pop_batch", batch.status());
     train(actor_w, *batch, lr);
     if (Status st = queue->ack(batch->id()); !st.ok()) return fail("ack", st);
     if (Status st = publish(Version(std::uint64_t(step) + 1)); !st.ok()) return fail("publish", st);
-    reward = 0;
-    std::uint64_t stalest = 0;
-    for (std::size_t i = 0; i < batch->size(); ++i) {
-      reward += batch->trajectories()[i].rewards[0] / float(batch->size());
-      stalest = std::max(stalest, batch->info()[i].staleness);
-    }
-    std::printf("step %2d: mean reward %.3f, oldest trajectory %llu versions behind\n", step, reward,
-                static_cast<unsigned long long>(stalest));
+    reward = report(step, *batch);
   }
+  // README snippet end
   queue->close();
   rollout.join();
   std::printf("queue: %s\n", queue->stats().to_json().c_str());
