@@ -1,7 +1,7 @@
 // harness.h: the one small benchmark harness every bench/ binary uses.
 //
 // measure() runs a body after warm-up and reports the median of its repeats; report() prints the
-// JSON line STYLE.md asks for (last line of every benchmark binary). The baseline is always
+// JSON line bench/README.md describes (last line of every benchmark binary). The baseline is always
 // measured in the same run, because these machines are shared and noisy.
 //
 //   auto ours = laminar::bench::measure([&] { copy_with_laminar(); });

@@ -188,7 +188,7 @@ std::string format_table(const Comparison& comparison);
 std::string metrics_json(const Comparison& comparison);
 // Chrome trace-event JSON of every span of `run` ("X" events; pid per process, tid per worker, name
 // the kind, times in microseconds from the run's start; args version, sequences, bytes, tokens),
-// loadable in ui.perfetto.dev.
+// loadable in Perfetto's UI.
 laminar::Result<std::string> trace_json(const ScheduleRun& run);
 
 struct PlotFiles {

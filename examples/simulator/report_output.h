@@ -95,7 +95,7 @@ Status write_json_report(const std::filesystem::path& path, const nlohmann::json
                          const std::vector<SimReport>& reports, const std::optional<Comparison>& comparison,
                          const std::vector<SweepPoint>& sweep);
 
-// Chrome trace-event JSON of report.trace, loadable in ui.perfetto.dev: one track (tid) per rollout
+// Chrome trace-event JSON of report.trace, loadable in Perfetto's UI: one track (tid) per rollout
 // instance, an "X" event per span named by its kind, ts and dur in microseconds of virtual time,
 // args version and batch. kInvalidArgument for a span ending before it starts or a negative instance.
 Result<std::string> trace_json(const SimReport& report);

@@ -6,7 +6,7 @@
 //   simulator --gpus 64 --steps 5 --out out/    # smaller; out/report.json, throughput.png, staleness.png
 //   simulator --schedule laminar --max-ahead 2 --model qwen2.5-32b
 //   simulator --sweep 64,128,256,512,1024       # generation tokens/s against GPUs; out/scaling.png
-//   simulator --schedule laminar --trace trace.json   # open in ui.perfetto.dev
+//   simulator --schedule laminar --trace trace.json   # open in Perfetto's UI
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
@@ -227,7 +227,7 @@ Status write_trace(SimConfig cfg, const ScheduleSpec& spec, const std::string& p
   out << *text;
   out.close();
   if (!out) return laminar::unavailable(fmt::format("cannot write {}", path));
-  std::cout << fmt::format("trace: {} spans of {} at {} GPUs x {} steps in {} (open in ui.perfetto.dev)\n",
+  std::cout << fmt::format("trace: {} spans of {} at {} GPUs x {} steps in {} (open in Perfetto's UI)\n",
                            r->trace.size(), r->schedule, cfg.cluster.gpus, cfg.steps, path);
   return laminar::ok_status();
 }
