@@ -217,6 +217,8 @@ int main(int argc, char** argv) {
     std::sort(secs.begin(), secs.end());
     return double(n) / secs[secs.size() / 2];
   };
+  laminar::bench::require_stable_baseline("remote_push_wal_fsync", one_sync);
+  laminar::bench::require_stable_baseline("remote_push", one);
   laminar::bench::report_throughput("remote_push_many_wal_fsync", "trajectories/s",
                                     rate(many_sync, cfg.fsync_count), "remote_push_wal_fsync",
                                     rate(one_sync, cfg.fsync_count));

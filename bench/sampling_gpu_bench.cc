@@ -1,6 +1,7 @@
 // sampling_gpu_bench: the CUDA sampling kernel (top-k 50 + top-p 0.9, 152k vocabulary, bf16 and
-// f32 logits) in GB/s of logits read, against the device's HBM peak (from its memory clock and bus
-// width). Prints the device name; exits 77 (skipped) when there is no CUDA device.
+// f32 logits) in GB/s of logits read, against a device-to-device cudaMemcpy of the same logits in
+// the same run (counted as read + write traffic, as paged_decode_gpu_bench counts it). Prints the
+// device name and both as a share of the HBM peak; exits 77 (skipped) when there is no CUDA device.
 //   sampling_gpu_bench [--batch B] [--vocab V]
 #include <cuda_runtime.h>
 
@@ -60,10 +61,13 @@ int main(int argc, char** argv) {
   std::vector<std::uint64_t> seed(static_cast<std::size_t>(batch), 7);
   std::vector<std::int64_t> position(static_cast<std::size_t>(batch), 3);
 
-  void *d_logits = nullptr, *d_settings = nullptr;
+  void *d_logits = nullptr, *d_copy = nullptr, *d_settings = nullptr;
   const std::size_t n = static_cast<std::size_t>(batch);
   const std::size_t settings_bytes = n * (4 + 4 + 4 + 8 + 8 + 4 + 4);
-  if (!check(cudaMalloc(&d_logits, logits.size() * 4), "malloc") || !check(cudaMalloc(&d_settings, settings_bytes), "malloc")) {
+  const bool allocated = check(cudaMalloc(&d_logits, logits.size() * 4), "malloc") &&
+                         check(cudaMalloc(&d_copy, logits.size() * 4), "malloc") &&
+                         check(cudaMalloc(&d_settings, settings_bytes), "malloc");
+  if (!allocated) {
     return 1;
   }
   auto* base = static_cast<unsigned char*>(d_settings);
@@ -81,7 +85,7 @@ int main(int argc, char** argv) {
             check(cudaMemcpy(d_pos, position.data(), 8 * n, cudaMemcpyHostToDevice), "copy");
   if (!ok) return 1;
 
-  double last_gbs = 0;
+  double last_gbs = 0, copy_gbs = 0;
   for (laminar::DType dtype : {laminar::DType::kF32, laminar::DType::kBF16}) {
     const std::size_t bytes = logits.size() * laminar::dtype_size(dtype);
     const void* src = dtype == laminar::DType::kF32 ? static_cast<const void*>(logits.data()) : half.data();
@@ -102,13 +106,22 @@ int main(int argc, char** argv) {
       ok = ok && laminar::kernels::run(p, laminar::Stream::cuda(nullptr)).ok();
       ok = ok && check(cudaDeviceSynchronize(), "sync");
     });
+    const auto c = laminar::bench::measure([&] {
+      ok = ok && check(cudaMemcpy(d_copy, d_logits, bytes, cudaMemcpyDeviceToDevice), "copy");
+      ok = ok && check(cudaDeviceSynchronize(), "sync");
+    });
     if (!ok) return 1;
+    laminar::bench::require_stable_baseline("cudaMemcpyD2D", c);
     last_gbs = double(bytes) / t.median_s / 1e9;
-    std::printf("%s logits: %.1f us per batch, %.0f GB/s of logits, %.1f%% of HBM peak\n",
-                std::string(laminar::dtype_name(dtype)).c_str(), t.median_s * 1e6, last_gbs, 100 * last_gbs / peak_gbs);
+    copy_gbs = 2.0 * double(bytes) / c.median_s / 1e9;  // a copy reads and writes
+    std::printf("%s logits: %.1f us per batch, %.0f GB/s of logits, %.1f%% of HBM peak; D2D copy of the same "
+                "bytes %.1f us (%.1f%% of peak, read + write)\n",
+                std::string(laminar::dtype_name(dtype)).c_str(), t.median_s * 1e6, last_gbs, 100 * last_gbs / peak_gbs,
+                c.median_s * 1e6, 100 * copy_gbs / peak_gbs);
   }
   cudaFree(d_logits);
+  cudaFree(d_copy);
   cudaFree(d_settings);
-  laminar::bench::report_throughput("sampling_gpu_top_k50_top_p0.9_bf16", "GB/s", last_gbs, "hbm_peak", peak_gbs);
+  laminar::bench::report_throughput("sampling_gpu_top_k50_top_p0.9_bf16", "GB/s", last_gbs, "cudaMemcpyD2D", copy_gbs);
   return 0;
 }

@@ -181,6 +181,7 @@ double socket_loop_gbps(std::size_t bytes, int repeats) {
       },
       {.warmup = 2, .repeats = repeats});
   close(s);
+  bench::require_stable_baseline("tcp_socket_loop", timing);
   return static_cast<double>(bytes) / timing.median_s / 1e9;
 }
 
@@ -190,6 +191,7 @@ double memcpy_gbps(std::size_t bytes, int repeats) {
   const auto timing =
       bench::measure([&] { std::memcpy(dst.data(), src.data(), bytes); }, {.warmup = 2, .repeats = repeats});
   if (dst[bytes / 2] != 0x5a) die("memcpy baseline did not copy");
+  bench::require_stable_baseline("memcpy", timing);
   return static_cast<double>(bytes) / timing.median_s / 1e9;
 }
 
