@@ -32,9 +32,9 @@ constexpr int kSkip = 77;
     }                                                                                             \
   } while (0)
 
-// Median seconds of `repeats` timed runs of body on the default stream, after two warm-ups.
+// `repeats` timed runs of body on the default stream, after two warm-ups.
 template <class F>
-double time_gpu(F&& body, int repeats = 9) {
+laminar::bench::Timing time_gpu(F&& body, int repeats = 9) {
   cudaEvent_t start, stop;
   LAMINAR_BENCH_CUDA(cudaEventCreate(&start));
   LAMINAR_BENCH_CUDA(cudaEventCreate(&stop));
@@ -53,7 +53,7 @@ double time_gpu(F&& body, int repeats = 9) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return {t[t.size() / 2], t.front(), t.back(), repeats};
 }
 
 }  // namespace
@@ -143,11 +143,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   bool ok = true;
-  const double ours = time_gpu([&] { ok = ok && laminar::kernels::run(p, stream).ok(); });
-  const double base = time_gpu([&] {
+  const double ours = time_gpu([&] { ok = ok && laminar::kernels::run(p, stream).ok(); }).median_s;
+  const laminar::bench::Timing copy = time_gpu([&] {
     LAMINAR_BENCH_CUDA(cudaMemcpyAsync(copy_dst, k, pool_bytes, cudaMemcpyDeviceToDevice));
     LAMINAR_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(copy_dst) + pool_bytes, v, pool_bytes, cudaMemcpyDeviceToDevice));
   });
+  laminar::bench::require_stable_baseline("cudaMemcpyD2D", copy);
+  const double base = copy.median_s;
   LAMINAR_BENCH_CUDA(cudaDeviceSynchronize());
   if (!ok) {
     std::fprintf(stderr, "paged decode failed\n");

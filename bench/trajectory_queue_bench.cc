@@ -619,6 +619,9 @@ int main(int argc, char** argv) {
     base_prod_cpu.push_back(b.producers_cpu_s / n);
     base_cons_cpu.push_back(b.consumers_cpu_s / n);
   }
+  laminar::bench::require_stable_baseline("moodycamel::ConcurrentQueue", base);
+  laminar::bench::require_stable_baseline("moodycamel::ConcurrentQueue enqueue_bulk", base_group);
+  laminar::bench::require_stable_baseline("std::mutex + std::deque", locked);
   const double checked_rate = double(total(cfg)) / summarize(checked).median_s;
   const auto t_ours = summarize(ours);
   const auto t_base = summarize(base);
@@ -667,6 +670,7 @@ int main(int argc, char** argv) {
     sync_one.push_back(run_logged(sync_cfg, sync_pool, true, 1));
     sync_group.push_back(run_logged(sync_cfg, sync_pool, true, kGroupSize));
   }
+  laminar::bench::require_stable_baseline("trajectory_queue_wal_fsync_push", sync_one);
   const double sync_one_rate = double(total(sync_cfg)) / summarize(sync_one).median_s;
   const double sync_group_rate = double(total(sync_cfg)) / summarize(sync_group).median_s;
   std::printf("# WAL: %.1f MB per repeat, %.0f MB/s\n", double(wal_bytes) / 1e6,
