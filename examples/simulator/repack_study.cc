@@ -5,10 +5,10 @@
 // trace, where rollout time went.
 //
 //   sim_repack_study [--steps N] [--model 7b|7b-r256|32b|all] [--bound 4|none|all] [--only NAME]
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -114,22 +114,14 @@ TimeSplit split_of(const SimReport& r) {
 }
 
 int run(int argc, char** argv) {
+  CLI::App app{"Why repacking wins or loses in the simulated Laminar schedule, on the paper's math setting"};
   std::int64_t steps = 100;
   std::string model = "all", bound = "all", only;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--steps")) {
-      steps = std::atoll(argv[i + 1]);
-    } else if (!std::strcmp(argv[i], "--model")) {
-      model = argv[i + 1];
-    } else if (!std::strcmp(argv[i], "--bound")) {
-      bound = argv[i + 1];
-    } else if (!std::strcmp(argv[i], "--only")) {
-      only = argv[i + 1];
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
-      return 2;
-    }
-  }
+  app.add_option("--steps", steps, "training steps per run")->check(CLI::PositiveNumber);
+  app.add_option("--model", model, "cluster")->check(CLI::IsMember({"7b", "7b-r256", "32b", "all"}));
+  app.add_option("--bound", bound, "admission bound in steps")->check(CLI::IsMember({"4", "none", "all"}));
+  app.add_option("--only", only, "run only the variants whose name contains this (and \"off\")");
+  CLI11_PARSE(app, argc, argv);
   std::printf("%-7s %-5s %-26s %8s %7s %6s %8s %8s %6s | %7s %7s %6s %6s %6s %6s %6s %6s\n", "model", "bound",
               "repack", "samp/s", "step_s", "stale", "plans", "moves", "GB", "util", "gen_new", "gen_old",
               "migr", "pull", "idle", "b_new", "b_old");
