@@ -47,7 +47,7 @@ Timing measure(F&& body, MeasureOptions opt = {}) {
 
 // A baseline's repeats must agree before a ratio is taken against it. A median more than
 // kMaxBaselineSpread times the fastest repeat means the machine stalled while the baseline ran (one
-// relay_bench run read a memcpy median of 0.77 s where runs give about 0.11 s), and the ratio would
+// relay_node_bench run read a memcpy median of 0.77 s where runs give about 0.11 s), and the ratio would
 // flatter us; such a run prints why and exits with kUnstableBaselineExit instead of reporting.
 inline constexpr double kMaxBaselineSpread = 2.0;
 inline constexpr int kUnstableBaselineExit = 3;

@@ -1,4 +1,4 @@
-// relay_bench: the relay tier against plain memory copies of the same bytes, in the same run.
+// relay_node_bench: the relay tier against plain memory copies of the same bytes, in the same run.
 //   relay_publish_stall: time publish() keeps the actor (copy out of its memory; hashing and commit
 //     happen behind it) vs memcpy of the weight set into an already-touched buffer.
 //   relay_pull_host_cross_process: WeightPuller::pull (create_local) from a relay in another process
@@ -8,13 +8,13 @@
 //   relay_star_4_relays / relay_chain_4_relays: time from the head's publish until the last of 4
 //     relays has committed the version, the head sending to each relay itself (star) or down a
 //     pipelined chain, vs the same version sent over one link to one relay. The head and each relay
-//     are RelayNodes in processes of their own (this binary re-executed as `relay_bench head ...` /
-//     `relay_bench relay UPSTREAM HOST`). Twice: `_same_host` (UCX shared memory; five processes on
+//     are RelayNodes in processes of their own (this binary re-executed as `relay_node_bench head ...` /
+//     `relay_node_bench relay UPSTREAM HOST`). Twice: `_same_host` (UCX shared memory; five processes on
 //     this machine's cores, so CPU-bound, reported) and, the headline and last line, `_Mbit_links`:
 //     every process in its own network namespace on a bridge, each behind a link limited to
 //     --link-mbit each way (tc tbf, UCX over tcp), the regime of a cluster where the network, not
 //     the copies, bounds a transfer. Needs root; without it that pair is left out (said on stderr).
-// Usage: relay_bench [--mib N] [--chain-mib N] [--net-mib N] [--link-mbit M] [--chunk-kib K]
+// Usage: relay_node_bench [--mib N] [--chain-mib N] [--net-mib N] [--link-mbit M] [--chunk-kib K]
 //   (defaults 1024, 64, 128, 1000, 4096)
 #include <unistd.h>
 
@@ -86,7 +86,7 @@ struct Weights {
 
 void check(const laminar::Status& s, const char* what) {
   if (!s.ok()) {
-    std::fprintf(stderr, "relay_bench: %s: %s\n", what, s.to_string().c_str());
+    std::fprintf(stderr, "relay_node_bench: %s: %s\n", what, s.to_string().c_str());
     std::exit(1);
   }
 }
@@ -94,9 +94,9 @@ void check(const laminar::Status& s, const char* what) {
 const char* const kToken = "relay-bench-token-0123456789";
 
 // A relay in a child process of this binary, its stdout read line by line; killed and reaped on
-// destruction. `relay_bench relay UPSTREAM HOST` prints "listening ADDR", "upstream ADDR" once
-// subscribed, and "committed V" for every version it completes; `relay_bench head HOST MIB
-// CHUNK_BYTES` prints "listening ADDR" and publishes like shm-relay; `relay_bench shm-relay SOCKET MIB`
+// destruction. `relay_node_bench relay UPSTREAM HOST` prints "listening ADDR", "upstream ADDR" once
+// subscribed, and "committed V" for every version it completes; `relay_node_bench head HOST MIB
+// CHUNK_BYTES` prints "listening ADDR" and publishes like shm-relay; `relay_node_bench shm-relay SOCKET MIB`
 // serves a store of Weights(MIB) versions on SOCKET ("serving SOCKET") and publishes the next
 // version, tagged by tag_version, on every SIGUSR1 ("published V").
 class Peer {
@@ -207,11 +207,11 @@ int run_shm_relay(const std::string& socket, std::size_t mib) {
 
 enum class Shape { kOneLink, kStar, kChain };
 
-// Median seconds from the head's publish until every relay of the shape (each its own process) has
-// committed the version. With `net`, the head and the relays are its hosts 0..4, every transfer
+// Seconds from the head's publish until every relay of the shape (each its own process) has
+// committed the version, one per repeat. With `net`, the head and the relays are its hosts 0..4, every transfer
 // crosses their rate-limited links; otherwise they share this host (UCX over shared memory).
-double broadcast_seconds(std::size_t mib, Shape shape, int repeats, std::uint64_t chunk_bytes,
-                         const laminar::testing::NetnsSwitch* net) {
+std::vector<double> broadcast_seconds(std::size_t mib, Shape shape, int repeats, std::uint64_t chunk_bytes,
+                                      const laminar::testing::NetnsSwitch* net) {
   const int relays = shape == Shape::kOneLink ? 1 : 4;
   auto host = [&](int h) { return net != nullptr ? net->address(h) : std::string("127.0.0.1"); };
   auto netns = [&](int h) { return net != nullptr ? net->name(h) : std::string(); };
@@ -236,15 +236,17 @@ double broadcast_seconds(std::size_t mib, Shape shape, int repeats, std::uint64_
     }
     if (r >= 2) t.push_back(seconds_since(t0));
   }
-  return median(t);
+  return t;
 }
 
 // Star and chain to 4 relays against one link, each the median of 3 versions, as two JSON lines.
 void report_shapes(std::size_t mib, std::uint64_t chunk_bytes, const laminar::testing::NetnsSwitch* net,
                    const std::string& suffix) {
-  const double one_link = broadcast_seconds(mib, Shape::kOneLink, 3, chunk_bytes, net);
-  const double star = broadcast_seconds(mib, Shape::kStar, 3, chunk_bytes, net);
-  const double chain = broadcast_seconds(mib, Shape::kChain, 3, chunk_bytes, net);
+  const std::vector<double> one_link_s = broadcast_seconds(mib, Shape::kOneLink, 3, chunk_bytes, net);
+  laminar::bench::require_stable_baseline("one_link_transfer", one_link_s);
+  const double one_link = median(one_link_s);
+  const double star = median(broadcast_seconds(mib, Shape::kStar, 3, chunk_bytes, net));
+  const double chain = median(broadcast_seconds(mib, Shape::kChain, 3, chunk_bytes, net));
   laminar::bench::report_time("relay_star_4_relays" + suffix, "s", star, "one_link_transfer", one_link);
   laminar::bench::report_time("relay_chain_4_relays" + suffix, "s", chain, "one_link_transfer", one_link);
 }
@@ -305,7 +307,7 @@ int main(int argc, char** argv) {
   // Pull into host destinations, the engine's weight buffers, from a relay process on this host.
   char dir_template[] = "/tmp/relay-bench-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
-    std::perror("relay_bench: mkdtemp");
+    std::perror("relay_node_bench: mkdtemp");
     return 1;
   }
   const std::string socket = std::string(dir_template) + "/relay.sock";
@@ -340,7 +342,7 @@ int main(int argc, char** argv) {
   rmdir(dir_template);
   for (std::size_t i = 0; i < dst.data.size(); ++i) {
     if (std::memcmp(dst.data[i].data(), w.data[i].data(), dst.data[i].size() * 4) != 0) {
-      std::fprintf(stderr, "relay_bench: pulled bytes of tensor %zu differ\n", i);
+      std::fprintf(stderr, "relay_node_bench: pulled bytes of tensor %zu differ\n", i);
       return 1;
     }
   }
@@ -356,7 +358,7 @@ int main(int argc, char** argv) {
   report_shapes(chain_mib, chunk_bytes, nullptr, "_" + std::to_string(chain_mib) + "MiB_same_host");
   auto net = laminar::testing::NetnsSwitch::create("lmrb", 5, link_mbit);
   if (!net.ok()) {
-    std::fprintf(stderr, "relay_bench: no rate-limited links (%s); chain over links not measured\n",
+    std::fprintf(stderr, "relay_node_bench: no rate-limited links (%s); chain over links not measured\n",
                  net.status().to_string().c_str());
     return 0;
   }
