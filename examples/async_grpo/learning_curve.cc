@@ -4,11 +4,11 @@
 // settings can be compared by measurement.
 //
 //   grpo_learning_curve --op sort --warmup-steps 30 --rl-steps 60 --seed 1
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
-#include <string_view>
 
 #include "engine.h"
 #include "held_out.h"
@@ -38,48 +38,32 @@ struct Args {
   int eval_samples = 1;  // per held-out prompt
 };
 
-int usage(const char* bad) {
-  std::fprintf(stderr,
-               "bad argument '%s'\nusage: grpo_learning_curve [--op copy|reverse|sort] "
-               "[--warmup-steps N] [--warmup-batch N] [--rl-steps N] [--prompts N] [--group N] "
-               "[--temperature T] [--seed N] [--threads N] [--lr X] [--warmup-lr X] "
-               "[--minibatches N] [--median X] [--sigma X] [--max-length N] [--eval-every N] "
-               "[--eval-prompts N] [--eval-samples N]\n",
-               bad);
-  return 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"How fast the policy learns a DigitTask in one process: supervised warm-up, then synchronous GRPO"};
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (i + 1 >= argc) return usage(argv[i]);
-    const char* v = argv[++i];
-    if (flag == "--op") {
-      auto op = async_grpo::parse_digit_op(v);
-      if (!op.ok()) return usage(v);
-      a.op = *op;
-    } else if (flag == "--warmup-steps") a.warmup_steps = std::atoi(v);
-    else if (flag == "--warmup-batch") a.warmup_batch = std::atoi(v);
-    else if (flag == "--rl-steps") a.rl_steps = std::atoi(v);
-    else if (flag == "--prompts") a.prompts = std::atoi(v);
-    else if (flag == "--group") a.group = std::atoi(v);
-    else if (flag == "--temperature") a.temperature = std::strtof(v, nullptr);
-    else if (flag == "--seed") a.seed = std::strtoull(v, nullptr, 10);
-    else if (flag == "--threads") a.threads = std::atoi(v);
-    else if (flag == "--lr") a.lr = std::strtof(v, nullptr);
-    else if (flag == "--warmup-lr") a.warmup_lr = std::strtof(v, nullptr);
-    else if (flag == "--minibatches") a.minibatches = std::atoi(v);
-    else if (flag == "--median") a.median = std::strtod(v, nullptr);
-    else if (flag == "--sigma") a.sigma = std::strtod(v, nullptr);
-    else if (flag == "--max-length") a.max_length = std::atoi(v);
-    else if (flag == "--eval-samples") a.eval_samples = std::atoi(v);
-    else if (flag == "--eval-every") a.eval_every = std::atoi(v);
-    else if (flag == "--eval-prompts") a.eval_prompts = std::atoi(v);
-    else return usage(argv[i - 1]);
-  }
+  std::string op = "sort";
+  app.add_option("--op", op, "the task")->check(CLI::IsMember({"copy", "reverse", "sort"}));
+  app.add_option("--warmup-steps", a.warmup_steps, "supervised warm-up steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-batch", a.warmup_batch, "prompts per warm-up step")->check(CLI::PositiveNumber);
+  app.add_option("--rl-steps", a.rl_steps, "GRPO steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--prompts", a.prompts, "prompts per GRPO step")->check(CLI::PositiveNumber);
+  app.add_option("--group", a.group, "samples per prompt")->check(CLI::PositiveNumber);
+  app.add_option("--temperature", a.temperature, "sampling temperature")->check(CLI::PositiveNumber);
+  app.add_option("--seed", a.seed, "task, weights and sampling seed");
+  app.add_option("--threads", a.threads, "the trainer's intra-op threads")->check(CLI::PositiveNumber);
+  app.add_option("--lr", a.lr, "GRPO learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--warmup-lr", a.warmup_lr, "warm-up learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--minibatches", a.minibatches, "minibatches per step")->check(CLI::PositiveNumber);
+  app.add_option("--median", a.median, "median digit-list length")->check(CLI::PositiveNumber);
+  app.add_option("--sigma", a.sigma, "log-normal sigma of the lengths")->check(CLI::NonNegativeNumber);
+  app.add_option("--max-length", a.max_length, "longest digit list")->check(CLI::PositiveNumber);
+  app.add_option("--eval-every", a.eval_every, "GRPO steps between evaluations")->check(CLI::PositiveNumber);
+  app.add_option("--eval-prompts", a.eval_prompts, "held-out prompts")->check(CLI::PositiveNumber);
+  app.add_option("--eval-samples", a.eval_samples, "samples per held-out prompt")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  a.op = async_grpo::parse_digit_op(op).value();  // IsMember above admits only valid names
 
   async_grpo::DigitTaskOptions task_options;
   task_options.op = a.op;
