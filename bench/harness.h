@@ -60,6 +60,19 @@ inline void require_stable_baseline(const std::string& baseline, double median_s
                baseline.c_str(), median_s, fastest_s, kMaxBaselineSpread);
   std::exit(kUnstableBaselineExit);
 }
+// A baseline with a known floor (its bytes at a rate-limited link's rate) must come within
+// kMaxBaselineOverFloor of it: far above its floor, the machine, not the work, set its time, even
+// when every repeat agrees.
+inline constexpr double kMaxBaselineOverFloor = 1.5;
+
+inline void require_baseline_near_floor(const std::string& baseline, double median_s, double floor_s) {
+  if (median_s <= floor_s * kMaxBaselineOverFloor) return;
+  std::fprintf(stderr,
+               "baseline %s is off its usual value: median %.6g s against a floor of %.6g s (more than %.1fx); "
+               "not reported, run again on a quieter machine\n",
+               baseline.c_str(), median_s, floor_s, kMaxBaselineOverFloor);
+  std::exit(kUnstableBaselineExit);
+}
 inline void require_stable_baseline(const std::string& baseline, const Timing& t) {
   require_stable_baseline(baseline, t.median_s, t.min_s);
 }
