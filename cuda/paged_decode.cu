@@ -21,7 +21,7 @@ Status launch_paged_decode(const DecodeArgs& a, KvKind kind, int head_dim, std::
                 : launch_split_merge<KvKind::kBF16, 128>(a, num_rows, s);
       break;
   }
-  return launch_status("paged decode", err);
+  return launch_status("paged_decode", err);
 }
 
 }  // namespace laminar::kernels::cuda_detail

@@ -30,7 +30,7 @@ Status launch_sampling(const SamplingParams& p, void* stream) {
     case LogitKind::kF16: sampling_detail::sampling_kernel<LogitKind::kF16><<<grid, kT, kSmem, s>>>(p, stride); break;
     case LogitKind::kBF16: sampling_detail::sampling_kernel<LogitKind::kBF16><<<grid, kT, kSmem, s>>>(p, stride); break;
   }
-  return launch_status("sampling", cudaGetLastError());
+  return launch_status("sample", cudaGetLastError());
 }
 
 Status launch_token_logprob(const TokenLogprobParams& p, void* stream) {

@@ -8,6 +8,8 @@
 #include <span>
 #include <vector>
 
+#include "cuda_absent.h"
+#include "expect_code.h"
 #include "laminar/internal/numerics.h"
 #include "laminar/ref/cast.h"
 
@@ -55,7 +57,7 @@ std::uint32_t read(const std::vector<std::uint8_t>& buf, DType t, std::size_t i)
 
 }  // namespace
 
-TEST_CASE("cast matches the reference bit for bit", "[cast]") {
+TEST_CASE("cast: matches the reference bit for bit", "[cast]") {
   const std::uint32_t seed = 1234;
   INFO("seed " << seed);
   const auto bits = test_f32_bits(seed);
@@ -83,7 +85,7 @@ TEST_CASE("cast matches the reference bit for bit", "[cast]") {
   }
 }
 
-TEST_CASE("cast rounds to nearest even at known points", "[cast]") {
+TEST_CASE("cast: rounds to nearest even at known points", "[cast]") {
   using namespace laminar::internal;
   CHECK(f32_to_bf16(f32_from_bits(0x3f808000u)) == 0x3f80);  // tie, even stays
   CHECK(f32_to_bf16(f32_from_bits(0x3f818000u)) == 0x3f82);  // tie, odd rounds up
@@ -94,7 +96,7 @@ TEST_CASE("cast rounds to nearest even at known points", "[cast]") {
   CHECK(std::isnan(f16_to_f32(f32_to_f16(std::nanf("")))));
 }
 
-TEST_CASE("cast rejects bad parameters", "[cast]") {
+TEST_CASE("cast: bad parameters are rejected", "[cast]") {
   std::vector<float> a(8), b(8);
   auto code = [](const CastParams& p) { return laminar::kernels::run(p, laminar::Stream::host()).code(); };
   using laminar::StatusCode;
@@ -107,7 +109,7 @@ TEST_CASE("cast rejects bad parameters", "[cast]") {
   CHECK_THAT(st.message(), Catch::Contains("u8 -> f32 is not supported"));
 }
 
-TEST_CASE("cast from tensors matches the raw-pointer call bit for bit", "[cast][tensors]") {
+TEST_CASE("cast: from tensors matches the raw-pointer call bit for bit", "[cast][tensors]") {
   const auto bits = test_f32_bits(99);
   const std::int64_t n = std::int64_t(bits.size());
   const std::int64_t shape[2] = {2, n / 2};
@@ -127,7 +129,7 @@ TEST_CASE("cast from tensors matches the raw-pointer call bit for bit", "[cast][
   CHECK(via_views == via_raw);
 }
 
-TEST_CASE("cast from tensors refuses mismatched tensors, naming them", "[cast][tensors]") {
+TEST_CASE("cast: from tensors, mismatched tensors are refused, naming them", "[cast][tensors]") {
   std::vector<float> a(24), b(24);
   const std::int64_t s23[2] = {2, 3}, s32[2] = {3, 2}, s6[1] = {6};
   const auto view = [](void* data, DType t, std::span<const std::int64_t> shape,
@@ -144,6 +146,7 @@ TEST_CASE("cast from tensors refuses mismatched tensors, naming them", "[cast][t
           "cast: dst: shape [3, 2] but src has [2, 3]");
   refused(view(a.data(), DType::kF32, s6), view(b.data(), DType::kF16, s23), "dst: shape [2, 3] but src has [6]");
   refused(view(a.data(), DType::kI32, s6), view(b.data(), DType::kF16, s6), "src: dtype i32 but f32, f16 or bf16");
+  refused(view(a.data(), DType::kF32, s6), view(b.data(), DType::kI64, s6), "dst: dtype i64 but f32, f16 or bf16");
   refused(view(a.data(), DType::kF32, s6), view(b.data(), DType::kF16, s6, laminar::Device::cuda(0)),
           "dst: on cuda:0 but src is on cpu:0");
   refused(view(a.data(), DType::kF32, s6, laminar::Device::cuda(1)),
@@ -151,8 +154,22 @@ TEST_CASE("cast from tensors refuses mismatched tensors, naming them", "[cast][t
   const std::int64_t strides[2] = {6, 2};
   auto strided = laminar::TensorView::strided(a.data(), DType::kF32, s23, strides).value();
   refused(strided, view(b.data(), DType::kF16, s23), "src: strides [6, 2] of shape [2, 3] are not dense");
+  refused(view(a.data(), DType::kF32, s23), laminar::TensorView::strided(b.data(), DType::kF16, s23, strides).value(),
+          "dst: strides [6, 2] of shape [2, 3] are not dense");
   refused(view(a.data(), DType::kF32, s6), view(a.data() + 1, DType::kF32, s6), "src and dst overlap");
   // Page-locked host memory counts as host: no device mismatch.
   const laminar::Device pinned{laminar::DeviceType::kCudaHost, 0};
   CHECK(CastParams::from_tensors(view(a.data(), DType::kF32, s6), view(b.data(), DType::kF16, s6, pinned)).ok());
+}
+
+TEST_CASE("cast: a CUDA stream without a device answers kFailedPrecondition (kUnimplemented without CUDA)",
+          "[cast][cuda]") {
+  const auto code = laminar::testing::code_without_device();
+  if (!code) return;  // a device is present: cast_cuda_test runs the kernel
+  std::vector<float> a(300, 1.5f);
+  std::vector<std::uint16_t> b(300, 0);
+  const CastParams p{a.data(), b.data(), 300, DType::kF32, DType::kBF16};
+  REQUIRE(laminar::kernels::can_implement(p, laminar::Stream::cuda(nullptr)).ok());
+  laminar::testing::expect_code(laminar::kernels::run(p, laminar::Stream::cuda(nullptr)), *code, "cast");
+  CHECK(b == std::vector<std::uint16_t>(300, 0));
 }

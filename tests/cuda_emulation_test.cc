@@ -119,7 +119,7 @@ std::vector<int> random_ints(std::size_t n, std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("emulated blocks see their own threads and a correct barrier", "[cuda_emulation]") {
+TEST_CASE("cuda emulation: emulated blocks see their own threads and a correct barrier", "[cuda_emulation]") {
   const std::uint64_t seed = laminar::emu::test_seed();
   const int n = 96, blocks = 5;
   const auto in = random_ints(std::size_t(n * blocks), seed);
@@ -132,7 +132,7 @@ TEST_CASE("emulated blocks see their own threads and a correct barrier", "[cuda_
   }
 }
 
-TEST_CASE("a removed barrier is caught", "[cuda_emulation]") {
+TEST_CASE("cuda emulation: a removed barrier is caught", "[cuda_emulation]") {
   const std::uint64_t seed = laminar::emu::test_seed();
   const int n = 96;
   const auto in = random_ints(n, seed);
@@ -156,7 +156,7 @@ TEST_CASE("a removed barrier is caught", "[cuda_emulation]") {
   }
 }
 
-TEST_CASE("a barrier missing between warps is caught although each warp meets at a shuffle", "[cuda_emulation]") {
+TEST_CASE("cuda emulation: a barrier missing between warps is caught although each warp meets at a shuffle", "[cuda_emulation]") {
   const std::uint64_t seed = laminar::emu::test_seed();
   const auto in = random_ints(32, seed);
   const int expect = std::accumulate(in.begin(), in.end(), 0);
@@ -175,7 +175,7 @@ TEST_CASE("a barrier missing between warps is caught although each warp meets at
   CHECK(caught > 0);
 }
 
-TEST_CASE("emulated warp shuffles and votes follow CUDA's definitions", "[cuda_emulation]") {
+TEST_CASE("cuda emulation: emulated warp shuffles and votes follow CUDA's definitions", "[cuda_emulation]") {
   const std::uint64_t seed = laminar::emu::test_seed();
   const int n = 64;
   auto in = random_ints(n, seed);
@@ -205,14 +205,14 @@ TEST_CASE("emulated warp shuffles and votes follow CUDA's definitions", "[cuda_e
   }
 }
 
-TEST_CASE("every thread of a 3-D grid of 3-D blocks runs exactly once", "[cuda_emulation]") {
+TEST_CASE("cuda emulation: every thread of a 3-D grid of 3-D blocks runs exactly once", "[cuda_emulation]") {
   const dim3 grid(3, 2, 2), block(8, 4, 2);
   std::vector<unsigned> out(3 * 2 * 2 * 8 * 4 * 2, 0);
   REQUIRE(laminar::emu::launch(grid, block, 0, laminar::emu::test_seed(), coords_kernel, out.data()).ok());
   for (unsigned x : out) REQUIRE(x == 1u);
 }
 
-TEST_CASE("broken synchronisation is reported, not run", "[cuda_emulation]") {
+TEST_CASE("cuda emulation: broken synchronisation is reported, not run", "[cuda_emulation]") {
   std::vector<int> out(64, 0);
   const std::uint64_t seed = laminar::emu::test_seed();
   laminar::Status st = laminar::emu::launch(dim3(1), dim3(64), 0, seed, divergent_barrier_kernel, out.data());
@@ -232,7 +232,7 @@ TEST_CASE("broken synchronisation is reported, not run", "[cuda_emulation]") {
   CHECK(rot[0] == in[1]);
 }
 
-TEST_CASE("launch rejects impossible configurations", "[cuda_emulation]") {
+TEST_CASE("cuda emulation: launch rejects impossible configurations", "[cuda_emulation]") {
   const std::uint64_t seed = laminar::emu::test_seed();
   CHECK(laminar::emu::launch(dim3(1), dim3(2048), 0, seed, failing_kernel, 0).code() ==
         laminar::StatusCode::kInvalidArgument);

@@ -27,11 +27,24 @@ if(CUDA_COMPILER)
 endif()
 run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release ${sanitize_args} ${cuda_args})
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building the consumer failed (${rc})\n${out}\n${err}")
+endif()
 if(CUDA_COMPILER)
   file(GLOB_RECURSE cuda_objects ${WORK_DIR}/build/*kernels.cu.o)
   if(NOT cuda_objects)
     message(FATAL_ERROR "nvcc is present but the consumer's kernels.cu was not compiled")
   endif()
+  # ptxas -v names each kernel it compiled: laminar's kernels must be among them, compiled into the
+  # consumer's own object from the installed headers.
+  foreach(kernel paged_decode_split_kernel paged_decode_merge_kernel sampling_kernel token_logprob_kernel
+                 cast_kernel consumer_kernel)
+    if(NOT "${out}${err}" MATCHES "Compiling entry function '[^']*${kernel}")
+      message(FATAL_ERROR "the consumer's device code lacks ${kernel}; nvcc said:\n${out}\n${err}")
+    endif()
+  endforeach()
+  message(STATUS "consumer: laminar's kernels compiled into the consumer's device code")
 endif()
 run(${WORK_DIR}/build/consumer)

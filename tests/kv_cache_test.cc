@@ -18,7 +18,7 @@ using laminar::PageTableBuffer;
 using laminar::SequenceId;
 using laminar::StatusCode;
 
-TEST_CASE("PagedKvCache hands out pages as sequences grow and takes them back", "[kv_cache]") {
+TEST_CASE("kv cache: PagedKvCache hands out pages as sequences grow and takes them back", "[kv_cache]") {
   auto cache = PagedKvCache::create({8, 4, 2, 8, DType::kF16});
   REQUIRE(cache.ok());
   REQUIRE(cache->add_sequence(SequenceId(1)).ok());
@@ -65,7 +65,7 @@ TEST_CASE("PagedKvCache hands out pages as sequences grow and takes them back", 
   CHECK(cache->num_sequences() == 1);
 }
 
-TEST_CASE("PagedKvCache survives random grow/release churn with no page owned twice", "[kv_cache]") {
+TEST_CASE("kv cache: PagedKvCache survives random grow/release churn with no page owned twice", "[kv_cache]") {
   const std::uint64_t seed = std::random_device{}();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
@@ -101,7 +101,7 @@ TEST_CASE("PagedKvCache survives random grow/release churn with no page owned tw
   }
 }
 
-TEST_CASE("bad layouts and page tables are rejected with the offending value", "[kv_cache]") {
+TEST_CASE("kv cache: bad layouts and page tables are rejected with the offending value", "[kv_cache]") {
   CHECK(PagedKvCache::create({0, 16, 1, 8, DType::kF32}).status().code() == StatusCode::kInvalidArgument);
   CHECK(PagedKvCache::create({4, 16, 1, 8, DType::kI32}).status().message().find("i32") != std::string::npos);
   CHECK(laminar::validate(KvLayout{1 << 30, 1 << 20, 64, 256, DType::kF32}).code() == StatusCode::kInvalidArgument);
@@ -130,7 +130,7 @@ TEST_CASE("bad layouts and page tables are rejected with the offending value", "
   CHECK(laminar::validate(t, l).code() == StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("PagedKvCache adopts K/V pools the host allocated, without owning them", "[kv_cache][adopt]") {
+TEST_CASE("kv cache: PagedKvCache adopts K/V pools the host allocated, without owning them", "[kv_cache][adopt]") {
   const KvLayout layout{6, 4, 2, 64, DType::kBF16};
   const std::int64_t shape[4] = {6, 4, 2, 64};
   const std::size_t elems = 6 * 4 * 2 * 64;
@@ -178,7 +178,7 @@ TEST_CASE("PagedKvCache adopts K/V pools the host allocated, without owning them
   CHECK(on_device->k_pool().device() == gpu);
 }
 
-TEST_CASE("PagedKvCache refuses pools that do not match the layout, naming the pool", "[kv_cache][adopt]") {
+TEST_CASE("kv cache: PagedKvCache refuses pools that do not match the layout, naming the pool", "[kv_cache][adopt]") {
   const KvLayout layout{6, 4, 2, 64, DType::kBF16};
   const std::int64_t shape[4] = {6, 4, 2, 64};
   std::vector<std::uint16_t> k(6 * 4 * 2 * 64 * 2), v(6 * 4 * 2 * 64 * 2);
@@ -211,7 +211,8 @@ TEST_CASE("PagedKvCache refuses pools that do not match the layout, naming the p
         StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("a paged decode over adopted pools matches the same data in a cache's own pools", "[kv_cache][adopt]") {
+TEST_CASE("kv cache: a paged decode over adopted pools matches the same data in a cache's own pools",
+          "[kv_cache][adopt]") {
   const KvLayout layout{8, 4, 2, 64, DType::kF32};
   auto own = PagedKvCache::create(layout);
   REQUIRE(own.ok());
@@ -263,7 +264,7 @@ TEST_CASE("a paged decode over adopted pools matches the same data in a cache's 
   CHECK(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("KvLayout counts layers in its sizes and validation", "[kv_cache][layers]") {
+TEST_CASE("kv cache: KvLayout counts layers in its sizes and validation", "[kv_cache][layers]") {
   const KvLayout l{.num_pages = 4, .page_size = 2, .num_kv_heads = 1, .head_dim = 8, .dtype = DType::kF16,
                    .num_layers = 3};
   CHECK(l.page_bytes() == 2 * 8 * 2);
@@ -285,7 +286,7 @@ TEST_CASE("KvLayout counts layers in its sizes and validation", "[kv_cache][laye
   CHECK_THAT(laminar::validate(big).message(), Catch::Contains("too large"));
 }
 
-TEST_CASE("PagedKvCache layers are separate memory addressed by the same page ids", "[kv_cache][layers]") {
+TEST_CASE("kv cache: PagedKvCache layers are separate memory addressed by the same page ids", "[kv_cache][layers]") {
   const KvLayout layout{.num_pages = 4, .page_size = 2, .num_kv_heads = 2, .head_dim = 4, .dtype = DType::kF32,
                         .num_layers = 3};
   auto cache = PagedKvCache::create(layout);
@@ -338,7 +339,7 @@ TEST_CASE("PagedKvCache layers are separate memory addressed by the same page id
   CHECK(std::count(k_all, k_all + elems, 0.0f) == elems - 8);
 }
 
-TEST_CASE("PagedKvCache refuses a layer or page outside the cache, naming it", "[kv_cache][layers]") {
+TEST_CASE("kv cache: PagedKvCache refuses a layer or page outside the cache, naming it", "[kv_cache][layers]") {
   auto cache = PagedKvCache::create({.num_pages = 4, .page_size = 2, .num_kv_heads = 1, .head_dim = 8,
                                      .dtype = DType::kBF16, .num_layers = 2});
   REQUIRE(cache.ok());
@@ -359,7 +360,8 @@ TEST_CASE("PagedKvCache refuses a layer or page outside the cache, naming it", "
   CHECK(cache->token_slot(SequenceId(1), 0, 1).ok());
 }
 
-TEST_CASE("PagedKvCache adopts 5-D pools of several layers, and 4-D pools only for one", "[kv_cache][layers][adopt]") {
+TEST_CASE("kv cache: PagedKvCache adopts 5-D pools of several layers, and 4-D pools only for one",
+          "[kv_cache][layers][adopt]") {
   const KvLayout layout{.num_pages = 3, .page_size = 2, .num_kv_heads = 1, .head_dim = 4, .dtype = DType::kF32,
                         .num_layers = 2};
   const std::int64_t five[5] = {2, 3, 2, 1, 4};
@@ -400,7 +402,7 @@ TEST_CASE("PagedKvCache adopts 5-D pools of several layers, and 4-D pools only f
   CHECK(PagedKvCache::create(one, view(k, five_one), view(v, five_one)).ok());
 }
 
-TEST_CASE("paged decode reads one layer's view and refuses a multi-layer layout", "[kv_cache][layers]") {
+TEST_CASE("kv cache: paged decode reads one layer's view and refuses a multi-layer layout", "[kv_cache][layers]") {
   // A 2-layer cache and a 1-layer cache holding layer 1's data: decoding view(1) of the first must
   // give the bits of the second, and layer 0 (different data) must not.
   const KvLayout two{.num_pages = 4, .page_size = 4, .num_kv_heads = 2, .head_dim = 64, .dtype = DType::kF32,
@@ -464,7 +466,7 @@ TEST_CASE("paged decode reads one layer's view and refuses a multi-layer layout"
   CHECK_THAT(st.message(), Catch::Contains("num_layers is 2, not 1"));
 }
 
-TEST_CASE("PagedKvCache reserves pages for an incoming sequence and takes them back", "[kv_cache][reserve]") {
+TEST_CASE("kv cache: PagedKvCache reserves pages for an incoming sequence and takes them back", "[kv_cache][reserve]") {
   auto cache = PagedKvCache::create({8, 4, 2, 8, DType::kF32, 2});
   REQUIRE(cache.ok());
   REQUIRE(cache->add_sequence(SequenceId(1)).ok());
@@ -501,7 +503,7 @@ TEST_CASE("PagedKvCache reserves pages for an incoming sequence and takes them b
   CHECK(cache->free_pages() == 2);
 }
 
-TEST_CASE("PagedKvCache adopts a sequence from reserved pages and frees the rest", "[kv_cache][reserve]") {
+TEST_CASE("kv cache: PagedKvCache adopts a sequence from reserved pages and frees the rest", "[kv_cache][reserve]") {
   auto cache = PagedKvCache::create({8, 4, 2, 8, DType::kF32, 2});
   REQUIRE(cache.ok());
   auto r = cache->reserve_pages(4);

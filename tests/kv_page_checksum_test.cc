@@ -48,7 +48,7 @@ struct Pools {
 
 }  // namespace
 
-TEST_CASE("kv migration page checksum: the emulated kernel equals the host definition") {
+TEST_CASE("kv page checksum: the emulated kernel equals the host definition") {
   const std::uint64_t seed = std::random_device{}();
   std::printf("kv page checksum seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
@@ -68,7 +68,7 @@ TEST_CASE("kv migration page checksum: the emulated kernel equals the host defin
   }
 }
 
-TEST_CASE("kv migration page checksum: one changed byte in any layer of either pool changes the page's checksum") {
+TEST_CASE("kv page checksum: one changed byte in any layer of either pool changes the page's checksum") {
   const std::uint64_t seed = std::random_device{}();
   std::printf("kv page checksum seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);

@@ -31,7 +31,7 @@ void sweep(F&& f) {
 
 }  // namespace
 
-TEST_CASE("exp_f32 is within its documented 1.01 ulp", "[numerics]") {
+TEST_CASE("numerics: exp_f32 is within its documented 1.01 ulp", "[numerics]") {
   double worst = 0;
   float worst_x = 0;
   sweep([&](float x) {
@@ -47,7 +47,7 @@ TEST_CASE("exp_f32 is within its documented 1.01 ulp", "[numerics]") {
   CHECK(worst > 0.5);  // the sweep really measured something
 }
 
-TEST_CASE("log_f32 is within its documented 0.81 ulp", "[numerics]") {
+TEST_CASE("numerics: log_f32 is within its documented 0.81 ulp", "[numerics]") {
   double worst = 0;
   float worst_x = 0;
   sweep([&](float x) {
@@ -63,7 +63,7 @@ TEST_CASE("log_f32 is within its documented 0.81 ulp", "[numerics]") {
   CHECK(worst > 0.5);
 }
 
-TEST_CASE("exp_f32 and log_f32 special values", "[numerics]") {
+TEST_CASE("numerics: exp_f32 and log_f32 special values", "[numerics]") {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = f32_from_bits(0x7fc01234u);
   CHECK(exp_f32(0.0f) == 1.0f);

@@ -13,8 +13,11 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "cuda_absent.h"
+#include "expect_code.h"
 #include "laminar/internal/numerics.h"
 #include "laminar/kernels/paged_decode.h"
 #include "laminar/ref/paged_decode.h"
@@ -251,7 +254,7 @@ Shape random_shape(std::mt19937_64& rng) {
 
 }  // namespace
 
-TEST_CASE("paged decode on the CPU matches the reference on random shapes", "[paged_decode]") {
+TEST_CASE("paged decode: the CPU kernel matches the reference on random shapes", "[paged_decode]") {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 24; ++trial) {
@@ -305,7 +308,7 @@ TEST_CASE("paged decode: CPU kernel and the CUDA kernels under emulation agree b
   }
 }
 
-TEST_CASE("paged decode is batch-invariant: a sequence alone or among 1..64 mates gives the same bits",
+TEST_CASE("paged decode: batch invariance, a sequence alone or among 1..64 mates gives the same bits",
           "[paged_decode]") {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed + 2);
@@ -350,7 +353,7 @@ TEST_CASE("paged decode is batch-invariant: a sequence alone or among 1..64 mate
   }
 }
 
-TEST_CASE("causal prefill equals decode step by step, bit for bit", "[paged_decode]") {
+TEST_CASE("paged decode: causal prefill equals decode step by step, bit for bit", "[paged_decode]") {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed + 3);
   for (int trial = 0; trial < 4; ++trial) {
@@ -392,7 +395,7 @@ TEST_CASE("causal prefill equals decode step by step, bit for bit", "[paged_deco
   }
 }
 
-TEST_CASE("every compiled SIMD target of the CPU kernel gives the same bits", "[paged_decode]") {
+TEST_CASE("paged decode: every compiled SIMD target of the CPU kernel gives the same bits", "[paged_decode]") {
   const std::uint64_t seed = fresh_seed();
   Shape s;
   s.dtype = DType::kF16;
@@ -443,6 +446,10 @@ TEST_CASE("paged decode: degenerate and bad input", "[paged_decode]") {
     CHECK(st.code() == StatusCode::kInvalidArgument);
     CHECK(st.message().find(needle) != std::string::npos);
   };
+  auto expect_invalid_on_device = [&](PagedDecodeParams p, const char* needle) {
+    laminar::testing::expect_code(laminar::kernels::run(p, Stream::cuda(nullptr)), StatusCode::kInvalidArgument,
+                                  needle);
+  };
   PagedDecodeParams p = pb.params();
   p.kv.layout.dtype = DType::kI32;
   expect_invalid(p, "i32");
@@ -474,11 +481,29 @@ TEST_CASE("paged decode: degenerate and bad input", "[paged_decode]") {
   pre.num_rows = 5;
   expect_invalid(pre.params(), "5 query rows for 4 tokens");
 
-  // A CUDA stream: an error (no workspace / no device / not compiled in), never a crash.
+  // A CUDA stream needs a workspace.
   p = pb.params();
-  CHECK_FALSE(laminar::kernels::run(p, Stream::cuda(nullptr)).ok());
+  expect_invalid_on_device(p, "workspace");
   CHECK(laminar::kernels::workspace_bytes(p) > 0);
   CHECK(laminar::ref::paged_decode(pb.params()).ok());
+}
+
+TEST_CASE("paged decode: a CUDA stream without a device answers kFailedPrecondition (kUnimplemented without CUDA)",
+          "[paged_decode][cuda]") {
+  const auto code = laminar::testing::code_without_device();
+  if (!code) return;  // a device is present: paged_decode_cuda_test runs the kernels
+  Shape s;
+  s.dtype = DType::kF32;
+  s.head_dim = 64;
+  Problem pb = make_problem(s, {40, 7}, fresh_seed());
+  PagedDecodeParams p = pb.params();
+  std::vector<std::uint8_t> workspace(laminar::kernels::workspace_bytes(p));
+  p.workspace = workspace.data();
+  p.workspace_bytes = workspace.size();
+  REQUIRE(laminar::kernels::can_implement(p, Stream::cuda(nullptr)).ok());
+  std::fill(pb.out.begin(), pb.out.end(), std::uint8_t(0x5a));
+  laminar::testing::expect_code(laminar::kernels::run(p, Stream::cuda(nullptr)), *code, "paged_decode");
+  CHECK(std::count(pb.out.begin(), pb.out.end(), std::uint8_t(0x5a)) == std::ptrdiff_t(pb.out.size()));
 }
 
 namespace {
@@ -526,7 +551,7 @@ void expect_refused(const PagedDecodeTensors& t, const char* text) {
 
 }  // namespace
 
-TEST_CASE("paged decode from tensors (i32 and i64 page tables) matches the raw-pointer call bit for bit",
+TEST_CASE("paged decode: from tensors (i32 and i64 page tables) matches the raw-pointer call bit for bit",
           "[paged_decode][tensors]") {
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed + 11);
@@ -552,7 +577,8 @@ TEST_CASE("paged decode from tensors (i32 and i64 page tables) matches the raw-p
   }
 }
 
-TEST_CASE("paged decode from tensors refuses each kind of mismatch, naming the tensor", "[paged_decode][tensors]") {
+TEST_CASE("paged decode: from tensors, each kind of mismatch is refused, naming the tensor",
+          "[paged_decode][tensors]") {
   Shape s;
   s.dtype = DType::kBF16;
   s.head_dim = 64;
@@ -664,5 +690,100 @@ TEST_CASE("paged decode from tensors refuses each kind of mismatch, naming the t
     p->workspace = ws.data();
     p->workspace_bytes = ws.size();
     CHECK(laminar::kernels::can_implement(*p, Stream::cuda(nullptr)).ok());
+  }
+}
+
+TEST_CASE("paged decode: from tensors, every tensor's wrong shape, dtype, stride and device is refused, naming it",
+          "[paged_decode][tensors]") {
+  Shape s;
+  s.dtype = DType::kBF16;
+  s.head_dim = 64;
+  s.num_kv_heads = 2;
+  s.group = 2;
+  s.page_size = 4;
+  // Prefill, so qo_indptr is among the tensors: 3 rows of sequence 0, 1 of sequence 1.
+  Problem pb = make_problem(s, {9, 3}, 5, {3, 1});
+  // Room for any of the tensors below at stride 2 or with one row more.
+  std::vector<std::int64_t> scratch(pb.k.size() + pb.q.size() + 64);
+  std::vector<std::uint8_t> workspace(1 << 16);
+  struct Field {
+    const char* name;
+    TensorView& (*get)(PagedDecodeTensors&);
+    DType wrong_dtype;
+    const char* wrong_dtype_text;  // what the refusal says of the wrong dtype
+    const char* longer_text;       // ... of dim 0 one larger (null: a longer one is fine)
+  };
+  const Field fields[] = {
+      {"q", [](PagedDecodeTensors& t) -> TensorView& { return t.q; }, DType::kF16, "q: dtype f16 but bf16 is needed",
+       "out: shape [4, 4, 64] but q has [5, 4, 64]"},
+      {"out", [](PagedDecodeTensors& t) -> TensorView& { return t.out; }, DType::kF32, "out: dtype f32 but q is bf16",
+       "out: shape [5, 4, 64] but q has [4, 4, 64]"},
+      {"lse", [](PagedDecodeTensors& t) -> TensorView& { return *t.lse; }, DType::kBF16,
+       "lse: dtype bf16 but f32 is needed", "lse: shape [5, 4] but q gives dim 0 = 4"},
+      {"k_pages", [](PagedDecodeTensors& t) -> TensorView& { return t.k_pages; }, DType::kF16,
+       "v_pages: dtype bf16 but k_pages is f16", "v_pages: shape [7, 4, 2, 64] but k_pages has [8, 4, 2, 64]"},
+      {"v_pages", [](PagedDecodeTensors& t) -> TensorView& { return t.v_pages; }, DType::kF16,
+       "v_pages: dtype f16 but k_pages is bf16", "v_pages: shape [8, 4, 2, 64] but k_pages has [7, 4, 2, 64]"},
+      {"indptr", [](PagedDecodeTensors& t) -> TensorView& { return t.indptr; }, DType::kF32,
+       "indptr: dtype f32 but i32 (or i64 on the host) is needed",
+       "indptr: shape [4] but last_page_len (batch + 1) gives dim 0 = 3"},
+      {"indices", [](PagedDecodeTensors& t) -> TensorView& { return t.indices; }, DType::kU8,
+       "indices: dtype u8 but i32 (or i64 on the host) is needed", nullptr},
+      {"last_page_len", [](PagedDecodeTensors& t) -> TensorView& { return t.last_page_len; }, DType::kF16,
+       "last_page_len: dtype f16 but i32 (or i64 on the host) is needed",
+       "indptr: shape [3] but last_page_len (batch + 1) gives dim 0 = 4"},
+      {"qo_indptr", [](PagedDecodeTensors& t) -> TensorView& { return *t.qo_indptr; }, DType::kBF16,
+       "qo_indptr: dtype bf16 but i32 (or i64 on the host) is needed",
+       "qo_indptr: shape [4] but last_page_len (batch + 1) gives dim 0 = 3"},
+  };
+  ProblemViews good(pb, false);
+  good.t.workspace = dense(workspace.data(), DType::kU8, {std::int64_t(workspace.size())});
+  REQUIRE(PagedDecodeParams::from_tensors(good.t).ok());
+  for (const Field& f : fields) {
+    INFO("tensor " << f.name);
+    const std::string at = std::string("paged_decode: ") + f.name;
+    const TensorView& right = f.get(good.t);
+    const std::vector<std::int64_t> shape(right.shape().begin(), right.shape().end());
+    const auto refused_with = [&](const TensorView& replacement, const std::string& text) {
+      ProblemViews v(pb, false);
+      v.t.workspace = good.t.workspace;
+      f.get(v.t) = replacement;
+      expect_refused(v.t, text.c_str());
+    };
+    // One dimension more, then dim 0 one larger (for the pools: a page more than k_pages has).
+    std::vector<std::int64_t> deeper = shape;
+    deeper.push_back(1);
+    refused_with(dense(scratch.data(), right.dtype(), deeper), at + ": shape [");
+    if (f.longer_text != nullptr) {
+      std::vector<std::int64_t> longer = shape;
+      longer[0] += 1;
+      refused_with(dense(scratch.data(), right.dtype(), longer), std::string("paged_decode: ") + f.longer_text);
+    }
+    refused_with(dense(scratch.data(), f.wrong_dtype, shape), std::string("paged_decode: ") + f.wrong_dtype_text);
+    std::vector<std::int64_t> strides(shape.size());
+    std::int64_t step = 2;
+    for (std::size_t i = shape.size(); i-- > 0;) {
+      strides[i] = step;
+      step *= shape[i];
+    }
+    refused_with(TensorView::strided(scratch.data(), right.dtype(), shape, strides).value(),
+                 at + ": strides [" + std::to_string(strides[0]));
+    const std::string first = std::string(f.name) == "q" ? "out: on cpu:0 but q is on cuda:0" : ": on cuda:0 but q";
+    refused_with(dense(scratch.data(), right.dtype(), shape, laminar::Device::cuda(0)),
+                 std::string(f.name) == "q" ? "paged_decode: " + first : at + first);
+  }
+  // A page table shorter than its indptr says, and a workspace that is not dense or on another device.
+  {
+    ProblemViews v(pb, false);
+    v.t.indices = dense(pb.indices.data(), DType::kI32, {std::int64_t(pb.indices.size()) - 1});
+    expect_refused(v.t, "paged_decode: indices: 3 entries but indptr[2] = 4");
+  }
+  {
+    ProblemViews v(pb, false);
+    const std::int64_t shape[1] = {64}, strides[1] = {2};
+    v.t.workspace = TensorView::strided(workspace.data(), DType::kU8, shape, strides).value();
+    expect_refused(v.t, "paged_decode: workspace: strides [2] of shape [64] are not dense");
+    v.t.workspace = dense(workspace.data(), DType::kU8, {64}, laminar::Device::cuda(0));
+    expect_refused(v.t, "paged_decode: workspace: on cuda:0 but q is on cpu:0");
   }
 }

@@ -5,6 +5,7 @@
 #include "emulation/emulation.h"
 #include "laminar/kernels/sampling.h"
 
+#include <fmt/format.h>
 #include <hwy/targets.h>
 
 #include <algorithm>
@@ -15,8 +16,12 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "cuda_absent.h"
+#include "expect_code.h"
 #include "laminar/internal/numerics.h"
 #include "laminar/internal/philox.h"
 #include "laminar/ref/sampling.h"
@@ -78,7 +83,7 @@ std::uint32_t bits(float f) { return laminar::internal::f32_bits(f); }
 
 }  // namespace
 
-TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors", "[sampling][philox]") {
+TEST_CASE("sampling: Philox4x32-10 matches the Random123 known-answer vectors", "[sampling][philox]") {
   using laminar::internal::philox4x32_10;
   // Random123 kat_vectors, "philox4x32 10" lines: counter[4] key[2] -> output[4].
   struct Kat {
@@ -99,7 +104,7 @@ TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors", "[sampling
   }
 }
 
-TEST_CASE("mul_hi_u64 is the exact high half of the 128-bit product", "[sampling][philox]") {
+TEST_CASE("sampling: mul_hi_u64 is the exact high half of the 128-bit product", "[sampling][philox]") {
   std::mt19937_64 rng(11);
   for (int i = 0; i < 100000; ++i) {
     const std::uint64_t a = i < 4 ? ~std::uint64_t(0) * (i & 1) : rng();
@@ -109,7 +114,7 @@ TEST_CASE("mul_hi_u64 is the exact high half of the 128-bit product", "[sampling
   }
 }
 
-TEST_CASE("greedy picks the largest logit, ties to the lowest id", "[sampling]") {
+TEST_CASE("sampling: greedy picks the largest logit, ties to the lowest id", "[sampling]") {
   Batch b(2, 10);
   for (int i = 0; i < 10; ++i) b.row(0)[i] = float(i % 4);  // maxima at 3 and 7
   for (int i = 0; i < 10; ++i) b.row(1)[i] = -float(i);
@@ -166,7 +171,7 @@ std::vector<std::uint16_t> to_half(const std::vector<float>& x, DType t) {
 
 }  // namespace
 
-TEST_CASE("kernel agrees with the reference on random rows, dtypes and settings", "[sampling][ref]") {
+TEST_CASE("sampling: kernel agrees with the reference on random rows, dtypes and settings", "[sampling][ref]") {
   Random rnd(20261122);
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (std::int64_t vocab : {1, 7, 300, 5000, 40000}) {
@@ -245,7 +250,7 @@ double chi2_critical(int df) {
 
 }  // namespace
 
-TEST_CASE("draw frequencies match the truncated distribution; tokens outside it are never drawn",
+TEST_CASE("sampling: draw frequencies match the truncated distribution; tokens outside it are never drawn",
           "[sampling][distribution]") {
   Random rnd(777);
   const std::int64_t vocab = 40, draws = 40000;
@@ -300,7 +305,7 @@ TEST_CASE("draw frequencies match the truncated distribution; tokens outside it 
   }
 }
 
-TEST_CASE("a request's outputs do not depend on its row, its batch mates or the thread count",
+TEST_CASE("sampling: a request's outputs do not depend on its row, its batch mates or the thread count",
           "[sampling][invariance]") {
   Random rnd(4242);
   for (std::int64_t vocab : {64, 3000, 70000}) {
@@ -336,7 +341,7 @@ TEST_CASE("a request's outputs do not depend on its row, its batch mates or the 
   }
 }
 
-TEST_CASE("token_logprob equals the sampled raw log-prob bit for bit and the reference within tolerance",
+TEST_CASE("sampling: token_logprob equals the sampled raw log-prob bit for bit and the reference within tolerance",
           "[sampling][logprob]") {
   Random rnd(31337);
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -361,7 +366,7 @@ TEST_CASE("token_logprob equals the sampled raw log-prob bit for bit and the ref
   }
 }
 
-TEST_CASE("f16 and bf16 logits give the bits of the same logits widened to f32", "[sampling][dtype]") {
+TEST_CASE("sampling: f16 and bf16 logits give the bits of the same logits widened to f32", "[sampling][dtype]") {
   // Every finite f16 / bf16 pattern in one row, so the SIMD widening meets subnormals and extremes.
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     std::vector<std::uint16_t> half;
@@ -388,7 +393,7 @@ TEST_CASE("f16 and bf16 logits give the bits of the same logits widened to f32",
   }
 }
 
-TEST_CASE("degenerate rows give defined results", "[sampling][degenerate]") {
+TEST_CASE("sampling: degenerate rows give defined results", "[sampling][degenerate]") {
   Batch b(6, 5);
   const float rows[6][5] = {
       {-kInf, -kInf, -kInf, -kInf, -kInf},                             // no distribution
@@ -430,7 +435,7 @@ TEST_CASE("degenerate rows give defined results", "[sampling][degenerate]") {
   CHECK(threes > 50);
 }
 
-TEST_CASE("top_k = 0 disables top-k; vocab 1 always samples token 0", "[sampling][degenerate]") {
+TEST_CASE("sampling: top_k = 0 disables top-k; vocab 1 always samples token 0", "[sampling][degenerate]") {
   Random rnd(5);
   Batch off(8, 100), full(8, 100);
   fill_normal(off.logits, rnd.rng, 1.0f);
@@ -455,7 +460,7 @@ TEST_CASE("top_k = 0 disables top-k; vocab 1 always samples token 0", "[sampling
   }
 }
 
-TEST_CASE("bad input is rejected with the field and value named, outputs untouched", "[sampling][errors]") {
+TEST_CASE("sampling: bad input is rejected with the field and value named, outputs untouched", "[sampling][errors]") {
   Batch b(3, 10);
   auto expect_error = [&](SamplingParams p, const char* needle) {
     const laminar::Status st = laminar::kernels::run(p, Stream::host());
@@ -509,12 +514,25 @@ TEST_CASE("bad input is rejected with the field and value named, outputs untouch
   CHECK(st.code() == laminar::StatusCode::kInvalidArgument);
   CHECK(st.message().find("token[1] = 10") != std::string::npos);
   CHECK(lp == std::vector<float>(3, 1.0f));
-  // A CUDA stream: kUnimplemented without CUDA compiled in, kFailedPrecondition when there is no device.
-  const laminar::StatusCode cuda_code = laminar::kernels::run(b.params(), Stream::cuda(nullptr)).code();
-  CHECK((cuda_code == laminar::StatusCode::kUnimplemented || cuda_code == laminar::StatusCode::kFailedPrecondition));
 }
 
-TEST_CASE("SIMD weights equal the scalar definition bit for bit across the whole weight range",
+TEST_CASE("sampling: a CUDA stream without a device answers kFailedPrecondition (kUnimplemented without CUDA)",
+          "[sampling][cuda]") {
+  const auto code = laminar::testing::code_without_device();
+  if (!code) return;  // a device is present: sampling_cuda_test runs the kernels
+  Batch b(3, 10);
+  REQUIRE(laminar::kernels::can_implement(b.params(), Stream::cuda(nullptr)).ok());
+  laminar::testing::expect_code(laminar::kernels::run(b.params(), Stream::cuda(nullptr)), *code, "sample");
+  CHECK(b.token == std::vector<std::int32_t>(3, -7));
+  std::vector<std::int32_t> tok = {3, 1, 0};
+  std::vector<float> lp(3, 1.0f);
+  const TokenLogprobParams t{b.logits.data(), DType::kF32, 3, 10, 0, tok.data(), lp.data(), 0};
+  REQUIRE(laminar::kernels::can_implement(t, Stream::cuda(nullptr)).ok());
+  laminar::testing::expect_code(laminar::kernels::run(t, Stream::cuda(nullptr)), *code, "token_logprob");
+  CHECK(lp == std::vector<float>(3, 1.0f));
+}
+
+TEST_CASE("sampling: SIMD weights equal the scalar definition bit for bit across the whole weight range",
           "[sampling][simd]") {
   // Logits spread over [max - 30, max], so every weight from 2^40 down to the cutoff occurs, and
   // the vocabulary is not a multiple of any vector width (tails run the scalar code).
@@ -589,7 +607,7 @@ void check_same_bits(const Batch& a, const Batch& b) {
 
 }  // namespace
 
-TEST_CASE("CUDA kernel run on the CPU equals the CPU kernel bit for bit", "[sampling][emulation]") {
+TEST_CASE("sampling: CUDA kernel run on the CPU equals the CPU kernel bit for bit", "[sampling][emulation]") {
   Random rnd(9001);
   // Vocabularies below and above the shared-memory candidate capacity (2048): narrow logits make
   // every token a candidate, so 3000 and 9000 exercise the re-read-from-global path.
@@ -618,7 +636,7 @@ TEST_CASE("CUDA kernel run on the CPU equals the CPU kernel bit for bit", "[samp
   }
 }
 
-TEST_CASE("CUDA token_logprob run on the CPU equals the CPU kernel bit for bit", "[sampling][emulation]") {
+TEST_CASE("sampling: CUDA token_logprob run on the CPU equals the CPU kernel bit for bit", "[sampling][emulation]") {
   Random rnd(1234567);
   Batch b(5, 2500);
   fill_normal(b.logits, rnd.rng, 2.0f);
@@ -631,7 +649,7 @@ TEST_CASE("CUDA token_logprob run on the CPU equals the CPU kernel bit for bit",
   for (int r = 0; r < 5; ++r) CHECK(bits(cpu[r]) == bits(emu[r]));
 }
 
-TEST_CASE("row_stride skips padding: padded rows give the packed rows' bits, CPU and CUDA-on-CPU",
+TEST_CASE("sampling: row_stride skips padding: padded rows give the packed rows' bits, CPU and CUDA-on-CPU",
           "[sampling][stride]") {
   Random rnd(2718);
   const std::int64_t batch = 5, vocab = 700, stride = 1031;
@@ -651,7 +669,7 @@ TEST_CASE("row_stride skips padding: padded rows give the packed rows' bits, CPU
   check_same_bits(packed, emu);
 }
 
-TEST_CASE("extreme temperatures and logit scales agree with the reference", "[sampling][ref]") {
+TEST_CASE("sampling: extreme temperatures and logit scales agree with the reference", "[sampling][ref]") {
   Random rnd(16180);
   const float temps[] = {1e-4f, 0.01f, 50.0f, 1000.0f};
   const float scales[] = {1e-3f, 1.0f, 1000.0f};
@@ -676,7 +694,7 @@ TEST_CASE("extreme temperatures and logit scales agree with the reference", "[sa
   }
 }
 
-TEST_CASE("every SIMD target compiled in gives the same bits", "[sampling][simd]") {
+TEST_CASE("sampling: every SIMD target compiled in gives the same bits", "[sampling][simd]") {
   // The FMA targets run exp lane by lane, the others the scalar exp_f32; all must agree.
   Random rnd(424242);
   Batch b(12, 20011);
@@ -750,7 +768,7 @@ void expect_refused(const laminar::kernels::SamplingTensors& t, const char* text
 
 }  // namespace
 
-TEST_CASE("sampling from tensors (strided logits, i64 seeds) matches the raw-pointer call bit for bit",
+TEST_CASE("sampling: from tensors (strided logits, i64 seeds) matches the raw-pointer call bit for bit",
           "[sampling][tensors]") {
   Random rnd(4242);
   const std::int64_t batch = 6, vocab = 900, stride = 1024;
@@ -793,7 +811,7 @@ TEST_CASE("sampling from tensors (strided logits, i64 seeds) matches the raw-poi
   check_same_bits(defaults, defaults_viewed);
 }
 
-TEST_CASE("sampling from tensors refuses each kind of mismatch, naming the tensor", "[sampling][tensors]") {
+TEST_CASE("sampling: from tensors, each kind of mismatch is refused, naming the tensor", "[sampling][tensors]") {
   Batch b(4, 50);
   std::vector<std::int64_t> wrong_i64(8);
   std::vector<float> wrong_f32(8);
@@ -856,7 +874,73 @@ TEST_CASE("sampling from tensors refuses each kind of mismatch, naming the tenso
   }
 }
 
-TEST_CASE("token_logprob from tensors: i32 and i64 token ids match the raw-pointer call bit for bit",
+TEST_CASE("sampling: from tensors, every tensor's wrong shape, dtype, stride and device is refused, naming it",
+          "[sampling][tensors]") {
+  using laminar::kernels::SamplingTensors;
+  using laminar::TensorView;
+  Batch b(4, 50);
+  // Room for a [4] tensor of any dtype at stride 2, or a [5] one.
+  std::vector<std::int64_t> scratch(16);
+  struct Field {
+    const char* name;
+    TensorView& (*get)(SamplingTensors&);
+    DType wrong_dtype;
+  };
+  const Field fields[] = {
+      {"temperature", [](SamplingTensors& t) -> TensorView& { return *t.temperature; }, DType::kF16},
+      {"top_k", [](SamplingTensors& t) -> TensorView& { return *t.top_k; }, DType::kI64},
+      {"top_p", [](SamplingTensors& t) -> TensorView& { return *t.top_p; }, DType::kF16},
+      {"min_p", [](SamplingTensors& t) -> TensorView& { return *t.min_p; }, DType::kBF16},
+      {"seed", [](SamplingTensors& t) -> TensorView& { return t.seed; }, DType::kI32},
+      {"position", [](SamplingTensors& t) -> TensorView& { return t.position; }, DType::kI32},
+      {"token", [](SamplingTensors& t) -> TensorView& { return t.token; }, DType::kI64},
+      {"raw_logprob", [](SamplingTensors& t) -> TensorView& { return *t.raw_logprob; }, DType::kF16},
+      {"processed_logprob", [](SamplingTensors& t) -> TensorView& { return *t.processed_logprob; }, DType::kI32},
+      {"kept_mass", [](SamplingTensors& t) -> TensorView& { return *t.kept_mass; }, DType::kU8},
+  };
+  BatchViews good(b, b.logits.data(), 50);
+  REQUIRE(SamplingParams::from_tensors(good.t).ok());
+  for (const Field& f : fields) {
+    INFO("tensor " << f.name);
+    const std::string at = std::string("sample: ") + f.name + ": ";
+    const DType dtype = f.get(good.t).dtype();
+    const auto refused_with = [&](const TensorView& replacement, const std::string& text) {
+      BatchViews v(b, b.logits.data(), 50);
+      f.get(v.t) = replacement;
+      expect_refused(v.t, (at + text).c_str());
+    };
+    refused_with(vec_view(scratch.data(), dtype, 5), "shape [5] but logits gives dim 0 = 4");
+    const std::int64_t column[2] = {4, 1};
+    refused_with(TensorView::contiguous(scratch.data(), dtype, column).value(), "shape [4, 1] but [4] is needed");
+    refused_with(vec_view(scratch.data(), f.wrong_dtype, 4),
+                 fmt::format("dtype {} but {} is needed", laminar::dtype_name(f.wrong_dtype),
+                             laminar::dtype_name(dtype)));
+    const std::int64_t shape[1] = {4}, strides[1] = {2};
+    refused_with(TensorView::strided(scratch.data(), dtype, shape, strides).value(),
+                 "strides [2] of shape [4] are not dense");
+    refused_with(vec_view(scratch.data(), dtype, 4, laminar::Device::cuda(0)), "on cuda:0 but logits is on cpu:0");
+  }
+  // logits, which every other tensor is measured against.
+  const auto refused_logits = [&](const TensorView& logits, const char* text) {
+    BatchViews v(b, b.logits.data(), 50);
+    v.t.logits = logits;
+    expect_refused(v.t, text);
+  };
+  const std::int64_t shape[2] = {4, 50}, taller[2] = {5, 40};
+  refused_logits(vec_view(b.logits.data(), DType::kF32, 200),
+                 "sample: logits: shape [200] but [batch, vocab] is needed");
+  refused_logits(TensorView::contiguous(b.logits.data(), DType::kI64, shape).value(),
+                 "sample: logits: dtype i64 but f32, f16 or bf16 is needed");
+  refused_logits(TensorView::contiguous(b.logits.data(), DType::kF32, taller).value(),
+                 "sample: temperature: shape [4] but logits gives dim 0 = 5");
+  const std::int64_t column_major[2] = {1, 4};
+  refused_logits(TensorView::strided(b.logits.data(), DType::kF32, shape, column_major).value(),
+                 "sample: logits: stride 4 along the vocabulary, not 1");
+  refused_logits(TensorView::contiguous(b.logits.data(), DType::kF32, shape, laminar::Device::cuda(0)).value(),
+                 "sample: temperature: on cpu:0 but logits is on cuda:0");
+}
+
+TEST_CASE("sampling: token_logprob from tensors, i32 and i64 token ids match the raw-pointer call bit for bit",
           "[sampling][tensors]") {
   Random rnd(777);
   const std::int64_t batch = 5, vocab = 1300;
@@ -910,4 +994,54 @@ TEST_CASE("token_logprob from tensors: i32 and i64 token ids match the raw-point
   t.logprob = vec_view(from64.data(), DType::kF32, batch, gpu);
   CHECK_THAT(TokenLogprobParams::from_tensors(t, &copy).status().message(),
              Catch::Contains("token: i64 on a CUDA device"));
+}
+
+TEST_CASE("sampling: token_logprob from tensors, every tensor's wrong shape, dtype, stride and device is "
+          "refused, naming it",
+          "[sampling][tensors]") {
+  using laminar::TensorView;
+  using laminar::kernels::TokenLogprobTensors;
+  Batch b(4, 50);
+  std::vector<float> lp(4);
+  std::vector<std::int64_t> scratch(16);
+  const std::int64_t shape[2] = {4, 50};
+  const TokenLogprobTensors good{TensorView::contiguous(b.logits.data(), DType::kF32, shape).value(),
+                                 vec_view(b.token.data(), DType::kI32, 4), vec_view(lp.data(), DType::kF32, 4)};
+  REQUIRE(TokenLogprobParams::from_tensors(good).ok());
+  const auto refused = [&](TensorView TokenLogprobTensors::*member, const TensorView& replacement,
+                           const char* text) {
+    TokenLogprobTensors t = good;
+    t.*member = replacement;
+    std::vector<std::int32_t> copy;
+    auto p = TokenLogprobParams::from_tensors(t, &copy);
+    REQUIRE_FALSE(p.ok());
+    laminar::testing::expect_code(p.status(), laminar::StatusCode::kInvalidArgument, text);
+  };
+  const std::int64_t column[2] = {4, 1}, one[1] = {4}, two[1] = {2};
+  for (const auto& [member, name, dtype, wrong] :
+       {std::tuple{&TokenLogprobTensors::token, "token", DType::kI32, DType::kF32},
+        std::tuple{&TokenLogprobTensors::logprob, "logprob", DType::kF32, DType::kBF16}}) {
+    INFO("tensor " << name);
+    const std::string at = std::string("token_logprob: ") + name + ": ";
+    refused(member, vec_view(scratch.data(), dtype, 5), (at + "shape [5] but logits gives dim 0 = 4").c_str());
+    refused(member, TensorView::contiguous(scratch.data(), dtype, column).value(), (at + "shape [4, 1] but").c_str());
+    refused(member, vec_view(scratch.data(), wrong, 4),
+            (at + "dtype " + std::string(laminar::dtype_name(wrong))).c_str());
+    refused(member, TensorView::strided(scratch.data(), dtype, one, two).value(),
+            (at + "strides [2] of shape [4] are not dense").c_str());
+    refused(member, vec_view(scratch.data(), dtype, 4, laminar::Device::cuda(0)),
+            (at + "on cuda:0 but logits is on cpu:0").c_str());
+  }
+  const std::int64_t taller[2] = {5, 40}, column_major[2] = {1, 4};
+  refused(&TokenLogprobTensors::logits, vec_view(b.logits.data(), DType::kF32, 200),
+          "token_logprob: logits: shape [200] but [batch, vocab] is needed");
+  refused(&TokenLogprobTensors::logits, TensorView::contiguous(b.logits.data(), DType::kI32, shape).value(),
+          "token_logprob: logits: dtype i32 but f32, f16 or bf16 is needed");
+  refused(&TokenLogprobTensors::logits, TensorView::contiguous(b.logits.data(), DType::kF32, taller).value(),
+          "token_logprob: token: shape [4] but logits gives dim 0 = 5");
+  refused(&TokenLogprobTensors::logits, TensorView::strided(b.logits.data(), DType::kF32, shape, column_major).value(),
+          "token_logprob: logits: stride 4 along the vocabulary, not 1");
+  refused(&TokenLogprobTensors::logits,
+          TensorView::contiguous(b.logits.data(), DType::kF32, shape, laminar::Device::cuda(0)).value(),
+          "token_logprob: token: on cpu:0 but logits is on cuda:0");
 }

@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "cuda_absent.h"
 #include "laminar/weight_puller.h"
 #include "stop_half_way.h"
 #include "relay_test_util.h"
@@ -121,9 +122,11 @@ TEST_CASE("bad destinations and versions are clear errors and copy nothing", "[w
   const auto& e0 = dst.manifest.entries()[0];
   named[0].view =
       TensorView::contiguous(dst.storage[0].data(), e0.dtype, e0.shape, laminar::Device::cuda(0)).value();
-  auto st = puller->pull(Version(3), named, false);
-  CHECK((st.code() == StatusCode::kUnimplemented || st.code() == StatusCode::kFailedPrecondition));
-  for (const auto& t : dst.storage) CHECK(untouched(t));
+  // Without a device: not compiled in, or no device to copy to (not retryable).
+  if (const auto code = laminar::testing::code_without_device()) {
+    CHECK(puller->pull(Version(3), named, false).code() == *code);
+    for (const auto& t : dst.storage) CHECK(untouched(t));
+  }
   CHECK(WeightPuller::create(nullptr).status().code() == StatusCode::kInvalidArgument);
   WeightPullerOptions o;
   o.copy_chunk_bytes = 16;

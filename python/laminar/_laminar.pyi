@@ -675,11 +675,13 @@ def cast(src: Tensor, dst: Tensor, *, stream: Optional[int] = None) -> None:
     DLPack (torch tensors, NumPy arrays) of the same shape, dense, on the host or one CUDA device;
     dst is written in place, nothing is copied on the way in. On CUDA the cast is enqueued on a
     stream (see below). InvalidArgumentError names the tensor and what is wrong (dtype, shape,
-    strides, overlap); UnimplementedError for CUDA tensors in a build without CUDA.
+    strides, overlap).
     stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
     through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
     device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a
-    negative or non-int stream, and for any stream with host tensors."""
+    negative or non-int stream, and for any stream with host tensors.
+    CUDA tensors: UnimplementedError in a build without CUDA; FailedPreconditionError where no CUDA
+    device or driver takes the launch (retrying cannot help)."""
 
 
 class Clock:
@@ -965,7 +967,9 @@ def sample(logits: Tensor, seed: Tensor, position: Tensor, token: Tensor, *, tem
     stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
     through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
     device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a
-    negative or non-int stream, and for any stream with host tensors."""
+    negative or non-int stream, and for any stream with host tensors.
+    CUDA tensors: UnimplementedError in a build without CUDA; FailedPreconditionError where no CUDA
+    device or driver takes the launch (retrying cannot help)."""
 
 
 def token_logprob(logits: Tensor, token: Tensor, logprob: Tensor, *, cpu_threads: int = 0,
@@ -977,7 +981,9 @@ def token_logprob(logits: Tensor, token: Tensor, logprob: Tensor, *, cpu_threads
     stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
     through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
     device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a
-    negative or non-int stream, and for any stream with host tensors."""
+    negative or non-int stream, and for any stream with host tensors.
+    CUDA tensors: UnimplementedError in a build without CUDA; FailedPreconditionError where no CUDA
+    device or driver takes the launch (retrying cannot help)."""
 
 
 def paged_decode(q: Tensor, out: Tensor, k_pages: Tensor, v_pages: Tensor, indptr: Tensor, indices: Tensor,
@@ -987,19 +993,22 @@ def paged_decode(q: Tensor, out: Tensor, k_pages: Tensor, v_pages: Tensor, indpt
     """Paged attention over one layer's KV pages, writing out (and lse) in place. q, out:
     [num_rows, num_qo_heads, head_dim]; k_pages, v_pages: [num_pages, page_size, num_kv_heads,
     head_dim] (float32/16, bfloat16, all the same; head_dim 64 or 128; num_qo_heads = num_kv_heads *
-    1, 2, 4 or 8). The page table as in FlashInfer: sequence b's pages are
-    indices[indptr[b]:indptr[b + 1]], its last page holding last_page_len[b] tokens (int32, or
-    int64). Decode: one row per sequence, at its last position. Prefill: qo_indptr [batch + 1] gives
-    each sequence's rows, its last positions in order, causal. lse: [num_rows, num_qo_heads]
-    float32, natural-log sum of exp of the scaled scores. sm_scale defaults to 1 / sqrt(head_dim).
-    On the host max_kv_len defaults to the longest sequence and no workspace is needed; CUDA tensors
-    (the page table then on the device too) need max_kv_len and a workspace tensor of at least the
+    group, group 1, 2, 4 or 8: query head h reads KV head h // group). The page table as in
+    FlashInfer: sequence b's pages are indices[indptr[b]:indptr[b + 1]], its last page holding
+    last_page_len[b] tokens (int32; int64 on the host only, where it is copied to int32). Decode:
+    one row per sequence, at its last position. Prefill: qo_indptr [batch + 1] gives each
+    sequence's rows, its last positions in order, causal. lse: [num_rows, num_qo_heads] float32,
+    natural-log sum of exp of the scaled scores. sm_scale defaults to 1 / sqrt(head_dim). On the
+    host max_kv_len defaults to the longest sequence and no workspace is needed; CUDA tensors (the
+    page table then on the device too) need max_kv_len and a workspace tensor of at least the
     bytes the InvalidArgumentError for a missing one names. InvalidArgumentError names the tensor and
-    the mismatch; UnimplementedError for CUDA tensors in a build without CUDA.
+    the mismatch.
     stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
     through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
     device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a
-    negative or non-int stream, and for any stream with host tensors."""
+    negative or non-int stream, and for any stream with host tensors.
+    CUDA tensors: UnimplementedError in a build without CUDA; FailedPreconditionError where no CUDA
+    device or driver takes the launch (retrying cannot help)."""
 
 
 class SequenceSnapshot:

@@ -104,12 +104,13 @@ Converts src into dst, element by element, between float32, float16 and bfloat16
 even, NaN kept; the same bits on the CPU and CUDA). Both are tensors given through DLPack (torch
 tensors, NumPy arrays) of the same shape, dense, on the host or one CUDA device; dst is written in
 place, nothing is copied on the way in. On CUDA the cast is enqueued on a stream (see below).
-InvalidArgumentError names the tensor and what is wrong (dtype, shape, strides, overlap);
-UnimplementedError for CUDA tensors in a build without CUDA.
+InvalidArgumentError names the tensor and what is wrong (dtype, shape, strides, overlap).
 stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
 through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
 device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a negative
-or non-int stream, and for any stream with host tensors.)doc");
+or non-int stream, and for any stream with host tensors.
+CUDA tensors: UnimplementedError in a build without CUDA; FailedPreconditionError where no CUDA
+device or driver takes the launch (retrying cannot help).)doc");
 
   m.def(
       "sample",
@@ -149,7 +150,9 @@ names the tensor or the row and field that is wrong, before any output is writte
 stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
 through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
 device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a negative
-or non-int stream, and for any stream with host tensors.)doc");
+or non-int stream, and for any stream with host tensors.
+CUDA tensors: UnimplementedError in a build without CUDA; FailedPreconditionError where no CUDA
+device or driver takes the launch (retrying cannot help).)doc");
 
   m.def(
       "token_logprob",
@@ -170,7 +173,9 @@ int32, or int64 on the host. InvalidArgumentError names the row whose token is o
 stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
 through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
 device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a negative
-or non-int stream, and for any stream with host tensors.)doc");
+or non-int stream, and for any stream with host tensors.
+CUDA tensors: UnimplementedError in a build without CUDA; FailedPreconditionError where no CUDA
+device or driver takes the launch (retrying cannot help).)doc");
 
   m.def(
       "paged_decode",
@@ -211,19 +216,22 @@ or non-int stream, and for any stream with host tensors.)doc");
 Paged attention over one layer's KV pages, writing out (and lse) in place.
 q, out: [num_rows, num_qo_heads, head_dim]; k_pages, v_pages: [num_pages, page_size, num_kv_heads,
 head_dim] (float32/16, bfloat16, all the same; head_dim 64 or 128; num_qo_heads = num_kv_heads *
-1, 2, 4 or 8). The page table as in FlashInfer: sequence b's pages are
-indices[indptr[b]:indptr[b + 1]], its last page holding last_page_len[b] tokens (int32, or int64).
+group, group 1, 2, 4 or 8: query head h reads KV head h // group). The page table as in FlashInfer:
+sequence b's pages are indices[indptr[b]:indptr[b + 1]], its last page holding last_page_len[b]
+tokens (int32; int64 on the host only, where it is copied to int32).
 Decode: one row per sequence, at its last position. Prefill: qo_indptr [batch + 1] gives each
 sequence's rows, its last positions in order, causal. lse: [num_rows, num_qo_heads] float32,
 natural-log sum of exp of the scaled scores. sm_scale defaults to 1 / sqrt(head_dim). On the host
 max_kv_len defaults to the longest sequence and no workspace is needed; CUDA tensors (the page
 table then on the device too) need max_kv_len and a workspace tensor of at least the bytes the
 InvalidArgumentError for a missing one names. InvalidArgumentError names the tensor and the
-mismatch; UnimplementedError for CUDA tensors in a build without CUDA.
+mismatch.
 stream (CUDA): the cudaStream_t, an int, the kernel is enqueued on and the tensors are exported
 through DLPack for (0: the legacy default stream); None: torch's current stream of the tensor's
 device for a torch tensor, the legacy default stream otherwise. InvalidArgumentError for a negative
-or non-int stream, and for any stream with host tensors.)doc");
+or non-int stream, and for any stream with host tensors.
+CUDA tensors: UnimplementedError in a build without CUDA; FailedPreconditionError where no CUDA
+device or driver takes the launch (retrying cannot help).)doc");
 }
 
 }  // namespace laminar::python

@@ -1,6 +1,7 @@
-// Compiled by nvcc against the installed headers only (nothing runs): laminar's attention and
-// sampling device code instantiated inside this project, and called from a kernel of its own.
+// Compiled by nvcc against the installed headers only (nothing runs): laminar's attention, sampling
+// and cast device code instantiated inside this project, and called from a kernel of its own.
 #include <cstdint>
+#include <laminar/cuda/cast.cuh>
 #include <laminar/cuda/paged_decode.cuh>
 #include <laminar/cuda/sampling.cuh>
 
@@ -11,6 +12,9 @@ namespace sd = laminar::kernels::sampling_detail;
 template __global__ void cd::paged_decode_split_kernel<cd::KvKind::kBF16, 128>(cd::DecodeArgs);
 template __global__ void cd::paged_decode_merge_kernel<cd::KvKind::kBF16, 128>(cd::DecodeArgs);
 template __global__ void sd::sampling_kernel<sd::LogitKind::kBF16>(laminar::kernels::SamplingParams, std::int64_t);
+template __global__ void sd::token_logprob_kernel<sd::LogitKind::kF16>(laminar::kernels::TokenLogprobParams,
+                                                                       std::int64_t);
+template __global__ void cd::cast_kernel<cd::CastKind::kF32, cd::CastKind::kBF16>(const void*, void*, std::int64_t);
 
 // laminar's device functions inside the project's own kernel: the attention splits of a sequence
 // length, and the order key of a logit.
