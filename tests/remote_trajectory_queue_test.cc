@@ -296,9 +296,12 @@ TEST_CASE("remote push: pings follow the producer's clock, and one unanswered on
             held.push_back(std::move(in));
             ++pushes;
           }).ok());
+  // Counted once it is decided whether to answer and before the answer leaves: a test that sees the
+  // count knows the fate of that ping, and that the producer cannot have sent the next one yet.
   REQUIRE(on_protocol_message(*server_tr, laminar::internal::kQueuePingMessage, [&](laminar::Incoming in) {
-            if (answer_pings) (void)in.from.reply(in, laminar::Message{laminar::internal::kQueuePingMessage, {}});
+            const bool answer = answer_pings;
             ++pings;
+            if (answer) (void)in.from.reply(in, laminar::Message{laminar::internal::kQueuePingMessage, {}});
           }).ok());
 
   auto producer_clock = std::make_shared<laminar::ManualClock>();
