@@ -756,11 +756,12 @@ KvMigrator::~KvMigrator() {
   // A handler that started before its removal finishes before anything it uses goes.
   d.gate.close();
   std::lock_guard lock(d.mu);
-  // Bounded in real time whatever options.clock is: a virtual clock that stands still must not
-  // hang the destructor, and the peers' own leases and stall timeouts cover what is cut short.
-  const auto real_now = [] { return Duration(std::chrono::steady_clock::now().time_since_epoch()); };
-  const Duration shutdown_at = real_now() + kShutdownBudget;
-  const auto left = [&] { return std::min(internal::kMigrationAbortSendTimeout, shutdown_at - real_now()); };
+  // Bounded in real time (Clock::steady()) whatever options.clock is: a virtual clock that stands
+  // still must not hang the destructor, and the peers' own leases and stall timeouts cover what is
+  // cut short.
+  const std::shared_ptr<Clock> real = Clock::steady();
+  const Duration shutdown_at = deadline_after(*real, kShutdownBudget);
+  const auto left = [&] { return std::min(internal::kMigrationAbortSendTimeout, shutdown_at - real->now()); };
   for (auto& [id, m] : d.out) {
     if (!m.ended) d.end_out(m, MigrationState::kAbortedBySource, cancelled("kv migrator: the source shut down"), true);
   }
@@ -778,7 +779,8 @@ KvMigrator::~KvMigrator() {
   }
   for (Impl::Draining& dr : d.draining) {
     for (auto& f : dr.puts) {
-      const Duration wait = shutdown_at - real_now();
+      // A std::future wakes no condition variable: its own wait, for what is left of the budget.
+      const Duration wait = shutdown_at - real->now();
       if (wait <= Duration::zero() || f.wait_for(wait) != std::future_status::ready) break;
     }
     d.send_abort(dr.ep, dr.message, left());

@@ -321,7 +321,9 @@ constexpr int kRequestsPerTurn = 16;
 // Connections accepted per turn, so a connect flood does not starve the clients already served.
 constexpr int kAcceptsPerTurn = 16;
 // While accept() fails for want of descriptors the listening socket stays readable; it is left
-// unwatched (else the loop would spin) and tried again after this long or the next event.
+// unwatched (else the loop would spin) and tried again after this long or the next event. Real
+// time, not the clock's: nothing announces a descriptor freed elsewhere in the process, and a
+// virtual clock that stands still must not stop the server from accepting again.
 constexpr int kAcceptRetryMs = 100;
 // An outbox that has drained keeps at most this much memory for the next replies.
 constexpr std::size_t kOutboxKeepBytes = 64 << 10;

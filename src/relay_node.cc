@@ -31,8 +31,10 @@ constexpr MessageType kChunk = internal::kRelayChunkMessage;
 constexpr MessageType kIdle = internal::kRelayIdleMessage;
 
 // A sender waiting for a newer version, or for a chunk its own upstream has not delivered yet,
-// re-checks for stop at least this often (on the store's clock), and more often when an idle message
-// falls due sooner.
+// re-checks for stop and for its subscriber's closed connection at least this often (on the store's
+// clock), and more often when an idle message falls due sooner. A poll because it waits inside the
+// store, which neither stop nor the endpoint's on_close can wake; it costs one wake-up per
+// sender per period.
 constexpr Duration kSenderPoll = std::chrono::milliseconds(100);
 constexpr Duration kChunkPoll = std::chrono::milliseconds(200);
 // A subscriber gets idle messages at most this often, whatever it asks for.

@@ -24,8 +24,9 @@ using internal::kQueuePushMessage;
 
 namespace {
 
-// While the queue is full, held pushes are retried this often (on the server's clock). The queue
-// tells nobody when room frees, and blocking in it would leave the server unstoppable.
+// While the queue is full, held pushes are retried this often (on the server's clock). A poll
+// because the queue tells nobody when room frees, and blocking in it would leave the server
+// unstoppable; it costs one fail-fast push_many a period, only while a push is held.
 constexpr Duration kRetryEvery = std::chrono::milliseconds(1);
 // A timed push's request may take this much longer than the push's own timeout: the server
 // answers kDeadlineExceeded itself, and the slack covers the round trip.
@@ -33,8 +34,10 @@ constexpr Duration kRequestSlack = std::chrono::seconds(5);
 // RemoteProducer::push_many splits a longer span, and a message past kPushManyBytes, over
 // several messages (a trajectory larger than that goes alone).
 constexpr std::size_t kPushManyBytes = std::size_t(4) << 20;
-// While a ping is out, a producer looks this often whether its push's own answer came meanwhile.
-constexpr auto kAnswerPoll = std::chrono::milliseconds(10);
+template <class T>
+bool is_ready(const std::future<T>& f) {
+  return f.wait_for(Duration::zero()) == std::future_status::ready;
+}
 
 std::span<const std::byte> as_bytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
@@ -309,21 +312,52 @@ struct RemoteProducer::Impl {
     return stalled;
   }
 
+  // Wakes a push waiting for its answer: the transport once its answer or its ping's is in, the
+  // clock on every jump of virtual time. Shared with those callbacks, which may outlive the push.
+  struct Waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    void wake() {
+      std::lock_guard<std::mutex> l(mu);
+      cv.notify_all();
+    }
+  };
+
   // Sends a push or push_many request and waits for its answer. The server holds a push while the
-  // queue is full, so silence alone says nothing; each stall_timeout / 2 of it, a ping asks whether
-  // the server is alive, and one left unanswered for stall_timeout fails the push and the endpoint.
+  // queue is full, so silence alone says nothing; each stall_timeout / 2 of it (on the producer's
+  // clock), a ping asks whether the server is alive, and one left unanswered for stall_timeout (on
+  // the transport's clock) fails the push and the endpoint.
   Result<Message> exchange(const Message& m, std::optional<Duration> timeout) {
     LAMINAR_RETURN_IF_ERROR(stalled_status());
-    std::future<Result<Message>> answer = internal::request_protocol_async(ep, m, timeout);
-    if (stall_timeout == kForever) return answer.get();
-    while (answer.wait_for(stall_timeout / 2) != std::future_status::ready) {
-      std::future<Result<Message>> ping =
-          internal::request_protocol_async(ep, Message{kQueuePingMessage, {}}, stall_timeout);
-      while (ping.wait_for(kAnswerPoll) != std::future_status::ready) {
-        if (answer.wait_for(Duration::zero()) == std::future_status::ready) return answer.get();
+    if (stall_timeout == kForever) return internal::request_protocol_async(ep, m, timeout).get();
+    auto waiter = std::make_shared<Waiter>();
+    const auto wake = [waiter] { waiter->wake(); };
+    const ClockSubscription jumps = clock->subscribe(wake);
+    std::future<Result<Message>> answer = internal::request_protocol_async(ep, m, timeout, wake);
+    std::future<Result<Message>> ping;
+    Duration ping_at = deadline_after(*clock, stall_timeout / 2);
+    bool unanswered = false;
+    {
+      std::unique_lock<std::mutex> l(waiter->mu);
+      while (!is_ready(answer)) {
+        if (ping.valid() && is_ready(ping)) {
+          // Any other error broke the endpoint, which ends the push's own request too.
+          if (ping.get().status().code() == StatusCode::kDeadlineExceeded) {
+            unanswered = true;
+            break;
+          }
+          ping_at = deadline_after(*clock, stall_timeout / 2);
+        } else if (!ping.valid() && clock->now() >= ping_at) {
+          // Unlocked: a request refused at once runs `wake` on this thread.
+          l.unlock();
+          ping = internal::request_protocol_async(ep, Message{kQueuePingMessage, {}}, stall_timeout, wake);
+          l.lock();
+        } else {
+          clock->wait_until(waiter->cv, l, ping.valid() ? kForever : ping_at);
+        }
       }
-      // Any other error broke the endpoint, which ends the push's own request too.
-      if (ping.get().status().code() != StatusCode::kDeadlineExceeded) continue;
+    }
+    if (unanswered) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(stall_timeout).count();
       {
         std::lock_guard<std::mutex> l(mu);
@@ -332,7 +366,6 @@ struct RemoteProducer::Impl {
         }
       }
       ep.close();
-      break;
     }
     Result<Message> r = answer.get();
     // A push that the close above cut off reports the stall, not the close.

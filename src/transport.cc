@@ -172,13 +172,19 @@ Status send_message(const std::shared_ptr<EndpointState>& state, const Message& 
 }
 
 std::future<Result<Message>> request_message(const std::shared_ptr<EndpointState>& state,
-                                             const Message& message, std::optional<Duration> timeout) {
-  if (!state) return ready_future(no_endpoint());
+                                             const Message& message, std::optional<Duration> timeout,
+                                             std::function<void()> answered = {}) {
+  const auto refuse = [&](const Status& st) {
+    auto f = ready_future(st);
+    if (answered) answered();
+    return f;
+  };
+  if (!state) return refuse(no_endpoint());
   auto& core = *state->core;
-  if (Status st = core.check_body(message.body.size()); !st.ok()) return ready_future(st);
+  if (Status st = core.check_body(message.body.size()); !st.ok()) return refuse(st);
   auto t = core.operation_timeout(timeout, "request");
-  if (!t.ok()) return ready_future(t.status());
-  return core.request(state, message, *t);
+  if (!t.ok()) return refuse(t.status());
+  return core.request(state, message, *t, std::move(answered));
 }
 
 Status on_protocol_message(Transport& transport, MessageType type, MessageHandler handler) {
@@ -194,8 +200,18 @@ Status send_protocol(Endpoint& endpoint, const Message& message, std::optional<D
 
 std::future<Result<Message>> request_protocol_async(Endpoint& endpoint, const Message& message,
                                                     std::optional<Duration> timeout) {
-  if (Status st = check_protocol_type(message.type, "request_protocol"); !st.ok()) return ready_future(st);
-  return request_message(TransportCore::state_of(endpoint), message, timeout);
+  return request_protocol_async(endpoint, message, timeout, {});
+}
+
+std::future<Result<Message>> request_protocol_async(Endpoint& endpoint, const Message& message,
+                                                    std::optional<Duration> timeout,
+                                                    std::function<void()> answered) {
+  if (Status st = check_protocol_type(message.type, "request_protocol"); !st.ok()) {
+    auto f = ready_future(st);
+    if (answered) answered();
+    return f;
+  }
+  return request_message(TransportCore::state_of(endpoint), message, timeout, std::move(answered));
 }
 
 Result<Message> request_protocol(Endpoint& endpoint, const Message& message, std::optional<Duration> timeout) {

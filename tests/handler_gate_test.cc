@@ -66,24 +66,40 @@ TEST_CASE("handler gate: the usage example of handler_gate.h compiles and runs",
 TEST_CASE("handler gate: close waits for a call in progress and turns later calls into no-ops", "[handler_gate]") {
   HandlerGate gate;
   std::atomic<int> sum{0};
+  std::atomic<int> probes{0};
+  std::atomic<bool> left_f{false};
   std::promise<void> entered;
   std::future<void> inside = entered.get_future();
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   auto call = gate.wrap([&](int x) {
+    if (x == 0) {
+      ++probes;
+      return;
+    }
     sum += x;
     if (x == 1) {
       entered.set_value();
       released.wait();
+      left_f = true;
     }
   });
   std::thread caller([&] { call(1); });
   REQUIRE(inside.wait_for(10s) == std::future_status::ready);
-  auto closed = std::async(std::launch::async, [&] { gate.close(); });
-  // The call is still inside f: close() cannot have returned.
-  CHECK(closed.wait_for(50ms) == std::future_status::timeout);
+  // Whether the call in f had returned when close() did.
+  auto closed = std::async(std::launch::async, [&] {
+    gate.close();
+    return left_f.load();
+  });
+  // Once a probe does nothing, close() has shut the gate and waits: only then is f let go.
+  REQUIRE(eventually([&] {
+    const int before = probes.load();
+    call(0);
+    return probes.load() == before;
+  }));
   release.set_value();
   REQUIRE(closed.wait_for(10s) == std::future_status::ready);
+  CHECK(closed.get());
   caller.join();
   CHECK(sum == 1);
 

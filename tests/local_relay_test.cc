@@ -35,6 +35,7 @@
 #include "laminar/local_relay.h"
 #include "laminar/weight_puller.h"
 #include "stop_half_way.h"
+#include "eventually.h"
 #include "local_relay_wire.h"
 #include "expect_line.h"
 #include "process.h"
@@ -48,6 +49,7 @@ using laminar::WeightPuller;
 using laminar::WeightPullerOptions;
 using laminar::testing::ChildOptions;
 using laminar::testing::ChildProcess;
+using laminar::testing::eventually;
 
 namespace {
 
@@ -901,17 +903,6 @@ struct InProcessRelay {
     return out;
   }
 };
-
-// Whether pred() holds within `within` of real time: the server acts on its own thread.
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds within = 10s) {
-  const auto end = std::chrono::steady_clock::now() + within;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -242,20 +243,26 @@ TEST_CASE("remote push: malformed and truncated messages are refused, the server
 }
 
 TEST_CASE("a blocking push waits for a full queue past many stall_timeouts: a live server answers pings",
-          "[remote]") {
+          "[remote][clock]") {
   TrajectoryQueueOptions qo;
   qo.capacity_trajectories = 1;
   std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
   Served served(queue);
+  auto clock = std::make_shared<laminar::ManualClock>();
   laminar::RemoteProducerOptions po;
-  po.stall_timeout = 200ms;
+  po.clock = clock;
+  po.stall_timeout = 10s;
   auto producer = served.producer(po);
   REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
 
   std::future<laminar::Status> blocked =
       std::async(std::launch::async, [&] { return producer->push(laminar::test_remote::make(2)); });
   REQUIRE(eventually([&] { return served.server->stats().held == 1; }));
-  CHECK(blocked.wait_for(5 * po.stall_timeout) == std::future_status::timeout);
+  // Holding a push, the server still answers a ping at once.
+  laminar::Endpoint ep = served.connect();
+  CHECK(request_protocol(ep, laminar::Message{laminar::internal::kQueuePingMessage, {}}, 10s).ok());
+  // Five stall_timeouts of the producer's clock, a ping due at every half of one.
+  for (int i = 0; i < 10; ++i) REQUIRE(clock->advance(po.stall_timeout / 2).ok());
 
   BatchSpec spec;
   spec.max_trajectories = 1;
@@ -267,6 +274,75 @@ TEST_CASE("a blocking push waits for a full queue past many stall_timeouts: a li
   // The server answered this one itself: the producer was never taken for stalled.
   expect_code(producer->push(laminar::test_remote::make(3), PushOptions::fail_fast()), StatusCode::kUnavailable,
               "queue full");
+}
+
+TEST_CASE("remote push: pings follow the producer's clock, and one unanswered on the transport's clock ends the push",
+          "[remote][clock]") {
+  // A server made by hand on a real transport: it holds every push and answers pings while told to.
+  std::atomic<int> pushes{0};
+  std::atomic<int> pings{0};
+  std::atomic<bool> answer_pings{true};
+  std::mutex held_mu;
+  std::vector<laminar::Incoming> held;
+  std::shared_ptr<Transport> server_tr = make_transport(kToken);
+  const std::string addr = server_tr->listen("127.0.0.1", 0).value();
+  using laminar::internal::on_protocol_message;
+  REQUIRE(on_protocol_message(*server_tr, laminar::internal::kQueueHelloMessage, [](laminar::Incoming in) {
+            const std::vector<std::byte> credits = laminar::internal::encode_queue_hello(1);
+            (void)in.from.reply(in, laminar::Message::from_bytes(laminar::internal::kQueueHelloMessage, credits));
+          }).ok());
+  REQUIRE(on_protocol_message(*server_tr, kQueuePushMessage, [&](laminar::Incoming in) {
+            std::lock_guard<std::mutex> l(held_mu);
+            held.push_back(std::move(in));
+            ++pushes;
+          }).ok());
+  // Counted once it is decided whether to answer and before the answer leaves: a test that sees the
+  // count knows the fate of that ping, and that the producer cannot have sent the next one yet.
+  REQUIRE(on_protocol_message(*server_tr, laminar::internal::kQueuePingMessage, [&](laminar::Incoming in) {
+            const bool answer = answer_pings;
+            ++pings;
+            if (answer) (void)in.from.reply(in, laminar::Message{laminar::internal::kQueuePingMessage, {}});
+          }).ok());
+
+  auto producer_clock = std::make_shared<laminar::ManualClock>();
+  auto transport_clock = std::make_shared<laminar::ManualClock>();
+  laminar::TransportOptions to;
+  to.cluster_token = kToken;
+  to.clock = transport_clock;
+  std::shared_ptr<Transport> client_tr = Transport::create(to).value();
+  laminar::RemoteProducerOptions po;
+  po.clock = producer_clock;
+  po.stall_timeout = 10s;
+  auto producer = RemoteProducer::create(client_tr, addr, po).value();
+
+  std::future<laminar::Status> blocked =
+      std::async(std::launch::async, [&] { return producer->push(laminar::test_remote::make(1)); });
+  REQUIRE(eventually([&] { return pushes.load() == 1; }));
+  // Only the producer's clock brings a ping: moved on until the server has seen `n` of them.
+  const auto pinged_after_clock_moves = [&](int n) {
+    return eventually([&] {
+      if (pings.load() >= n) return true;
+      REQUIRE(producer_clock->advance(po.stall_timeout / 4).ok());
+      return false;
+    });
+  };
+  // Answered pings keep the push waiting, however long the producer's clock runs.
+  for (int n = 1; n <= 4; ++n) REQUIRE(pinged_after_clock_moves(n));
+  CHECK(producer_clock->now() >= 4 * po.stall_timeout / 2);
+
+  // Unanswered, a ping times out on the transport's clock, and that ends the push.
+  answer_pings = false;
+  const int answered = pings.load();
+  REQUIRE(pinged_after_clock_moves(answered + 1));
+  REQUIRE(laminar::testing::advance_until_ready(*transport_clock, blocked, 1s, 100));
+  expect_code(blocked.get(), StatusCode::kUnavailable, "answered nothing for 10000 ms");
+  CHECK(transport_clock->now() >= po.stall_timeout);
+  expect_code(producer->push(laminar::test_remote::make(2)), StatusCode::kUnavailable, "answered nothing");
+
+  for (laminar::MessageType type : {laminar::internal::kQueueHelloMessage, kQueuePushMessage,
+                                     laminar::internal::kQueuePingMessage}) {
+    REQUIRE(on_protocol_message(*server_tr, type, {}).ok());
+  }
 }
 
 TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones moved from", "[remote]") {

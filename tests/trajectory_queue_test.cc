@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "eventually.h"
 #include "expect_code.h"
 
 using laminar::Batch;
@@ -38,6 +39,7 @@ using laminar::Trajectory;
 using laminar::TrajectoryId;
 using laminar::TrajectoryQueue;
 using laminar::Version;
+using laminar::testing::eventually;
 using laminar::testing::expect_code;
 using namespace std::chrono_literals;
 
@@ -46,13 +48,13 @@ namespace {
 // Waits until `producers` and `consumers` threads are blocked in the queue, so that a jump of
 // virtual time is sure to land while they wait. Fails after a minute of real time.
 void await_blocked(const TrajectoryQueue& q, std::size_t producers, std::size_t consumers) {
-  const auto give_up = std::chrono::steady_clock::now() + 60s;
-  for (;;) {
-    const auto s = q.stats();
-    if (s.blocked_producers == producers && s.blocked_consumers == consumers) return;
-    if (std::chrono::steady_clock::now() > give_up) FAIL("threads never blocked in the queue");
-    std::this_thread::yield();
-  }
+  const bool blocked = eventually(
+      [&] {
+        const auto s = q.stats();
+        return s.blocked_producers == producers && s.blocked_consumers == consumers;
+      },
+      60s);
+  if (!blocked) FAIL("threads never blocked in the queue");
 }
 
 // Another clock with each wait_until counted: every wait after the first of a pop_batch is a
@@ -77,11 +79,7 @@ class CountingClock final : public Clock {
 
 // Waits until `clock` has seen `n` waits.
 void await_waits(const CountingClock& clock, int n) {
-  const auto give_up = std::chrono::steady_clock::now() + 60s;
-  while (clock.waits.load() < n) {
-    if (std::chrono::steady_clock::now() > give_up) FAIL("the queue never waited " << n << " times");
-    std::this_thread::yield();
-  }
+  if (!eventually([&] { return clock.waits.load() >= n; }, 60s)) FAIL("the queue never waited " << n << " times");
 }
 
 Trajectory make_traj(std::uint64_t id, std::uint64_t version = 0, std::size_t response = 4,

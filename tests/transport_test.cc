@@ -839,7 +839,10 @@ TEST_CASE("transport: a connection without traffic for idle_timeout is closed at
   auto slow = p.to_server.request_async(Message::from_string(5, "take your time"), laminar::kForever);
   laminar::Incoming in = held.get_future().get();
   REQUIRE(clock->advance(600s).ok());
-  std::this_thread::sleep_for(200ms);  // the jump woke the progress thread; give it time to look
+  // A round trip on a second connection, made after the jump: the server's progress thread looks
+  // for idle connections in the pass that takes the request, before its answer can leave.
+  laminar::Endpoint witness = p.client->connect(p.address).value();
+  REQUIRE(witness.request(Message::from_string(6, "after the jump")).ok());
   CHECK(p.to_client.status().ok());
   REQUIRE(in.from.reply(in, Message::from_string(5, "done")).ok());
   REQUIRE(slow.get().ok());

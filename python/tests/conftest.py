@@ -2,6 +2,7 @@
 
 import os
 import random
+import time
 
 import pytest
 
@@ -29,3 +30,24 @@ def rng():
     seed = int(os.environ.get("LAMINAR_TEST_SEED", random.SystemRandom().randrange(2**32)))
     print(f"seed {seed} (LAMINAR_TEST_SEED={seed} repeats it)")
     return random.Random(seed)
+
+
+def wait_until(pred, timeout=10.0):
+    """Evaluates pred() until it is true (returns True) or `timeout` seconds pass (returns pred()).
+    The pause between evaluations, 1 ms growing to 20 ms, only leaves the cores to the threads
+    waited for: the condition is the synchronisation, never the pause."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while not pred():
+        if time.monotonic() >= deadline:
+            return pred()
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+    return True
+
+
+@pytest.fixture
+def eventually():
+    """The suite's one helper for waiting on a state another thread or process brings about:
+    `assert eventually(lambda: q.stats()["depth"]["blocked_consumers"] == 1)`."""
+    return wait_until

@@ -66,7 +66,7 @@ def test_lease_and_group_timeout_in_virtual_time(make_trajectory):
     assert b.partial_group.tolist() == [x == 2 for x in b.ids.tolist()]
 
 
-def test_a_wait_ends_when_the_clock_is_moved(make_trajectory):
+def test_a_wait_ends_when_the_clock_is_moved(make_trajectory, eventually):
     clock = laminar.ManualClock()
     q = laminar.TrajectoryQueue(laminar.TrajectoryQueueOptions(clock=clock))
     result = {}
@@ -76,16 +76,18 @@ def test_a_wait_ends_when_the_clock_is_moved(make_trajectory):
             q.pop_batch(laminar.BatchSpec(max_trajectories=1, wait=5))
         except laminar.Error as e:
             result["error"] = e
+            result["at"] = clock.now()
 
     t = threading.Thread(target=consume)
     t.start()
-    deadline = time.monotonic() + 10
-    while q.stats()["depth"]["blocked_consumers"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    clock.advance(4)
-    time.sleep(0.05)
-    assert t.is_alive()  # 4 virtual seconds of 5
-    clock.advance(1)
+    assert eventually(lambda: q.stats()["depth"]["blocked_consumers"] == 1)
+    # One virtual second at a time: each jump wakes the consumer, which ends its wait only at 5.
+    for _ in range(10):
+        t.join(timeout=0.01)
+        if not t.is_alive():
+            break
+        clock.advance(1)
     t.join(timeout=10)
     assert not t.is_alive()
     assert type(result["error"]) is laminar.DeadlineExceededError
+    assert result["at"] >= 5

@@ -130,7 +130,8 @@ def test_batch_arrays_match_what_was_pushed(rng, make_trajectory):
 
 
 def test_groups_staleness_nack_and_lease(make_trajectory):
-    q = laminar.TrajectoryQueue()
+    clock = laminar.ManualClock()
+    q = laminar.TrajectoryQueue(laminar.TrajectoryQueueOptions(clock=clock))
     q.publish_version(1)
     q.push(make_trajectory(1, version=0, group_id=5, group_size=2, sample_index=0))
     with pytest.raises(laminar.UnavailableError):  # the group is not complete
@@ -154,8 +155,8 @@ def test_groups_staleness_nack_and_lease(make_trajectory):
         q.push(make_trajectory(3, version=1, group_id=5, group_size=2, sample_index=0))  # group closed
 
     q.push(make_trajectory(10, version=1))
-    leased = q.pop_batch(laminar.BatchSpec(max_trajectories=1, consumer_version=1, lease=0.01))
-    time.sleep(0.05)
+    leased = q.pop_batch(laminar.BatchSpec(max_trajectories=1, consumer_version=1, lease=10))
+    clock.advance(11)
     with pytest.raises(laminar.AbortedError):
         q.ack(leased)
     redelivered = q.pop_batch(laminar.BatchSpec(max_trajectories=1, consumer_version=1))

@@ -69,7 +69,7 @@ def test_two_producers_and_a_consumer_exactly_once(rng, make_trajectory):
     assert stats["depth"]["ready"] == 0 and stats["depth"]["leases"] == 0
 
 
-def test_a_waiting_pop_lets_another_thread_push(make_trajectory):
+def test_a_waiting_pop_lets_another_thread_push(make_trajectory, eventually):
     q = laminar.TrajectoryQueue()
     result = {}
 
@@ -83,7 +83,7 @@ def test_a_waiting_pop_lets_another_thread_push(make_trajectory):
 
     consumer = threading.Thread(target=consume)
     consumer.start()
-    time.sleep(0.1)  # the consumer is inside pop_batch now
+    assert eventually(lambda: q.stats()["depth"]["blocked_consumers"] == 1)  # inside pop_batch now
     # This thread runs while the consumer waits: pop_batch released the GIL.
     q.push(make_trajectory(42))
     consumer.join(timeout=10)
@@ -93,7 +93,7 @@ def test_a_waiting_pop_lets_another_thread_push(make_trajectory):
     assert result["waited"] < 5
 
 
-def test_close_wakes_blocked_threads(make_trajectory):
+def test_close_wakes_blocked_threads(make_trajectory, eventually):
     q = laminar.TrajectoryQueue(laminar.TrajectoryQueueOptions(capacity_trajectories=1))
     q.push(make_trajectory(1))
     outcomes = []
@@ -106,10 +106,7 @@ def test_close_wakes_blocked_threads(make_trajectory):
 
     t = threading.Thread(target=blocked_push)
     t.start()
-    deadline = time.monotonic() + 10
-    while q.stats()["depth"]["blocked_producers"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert q.stats()["depth"]["blocked_producers"] == 1
+    assert eventually(lambda: q.stats()["depth"]["blocked_producers"] == 1)
     q.close()
     t.join(timeout=10)
     assert not t.is_alive() and len(outcomes) == 1

@@ -2,7 +2,6 @@
 into other tensors in place, bytes compared; bad tensors and versions refused."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -227,7 +226,7 @@ print(puller.current_version(), puller.relay(), h.hexdigest())
 """
 
 
-def test_pull_in_another_process_through_a_local_relay(tmp_path):
+def test_pull_in_another_process_through_a_local_relay(tmp_path, eventually):
     import hashlib
     import subprocess
     import sys
@@ -260,11 +259,13 @@ def test_pull_in_another_process_through_a_local_relay(tmp_path):
     assert (int(version), digest) == (3, expected.hexdigest())
     stats = server.stats()
     assert stats["grants"] >= 1 and server.background_error() is None
-    deadline = time.monotonic() + 10  # the release arrives when the server sees the child's socket close
-    events = server.events()
-    while not any(e.kind == laminar.LocalRelayEvent.Kind.RELEASED for e in events) and time.monotonic() < deadline:
-        time.sleep(0.01)
-        events += server.events()
+    events = []
+
+    def released():
+        events.extend(server.events())
+        return any(e.kind == laminar.LocalRelayEvent.Kind.RELEASED for e in events)
+
+    assert eventually(released)  # the release arrives when the server sees the child's socket close
     granted = [e for e in events if e.kind == laminar.LocalRelayEvent.Kind.GRANTED]
     assert granted and all(e.version == 3 and e.client_pid == child.pid for e in granted)
     assert any(e.kind == laminar.LocalRelayEvent.Kind.RELEASED and e.client_pid == child.pid for e in events)

@@ -220,6 +220,7 @@ struct Op {
 
   std::promise<Status> status_promise;             // kSend, kRma
   std::promise<Result<Message>> reply_promise;     // kRequest
+  std::function<void()> answered;                  // kRequest: run once reply_promise is set
   std::promise<Result<Endpoint>> connect_promise;  // kConnect
   CompletionCallback done;                         // kRma
   std::vector<std::byte> buffer;                   // frame being sent / received
@@ -255,8 +256,10 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
 
   std::future<Status> send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame, Duration timeout,
                                  std::string what);
+  // `answered` (may be empty) runs once the future is ready, on the progress thread or, for a
+  // request refused at once, on the calling one: it may only wake a waiter.
   std::future<Result<Message>> request(const std::shared_ptr<EndpointState>& ep, const Message& m,
-                                       Duration timeout);
+                                       Duration timeout, std::function<void()> answered = {});
   std::future<Status> rma(const std::shared_ptr<EndpointState>& ep, bool is_put, const MemoryRegion& local,
                           std::size_t local_offset, const RemoteRegion& remote, std::uint64_t remote_offset,
                           std::size_t length, std::optional<Duration> timeout, CompletionCallback done);

@@ -86,6 +86,7 @@ void TransportCore::resolve(Op& op, const Status& s) {
     case Op::Kind::kRequest:
       op.reply_promise.set_value(s.ok() ? Result<Message>(internal_error("request resolved without reply"))
                                         : Result<Message>(s));
+      if (op.answered) op.answered();
       break;
     case Op::Kind::kHandshake:
     case Op::Kind::kReceive:
@@ -113,6 +114,7 @@ void TransportCore::resolve_reply(Op& op, Result<Message> r) {
   if (op.has_deadline) deadlines_.erase(op.deadline_it);
   op.has_deadline = false;
   op.reply_promise.set_value(std::move(r));
+  if (op.answered) op.answered();
   maybe_release(op);
 }
 
@@ -591,29 +593,37 @@ std::future<Status> TransportCore::send_wire(const std::shared_ptr<EndpointState
 }
 
 std::future<Result<Message>> TransportCore::request(const std::shared_ptr<EndpointState>& ep,
-                                                    const Message& m, Duration timeout) {
+                                                    const Message& m, Duration timeout,
+                                                    std::function<void()> answered) {
   auto promise = std::make_shared<std::promise<Result<Message>>>();
   auto future = promise->get_future();
   Frame f;
   f.kind = FrameKind::kRequest;
   f.type = m.type;
   f.body = m.body;
-  const bool posted = post([this, ep, promise, f = std::move(f), timeout]() mutable {
+  // Shared with the posted command: whichever of it and a refused post answers runs it.
+  auto answer_cb = std::make_shared<std::function<void()>>(std::move(answered));
+  const bool posted = post([this, ep, promise, answer_cb, f = std::move(f), timeout]() mutable {
     auto e = find(ep->id);
     if (e == nullptr || e->phase != Phase::kReady) {
       Status st = ep->status();
       promise->set_value(st.ok() ? unavailable(fmt::format("endpoint to {} is closed", ep->peer)) : st);
+      if (*answer_cb) (*answer_cb)();
       return;
     }
     Op& op =
         new_op(Op::Kind::kRequest, e->id, timeout, fmt::format("request of type {} to {}", f.type, e->peer));
     op.reply_promise = std::move(*promise);
+    op.answered = std::move(*answer_cb);
     f.id = op.id;
     op.buffer = encode_frame(f);
     op.header = e->peer_token;
     start_send(*e, op);
   });
-  if (!posted) promise->set_value(cancelled("transport shut down"));
+  if (!posted) {
+    promise->set_value(cancelled("transport shut down"));
+    if (*answer_cb) (*answer_cb)();
+  }
   return future;
 }
 

@@ -7,6 +7,7 @@
 // reserved types only. Every protocol's types are listed here, so no two protocols share one.
 #pragma once
 
+#include <functional>
 #include <future>
 #include <optional>
 
@@ -50,5 +51,11 @@ Result<Message> request_protocol(Endpoint& endpoint, const Message& message,
                                  std::optional<Duration> timeout = std::nullopt);
 std::future<Result<Message>> request_protocol_async(Endpoint& endpoint, const Message& message,
                                                     std::optional<Duration> timeout = std::nullopt);
+// As above, and runs `answered` once the future is ready, so that a waiter can block on its own
+// condition variable (and its Clock) instead of on the future. It runs on the transport's progress
+// thread, or on the calling one for a request refused at once, and may only wake a waiter.
+std::future<Result<Message>> request_protocol_async(Endpoint& endpoint, const Message& message,
+                                                    std::optional<Duration> timeout,
+                                                    std::function<void()> answered);
 
 }  // namespace laminar::internal

@@ -336,6 +336,8 @@ void TransportCore::run_commands() {
 // Until the nearest deadline. On a virtual clock this is only an upper bound in real time: a jump
 // of the clock wakes the thread through the command eventfd (clock_wake_).
 int TransportCore::epoll_timeout_ms() const {
+  // A cap: the idle_timeout check (next_idle_check_) keeps no entry in deadlines_, so an idle
+  // thread wakes for it at most twice a second.
   constexpr int kMaxSleepMs = 500;
   if (deadlines_.empty()) return kMaxSleepMs;
   const auto wait = std::chrono::ceil<milliseconds>(deadlines_.begin()->first - clock_->now()).count();
