@@ -118,6 +118,14 @@ struct Wake {
 
 using Timer = std::pair<Duration, std::uint64_t>;
 
+std::size_t min_count_of(const BatchSpec& spec) { return std::max<std::size_t>(spec.min_trajectories, 1); }
+
+// How many versions `version` is behind the consumer's.
+std::uint64_t staleness_of(const BatchSpec& spec, std::uint64_t version) {
+  const std::uint64_t consumer = spec.consumer_version.value();
+  return consumer > version ? consumer - version : 0;
+}
+
 // Into sample order. Members mostly arrive in order, and sorting sorted input still moves each.
 void sort_members(std::vector<Trajectory>& members) {
   auto by_index = [](const Trajectory& a, const Trajectory& b) { return a.sample_index < b.sample_index; };
@@ -202,6 +210,16 @@ struct TrajectoryQueue::Impl {
     if (waiters_woken || ready.size() < wake_at) return false;
     waiters_woken = true;
     return true;
+  }
+
+  // A consumer wanting `min_count` ready waits until `until`, the next timer or a wake-up.
+  void wait_for_data(std::unique_lock<std::mutex>& l, std::size_t min_count, Duration until) {
+    waiters_woken = false;
+    waiter_mins.push_back(min_count);
+    wake_at = std::min(wake_at, min_count);
+    clock->wait_until(data_cv, l, std::min(until, next_timer()));
+    waiter_mins.erase(std::find(waiter_mins.begin(), waiter_mins.end(), min_count));
+    wake_at = waiter_mins.empty() ? SIZE_MAX : *std::min_element(waiter_mins.begin(), waiter_mins.end());
   }
 
   // Members [first, last) become one ready unit, at the back or (redelivered) the front.
@@ -372,6 +390,91 @@ struct TrajectoryQueue::Impl {
       }
       end = i;
     }
+  }
+
+  // --- taking a batch ---
+
+  // pop_batch's batch, from the front of the ready queue: units leave it dropped as stale (judged
+  // by their stalest member, and dropped whole: a partial GRPO group would bias the advantage
+  // baseline) or taken, until a limit. Null when too few are left once the stale ones are
+  // dropped: those taken go back and wait for company.
+  std::shared_ptr<internal::BatchData> take_batch(const BatchSpec& spec, Duration now, Wake& w) {
+    const std::size_t max_count = spec.max_trajectories ? spec.max_trajectories : SIZE_MAX;
+    const std::size_t max_tokens = spec.max_tokens ? spec.max_tokens : SIZE_MAX;
+    std::vector<Trajectory> taken, dropped;
+    taken.reserve(std::min(max_count, ready.size()));
+    std::vector<Unit> taken_units;
+    std::size_t tokens = 0;
+    bool full = false;  // a limit stopped the batch
+    while (!units.empty()) {
+      const Unit u = units[0];
+      const bool drop =
+          spec.staleness_rule == StalenessRule::kDrop && staleness_of(spec, u.min_version) > spec.max_staleness;
+      if (!drop && !taken.empty() && (taken.size() + u.len > max_count || tokens + u.tokens > max_tokens)) {
+        full = true;
+        break;
+      }
+      units.pop_front();
+      ready_tokens -= u.tokens;
+      std::vector<Trajectory>& to = drop ? dropped : taken;
+      for (std::uint32_t k = 0; k < u.len; ++k) to.push_back(ready.pop_front());
+      if (drop) continue;
+      taken_units.push_back(u);
+      tokens += u.tokens;
+      if (taken.size() >= max_count || tokens >= max_tokens) {
+        full = true;
+        break;
+      }
+    }
+    if (!dropped.empty()) {
+      dropped_stale += dropped.size();
+      retire(dropped, WalRetireReason::kStale, w);
+    }
+    if (taken.size() < min_count_of(spec) && !full) {
+      for (std::size_t k = taken_units.size(), end = taken.size(); k-- > 0;) {
+        const Unit& u = taken_units[k];
+        for (std::size_t k2 = end; k2-- > end - u.len;) ready.push_front(std::move(taken[k2]));
+        units.push_front(Unit(u));
+        ready_tokens += u.tokens;
+        end -= u.len;
+      }
+      return nullptr;
+    }
+    return lease_out(std::move(taken), taken_units, tokens, spec, now);
+  }
+
+  // `taken`, made of `taken_units`, leased out as a new batch.
+  std::shared_ptr<internal::BatchData> lease_out(std::vector<Trajectory> taken, const std::vector<Unit>& taken_units,
+                                                 std::size_t tokens, const BatchSpec& spec, Duration now) {
+    auto d = std::make_shared<internal::BatchData>();
+    d->id = BatchId(next_batch_id++);
+    d->tokens = tokens;
+    d->deadline = deadline_after(now, spec.lease > Duration::zero() ? spec.lease : opt.default_lease);
+    d->info.reserve(taken.size());
+    d->unit_len.reserve(taken.size());
+    for (const Unit& u : taken_units) {
+      for (std::uint32_t k = 0; k < u.len; ++k) {
+        const std::uint64_t s = staleness_of(spec, taken[d->info.size()].version.value());
+        const bool over = spec.staleness_rule == StalenessRule::kKeepAndMark && s > spec.max_staleness;
+        d->info.push_back(TrajectoryInfo{s, over, u.partial_group, u.deliveries + 1});
+        d->unit_len.push_back(k == 0 ? u.len : 0);
+        ++staleness[std::min<std::uint64_t>(s, TrajectoryQueueStats::kStalenessBuckets - 1)];
+      }
+    }
+    d->items = std::move(taken);
+    leased_trajectories += d->items.size();
+    delivered += d->items.size();
+    if (d->deadline != kForever) lease_timers.emplace(d->deadline, d->id.value());
+    leases.emplace(d->id.value(), d);
+    if (lease_timers.size() > 2 * leases.size() + kStaleTimers) {
+      // Acked and nacked batches leave their timers behind; keep only the live ones.
+      std::vector<Timer> live;
+      for (const auto& [id, b] : leases) {
+        if (b->deadline != kForever) live.emplace_back(b->deadline, id);
+      }
+      lease_timers = decltype(lease_timers)(std::greater<>(), std::move(live));
+    }
+    return d;
   }
 
   // Why ack or nack (`op`) finds no lease of `batch`.
@@ -746,12 +849,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
     return invalid_argument(fmt::format("BatchSpec: negative wait ({} ns) or lease ({} ns)", spec.wait.count(),
                                         spec.lease.count()));
   }
-  const std::size_t max_count = spec.max_trajectories ? spec.max_trajectories : SIZE_MAX;
-  const std::size_t max_tokens = spec.max_tokens ? spec.max_tokens : SIZE_MAX;
-  const std::size_t min_count = std::max<std::size_t>(spec.min_trajectories, 1);
-  const Duration lease = spec.lease > Duration::zero() ? spec.lease : q.opt.default_lease;
-  const std::uint64_t consumer = spec.consumer_version.value();
-  auto staleness_of = [&](std::uint64_t v) { return consumer > v ? consumer - v : 0; };
+  const std::size_t min_count = min_count_of(spec);
 
   Wake w;
   std::unique_lock<std::mutex> l(q.mu);
@@ -762,7 +860,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
   };
   if (spec.consumer_version > q.newest) {
     return leave(invalid_argument(fmt::format("BatchSpec: consumer_version {} is ahead of the newest published {}",
-                                              consumer, q.newest.value())));
+                                              spec.consumer_version.value(), q.newest.value())));
   }
   Duration now = q.clock->now();
   const Duration deadline = deadline_after(now, spec.wait);
@@ -770,75 +868,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
     if (q.closed) return leave(cancelled("pop_batch: the queue is closed"));
     q.run_timers(now, w);
     if (q.ready.size() >= min_count) {
-      // Units leave the front: dropped as stale (judged by their stalest member, and dropped
-      // whole: a partial GRPO group would bias the advantage baseline) or taken, until a limit.
-      std::vector<Trajectory> taken, dropped;
-      taken.reserve(std::min(max_count, q.ready.size()));
-      std::vector<Unit> taken_units;
-      std::size_t tokens = 0;
-      bool full = false;
-      while (!q.units.empty()) {
-        const Unit u = q.units[0];
-        const bool drop = spec.staleness_rule == StalenessRule::kDrop && staleness_of(u.min_version) > spec.max_staleness;
-        if (!drop && !taken.empty() && (taken.size() + u.len > max_count || tokens + u.tokens > max_tokens)) {
-          full = true;
-          break;
-        }
-        q.units.pop_front();
-        q.ready_tokens -= u.tokens;
-        std::vector<Trajectory>& to = drop ? dropped : taken;
-        for (std::uint32_t k = 0; k < u.len; ++k) to.push_back(q.ready.pop_front());
-        if (drop) continue;
-        taken_units.push_back(u);
-        tokens += u.tokens;
-        if (taken.size() >= max_count || tokens >= max_tokens) {
-          full = true;
-          break;
-        }
-      }
-      if (!dropped.empty()) {
-        q.dropped_stale += dropped.size();
-        q.retire(dropped, WalRetireReason::kStale, w);
-      }
-      if (taken.size() >= min_count || (full && !taken.empty())) {
-        auto d = std::make_shared<internal::BatchData>();
-        d->id = BatchId(q.next_batch_id++);
-        d->tokens = tokens;
-        d->deadline = deadline_after(now, lease);
-        d->info.reserve(taken.size());
-        d->unit_len.reserve(taken.size());
-        for (const Unit& u : taken_units) {
-          for (std::uint32_t k = 0; k < u.len; ++k) {
-            const std::uint64_t s = staleness_of(taken[d->info.size()].version.value());
-            const bool over = spec.staleness_rule == StalenessRule::kKeepAndMark && s > spec.max_staleness;
-            d->info.push_back(TrajectoryInfo{s, over, u.partial_group, u.deliveries + 1});
-            d->unit_len.push_back(k == 0 ? u.len : 0);
-            ++q.staleness[std::min<std::uint64_t>(s, TrajectoryQueueStats::kStalenessBuckets - 1)];
-          }
-        }
-        d->items = std::move(taken);
-        q.leased_trajectories += d->items.size();
-        q.delivered += d->items.size();
-        if (d->deadline != kForever) q.lease_timers.emplace(d->deadline, d->id.value());
-        q.leases.emplace(d->id.value(), d);
-        if (q.lease_timers.size() > 2 * q.leases.size() + kStaleTimers) {
-          // Acked and nacked batches leave their timers behind; keep only the live ones.
-          std::vector<Timer> live;
-          for (const auto& [id, b] : q.leases) {
-            if (b->deadline != kForever) live.emplace_back(b->deadline, id);
-          }
-          q.lease_timers = decltype(q.lease_timers)(std::greater<>(), std::move(live));
-        }
-        return leave(Batch(std::move(d)));
-      }
-      // Too few left once the stale ones were dropped: the rest go back and wait for company.
-      for (std::size_t k = taken_units.size(), end = taken.size(); k-- > 0;) {
-        const Unit& u = taken_units[k];
-        for (std::size_t k2 = end; k2-- > end - u.len;) q.ready.push_front(std::move(taken[k2]));
-        q.units.push_front(Unit(u));
-        q.ready_tokens += u.tokens;
-        end -= u.len;
-      }
+      if (auto d = q.take_batch(spec, now, w)) return leave(Batch(std::move(d)));
     }
     if (spec.wait == Duration::zero()) {
       return leave(unavailable(fmt::format("pop_batch: {} trajectories ready, {} wanted", q.ready.size(), min_count)));
@@ -855,12 +885,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
       now = q.clock->now();
       continue;
     }
-    q.waiters_woken = false;
-    q.waiter_mins.push_back(min_count);
-    q.wake_at = std::min(q.wake_at, min_count);
-    q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_timer()));
-    q.waiter_mins.erase(std::find(q.waiter_mins.begin(), q.waiter_mins.end(), min_count));
-    q.wake_at = q.waiter_mins.empty() ? SIZE_MAX : *std::min_element(q.waiter_mins.begin(), q.waiter_mins.end());
+    q.wait_for_data(l, min_count, deadline);
     now = q.clock->now();
   }
 }
