@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "id_window.h"
-#include "ring.h"
 #include "trajectory_wal.h"
 
 namespace laminar {
@@ -51,7 +50,6 @@ std::vector<Trajectory> Batch::release() {
 
 namespace {
 
-using internal::Ring;
 using internal::TrajectoryWal;
 using internal::WalRecordType;
 using internal::WalRetireReason;
@@ -168,8 +166,8 @@ struct TrajectoryQueue::Impl {
   std::size_t pending_trajectories = 0;
   std::deque<Timer> group_timers;  // FIFO: one timeout for all groups
 
-  Ring<Trajectory> ready;
-  Ring<Unit> units;  // over `ready`, in order
+  std::deque<Trajectory> ready;
+  std::deque<Unit> units;  // over `ready`, in order
   std::size_t ready_tokens = 0;
 
   std::unordered_map<std::uint64_t, std::shared_ptr<internal::BatchData>> leases;
@@ -407,7 +405,7 @@ struct TrajectoryQueue::Impl {
     std::size_t tokens = 0;
     bool full = false;  // a limit stopped the batch
     while (!units.empty()) {
-      const Unit u = units[0];
+      const Unit u = units.front();
       const bool drop =
           spec.staleness_rule == StalenessRule::kDrop && staleness_of(spec, u.min_version) > spec.max_staleness;
       if (!drop && !taken.empty() && (taken.size() + u.len > max_count || tokens + u.tokens > max_tokens)) {
@@ -417,7 +415,10 @@ struct TrajectoryQueue::Impl {
       units.pop_front();
       ready_tokens -= u.tokens;
       std::vector<Trajectory>& to = drop ? dropped : taken;
-      for (std::uint32_t k = 0; k < u.len; ++k) to.push_back(ready.pop_front());
+      for (std::uint32_t k = 0; k < u.len; ++k) {
+        to.push_back(std::move(ready.front()));
+        ready.pop_front();
+      }
       if (drop) continue;
       taken_units.push_back(u);
       tokens += u.tokens;
