@@ -146,8 +146,8 @@ struct TrajectoryQueue::Impl {
 
   const TrajectoryQueueOptions opt;
   const std::shared_ptr<Clock> clock;
-  std::unique_ptr<TrajectoryWal> wal;  // set by create()
-  RecoveryReport recovery;             // set by create()
+  std::unique_ptr<TrajectoryWal> wal;  // set by recover()
+  RecoveryReport recovery;             // set by recover()
   ClockSubscription clock_sub;
 
   mutable std::mutex mu;
@@ -506,6 +506,65 @@ struct TrajectoryQueue::Impl {
     note_bg(std::move(st));
   }
 
+  // --- restart ---
+
+  // Opens the log at opt.wal_path and takes back what it holds: the dedup windows, the newest
+  // version, and each live trajectory, ready or in its pending group as before the restart.
+  Status recover() {
+    TrajectoryWal::Contents c;
+    // Straight into the windows, which keep as many as a queue that never restarted would.
+    const TrajectoryWal::Listener listener{[this](std::uint64_t id) { ids.retire(id); },
+                                           [this](std::uint64_t gid) { closed_groups.retire(gid); }};
+    Result<std::unique_ptr<TrajectoryWal>> opened =
+        TrajectoryWal::open(opt.wal_path, opt.wal_fsync, listener, c, recovery);
+    if (!opened.ok()) return opened.status();
+    wal = std::move(opened).value();
+    recovery.retired = c.retired;
+    newest = std::max(newest, c.newest);
+    wal_live_bytes = c.live_bytes;
+    const Duration now = clock->now();
+    Wake w;
+    std::vector<std::uint64_t> group_order;
+    for (Trajectory& t : c.live) {
+      // A live id the log also lists as retired stays refused either way.
+      ids.set_live(t.id.value());
+      ++held;
+      held_tokens += t.num_tokens();
+      if (t.group_size == 1) {
+        add_unit(std::make_move_iterator(&t), std::make_move_iterator(&t + 1), false, 0, false, w);
+        continue;
+      }
+      auto [it, fresh] = open_group(t, now);
+      PendingGroup& g = it->second;
+      if (fresh) group_order.push_back(t.group_id);
+      if (t.group_size != g.group_size || g.seen[t.sample_index]) {
+        return data_loss(fmt::format("WAL {}: trajectory {} does not fit its group {}", opt.wal_path, t.id.value(),
+                                     t.group_id));
+      }
+      g.seen[t.sample_index] = true;
+      g.members.push_back(std::move(t));
+      ++pending_trajectories;
+    }
+    for (std::uint64_t gid : group_order) {
+      auto it = groups.find(gid);
+      const bool complete = it->second.members.size() == it->second.group_size;
+      if (complete || closed_groups.retired(gid)) {
+        // Released as they were (or would have been) before the restart; the log already says so.
+        PendingGroup& g = it->second;
+        if (!closed_groups.retired(gid)) closed_groups.retire(gid);
+        pending_trajectories -= g.members.size();
+        sort_members(g.members);
+        add_unit(std::make_move_iterator(g.members.begin()), std::make_move_iterator(g.members.end()), !complete, 0,
+                 false, w);
+        groups.erase(it);
+      } else if (opt.group_timeout != kForever) {
+        // The timer restarts: how long the group waited before the restart is not in the log.
+        group_timers.emplace_back(now + opt.group_timeout, gid);
+      }
+    }
+    return ok_status();
+  }
+
   // --- admission, shared by push and push_many ---
 
   // Checks ts[in] in order against the state, as the earlier accepted ones would leave it.
@@ -745,59 +804,7 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::create(TrajectoryQueue
   }
   auto impl = std::make_unique<Impl>(std::move(options));
   Impl& q = *impl;
-  if (!q.opt.wal_path.empty()) {
-    TrajectoryWal::Contents c;
-    // Straight into the windows, which keep as many as a queue that never restarted would.
-    const TrajectoryWal::Listener listener{[&q](std::uint64_t id) { q.ids.retire(id); },
-                                           [&q](std::uint64_t gid) { q.closed_groups.retire(gid); }};
-    Result<std::unique_ptr<TrajectoryWal>> wal =
-        TrajectoryWal::open(q.opt.wal_path, q.opt.wal_fsync, listener, c, q.recovery);
-    if (!wal.ok()) return wal.status();
-    q.wal = std::move(wal).value();
-    q.recovery.retired = c.retired;
-    q.newest = std::max(q.newest, c.newest);
-    q.wal_live_bytes = c.live_bytes;
-    const Duration now = q.clock->now();
-    Wake w;
-    std::vector<std::uint64_t> group_order;
-    for (Trajectory& t : c.live) {
-      // A live id the log also lists as retired stays refused either way.
-      q.ids.set_live(t.id.value());
-      ++q.held;
-      q.held_tokens += t.num_tokens();
-      if (t.group_size == 1) {
-        q.add_unit(std::make_move_iterator(&t), std::make_move_iterator(&t + 1), false, 0, false, w);
-        continue;
-      }
-      auto [it, fresh] = q.open_group(t, now);
-      PendingGroup& g = it->second;
-      if (fresh) group_order.push_back(t.group_id);
-      if (t.group_size != g.group_size || g.seen[t.sample_index]) {
-        return data_loss(fmt::format("WAL {}: trajectory {} does not fit its group {}", q.opt.wal_path,
-                                     t.id.value(), t.group_id));
-      }
-      g.seen[t.sample_index] = true;
-      g.members.push_back(std::move(t));
-      ++q.pending_trajectories;
-    }
-    for (std::uint64_t gid : group_order) {
-      auto it = q.groups.find(gid);
-      const bool complete = it->second.members.size() == it->second.group_size;
-      if (complete || q.closed_groups.retired(gid)) {
-        // Released as they were (or would have been) before the restart; the log already says so.
-        PendingGroup& g = it->second;
-        if (!q.closed_groups.retired(gid)) q.closed_groups.retire(gid);
-        q.pending_trajectories -= g.members.size();
-        sort_members(g.members);
-        q.add_unit(std::make_move_iterator(g.members.begin()), std::make_move_iterator(g.members.end()), !complete,
-                   0, false, w);
-        q.groups.erase(it);
-      } else if (q.opt.group_timeout != kForever) {
-        // The timer restarts: how long the group waited before the restart is not in the log.
-        q.group_timers.emplace_back(now + q.opt.group_timeout, gid);
-      }
-    }
-  }
+  if (!q.opt.wal_path.empty()) LAMINAR_RETURN_IF_ERROR(q.recover());
   Impl* raw = impl.get();
   impl->clock_sub = impl->clock->subscribe([raw] {
     std::lock_guard<std::mutex> l(raw->mu);
