@@ -390,6 +390,34 @@ struct TrajectoryQueue::Impl {
     }
   }
 
+  // Why ack or nack (`op`) finds no lease of `batch`.
+  Status not_leased(const char* op, BatchId batch) const {
+    if (expired_batches.retired(batch.value())) {
+      return aborted(fmt::format("{}: the lease of batch {} expired; its trajectories were requeued", op, batch.value()));
+    }
+    return not_found(fmt::format("{}: batch {} is not leased (unknown or already acked)", op, batch.value()));
+  }
+
+  // With a log: rewrites it with only what is live, once it is large and at least half dead.
+  void maybe_compact() {
+    if (!wal || wal->bytes() < opt.wal_compact_bytes || wal_live_bytes * 2 > wal->bytes()) return;
+    TrajectoryWal::Snapshot s;
+    s.newest = newest;
+    ids.for_each_retired([&](std::uint64_t id) { s.window.push_back(id); });
+    closed_groups.for_each_retired([&](std::uint64_t gid) { s.closed_groups.push_back(gid); });
+    // Ready first, in order, so that a restart delivers them in the same order.
+    for (std::size_t i = 0; i < ready.size(); ++i) s.live.push_back(&ready[i]);
+    for (const auto& [id, d] : leases) {
+      for (const Trajectory& t : d->items) s.live.push_back(&t);
+    }
+    for (const auto& [gid, g] : groups) {
+      for (const Trajectory& t : g.members) s.live.push_back(&t);
+    }
+    Status st = wal->compact(s);
+    if (st.ok()) ++compactions;
+    note_bg(std::move(st));
+  }
+
   // --- taking a batch ---
 
   // pop_batch's batch, from the front of the ready queue: units leave it dropped as stale (judged
@@ -476,34 +504,6 @@ struct TrajectoryQueue::Impl {
       lease_timers = decltype(lease_timers)(std::greater<>(), std::move(live));
     }
     return d;
-  }
-
-  // Why ack or nack (`op`) finds no lease of `batch`.
-  Status not_leased(const char* op, BatchId batch) const {
-    if (expired_batches.retired(batch.value())) {
-      return aborted(fmt::format("{}: the lease of batch {} expired; its trajectories were requeued", op, batch.value()));
-    }
-    return not_found(fmt::format("{}: batch {} is not leased (unknown or already acked)", op, batch.value()));
-  }
-
-  // With a log: rewrites it with only what is live, once it is large and at least half dead.
-  void maybe_compact() {
-    if (!wal || wal->bytes() < opt.wal_compact_bytes || wal_live_bytes * 2 > wal->bytes()) return;
-    TrajectoryWal::Snapshot s;
-    s.newest = newest;
-    ids.for_each_retired([&](std::uint64_t id) { s.window.push_back(id); });
-    closed_groups.for_each_retired([&](std::uint64_t gid) { s.closed_groups.push_back(gid); });
-    // Ready first, in order, so that a restart delivers them in the same order.
-    for (std::size_t i = 0; i < ready.size(); ++i) s.live.push_back(&ready[i]);
-    for (const auto& [id, d] : leases) {
-      for (const Trajectory& t : d->items) s.live.push_back(&t);
-    }
-    for (const auto& [gid, g] : groups) {
-      for (const Trajectory& t : g.members) s.live.push_back(&t);
-    }
-    Status st = wal->compact(s);
-    if (st.ok()) ++compactions;
-    note_bg(std::move(st));
   }
 
   // --- restart ---
