@@ -44,6 +44,8 @@
 //   trajectory_queue_push_pop_vs_moodycamel (reference);
 //   trajectory_queue_push_pop vs a std::deque behind a std::mutex, no semantics (goal: >= 1e6/s);
 //   trajectory_queue_group_latency_p99 vs a std::condition_variable handoff (goal: ratio >= 0.5).
+// Every baseline must be stable (harness.h): repeats whose median is more than twice the fastest
+// end the run with exit code 3 instead of its line.
 #include <concurrentqueue/concurrentqueue.h>
 #include <sched.h>
 #include <unistd.h>
@@ -711,6 +713,7 @@ int main(int argc, char** argv) {
   for (double v : lat_base) std::printf(" %.1f", v * 1e6);
   std::printf("\n");
   // Goal: within 2x of the bare handoff (ratio >= 0.5). The headline.
+  laminar::bench::require_stable_baseline("std::condition_variable handoff", lat_base);
   laminar::bench::report_time("trajectory_queue_group_latency_p99", "us", summarize(lat_ours).median_s * 1e6,
                               "std::condition_variable handoff", summarize(lat_base).median_s * 1e6);
   return 0;

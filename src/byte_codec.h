@@ -1,5 +1,8 @@
 // byte_codec.h (private to src/): ByteWriter and ByteReader, the one little-endian codec under
-// laminar's binary formats (the trajectory encoding, the write-ahead log).
+// every binary format laminar reads from a peer or a file: the transport's frames, bootstrap frames
+// and remote-region descriptors, the relay chain's and the local relay's messages, the remote
+// queue's messages, the trajectory encoding, the write-ahead log, and the KV migration and repack
+// protocols. Each decoder has a libFuzzer target in tests/fuzz/.
 //
 // A ByteReader never reads past the end of its bytes. Each read either returns the value or
 // returns zero (an empty view) and records an error; the first error sticks and every later read

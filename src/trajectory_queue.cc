@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "id_window.h"
-#include "ring.h"
 #include "trajectory_wal.h"
 
 namespace laminar {
@@ -51,7 +50,6 @@ std::vector<Trajectory> Batch::release() {
 
 namespace {
 
-using internal::Ring;
 using internal::TrajectoryWal;
 using internal::WalRecordType;
 using internal::WalRetireReason;
@@ -118,6 +116,14 @@ struct Wake {
 
 using Timer = std::pair<Duration, std::uint64_t>;
 
+std::size_t min_count_of(const BatchSpec& spec) { return std::max<std::size_t>(spec.min_trajectories, 1); }
+
+// How many versions `version` is behind the consumer's.
+std::uint64_t staleness_of(const BatchSpec& spec, std::uint64_t version) {
+  const std::uint64_t consumer = spec.consumer_version.value();
+  return consumer > version ? consumer - version : 0;
+}
+
 // Into sample order. Members mostly arrive in order, and sorting sorted input still moves each.
 void sort_members(std::vector<Trajectory>& members) {
   auto by_index = [](const Trajectory& a, const Trajectory& b) { return a.sample_index < b.sample_index; };
@@ -140,8 +146,8 @@ struct TrajectoryQueue::Impl {
 
   const TrajectoryQueueOptions opt;
   const std::shared_ptr<Clock> clock;
-  std::unique_ptr<TrajectoryWal> wal;  // set by create()
-  RecoveryReport recovery;             // set by create()
+  std::unique_ptr<TrajectoryWal> wal;  // set by recover()
+  RecoveryReport recovery;             // set by recover()
   ClockSubscription clock_sub;
 
   mutable std::mutex mu;
@@ -160,8 +166,8 @@ struct TrajectoryQueue::Impl {
   std::size_t pending_trajectories = 0;
   std::deque<Timer> group_timers;  // FIFO: one timeout for all groups
 
-  Ring<Trajectory> ready;
-  Ring<Unit> units;  // over `ready`, in order
+  std::deque<Trajectory> ready;
+  std::deque<Unit> units;  // over `ready`, in order
   std::size_t ready_tokens = 0;
 
   std::unordered_map<std::uint64_t, std::shared_ptr<internal::BatchData>> leases;
@@ -202,6 +208,16 @@ struct TrajectoryQueue::Impl {
     if (waiters_woken || ready.size() < wake_at) return false;
     waiters_woken = true;
     return true;
+  }
+
+  // A consumer wanting `min_count` ready waits until `until`, the next timer or a wake-up.
+  void wait_for_data(std::unique_lock<std::mutex>& l, std::size_t min_count, Duration until) {
+    waiters_woken = false;
+    waiter_mins.push_back(min_count);
+    wake_at = std::min(wake_at, min_count);
+    clock->wait_until(data_cv, l, std::min(until, next_timer()));
+    waiter_mins.erase(std::find(waiter_mins.begin(), waiter_mins.end(), min_count));
+    wake_at = waiter_mins.empty() ? SIZE_MAX : *std::min_element(waiter_mins.begin(), waiter_mins.end());
   }
 
   // Members [first, last) become one ready unit, at the back or (redelivered) the front.
@@ -400,6 +416,153 @@ struct TrajectoryQueue::Impl {
     Status st = wal->compact(s);
     if (st.ok()) ++compactions;
     note_bg(std::move(st));
+  }
+
+  // --- taking a batch ---
+
+  // pop_batch's batch, from the front of the ready queue: units leave it dropped as stale (judged
+  // by their stalest member, and dropped whole: a partial GRPO group would bias the advantage
+  // baseline) or taken, until a limit. Null when too few are left once the stale ones are
+  // dropped: those taken go back and wait for company.
+  std::shared_ptr<internal::BatchData> take_batch(const BatchSpec& spec, Duration now, Wake& w) {
+    const std::size_t max_count = spec.max_trajectories ? spec.max_trajectories : SIZE_MAX;
+    const std::size_t max_tokens = spec.max_tokens ? spec.max_tokens : SIZE_MAX;
+    std::vector<Trajectory> taken, dropped;
+    taken.reserve(std::min(max_count, ready.size()));
+    std::vector<Unit> taken_units;
+    std::size_t tokens = 0;
+    bool full = false;  // a limit stopped the batch
+    while (!units.empty()) {
+      const Unit u = units.front();
+      const bool drop =
+          spec.staleness_rule == StalenessRule::kDrop && staleness_of(spec, u.min_version) > spec.max_staleness;
+      if (!drop && !taken.empty() && (taken.size() + u.len > max_count || tokens + u.tokens > max_tokens)) {
+        full = true;
+        break;
+      }
+      units.pop_front();
+      ready_tokens -= u.tokens;
+      std::vector<Trajectory>& to = drop ? dropped : taken;
+      for (std::uint32_t k = 0; k < u.len; ++k) {
+        to.push_back(std::move(ready.front()));
+        ready.pop_front();
+      }
+      if (drop) continue;
+      taken_units.push_back(u);
+      tokens += u.tokens;
+      if (taken.size() >= max_count || tokens >= max_tokens) {
+        full = true;
+        break;
+      }
+    }
+    if (!dropped.empty()) {
+      dropped_stale += dropped.size();
+      retire(dropped, WalRetireReason::kStale, w);
+    }
+    if (taken.size() < min_count_of(spec) && !full) {
+      for (std::size_t k = taken_units.size(), end = taken.size(); k-- > 0;) {
+        const Unit& u = taken_units[k];
+        for (std::size_t k2 = end; k2-- > end - u.len;) ready.push_front(std::move(taken[k2]));
+        units.push_front(Unit(u));
+        ready_tokens += u.tokens;
+        end -= u.len;
+      }
+      return nullptr;
+    }
+    return lease_out(std::move(taken), taken_units, tokens, spec, now);
+  }
+
+  // `taken`, made of `taken_units`, leased out as a new batch.
+  std::shared_ptr<internal::BatchData> lease_out(std::vector<Trajectory> taken, const std::vector<Unit>& taken_units,
+                                                 std::size_t tokens, const BatchSpec& spec, Duration now) {
+    auto d = std::make_shared<internal::BatchData>();
+    d->id = BatchId(next_batch_id++);
+    d->tokens = tokens;
+    d->deadline = deadline_after(now, spec.lease > Duration::zero() ? spec.lease : opt.default_lease);
+    d->info.reserve(taken.size());
+    d->unit_len.reserve(taken.size());
+    for (const Unit& u : taken_units) {
+      for (std::uint32_t k = 0; k < u.len; ++k) {
+        const std::uint64_t s = staleness_of(spec, taken[d->info.size()].version.value());
+        const bool over = spec.staleness_rule == StalenessRule::kKeepAndMark && s > spec.max_staleness;
+        d->info.push_back(TrajectoryInfo{s, over, u.partial_group, u.deliveries + 1});
+        d->unit_len.push_back(k == 0 ? u.len : 0);
+        ++staleness[std::min<std::uint64_t>(s, TrajectoryQueueStats::kStalenessBuckets - 1)];
+      }
+    }
+    d->items = std::move(taken);
+    leased_trajectories += d->items.size();
+    delivered += d->items.size();
+    if (d->deadline != kForever) lease_timers.emplace(d->deadline, d->id.value());
+    leases.emplace(d->id.value(), d);
+    if (lease_timers.size() > 2 * leases.size() + kStaleTimers) {
+      // Acked and nacked batches leave their timers behind; keep only the live ones.
+      std::vector<Timer> live;
+      for (const auto& [id, b] : leases) {
+        if (b->deadline != kForever) live.emplace_back(b->deadline, id);
+      }
+      lease_timers = decltype(lease_timers)(std::greater<>(), std::move(live));
+    }
+    return d;
+  }
+
+  // --- restart ---
+
+  // Opens the log at opt.wal_path and takes back what it holds: the dedup windows, the newest
+  // version, and each live trajectory, ready or in its pending group as before the restart.
+  Status recover() {
+    TrajectoryWal::Contents c;
+    // Straight into the windows, which keep as many as a queue that never restarted would.
+    const TrajectoryWal::Listener listener{[this](std::uint64_t id) { ids.retire(id); },
+                                           [this](std::uint64_t gid) { closed_groups.retire(gid); }};
+    Result<std::unique_ptr<TrajectoryWal>> opened =
+        TrajectoryWal::open(opt.wal_path, opt.wal_fsync, listener, c, recovery);
+    if (!opened.ok()) return opened.status();
+    wal = std::move(opened).value();
+    recovery.retired = c.retired;
+    newest = std::max(newest, c.newest);
+    wal_live_bytes = c.live_bytes;
+    const Duration now = clock->now();
+    Wake w;
+    std::vector<std::uint64_t> group_order;
+    for (Trajectory& t : c.live) {
+      // A live id the log also lists as retired stays refused either way.
+      ids.set_live(t.id.value());
+      ++held;
+      held_tokens += t.num_tokens();
+      if (t.group_size == 1) {
+        add_unit(std::make_move_iterator(&t), std::make_move_iterator(&t + 1), false, 0, false, w);
+        continue;
+      }
+      auto [it, fresh] = open_group(t, now);
+      PendingGroup& g = it->second;
+      if (fresh) group_order.push_back(t.group_id);
+      if (t.group_size != g.group_size || g.seen[t.sample_index]) {
+        return data_loss(fmt::format("WAL {}: trajectory {} does not fit its group {}", opt.wal_path, t.id.value(),
+                                     t.group_id));
+      }
+      g.seen[t.sample_index] = true;
+      g.members.push_back(std::move(t));
+      ++pending_trajectories;
+    }
+    for (std::uint64_t gid : group_order) {
+      auto it = groups.find(gid);
+      const bool complete = it->second.members.size() == it->second.group_size;
+      if (complete || closed_groups.retired(gid)) {
+        // Released as they were (or would have been) before the restart; the log already says so.
+        PendingGroup& g = it->second;
+        if (!closed_groups.retired(gid)) closed_groups.retire(gid);
+        pending_trajectories -= g.members.size();
+        sort_members(g.members);
+        add_unit(std::make_move_iterator(g.members.begin()), std::make_move_iterator(g.members.end()), !complete, 0,
+                 false, w);
+        groups.erase(it);
+      } else if (opt.group_timeout != kForever) {
+        // The timer restarts: how long the group waited before the restart is not in the log.
+        group_timers.emplace_back(now + opt.group_timeout, gid);
+      }
+    }
+    return ok_status();
   }
 
   // --- admission, shared by push and push_many ---
@@ -641,59 +804,7 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::create(TrajectoryQueue
   }
   auto impl = std::make_unique<Impl>(std::move(options));
   Impl& q = *impl;
-  if (!q.opt.wal_path.empty()) {
-    TrajectoryWal::Contents c;
-    // Straight into the windows, which keep as many as a queue that never restarted would.
-    const TrajectoryWal::Listener listener{[&q](std::uint64_t id) { q.ids.retire(id); },
-                                           [&q](std::uint64_t gid) { q.closed_groups.retire(gid); }};
-    Result<std::unique_ptr<TrajectoryWal>> wal =
-        TrajectoryWal::open(q.opt.wal_path, q.opt.wal_fsync, listener, c, q.recovery);
-    if (!wal.ok()) return wal.status();
-    q.wal = std::move(wal).value();
-    q.recovery.retired = c.retired;
-    q.newest = std::max(q.newest, c.newest);
-    q.wal_live_bytes = c.live_bytes;
-    const Duration now = q.clock->now();
-    Wake w;
-    std::vector<std::uint64_t> group_order;
-    for (Trajectory& t : c.live) {
-      // A live id the log also lists as retired stays refused either way.
-      q.ids.set_live(t.id.value());
-      ++q.held;
-      q.held_tokens += t.num_tokens();
-      if (t.group_size == 1) {
-        q.add_unit(std::make_move_iterator(&t), std::make_move_iterator(&t + 1), false, 0, false, w);
-        continue;
-      }
-      auto [it, fresh] = q.open_group(t, now);
-      PendingGroup& g = it->second;
-      if (fresh) group_order.push_back(t.group_id);
-      if (t.group_size != g.group_size || g.seen[t.sample_index]) {
-        return data_loss(fmt::format("WAL {}: trajectory {} does not fit its group {}", q.opt.wal_path,
-                                     t.id.value(), t.group_id));
-      }
-      g.seen[t.sample_index] = true;
-      g.members.push_back(std::move(t));
-      ++q.pending_trajectories;
-    }
-    for (std::uint64_t gid : group_order) {
-      auto it = q.groups.find(gid);
-      const bool complete = it->second.members.size() == it->second.group_size;
-      if (complete || q.closed_groups.retired(gid)) {
-        // Released as they were (or would have been) before the restart; the log already says so.
-        PendingGroup& g = it->second;
-        if (!q.closed_groups.retired(gid)) q.closed_groups.retire(gid);
-        q.pending_trajectories -= g.members.size();
-        sort_members(g.members);
-        q.add_unit(std::make_move_iterator(g.members.begin()), std::make_move_iterator(g.members.end()), !complete,
-                   0, false, w);
-        q.groups.erase(it);
-      } else if (q.opt.group_timeout != kForever) {
-        // The timer restarts: how long the group waited before the restart is not in the log.
-        q.group_timers.emplace_back(now + q.opt.group_timeout, gid);
-      }
-    }
-  }
+  if (!q.opt.wal_path.empty()) LAMINAR_RETURN_IF_ERROR(q.recover());
   Impl* raw = impl.get();
   impl->clock_sub = impl->clock->subscribe([raw] {
     std::lock_guard<std::mutex> l(raw->mu);
@@ -746,12 +857,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
     return invalid_argument(fmt::format("BatchSpec: negative wait ({} ns) or lease ({} ns)", spec.wait.count(),
                                         spec.lease.count()));
   }
-  const std::size_t max_count = spec.max_trajectories ? spec.max_trajectories : SIZE_MAX;
-  const std::size_t max_tokens = spec.max_tokens ? spec.max_tokens : SIZE_MAX;
-  const std::size_t min_count = std::max<std::size_t>(spec.min_trajectories, 1);
-  const Duration lease = spec.lease > Duration::zero() ? spec.lease : q.opt.default_lease;
-  const std::uint64_t consumer = spec.consumer_version.value();
-  auto staleness_of = [&](std::uint64_t v) { return consumer > v ? consumer - v : 0; };
+  const std::size_t min_count = min_count_of(spec);
 
   Wake w;
   std::unique_lock<std::mutex> l(q.mu);
@@ -762,7 +868,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
   };
   if (spec.consumer_version > q.newest) {
     return leave(invalid_argument(fmt::format("BatchSpec: consumer_version {} is ahead of the newest published {}",
-                                              consumer, q.newest.value())));
+                                              spec.consumer_version.value(), q.newest.value())));
   }
   Duration now = q.clock->now();
   const Duration deadline = deadline_after(now, spec.wait);
@@ -770,75 +876,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
     if (q.closed) return leave(cancelled("pop_batch: the queue is closed"));
     q.run_timers(now, w);
     if (q.ready.size() >= min_count) {
-      // Units leave the front: dropped as stale (judged by their stalest member, and dropped
-      // whole: a partial GRPO group would bias the advantage baseline) or taken, until a limit.
-      std::vector<Trajectory> taken, dropped;
-      taken.reserve(std::min(max_count, q.ready.size()));
-      std::vector<Unit> taken_units;
-      std::size_t tokens = 0;
-      bool full = false;
-      while (!q.units.empty()) {
-        const Unit u = q.units[0];
-        const bool drop = spec.staleness_rule == StalenessRule::kDrop && staleness_of(u.min_version) > spec.max_staleness;
-        if (!drop && !taken.empty() && (taken.size() + u.len > max_count || tokens + u.tokens > max_tokens)) {
-          full = true;
-          break;
-        }
-        q.units.pop_front();
-        q.ready_tokens -= u.tokens;
-        std::vector<Trajectory>& to = drop ? dropped : taken;
-        for (std::uint32_t k = 0; k < u.len; ++k) to.push_back(q.ready.pop_front());
-        if (drop) continue;
-        taken_units.push_back(u);
-        tokens += u.tokens;
-        if (taken.size() >= max_count || tokens >= max_tokens) {
-          full = true;
-          break;
-        }
-      }
-      if (!dropped.empty()) {
-        q.dropped_stale += dropped.size();
-        q.retire(dropped, WalRetireReason::kStale, w);
-      }
-      if (taken.size() >= min_count || (full && !taken.empty())) {
-        auto d = std::make_shared<internal::BatchData>();
-        d->id = BatchId(q.next_batch_id++);
-        d->tokens = tokens;
-        d->deadline = deadline_after(now, lease);
-        d->info.reserve(taken.size());
-        d->unit_len.reserve(taken.size());
-        for (const Unit& u : taken_units) {
-          for (std::uint32_t k = 0; k < u.len; ++k) {
-            const std::uint64_t s = staleness_of(taken[d->info.size()].version.value());
-            const bool over = spec.staleness_rule == StalenessRule::kKeepAndMark && s > spec.max_staleness;
-            d->info.push_back(TrajectoryInfo{s, over, u.partial_group, u.deliveries + 1});
-            d->unit_len.push_back(k == 0 ? u.len : 0);
-            ++q.staleness[std::min<std::uint64_t>(s, TrajectoryQueueStats::kStalenessBuckets - 1)];
-          }
-        }
-        d->items = std::move(taken);
-        q.leased_trajectories += d->items.size();
-        q.delivered += d->items.size();
-        if (d->deadline != kForever) q.lease_timers.emplace(d->deadline, d->id.value());
-        q.leases.emplace(d->id.value(), d);
-        if (q.lease_timers.size() > 2 * q.leases.size() + kStaleTimers) {
-          // Acked and nacked batches leave their timers behind; keep only the live ones.
-          std::vector<Timer> live;
-          for (const auto& [id, b] : q.leases) {
-            if (b->deadline != kForever) live.emplace_back(b->deadline, id);
-          }
-          q.lease_timers = decltype(q.lease_timers)(std::greater<>(), std::move(live));
-        }
-        return leave(Batch(std::move(d)));
-      }
-      // Too few left once the stale ones were dropped: the rest go back and wait for company.
-      for (std::size_t k = taken_units.size(), end = taken.size(); k-- > 0;) {
-        const Unit& u = taken_units[k];
-        for (std::size_t k2 = end; k2-- > end - u.len;) q.ready.push_front(std::move(taken[k2]));
-        q.units.push_front(Unit(u));
-        q.ready_tokens += u.tokens;
-        end -= u.len;
-      }
+      if (auto d = q.take_batch(spec, now, w)) return leave(Batch(std::move(d)));
     }
     if (spec.wait == Duration::zero()) {
       return leave(unavailable(fmt::format("pop_batch: {} trajectories ready, {} wanted", q.ready.size(), min_count)));
@@ -855,12 +893,7 @@ Result<Batch> TrajectoryQueue::pop_batch(const BatchSpec& spec) {
       now = q.clock->now();
       continue;
     }
-    q.waiters_woken = false;
-    q.waiter_mins.push_back(min_count);
-    q.wake_at = std::min(q.wake_at, min_count);
-    q.clock->wait_until(q.data_cv, l, std::min(deadline, q.next_timer()));
-    q.waiter_mins.erase(std::find(q.waiter_mins.begin(), q.waiter_mins.end(), min_count));
-    q.wake_at = q.waiter_mins.empty() ? SIZE_MAX : *std::min_element(q.waiter_mins.begin(), q.waiter_mins.end());
+    q.wait_for_data(l, min_count, deadline);
     now = q.clock->now();
   }
 }

@@ -488,8 +488,7 @@ Status TrajectoryWal::append_retire(WalRetireReason reason, std::span<const std:
 Status TrajectoryWal::append_u64(WalRecordType type, std::uint64_t v, bool sync) {
   std::string payload;
   ByteWriter(payload).u64(v);
-  const Record r{type, payload, checksum(type, payload)};
-  return append_all(std::span<const Record>(&r, 1), sync);
+  return append(type, payload, sync);
 }
 
 Status TrajectoryWal::compact(const Snapshot& s) {
@@ -516,13 +515,9 @@ void TrajectoryWal::cut_back() {
   if (::ftruncate(fd_.get(), off_t(size_)) == 0) (void)::lseek(fd_.get(), off_t(size_), SEEK_SET);
 }
 
-Status TrajectoryWal::append(WalRecordType type, std::string_view payload) {
-  return append(type, payload, checksum(type, payload));
-}
-
-Status TrajectoryWal::append(WalRecordType type, std::string_view payload, std::uint64_t checksum) {
-  const Record one{type, payload, checksum};
-  return append_all(std::span<const Record>(&one, 1));
+Status TrajectoryWal::append(WalRecordType type, std::string_view payload, bool sync) {
+  const Record one{type, payload, checksum(type, payload)};
+  return append_all(std::span<const Record>(&one, 1), sync);
 }
 
 Status TrajectoryWal::append_all(std::span<const Record> records, bool sync) {

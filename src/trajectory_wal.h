@@ -85,9 +85,10 @@ class TrajectoryWal {
   // Opens `path` (creating it) and replays it into `contents` and `report`. kFailedPrecondition,
   // naming the path, when it is not a regular file or not a laminar WAL of this format: such a file
   // is never written to; or when another TrajectoryWal, in any process, has it open (an exclusive
-  // flock, which compaction carries over to the new file and a process's death releases). An empty file is a new log (open made it, then a crash came before the
-  // header); so is one that holds a prefix of the header this build writes (the crash came while
-  // writing it), which is reported as a cut tail. kDataLoss for a malformed record, a trajectory
+  // flock, which compaction carries over to the new file and a process's death releases). An empty
+  // file is a new log (open made it, then a crash came before the header); so is one that holds a
+  // prefix of the header this build writes (the crash came while writing it), which is reported as
+  // a cut tail. kDataLoss for a malformed record, a trajectory
   // pushed twice while live, or a damaged record with more than zeros after it (see above).
   static Result<std::unique_ptr<TrajectoryWal>> open(const std::string& path, bool fsync_each,
                                                      const Listener& listener, Contents& contents,
@@ -103,15 +104,13 @@ class TrajectoryWal {
   // Replaces the log with `s`, atomically (write aside, fsync, rename).
   Status compact(const Snapshot& s);
 
-  // Appends one record. On failure (of the write, or of the fdatasync with fsync_each) the file
-  // is cut back to where it was, so a failed append never leaves a torn record in front of later
-  // ones, nor one that replay would bring back.
-  Status append(WalRecordType type, std::string_view payload);
-  // The same with the record's checksum (checksum()) computed beforehand: it reads the whole
-  // payload, so a writer computes it before taking the lock that serialises appends.
-  Status append(WalRecordType type, std::string_view payload, std::uint64_t checksum);
+  // Appends one record; `sync` as in append_all. On failure (of the write, or of the fdatasync
+  // with fsync_each) the file is cut back to where it was, so a failed append never leaves a torn
+  // record in front of later ones, nor one that replay would bring back.
+  Status append(WalRecordType type, std::string_view payload, bool sync = true);
   static std::uint64_t checksum(WalRecordType type, std::string_view payload);
-  // A record for append_all, its checksum computed beforehand.
+  // A record for append_all, its checksum computed beforehand: it reads the whole payload, so a
+  // writer computes it before taking the lock that serialises appends.
   struct Record {
     WalRecordType type;
     std::string_view payload;

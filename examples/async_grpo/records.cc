@@ -104,6 +104,10 @@ struct Field {
   const char* key;
   T* out;
 };
+// Spelled out for clang before 17, which deduces no aggregate's template arguments (the fuzz target
+// builds this file with clang).
+template <class T>
+Field(const char*, T*) -> Field<T>;
 
 // Reads the fields of one decoded object, rejecting missing, mistyped and unknown ones.
 class Fields {

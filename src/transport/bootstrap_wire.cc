@@ -101,8 +101,8 @@ std::vector<std::byte> encode_bootstrap_frame(const BootstrapFrame& f) {
 
 Result<std::optional<BootstrapFrame>> take_bootstrap_frame(std::vector<std::byte>& buffer) {
   if (buffer.size() < kLengthBytes) return std::optional<BootstrapFrame>();
-  std::uint32_t length = 0;
-  std::memcpy(&length, buffer.data(), kLengthBytes);
+  const std::uint32_t length =
+      ByteReader(std::span<const std::byte>(buffer.data(), kLengthBytes), "bootstrap frame").u32("length");
   if (length > kMaxBootstrapFrameBytes) {
     return data_loss(fmt::format("bootstrap frame: length {} at offset 0 exceeds the limit of {} bytes", length,
                                  kMaxBootstrapFrameBytes));

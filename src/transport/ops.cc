@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "byte_codec.h"
 #include "laminar/transport.h"
 #include "transport/core.h"
 #include "transport/wire.h"
@@ -376,8 +377,9 @@ ucs_status_t TransportCore::am_recv_cb(void* arg, const void* header, std::size_
   auto* self = static_cast<TransportCore*>(arg);
   // The header names the connection by the token this side gave it in the handshake; a frame
   // without a token of an open connection is dropped before a byte of it is read.
-  std::uint64_t token = 0;
-  if (header_length == sizeof(token)) std::memcpy(&token, header, sizeof(token));
+  ByteReader h(std::span(static_cast<const std::byte*>(header), header_length), "frame header");
+  std::uint64_t token = h.u64("token");
+  if (!h.finish().ok()) token = 0;
   const auto by_token = token == 0 ? self->by_token_.end() : self->by_token_.find(token);
   auto e = by_token == self->by_token_.end() ? nullptr : self->find(by_token->second);
   // The client's first frame may overtake its ready on the bootstrap socket; either one opens it.
