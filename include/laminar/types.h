@@ -177,8 +177,6 @@ class TensorView {
   std::string describe() const;
 
  private:
-  static Status check(const TensorView& v, StridePolicy policy);
-
   void* data_ = nullptr;
   std::uint64_t byte_offset_ = 0;
   DType dtype_ = DType::kF32;
