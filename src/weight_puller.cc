@@ -12,8 +12,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "laminar/internal/host_buffer.h"
 #include "clock_wait.h"
+#include "host_buffer.h"
 #include "local_relay_wire.h"
 #include "relay_chunks.h"
 

@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "host_buffer.h"
 #include "kv_migration_wire.h"
-#include "laminar/internal/host_buffer.h"
 #include "laminar/kernels/paged_decode.h"
 #include "transport/protocol.h"
 
