@@ -43,6 +43,7 @@ struct RepackDriver::Impl {
   std::uint64_t coordinator_id = 0;              // its id, which orders must arrive on (0: none)
   std::optional<internal::RepackOrders> pending;
   RepackDriverStats st;
+  Status first_error;  // see background_error()
   internal::ClockedThread thread;
   HandlerGate gate;
 
@@ -80,6 +81,10 @@ struct RepackDriver::Impl {
         l.lock();
         if (!ep.ok()) {
           ++st.connects_failed;
+          const StatusCode code = ep.status().code();
+          if (first_error.ok() && (code == StatusCode::kInvalidArgument || code == StatusCode::kFailedPrecondition)) {
+            first_error = ep.status().with_context("repack driver: connecting to the coordinator");
+          }
           retry_at = deadline_after(*clock, opt.retry_interval);
           continue;
         }
@@ -217,6 +222,11 @@ Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& sna
     d.cv.notify_all();
   }
   return d.migrator->poll();
+}
+
+Status RepackDriver::background_error() const {
+  std::lock_guard l(impl_->mu);
+  return impl_->first_error;
 }
 
 RepackDriverStats RepackDriver::stats() const {
