@@ -40,7 +40,7 @@ struct RepackDriver::Impl {
   std::condition_variable cv;
   std::optional<internal::RepackReport> outbox;  // the newest report not sent yet
   Endpoint coordinator;                          // invalid while not connected
-  std::uint64_t coordinator_id = 0;              // its id, which orders must arrive on (0: none)
+  EndpointId coordinator_id;                     // its id, which orders must arrive on (0: none)
   std::optional<internal::RepackOrders> pending;
   RepackDriverStats st;
   Status first_error;  // see background_error()
@@ -54,7 +54,7 @@ struct RepackDriver::Impl {
   void on_orders(const Incoming& in) {
     Result<internal::RepackOrders> o = internal::decode_repack_orders(in.message.body);
     std::lock_guard l(mu);
-    if (!o.ok() || coordinator_id == 0 || in.from.id() != coordinator_id) {
+    if (!o.ok() || coordinator_id == EndpointId() || in.from.id() != coordinator_id) {
       ++st.orders_refused;
       return;
     }
@@ -105,7 +105,7 @@ struct RepackDriver::Impl {
         ++st.reports_failed;
         ep.close();
         coordinator = Endpoint();
-        coordinator_id = 0;
+        coordinator_id = EndpointId();
       }
     }
   }

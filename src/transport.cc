@@ -124,7 +124,7 @@ RemoteRegion MemoryRegion::remote() const {
   return RemoteRegion{reinterpret_cast<std::uint64_t>(state_->data), state_->size, state_->packed_rkey};
 }
 
-std::uint64_t Endpoint::id() const noexcept { return state_ ? state_->id : 0; }
+EndpointId Endpoint::id() const noexcept { return EndpointId(state_ ? state_->id : 0); }
 std::string Endpoint::peer_address() const { return state_ ? state_->peer : std::string(); }
 Status Endpoint::status() const { return state_ ? state_->status() : no_endpoint(); }
 std::string Endpoint::transport_info() const { return state_ ? state_->info() : std::string(); }

@@ -411,7 +411,7 @@ struct PromptServer::Impl {
     }
     laminar::CloseSubscription sub;
     if (!known) {
-      const std::uint64_t endpoint = in.from.id();
+      const laminar::EndpointId endpoint = in.from.id();
       Result<laminar::CloseSubscription> s =
           in.from.on_close(gate.wrap([this, endpoint](Status) { on_closed(endpoint); }));
       if (s.ok()) sub = std::move(*s);
@@ -434,7 +434,7 @@ struct PromptServer::Impl {
     }
   }
 
-  void on_closed(std::uint64_t endpoint) {
+  void on_closed(laminar::EndpointId endpoint) {
     Graveyard graveyard;
     Changing l(*this);
     for (auto it = workers.begin(); it != workers.end(); ++it) {

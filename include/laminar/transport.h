@@ -33,7 +33,9 @@
 //     another callback, and the Transport must not be destroyed from one.
 // Every other method is thread-safe and runs on the caller's thread. connect, accept, receive,
 // send, request, reply and reply_error block their caller until done or until their deadline;
-// request_async, put and get return at once with a std::future.
+// request_async, put and get return at once with a std::future. Every failure of the two threads'
+// work reaches the operation it belongs to (its Status or future) or its endpoint (status(),
+// on_close), so a Transport has no background_error().
 //
 // Time. Every timeout is a laminar::Duration; an operation without one uses the options' default,
 // and kForever is the only way to wait without a deadline. Deadlines read TransportOptions::clock:
@@ -75,6 +77,7 @@
 
 #include "laminar/clock.h"
 #include "laminar/status.h"
+#include "laminar/types.h"
 
 namespace laminar {
 
@@ -223,8 +226,8 @@ class Endpoint {
  public:
   Endpoint() = default;
   bool valid() const noexcept { return state_ != nullptr; }
-  // Unique within its transport.
-  std::uint64_t id() const noexcept;
+  // Unique within its transport; EndpointId() (0) for an empty handle.
+  EndpointId id() const noexcept;
   // "host:port" of the peer as given to connect, or as seen by the listener.
   std::string peer_address() const;
   // The connection's state: OK while usable; else the first error, which is why it closed

@@ -1,7 +1,7 @@
 // types.h: the vocabulary every laminar component shares.
 //
-// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId, MigrationId) so a worker id is
-// never passed where a version is expected; DType; Device; Stream (an opaque handle, so no CUDA header
+// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId, MigrationId, EndpointId) so a
+// worker id is never passed where a version is expected; DType; Device; Stream (an opaque handle, so no CUDA header
 // leaks into user code); and TensorView, a non-owning view of a strided tensor that converts
 // losslessly from and to DLPack's DLTensor, which is how tensors cross from PyTorch, JAX or
 // the host engine into laminar.
@@ -48,6 +48,7 @@ struct WorkerIdTag {};
 struct TrajectoryIdTag {};
 struct BatchIdTag {};
 struct MigrationIdTag {};
+struct EndpointIdTag {};
 
 // A policy version. Versions published by one actor strictly increase; 0 is the initial policy.
 using Version = StrongId<VersionTag, std::uint64_t>;
@@ -61,6 +62,8 @@ using TrajectoryId = StrongId<TrajectoryIdTag, std::uint64_t>;
 using BatchId = StrongId<BatchIdTag, std::uint64_t>;
 // One KV migration between two rollout workers (random, chosen by its source; never 0).
 using MigrationId = StrongId<MigrationIdTag, std::uint64_t>;
+// One connection of a Transport (Endpoint::id(): unique within its transport; never 0).
+using EndpointId = StrongId<EndpointIdTag, std::uint64_t>;
 
 // Element types laminar moves and computes on.
 enum class DType : std::uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };

@@ -478,7 +478,7 @@ Result<Incoming> TransportCore::receive(Duration timeout) {
   inbox_.pop_front();
   const std::size_t bytes = inbox_cost(in);
   inbox_bytes_ -= bytes;
-  auto it = inbox_bytes_by_endpoint_.find(in.from.id());
+  auto it = inbox_bytes_by_endpoint_.find(in.from.id().value());
   if ((it->second -= bytes) == 0) inbox_bytes_by_endpoint_.erase(it);
   return in;
 }
@@ -493,10 +493,10 @@ Status TransportCore::enqueue(Incoming&& in) {
   {
     std::lock_guard lock(queues_mu_);
     if (shut_down_) return ok_status();
-    std::size_t& mine = inbox_bytes_by_endpoint_[in.from.id()];
+    std::size_t& mine = inbox_bytes_by_endpoint_[in.from.id().value()];
     const bool over_connection = mine + bytes > options_.max_inbox_bytes_per_connection;
     if (over_connection || inbox_bytes_ + bytes > options_.max_inbox_bytes) {
-      if (mine == 0) inbox_bytes_by_endpoint_.erase(in.from.id());
+      if (mine == 0) inbox_bytes_by_endpoint_.erase(in.from.id().value());
       ++inbox_refused_;
       return resource_exhausted(fmt::format(
           "message type {} has no handler here and the receive() queue of {} is full ({} of {} bytes{})",
