@@ -1,4 +1,4 @@
-// kv_migrate_bench: KvMigrator moving one live sequence, shaped like a 7B GQA model's (28 layers,
+// kv_migrator_bench: KvMigrator moving one live sequence, shaped like a 7B GQA model's (28 layers,
 // 4 KV heads, head_dim 128, bf16, pages of 16 tokens: 56 KiB of K+V a token), between two
 // processes on this host, each with its Transport (UCX chooses: shared memory), PagedKvCache and
 // KvMigrator. Against baselines measured in the same run:
@@ -14,12 +14,12 @@
 //     lasts --step-ms, as a loaded 7B worker's step does; the migrator is polled between steps.
 //     Once paused, the source has nothing to decode and polls every --poll-us, as the destination
 //     always does.
-// The destination is this binary re-executed (`kv_migrate_bench dest MAX_TOKENS POOLS`); after every
+// The destination is this binary re-executed (`kv_migrator_bench dest MAX_TOKENS POOLS`); after every
 // migration it checks every K/V row that arrived against the pattern the source wrote, outside
 // the timings, and releases the sequence. Prints a table on stderr and one JSON line per metric,
 // the one --headline names last.
 //
-//   kv_migrate_bench [--lengths 256,1024,4096,8192] [--repeats 7] [--step-ms 25] [--poll-us 100]
+//   kv_migrator_bench [--lengths 256,1024,4096,8192] [--repeats 7] [--step-ms 25] [--poll-us 100]
 //                    [--headline downtime|throughput] [--pools allocated|registered]
 // --pools: the caches' pools in memory the transport allocated (KvMigrator::allocate_cache, the
 // default), or the caches' own, which the migrators register.
@@ -69,7 +69,7 @@ const char* const kToken = "kv-migrate-bench-token-0123456789";
 const Version kVersion(1);
 
 [[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "kv_migrate_bench: %s\n", what.c_str());
+  std::fprintf(stderr, "kv_migrator_bench: %s\n", what.c_str());
   std::exit(1);
 }
 
@@ -247,7 +247,7 @@ int run_dest(std::int64_t max_tokens, Pools where) {
       if (e.kind == MigrationEvent::Kind::kArrived) {
         for (SequenceState& s : e.states) arrived[s.sequence.value()] = std::move(s);
       } else if (e.kind == MigrationEvent::Kind::kAborted) {
-        std::fprintf(stderr, "kv_migrate_bench dest: migration aborted: %s\n", e.reason.to_string().c_str());
+        std::fprintf(stderr, "kv_migrator_bench dest: migration aborted: %s\n", e.reason.to_string().c_str());
       }
     }
     std::optional<Incoming> request;
@@ -584,7 +584,7 @@ int main(int argc, char** argv) {
     } else if (args[i] == "--headline") {
       headline = args[i + 1];
     } else {
-      die("usage: kv_migrate_bench [--lengths A,B,..] [--repeats R] [--step-ms S] [--poll-us P] "
+      die("usage: kv_migrator_bench [--lengths A,B,..] [--repeats R] [--step-ms S] [--poll-us P] "
           "[--headline downtime|throughput] [--pools allocated|registered]");
     }
   }
@@ -609,7 +609,7 @@ int main(int argc, char** argv) {
                 std::chrono::microseconds(poll_us));
   const std::size_t bytes = std::size_t(longest) * token_bytes(source.layout());
   // The migrators connect through the same transports, so they use these lanes too.
-  std::fprintf(stderr, "kv_migrate_bench: %lld tokens = %.1f MB of K+V; UCX lanes:\n%s", (long long)longest,
+  std::fprintf(stderr, "kv_migrator_bench: %lld tokens = %.1f MB of K+V; UCX lanes:\n%s", (long long)longest,
                double(bytes) / 1e6, source.lanes().c_str());
 
   // Throughput: blocking copy against one put, taking turns; one warm-up round each. Beside them,
@@ -644,7 +644,7 @@ int main(int argc, char** argv) {
         round_trip_s.push_back(trip);
       }
     }
-    std::fprintf(stderr, "kv_migrate_bench: source stats %s\n", mig->stats().to_json().c_str());
+    std::fprintf(stderr, "kv_migrator_bench: source stats %s\n", mig->stats().to_json().c_str());
   }
   bench::require_stable_baseline("bulk put", put_s);
   const double put_gbps = double(bytes) / median(put_s) / 1e9;

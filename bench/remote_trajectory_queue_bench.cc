@@ -1,12 +1,13 @@
-// remote_queue_bench: rollout processes pushing into a TrajectoryQueue over the Transport. A child
-// process (this binary re-executed) pushes realistic trajectories (realistic_trajectory.h) from
-// several threads sharing one RemoteProducer, while a consumer thread in the parent pops and acks.
+// remote_trajectory_queue_bench: rollout processes pushing into a TrajectoryQueue over the
+// Transport. A child process (this binary re-executed) pushes realistic trajectories
+// (realistic_trajectory.h) from several threads sharing one RemoteProducer, while a consumer
+// thread in the parent pops and acks.
 // Each group of 8 goes in one RemoteProducer::push_many() message, against push() one trajectory
 // at a time (a round trip each) in the same run, children alternating. Then both again into a
 // queue with wal_fsync, where a push_many message also takes one fdatasync for its 8 where push()
 // takes one each.
 //
-//   remote_queue_bench [--count N] [--fsync-count N] [--threads T] [--repeats R] [--wal-dir DIR]
+//   remote_trajectory_queue_bench [--count N] [--fsync-count N] [--threads T] [--repeats R] [--wal-dir DIR]
 //
 // Time runs in the child from its first push to its last answer (connecting is not counted).
 // Lines (JSON): remote_push_many_wal_fsync vs remote_push_wal_fsync; remote_push_many vs
@@ -40,7 +41,8 @@ const char* const kToken = "remote-queue-bench-token-0123456789";
 constexpr std::size_t kGroup = 8;
 
 [[noreturn]] void die(const std::string& what, const laminar::Status& st = {}) {
-  std::fprintf(stderr, "remote_queue_bench: %s%s%s\n", what.c_str(), st.ok() ? "" : ": ", st.to_string().c_str());
+  std::fprintf(stderr, "remote_trajectory_queue_bench: %s%s%s\n", what.c_str(), st.ok() ? "" : ": ",
+               st.to_string().c_str());
   std::exit(1);
 }
 
