@@ -92,7 +92,7 @@ void KvMigrator::Impl::queue(Incoming msg) {
       return;
     }
   }
-  if (msg.request_id != 0) {
+  if (msg.request_id != RequestId()) {
     (void)msg.from.reply_error(msg, resource_exhausted(fmt::format("kv migrator: {} messages wait for poll()",
                                                                    kInboxLimit)));
   }

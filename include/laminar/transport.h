@@ -260,7 +260,7 @@ class Endpoint {
   std::future<Result<Message>> request_async(const Message& message,
                                              std::optional<Duration> timeout = std::nullopt);
 
-  // Answers a request received on this endpoint (to.request_id != 0, else kInvalidArgument).
+  // Answers a request received on this endpoint (to.request_id set, else kInvalidArgument).
   [[nodiscard]] Status reply(const Incoming& to, const Message& message);
   // Makes the requester's request() return `error` (not OK, else kInvalidArgument).
   [[nodiscard]] Status reply_error(const Incoming& to, const Status& error);
@@ -292,8 +292,8 @@ struct Incoming {
   // The sender; reply through it, or keep it to talk back later.
   Endpoint from;
   Message message;
-  // Non-zero when the sender waits in request(): answer with from.reply(*this, ...).
-  std::uint64_t request_id = 0;
+  // Set (not RequestId()) when the sender waits in request(): answer with from.reply(*this, ...).
+  RequestId request_id;
 };
 
 // Runs on the transport's callback thread, one message at a time in arrival order (see Threads at

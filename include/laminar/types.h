@@ -1,10 +1,10 @@
 // types.h: the vocabulary every laminar component shares.
 //
-// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId, MigrationId, EndpointId) so a
-// worker id is never passed where a version is expected; DType; Device; Stream (an opaque handle, so no CUDA header
-// leaks into user code); and TensorView, a non-owning view of a strided tensor that converts
-// losslessly from and to DLPack's DLTensor, which is how tensors cross from PyTorch, JAX or
-// the host engine into laminar.
+// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId, MigrationId, EndpointId,
+// RequestId) so a worker id is never passed where a version is expected; DType; Device; Stream (an
+// opaque handle, so no CUDA header leaks into user code); and TensorView, a non-owning view of a
+// strided tensor that converts losslessly from and to DLPack's DLTensor, which is how tensors cross
+// from PyTorch, JAX or the host engine into laminar.
 //
 //   float buf[6] = {};
 //   std::int64_t shape[2] = {2, 3};
@@ -49,6 +49,7 @@ struct TrajectoryIdTag {};
 struct BatchIdTag {};
 struct MigrationIdTag {};
 struct EndpointIdTag {};
+struct RequestIdTag {};
 
 // A policy version. Versions published by one actor strictly increase; 0 is the initial policy.
 using Version = StrongId<VersionTag, std::uint64_t>;
@@ -64,6 +65,9 @@ using BatchId = StrongId<BatchIdTag, std::uint64_t>;
 using MigrationId = StrongId<MigrationIdTag, std::uint64_t>;
 // One connection of a Transport (Endpoint::id(): unique within its transport; never 0).
 using EndpointId = StrongId<EndpointIdTag, std::uint64_t>;
+// A request waiting for its reply on one connection (Incoming::request_id; RequestId(), 0, for a
+// one-way message).
+using RequestId = StrongId<RequestIdTag, std::uint64_t>;
 
 // Element types laminar moves and computes on.
 enum class DType : std::uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };

@@ -321,7 +321,7 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
     case FrameKind::kRequest: {
       if (f.kind == FrameKind::kRequest) ++e.unanswered;
       Incoming in{make_endpoint(find(e.id)), Message{f.type, std::move(f.body)},
-                  f.kind == FrameKind::kRequest ? f.id : 0};
+                  RequestId(f.kind == FrameKind::kRequest ? f.id : 0)};
       post_callback([this, in = std::move(in)]() mutable {
         MessageHandler handler;
         {
@@ -336,14 +336,14 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
         if (is_reserved(in.message.type)) {
           // A laminar protocol this process does not run: receive() is the application's, so the
           // message goes nowhere, and a requester learns why at once rather than at its deadline.
-          if (in.request_id != 0) {
+          if (in.request_id != RequestId()) {
             (void)in.from.reply_error(
                 in, unimplemented(fmt::format("no laminar protocol serves message type {:#x} here",
                                               in.message.type)));
           }
           return;
         }
-        if (Status refused = enqueue(std::move(in)); !refused.ok() && in.request_id != 0) {
+        if (Status refused = enqueue(std::move(in)); !refused.ok() && in.request_id != RequestId()) {
           (void)in.from.reply_error(in, refused);
         }
       });
