@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "clock_wait.h"
+#include "clocked_thread.h"
 #include "laminar/handler_gate.h"
-#include "laminar/internal/clocked_thread.h"
 #include "remote_trajectory_queue_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"

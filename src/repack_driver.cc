@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "clock_wait.h"
+#include "clocked_thread.h"
 #include "laminar/handler_gate.h"
-#include "laminar/internal/clocked_thread.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
