@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <time.h>
 
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -41,13 +45,13 @@ SteadyClock::SteadyClock() {
   slack_ = 2 * (std::chrono::seconds(res.tv_sec) + Duration(res.tv_nsec));
 }
 
-Clock::Duration SteadyClock::coarse_now() const noexcept {
+Duration SteadyClock::coarse_now() const noexcept {
   timespec ts{};
   ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return std::chrono::seconds(ts.tv_sec) + Duration(ts.tv_nsec);
 }
 
-Clock::Duration SteadyClock::now() const noexcept {
+Duration SteadyClock::now() const noexcept {
   return std::chrono::duration_cast<Duration>(std::chrono::steady_clock::now().time_since_epoch());
 }
 
@@ -61,6 +65,27 @@ void SteadyClock::wait_until(std::condition_variable& cv, std::unique_lock<std::
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(deadline)));
 }
 
+struct ManualClock::State {
+  explicit State(Duration start) : now_ns(start.count()) {}
+
+  void wake_all() {
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& [id, wake] : subscribers) wake();
+  }
+
+  std::atomic<std::int64_t> now_ns;
+  // Serialises advance() against subscribe/unsubscribe so a callback never runs after its
+  // subscription is gone. Lock order: this mutex, then whatever the callback locks.
+  std::mutex mu;
+  std::map<std::uint64_t, std::function<void()>> subscribers;
+  std::uint64_t next_id = 1;
+};
+
+ManualClock::ManualClock(Duration start) : s_(std::make_unique<State>(start)) {}
+ManualClock::~ManualClock() = default;
+
+Duration ManualClock::now() const noexcept { return Duration(s_->now_ns.load(std::memory_order_acquire)); }
+
 void ManualClock::wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
                              Duration deadline) const {
   // The caller checked now() under `lock`; advance() takes that same lock before notifying (through
@@ -69,48 +94,43 @@ void ManualClock::wait_until(std::condition_variable& cv, std::unique_lock<std::
 }
 
 ClockSubscription ManualClock::subscribe(std::function<void()> wake) {
-  std::lock_guard<std::mutex> l(mu_);
-  const std::uint64_t id = next_id_++;
-  subscribers_.emplace(id, std::move(wake));
+  std::lock_guard<std::mutex> l(s_->mu);
+  const std::uint64_t id = s_->next_id++;
+  s_->subscribers.emplace(id, std::move(wake));
   return make_subscription(id);
 }
 
 void ManualClock::unsubscribe(std::uint64_t id) noexcept {
-  std::lock_guard<std::mutex> l(mu_);
-  subscribers_.erase(id);
-}
-
-void ManualClock::wake_all() {
-  std::lock_guard<std::mutex> l(mu_);
-  for (auto& [id, wake] : subscribers_) wake();
+  std::lock_guard<std::mutex> l(s_->mu);
+  s_->subscribers.erase(id);
 }
 
 Status ManualClock::advance(Duration d) {
   if (d < Duration::zero()) {
     return invalid_argument(fmt::format("ManualClock::advance: negative step {} ns", d.count()));
   }
-  std::int64_t cur = now_ns_.load(std::memory_order_acquire);
+  std::int64_t cur = s_->now_ns.load(std::memory_order_acquire);
   do {
     // Time stops short of kForever, which means "no deadline" to every waiter.
     if (d.count() >= kForever.count() - cur) {
       return invalid_argument(
           fmt::format("ManualClock::advance: a step of {} ns from {} ns passes kForever", d.count(), cur));
     }
-  } while (!now_ns_.compare_exchange_weak(cur, cur + d.count(), std::memory_order_acq_rel));
-  wake_all();
+  } while (!s_->now_ns.compare_exchange_weak(cur, cur + d.count(), std::memory_order_acq_rel));
+  s_->wake_all();
   return ok_status();
 }
 
 Status ManualClock::set(Duration t) {
   if (t >= kForever) return invalid_argument("ManualClock::set: kForever is not a time");
-  std::int64_t cur = now_ns_.load(std::memory_order_acquire);
+  std::int64_t cur = s_->now_ns.load(std::memory_order_acquire);
   do {
     if (t.count() < cur) {
       return invalid_argument(
           fmt::format("ManualClock::set: {} ns is before the current time {} ns", t.count(), cur));
     }
-  } while (!now_ns_.compare_exchange_weak(cur, t.count(), std::memory_order_acq_rel));
-  wake_all();
+  } while (!s_->now_ns.compare_exchange_weak(cur, t.count(), std::memory_order_acq_rel));
+  s_->wake_all();
   return ok_status();
 }
 

@@ -1,4 +1,4 @@
-#include "laminar/internal/host_buffer.h"
+#include "host_buffer.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -72,32 +74,107 @@ Status validate(const PageTable& t, const KvLayout& l) {
   return ok_status();
 }
 
-void PagedKvCache::FreeDeleter::operator()(unsigned char* p) const noexcept { std::free(p); }
+// Everything the cache holds; the public class is a move-only handle to it, so moving a cache
+// moves one pointer and the pools stay where they are.
+struct PagedKvCache::State {
+  struct Sequence {
+    std::vector<std::int32_t> pages;
+    std::int64_t length = 0;
+  };
+  struct FreeDeleter {
+    void operator()(unsigned char* p) const noexcept { std::free(p); }
+  };
 
-void PagedKvCache::init_free_list() {
-  free_.reserve(std::size_t(layout_.num_pages));
-  for (std::int32_t p = layout_.num_pages - 1; p >= 0; --p) free_.push_back(p);
-  reserved_.assign(std::size_t(layout_.num_pages), false);
-}
+  KvLayout layout;
+  unsigned char* k = nullptr;  // [num_layers, num_pages, page_size, num_kv_heads, head_dim] of layout.dtype
+  unsigned char* v = nullptr;
+  Device device = Device::cpu();
+  // Set when the cache allocated the pools; null for adopted ones.
+  std::unique_ptr<unsigned char[], FreeDeleter> k_owned;
+  std::unique_ptr<unsigned char[], FreeDeleter> v_owned;
+  std::vector<std::int32_t> free;  // a stack: the most recently freed page is reused first
+  std::unordered_map<SequenceId, Sequence> seqs;
+  std::vector<bool> reserved;  // [num_pages]: taken by reserve_pages and not given back or adopted
+  std::int32_t reserved_count = 0;
+
+  std::int64_t pages_for(std::int64_t tokens) const noexcept { return (tokens + layout.page_size - 1) / layout.page_size; }
+
+  void init_free_list() {
+    free.reserve(std::size_t(layout.num_pages));
+    for (std::int32_t p = layout.num_pages - 1; p >= 0; --p) free.push_back(p);
+    reserved.assign(std::size_t(layout.num_pages), false);
+  }
+
+  // kInvalidArgument naming the page for one not reserved or given twice.
+  Status check_reserved(std::span<const std::int32_t> pages) const {
+    std::unordered_set<std::int32_t> seen;
+    for (std::int32_t p : pages) {
+      if (p < 0 || p >= layout.num_pages || !reserved[std::size_t(p)]) {
+        return invalid_argument(fmt::format("PagedKvCache: page {} is not reserved", p));
+      }
+      if (!seen.insert(p).second) return invalid_argument(fmt::format("PagedKvCache: page {} given twice", p));
+    }
+    return ok_status();
+  }
+
+  // Preconditions: check_reserved(pages) is OK.
+  void return_reserved(std::span<const std::int32_t> pages) {
+    for (auto p = pages.rbegin(); p != pages.rend(); ++p) {
+      reserved[std::size_t(*p)] = false;
+      free.push_back(*p);
+    }
+    reserved_count -= std::int32_t(pages.size());
+  }
+
+  TensorView pool_view(unsigned char* base) const {
+    const std::int64_t shape[5] = {layout.num_layers, layout.num_pages, layout.page_size, layout.num_kv_heads,
+                                   layout.head_dim};
+    // The layout was validated and the memory is there, so the view is well formed.
+    auto view = TensorView::contiguous(base, layout.dtype, shape, device);
+    LAMINAR_CHECK_MSG(view.ok(), view.status().to_string());
+    return *view;
+  }
+
+  Status check_layer(std::int32_t layer) const {
+    if (layer < 0 || layer >= layout.num_layers) {
+      return out_of_range(fmt::format("PagedKvCache: layer {} outside a cache of {} layers", layer, layout.num_layers));
+    }
+    return ok_status();
+  }
+
+  Result<void*> page_address(unsigned char* base, std::int32_t layer, std::int32_t page) const {
+    LAMINAR_RETURN_IF_ERROR(check_layer(layer));
+    if (page < 0 || page >= layout.num_pages) {
+      return out_of_range(fmt::format("PagedKvCache: page {} outside a pool of {} pages", page, layout.num_pages));
+    }
+    return static_cast<void*>(base + std::int64_t(layer) * layout.layer_bytes() +
+                              std::int64_t(page) * layout.page_bytes());
+  }
+};
+
+PagedKvCache::PagedKvCache(std::unique_ptr<State> state) : s_(std::move(state)) {}
+PagedKvCache::PagedKvCache(PagedKvCache&&) noexcept = default;
+PagedKvCache& PagedKvCache::operator=(PagedKvCache&&) noexcept = default;
+PagedKvCache::~PagedKvCache() = default;
 
 Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout) {
   LAMINAR_RETURN_IF_ERROR(validate(layout));
-  PagedKvCache c;
-  c.layout_ = layout;
+  auto c = std::make_unique<State>();
+  c->layout = layout;
   const auto bytes = std::size_t(layout.pool_bytes());
   // 64-byte alignment: whole cache lines per page start, and aligned vector loads in the kernels.
   const std::size_t rounded = (bytes + 63) / 64 * 64;
-  c.k_owned_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
-  c.v_owned_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
-  if (!c.k_owned_ || !c.v_owned_) {
+  c->k_owned.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
+  c->v_owned.reset(static_cast<unsigned char*>(std::aligned_alloc(64, rounded)));
+  if (!c->k_owned || !c->v_owned) {
     return resource_exhausted(fmt::format("PagedKvCache: cannot allocate two pools of {} bytes", bytes));
   }
-  c.k_ = c.k_owned_.get();
-  c.v_ = c.v_owned_.get();
-  std::memset(c.k_, 0, bytes);
-  std::memset(c.v_, 0, bytes);
-  c.init_free_list();
-  return c;
+  c->k = c->k_owned.get();
+  c->v = c->v_owned.get();
+  std::memset(c->k, 0, bytes);
+  std::memset(c->v, 0, bytes);
+  c->init_free_list();
+  return PagedKvCache(std::move(c));
 }
 
 Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout, const TensorView& k_pool,
@@ -130,159 +207,115 @@ Result<PagedKvCache> PagedKvCache::create(const KvLayout& layout, const TensorVi
   if (k_begin < v_begin + bytes && v_begin < k_begin + bytes) {
     return invalid_argument("PagedKvCache: v_pool: overlaps k_pool");
   }
-  PagedKvCache c;
-  c.layout_ = layout;
-  c.k_ = static_cast<unsigned char*>(k_pool.data());
-  c.v_ = static_cast<unsigned char*>(v_pool.data());
-  c.device_ = k_pool.device();
-  c.init_free_list();
-  return c;
+  auto c = std::make_unique<State>();
+  c->layout = layout;
+  c->k = static_cast<unsigned char*>(k_pool.data());
+  c->v = static_cast<unsigned char*>(v_pool.data());
+  c->device = k_pool.device();
+  c->init_free_list();
+  return PagedKvCache(std::move(c));
 }
 
-TensorView PagedKvCache::pool_view(unsigned char* base) const {
-  const std::int64_t shape[5] = {layout_.num_layers, layout_.num_pages, layout_.page_size, layout_.num_kv_heads,
-                                 layout_.head_dim};
-  // The layout was validated and the memory is there, so the view is well formed.
-  auto view = TensorView::contiguous(base, layout_.dtype, shape, device_);
-  LAMINAR_CHECK_MSG(view.ok(), view.status().to_string());
-  return *view;
-}
-
-TensorView PagedKvCache::k_pool() const { return pool_view(k_); }
-TensorView PagedKvCache::v_pool() const { return pool_view(v_); }
-
-Status PagedKvCache::check_layer(std::int32_t layer) const {
-  if (layer < 0 || layer >= layout_.num_layers) {
-    return out_of_range(fmt::format("PagedKvCache: layer {} outside a cache of {} layers", layer, layout_.num_layers));
-  }
-  return ok_status();
-}
+TensorView PagedKvCache::k_pool() const { return s_->pool_view(s_->k); }
+TensorView PagedKvCache::v_pool() const { return s_->pool_view(s_->v); }
 
 Result<PagedKv> PagedKvCache::view(std::int32_t layer) const {
-  LAMINAR_RETURN_IF_ERROR(check_layer(layer));
-  KvLayout one = layout_;
+  LAMINAR_RETURN_IF_ERROR(s_->check_layer(layer));
+  KvLayout one = s_->layout;
   one.num_layers = 1;
-  const std::int64_t offset = std::int64_t(layer) * layout_.layer_bytes();
-  return PagedKv{k_ + offset, v_ + offset, one};
-}
-
-Result<void*> PagedKvCache::page_address(unsigned char* base, std::int32_t layer, std::int32_t page) const {
-  LAMINAR_RETURN_IF_ERROR(check_layer(layer));
-  if (page < 0 || page >= layout_.num_pages) {
-    return out_of_range(fmt::format("PagedKvCache: page {} outside a pool of {} pages", page, layout_.num_pages));
-  }
-  return static_cast<void*>(base + std::int64_t(layer) * layout_.layer_bytes() +
-                            std::int64_t(page) * layout_.page_bytes());
+  const std::int64_t offset = std::int64_t(layer) * s_->layout.layer_bytes();
+  return PagedKv{s_->k + offset, s_->v + offset, one};
 }
 
 Result<void*> PagedKvCache::k_page(std::int32_t layer, std::int32_t page) const {
-  return page_address(k_, layer, page);
+  return s_->page_address(s_->k, layer, page);
 }
 Result<void*> PagedKvCache::v_page(std::int32_t layer, std::int32_t page) const {
-  return page_address(v_, layer, page);
+  return s_->page_address(s_->v, layer, page);
 }
 
 Status PagedKvCache::add_sequence(SequenceId id) {
-  if (seqs_.contains(id)) return already_exists(fmt::format("PagedKvCache: sequence {} is already live", id.value()));
-  seqs_.emplace(id, Sequence{});
+  if (s_->seqs.contains(id)) return already_exists(fmt::format("PagedKvCache: sequence {} is already live", id.value()));
+  s_->seqs.emplace(id, State::Sequence{});
   return ok_status();
 }
 
 Status PagedKvCache::append_tokens(SequenceId id, std::int64_t n) {
   if (n < 0) return invalid_argument(fmt::format("PagedKvCache: append of {} tokens", n));
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
-  Sequence& s = it->second;
-  const std::int64_t need = pages_for(s.length + n) - std::int64_t(s.pages.size());
-  if (need > std::int64_t(free_.size())) {
+  auto it = s_->seqs.find(id);
+  if (it == s_->seqs.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  State::Sequence& s = it->second;
+  const std::int64_t need = s_->pages_for(s.length + n) - std::int64_t(s.pages.size());
+  if (need > std::int64_t(s_->free.size())) {
     return resource_exhausted(fmt::format("PagedKvCache: sequence {} needs {} more pages, {} free", id.value(), need,
-                                          free_.size()));
+                                          s_->free.size()));
   }
   for (std::int64_t i = 0; i < need; ++i) {
-    s.pages.push_back(free_.back());
-    free_.pop_back();
+    s.pages.push_back(s_->free.back());
+    s_->free.pop_back();
   }
   s.length += n;
   return ok_status();
 }
 
 Status PagedKvCache::release(SequenceId id) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
-  for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p) free_.push_back(*p);
-  seqs_.erase(it);
+  auto it = s_->seqs.find(id);
+  if (it == s_->seqs.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  for (auto p = it->second.pages.rbegin(); p != it->second.pages.rend(); ++p) s_->free.push_back(*p);
+  s_->seqs.erase(it);
   return ok_status();
 }
 
 Result<std::vector<std::int32_t>> PagedKvCache::reserve_pages(std::int32_t n) {
   if (n < 1) return invalid_argument(fmt::format("PagedKvCache: reserving {} pages", n));
-  if (std::size_t(n) > free_.size()) {
-    return resource_exhausted(fmt::format("PagedKvCache: reserving {} pages, {} free", n, free_.size()));
+  if (std::size_t(n) > s_->free.size()) {
+    return resource_exhausted(fmt::format("PagedKvCache: reserving {} pages, {} free", n, s_->free.size()));
   }
-  std::vector<std::int32_t> pages(free_.end() - n, free_.end());
+  std::vector<std::int32_t> pages(s_->free.end() - n, s_->free.end());
   std::reverse(pages.begin(), pages.end());  // in the order append_tokens would have taken them
-  free_.resize(free_.size() - std::size_t(n));
-  for (std::int32_t p : pages) reserved_[std::size_t(p)] = true;
-  reserved_count_ += n;
+  s_->free.resize(s_->free.size() - std::size_t(n));
+  for (std::int32_t p : pages) s_->reserved[std::size_t(p)] = true;
+  s_->reserved_count += n;
   return pages;
 }
 
-Status PagedKvCache::check_reserved(std::span<const std::int32_t> pages) const {
-  std::unordered_set<std::int32_t> seen;
-  for (std::int32_t p : pages) {
-    if (p < 0 || p >= layout_.num_pages || !reserved_[std::size_t(p)]) {
-      return invalid_argument(fmt::format("PagedKvCache: page {} is not reserved", p));
-    }
-    if (!seen.insert(p).second) return invalid_argument(fmt::format("PagedKvCache: page {} given twice", p));
-  }
-  return ok_status();
-}
-
-void PagedKvCache::return_reserved(std::span<const std::int32_t> pages) {
-  for (auto p = pages.rbegin(); p != pages.rend(); ++p) {
-    reserved_[std::size_t(*p)] = false;
-    free_.push_back(*p);
-  }
-  reserved_count_ -= std::int32_t(pages.size());
-}
-
 Status PagedKvCache::unreserve_pages(std::span<const std::int32_t> pages) {
-  LAMINAR_RETURN_IF_ERROR(check_reserved(pages));
-  return_reserved(pages);
+  LAMINAR_RETURN_IF_ERROR(s_->check_reserved(pages));
+  s_->return_reserved(pages);
   return ok_status();
 }
 
 Status PagedKvCache::adopt_sequence(SequenceId id, std::span<const std::int32_t> pages, std::int64_t length) {
-  if (seqs_.contains(id)) return already_exists(fmt::format("PagedKvCache: sequence {} is already live", id.value()));
+  if (s_->seqs.contains(id)) return already_exists(fmt::format("PagedKvCache: sequence {} is already live", id.value()));
   if (length < 0) return invalid_argument(fmt::format("PagedKvCache: sequence {} of length {}", id.value(), length));
-  LAMINAR_RETURN_IF_ERROR(check_reserved(pages));
-  const std::int64_t need = pages_for(length);
+  LAMINAR_RETURN_IF_ERROR(s_->check_reserved(pages));
+  const std::int64_t need = s_->pages_for(length);
   if (need > std::int64_t(pages.size())) {
     return invalid_argument(fmt::format("PagedKvCache: sequence {} of {} tokens needs {} pages, given {}", id.value(),
                                         length, need, pages.size()));
   }
-  Sequence s;
+  State::Sequence s;
   s.pages.assign(pages.begin(), pages.begin() + need);
   s.length = length;
-  for (std::int32_t p : s.pages) reserved_[std::size_t(p)] = false;
-  reserved_count_ -= std::int32_t(need);
-  return_reserved(pages.subspan(std::size_t(need)));
-  seqs_.emplace(id, std::move(s));
+  for (std::int32_t p : s.pages) s_->reserved[std::size_t(p)] = false;
+  s_->reserved_count -= std::int32_t(need);
+  s_->return_reserved(pages.subspan(std::size_t(need)));
+  s_->seqs.emplace(id, std::move(s));
   return ok_status();
 }
 
 Result<PagedKvCache::TokenSlot> PagedKvCache::token_slot(SequenceId id, std::int64_t pos, std::int32_t layer) {
-  LAMINAR_RETURN_IF_ERROR(check_layer(layer));
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  LAMINAR_RETURN_IF_ERROR(s_->check_layer(layer));
+  auto it = s_->seqs.find(id);
+  if (it == s_->seqs.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
   if (pos < 0 || pos >= it->second.length) {
     return out_of_range(fmt::format("PagedKvCache: token {} of sequence {} of length {}", pos, id.value(),
                                     it->second.length));
   }
   TokenSlot slot;
-  slot.page = it->second.pages[std::size_t(pos / layout_.page_size)];
-  slot.offset = std::int32_t(pos % layout_.page_size);
-  const std::int64_t row_bytes = layout_.token_elems() * std::int64_t(dtype_size(layout_.dtype));
+  slot.page = it->second.pages[std::size_t(pos / s_->layout.page_size)];
+  slot.offset = std::int32_t(pos % s_->layout.page_size);
+  const std::int64_t row_bytes = s_->layout.token_elems() * std::int64_t(dtype_size(s_->layout.dtype));
   // The page came from this cache's free list, so it is in range.
   slot.k = static_cast<unsigned char*>(*k_page(layer, slot.page)) + slot.offset * row_bytes;
   slot.v = static_cast<unsigned char*>(*v_page(layer, slot.page)) + slot.offset * row_bytes;
@@ -290,14 +323,14 @@ Result<PagedKvCache::TokenSlot> PagedKvCache::token_slot(SequenceId id, std::int
 }
 
 Result<std::int64_t> PagedKvCache::length(SequenceId id) const {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  auto it = s_->seqs.find(id);
+  if (it == s_->seqs.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
   return it->second.length;
 }
 
 Result<std::span<const std::int32_t>> PagedKvCache::pages(SequenceId id) const {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+  auto it = s_->seqs.find(id);
+  if (it == s_->seqs.end()) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
   return std::span<const std::int32_t>(it->second.pages);
 }
 
@@ -305,7 +338,7 @@ Status PagedKvCache::build_page_table(std::span<const SequenceId> ids, PageTable
   if (out == nullptr) return invalid_argument("PagedKvCache::build_page_table: out is null");
   std::unordered_set<SequenceId> seen;
   for (SequenceId id : ids) {
-    if (!seqs_.contains(id)) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
+    if (!s_->seqs.contains(id)) return not_found(fmt::format("PagedKvCache: no sequence {}", id.value()));
     if (!seen.insert(id).second) {
       return invalid_argument(fmt::format("PagedKvCache: sequence {} appears twice in the batch", id.value()));
     }
@@ -314,13 +347,21 @@ Status PagedKvCache::build_page_table(std::span<const SequenceId> ids, PageTable
   out->indices.clear();
   out->last_page_len.clear();
   for (SequenceId id : ids) {
-    const Sequence& s = seqs_.at(id);
+    const State::Sequence& s = s_->seqs.at(id);
     out->indices.insert(out->indices.end(), s.pages.begin(), s.pages.end());
     out->indptr.push_back(std::int32_t(out->indices.size()));
     out->last_page_len.push_back(
-        s.length == 0 ? 0 : std::int32_t(s.length - (std::int64_t(s.pages.size()) - 1) * layout_.page_size));
+        s.length == 0 ? 0 : std::int32_t(s.length - (std::int64_t(s.pages.size()) - 1) * s_->layout.page_size));
   }
   return ok_status();
 }
+
+const KvLayout& PagedKvCache::layout() const noexcept { return s_->layout; }
+Device PagedKvCache::device() const noexcept { return s_->device; }
+bool PagedKvCache::owns_pools() const noexcept { return s_->k_owned != nullptr; }
+std::int32_t PagedKvCache::free_pages() const noexcept { return std::int32_t(s_->free.size()); }
+std::int32_t PagedKvCache::used_pages() const noexcept { return s_->layout.num_pages - free_pages(); }
+std::int32_t PagedKvCache::reserved_pages() const noexcept { return s_->reserved_count; }
+std::size_t PagedKvCache::num_sequences() const noexcept { return s_->seqs.size(); }
 
 }  // namespace laminar

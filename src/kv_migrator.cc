@@ -88,11 +88,11 @@ void KvMigrator::Impl::queue(Incoming msg) {
     std::lock_guard lock(inbox->mu);
     if (inbox->messages < kInboxLimit) {
       ++inbox->messages;
-      inbox->items.push_back(Inbound{std::move(msg), false, 0, {}});
+      inbox->items.push_back(Inbound{std::move(msg), false, EndpointId(), {}});
       return;
     }
   }
-  if (msg.request_id != 0) {
+  if (msg.request_id != RequestId()) {
     (void)msg.from.reply_error(msg, resource_exhausted(fmt::format("kv migrator: {} messages wait for poll()",
                                                                    kInboxLimit)));
   }
@@ -100,7 +100,7 @@ void KvMigrator::Impl::queue(Incoming msg) {
 
 void KvMigrator::Impl::watch(const Endpoint& ep) {
   if (watches.contains(ep.id())) return;
-  const std::uint64_t id = ep.id();
+  const EndpointId id = ep.id();
   auto sub = ep.on_close([box = inbox, id](Status why) {
     std::lock_guard lock(box->mu);
     box->items.push_back(Inbound{{}, true, id, std::move(why)});
@@ -148,7 +148,7 @@ void KvMigrator::Impl::send_abort(Endpoint& ep, const MigrationAbort& m, Duratio
 void KvMigrator::Impl::sweep() {
   std::erase_if(out, [](const auto& kv) { return kv.second.ended; });
   std::erase_if(in, [](const auto& kv) { return kv.second.ended; });
-  std::unordered_set<std::uint64_t> used;
+  std::unordered_set<EndpointId> used;
   for (const auto& [id, m] : out) used.insert(m.ep.id());
   for (const auto& [id, m] : in) used.insert(m.ep.id());
   for (const auto& [addr, ep] : connections) used.insert(ep.id());
@@ -159,7 +159,7 @@ void KvMigrator::Impl::sweep() {
   std::erase_if(watches, [&](const auto& kv) { return !used.contains(kv.first); });
 }
 
-void KvMigrator::Impl::on_closed(std::uint64_t endpoint_id, const Status& why) {
+void KvMigrator::Impl::on_closed(EndpointId endpoint_id, const Status& why) {
   std::erase_if(connections, [&](const auto& kv) { return kv.second.id() == endpoint_id; });
   std::vector<std::uint64_t> gone;
   for (const auto& [id, l] : links) {

@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "host_buffer.h"
 #include "kv_migration_wire.h"
-#include "laminar/internal/host_buffer.h"
 
 #if defined(LAMINAR_HAVE_CUDA)
 #include <cuda_runtime.h>

@@ -39,7 +39,7 @@ struct KvMigrator::Impl {
   struct Inbound {
     Incoming in;               // a message, unless `closed`
     bool closed = false;       // endpoint `endpoint_id` closed, for `why`
-    std::uint64_t endpoint_id = 0;
+    EndpointId endpoint_id;
     Status why;
   };
   struct Inbox {
@@ -191,7 +191,7 @@ struct KvMigrator::Impl {
   std::unordered_map<std::uint64_t, Fenced> fenced;
   std::vector<Draining> draining;
   std::map<std::string, Endpoint> connections;  // by destination address
-  std::unordered_map<std::uint64_t, Watch> watches;  // by endpoint id
+  std::unordered_map<EndpointId, Watch> watches;
   std::unordered_map<std::uint64_t, Finished> finished;
   std::unordered_map<std::uint64_t, Link> links;  // by link id
   std::deque<std::uint64_t> finished_order;
@@ -244,7 +244,7 @@ struct KvMigrator::Impl {
   // an abort message (once our puts in flight landed).
   void end_out(OutMigration& m, MigrationState state, Status reason, bool tell);
   void on_abort_for_source(const internal::MigrationAbort& a, const Endpoint& from);
-  void on_closed(std::uint64_t endpoint_id, const Status& why);
+  void on_closed(EndpointId endpoint_id, const Status& why);
 
   // ---- destination side (kv_migrator_destination.cc) ----
   void on_offer(Incoming& msg);

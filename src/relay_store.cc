@@ -15,8 +15,8 @@
 #include <thread>
 #include <unordered_set>
 
-#include "laminar/internal/host_buffer.h"
 #include "clock_wait.h"
+#include "host_buffer.h"
 #include "relay_chunks.h"
 
 namespace laminar {

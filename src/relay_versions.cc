@@ -36,21 +36,29 @@ std::pair<std::uint32_t, std::uint32_t> ChunkPlan::chunks_covering(std::uint64_t
   return {first, last};
 }
 
-bool VersionLedger::freeable(Version v, const Entry& e) const {
+namespace {
+
+// The ledger's helpers, over its map of versions (whose entry type is the ledger's own).
+// A version no one needs any more: no reader holds it, and it is neither the newest committed one
+// nor one still arriving while nothing newer has committed.
+template <class Entry>
+bool freeable(Version v, const Entry& e, std::optional<Version> newest_committed) {
   if (e.refs != 0) return false;
-  if (!newest_committed_) return false;
-  if (e.state == State::kCommitted) return v != *newest_committed_;
+  if (!newest_committed) return false;
+  if (e.state == VersionLedger::State::kCommitted) return v != *newest_committed;
   // Still receiving: worth finishing only while nothing newer is complete.
-  return v < *newest_committed_;
+  return v < *newest_committed;
 }
 
-std::vector<Version> VersionLedger::collect() {
+// Forgets every freeable version, returning them.
+template <class Versions>
+std::vector<Version> collect(Versions& versions, std::uint64_t& bytes_held, std::optional<Version> newest_committed) {
   std::vector<Version> out;
-  for (auto it = versions_.begin(); it != versions_.end();) {
-    if (freeable(it->first, it->second)) {
+  for (auto it = versions.begin(); it != versions.end();) {
+    if (freeable(it->first, it->second, newest_committed)) {
       out.push_back(it->first);
-      bytes_held_ -= it->second.plan.total_bytes();
-      it = versions_.erase(it);
+      bytes_held -= it->second.plan.total_bytes();
+      it = versions.erase(it);
     } else {
       ++it;
     }
@@ -58,15 +66,18 @@ std::vector<Version> VersionLedger::collect() {
   return out;
 }
 
-std::string VersionLedger::describe_held() const {
+template <class Versions>
+std::string describe_held(const Versions& versions) {
   std::string s;
-  for (const auto& [v, e] : versions_) {
+  for (const auto& [v, e] : versions) {
     if (!s.empty()) s += ", ";
     s += fmt::format("v{} ({} bytes, {}, {} refs)", v.value(), e.plan.total_bytes(),
-                     e.state == State::kCommitted ? "committed" : "receiving", e.refs);
+                     e.state == VersionLedger::State::kCommitted ? "committed" : "receiving", e.refs);
   }
   return s.empty() ? "nothing" : s;
 }
+
+}  // namespace
 
 Status VersionLedger::begin(Version v, const ChunkPlan& plan) {
   if (newest_begun_ && v <= *newest_begun_) {
@@ -79,7 +90,7 @@ Status VersionLedger::begin(Version v, const ChunkPlan& plan) {
     return resource_exhausted(fmt::format(
         "version {} needs {} bytes but {} of the {}-byte budget are held by {}; release read handles "
         "or raise the budget",
-        v.value(), plan.total_bytes(), bytes_held_, budget_, describe_held()));
+        v.value(), plan.total_bytes(), bytes_held_, budget_, describe_held(versions_)));
   }
   Entry e;
   e.plan = plan;
@@ -93,7 +104,7 @@ Status VersionLedger::begin(Version v, const ChunkPlan& plan) {
 Result<std::pair<bool, std::vector<Version>>> VersionLedger::chunk_verified(Version v, std::uint32_t i) {
   auto it = versions_.find(v);
   if (it == versions_.end()) {
-    return not_found(fmt::format("version {} is not being received (held: {})", v.value(), describe_held()));
+    return not_found(fmt::format("version {} is not being received (held: {})", v.value(), describe_held(versions_)));
   }
   Entry& e = it->second;
   if (i >= e.plan.num_chunks()) {
@@ -106,7 +117,7 @@ Result<std::pair<bool, std::vector<Version>>> VersionLedger::chunk_verified(Vers
   if (e.num_verified < e.plan.num_chunks()) return std::pair<bool, std::vector<Version>>{false, {}};
   e.state = State::kCommitted;
   if (!newest_committed_ || v > *newest_committed_) newest_committed_ = v;
-  return std::pair<bool, std::vector<Version>>{true, collect()};
+  return std::pair<bool, std::vector<Version>>{true, collect(versions_, bytes_held_, newest_committed_)};
 }
 
 Status VersionLedger::abandon(Version v) {
@@ -123,7 +134,7 @@ Status VersionLedger::abandon(Version v) {
 
 Status VersionLedger::add_ref(Version v) {
   auto it = versions_.find(v);
-  if (it == versions_.end()) return not_found(fmt::format("version {} is not held (held: {})", v.value(), describe_held()));
+  if (it == versions_.end()) return not_found(fmt::format("version {} is not held (held: {})", v.value(), describe_held(versions_)));
   if (it->second.state != State::kCommitted) {
     return failed_precondition(fmt::format("version {} is not committed yet", v.value()));
   }
@@ -138,7 +149,7 @@ Result<std::vector<Version>> VersionLedger::release(Version v) {
     return failed_precondition(fmt::format("version {} has no reference to release", v.value()));
   }
   --it->second.refs;
-  return collect();
+  return collect(versions_, bytes_held_, newest_committed_);
 }
 
 bool VersionLedger::is_committed(Version v) const {

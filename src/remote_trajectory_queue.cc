@@ -11,10 +11,11 @@
 #include <utility>
 
 #include "clock_wait.h"
+#include "clocked_thread.h"
 #include "laminar/handler_gate.h"
-#include "laminar/internal/clocked_thread.h"
 #include "remote_trajectory_queue_wire.h"
 #include "transport/protocol.h"
+#include "transport_claim.h"
 
 namespace laminar {
 using internal::kQueueHelloMessage;
@@ -74,6 +75,7 @@ struct TrajectoryQueueServer::Impl {
   };
 
   const std::shared_ptr<Transport> transport;
+  internal::TransportClaim claim;  // the one queue server on the transport, until shutdown
   const std::shared_ptr<TrajectoryQueue> queue;
   const TrajectoryQueueServerOptions opt;
   const std::shared_ptr<Clock> clock;
@@ -247,7 +249,10 @@ Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::create(std
   if (!transport) return invalid_argument("queue server: the transport is null");
   if (!queue) return invalid_argument("queue server: the queue is null");
   if (options.credits_per_producer == 0) return invalid_argument("TrajectoryQueueServerOptions: credits_per_producer is 0");
+  Result<internal::TransportClaim> claim = internal::TransportClaim::take(*transport, "queue server");
+  if (!claim.ok()) return claim.status();
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(queue), std::move(options));
+  impl->claim = std::move(*claim);
   Impl* p = impl.get();
   impl->worker.start(p->mu, p->cv, *p->clock, [p] { p->run(); });
   // The types are laminar's own, in the reserved range: registering them cannot fail.
@@ -275,6 +280,7 @@ TrajectoryQueueServer::~TrajectoryQueueServer() {
   (void)internal::on_protocol_message(*impl_->transport, kQueuePushManyMessage, {});
   impl_->gate.close();
   impl_->worker.stop();
+  impl_->claim.release();
 }
 
 TrajectoryQueueServerStats TrajectoryQueueServer::stats() const {
@@ -486,7 +492,7 @@ Result<std::vector<Status>> decode_answers(std::span<const std::byte> body, std:
 
 std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOptions options) {
   std::vector<Status> out(ts.size());
-  if (options.mode == PushMode::kTimeout && options.timeout < Clock::Duration::zero()) {
+  if (options.mode == PushMode::kTimeout && options.timeout < Duration::zero()) {
     std::fill(out.begin(), out.end(),
               invalid_argument(fmt::format("remote push_many: negative timeout {} ns", options.timeout.count())));
     return out;
@@ -531,7 +537,7 @@ std::vector<Status> RemoteProducer::push_many(std::span<Trajectory> ts, PushOpti
 }
 
 Status RemoteProducer::push(Trajectory&& t, PushOptions options) {
-  if (options.mode == PushMode::kTimeout && options.timeout < Clock::Duration::zero()) {
+  if (options.mode == PushMode::kTimeout && options.timeout < Duration::zero()) {
     return invalid_argument(fmt::format("remote push: negative timeout {} ns", options.timeout.count()));
   }
   // Checked here too, so a bad trajectory costs no credit and no round trip.

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "clock_wait.h"
+#include "clocked_thread.h"
 #include "laminar/handler_gate.h"
-#include "laminar/internal/clocked_thread.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"

@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "clock_wait.h"
+#include "clocked_thread.h"
 #include "laminar/handler_gate.h"
-#include "laminar/internal/clocked_thread.h"
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
@@ -40,9 +40,10 @@ struct RepackDriver::Impl {
   std::condition_variable cv;
   std::optional<internal::RepackReport> outbox;  // the newest report not sent yet
   Endpoint coordinator;                          // invalid while not connected
-  std::uint64_t coordinator_id = 0;              // its id, which orders must arrive on (0: none)
+  EndpointId coordinator_id;                     // its id, which orders must arrive on (0: none)
   std::optional<internal::RepackOrders> pending;
   RepackDriverStats st;
+  Status first_error;  // see background_error()
   internal::ClockedThread thread;
   HandlerGate gate;
 
@@ -53,7 +54,7 @@ struct RepackDriver::Impl {
   void on_orders(const Incoming& in) {
     Result<internal::RepackOrders> o = internal::decode_repack_orders(in.message.body);
     std::lock_guard l(mu);
-    if (!o.ok() || coordinator_id == 0 || in.from.id() != coordinator_id) {
+    if (!o.ok() || coordinator_id == EndpointId() || in.from.id() != coordinator_id) {
       ++st.orders_refused;
       return;
     }
@@ -80,6 +81,10 @@ struct RepackDriver::Impl {
         l.lock();
         if (!ep.ok()) {
           ++st.connects_failed;
+          const StatusCode code = ep.status().code();
+          if (first_error.ok() && (code == StatusCode::kInvalidArgument || code == StatusCode::kFailedPrecondition)) {
+            first_error = ep.status().with_context("repack driver: connecting to the coordinator");
+          }
           retry_at = deadline_after(*clock, opt.retry_interval);
           continue;
         }
@@ -100,7 +105,7 @@ struct RepackDriver::Impl {
         ++st.reports_failed;
         ep.close();
         coordinator = Endpoint();
-        coordinator_id = 0;
+        coordinator_id = EndpointId();
       }
     }
   }
@@ -217,6 +222,11 @@ Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& sna
     d.cv.notify_all();
   }
   return d.migrator->poll();
+}
+
+Status RepackDriver::background_error() const {
+  std::lock_guard l(impl_->mu);
+  return impl_->first_error;
 }
 
 RepackDriverStats RepackDriver::stats() const {

@@ -124,7 +124,7 @@ RemoteRegion MemoryRegion::remote() const {
   return RemoteRegion{reinterpret_cast<std::uint64_t>(state_->data), state_->size, state_->packed_rkey};
 }
 
-std::uint64_t Endpoint::id() const noexcept { return state_ ? state_->id : 0; }
+EndpointId Endpoint::id() const noexcept { return EndpointId(state_ ? state_->id : 0); }
 std::string Endpoint::peer_address() const { return state_ ? state_->peer : std::string(); }
 Status Endpoint::status() const { return state_ ? state_->status() : no_endpoint(); }
 std::string Endpoint::transport_info() const { return state_ ? state_->info() : std::string(); }
@@ -238,34 +238,36 @@ Result<Message> Endpoint::request(const Message& message, std::optional<Duration
 
 Status Endpoint::reply(const Incoming& to, const Message& message) {
   if (!state_) return no_endpoint();
-  if (to.request_id == 0) return invalid_argument("reply to a message that is not a request (request_id 0)");
+  if (to.request_id == RequestId()) {
+    return invalid_argument("reply to a message that is not a request (request_id 0)");
+  }
   auto& core = *state_->core;
   LAMINAR_RETURN_IF_ERROR(core.check_body(message.body.size()));
   Frame f;
   f.kind = FrameKind::kReply;
-  f.id = to.request_id;
+  f.id = to.request_id.value();
   f.type = message.type;
   f.body = message.body;
   return core
       .send_frame(state_, std::move(f), core.options().operation_timeout,
-                  fmt::format("reply to request {} from {}", to.request_id, state_->peer))
+                  fmt::format("reply to request {} from {}", to.request_id.value(), state_->peer))
       .get();
 }
 
 Status Endpoint::reply_error(const Incoming& to, const Status& error) {
   if (!state_) return no_endpoint();
-  if (to.request_id == 0)
+  if (to.request_id == RequestId())
     return invalid_argument("reply_error to a message that is not a request (request_id 0)");
   if (error.ok()) return invalid_argument("reply_error with an OK status");
   auto& core = *state_->core;
   Frame f;
   f.kind = FrameKind::kErrorReply;
-  f.id = to.request_id;
+  f.id = to.request_id.value();
   f.code = error.code();
   f.error = error.message();
   return core
       .send_frame(state_, std::move(f), core.options().operation_timeout,
-                  fmt::format("error reply to request {} from {}", to.request_id, state_->peer))
+                  fmt::format("error reply to request {} from {}", to.request_id.value(), state_->peer))
       .get();
 }
 

@@ -1,7 +1,7 @@
 // transport_claim.h: TransportClaim, at most one component of a kind per Transport.
 //
-// A component whose protocol handlers are registered per transport (a relay node, a KV migrator, a
-// repack coordinator or driver) claims its transport for as long as it serves on it: a second one
+// A component whose protocol handlers are registered per transport (a relay node, a queue server,
+// a KV migrator, a repack coordinator or driver) claims its transport for as long as it serves on it: a second one
 // of the same kind would replace the first one's handlers.
 #pragma once
 

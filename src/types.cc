@@ -100,7 +100,7 @@ DLDevice device_to_dlpack(Device d) {
 }
 
 // Dense row-major strides. Multiplication saturates instead of overflowing: a shape that large is
-// rejected by check() afterwards, with a message.
+// rejected by check_view() afterwards, with a message.
 template <class Dim>
 void row_major_strides(int ndim, Dim dim, std::int64_t* strides) {
   std::int64_t stride = 1;
@@ -134,46 +134,52 @@ std::string TensorView::describe() const {
                      to_string(device_));
 }
 
-Status TensorView::check(const TensorView& v, StridePolicy policy) {
+namespace {
+
+// Everything a view must satisfy, whichever way it was made.
+Status check_view(const TensorView& v, TensorView::StridePolicy policy) {
+  using StridePolicy = TensorView::StridePolicy;
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   std::int64_t numel = 1;
   bool overflow = false;
-  for (int i = 0; i < v.ndim_; ++i) {
-    const std::int64_t d = v.shape_[std::size_t(i)];
+  for (int i = 0; i < v.ndim(); ++i) {
+    const std::int64_t d = v.dim(i);
     if (d < 0) {
       return invalid_argument(fmt::format("tensor shape {}: dim {} is negative ({})", v.shape(), i, d));
     }
     if (d != 0 && numel > kMax / d) overflow = true;
     numel = overflow ? numel : numel * d;
   }
-  if (overflow || numel > kMax / std::int64_t(dtype_size(v.dtype_))) {
+  if (overflow || numel > kMax / std::int64_t(dtype_size(v.dtype()))) {
     return invalid_argument(
-        fmt::format("tensor shape {} of {} overflows 64-bit byte counts", v.shape(), dtype_name(v.dtype_)));
+        fmt::format("tensor shape {} of {} overflows 64-bit byte counts", v.shape(), dtype_name(v.dtype())));
   }
-  if (numel > 0 && v.data_ == nullptr) {
+  if (numel > 0 && v.base_data() == nullptr) {
     return invalid_argument(
-        fmt::format("tensor {}{} has {} elements but a null data pointer", dtype_name(v.dtype_), v.shape(),
+        fmt::format("tensor {}{} has {} elements but a null data pointer", dtype_name(v.dtype()), v.shape(),
                     numel));
   }
-  for (int i = 0; i < v.ndim_; ++i) {
-    const std::int64_t s = v.strides_[std::size_t(i)];
+  for (int i = 0; i < v.ndim(); ++i) {
+    const std::int64_t s = v.stride(i);
     if (s < 0 && policy != StridePolicy::kAllowNegative) {
       return invalid_argument(fmt::format(
           "tensor {}{}: stride {} of dim {} is negative, which this call does not allow",
-          dtype_name(v.dtype_), v.shape(), s, i));
+          dtype_name(v.dtype()), v.shape(), s, i));
     }
   }
   if (policy == StridePolicy::kContiguous && !v.is_contiguous()) {
     return invalid_argument(fmt::format("tensor {}{} has strides {}, but a contiguous tensor is required",
-                                        dtype_name(v.dtype_), v.shape(), v.strides()));
+                                        dtype_name(v.dtype()), v.shape(), v.strides()));
   }
   const auto addr = reinterpret_cast<std::uintptr_t>(v.data());
-  if (numel > 0 && addr % dtype_size(v.dtype_) != 0) {
+  if (numel > 0 && addr % dtype_size(v.dtype()) != 0) {
     return invalid_argument(fmt::format("tensor {}{}: element pointer {:#x} is not aligned to {} bytes",
-                                        dtype_name(v.dtype_), v.shape(), addr, dtype_size(v.dtype_)));
+                                        dtype_name(v.dtype()), v.shape(), addr, dtype_size(v.dtype())));
   }
   return ok_status();
 }
+
+}  // namespace
 
 Result<TensorView> TensorView::contiguous(void* data, DType dtype, std::span<const std::int64_t> shape,
                                           Device device) {
@@ -187,7 +193,7 @@ Result<TensorView> TensorView::contiguous(void* data, DType dtype, std::span<con
   v.ndim_ = int(shape.size());
   std::copy(shape.begin(), shape.end(), v.shape_.begin());
   row_major_strides(v.ndim_, [&](int i) { return shape[std::size_t(i)]; }, v.strides_.data());
-  LAMINAR_RETURN_IF_ERROR(check(v, StridePolicy::kNonNegative));
+  LAMINAR_RETURN_IF_ERROR(check_view(v, StridePolicy::kNonNegative));
   return v;
 }
 
@@ -210,7 +216,7 @@ Result<TensorView> TensorView::strided(void* data, DType dtype, std::span<const 
     v.shape_[i] = shape[i];
     v.strides_[i] = strides[i];
   }
-  LAMINAR_RETURN_IF_ERROR(check(v, policy));
+  LAMINAR_RETURN_IF_ERROR(check_view(v, policy));
   return v;
 }
 
@@ -237,7 +243,7 @@ Result<TensorView> TensorView::from_dlpack(const DLTensor& t, StridePolicy polic
   } else {
     row_major_strides(v.ndim_, [&](int i) { return t.shape[i]; }, v.strides_.data());
   }
-  LAMINAR_RETURN_IF_ERROR(check(v, policy));
+  LAMINAR_RETURN_IF_ERROR(check_view(v, policy));
   return v;
 }
 

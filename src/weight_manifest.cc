@@ -33,18 +33,7 @@ bool byte_size(std::span<const std::int64_t> shape, std::size_t elem, std::uint6
   return true;
 }
 
-}  // namespace
-
-bool operator==(const WeightManifest::Entry& a, const WeightManifest::Entry& b) {
-  return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape && a.nbytes == b.nbytes &&
-         a.offset == b.offset;
-}
-
-bool operator==(const WeightManifest& a, const WeightManifest& b) {
-  return a.entries_ == b.entries_ && a.total_bytes_ == b.total_bytes_;
-}
-
-Status WeightManifest::validate_entry(const Entry& e) {
+Status validate_entry(const WeightManifest::Entry& e) {
   if (e.name.empty()) return invalid_argument("tensor with an empty name");
   if (e.shape.size() > std::size_t(TensorView::kMaxDims)) {
     return invalid_argument(fmt::format("tensor '{}': {} dims, at most {} are supported", e.name,
@@ -65,9 +54,9 @@ Status WeightManifest::validate_entry(const Entry& e) {
     return invalid_argument(fmt::format("tensor '{}': nbytes is {} but shape {} of {} needs {}", e.name,
                                         e.nbytes, e.shape, dtype_name(e.dtype), n));
   }
-  if (e.offset % kAlignment != 0) {
+  if (e.offset % WeightManifest::kAlignment != 0) {
     return invalid_argument(fmt::format("tensor '{}': offset {} is not a multiple of {}", e.name, e.offset,
-                                        kAlignment));
+                                        WeightManifest::kAlignment));
   }
   if (e.offset > kU64Max - e.nbytes) {
     return invalid_argument(
@@ -75,6 +64,18 @@ Status WeightManifest::validate_entry(const Entry& e) {
   }
   return ok_status();
 }
+
+}  // namespace
+
+bool operator==(const WeightManifest::Entry& a, const WeightManifest::Entry& b) {
+  return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape && a.nbytes == b.nbytes &&
+         a.offset == b.offset;
+}
+
+bool operator==(const WeightManifest& a, const WeightManifest& b) {
+  return a.entries_ == b.entries_ && a.total_bytes_ == b.total_bytes_;
+}
+
 
 Status WeightManifest::add(std::string_view name, DType dtype, std::span<const std::int64_t> shape) {
   Entry e;

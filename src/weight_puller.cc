@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <unordered_set>
 
@@ -11,8 +12,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "laminar/internal/host_buffer.h"
 #include "clock_wait.h"
+#include "host_buffer.h"
 #include "local_relay_wire.h"
 #include "relay_chunks.h"
 
@@ -36,7 +37,7 @@ struct PulledVersion {
 class PullSource {
  public:
   virtual ~PullSource() = default;
-  virtual std::optional<Version> latest() = 0;
+  virtual std::optional<Version> newest_version() = 0;
   virtual Result<std::shared_ptr<PulledVersion>> acquire(Version v) = 0;
   virtual std::string name() const = 0;
 };
@@ -47,7 +48,7 @@ namespace {
 class StoreSource final : public PullSource {
  public:
   explicit StoreSource(std::shared_ptr<RelayStore> store) : store_(std::move(store)) {}
-  std::optional<Version> latest() override { return store_->newest_version(); }
+  std::optional<Version> newest_version() override { return store_->newest_version(); }
   Result<std::shared_ptr<PulledVersion>> acquire(Version v) override {
     auto h = store_->acquire(v);
     LAMINAR_RETURN_IF_ERROR(h.status());
@@ -87,7 +88,7 @@ class LocalSource final : public PullSource {
   LocalSource(std::vector<std::string> paths, Duration timeout, std::shared_ptr<const ClockWaker> waker)
       : paths_(std::move(paths)), timeout_(timeout), waker_(std::move(waker)) {}
 
-  std::optional<Version> latest() override {
+  std::optional<Version> newest_version() override {
     auto r = with_relay<std::optional<Version>>(
         [&](LocalRelayConnection& c) { return c.latest(timeout_); });
     return r.ok() ? *r : std::nullopt;
@@ -278,7 +279,7 @@ Result<std::unique_ptr<WeightPuller>> WeightPuller::create_local(std::vector<std
   return std::unique_ptr<WeightPuller>(new WeightPuller(std::make_unique<Impl>(std::move(source), std::move(options))));
 }
 
-std::optional<Version> WeightPuller::newest_version() const { return impl_->source->latest(); }
+std::optional<Version> WeightPuller::newest_version() const { return impl_->source->newest_version(); }
 
 std::string WeightPuller::relay() const { return impl_->source->name(); }
 

@@ -1,6 +1,6 @@
-// HostBuffer and the device copies of internal/host_buffer.h: what they answer on a machine without
+// HostBuffer and the device copies of src/host_buffer.h: what they answer on a machine without
 // a CUDA device (the GPU tests of the relay tier run the copies on a device).
-#include "laminar/internal/host_buffer.h"
+#include "host_buffer.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -65,6 +65,36 @@ TEST_CASE("kv cache: PagedKvCache hands out pages as sequences grow and takes th
   CHECK(cache->num_sequences() == 1);
 }
 
+TEST_CASE("kv cache: PagedKvCache moves as a value: its pools, pages and sequences stay where they are", "[kv_cache]") {
+  auto created = PagedKvCache::create({8, 4, 2, 8, DType::kF32});
+  REQUIRE(created.ok());
+  PagedKvCache cache = std::move(created).value();
+  REQUIRE(cache.add_sequence(SequenceId(1)).ok());
+  REQUIRE(cache.append_tokens(SequenceId(1), 6).ok());
+  auto slot = cache.token_slot(SequenceId(1), 5, 0);
+  REQUIRE(slot.ok());
+  static_cast<float*>(slot->k)[0] = 42.0f;
+  const void* k_pool = cache.k_pool().data();
+
+  PagedKvCache moved = std::move(cache);
+  CHECK(moved.k_pool().data() == k_pool);
+  CHECK(moved.owns_pools());
+  CHECK(*moved.length(SequenceId(1)) == 6);
+  CHECK(moved.used_pages() == 2);
+  auto same = moved.token_slot(SequenceId(1), 5, 0);
+  REQUIRE(same.ok());
+  CHECK(same->k == slot->k);
+  CHECK(static_cast<float*>(same->k)[0] == 42.0f);
+
+  // Assigned over another cache: that one's pools go, the moved ones stay.
+  auto other = PagedKvCache::create({4, 4, 2, 8, DType::kF32});
+  REQUIRE(other.ok());
+  *other = std::move(moved);
+  CHECK(other->k_pool().data() == k_pool);
+  CHECK(other->layout().num_pages == 8);
+  CHECK(*other->length(SequenceId(1)) == 6);
+}
+
 TEST_CASE("kv cache: PagedKvCache survives random grow/release churn with no page owned twice", "[kv_cache]") {
   const std::uint64_t seed = std::random_device{}();
   INFO("seed " << seed);

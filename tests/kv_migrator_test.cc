@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda_absent.h"
+#include "host_buffer.h"
 #include "kv_migration_wire.h"
 #include "laminar/kernels/paged_decode.h"
 #include "transport/protocol.h"

@@ -128,6 +128,23 @@ TEST_CASE("remote push: answers, errors and credit-based backpressure", "[remote
   CHECK(st.malformed == 0);
 }
 
+TEST_CASE("remote push: one queue server per transport; a second is refused until the first is gone", "[remote]") {
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create().value();
+  Served served(queue);
+  // A second server would take over the first one's handlers, and its destruction remove them.
+  expect_code(TrajectoryQueueServer::create(served.server_tr, queue).status(), StatusCode::kAlreadyExists,
+              "queue server");
+  auto producer = served.producer();
+  REQUIRE(producer->push(laminar::test_remote::make(1)).ok());  // the first still serves
+
+  served.server.reset();
+  auto again = TrajectoryQueueServer::create(served.server_tr, queue);
+  REQUIRE(again.ok());
+  auto later = served.producer();
+  REQUIRE(later->push(laminar::test_remote::make(2)).ok());
+  CHECK((*again)->stats().accepted == 1);
+}
+
 TEST_CASE("remote push timeouts run on the clocks: the producer's for a credit, the server's for a held push",
           "[remote][clock]") {
   auto clock = std::make_shared<laminar::ManualClock>();

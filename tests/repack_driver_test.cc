@@ -623,4 +623,22 @@ TEST_CASE("repack driver: create and step check what they are given") {
   // loop is not held up.
   REQUIRE(eventually([&] { return (*d)->stats().connects_failed >= 1; }));
   CHECK((*d)->stats().reports_sent == 0);
+  // A coordinator not up yet is retried, not a background error.
+  CHECK((*d)->background_error().ok());
+}
+
+TEST_CASE("repack driver: a coordinator address that does not parse is a background error, and the loop steps on") {
+  auto clock = std::make_shared<ManualClock>();
+  Worker w(1, Version(0), clock, "no-port-here");
+  CHECK(w.driver->background_error().ok());
+  w.start(10, 5);
+  w.step();
+  REQUIRE(eventually([&] { return !w.driver->background_error().ok(); }));
+  const laminar::Status e = w.driver->background_error();
+  INFO(e.to_string());
+  CHECK(e.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(e.message(), Catch::Contains("repack driver: connecting to the coordinator"));
+  CHECK(w.driver->stats().connects_failed >= 1);
+  CHECK(w.driver->stats().reports_sent == 0);
+  w.step();  // the decode loop is not held up
 }

@@ -69,7 +69,7 @@ int serve(std::size_t region_bytes, const std::string& host) {
   std::mutex mu;
   std::condition_variable cv;
   bool exit_now = false;
-  std::set<std::uint64_t> peers;
+  std::set<laminar::EndpointId> peers;
   std::vector<Status> installed;
   installed.push_back(t->on_message(kEcho, [&](Incoming in) {
     {

@@ -396,7 +396,7 @@ TEST_CASE("transport: messages, requests and error replies between two transport
     REQUIRE(in.ok());
     CHECK(in->message.type == 10);
     CHECK(in->message.text() == std::to_string(i));
-    CHECK(in->request_id == 0);
+    CHECK(in->request_id == laminar::RequestId());
     CHECK(in->from.id() == p.to_client.id());
   }
   std::vector<std::byte> big(4 << 20);

@@ -9,10 +9,10 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "laminar/handler_gate.h"
-#include "laminar/internal/clocked_thread.h"
 
 namespace async_grpo {
 
@@ -96,7 +96,10 @@ struct PromptServer::Impl {
   std::optional<std::uint64_t> told_available;  // what on_available heard last
   PromptServerStats st;
   Status first_error;
-  laminar::internal::ClockedThread thread;
+  // The sweeping thread: it waits on `cv`, and `wake` notifies `cv` on every jump of a virtual clock.
+  bool stopping = false;
+  laminar::ClockSubscription wake;
+  std::thread sweeper;
 
   std::uint64_t max_prompt() const { return std::numeric_limits<std::uint64_t>::max() / opt.group_size - 1; }
 
@@ -411,7 +414,7 @@ struct PromptServer::Impl {
     }
     laminar::CloseSubscription sub;
     if (!known) {
-      const std::uint64_t endpoint = in.from.id();
+      const laminar::EndpointId endpoint = in.from.id();
       Result<laminar::CloseSubscription> s =
           in.from.on_close(gate.wrap([this, endpoint](Status) { on_closed(endpoint); }));
       if (s.ok()) sub = std::move(*s);
@@ -434,7 +437,7 @@ struct PromptServer::Impl {
     }
   }
 
-  void on_closed(std::uint64_t endpoint) {
+  void on_closed(laminar::EndpointId endpoint) {
     Graveyard graveyard;
     Changing l(*this);
     for (auto it = workers.begin(); it != workers.end(); ++it) {
@@ -448,7 +451,7 @@ struct PromptServer::Impl {
 
   void run() {
     std::unique_lock l(mu);
-    while (!thread.stopping()) {
+    while (!stopping) {
       Graveyard graveyard;
       const Duration next = sweep(graveyard);
       tell_available();
@@ -492,7 +495,11 @@ Result<std::unique_ptr<PromptServer>> PromptServer::create(std::shared_ptr<lamin
   // The type is an application one: registering it cannot fail.
   LAMINAR_CHECK(p->transport->on_message(kPromptRequestMessage, p->gate.wrap([p](Incoming in) { p->on_request(in); }))
                     .ok());
-  p->thread.start(p->mu, p->cv, *p->clock, [p] { p->run(); });
+  p->wake = p->clock->subscribe([p] {
+    std::lock_guard l(p->mu);
+    p->cv.notify_all();
+  });
+  p->sweeper = std::thread([p] { p->run(); });
   return std::unique_ptr<PromptServer>(new PromptServer(std::move(impl)));
 }
 
@@ -501,7 +508,13 @@ PromptServer::PromptServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 PromptServer::~PromptServer() {
   (void)impl_->transport->on_message(kPromptRequestMessage, {});
   impl_->gate.close();
-  impl_->thread.stop();
+  {
+    std::lock_guard l(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  impl_->sweeper.join();
+  impl_->wake.reset();
   Graveyard graveyard;
   {
     std::lock_guard l(impl_->mu);

@@ -6,6 +6,9 @@
 // virtual time, with no sleeps. A component that blocks on a condition variable waits through
 // Clock::wait_until and subscribes to the clock, so a jump of virtual time wakes it up.
 //
+// Threads: a clock runs none. Every call is thread-safe; a ManualClock calls its subscribers'
+// wake-ups on the thread that advances it.
+//
 //   auto clock = std::make_shared<laminar::ManualClock>();
 //   std::mutex mu;
 //   std::condition_variable cv;
@@ -14,12 +17,10 @@
 //   auto st = clock->advance(std::chrono::seconds(30));  // the waiter wakes and sees the new time
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 
@@ -66,13 +67,13 @@ class ClockSubscription {
 
 class Clock {
  public:
-  // Time since the clock's own epoch. Durations and instants share this one type.
+  // laminar::Duration itself, so an implementation outside the namespace can name it plainly.
   using Duration = laminar::Duration;
-  static constexpr Duration kForever = laminar::kForever;
 
   virtual ~Clock() = default;
 
-  // Never decreases.
+  // Time since the clock's own epoch (durations and instants share the one type, Duration). Never
+  // decreases.
   virtual Duration now() const noexcept = 0;
 
   // A cheaper reading, for a caller that only asks whether a deadline may have come: never after
@@ -129,9 +130,10 @@ class SteadyClock final : public Clock {
 // it while one thread (the test or the simulator) advances it.
 class ManualClock final : public Clock {
  public:
-  explicit ManualClock(Duration start = Duration::zero()) : now_ns_(start.count()) {}
+  explicit ManualClock(Duration start = Duration::zero());
+  ~ManualClock() override;
 
-  Duration now() const noexcept override { return Duration(now_ns_.load(std::memory_order_acquire)); }
+  Duration now() const noexcept override;
   // Waits for a notification only: time cannot pass here unless someone advances it, and
   // advance() wakes every subscriber.
   void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
@@ -146,15 +148,9 @@ class ManualClock final : public Clock {
   Status set(Duration t);
 
  private:
+  struct State;
   void unsubscribe(std::uint64_t id) noexcept override;
-  void wake_all();
-
-  std::atomic<std::int64_t> now_ns_;
-  // Serialises advance() against subscribe/unsubscribe so a callback never runs after its
-  // subscription is gone. Lock order: this mutex, then whatever the callback locks.
-  std::mutex mu_;
-  std::map<std::uint64_t, std::function<void()>> subscribers_;
-  std::uint64_t next_id_ = 1;
+  std::unique_ptr<State> s_;
 };
 
 }  // namespace laminar

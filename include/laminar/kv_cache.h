@@ -9,6 +9,9 @@
 // its batch mates, and read one layer at a time (view(layer)). The KvMigrator moves a sequence by
 // copying its pages in every layer and its length.
 //
+// Threads: none. A PagedKvCache is not thread-safe: the decode loop that owns it makes every call
+// (a KvMigrator sharing it calls it only from the host's calls into the migrator).
+//
 //   auto cache = laminar::PagedKvCache::create({.num_pages = 1024, .page_size = 16, .num_kv_heads = 8,
 //                                               .head_dim = 128, .dtype = DType::kBF16, .num_layers = 32});
 //   LAMINAR_RETURN_IF_ERROR(cache->add_sequence(SequenceId(7)));
@@ -25,7 +28,6 @@
 #include <cstdint>
 #include <memory>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "laminar/status.h"
@@ -103,6 +105,11 @@ struct PageTableBuffer {
 // and per-sequence page lists shared by all layers. Not thread-safe: one rollout worker's decode
 // loop owns it.
 //
+// A move-only value, as a std::vector is (docs/conventions.md): it runs no thread, installs no
+// handler and hands out no callback, so nothing refers to its address, and moving it moves a
+// pointer while the pools stay where they are. The decode loop holds it by value; a host that
+// shares it with a KvMigrator holds it in a std::shared_ptr (KvMigrator::allocate_cache returns one).
+//
 // The pools are layer-major, [num_layers, num_pages, page_size, num_kv_heads, head_dim]: a model
 // runs layer by layer, so each layer's pool is one contiguous block that the kernels read as an
 // ordinary 4-D pool, and an engine that keeps one tensor per layer stacks into this shape.
@@ -119,6 +126,11 @@ class PagedKvCache {
   // On a device, token_slot() and k_page() / v_page() give device addresses. kInvalidArgument
   // naming the pool and the mismatch.
   static Result<PagedKvCache> create(const KvLayout& layout, const TensorView& k_pool, const TensorView& v_pool);
+
+  // A moved-from cache may only be destroyed or assigned to.
+  PagedKvCache(PagedKvCache&& other) noexcept;
+  PagedKvCache& operator=(PagedKvCache&& other) noexcept;
+  ~PagedKvCache();
 
   // Where token `pos` of a sequence lives: its K and V rows, each [num_kv_heads, head_dim].
   struct TokenSlot {
@@ -149,7 +161,7 @@ class PagedKvCache {
   // live; kInvalidArgument (and no change) for a page not reserved or given twice, a negative
   // length, or too few pages for it.
   Status adopt_sequence(SequenceId id, std::span<const std::int32_t> pages, std::int64_t length);
-  std::int32_t reserved_pages() const noexcept { return reserved_count_; }
+  std::int32_t reserved_pages() const noexcept;
 
   // Token `pos` of a sequence in one layer. kNotFound / kOutOfRange (pos beyond the sequence's
   // length, or layer outside [0, num_layers)).
@@ -162,7 +174,7 @@ class PagedKvCache {
   // kInvalidArgument for an id given twice.
   Status build_page_table(std::span<const SequenceId> ids, PageTableBuffer* out) const;
 
-  const KvLayout& layout() const noexcept { return layout_; }
+  const KvLayout& layout() const noexcept;
   // One layer's pools for the kernels (its layout has num_layers 1). kOutOfRange for a layer
   // outside [0, num_layers).
   Result<PagedKv> view(std::int32_t layer) const;
@@ -170,52 +182,22 @@ class PagedKvCache {
   TensorView k_pool() const;
   TensorView v_pool() const;
   // Where the pools live: the host for pools the cache allocated.
-  Device device() const noexcept { return device_; }
+  Device device() const noexcept;
   // False for pools adopted from the host application.
-  bool owns_pools() const noexcept { return k_owned_ != nullptr; }
+  bool owns_pools() const noexcept;
   // Page `page` of one layer: [page_size, num_kv_heads, head_dim]. kOutOfRange naming the layer or
   // the page when outside the layout.
   Result<void*> k_page(std::int32_t layer, std::int32_t page) const;
   Result<void*> v_page(std::int32_t layer, std::int32_t page) const;
-  std::int32_t free_pages() const noexcept { return std::int32_t(free_.size()); }
+  std::int32_t free_pages() const noexcept;
   // Pages of live sequences and reserved ones.
-  std::int32_t used_pages() const noexcept { return layout_.num_pages - free_pages(); }
-  std::size_t num_sequences() const noexcept { return seqs_.size(); }
+  std::int32_t used_pages() const noexcept;
+  std::size_t num_sequences() const noexcept;
 
  private:
-  struct Sequence {
-    std::vector<std::int32_t> pages;
-    std::int64_t length = 0;
-  };
-  struct FreeDeleter {
-    void operator()(unsigned char* p) const noexcept;
-  };
-
-  PagedKvCache() = default;
-  std::int64_t pages_for(std::int64_t tokens) const noexcept {
-    return (tokens + layout_.page_size - 1) / layout_.page_size;
-  }
-
-  void init_free_list();
-  // kInvalidArgument naming the page for one not reserved or given twice.
-  Status check_reserved(std::span<const std::int32_t> pages) const;
-  // Preconditions: check_reserved(pages) is OK.
-  void return_reserved(std::span<const std::int32_t> pages);
-  TensorView pool_view(unsigned char* base) const;
-  Status check_layer(std::int32_t layer) const;
-  Result<void*> page_address(unsigned char* base, std::int32_t layer, std::int32_t page) const;
-
-  KvLayout layout_;
-  unsigned char* k_ = nullptr;  // [num_layers, num_pages, page_size, num_kv_heads, head_dim] of layout_.dtype
-  unsigned char* v_ = nullptr;
-  Device device_ = Device::cpu();
-  // Set when the cache allocated the pools; null for adopted ones.
-  std::unique_ptr<unsigned char[], FreeDeleter> k_owned_;
-  std::unique_ptr<unsigned char[], FreeDeleter> v_owned_;
-  std::vector<std::int32_t> free_;  // a stack: the most recently freed page is reused first
-  std::unordered_map<SequenceId, Sequence> seqs_;
-  std::vector<bool> reserved_;  // [num_pages]: taken by reserve_pages and not given back or adopted
-  std::int32_t reserved_count_ = 0;
+  struct State;
+  explicit PagedKvCache(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
 };
 
 }  // namespace laminar

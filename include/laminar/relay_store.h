@@ -16,7 +16,8 @@
 //
 // Threads: one sealer thread per store hashes published chunks. Every other call runs on the
 // caller's thread; the waits (wait_for_version, read_chunk, wait_for_newer) read
-// RelayStoreOptions::clock, so a virtual clock's jump ends them.
+// RelayStoreOptions::clock, so a virtual clock's jump ends them. Hashing a chunk cannot fail, so
+// the store has no background_error(): every failure is the answer of the call that met it.
 //
 //   auto store = laminar::RelayStore::create({}).value();
 //   laminar::NamedTensor w{"w", view};                          // view: f32[1024, 1024]

@@ -9,6 +9,9 @@
 //   - next_pull(): what a rollout worker should do next (nothing, pull, prefetch, swap);
 //   - FleetVersions: which version every relay and puller holds, and who still lacks a version.
 //
+// Threads: none. These are plain values: const calls may run concurrently, a change needs its
+// caller's lock (RelayStore holds one around its VersionLedger).
+//
 //   laminar::VersionLedger ledger(/*memory_budget_bytes=*/8ull << 30);
 //   auto plan = laminar::ChunkPlan::make(/*total_bytes=*/1 << 20, /*chunk_bytes=*/1 << 18);
 //   laminar::Status st = ledger.begin(laminar::Version(1), *plan);
@@ -122,10 +125,6 @@ class VersionLedger {
     std::uint32_t num_verified = 0;
     std::uint32_t refs = 0;
   };
-
-  bool freeable(Version v, const Entry& e) const;
-  std::vector<Version> collect();
-  std::string describe_held() const;
 
   std::uint64_t budget_;
   std::uint64_t bytes_held_ = 0;

@@ -15,8 +15,9 @@
 // Threads: the server's handlers run on its transport's callback thread and push at once when
 // there is room; one worker thread of the server retries held pushes (every millisecond of the
 // server's clock while the queue stays full) and answers them, or answers kDeadlineExceeded when
-// their timeout passes on that clock. A producer has no thread: push and push_many block the
-// calling thread, waiting for a credit on the producer's clock.
+// their timeout passes on that clock. Every failure of that work is the answer to the push it
+// belongs to, so the server has no background_error(). A producer has no thread: push and
+// push_many block the calling thread, waiting for a credit on the producer's clock.
 //
 //   // the actor's process, on the one Transport it made (listening):
 //   auto server = laminar::TrajectoryQueueServer::create(transport, queue).value();
@@ -61,7 +62,8 @@ struct TrajectoryQueueServerStats {
 class TrajectoryQueueServer {
  public:
   // Serves `queue` on `transport` (installs handlers for the queue's message types; the host makes
-  // the transport listen). kInvalidArgument for a null transport or queue, or zero credits.
+  // the transport listen). kInvalidArgument for a null transport or queue, or zero credits;
+  // kAlreadyExists when another TrajectoryQueueServer serves on `transport`.
   static Result<std::unique_ptr<TrajectoryQueueServer>> create(std::shared_ptr<Transport> transport,
                                                                std::shared_ptr<TrajectoryQueue> queue,
                                                                TrajectoryQueueServerOptions options = {});

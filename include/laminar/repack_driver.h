@@ -21,7 +21,7 @@
 //      drop on kDone, adopt on kArrived.
 //
 // Threads. step() runs on the host's decode loop (the one that owns the cache and calls the
-// migrator); stats() is thread-safe. The driver's own thread connects to the coordinator
+// migrator); stats() and background_error() are thread-safe. The driver's own thread connects to the coordinator
 // (retrying every retry_interval) and sends the reports. Orders are taken on the transport's
 // callback thread and wait, the newest only, for the next step().
 //
@@ -109,6 +109,12 @@ class RepackDriver {
   Result<std::vector<MigrationEvent>> step(const WorkerSnapshot& snapshot);
 
   RepackDriverStats stats() const;
+  // The first failure of the reporting thread that retrying cannot mend: a coordinator address
+  // that does not parse (kInvalidArgument) or a coordinator that refuses this worker's cluster
+  // token (kFailedPrecondition). The thread keeps retrying meanwhile, so a coordinator restarted
+  // with the right token is still reached. OK otherwise: a coordinator that is not up yet, a lost
+  // connection or a failed send is retried, and counted in stats().
+  Status background_error() const;
 
  private:
   struct Impl;

@@ -33,7 +33,9 @@
 //     another callback, and the Transport must not be destroyed from one.
 // Every other method is thread-safe and runs on the caller's thread. connect, accept, receive,
 // send, request, reply and reply_error block their caller until done or until their deadline;
-// request_async, put and get return at once with a std::future.
+// request_async, put and get return at once with a std::future. Every failure of the two threads'
+// work reaches the operation it belongs to (its Status or future) or its endpoint (status(),
+// on_close), so a Transport has no background_error().
 //
 // Time. Every timeout is a laminar::Duration; an operation without one uses the options' default,
 // and kForever is the only way to wait without a deadline. Deadlines read TransportOptions::clock:
@@ -75,6 +77,7 @@
 
 #include "laminar/clock.h"
 #include "laminar/status.h"
+#include "laminar/types.h"
 
 namespace laminar {
 
@@ -223,8 +226,8 @@ class Endpoint {
  public:
   Endpoint() = default;
   bool valid() const noexcept { return state_ != nullptr; }
-  // Unique within its transport.
-  std::uint64_t id() const noexcept;
+  // Unique within its transport; EndpointId() (0) for an empty handle.
+  EndpointId id() const noexcept;
   // "host:port" of the peer as given to connect, or as seen by the listener.
   std::string peer_address() const;
   // The connection's state: OK while usable; else the first error, which is why it closed
@@ -257,7 +260,7 @@ class Endpoint {
   std::future<Result<Message>> request_async(const Message& message,
                                              std::optional<Duration> timeout = std::nullopt);
 
-  // Answers a request received on this endpoint (to.request_id != 0, else kInvalidArgument).
+  // Answers a request received on this endpoint (to.request_id set, else kInvalidArgument).
   [[nodiscard]] Status reply(const Incoming& to, const Message& message);
   // Makes the requester's request() return `error` (not OK, else kInvalidArgument).
   [[nodiscard]] Status reply_error(const Incoming& to, const Status& error);
@@ -289,8 +292,8 @@ struct Incoming {
   // The sender; reply through it, or keep it to talk back later.
   Endpoint from;
   Message message;
-  // Non-zero when the sender waits in request(): answer with from.reply(*this, ...).
-  std::uint64_t request_id = 0;
+  // Set (not RequestId()) when the sender waits in request(): answer with from.reply(*this, ...).
+  RequestId request_id;
 };
 
 // Runs on the transport's callback thread, one message at a time in arrival order (see Threads at

@@ -1,10 +1,10 @@
 // types.h: the vocabulary every laminar component shares.
 //
-// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId, MigrationId) so a worker id is
-// never passed where a version is expected; DType; Device; Stream (an opaque handle, so no CUDA header
-// leaks into user code); and TensorView, a non-owning view of a strided tensor that converts
-// losslessly from and to DLPack's DLTensor, which is how tensors cross from PyTorch, JAX or
-// the host engine into laminar.
+// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId, MigrationId, EndpointId,
+// RequestId) so a worker id is never passed where a version is expected; DType; Device; Stream (an
+// opaque handle, so no CUDA header leaks into user code); and TensorView, a non-owning view of a
+// strided tensor that converts losslessly from and to DLPack's DLTensor, which is how tensors cross
+// from PyTorch, JAX or the host engine into laminar.
 //
 //   float buf[6] = {};
 //   std::int64_t shape[2] = {2, 3};
@@ -48,6 +48,8 @@ struct WorkerIdTag {};
 struct TrajectoryIdTag {};
 struct BatchIdTag {};
 struct MigrationIdTag {};
+struct EndpointIdTag {};
+struct RequestIdTag {};
 
 // A policy version. Versions published by one actor strictly increase; 0 is the initial policy.
 using Version = StrongId<VersionTag, std::uint64_t>;
@@ -61,6 +63,11 @@ using TrajectoryId = StrongId<TrajectoryIdTag, std::uint64_t>;
 using BatchId = StrongId<BatchIdTag, std::uint64_t>;
 // One KV migration between two rollout workers (random, chosen by its source; never 0).
 using MigrationId = StrongId<MigrationIdTag, std::uint64_t>;
+// One connection of a Transport (Endpoint::id(): unique within its transport; never 0).
+using EndpointId = StrongId<EndpointIdTag, std::uint64_t>;
+// A request waiting for its reply on one connection (Incoming::request_id; RequestId(), 0, for a
+// one-way message).
+using RequestId = StrongId<RequestIdTag, std::uint64_t>;
 
 // Element types laminar moves and computes on.
 enum class DType : std::uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
@@ -177,8 +184,6 @@ class TensorView {
   std::string describe() const;
 
  private:
-  static Status check(const TensorView& v, StridePolicy policy);
-
   void* data_ = nullptr;
   std::uint64_t byte_offset_ = 0;
   DType dtype_ = DType::kF32;

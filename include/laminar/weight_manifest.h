@@ -5,6 +5,8 @@
 // The actor builds one when it publishes, relays forward it as JSON ahead of the bytes, and
 // pullers use it to find their shard and to check that destination buffers match.
 //
+// Threads: none. A plain value: const calls may run concurrently, add() needs its caller's lock.
+//
 //   laminar::WeightManifest m;
 //   auto st = m.add("embed.weight", laminar::DType::kBF16, {32000, 4096});
 //   st = m.add("lm_head.weight", laminar::DType::kBF16, {32000, 4096});
@@ -71,8 +73,6 @@ class WeightManifest {
   friend bool operator==(const WeightManifest& a, const WeightManifest& b);
 
  private:
-  static Status validate_entry(const Entry& e);
-
   std::vector<Entry> entries_;
   std::unordered_map<std::string, std::size_t> index_;
   std::uint64_t total_bytes_ = 0;

@@ -379,7 +379,7 @@ class TrajectoryQueueServer:
 
     def __init__(self, transport: Transport, queue: TrajectoryQueue,
                  options: Optional[TrajectoryQueueServerOptions] = None) -> None:
-        """InvalidArgumentError for zero credits."""
+        """InvalidArgumentError for zero credits; AlreadyExistsError while another server serves on the transport."""
     def stats(self) -> dict:
         """Producers, messages received, trajectories accepted and refused, malformed and held
         messages."""

@@ -37,7 +37,7 @@ last reference (del server) removes them and answers every held push with Cancel
                                                          options.value_or(TrajectoryQueueServerOptions{})));
            }),
            py::arg("transport"), py::arg("queue"), py::arg("options") = py::none(),
-           "InvalidArgumentError for zero credits.")
+           "InvalidArgumentError for zero credits; AlreadyExistsError while another server serves on the transport.")
       .def(
           "stats",
           [](const TrajectoryQueueServer& s) {

@@ -324,7 +324,7 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
     case FrameKind::kRequest: {
       if (f.kind == FrameKind::kRequest) ++e.unanswered;
       Incoming in{make_endpoint(find(e.id)), Message{f.type, std::move(f.body)},
-                  f.kind == FrameKind::kRequest ? f.id : 0};
+                  RequestId(f.kind == FrameKind::kRequest ? f.id : 0)};
       post_callback([this, in = std::move(in)]() mutable {
         MessageHandler handler;
         {
@@ -339,14 +339,14 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
         if (is_reserved(in.message.type)) {
           // A laminar protocol this process does not run: receive() is the application's, so the
           // message goes nowhere, and a requester learns why at once rather than at its deadline.
-          if (in.request_id != 0) {
+          if (in.request_id != RequestId()) {
             (void)in.from.reply_error(
                 in, unimplemented(fmt::format("no laminar protocol serves message type {:#x} here",
                                               in.message.type)));
           }
           return;
         }
-        if (Status refused = enqueue(std::move(in)); !refused.ok() && in.request_id != 0) {
+        if (Status refused = enqueue(std::move(in)); !refused.ok() && in.request_id != RequestId()) {
           (void)in.from.reply_error(in, refused);
         }
       });
@@ -482,7 +482,7 @@ Result<Incoming> TransportCore::receive(Duration timeout) {
   inbox_.pop_front();
   const std::size_t bytes = inbox_cost(in);
   inbox_bytes_ -= bytes;
-  auto it = inbox_bytes_by_endpoint_.find(in.from.id());
+  auto it = inbox_bytes_by_endpoint_.find(in.from.id().value());
   if ((it->second -= bytes) == 0) inbox_bytes_by_endpoint_.erase(it);
   return in;
 }
@@ -497,10 +497,10 @@ Status TransportCore::enqueue(Incoming&& in) {
   {
     std::lock_guard lock(queues_mu_);
     if (shut_down_) return ok_status();
-    std::size_t& mine = inbox_bytes_by_endpoint_[in.from.id()];
+    std::size_t& mine = inbox_bytes_by_endpoint_[in.from.id().value()];
     const bool over_connection = mine + bytes > options_.max_inbox_bytes_per_connection;
     if (over_connection || inbox_bytes_ + bytes > options_.max_inbox_bytes) {
-      if (mine == 0) inbox_bytes_by_endpoint_.erase(in.from.id());
+      if (mine == 0) inbox_bytes_by_endpoint_.erase(in.from.id().value());
       ++inbox_refused_;
       return resource_exhausted(fmt::format(
           "message type {} has no handler here and the receive() queue of {} is full ({} of {} bytes{})",

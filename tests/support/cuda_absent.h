@@ -10,7 +10,7 @@
 
 #include <optional>
 
-#include "laminar/internal/host_buffer.h"
+#include "host_buffer.h"
 #include "laminar/status.h"
 
 // Set by laminar_add_test (tests/CMakeLists.txt) from the build's LAMINAR_WITH_CUDA.

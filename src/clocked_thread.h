@@ -1,7 +1,7 @@
-// internal/clocked_thread.h: the background thread of a component that sleeps on its own mutex and
-// condition variable until deadlines of a laminar::Clock. start() subscribes to the clock, so a jump
-// of a virtual clock wakes the thread, and runs it; stop() raises the flag the thread loops on (under
-// the component's mutex, so no wake-up is lost), wakes it, joins it, and only then drops the
+// clocked_thread.h (internal): the background thread of a component that sleeps on its own mutex
+// and condition variable until deadlines of a laminar::Clock. start() subscribes to the clock, so a
+// jump of a virtual clock wakes the thread, and runs it; stop() raises the flag the thread loops on
+// (under the component's mutex, so no wake-up is lost), wakes it, joins it, and only then drops the
 // subscription. Not part of the public API.
 //
 //   struct Impl {

@@ -1,6 +1,6 @@
-// internal/host_buffer.h: page-aligned host memory for relay versions, page-locked through CUDA when
-// a device is present (so device copies from it run at full speed), plus the host<->device copies
-// the relay tier needs. Not part of the public API.
+// host_buffer.h (internal): page-aligned host memory for relay versions, page-locked through CUDA
+// when a device is present (so device copies from it run at full speed), plus the host<->device
+// copies the relay tier needs. Not part of the public API.
 //
 //   auto buf = laminar::internal::HostBuffer::allocate(1 << 20, /*pin=*/true, /*shareable=*/false);
 //   std::memcpy(buf->data(), src, 1 << 20);
