@@ -84,10 +84,10 @@ class TrajectoryQueueServer {
 struct RemoteProducerOptions {
   // Connecting (when given an address) plus the handshake.
   Duration connect_timeout = std::chrono::seconds(10);
-  // Time of push timeouts (null: Clock::steady()).
+  // Time of push timeouts and of the pings' pace (null: Clock::steady()).
   std::shared_ptr<Clock> clock;
   // A server that leaves a ping unanswered this long counts as hung (positive, or kForever: never
-  // ping). A push waiting for its answer pings each stall_timeout / 2 (steady time); the ping's
+  // ping). A push waiting for its answer pings each stall_timeout / 2 on `clock`; the ping's
   // deadline runs on the transport's clock.
   Duration stall_timeout = std::chrono::seconds(10);
 };
