@@ -1,14 +1,18 @@
 // cast_bench: f32 -> bf16 conversion on the CPU, in GB/s of source bytes, against memcpy of the same
 // source bytes in the same run. Usage: cast_bench [MiB of f32 source, default 256]
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/kernels/cast.h"
 
 int main(int argc, char** argv) {
-  const std::size_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 256;
+  CLI::App app{"f32 -> bf16 conversion on the CPU against memcpy of the same bytes"};
+  app.option_defaults()->always_capture_default();
+  std::size_t mib = 256;
+  app.add_option("mib", mib, "MiB of f32 source")->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
   const std::size_t n = mib * (1u << 20) / 4;
   std::vector<float> src(n);
   for (std::size_t i = 0; i < n; ++i) src[i] = float(i % 1000) * 0.37f - 100.f;
