@@ -48,6 +48,7 @@
 #define XXH_INLINE_ALL  // as the migrator includes it, so its checksums cost the same here
 #include <xxhash.h>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/kv_cache.h"
 #include "laminar/kv_migrator.h"
@@ -547,53 +548,34 @@ class Source {
   std::uint64_t checksums_ = 0;
 };
 
-std::vector<std::int64_t> parse_lengths(const std::string& text) {
-  std::vector<std::int64_t> out;
-  for (std::size_t at = 0; at < text.size();) {
-    const std::size_t comma = std::min(text.find(',', at), text.size());
-    out.push_back(std::strtoll(text.substr(at, comma - at).c_str(), nullptr, 10));
-    at = comma + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 3 && args[0] == "dest") {
-    return run_dest(std::strtoll(args[1].c_str(), nullptr, 10),
-                    args[2] == "registered" ? Pools::kRegistered : Pools::kAllocated);
-  }
+  CLI::App app{"KvMigrator moving one live sequence between two processes on this host"};
+  app.option_defaults()->always_capture_default();
   std::vector<std::int64_t> lengths = {256, 1024, 4096, 8192};
   int repeats = 7;
   long step_ms = 25, poll_us = 100;
   std::string headline = "downtime";
   std::string pools = "allocated";
-  for (std::size_t i = 0; i + 1 < args.size(); i += 2) {
-    if (args[i] == "--lengths") {
-      lengths = parse_lengths(args[i + 1]);
-    } else if (args[i] == "--repeats") {
-      repeats = std::atoi(args[i + 1].c_str());
-    } else if (args[i] == "--step-ms") {
-      step_ms = std::atol(args[i + 1].c_str());
-    } else if (args[i] == "--poll-us") {
-      poll_us = std::atol(args[i + 1].c_str());
-    } else if (args[i] == "--pools") {
-      pools = args[i + 1];
-    } else if (args[i] == "--headline") {
-      headline = args[i + 1];
-    } else {
-      die("usage: kv_migrator_bench [--lengths A,B,..] [--repeats R] [--step-ms S] [--poll-us P] "
-          "[--headline downtime|throughput] [--pools allocated|registered]");
-    }
-  }
-  if (args.size() % 2 != 0) die("flags take one value each");
-  if (lengths.empty() || std::any_of(lengths.begin(), lengths.end(), [](std::int64_t l) { return l <= 0; }))
-    die("--lengths must be positive");
-  if (repeats <= 0 || step_ms <= 0 || poll_us <= 0) die("--repeats, --step-ms and --poll-us must be positive");
-  if (headline != "downtime" && headline != "throughput") die("--headline is downtime or throughput");
-  if (pools != "allocated" && pools != "registered") die("--pools is allocated or registered");
+  app.add_option("--lengths", lengths, "sequence lengths in tokens, comma-separated")
+      ->delimiter(',')
+      ->check(laminar::bench::positive());
+  app.add_option("--repeats", repeats, "timed rounds of each measurement")->check(laminar::bench::positive());
+  app.add_option("--step-ms", step_ms, "the source's decode step")->check(laminar::bench::positive());
+  app.add_option("--poll-us", poll_us, "time between the migrator's polls")->check(laminar::bench::positive());
+  app.add_option("--headline", headline, "which result the last line reports")
+      ->check(CLI::IsMember({"downtime", "throughput"}));
+  app.add_option("--pools", pools, "where the destination's KV pools live")
+      ->check(CLI::IsMember({"allocated", "registered"}));
+  // The destination process, started by this bench as "dest LONGEST POOLS"; no group hides it from --help.
+  CLI::App* dest = app.add_subcommand("dest", "the destination process")->group("");
+  std::int64_t dest_tokens = 0;
+  std::string dest_pools;
+  dest->add_option("tokens", dest_tokens)->required()->check(laminar::bench::positive());
+  dest->add_option("pools", dest_pools)->required()->check(CLI::IsMember({"allocated", "registered"}));
+  CLI11_PARSE(app, argc, argv);
+  if (dest->parsed()) return run_dest(dest_tokens, dest_pools == "registered" ? Pools::kRegistered : Pools::kAllocated);
   const Pools where = pools == "registered" ? Pools::kRegistered : Pools::kAllocated;
   const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
 
