@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/kernels/paged_decode.h"
 
@@ -32,30 +33,23 @@ struct Options {
   int threads = 2;
 };
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--dtype") o.dtype = v;
-    else if (k == "--batch") o.batch = std::atoi(v);
-    else if (k == "--len") o.len = std::atoi(v);
-    else if (k == "--kv-heads") o.kv_heads = std::atoi(v);
-    else if (k == "--group") o.group = std::atoi(v);
-    else if (k == "--head-dim") o.head_dim = std::atoi(v);
-    else if (k == "--page") o.page = std::atoi(v);
-    else if (k == "--threads") o.threads = std::atoi(v);
-    else std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-  }
-  return o;
-}
-
 void* aligned_bytes(std::size_t n) { return std::aligned_alloc(64, (n + 63) / 64 * 64); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  CLI::App app{"One CPU decode step of paged attention against a 2-thread memcpy of the same bytes"};
+  app.option_defaults()->always_capture_default();
+  Options o;
+  app.add_option("--dtype", o.dtype, "K, V and Q element type")->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  app.add_option("--batch", o.batch, "sequences")->check(laminar::bench::positive());
+  app.add_option("--len", o.len, "tokens a sequence")->check(laminar::bench::positive());
+  app.add_option("--kv-heads", o.kv_heads, "KV heads")->check(laminar::bench::positive());
+  app.add_option("--group", o.group, "query heads a KV head")->check(laminar::bench::positive());
+  app.add_option("--head-dim", o.head_dim, "head dimension")->check(laminar::bench::positive());
+  app.add_option("--page", o.page, "tokens a page")->check(laminar::bench::positive());
+  app.add_option("--threads", o.threads, "CPU threads")->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
   auto dtype = laminar::parse_dtype(o.dtype);
   if (!dtype.ok()) {
     std::fprintf(stderr, "%s\n", dtype.status().to_string().c_str());

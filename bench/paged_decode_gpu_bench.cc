@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/kernels/paged_decode.h"
 
@@ -59,23 +60,22 @@ laminar::bench::Timing time_gpu(F&& body, int repeats = 9) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"One decode step of paged attention on the GPU against a device-to-device cudaMemcpy"};
+  app.option_defaults()->always_capture_default();
+  std::string dtype_name = "bf16";
+  int batch = 64, len = 4096, kv_heads = 8, group = 4, head_dim = 128, page = 16;
+  app.add_option("--dtype", dtype_name, "K, V and Q element type")->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  app.add_option("--batch", batch, "sequences")->check(laminar::bench::positive());
+  app.add_option("--len", len, "tokens a sequence")->check(laminar::bench::positive());
+  app.add_option("--kv-heads", kv_heads, "KV heads")->check(laminar::bench::positive());
+  app.add_option("--group", group, "query heads a KV head")->check(laminar::bench::positive());
+  app.add_option("--head-dim", head_dim, "head dimension")->check(laminar::bench::positive());
+  app.add_option("--page", page, "tokens a page")->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("no CUDA device: skipping\n");
     return kSkip;
-  }
-  std::string dtype_name = "bf16";
-  int batch = 64, len = 4096, kv_heads = 8, group = 4, head_dim = 128, page = 16;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const int v = std::atoi(argv[i + 1]);
-    if (k == "--dtype") dtype_name = argv[i + 1];
-    else if (k == "--batch") batch = v;
-    else if (k == "--len") len = v;
-    else if (k == "--kv-heads") kv_heads = v;
-    else if (k == "--group") group = v;
-    else if (k == "--head-dim") head_dim = v;
-    else if (k == "--page") page = v;
   }
   auto dtype = laminar::parse_dtype(dtype_name);
   if (!dtype.ok()) {
