@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/kernels/sampling.h"
 
@@ -93,14 +94,14 @@ void parallel_rows(std::int64_t batch, int threads, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"CPU sampling (top-k, top-p, greedy) against a full-sort sampler on the same threads"};
+  app.option_defaults()->always_capture_default();
   int threads = std::max(1u, std::thread::hardware_concurrency());
   std::int64_t vocab = 152064, batch = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (a == "--vocab") vocab = std::atoll(argv[i + 1]);
-    else if (a == "--batch") batch = std::atoll(argv[i + 1]);
-  }
+  app.add_option("--threads", threads, "CPU threads, for both")->check(laminar::bench::positive());
+  app.add_option("--vocab", vocab, "logits a row")->check(laminar::bench::positive());
+  app.add_option("--batch", batch, "rows")->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
   std::printf("sampling_bench: batch %lld, vocab %lld, %d threads\n", static_cast<long long>(batch),
               static_cast<long long>(vocab), threads);
   const std::vector<float> logits = make_logits(batch, vocab);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/internal/numerics.h"
 #include "laminar/kernels/sampling.h"
@@ -25,16 +26,16 @@ bool check(cudaError_t e, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"The CUDA sampling kernel against a device-to-device cudaMemcpy of the same logits"};
+  app.option_defaults()->always_capture_default();
+  std::int64_t batch = 64, vocab = 152064;
+  app.add_option("--batch", batch, "rows")->check(laminar::bench::positive());
+  app.add_option("--vocab", vocab, "logits a row")->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("sampling_gpu_bench: no CUDA device, skipping\n");
     return 77;
-  }
-  std::int64_t batch = 64, vocab = 152064;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--batch") batch = std::atoll(argv[i + 1]);
-    else if (a == "--vocab") vocab = std::atoll(argv[i + 1]);
   }
   cudaDeviceProp prop{};
   int mem_khz = 0, bus_bits = 0;
