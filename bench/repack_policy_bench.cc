@@ -21,11 +21,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/repack_policy.h"
 #include "repack_fleet.h"
@@ -86,13 +86,20 @@ void print_sim(const char* name, const SimTotals& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"plan_repack's plan time and plan quality against the paper's best fit"};
+  app.option_defaults()->always_capture_default();
   int fleets = 48, sim_fleets = 12;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--fleets") == 0) fleets = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--sim-fleets") == 0) sim_fleets = std::atoi(argv[i + 1]);
+  app.add_option("--fleets", fleets, "fleets of 1,024 workers planned")
+      ->check(laminar::bench::at_least(2));
+  app.add_option("--sim-fleets", sim_fleets, "of those, fleets simulated; at most --fleets (the default: all of fewer)")->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
+  if (sim_fleets > fleets) {
+    if (app.count("--sim-fleets") > 0) {
+      return app.exit(CLI::ValidationError("--sim-fleets", std::to_string(sim_fleets) + " is more than --fleets " +
+                                                              std::to_string(fleets)));
+    }
+    sim_fleets = fleets;  // the default, for fewer fleets than it
   }
-  fleets = std::max(fleets, 2);
-  sim_fleets = std::clamp(sim_fleets, 1, fleets);
   const std::uint64_t seed = 1014;
   std::printf("repack_policy_bench: %d fleets of 1,024 workers (seed %llu), %d simulated\n", fleets,
               static_cast<unsigned long long>(seed), sim_fleets);
