@@ -4,7 +4,7 @@
 //   shm: one memcpy of the same N bytes inside one process.
 // Prints one JSON line per transport, shared memory last (the headline).
 //
-//   transport_bench [--bytes N] [--repeats R]
+//   transport_bench [--bytes N] [--repeats R] [--help]
 // The benchmark starts its own peer by re-executing itself (`transport_bench serve <tls>` and
 // `transport_bench sink <port>`), and stops it before exiting.
 #include <arpa/inet.h>
@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/transport.h"
 #include "process.h"
@@ -198,22 +199,23 @@ double memcpy_gbps(std::size_t bytes, int repeats) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 3 && args[0] == "serve")
-    return serve(args[1], std::strtoull(args[2].c_str(), nullptr, 10));
-  if (args.size() == 2 && args[0] == "sink") return sink(std::strtoull(args[1].c_str(), nullptr, 10));
+  CLI::App app{"Endpoint::put between two processes over tcp and shared memory, against a socket loop and memcpy"};
+  app.option_defaults()->always_capture_default();
   std::size_t bytes = std::size_t{256} << 20;
   int repeats = 9;
-  for (std::size_t i = 0; i + 1 < args.size(); i += 2) {
-    if (args[i] == "--bytes") {
-      bytes = std::strtoull(args[i + 1].c_str(), nullptr, 10);
-    } else if (args[i] == "--repeats") {
-      repeats = std::atoi(args[i + 1].c_str());
-    } else {
-      die("usage: transport_bench [--bytes N] [--repeats R]");
-    }
-  }
-  if (bytes == 0 || repeats <= 0) die("--bytes and --repeats must be positive");
+  app.add_option("--bytes", bytes, "bytes a put")->check(bench::positive());
+  app.add_option("--repeats", repeats, "timed puts of each")->check(bench::positive());
+  // The peers this bench starts of itself; no group hides them from --help.
+  std::string tls;
+  std::size_t peer_bytes = 0;
+  CLI::App* serve_mode = app.add_subcommand("serve", "the put's target: TLS (\"\" for any) and BYTES")->group("");
+  serve_mode->add_option("tls", tls)->required();
+  serve_mode->add_option("bytes", peer_bytes)->required()->check(bench::positive());
+  CLI::App* sink_mode = app.add_subcommand("sink", "the socket loop's reader of BYTES")->group("");
+  sink_mode->add_option("bytes", peer_bytes)->required()->check(bench::positive());
+  CLI11_PARSE(app, argc, argv);
+  if (serve_mode->parsed()) return serve(tls, peer_bytes);
+  if (sink_mode->parsed()) return sink(peer_bytes);
   signal(SIGPIPE, SIG_IGN);
 
   const double tcp = transport_put_gbps("tcp", bytes, repeats);
