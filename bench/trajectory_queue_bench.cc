@@ -69,6 +69,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "realistic_trajectory.h"
 #include "laminar/trajectory_queue.h"
@@ -537,40 +538,32 @@ double latency_condvar(const std::vector<Trajectory>& pool, std::size_t groups, 
   return p99(lat);
 }
 
-Config parse(int argc, char** argv) {
-  Config c;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const char* v = argv[i + 1];
-    if (flag == "--producers") c.producers = std::atoi(v);
-    else if (flag == "--consumers") c.consumers = std::atoi(v);
-    else if (flag == "--pool") c.pool = std::size_t(std::atoll(v));
-    else if (flag == "--passes") c.passes = std::atoi(v);
-    else if (flag == "--repeats") c.repeats = std::atoi(v);
-    else if (flag == "--wal-dir") c.wal_dir = v;
-    else if (flag == "--pin") c.pin = std::atoi(v) != 0;
-    else if (flag == "--latency-groups") c.latency_groups = std::size_t(std::atoll(v));
-    else if (flag == "--latency-repeats") c.latency_repeats = std::atoi(v);
-    else if (flag == "--latency-rate") c.latency_rate = std::atof(v);
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      std::exit(2);
-    }
-  }
-  c.pool -= c.pool % (kGroupSize * std::size_t(std::max(c.producers, 1)));
-  if (c.producers < 1 || c.consumers < 1 || c.pool == 0 || c.passes < 1 || c.repeats < 1 || c.latency_groups < 100 ||
-      c.latency_repeats < 1 || !(c.latency_rate > 0)) {
-    std::fprintf(stderr, "need producers, consumers, passes, repeats, latency repeats >= 1, pool >= 8 * producers, "
-                 "latency groups >= 100 and a positive latency rate\n");
-    std::exit(2);
-  }
-  return c;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Config cfg = parse(argc, argv);
+  CLI::App app{"TrajectoryQueue push + pop throughput and latency against moodycamel::ConcurrentQueue"};
+  app.option_defaults()->always_capture_default();
+  Config cfg;
+  app.add_option("--producers", cfg.producers, "producer threads")->check(laminar::bench::positive());
+  app.add_option("--consumers", cfg.consumers, "consumer threads")->check(laminar::bench::positive());
+  app.add_option("--pool", cfg.pool, "trajectories, rounded down to a multiple of 8 x --producers")
+      ->check(laminar::bench::positive());
+  app.add_option("--passes", cfg.passes, "times a repeat moves the pool")->check(laminar::bench::positive());
+  app.add_option("--repeats", cfg.repeats, "timed repeats")->check(laminar::bench::positive());
+  app.add_option("--wal-dir", cfg.wal_dir, "directory of the write-ahead logs")->check(CLI::ExistingDirectory);
+  app.add_option("--pin", cfg.pin, "1: pin each worker thread to a CPU");
+  app.add_option("--latency-groups", cfg.latency_groups, "groups a latency run")
+      ->check(laminar::bench::at_least(100));
+  app.add_option("--latency-repeats", cfg.latency_repeats, "latency runs")->check(laminar::bench::positive());
+  app.add_option("--latency-rate", cfg.latency_rate, "trajectories/s the latency producer pushes")
+      ->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
+  const std::size_t pool_step = kGroupSize * std::size_t(cfg.producers);
+  cfg.pool -= cfg.pool % pool_step;
+  if (cfg.pool == 0) {
+    return app.exit(CLI::ValidationError("--pool", "less than one group of 8 for each producer (" +
+                                                       std::to_string(pool_step) + ")"));
+  }
   std::vector<Trajectory> pool = make_pool(cfg.pool);
   std::size_t tokens = 0;
   for (const Trajectory& t : pool) tokens += t.num_tokens();
