@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/relay_store.h"
 #include "laminar/trajectory_queue.h"
@@ -31,21 +32,13 @@ void check(const laminar::Status& st, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"The C++ side of python_overhead_bench.py: a queue round and a weight pull"};
+  app.option_defaults()->always_capture_default();
   int rounds = 1000;
   std::int64_t pull_mib = 256;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
-    else if (flag == "--pull-mib") pull_mib = std::atoll(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: %s [--rounds N] [--pull-mib M]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (rounds <= 0 || pull_mib <= 0) {
-    std::fprintf(stderr, "--rounds and --pull-mib must be positive\n");
-    return 2;
-  }
+  app.add_option("--rounds", rounds, "queue rounds timed")->check(laminar::bench::positive());
+  app.add_option("--pull-mib", pull_mib, "MiB of the pulled f32 tensor")->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
 
   auto queue = laminar::TrajectoryQueue::create().value();
   std::mt19937 rng(7);
