@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "realistic_trajectory.h"
 #include "laminar/remote_trajectory_queue.h"
@@ -166,23 +167,30 @@ struct Config {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 7 && std::string(argv[1]) == "produce") {
-    return produce(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10), std::strtoull(argv[5], nullptr, 10),
-                   std::strtoull(argv[6], nullptr, 10));
-  }
+  CLI::App app{"Rollout processes pushing into a TrajectoryQueue over the Transport: push_many against push"};
+  app.option_defaults()->always_capture_default();
   Config cfg;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--count") cfg.count = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (flag == "--fsync-count") cfg.fsync_count = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (flag == "--threads") cfg.threads = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (flag == "--repeats") cfg.repeats = std::atoi(argv[i + 1]);
-    else if (flag == "--wal-dir") cfg.wal_dir = argv[i + 1];
-    else die("unknown flag " + flag);
-  }
+  const CLI::Validator at_least_a_group = laminar::bench::at_least(kGroup);
+  app.add_option("--count", cfg.count, "trajectories a run, rounded down to a multiple of 8")->check(at_least_a_group);
+  app.add_option("--fsync-count", cfg.fsync_count, "trajectories a run into the wal_fsync queue, as --count")
+      ->check(at_least_a_group);
+  app.add_option("--threads", cfg.threads, "the child's pushing threads")->check(laminar::bench::positive());
+  app.add_option("--repeats", cfg.repeats, "timed runs of each")->check(laminar::bench::positive());
+  app.add_option("--wal-dir", cfg.wal_dir, "directory of the wal_fsync queue's log")->check(CLI::ExistingDirectory);
+  // The pushing child this bench starts of itself; no group hides it from --help.
+  CLI::App* produce_mode = app.add_subcommand("produce", "push COUNT trajectories from FIRST to ADDRESS")->group("");
+  std::string child_address, child_mode;
+  std::uint64_t child_first = 0;
+  std::size_t child_count = 0, child_threads = 0;
+  produce_mode->add_option("address", child_address)->required();
+  produce_mode->add_option("mode", child_mode)->required()->check(CLI::IsMember({"one", "many"}));
+  produce_mode->add_option("first", child_first)->required();
+  produce_mode->add_option("count", child_count)->required()->check(laminar::bench::positive());
+  produce_mode->add_option("threads", child_threads)->required()->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
+  if (produce_mode->parsed()) return produce(child_address, child_mode, child_first, child_count, child_threads);
   cfg.count -= cfg.count % kGroup;
   cfg.fsync_count -= cfg.fsync_count % kGroup;
-  if (cfg.count == 0 || cfg.fsync_count == 0 || cfg.threads == 0 || cfg.repeats < 1) die("need --count >= 8, --threads >= 1, --repeats >= 1");
   std::printf("# a child process pushes over the transport from %zu threads; %zu trajectories per run (%zu "
               "with wal_fsync), %d runs each, alternating\n",
               cfg.threads, cfg.count, cfg.fsync_count, cfg.repeats);
