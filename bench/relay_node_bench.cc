@@ -16,7 +16,7 @@
 //     --link-mbit each way (tc tbf, UCX over tcp), the regime of a cluster where the network, not
 //     the copies, bounds a transfer. Needs root; without it that pair is left out (said on stderr).
 // Usage: relay_node_bench [--mib N] [--chain-mib N] [--net-mib N] [--link-mbit M] [--chunk-kib K]
-//   (defaults 1024, 64, 128, 1000, 4096)
+//   (defaults 1024, 64, 128, 1000, 4096; --help)
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/local_relay.h"
 #include "laminar/relay_node.h"
@@ -294,27 +295,41 @@ void report_shapes(std::size_t mib, std::uint64_t chunk_bytes, const laminar::te
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::strcmp(argv[1], "relay") == 0) return run_relay(argv[2], argv[3]);
-  std::signal(SIGUSR1, [](int) { g_publish = true; });
-  if (argc == 5 && std::strcmp(argv[1], "head") == 0) {
-    return run_head(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
-  }
-  if (argc == 4 && std::strcmp(argv[1], "shm-relay") == 0) {
-    return run_shm_relay(argv[2], std::strtoull(argv[3], nullptr, 10));
-  }
+  CLI::App app{"The relay tier against plain memory copies of the same bytes"};
+  app.option_defaults()->always_capture_default();
   std::size_t mib = 1024, chain_mib = 64, net_mib = 128, chunk_kib = 4096;
   std::uint32_t link_mbit = 1000;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--chunk-kib") == 0 && i + 1 < argc) chunk_kib = std::strtoull(argv[++i], nullptr, 10);
-    if (std::strcmp(argv[i], "--mib") == 0 && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
-    if (std::strcmp(argv[i], "--chain-mib") == 0 && i + 1 < argc) chain_mib = std::strtoull(argv[++i], nullptr, 10);
-    if (std::strcmp(argv[i], "--net-mib") == 0 && i + 1 < argc) net_mib = std::strtoull(argv[++i], nullptr, 10);
-    if (std::strcmp(argv[i], "--link-mbit") == 0 && i + 1 < argc) link_mbit = std::strtoul(argv[++i], nullptr, 10);
-  }
-  mib = std::max<std::size_t>(mib, 16);
-  chain_mib = std::max<std::size_t>(chain_mib, 16);
-  net_mib = std::max<std::size_t>(net_mib, 16);
-  link_mbit = std::max<std::uint32_t>(link_mbit, 10);
+  // Smaller weight sets than 16 MiB time little but the run's fixed costs.
+  const CLI::Validator at_least_16_mib = laminar::bench::at_least(16);
+  app.add_option("--mib", mib, "MiB of weights published and pulled")->check(at_least_16_mib);
+  app.add_option("--chain-mib", chain_mib, "MiB of the version sent to the relays on this host")
+      ->check(at_least_16_mib);
+  app.add_option("--net-mib", net_mib, "MiB of the version sent over the limited links")->check(at_least_16_mib);
+  app.add_option("--link-mbit", link_mbit, "each link's limit, Mbit/s each way")
+      ->check(laminar::bench::at_least(10));
+  app.add_option("--chunk-kib", chunk_kib, "KiB a chunk the head sends")->check(laminar::bench::positive());
+  // The processes this bench starts of itself; no group hides them from --help.
+  std::string child_upstream, child_host, child_socket;
+  std::size_t child_mib = 0;
+  std::uint64_t child_chunk_bytes = 0;
+  CLI::App* relay_mode =
+      app.add_subcommand("relay", "a relay: RelayNode fed from UPSTREAM, listening on HOST")->group("");
+  relay_mode->add_option("upstream", child_upstream)->required();
+  relay_mode->add_option("host", child_host)->required();
+  CLI::App* head_mode =
+      app.add_subcommand("head", "the head: RelayNode publishing MIB in chunks of CHUNK bytes")->group("");
+  head_mode->add_option("host", child_host)->required();
+  head_mode->add_option("mib", child_mib)->required()->check(laminar::bench::positive());
+  head_mode->add_option("chunk", child_chunk_bytes)->required()->check(laminar::bench::positive());
+  CLI::App* shm_relay_mode = app.add_subcommand("shm-relay", "a relay serving MIB over its local SOCKET")->group("");
+  shm_relay_mode->add_option("socket", child_socket)->required();
+  shm_relay_mode->add_option("mib", child_mib)->required()->check(laminar::bench::positive());
+  CLI11_PARSE(app, argc, argv);
+  if (relay_mode->parsed()) return run_relay(child_upstream, child_host);
+  std::signal(SIGUSR1, [](int) { g_publish = true; });
+  if (head_mode->parsed()) return run_head(child_host, child_mib, child_chunk_bytes);
+  if (shm_relay_mode->parsed()) return run_shm_relay(child_socket, child_mib);
+
   constexpr int kRepeats = 7;
   Weights w(mib);
   const std::size_t bytes = w.manifest.total_bytes();
