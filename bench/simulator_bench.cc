@@ -16,13 +16,11 @@
 // step), with nothing simulated; the sweep's ratio cannot beat what the queue alone leaves.
 //
 //   simulator_bench [--steps N] [--gpus N] [--schedule NAME]
-#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <queue>
@@ -30,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "harness.h"
 #include "laminar/clock.h"
 #include "laminar/trajectory_queue.h"
@@ -45,16 +44,6 @@ using laminar::sim::SimReport;
 [[noreturn]] void fail(const std::string& what) {
   std::fprintf(stderr, "simulator_bench: %s\n", what.c_str());
   std::exit(1);
-}
-
-std::int64_t positive_flag(const char* name, const char* text) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || v < 1) {
-    fail(std::string(name) + ": must be a positive integer, got '" + text + "'");
-  }
-  return v;
 }
 
 struct Row {
@@ -141,21 +130,18 @@ int main(int argc, char** argv) {
   std::vector<ScheduleKind> kinds = {ScheduleKind::kSync,           ScheduleKind::kOneStep,
                                      ScheduleKind::kStreamGlobal,   ScheduleKind::kBoundedStaleness,
                                      ScheduleKind::kPartialRollout, ScheduleKind::kLaminar};
-  for (int i = 1; i < argc; i += 2) {
-    if (i + 1 >= argc) fail(std::string(argv[i]) + ": missing its value");
-    const std::string flag = argv[i];
-    if (flag == "--steps") {
-      config.steps = positive_flag("--steps", argv[i + 1]);
-    } else if (flag == "--gpus") {
-      config.cluster.gpus = positive_flag("--gpus", argv[i + 1]);
-    } else if (flag == "--schedule") {
-      laminar::Result<ScheduleKind> k = laminar::sim::parse_schedule(argv[i + 1]);
-      if (!k.ok()) fail(k.status().to_string());
-      kinds = {*k};
-    } else {
-      fail("unknown flag '" + flag + "' (--steps, --gpus, --schedule)");
-    }
-  }
+  CLI::App app{"The cluster simulator's schedule sweep against a bare event heap"};
+  app.option_defaults()->always_capture_default();
+  std::string schedule;
+  app.add_option("--steps", config.steps, "training steps simulated")->check(laminar::bench::positive());
+  app.add_option("--gpus", config.cluster.gpus, "GPUs in the cluster")->check(laminar::bench::positive());
+  app.add_option("--schedule", schedule, "one schedule instead of the sweep over all")
+      ->check([](const std::string& name) {
+        laminar::Result<ScheduleKind> k = laminar::sim::parse_schedule(name);
+        return k.ok() ? std::string() : k.status().to_string();
+      });
+  CLI11_PARSE(app, argc, argv);
+  if (!schedule.empty()) kinds = {*laminar::sim::parse_schedule(schedule)};
   if (laminar::Status st = config.validate(); !st.ok()) fail(st.to_string());
 
   std::vector<Row> rows;
