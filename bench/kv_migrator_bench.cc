@@ -575,7 +575,9 @@ int main(int argc, char** argv) {
   dest->add_option("tokens", dest_tokens)->required()->check(laminar::bench::positive());
   dest->add_option("pools", dest_pools)->required()->check(CLI::IsMember({"allocated", "registered"}));
   CLI11_PARSE(app, argc, argv);
-  if (dest->parsed()) return run_dest(dest_tokens, dest_pools == "registered" ? Pools::kRegistered : Pools::kAllocated);
+  if (dest->parsed()) {
+    return run_dest(dest_tokens, dest_pools == "registered" ? Pools::kRegistered : Pools::kAllocated);
+  }
   const Pools where = pools == "registered" ? Pools::kRegistered : Pools::kAllocated;
   const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
 

@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
   int fleets = 48, sim_fleets = 12;
   app.add_option("--fleets", fleets, "fleets of 1,024 workers planned")
       ->check(laminar::bench::at_least(2));
-  app.add_option("--sim-fleets", sim_fleets, "of those, fleets simulated; at most --fleets (the default: all of fewer)")->check(laminar::bench::positive());
+  app.add_option("--sim-fleets", sim_fleets, "of those, fleets simulated; at most --fleets (the default: all of fewer)")
+      ->check(laminar::bench::positive());
   CLI11_PARSE(app, argc, argv);
   if (sim_fleets > fleets) {
     if (app.count("--sim-fleets") > 0) {
