@@ -568,7 +568,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"downtime", "throughput"}));
   app.add_option("--pools", pools, "where the destination's KV pools live")
       ->check(CLI::IsMember({"allocated", "registered"}));
-  // The destination process, started by this bench as "dest LONGEST POOLS"; no group hides it from --help.
+  // The destination process this bench starts as "dest LONGEST POOLS"; the empty group keeps it out of --help.
   CLI::App* dest = app.add_subcommand("dest", "the destination process")->group("");
   std::int64_t dest_tokens = 0;
   std::string dest_pools;

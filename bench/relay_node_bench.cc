@@ -299,7 +299,6 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default();
   std::size_t mib = 1024, chain_mib = 64, net_mib = 128, chunk_kib = 4096;
   std::uint32_t link_mbit = 1000;
-  // Smaller weight sets than 16 MiB time little but the run's fixed costs.
   const CLI::Validator at_least_16_mib = laminar::bench::at_least(16);
   app.add_option("--mib", mib, "MiB of weights published and pulled")->check(at_least_16_mib);
   app.add_option("--chain-mib", chain_mib, "MiB of the version sent to the relays on this host")
@@ -308,7 +307,7 @@ int main(int argc, char** argv) {
   app.add_option("--link-mbit", link_mbit, "each link's limit, Mbit/s each way")
       ->check(laminar::bench::at_least(10));
   app.add_option("--chunk-kib", chunk_kib, "KiB a chunk the head sends")->check(laminar::bench::positive());
-  // The processes this bench starts of itself; no group hides them from --help.
+  // The processes this bench starts of itself; the empty group keeps them out of --help.
   std::string child_upstream, child_host, child_socket;
   std::size_t child_mib = 0;
   std::uint64_t child_chunk_bytes = 0;

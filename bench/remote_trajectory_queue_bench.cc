@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", cfg.threads, "the child's pushing threads")->check(laminar::bench::positive());
   app.add_option("--repeats", cfg.repeats, "timed runs of each")->check(laminar::bench::positive());
   app.add_option("--wal-dir", cfg.wal_dir, "directory of the wal_fsync queue's log")->check(CLI::ExistingDirectory);
-  // The pushing child this bench starts of itself; no group hides it from --help.
+  // The pushing child this bench starts of itself; the empty group keeps it out of --help.
   CLI::App* produce_mode = app.add_subcommand("produce", "push COUNT trajectories from FIRST to ADDRESS")->group("");
   std::string child_address, child_mode;
   std::uint64_t child_first = 0;

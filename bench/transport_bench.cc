@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
   int repeats = 9;
   app.add_option("--bytes", bytes, "bytes a put")->check(bench::positive());
   app.add_option("--repeats", repeats, "timed puts of each")->check(bench::positive());
-  // The peers this bench starts of itself; no group hides them from --help.
+  // The peers this bench starts of itself; the empty group keeps them out of --help.
   std::string tls;
   std::size_t peer_bytes = 0;
   CLI::App* serve_mode = app.add_subcommand("serve", "the put's target: TLS (\"\" for any) and BYTES")->group("");
