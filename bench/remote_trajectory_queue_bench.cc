@@ -64,8 +64,8 @@ std::vector<Trajectory> make_trajectories(std::uint64_t first, std::size_t n) {
     const std::uint64_t id = first + i;
     t.id = laminar::TrajectoryId(id);
     t.group_size = kGroup;
-    t.group_id = (id - 1) / kGroup;
-    t.prompt_id = t.group_id;
+    t.group_id = laminar::GroupId((id - 1) / kGroup);
+    t.prompt_id = laminar::PromptId(t.group_id.value());
     t.sample_index = std::uint32_t((id - 1) % kGroup);
     laminar::bench::fill_realistic(t, rng);
   }

@@ -98,8 +98,8 @@ std::int64_t queue_alone(const SimConfig& c) {
       for (std::int64_t i = 0; i < n; ++i) {
         laminar::Trajectory& t = group.emplace_back();
         t.id = laminar::TrajectoryId(static_cast<std::uint64_t>((step * prompts + g) * n + i) + 1);
-        t.prompt_id = static_cast<std::uint64_t>(step * prompts + g);
-        t.group_id = t.prompt_id + 1;
+        t.prompt_id = laminar::PromptId(static_cast<std::uint64_t>(step * prompts + g));
+        t.group_id = laminar::GroupId(t.prompt_id.value() + 1);
         t.group_size = static_cast<std::uint32_t>(n);
         t.sample_index = static_cast<std::uint32_t>(i);
         t.version = laminar::Version(static_cast<std::uint64_t>(step));

@@ -110,8 +110,8 @@ void stamp(Trajectory& t, std::size_t i, int rep, int pass, const Config& cfg) {
   const std::uint64_t id = serial * cfg.pool + i + 1;
   t.id = laminar::TrajectoryId(id);
   t.group_size = kGroupSize;
-  t.group_id = (id - 1) / kGroupSize;
-  t.prompt_id = t.group_id;
+  t.group_id = laminar::GroupId((id - 1) / kGroupSize);
+  t.prompt_id = laminar::PromptId(t.group_id.value());
   t.sample_index = std::uint32_t((id - 1) % kGroupSize);
   t.version = laminar::Version(std::uint64_t(rep));
 }
@@ -450,8 +450,8 @@ void paced_producer(const std::vector<Trajectory>& pool, std::size_t groups, dou
     for (std::uint32_t k = 0; k < kLatencyGroup; ++k) {
       group[k] = pool[(g * kLatencyGroup + k) % pool.size()];
       group[k].id = laminar::TrajectoryId(g * kLatencyGroup + k + 1);
-      group[k].group_id = g;
-      group[k].prompt_id = g;
+      group[k].group_id = laminar::GroupId(g);
+      group[k].prompt_id = laminar::PromptId(g);
       group[k].group_size = kLatencyGroup;
       group[k].sample_index = k;
       group[k].version = laminar::Version(0);
@@ -481,7 +481,7 @@ double latency_laminar(const std::vector<Trajectory>& pool, std::size_t groups, 
       laminar::Result<laminar::Batch> b = (*q)->pop_batch(spec);
       const auto got = Clock::now();
       if (!b.ok()) die("pop_batch", b.status());
-      const std::uint64_t g = b->trajectories()[0].group_id;
+      const std::uint64_t g = b->trajectories()[0].group_id.value();
       lat[g] = std::chrono::duration<double>(got - last_push[g]).count();
       if (laminar::Status st = (*q)->ack(b->id()); !st.ok()) die("ack", st);
       ++n;
@@ -515,7 +515,7 @@ double latency_condvar(const std::vector<Trajectory>& pool, std::size_t groups, 
         complete -= kLatencyGroup;
       }
       const auto at = Clock::now();
-      const std::uint64_t g = got[0].group_id;
+      const std::uint64_t g = got[0].group_id.value();
       lat[g] = std::chrono::duration<double>(at - last_push[g]).count();
     }
   });

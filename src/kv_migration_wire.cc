@@ -81,8 +81,8 @@ template <class Out>
 void write_state(ByteWriter<Out>& w, const SequenceState& s) {
   w.u64(s.sequence.value());
   w.u64(s.trajectory.value());
-  w.u64(s.prompt_id);
-  w.u64(s.group_id);
+  w.u64(s.prompt_id.value());
+  w.u64(s.group_id.value());
   w.u32(s.group_size);
   w.u32(s.sample_index);
   w.u64(s.version.value());
@@ -104,8 +104,8 @@ void write_state(ByteWriter<Out>& w, const SequenceState& s) {
 Status read_state(ByteReader& r, SequenceState& s) {
   s.sequence = SequenceId(r.u64("sequence id"));
   s.trajectory = TrajectoryId(r.u64("trajectory id"));
-  s.prompt_id = r.u64("prompt id");
-  s.group_id = r.u64("group id");
+  s.prompt_id = PromptId(r.u64("prompt id"));
+  s.group_id = GroupId(r.u64("group id"));
   s.group_size = r.u32("group size");
   s.sample_index = r.u32("sample index");
   s.version = Version(r.u64("version"));

@@ -246,18 +246,18 @@ Status LocalRelayConnection::read_reply(Duration timeout, LocalReply* type, std:
   return ok_status();
 }
 
-Result<std::optional<Version>> LocalRelayConnection::latest(Duration timeout) {
-  LAMINAR_RETURN_IF_ERROR(send_request({LocalRequest::kLatest, std::nullopt, 0}));
+Result<std::optional<Version>> LocalRelayConnection::newest_version(Duration timeout) {
+  LAMINAR_RETURN_IF_ERROR(send_request({LocalRequest::kNewest, std::nullopt, 0}));
   LocalReply type{};
   std::vector<std::byte> payload;
   UniqueFd fd;
   LAMINAR_RETURN_IF_ERROR(read_reply(timeout, &type, &payload, &fd));
   if (type == LocalReply::kError) return error_reply(payload);
-  if (type != LocalReply::kLatestIs) {
-    return fail(data_loss(fmt::format("answer to 'latest' is of type {}, not {}", std::uint32_t(type),
-                                      std::uint32_t(LocalReply::kLatestIs))));
+  if (type != LocalReply::kNewestIs) {
+    return fail(data_loss(fmt::format("answer to 'newest' is of type {}, not {}", std::uint32_t(type),
+                                      std::uint32_t(LocalReply::kNewestIs))));
   }
-  auto newest = decode_local_latest(payload);
+  auto newest = decode_local_newest(payload);
   if (!newest.ok()) return fail(newest.status());
   return *newest;
 }
@@ -430,8 +430,8 @@ struct LocalRelayServer::Impl {
     auto request = internal::decode_local_request(c.in);
     if (!request.ok()) return request.status().message();
     switch (request->type) {
-      case internal::LocalRequest::kLatest:
-        queue_reply(c, internal::LocalReply::kLatestIs, internal::encode_local_latest(store->newest_version()));
+      case internal::LocalRequest::kNewest:
+        queue_reply(c, internal::LocalReply::kNewestIs, internal::encode_local_newest(store->newest_version()));
         return std::nullopt;
       case internal::LocalRequest::kAcquire: {
         if (c.leases.size() >= options.max_leases_per_client) {

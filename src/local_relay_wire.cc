@@ -61,10 +61,10 @@ Result<LocalRequestFrame> decode_local_request(std::span<const std::byte> frame)
   const std::uint32_t type = r.u32("type");
   LocalRequestFrame f;
   switch (LocalRequest(type)) {
-    case LocalRequest::kLatest:
-      f.type = LocalRequest::kLatest;
-      read_unused(r, "a", "a latest request");
-      read_unused(r, "b", "a latest request");
+    case LocalRequest::kNewest:
+      f.type = LocalRequest::kNewest;
+      read_unused(r, "a", "a newest request");
+      read_unused(r, "b", "a newest request");
       break;
     case LocalRequest::kAcquire: {
       f.type = LocalRequest::kAcquire;
@@ -109,7 +109,7 @@ Result<LocalReplyHeader> decode_local_reply_header(std::span<const std::byte> he
   LocalReplyHeader h;
   h.type = LocalReply(type);
   h.payload_bytes = len;
-  if (h.type != LocalReply::kLatestIs && h.type != LocalReply::kGrant && h.type != LocalReply::kError) {
+  if (h.type != LocalReply::kNewestIs && h.type != LocalReply::kGrant && h.type != LocalReply::kError) {
     r.fail(type_at, fmt::format("unknown type {}", type));
   }
   if (len > kLocalMaxPayloadBytes) {
@@ -119,7 +119,7 @@ Result<LocalReplyHeader> decode_local_reply_header(std::span<const std::byte> he
   return h;
 }
 
-std::vector<std::byte> encode_local_latest(std::optional<Version> newest) {
+std::vector<std::byte> encode_local_newest(std::optional<Version> newest) {
   std::vector<std::byte> out;
   ByteWriter w(out);
   w.u64(newest ? 1 : 0);
@@ -127,8 +127,8 @@ std::vector<std::byte> encode_local_latest(std::optional<Version> newest) {
   return out;
 }
 
-Result<std::optional<Version>> decode_local_latest(std::span<const std::byte> payload) {
-  ByteReader r(payload, "local relay latest reply");
+Result<std::optional<Version>> decode_local_newest(std::span<const std::byte> payload) {
+  ByteReader r(payload, "local relay newest reply");
   const std::size_t has_at = r.offset();
   const std::uint64_t has = r.u64("has");
   if (has > 1) r.fail(has_at, fmt::format("has is {}, not 0 or 1", has));

@@ -6,7 +6,7 @@
 // as SCM_RIGHTS ancillary data on its first byte. Little-endian (ByteWriter / ByteReader); a word a
 // request does not use is 0.
 //
-//   request kLatest                      -> kLatestIs {u64 has, u64 version (0 unless has)}
+//   request kNewest                      -> kNewestIs {u64 has, u64 version (0 unless has)}
 //   request kAcquire {a: 1 = version b,  -> kGrant {u64 lease, version, total_bytes, chunk_bytes,
 //                     0 = newest}              num_chunks, json_bytes, u64 checksums[num_chunks],
 //                                              manifest JSON} + fd
@@ -49,11 +49,11 @@ inline constexpr std::size_t kLocalReplyHeaderBytes = 16;
 inline constexpr std::uint64_t kLocalMaxPayloadBytes = 64ull << 20;
 inline constexpr std::size_t kLocalMaxErrorTextBytes = 1024;
 
-enum class LocalRequest : std::uint32_t { kLatest = 1, kAcquire = 2, kRelease = 3 };
-enum class LocalReply : std::uint32_t { kLatestIs = 11, kGrant = 12, kError = 13 };
+enum class LocalRequest : std::uint32_t { kNewest = 1, kAcquire = 2, kRelease = 3 };
+enum class LocalReply : std::uint32_t { kNewestIs = 11, kGrant = 12, kError = 13 };
 
 struct LocalRequestFrame {
-  LocalRequest type = LocalRequest::kLatest;
+  LocalRequest type = LocalRequest::kNewest;
   std::optional<Version> version;  // kAcquire: the version asked for; nullopt: the newest
   std::uint64_t lease = 0;         // kRelease
   friend bool operator==(const LocalRequestFrame&, const LocalRequestFrame&) = default;
@@ -69,9 +69,9 @@ struct LocalReplyHeader {
 std::array<std::byte, kLocalReplyHeaderBytes> encode_local_reply_header(const LocalReplyHeader& h);
 Result<LocalReplyHeader> decode_local_reply_header(std::span<const std::byte> header);
 
-// kLatestIs: the relay's newest committed version.
-std::vector<std::byte> encode_local_latest(std::optional<Version> newest);
-Result<std::optional<Version>> decode_local_latest(std::span<const std::byte> payload);
+// kNewestIs: the relay's newest committed version.
+std::vector<std::byte> encode_local_newest(std::optional<Version> newest);
+Result<std::optional<Version>> decode_local_newest(std::span<const std::byte> payload);
 
 // kGrant, less the descriptor.
 struct LocalGrantPayload {
@@ -189,7 +189,7 @@ class LocalRelayConnection {
   void mark_broken() noexcept;
 
   // Newest committed version of the relay (nullopt: none yet).
-  Result<std::optional<Version>> latest(Duration timeout);
+  Result<std::optional<Version>> newest_version(Duration timeout);
   // Version v (newest when nullopt). The relay's error when it refuses (e.g. kNotFound); kUnavailable
   // / kDeadlineExceeded when the relay is gone or silent, kDataLoss for a malformed reply.
   Result<LocalGrant> acquire(std::optional<Version> v, Duration timeout);

@@ -149,8 +149,8 @@ void encode_trajectory(const Trajectory& t, std::string& out) {
   w.u32(kEncodingFormat);
   w.u32(t.group_size);
   w.u64(t.id.value());
-  w.u64(t.prompt_id);
-  w.u64(t.group_id);
+  w.u64(t.prompt_id.value());
+  w.u64(t.group_id.value());
   w.u64(t.version.value());
   w.u32(t.sample_index);
   w.u8(std::uint8_t(t.finish_reason));
@@ -175,8 +175,8 @@ Result<Trajectory> decode_trajectory(std::string_view bytes, bool contents) {
   Trajectory t;
   t.group_size = r.u32("group_size");
   t.id = TrajectoryId(r.u64("id"));
-  t.prompt_id = r.u64("prompt_id");
-  t.group_id = r.u64("group_id");
+  t.prompt_id = PromptId(r.u64("prompt_id"));
+  t.group_id = GroupId(r.u64("group_id"));
   t.version = Version(r.u64("version"));
   t.sample_index = r.u32("sample_index");
   t.finish_reason = FinishReason(r.u8("finish_reason"));

@@ -86,7 +86,7 @@ struct Unit {
 
 struct PendingGroup {
   std::uint32_t group_size = 0;
-  std::uint64_t prompt_id = 0;
+  PromptId prompt_id;
   Duration first_arrival{0};
   std::vector<Trajectory> members;
   std::vector<bool> seen;  // [group_size]
@@ -96,7 +96,7 @@ struct PendingGroup {
 // checked against it before anything changes.
 struct GroupView {
   std::uint32_t group_size = 0;
-  std::uint64_t prompt_id = 0;
+  PromptId prompt_id;
   std::vector<bool> seen;
   std::uint32_t count = 0;
 };
@@ -115,6 +115,7 @@ struct Wake {
 };
 
 using Timer = std::pair<Duration, std::uint64_t>;
+using GroupTimer = std::pair<Duration, GroupId>;
 
 std::size_t min_count_of(const BatchSpec& spec) { return std::max<std::size_t>(spec.min_trajectories, 1); }
 
@@ -162,9 +163,9 @@ struct TrajectoryQueue::Impl {
   Version newest;
   std::size_t held = 0, held_tokens = 0;  // pending, ready and leased: what capacity bounds
 
-  std::unordered_map<std::uint64_t, PendingGroup> groups;
+  std::unordered_map<GroupId, PendingGroup> groups;
   std::size_t pending_trajectories = 0;
-  std::deque<Timer> group_timers;  // FIFO: one timeout for all groups
+  std::deque<GroupTimer> group_timers;  // FIFO: one timeout for all groups
 
   std::deque<Trajectory> ready;
   std::deque<Unit> units;  // over `ready`, in order
@@ -241,33 +242,35 @@ struct TrajectoryQueue::Impl {
 
   // --- groups ---
 
-  Status refuse_joining(const Trajectory& t, std::uint32_t group_size, std::uint64_t prompt_id,
+  Status refuse_joining(const Trajectory& t, std::uint32_t group_size, PromptId prompt_id,
                         const std::vector<bool>& seen) {
     if (group_size != t.group_size || prompt_id != t.prompt_id) {
       return invalid_argument(fmt::format("trajectory {}: group {} has group_size {} and prompt {}, this member "
                                           "says {} and {}",
-                                          t.id.value(), t.group_id, group_size, prompt_id, t.group_size, t.prompt_id));
+                                          t.id.value(), t.group_id.value(), group_size, prompt_id.value(), t.group_size,
+                                          t.prompt_id.value()));
     }
     if (seen[t.sample_index]) {
       return invalid_argument(
-          fmt::format("trajectory {}: group {} already has sample_index {}", t.id.value(), t.group_id, t.sample_index));
+          fmt::format("trajectory {}: group {} already has sample_index {}", t.id.value(), t.group_id.value(),
+                      t.sample_index));
     }
     return ok_status();
   }
 
   // Closes group `it`: its members go to the consumers as one unit (or, timed out under kDrop,
   // are retired).
-  void close_group(std::unordered_map<std::uint64_t, PendingGroup>::iterator it, Duration now, bool complete,
+  void close_group(std::unordered_map<GroupId, PendingGroup>::iterator it, Duration now, bool complete,
                    Wake& w) {
-    const std::uint64_t gid = it->first;
+    const GroupId gid = it->first;
     PendingGroup& g = it->second;
     add_wait(group_wait, now - g.first_arrival);
-    closed_groups.retire(gid);
+    closed_groups.retire(gid.value());
     pending_trajectories -= g.members.size();
     // A complete group's record is not synced on its own: a replay closes a complete group anyway,
     // and the acks of its members, later in the log, sync it. A failed write only means a late
     // duplicate member could be taken after a restart, so it is reported, not undone.
-    if (wal) note_bg(wal->append_u64(WalRecordType::kGroupClosed, gid, /*sync=*/!complete));
+    if (wal) note_bg(wal->append_u64(WalRecordType::kGroupClosed, gid.value(), /*sync=*/!complete));
     if (complete || opt.partial_group_policy == PartialGroupPolicy::kRelease) {
       sort_members(g.members);
       add_unit(std::make_move_iterator(g.members.begin()), std::make_move_iterator(g.members.end()), !complete, 0,
@@ -280,8 +283,7 @@ struct TrajectoryQueue::Impl {
   }
 
   // The pending group of `t`, opened at `now` if it was not; true if it was opened.
-  std::pair<std::unordered_map<std::uint64_t, PendingGroup>::iterator, bool> open_group(const Trajectory& t,
-                                                                                        Duration now) {
+  std::pair<std::unordered_map<GroupId, PendingGroup>::iterator, bool> open_group(const Trajectory& t, Duration now) {
     auto r = groups.try_emplace(t.group_id);
     if (r.second) {
       PendingGroup& g = r.first->second;
@@ -313,7 +315,7 @@ struct TrajectoryQueue::Impl {
   // Drops the timers of groups no longer pending: completed groups leave theirs behind, which
   // would otherwise pile up for a whole group_timeout at the push rate.
   void prune_group_timers() {
-    std::erase_if(group_timers, [&](const Timer& d) {
+    std::erase_if(group_timers, [&](const GroupTimer& d) {
       auto it = groups.find(d.second);
       return it == groups.end() || it->second.first_arrival + opt.group_timeout != d.first;
     });
@@ -404,7 +406,7 @@ struct TrajectoryQueue::Impl {
     TrajectoryWal::Snapshot s;
     s.newest = newest;
     ids.for_each_retired([&](std::uint64_t id) { s.window.push_back(id); });
-    closed_groups.for_each_retired([&](std::uint64_t gid) { s.closed_groups.push_back(gid); });
+    closed_groups.for_each_retired([&](std::uint64_t gid) { s.closed_groups.push_back(GroupId(gid)); });
     // Ready first, in order, so that a restart delivers them in the same order.
     for (std::size_t i = 0; i < ready.size(); ++i) s.live.push_back(&ready[i]);
     for (const auto& [id, d] : leases) {
@@ -514,7 +516,7 @@ struct TrajectoryQueue::Impl {
     TrajectoryWal::Contents c;
     // Straight into the windows, which keep as many as a queue that never restarted would.
     const TrajectoryWal::Listener listener{[this](std::uint64_t id) { ids.retire(id); },
-                                           [this](std::uint64_t gid) { closed_groups.retire(gid); }};
+                                           [this](GroupId g) { closed_groups.retire(g.value()); }};
     Result<std::unique_ptr<TrajectoryWal>> opened =
         TrajectoryWal::open(opt.wal_path, opt.wal_fsync, listener, c, recovery);
     if (!opened.ok()) return opened.status();
@@ -524,7 +526,7 @@ struct TrajectoryQueue::Impl {
     wal_live_bytes = c.live_bytes;
     const Duration now = clock->now();
     Wake w;
-    std::vector<std::uint64_t> group_order;
+    std::vector<GroupId> group_order;
     for (Trajectory& t : c.live) {
       // A live id the log also lists as retired stays refused either way.
       ids.set_live(t.id.value());
@@ -539,19 +541,19 @@ struct TrajectoryQueue::Impl {
       if (fresh) group_order.push_back(t.group_id);
       if (t.group_size != g.group_size || g.seen[t.sample_index]) {
         return data_loss(fmt::format("WAL {}: trajectory {} does not fit its group {}", opt.wal_path, t.id.value(),
-                                     t.group_id));
+                                     t.group_id.value()));
       }
       g.seen[t.sample_index] = true;
       g.members.push_back(std::move(t));
       ++pending_trajectories;
     }
-    for (std::uint64_t gid : group_order) {
+    for (GroupId gid : group_order) {
       auto it = groups.find(gid);
       const bool complete = it->second.members.size() == it->second.group_size;
-      if (complete || closed_groups.retired(gid)) {
+      if (complete || closed_groups.retired(gid.value())) {
         // Released as they were (or would have been) before the restart; the log already says so.
         PendingGroup& g = it->second;
-        if (!closed_groups.retired(gid)) closed_groups.retire(gid);
+        if (!closed_groups.retired(gid.value())) closed_groups.retire(gid.value());
         pending_trajectories -= g.members.size();
         sort_members(g.members);
         add_unit(std::make_move_iterator(g.members.begin()), std::make_move_iterator(g.members.end()), !complete, 0,
@@ -571,7 +573,7 @@ struct TrajectoryQueue::Impl {
   Plan check(std::span<Trajectory> ts, std::span<const std::uint32_t> in) {
     Plan p;
     std::unordered_set<std::uint64_t> call_ids;       // ids accepted earlier in this call
-    std::unordered_map<std::uint64_t, GroupView> views;  // groups as this call leaves them
+    std::unordered_map<GroupId, GroupView> views;  // groups as this call leaves them
     const bool many = in.size() > 1;
     for (std::uint32_t i : in) {
       const Trajectory& t = ts[i];
@@ -610,7 +612,7 @@ struct TrajectoryQueue::Impl {
                                                     std::uint32_t(g->second.members.size())})
                     .first;
           }
-        } else if (closed_groups.retired(t.group_id)) {
+        } else if (closed_groups.retired(t.group_id.value())) {
           is_closed = true;
         } else if (many) {
           v = views.emplace(t.group_id, GroupView{t.group_size, t.prompt_id, std::vector<bool>(t.group_size), 0})
@@ -618,7 +620,7 @@ struct TrajectoryQueue::Impl {
         }
         if (is_closed) {
           s = failed_precondition(fmt::format(
-              "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id));
+              "trajectory {}: group {} is already closed (complete, released or dropped)", id, t.group_id.value()));
         }
         if (!s.ok()) {
           refuse(std::move(s));

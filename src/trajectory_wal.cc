@@ -338,7 +338,7 @@ class Replayer {
         if (version) {
           c_.newest = std::max(c_.newest, Version(v));
         } else if (listener_.group_closed) {
-          listener_.group_closed(v);
+          listener_.group_closed(GroupId(v));
         }
         return ok_status();
       }
@@ -496,7 +496,7 @@ Status TrajectoryWal::compact(const Snapshot& s) {
     LAMINAR_RETURN_IF_ERROR(w.append_u64(WalRecordType::kVersion, s.newest.value()));
     // The dedup window survives a restart too (kWindow records no ack), then the closed groups.
     if (!s.window.empty()) LAMINAR_RETURN_IF_ERROR(w.append_retire(WalRetireReason::kWindow, s.window));
-    for (std::uint64_t gid : s.closed_groups) LAMINAR_RETURN_IF_ERROR(w.append_u64(WalRecordType::kGroupClosed, gid));
+    for (GroupId g : s.closed_groups) LAMINAR_RETURN_IF_ERROR(w.append_u64(WalRecordType::kGroupClosed, g.value()));
     std::string buf;
     for (const Trajectory* t : s.live) {
       buf.clear();

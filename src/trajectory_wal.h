@@ -79,7 +79,7 @@ class TrajectoryWal {
   // When open fails, what they were told counts for nothing.
   struct Listener {
     std::function<void(std::uint64_t id)> retired;
-    std::function<void(std::uint64_t group_id)> group_closed;
+    std::function<void(GroupId group)> group_closed;
   };
 
   // Opens `path` (creating it) and replays it into `contents` and `report`. kFailedPrecondition,
@@ -98,7 +98,7 @@ class TrajectoryWal {
   struct Snapshot {
     Version newest;
     std::vector<std::uint64_t> window;         // retired ids in the dedup window, oldest first
-    std::vector<std::uint64_t> closed_groups;  // oldest first
+    std::vector<GroupId> closed_groups;        // oldest first
     std::vector<const Trajectory*> live;       // in the order they should come back
   };
   // Replaces the log with `s`, atomically (write aside, fsync, rename).

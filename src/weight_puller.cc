@@ -90,7 +90,7 @@ class LocalSource final : public PullSource {
 
   std::optional<Version> newest_version() override {
     auto r = with_relay<std::optional<Version>>(
-        [&](LocalRelayConnection& c) { return c.latest(timeout_); });
+        [&](LocalRelayConnection& c) { return c.newest_version(timeout_); });
     return r.ok() ? *r : std::nullopt;
   }
 

@@ -35,7 +35,7 @@ std::vector<std::byte> saved(const Trainer& t) {
 
 laminar::Trajectory trajectory(std::uint64_t group, float reward) {
   laminar::Trajectory t;
-  t.group_id = group;
+  t.group_id = laminar::GroupId(group);
   t.prompt_tokens = {async_grpo::kBos, async_grpo::kOpSort, 3, 1, async_grpo::kSep};
   t.response_tokens = {1, 3, async_grpo::kEos};
   t.logprobs = {-1.0f, -1.0f, -1.0f};
@@ -219,7 +219,7 @@ TEST_CASE("grpo trainer: the recompute matches the sampler's log-probs") {
   for (std::size_t i = 0; i < batch->size(); ++i) {
     const auto& t = (*batch)[i];
     CHECK(t.version == laminar::Version(3));
-    CHECK(t.group_id == i / 4);
+    CHECK(t.group_id == laminar::GroupId(i / 4));
     CHECK(laminar::validate_trajectory(t).ok());
     REQUIRE((*recompute)[i].size() == t.logprobs.size());
     for (std::size_t j = 0; j < t.logprobs.size(); ++j) {

@@ -22,8 +22,8 @@ SequenceState full_state(std::uint64_t id) {
   SequenceState s;
   s.sequence = SequenceId(id);
   s.trajectory = TrajectoryId(100 + id);
-  s.prompt_id = 9;
-  s.group_id = 4;
+  s.prompt_id = laminar::PromptId(9);
+  s.group_id = laminar::GroupId(4);
   s.group_size = 8;
   s.sample_index = 7;
   s.version = Version(12);

@@ -156,8 +156,8 @@ SequenceState state_of(PagedKvCache& cache, SequenceId seq, Version v = Version(
   SequenceState s;
   s.sequence = seq;
   s.trajectory = laminar::TrajectoryId(seq.value() + 1000);
-  s.prompt_id = seq.value() * 7;
-  s.group_id = 3;
+  s.prompt_id = laminar::PromptId(seq.value() * 7);
+  s.group_id = laminar::GroupId(3);
   s.group_size = 4;
   s.sample_index = std::uint32_t(seq.value() % 4);
   s.version = v;

@@ -48,7 +48,7 @@ inline std::vector<laminar::SequenceState> sequences() {
     std::vector<std::int32_t> prompt;
     for (std::size_t t = 0; t < prompt_lengths[i]; ++t) prompt.push_back(std::int32_t((7 * t + 13 * i + 1) % 64));
     laminar::SequenceState s = tiny_model::start_sequence(laminar::SequenceId(100 + i), prompt, 9000 + i);
-    s.group_id = 7;
+    s.group_id = laminar::GroupId(7);
     s.group_size = 4;
     s.sample_index = std::uint32_t(i);
     s.engine_state = "engine state of sequence " + std::to_string(100 + i);

@@ -440,8 +440,8 @@ struct RawClient {
   }
   // Whether the server still answers on this connection.
   bool answers() {
-    send_request(laminar::internal::LocalRequest::kLatest);
-    return read_reply() == std::uint32_t(laminar::internal::LocalReply::kLatestIs);
+    send_request(laminar::internal::LocalRequest::kNewest);
+    return read_reply() == std::uint32_t(laminar::internal::LocalReply::kNewestIs);
   }
   // Whether the server closes the connection within `within` (of real time); replies still unread
   // are read and dropped.
@@ -624,15 +624,15 @@ TEST_CASE("local relay frames: each decoder takes what its encoder writes and re
     CHECK_THAT(st.message(), Catch::Contains(needle) && Catch::Contains("at offset"));
   };
   for (const in::LocalRequestFrame& r :
-       {in::LocalRequestFrame{LocalRequest::kLatest, std::nullopt, 0}, {LocalRequest::kAcquire, std::nullopt, 0},
+       {in::LocalRequestFrame{LocalRequest::kNewest, std::nullopt, 0}, {LocalRequest::kAcquire, std::nullopt, 0},
         {LocalRequest::kAcquire, Version(0), 0}, {LocalRequest::kAcquire, Version(9), 0},
         {LocalRequest::kRelease, std::nullopt, 42}}) {
     CHECK(in::decode_local_request(in::encode_local_request(r)).value() == r);
   }
   const in::LocalReplyHeader header{LocalReply::kGrant, 100};
   CHECK(in::decode_local_reply_header(in::encode_local_reply_header(header)).value() == header);
-  CHECK(in::decode_local_latest(in::encode_local_latest(Version(4))).value() == Version(4));
-  CHECK(in::decode_local_latest(in::encode_local_latest(std::nullopt)).value() == std::nullopt);
+  CHECK(in::decode_local_newest(in::encode_local_newest(Version(4))).value() == Version(4));
+  CHECK(in::decode_local_newest(in::encode_local_newest(std::nullopt)).value() == std::nullopt);
   const in::LocalGrantPayload grant{7, Version(2), 100000, 65536, {11, 22}, R"({"tensors":[]})"};
   CHECK(in::decode_local_grant(in::encode_local_grant(grant)).value() == grant);
   const in::LocalErrorPayload error{StatusCode::kNotFound, "no version 3"};
@@ -642,11 +642,11 @@ TEST_CASE("local relay frames: each decoder takes what its encoder writes and re
   req[16] = std::byte{5};
   refused(in::decode_local_request(req).status(), "b is 5, but a release request leaves it 0 at offset 16");
   refused(in::decode_local_request(std::span(req).first(20)).status(), "b cut short at offset 16");
-  auto latest = in::encode_local_latest(std::nullopt);
-  latest[8] = std::byte{1};
-  refused(in::decode_local_latest(latest).status(), "version is 1 without has at offset 8");
-  latest[0] = std::byte{2};
-  refused(in::decode_local_latest(latest).status(), "has is 2, not 0 or 1 at offset 0");
+  auto newest = in::encode_local_newest(std::nullopt);
+  newest[8] = std::byte{1};
+  refused(in::decode_local_newest(newest).status(), "version is 1 without has at offset 8");
+  newest[0] = std::byte{2};
+  refused(in::decode_local_newest(newest).status(), "has is 2, not 0 or 1 at offset 0");
   auto g = in::encode_local_grant(grant);
   refused(in::decode_local_grant(std::span(g).first(47)).status(), "json_bytes cut short at offset 40");
   g.pop_back();
@@ -923,8 +923,8 @@ TEST_CASE("local relay server: connections idle past idle_timeout on its clock a
   REQUIRE(fcntl(stalled.fd, F_SETFL, O_NONBLOCK) == 0);
   REQUIRE(eventually([&] {
     for (int i = 0; i < 64; ++i) {
-      const auto latest = laminar::internal::encode_local_request({laminar::internal::LocalRequest::kLatest, {}, 0});
-      if (send(stalled.fd, latest.data(), latest.size(), MSG_NOSIGNAL) < 0) break;
+      const auto newest = laminar::internal::encode_local_request({laminar::internal::LocalRequest::kNewest, {}, 0});
+      if (send(stalled.fd, newest.data(), newest.size(), MSG_NOSIGNAL) < 0) break;
     }
     return relay.stats().read_pauses == 1;
   }));

@@ -12,7 +12,7 @@ namespace laminar::test_remote {
 inline Trajectory make(std::uint64_t id) {
   Trajectory t;
   t.id = TrajectoryId(id);
-  t.prompt_id = id / 3;
+  t.prompt_id = PromptId(id / 3);
   t.prompt_tokens.assign(8 + id % 32, std::int32_t(id % 1000));
   const std::size_t n = 1000 + (id * 7919) % 3000;  // 1-4k response tokens
   t.response_tokens.resize(n);

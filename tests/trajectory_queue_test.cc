@@ -86,7 +86,7 @@ Trajectory make_traj(std::uint64_t id, std::uint64_t version = 0, std::size_t re
                      std::size_t prompt = 2) {
   Trajectory t;
   t.id = TrajectoryId(id);
-  t.prompt_id = id;
+  t.prompt_id = laminar::PromptId(id);
   t.version = Version(version);
   t.prompt_tokens.assign(prompt, 7);
   for (std::size_t i = 0; i < response; ++i) {
@@ -101,8 +101,8 @@ Trajectory make_traj(std::uint64_t id, std::uint64_t version = 0, std::size_t re
 Trajectory make_member(std::uint64_t id, std::uint64_t group, std::uint32_t n, std::uint32_t index,
                        std::uint64_t version = 0) {
   Trajectory t = make_traj(id, version);
-  t.prompt_id = group * 1000;
-  t.group_id = group;
+  t.prompt_id = laminar::PromptId(group * 1000);
+  t.group_id = laminar::GroupId(group);
   t.group_size = n;
   t.sample_index = index;
   return t;
@@ -974,8 +974,8 @@ TEST_CASE("multi-threaded stress: every trajectory acked exactly once", "[queue]
         // Every other run of 4 consecutive ids of a producer forms a group.
         Trajectory t = make_traj(id, 0, 1 + rng() % 16);
         if ((i / 4) % 2) {
-          t.group_id = (std::uint64_t(p) << 32) | std::uint64_t(i / 4);
-          t.prompt_id = t.group_id;
+          t.group_id = laminar::GroupId((std::uint64_t(p) << 32) | std::uint64_t(i / 4));
+          t.prompt_id = laminar::PromptId(t.group_id.value());
           t.group_size = 4;
           t.sample_index = std::uint32_t(i % 4);
         }

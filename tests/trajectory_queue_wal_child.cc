@@ -68,13 +68,13 @@ int main(int argc, char** argv) {
   for (std::uint64_t id = first; id < first + count; ++id) {
     laminar::Trajectory t;
     t.id = laminar::TrajectoryId(id);
-    t.prompt_id = id;
+    t.prompt_id = laminar::PromptId(id);
     // Every third run of four ids is a GRPO group of 4, pushed with one push_many call (one may
     // be cut by a kill and then released partial by the group timeout after the restart).
     const bool grouped = (id / 4) % 3 == 0;
     if (grouped) {
-      t.group_id = id / 4;
-      t.prompt_id = id / 4;
+      t.group_id = laminar::GroupId(id / 4);
+      t.prompt_id = laminar::PromptId(id / 4);
       t.group_size = 4;
       t.sample_index = std::uint32_t(id % 4);
     }

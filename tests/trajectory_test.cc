@@ -18,8 +18,8 @@ namespace {
 Trajectory pinned_trajectory() {
   Trajectory t;
   t.id = laminar::TrajectoryId(0x0102030405060708ull);
-  t.prompt_id = 0x1112131415161718ull;
-  t.group_id = 0x2122232425262728ull;
+  t.prompt_id = laminar::PromptId(0x1112131415161718ull);
+  t.group_id = laminar::GroupId(0x2122232425262728ull);
   t.group_size = 4;
   t.sample_index = 2;
   t.version = laminar::Version(9);

@@ -81,7 +81,7 @@ namespace {
 Trajectory make_traj(std::uint64_t id) {
   Trajectory t;
   t.id = laminar::TrajectoryId(id);
-  t.prompt_id = 100 + id;
+  t.prompt_id = laminar::PromptId(100 + id);
   t.version = laminar::Version(3);
   t.prompt_tokens = {1, 2};
   t.response_tokens = {5, 6, 7};
@@ -148,14 +148,14 @@ struct Opened {
   std::unique_ptr<TrajectoryWal> wal;  // open while this lives, when status is OK
   TrajectoryWal::Contents contents;
   std::vector<std::uint64_t> retired_ids;
-  std::vector<std::uint64_t> closed_groups;
+  std::vector<laminar::GroupId> closed_groups;
   laminar::RecoveryReport report;
 };
 
 Opened open_log(const std::string& path) {
   Opened o;
   const TrajectoryWal::Listener listener{[&o](std::uint64_t id) { o.retired_ids.push_back(id); },
-                                         [&o](std::uint64_t gid) { o.closed_groups.push_back(gid); }};
+                                         [&o](laminar::GroupId g) { o.closed_groups.push_back(g); }};
   auto wal = TrajectoryWal::open(path, false, listener, o.contents, o.report);
   o.status = wal.status();
   if (wal.ok()) o.wal = std::move(wal).value();
@@ -202,7 +202,7 @@ TEST_CASE("WAL: the bytes of every record type are pinned", "[wal][encoding]") {
   REQUIRE(o.contents.live.size() == 1);
   CHECK(o.contents.live[0] == make_traj(2));
   CHECK(o.retired_ids == std::vector<std::uint64_t>{1, 3});
-  CHECK(o.closed_groups == std::vector<std::uint64_t>{77});
+  CHECK(o.closed_groups == std::vector<laminar::GroupId>{laminar::GroupId(77)});
   CHECK(o.contents.newest == laminar::Version(5));
   CHECK(o.contents.retired == 2);
   std::filesystem::remove(path);

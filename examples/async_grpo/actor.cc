@@ -207,7 +207,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     (void)writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kIdleWait,
                                          .start_ns = wait0, .end_ns = now_ns(), .version = v.value()});
     const auto ts = batch->trajectories();
-    std::map<std::uint64_t, std::uint32_t> group_count;
+    std::map<laminar::GroupId, std::uint32_t> group_count;
     std::vector<laminar::Trajectory> current;
     double reward = 0;
     for (const laminar::Trajectory& t : ts) {

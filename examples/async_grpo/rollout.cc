@@ -276,7 +276,7 @@ class Rollout {
           moved_log_->write(fmt::format("in {}", st.trajectory.value()));
           moved_.insert(st.trajectory.value());
           Live l;
-          l.prompt = task_->prompt(st.prompt_id);
+          l.prompt = task_->prompt(st.prompt_id.value());
           l.max_tokens = task_->max_response_tokens(l.prompt);
           l.start_ns = t;
           l.seq = std::move(st);
@@ -322,7 +322,8 @@ class Rollout {
       l.start_ns = now_ns();
       l.seq.sequence = laminar::SequenceId(x.id.value());
       l.seq.trajectory = x.id;
-      l.seq.prompt_id = l.seq.group_id = x.prompt_index;
+      l.seq.prompt_id = laminar::PromptId(x.prompt_index);
+      l.seq.group_id = laminar::GroupId(x.prompt_index);
       l.seq.group_size = std::uint32_t(s_.group_size);
       l.seq.sample_index = x.sample_index;
       l.seq.version = laminar::Version(current());

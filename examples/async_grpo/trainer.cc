@@ -61,7 +61,7 @@ laminar::Result<std::vector<float>> group_advantages(std::span<const laminar::Tr
   if (!(advantage_eps >= 0.0f && std::isfinite(advantage_eps))) {
     return invalid_argument("advantage_eps " + std::to_string(advantage_eps) + " must be >= 0");
   }
-  std::map<std::uint64_t, std::vector<std::size_t>> groups;
+  std::map<laminar::GroupId, std::vector<std::size_t>> groups;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     if (batch[i].rewards.empty() || !std::isfinite(batch[i].rewards.front())) {
       return invalid_argument(trajectory_name(i) + " has no finite rewards[0]");
@@ -575,7 +575,8 @@ laminar::Result<std::vector<laminar::Trajectory>> Trainer::generate(
       for (std::int32_t s = 0; s < group_size; ++s) {
         laminar::Trajectory t;
         t.id = laminar::TrajectoryId(p.index * std::uint64_t(group_size) + std::uint64_t(s));
-        t.prompt_id = t.group_id = p.index;
+        t.prompt_id = laminar::PromptId(p.index);
+        t.group_id = laminar::GroupId(p.index);
         t.group_size = std::uint32_t(group_size);
         t.sample_index = std::uint32_t(s);
         t.version = version;

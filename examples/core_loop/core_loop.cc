@@ -55,7 +55,8 @@ Result<Trajectory> generate(const std::vector<float>& w, Version v, std::uint64_
   p.cpu_threads = 1;
   if (Status st = kernels::run(p, Stream::host()); !st.ok()) return st;
   t.id = TrajectoryId(id);
-  t.prompt_id = t.group_id = group;
+  t.prompt_id = PromptId(group);
+  t.group_id = GroupId(group);
   t.group_size = kGroup;
   t.sample_index = sample;
   t.version = v;

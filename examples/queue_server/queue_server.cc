@@ -46,7 +46,8 @@ int fail(const char* what, const laminar::Status& st) {
 laminar::Trajectory make(std::uint64_t id, std::uint32_t group) {
   laminar::Trajectory t;
   t.id = laminar::TrajectoryId(id);
-  t.prompt_id = t.group_id = id / group;
+  t.prompt_id = laminar::PromptId(id / group);
+  t.group_id = laminar::GroupId(id / group);
   t.group_size = group;
   t.sample_index = std::uint32_t(id % group);
   t.version = laminar::Version(1);

@@ -522,8 +522,8 @@ void Engine::push_group(std::int64_t first) {
     const Sample& s = sample(first + i);
     Trajectory& t = group_buffer_.emplace_back();
     t.id = TrajectoryId(static_cast<std::uint64_t>(s.id) + 1);
-    t.prompt_id = static_cast<std::uint64_t>(s.group);
-    t.group_id = static_cast<std::uint64_t>(s.group) + 1;
+    t.prompt_id = PromptId(static_cast<std::uint64_t>(s.group));
+    t.group_id = GroupId(static_cast<std::uint64_t>(s.group) + 1);
     t.group_size = static_cast<std::uint32_t>(group_size_);
     t.sample_index = static_cast<std::uint32_t>(s.index);
     t.version = Version(static_cast<std::uint64_t>(s.oldest_version));

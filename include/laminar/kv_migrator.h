@@ -110,8 +110,8 @@ namespace laminar {
 struct SequenceState {
   SequenceId sequence;
   TrajectoryId trajectory;
-  std::uint64_t prompt_id = 0;
-  std::uint64_t group_id = 0;
+  PromptId prompt_id;
+  GroupId group_id;
   std::uint32_t group_size = 1;    // as Trajectory: 1 is not grouped
   std::uint32_t sample_index = 0;  // < group_size
   Version version;                 // policy version of every response token

@@ -47,8 +47,8 @@ struct TrajectoryTimings {
 // One finished rollout sample.
 struct Trajectory {
   TrajectoryId id;               // unique (see TrajectoryQueueOptions::id_dedup_window)
-  std::uint64_t prompt_id = 0;
-  std::uint64_t group_id = 0;    // GRPO group; unused when group_size == 1
+  PromptId prompt_id;
+  GroupId group_id;              // GRPO group; unused when group_size == 1
   std::uint32_t group_size = 1;  // samples in the group (n); 1: not grouped
   std::uint32_t sample_index = 0;  // in [0, group_size), unique within the group
   Version version;               // policy version that generated every response token

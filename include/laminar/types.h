@@ -1,10 +1,10 @@
 // types.h: the vocabulary every laminar component shares.
 //
-// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, BatchId, MigrationId, EndpointId,
-// RequestId) so a worker id is never passed where a version is expected; DType; Device; Stream (an
-// opaque handle, so no CUDA header leaks into user code); and TensorView, a non-owning view of a
-// strided tensor that converts losslessly from and to DLPack's DLTensor, which is how tensors cross
-// from PyTorch, JAX or the host engine into laminar.
+// Strong ids (Version, SequenceId, WorkerId, TrajectoryId, PromptId, GroupId, BatchId, MigrationId,
+// EndpointId, RequestId) so a worker id is never passed where a version is expected; DType; Device;
+// Stream (an opaque handle, so no CUDA header leaks into user code); and TensorView, a non-owning
+// view of a strided tensor that converts losslessly from and to DLPack's DLTensor, which is how
+// tensors cross from PyTorch, JAX or the host engine into laminar.
 //
 //   float buf[6] = {};
 //   std::int64_t shape[2] = {2, 3};
@@ -46,6 +46,8 @@ struct VersionTag {};
 struct SequenceIdTag {};
 struct WorkerIdTag {};
 struct TrajectoryIdTag {};
+struct PromptIdTag {};
+struct GroupIdTag {};
 struct BatchIdTag {};
 struct MigrationIdTag {};
 struct EndpointIdTag {};
@@ -59,6 +61,10 @@ using SequenceId = StrongId<SequenceIdTag, std::uint64_t>;
 using WorkerId = StrongId<WorkerIdTag, std::uint32_t>;
 // A finished trajectory in the experience buffer.
 using TrajectoryId = StrongId<TrajectoryIdTag, std::uint64_t>;
+// The prompt a trajectory answers (chosen by whoever hands out prompts).
+using PromptId = StrongId<PromptIdTag, std::uint64_t>;
+// A GRPO group: the trajectories sampled for one prompt that a TrajectoryQueue delivers together.
+using GroupId = StrongId<GroupIdTag, std::uint64_t>;
 // A batch leased out by a TrajectoryQueue, acked or nacked by this id.
 using BatchId = StrongId<BatchIdTag, std::uint64_t>;
 // One KV migration between two rollout workers (random, chosen by its source; never 0).

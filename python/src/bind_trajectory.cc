@@ -18,7 +18,7 @@ void set_rewards(Trajectory& t, py::handle v) { t.rewards = to_float_vector(v, "
 
 std::string repr(const Trajectory& t) {
   return "Trajectory(id=" + std::to_string(t.id.value()) + ", version=" + std::to_string(t.version.value()) +
-         ", group_id=" + std::to_string(t.group_id) + ", sample_index=" + std::to_string(t.sample_index) + "/" +
+         ", group_id=" + std::to_string(t.group_id.value()) + ", sample_index=" + std::to_string(t.sample_index) + "/" +
          std::to_string(t.group_size) + ", prompt_tokens=" + std::to_string(t.prompt_tokens.size()) +
          ", response_tokens=" + std::to_string(t.response_tokens.size()) + ", rewards=" +
          std::to_string(t.rewards.size()) + ", finish_reason=" + std::string(finish_reason_name(t.finish_reason)) +
@@ -41,15 +41,15 @@ Token arrays take a list or tuple of ints, or a 1-D NumPy array or CPU torch ten
 dtype (values must fit int32); log-probs and rewards take numbers, or a floating dtype. A wrong
 dtype, a shape that is not 1-D or a value that does not fit raises InvalidArgumentError. Arrays read
 back as new NumPy arrays (int32 tokens, float32 log-probs and rewards).)doc")
-      .def(py::init([](TrajectoryId id, py::handle prompt_id, py::handle group_id, py::handle group_size,
+      .def(py::init([](TrajectoryId id, PromptId prompt_id, GroupId group_id, py::handle group_size,
                        py::handle sample_index, Version version, py::handle prompt_tokens,
                        py::handle response_tokens, py::handle logprobs, py::handle rewards,
                        FinishReason finish_reason, py::handle generation_start_ns,
                        py::handle generation_end_ns, std::string metadata) {
              Trajectory t;
              t.id = id;
-             t.prompt_id = to_uint(prompt_id, "prompt_id");
-             t.group_id = to_uint(group_id, "group_id");
+             t.prompt_id = prompt_id;
+             t.group_id = group_id;
              t.group_size = static_cast<std::uint32_t>(to_uint(group_size, "group_size", UINT32_MAX));
              t.sample_index = static_cast<std::uint32_t>(to_uint(sample_index, "sample_index", UINT32_MAX));
              t.version = version;
@@ -63,19 +63,16 @@ back as new NumPy arrays (int32 tokens, float32 log-probs and rewards).)doc")
              t.metadata = std::move(metadata);
              return t;
            }),
-           py::kw_only(), py::arg("id") = TrajectoryId(0), py::arg("prompt_id") = 0, py::arg("group_id") = 0,
-           py::arg("group_size") = 1, py::arg("sample_index") = 0, py::arg("version") = Version(0),
+           py::kw_only(), py::arg("id") = TrajectoryId(0), py::arg("prompt_id") = PromptId(0),
+           py::arg("group_id") = GroupId(0), py::arg("group_size") = 1, py::arg("sample_index") = 0,
+           py::arg("version") = Version(0),
            py::arg("prompt_tokens") = py::tuple(), py::arg("response_tokens") = py::tuple(),
            py::arg("logprobs") = py::tuple(), py::arg("rewards") = py::tuple(),
            py::arg("finish_reason") = FinishReason::kStop, py::arg("generation_start_ns") = 0,
            py::arg("generation_end_ns") = 0, py::arg("metadata") = "")
       .def_readwrite("id", &Trajectory::id, "Unique id (int).")
-      .def_property(
-          "prompt_id", [](const Trajectory& t) { return t.prompt_id; },
-          [](Trajectory& t, py::handle v) { t.prompt_id = to_uint(v, "prompt_id"); })
-      .def_property(
-          "group_id", [](const Trajectory& t) { return t.group_id; },
-          [](Trajectory& t, py::handle v) { t.group_id = to_uint(v, "group_id"); }, "GRPO group (int).")
+      .def_readwrite("prompt_id", &Trajectory::prompt_id, "The prompt it answers (int).")
+      .def_readwrite("group_id", &Trajectory::group_id, "GRPO group (int).")
       .def_property(
           "group_size", [](const Trajectory& t) { return t.group_size; },
           [](Trajectory& t, py::handle v) {

@@ -268,6 +268,8 @@ struct type_caster<laminar::StrongId<Tag, Rep>> {
   static std::string_view id_name() {
     if constexpr (std::is_same_v<Tag, laminar::VersionTag>) return "version";
     if constexpr (std::is_same_v<Tag, laminar::TrajectoryIdTag>) return "trajectory id";
+    if constexpr (std::is_same_v<Tag, laminar::PromptIdTag>) return "prompt id";
+    if constexpr (std::is_same_v<Tag, laminar::GroupIdTag>) return "group id";
     if constexpr (std::is_same_v<Tag, laminar::BatchIdTag>) return "batch id";
     if constexpr (std::is_same_v<Tag, laminar::SequenceIdTag>) return "sequence id";
     if constexpr (std::is_same_v<Tag, laminar::WorkerIdTag>) return "worker id";

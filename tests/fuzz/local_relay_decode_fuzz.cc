@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
   check_round_trip(bytes, in::decode_local_request, in::encode_local_request);
   check_round_trip(bytes, in::decode_local_reply_header, in::encode_local_reply_header);
-  check_round_trip(bytes, in::decode_local_latest, in::encode_local_latest);
+  check_round_trip(bytes, in::decode_local_newest, in::encode_local_newest);
   check_round_trip(bytes, in::decode_local_grant, in::encode_local_grant);
   check_round_trip(bytes, in::decode_local_error,
                    [](const in::LocalErrorPayload& e) { return in::encode_local_error(Status(e.code, e.message)); });

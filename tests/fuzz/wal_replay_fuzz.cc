@@ -58,12 +58,12 @@ void write_log(const std::uint8_t* data, std::size_t size) {
 struct Replayed {
   TrajectoryWal::Contents contents;
   std::vector<std::uint64_t> retired_ids;
-  std::vector<std::uint64_t> closed_groups;
+  std::vector<laminar::GroupId> closed_groups;
   RecoveryReport report;
 
   laminar::Result<std::unique_ptr<TrajectoryWal>> open() {
     const TrajectoryWal::Listener listener{[this](std::uint64_t id) { retired_ids.push_back(id); },
-                                           [this](std::uint64_t gid) { closed_groups.push_back(gid); }};
+                                           [this](laminar::GroupId g) { closed_groups.push_back(g); }};
     return TrajectoryWal::open(the_log().path, false, listener, contents, report);
   }
 };
@@ -106,7 +106,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   LAMINAR_CHECK_MSG(wal.ok(), wal.status().to_string());
   LAMINAR_CHECK_MSG(second.report.tail.ok(), second.report.tail.to_string());
   LAMINAR_CHECK(second.report.records == first.report.records + 1);
-  first.closed_groups.push_back(kAppendedGroup);
+  first.closed_groups.push_back(laminar::GroupId(kAppendedGroup));
   LAMINAR_CHECK(second.contents.live == first.contents.live);
   LAMINAR_CHECK(second.retired_ids == first.retired_ids);
   LAMINAR_CHECK(second.closed_groups == first.closed_groups);
