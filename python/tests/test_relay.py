@@ -293,7 +293,7 @@ print(node.upstream(), node.address(), digest)
 """
 
 
-def test_a_relay_chain_into_another_process():
+def test_a_relay_chain_into_another_process(eventually):
     import hashlib
     import subprocess
     import sys
@@ -315,7 +315,8 @@ def test_a_relay_chain_into_another_process():
     w = weights(9)
     head_store.publish(4, {"embed": w["embed"], "proj": w["proj"]})
     middle_store.wait_for_version(4, timeout=30)
-    assert middle.upstream() == head_address
+    # The head may send the version before the middle's subscribe call has returned to note its upstream.
+    assert eventually(lambda: middle.upstream() == head_address)
     child = subprocess.run([sys.executable, "-c", CHAIN_CHILD, f"{middle_address},{head_address}", "4"],
                            capture_output=True, text=True, timeout=90)
     assert child.returncode == 0, child.stderr
