@@ -121,7 +121,12 @@ std::byte* MemoryRegion::data() const noexcept { return state_ ? state_->data : 
 std::size_t MemoryRegion::size() const noexcept { return state_ ? state_->size : 0; }
 RemoteRegion MemoryRegion::remote() const {
   if (!state_) return {};
-  return RemoteRegion{reinterpret_cast<std::uint64_t>(state_->data), state_->size, state_->packed_rkey};
+  RemoteRegion r{reinterpret_cast<std::uint64_t>(state_->data), state_->size, state_->packed_rkey};
+  if (state_->host_memory) {
+    r.pid = static_cast<std::uint32_t>(state_->core->pid());
+    r.host = state_->core->host_key();
+  }
+  return r;
 }
 
 EndpointId Endpoint::id() const noexcept { return EndpointId(state_ ? state_->id : 0); }
@@ -336,8 +341,10 @@ const TransportOptions& Transport::options() const noexcept { return core_->opti
 TransportStats Transport::stats() const { return core_->stats(); }
 
 std::string TransportStats::to_json() const {
-  return fmt::format(R"({{"inbox_messages":{},"inbox_bytes":{},"inbox_refused":{},"dropped_frames":{}}})",
-                     inbox_messages, inbox_bytes, inbox_refused, dropped_frames);
+  return fmt::format(
+      R"({{"inbox_messages":{},"inbox_bytes":{},"inbox_refused":{},"dropped_frames":{},"workers_replaced":{},)"
+      R"("direct_copies":{}}})",
+      inbox_messages, inbox_bytes, inbox_refused, dropped_frames, workers_replaced, direct_copies);
 }
 std::optional<std::string> Transport::listen_address() const { return core_->listen_address(); }
 

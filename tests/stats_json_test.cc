@@ -48,7 +48,9 @@ TEST_CASE("transport stats: to_json is a JSON object with every field") {
   s.inbox_bytes = 102;
   s.inbox_refused = 103;
   s.dropped_frames = 104;
-  check_json(s.to_json(), {101, 102, 103, 104});
+  s.workers_replaced = 105;
+  s.direct_copies = 106;
+  check_json(s.to_json(), {101, 102, 103, 104, 105, 106});
 }
 
 TEST_CASE("relay store stats: to_json is a JSON object with every field") {

@@ -1,6 +1,7 @@
 // transport_peer: the other process of transport_multiprocess_test (and a small example of a
 // transport server). The cluster token comes from LAMINAR_TEST_TOKEN (never argv, which `ps` shows);
-// LAMINAR_TEST_HANDSHAKE_MS and LAMINAR_TEST_MAX_UNAUTHENTICATED, when set, override those options.
+// LAMINAR_TEST_HANDSHAKE_MS and LAMINAR_TEST_MAX_UNAUTHENTICATED, when set, override those options;
+// LAMINAR_TEST_NO_INBOX=1 sets max_inbox_bytes to 0 (messages nobody handles are dropped).
 //
 //   transport_peer serve <region_bytes> [host]    prints "ADDRESS host:port", serves until told to exit
 //   transport_peer client <address> exchange <k>  echo requests + get/put slice k of the server region
@@ -12,6 +13,9 @@
 //                                                 k one-way messages of 64 KiB of an application type,
 //                                                 then requests of it and of an unserved laminar type;
 //                                                 prints "FLOOD <code>=<count> ..." of the answers
+//   transport_peer client <address> spray         sends kSprayed messages from kSprayThreads threads
+//                                                 until killed, printing "SENT <n>" as it goes
+// A server asked kSpray sprays the asker the same way.
 //
 // Region contents follow pattern(seed): 64-bit word i holds seed ^ (i * golden ratio constant).
 #include <atomic>
@@ -50,12 +54,36 @@ TransportOptions options_from_env() {
   if (const char* n = std::getenv("LAMINAR_TEST_MAX_UNAUTHENTICATED")) {
     o.max_unauthenticated_connections = std::strtoull(n, nullptr, 10);
   }
+  if (const char* off = std::getenv("LAMINAR_TEST_NO_INBOX"); off != nullptr && std::string(off) == "1") {
+    o.max_inbox_bytes = 0;
+  }
   return o;
 }
 
 int fail(const char* what, const Status& s) {
   std::fprintf(stderr, "transport_peer: %s: %s\n", what, s.to_string().c_str());
   return 2;
+}
+
+// Sends kSprayed messages to `ep` from kSprayThreads threads until a send fails (the connection
+// ended) or `stop` is set, printing "SENT <n>" every kSprayLineEvery messages. Returns at once; the
+// threads are joined by the caller.
+void spray(Endpoint ep, std::atomic<bool>& stop, std::vector<std::thread>& threads) {
+  static std::atomic<std::uint64_t> sent{0};
+  static std::mutex print_mu;
+  for (int i = 0; i < kSprayThreads; ++i) {
+    threads.emplace_back([ep, &stop]() mutable {
+      const Message m = Message::from_bytes(kSprayed, std::vector<std::byte>(kSprayBytes, std::byte{0x5a}));
+      while (!stop.load() && ep.send(m).ok()) {
+        const std::uint64_t n = sent.fetch_add(1) + 1;
+        if (n % kSprayLineEvery == 0) {
+          std::lock_guard lock(print_mu);
+          std::printf("SENT %llu\n", static_cast<unsigned long long>(n));
+          std::fflush(stdout);
+        }
+      }
+    });
+  }
 }
 
 int serve(std::size_t region_bytes, const std::string& host) {
@@ -70,6 +98,8 @@ int serve(std::size_t region_bytes, const std::string& host) {
   std::condition_variable cv;
   bool exit_now = false;
   std::set<laminar::EndpointId> peers;
+  std::atomic<bool> stop_spraying{false};
+  std::vector<std::thread> sprayers;  // guarded by mu
   std::vector<Status> installed;
   installed.push_back(t->on_message(kEcho, [&](Incoming in) {
     {
@@ -107,6 +137,15 @@ int serve(std::size_t region_bytes, const std::string& host) {
     const std::uint64_t n = t->stats().dropped_frames;
     (void)in.from.reply(in, Message::from_string(kDropped, std::to_string(n)));
   }));
+  installed.push_back(t->on_message(kReplaced, [&](Incoming in) {
+    const std::uint64_t n = t->stats().workers_replaced;
+    (void)in.from.reply(in, Message::from_string(kReplaced, std::to_string(n)));
+  }));
+  installed.push_back(t->on_message(kSpray, [&](Incoming in) {
+    (void)in.from.reply(in, Message::from_string(kSpray, "spraying"));
+    std::lock_guard lock(mu);
+    spray(in.from, stop_spraying, sprayers);
+  }));
   installed.push_back(t->on_message(kExit, [&](Incoming in) {
     (void)in.from.reply(in, Message::from_string(kExit, "bye"));
     std::lock_guard lock(mu);
@@ -123,6 +162,8 @@ int serve(std::size_t region_bytes, const std::string& host) {
   std::fflush(stdout);
   std::unique_lock lock(mu);
   cv.wait(lock, [&] { return exit_now; });
+  stop_spraying = true;
+  for (auto& th : sprayers) th.join();
   return 0;
 }
 
@@ -210,6 +251,13 @@ int client(const std::string& address, const std::string& mode, int k) {
   if (!ep.ok()) return fail("connect", ep.status());
   if (mode == "exchange") return exchange(*ep, *t, k);
   if (mode == "flood") return flood(*ep, k);
+  if (mode == "spray") {
+    std::atomic<bool> never{false};
+    std::vector<std::thread> threads;
+    spray(*ep, never, threads);
+    for (auto& th : threads) th.join();
+    return fail("spray", ep->status());
+  }
   if (mode == "probe") {
     for (int i = 0; i < 600; ++i) {
       auto r = ep->request(Message::from_string(kEcho, "probe"), 500ms);

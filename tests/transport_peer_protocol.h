@@ -23,7 +23,17 @@ enum : MessageType {
   kPeers = 5,      // replies with the number of distinct peers that sent kEcho
   kExit = 6,       // replies, then the server exits 0
   kDropped = 7,    // replies with the number of frames the server dropped for naming no connection
+  kSpray = 8,      // replies, then sends the requester kSprayed messages until the connection ends
+  kSprayed = 9,    // one-way, kSprayBytes, handled by nobody
+  kReplaced = 10,  // replies with how many times the server's UCX worker was replaced
 };
+
+// What a spraying peer sends: one-way messages just under UCX's shared-memory segment (8 KiB), so
+// most of a send is the copy into the receiver's FIFO slot, from kSprayThreads threads at once.
+inline constexpr std::size_t kSprayBytes = 7000;
+inline constexpr int kSprayThreads = 4;
+// A spraying peer prints "SENT <n>" every this many messages: the test kills it between two lines.
+inline constexpr int kSprayLineEvery = 500;
 
 inline constexpr std::uint64_t kServerSeed = 0x5eed;
 inline constexpr std::uint64_t kClientSeedBase = 0xc11e47;

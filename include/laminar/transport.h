@@ -52,10 +52,11 @@
 // created, whose parser a single bad packet can abort. laminar attaches a socket filter to those
 // sockets that drops every packet whose source address is not one of an authenticated peer's (its
 // bootstrap connection's address and the interface addresses it listed), from before the peer
-// learns where to connect until its last connection closes. What remains reachable: a process on the host of a peer that is connected
-// now (for a peer on this host, any local process, through 127.0.0.1) can still reach UCX's tcp
-// sockets. Shared memory and RDMA transports listen on no socket. Setting ucx_transports to
-// exclude tcp ("^tcp", or e.g. "sm" on one host) removes UCX's sockets entirely.
+// learns where to connect until its last connection closes. What remains reachable: a process on
+// the host of a peer that is connected now (for a peer on this host, any local process, through
+// 127.0.0.1) can still reach UCX's tcp sockets. Shared memory and RDMA transports listen on no
+// socket. A ucx_transports list without tcp (RDMA's "rc,cma", or "sm" on one host, with what naming
+// shared memory costs: see ucx_transports) removes UCX's sockets entirely.
 //
 // Under ThreadSanitizer, run with UCX_MEM_EVENTS=n in the environment: UCX's memory hooks (libucm)
 // and TSan's interceptors crash together at thread exit. tests/CMakeLists.txt's
@@ -101,10 +102,17 @@ struct TransportOptions {
   // mutual challenge-response (HMAC-SHA-256 over fresh random nonces, libsodium); the token itself
   // never crosses the wire. A peer that fails is refused before any message or memory is served.
   std::string cluster_token;
-  // UCX transports in UCX_TLS syntax ("tcp" forces the network, "" lets UCX choose, e.g. shared
-  // memory on one host), as given; empty reads UCX_TLS from the environment. Connection setup needs
-  // none in particular (it runs on laminar's own socket), but two peers need one transport in common.
-  // Shared memory is kept usable under peer-failure detection (UCX drops it unless told otherwise).
+  // UCX transports in UCX_TLS syntax ("tcp" forces the network; "" lets UCX choose); empty reads
+  // UCX_TLS from the environment. Connection setup needs none in particular (it runs on laminar's
+  // own socket), but two peers need one transport in common. UCX's choice, or an exclusion list
+  // ("^ib"), never includes UCX's shared-memory message transports (posix, sysv), which a same-host
+  // peer killed mid-message can leave deaf to everyone: messages between processes on one host go
+  // over tcp, and put/get to a process on the same host is copied by the kernel, process to process
+  // (RemoteRegion::pid; off when the list names "tcp" alone or excludes cma). See docs/design.md,
+  // "What a dying peer can do".
+  // A list that names them ("sm", "posix", ...) gets them, kept usable under peer-failure detection,
+  // and a watchdog that replaces a wedged UCX worker, closing every connection
+  // (TransportStats::workers_replaced).
   std::string ucx_transports;
   // Largest control message body accepted or sent; bigger ones are kInvalidArgument. Bulk data goes
   // through put/get, which has no such limit.
@@ -146,6 +154,11 @@ struct TransportStats {
   std::size_t inbox_bytes = 0;       // their bodies plus kInboxOverheadBytes each
   std::uint64_t inbox_refused = 0;   // messages without a handler refused by the inbox bounds
   std::uint64_t dropped_frames = 0;  // UCX frames without the token of an open connection
+  // UCX workers replaced because one stopped receiving (only with shared-memory transports named in
+  // ucx_transports; see there). Each replacement closed every connection of the time.
+  std::uint64_t workers_replaced = 0;
+  // Puts and gets this process copied itself, to or from a peer process on the same host.
+  std::uint64_t direct_copies = 0;
 
   std::string to_json() const;
 };
@@ -165,6 +178,11 @@ struct RemoteRegion {
   std::uint64_t address = 0;
   std::uint64_t size = 0;
   std::vector<std::byte> rkey;  // UCX packed remote key
+  // For host memory: the owning process and a key naming its host and pid namespace (0: none). A
+  // peer on that host whose connection proves it is talking to that very process (it holds the other
+  // end of the connection's TCP socket) copies with process_vm_writev/readv instead of through UCX.
+  std::uint32_t pid = 0;
+  std::uint64_t host = 0;
 
   std::vector<std::byte> serialize() const;
   // kDataLoss for truncated or corrupt bytes.

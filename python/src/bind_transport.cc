@@ -26,7 +26,8 @@ Options of a Transport; every field is also a keyword of the constructor. Durati
       },
       "Shared secret of the cluster (bytes, or str taken as UTF-8), at least 16 bytes; never sent.");
   options_class.def_readwrite("ucx_transports", &TransportOptions::ucx_transports,
-                              "UCX transports in UCX_TLS syntax (\"tcp\", \"sm\", ...); empty: UCX_TLS or UCX's choice.");
+                              "UCX transports in UCX_TLS syntax (\"tcp\", \"sm\", ...); empty: UCX_TLS or UCX's "
+                              "choice, which leaves out UCX's shared-memory message transports (see transport.h).");
   def_uint(options_class, "max_message_bytes", &TransportOptions::max_message_bytes,
            "Largest control message body.");
   def_seconds(options_class, "connect_timeout", &TransportOptions::connect_timeout, "Default deadline of connect.");

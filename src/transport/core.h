@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -86,8 +87,13 @@ Result<sockaddr_storage> parse_address(std::string_view address);
 class RegionState {
  public:
   RegionState(std::shared_ptr<TransportCore> core, ucp_mem_h memh, std::byte* data, std::size_t size,
-              std::vector<std::byte> rkey)
-      : core(std::move(core)), memh(memh), data(data), size(size), packed_rkey(std::move(rkey)) {}
+              std::vector<std::byte> rkey, bool host_memory)
+      : core(std::move(core)),
+        memh(memh),
+        data(data),
+        size(size),
+        packed_rkey(std::move(rkey)),
+        host_memory(host_memory) {}
   ~RegionState();
   RegionState(const RegionState&) = delete;
   RegionState& operator=(const RegionState&) = delete;
@@ -97,6 +103,7 @@ class RegionState {
   std::byte* data;  // [size]
   std::size_t size;
   std::vector<std::byte> packed_rkey;
+  bool host_memory;  // a peer on this host may copy it with process_vm_writev/readv (same_host.h)
 };
 
 // Handshake and life of one connection, seen from this side (frames: bootstrap_wire.h).
@@ -156,6 +163,10 @@ class EndpointState : public std::enable_shared_from_this<EndpointState> {
     int users = 0;
   };
   std::unordered_map<std::string, CachedRkey> rkeys;
+  // The process a same-host peer said it is (RemoteRegion::pid), and whether it proved it
+  // (holds_other_end on `socket`); checked once per claimed pid.
+  pid_t claimed_pid = 0;
+  bool claim_proven = false;
   Nonce client_nonce{};
   Nonce server_nonce{};
   std::uint64_t handshake_op = 0;
@@ -241,6 +252,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void shutdown();
   const TransportOptions& options() const { return options_; }
   ucp_context_h context() const { return context_; }
+  // What this process's regions tell a peer (RemoteRegion::pid, ::host); constant once created.
+  pid_t pid() const { return pid_; }
+  std::uint64_t host_key() const { return host_key_; }
 
   Result<std::string> listen(std::string_view host, std::uint16_t port);
   std::optional<std::string> listen_address() const;
@@ -295,6 +309,20 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   Status start();
   friend class TransportTestingAccess;
 
+  // A UCP worker and what laminar keeps of it.
+  struct Worker {
+    ucp_worker_h handle = nullptr;
+    std::vector<std::byte> address;  // from which peers create their endpoint to it
+    std::vector<int> listeners;      // UCX's listening tcp sockets (UCX owns them), filtered shut
+    int fd = -1;                     // its wakeup fd
+  };
+  // A new worker with laminar's message handler; on failure nothing is left of it.
+  Result<Worker> create_worker();
+  void install_worker(Worker w);
+  // Progress thread: closes every connection and moves to a new worker (the old one is wedged: see
+  // kWedgedAfter in setup.cc). On failure, logs it and keeps the old one.
+  void replace_worker();
+
   // Runs fn on the progress thread; false once shutting down (fn is then dropped).
   bool post(std::function<void()> fn);
   void progress_loop();
@@ -333,6 +361,10 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   Result<ucp_rkey_h> acquire_rkey(EndpointState& e, Op& op, const std::vector<std::byte>& packed);
   void release_rkey(Op& op);
   void destroy_rkeys(EndpointState& e);
+  // A put or get copied by this process itself, when the region is in a process on this host that
+  // proved to be the peer: resolved then and true; false to go through UCX instead.
+  bool try_direct_copy(EndpointState& e, Op& op, bool is_put, std::byte* local, const RemoteRegion& remote,
+                       std::uint64_t raddr, std::size_t length);
 
   // Bootstrap connections and the handshake (handshake.cc).
   void accept_connections();
@@ -387,6 +419,10 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::atomic<std::uint64_t> next_ep_id_{1};
   // Frames that named no open connection (unauthenticated senders, or late ones of closed connections).
   std::atomic<std::uint64_t> dropped_frames_{0};
+  std::atomic<std::uint64_t> workers_replaced_{0};
+  std::atomic<std::uint64_t> direct_copies_{0};
+  const pid_t pid_ = getpid();
+  std::uint64_t host_key_ = 0;  // set by start()
 
   mutable std::mutex cmd_mu_;
   std::vector<std::function<void()>> commands_;
@@ -395,6 +431,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::atomic<bool> stop_{false};
 
   // Progress thread only.
+  // Whether put/get copy directly to same-host peers (start(), from the transports asked for);
+  // false from the first time the kernel refuses such a copy.
+  bool direct_copy_allowed_ = false;
   UniqueFd listen_socket_;
   bool tearing_down_ = false;  // connections are refused from then on
   std::set<std::uint64_t> unauthenticated_;  // accepted, not yet proven the token; oldest first

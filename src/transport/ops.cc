@@ -15,6 +15,7 @@
 #include "byte_codec.h"
 #include "laminar/transport.h"
 #include "transport/core.h"
+#include "transport/same_host.h"
 #include "transport/wire.h"
 
 namespace laminar::internal {
@@ -526,6 +527,8 @@ TransportStats TransportCore::stats() {
     s.inbox_refused = inbox_refused_;
   }
   s.dropped_frames = dropped_frames_.load(std::memory_order_relaxed);
+  s.workers_replaced = workers_replaced_.load(std::memory_order_relaxed);
+  s.direct_copies = direct_copies_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -547,7 +550,7 @@ Result<MemoryRegion> TransportCore::map_memory(void* data, std::size_t size, boo
                     : unavailable(fmt::format("cannot register {} bytes at {}: {}", size, data, ucs_text(s)));
   }
   ucp_mem_attr_t attr{};
-  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH | UCP_MEM_ATTR_FIELD_MEM_TYPE;
   s = ucp_mem_query(memh, &attr);
   void* packed = nullptr;
   std::size_t packed_size = 0;
@@ -558,8 +561,8 @@ Result<MemoryRegion> TransportCore::map_memory(void* data, std::size_t size, boo
   }
   std::vector<std::byte> rkey(static_cast<std::byte*>(packed), static_cast<std::byte*>(packed) + packed_size);
   ucp_rkey_buffer_release(packed);
-  return MemoryRegion(std::make_shared<RegionState>(
-      shared_from_this(), memh, static_cast<std::byte*>(attr.address), size, std::move(rkey)));
+  return MemoryRegion(std::make_shared<RegionState>(shared_from_this(), memh, static_cast<std::byte*>(attr.address),
+                                                    size, std::move(rkey), attr.mem_type == UCS_MEMORY_TYPE_HOST));
 }
 
 RegionState::~RegionState() { ucp_mem_unmap(core->context(), memh); }
@@ -665,7 +668,7 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
   if (remote.rkey.empty())
     return fail_now(invalid_argument(fmt::format("{}: remote region has no key", verb)));
   if (length == 0) return fail_now(ok_status());
-  const bool posted = post([this, ep, promise, is_put, region, local_offset, rkey = remote.rkey,
+  const bool posted = post([this, ep, promise, is_put, region, local_offset, remote,
                             raddr = remote.address + remote_offset, length, timeout, done, verb]() mutable {
     auto e = find(ep->id);
     if (e == nullptr || e->phase != Phase::kReady) {
@@ -680,12 +683,13 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
     op.status_promise = std::move(*promise);
     op.done = std::move(done);
     op.region = region;
-    auto rkey_handle = acquire_rkey(*e, op, rkey);
+    std::byte* local_ptr = region->data + local_offset;
+    if (try_direct_copy(*e, op, is_put, local_ptr, remote, raddr, length)) return;
+    auto rkey_handle = acquire_rkey(*e, op, remote.rkey);
     if (!rkey_handle.ok()) {
       resolve(op, rkey_handle.status());
       return;
     }
-    std::byte* local_ptr = region->data + local_offset;
     void* direct = nullptr;
     if (ucp_rkey_ptr(*rkey_handle, raddr, &direct) == UCS_OK) {
       // The peer's memory is mapped here (shared memory on one host): one memcpy is the whole
@@ -735,6 +739,29 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
     if (done) post_callback([done = std::move(done), st] { done(st); });
   }
   return future;
+}
+
+bool TransportCore::try_direct_copy(EndpointState& e, Op& op, bool is_put, std::byte* local,
+                                    const RemoteRegion& remote, std::uint64_t raddr, std::size_t length) {
+  if (!direct_copy_allowed_ || !op.region->host_memory || remote.pid <= 0 || remote.host == 0 ||
+      remote.host != host_key_ || !e.socket) {
+    return false;
+  }
+  const auto pid = static_cast<pid_t>(remote.pid);
+  if (e.claimed_pid != pid) {
+    e.claimed_pid = pid;
+    e.claim_proven = holds_other_end(e.socket.get(), pid);
+  }
+  if (!e.claim_proven) return false;
+  // Like the memcpy through a mapped segment below, a copy done here on the progress thread.
+  auto copied = copy_with_process(pid, is_put, local, raddr, length, e.peer);
+  if (copied.ok() && !*copied) {
+    direct_copy_allowed_ = false;
+    return false;
+  }
+  if (copied.ok()) direct_copies_.fetch_add(1, std::memory_order_relaxed);
+  resolve(op, copied.status());
+  return true;
 }
 
 void TransportCore::close_endpoint(const std::shared_ptr<EndpointState>& ep) {

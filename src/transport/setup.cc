@@ -20,6 +20,7 @@
 
 #include "transport/core.h"
 #include "transport/listen_socket.h"
+#include "transport/same_host.h"
 
 namespace laminar::internal {
 
@@ -34,6 +35,13 @@ constexpr auto kSpinAfterActivity = std::chrono::microseconds(50);
 constexpr auto kCloseGrace = milliseconds(1000);
 // While UCX keeps the progress thread busy it never sleeps in epoll; it looks at the sockets this often.
 constexpr auto kSocketPollInterval = milliseconds(1);
+// UCX refuses to arm the worker while it has something to finish. A message a peer is writing is
+// whole within microseconds; once nothing has progressed for this long the thread polls UCX at most
+// once a millisecond instead of spinning.
+constexpr auto kArmRefusedSpin = milliseconds(1);
+// A worker that has refused every arm, with nothing progressing when it refused, for this long is
+// wedged (a same-host sender died mid-message into its FIFO: see names_mm) and is replaced.
+constexpr auto kWedgedAfter = milliseconds(1000);
 
 // UCX's listening sockets are told apart as the ones that appear while a worker is created, so two
 // transports must not create their workers at once. (A TCP listener another thread of the
@@ -56,10 +64,38 @@ bool names_any(const std::string& tls, std::initializer_list<std::string_view> n
   return false;
 }
 
-// Whether a UCX_TLS value lets UCX pick a shared-memory transport. An exclusion list may leave one.
-bool may_use_shared_memory(const std::string& tls) {
-  if (tls.empty() || tls == "all" || tls.front() == '^') return true;
-  return names_any(tls, {"sm", "shm", "mm", "posix", "sysv"});
+// UCX's "mm" transports (posix, sysv) carry messages through one FIFO in the receiver's shared memory
+// that every sender on the host writes into: a sender takes a slot (an atomic add on the head),
+// copies its message in, then marks the slot written. A sender killed between the two leaves a slot
+// that is never marked. The receiver reads strictly in order, so it never reads another message from
+// anyone, and UCX answers every ucp_worker_arm with busy (the head is past what it read). UCX has no
+// way out of that state (docs/design.md, "What a dying peer can do"). They are what "sm", "shm" and
+// "mm" bring in.
+bool names_mm(const std::string& tls) { return names_any(tls, {"sm", "shm", "mm", "posix", "sysv"}); }
+
+// The transports UCX may use: what the caller asked for, where that is a list of transports to use;
+// otherwise UCX's choice (or the caller's exclusion list) without the mm transports. Messages between
+// processes on one host then go over tcp, and put/get between them is copied by the transport itself
+// (same_host.h).
+std::string transports_to_use(const std::string& asked) {
+  if (asked.empty() || asked == "all") return "^posix,sysv";
+  if (asked.front() != '^') return asked;
+  std::string tls = asked;
+  for (const char* mm : {"posix", "sysv"}) {
+    if (!names_any(tls, {mm})) tls += std::string(tls.size() > 1 ? "," : "") + mm;
+  }
+  return tls;
+}
+
+// Whether a UCX_TLS value from transports_to_use lets UCX pick an mm transport.
+bool may_use_mm(const std::string& tls) { return tls.front() != '^' && names_mm(tls); }
+
+// Whether put/get may bypass UCX between processes of one host (same_host.h): unless the list keeps
+// UCX off shared memory ("tcp" alone: the caller wants the network) or excludes cma, the kernel
+// mechanism the copy uses.
+bool may_copy_directly(const std::string& tls) {
+  if (tls.front() == '^') return !names_any(tls, {"cma"});
+  return names_mm(tls) || names_any(tls, {"cma"});
 }
 
 // Whether a UCX_TLS value lets UCX pick tcp.
@@ -108,6 +144,7 @@ Result<std::shared_ptr<TransportCore>> TransportCore::create(TransportOptions op
 
 Status TransportCore::start() {
   // The token is hashed into the MAC key so its length and bytes never matter beyond this line.
+  host_key_ = same_host_key();
   crypto_generichash(key_.data(), key_.size(),
                      reinterpret_cast<const unsigned char*>(options_.cluster_token.data()),
                      options_.cluster_token.size(), nullptr, 0);
@@ -115,17 +152,19 @@ Status TransportCore::start() {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return unavailable("UCX configuration could not be read: " + ucs_text(s));
-  std::string tls = options_.ucx_transports;
-  if (tls.empty()) {
+  std::string asked = options_.ucx_transports;
+  if (asked.empty()) {
     const char* env = std::getenv("UCX_TLS");
-    tls = env != nullptr ? env : "";
+    asked = env != nullptr ? env : "";
   }
-  if (!tls.empty()) s = ucp_config_modify(config, "TLS", tls.c_str());
-  // Endpoints use peer error handling (to learn that a peer vanished). UCX then drops its shared
-  // memory transports unless they are told to support it, silently falling back to tcp. The name
-  // is the mm base table's ("MM_"), which UCX applies to both posix and sysv; "POSIX_..." set this
-  // way is ignored with a warning.
-  if (s == UCS_OK && may_use_shared_memory(tls)) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+  const std::string tls = transports_to_use(asked);
+  s = ucp_config_modify(config, "TLS", tls.c_str());
+  // Endpoints use peer error handling (to learn that a peer vanished). UCX then drops the mm
+  // transports unless they are told to support it, silently falling back to tcp. The name is the mm
+  // base table's ("MM_"), which UCX applies to both posix and sysv; "POSIX_..." set this way is
+  // ignored with a warning.
+  if (s == UCS_OK && may_use_mm(tls)) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+  direct_copy_allowed_ = may_copy_directly(tls);
   // UCX's tcp defaults (8 KiB send segments) cost about half the bandwidth of a plain socket loop on
   // bulk puts (transport_bench); bigger segments close most of the gap. UCX_TCP_* in the environment
   // still wins. Keys are given without the "TCP_" component prefix, as UCX matches them; without
@@ -149,50 +188,10 @@ Status TransportCore::start() {
     context_ = nullptr;
     return unavailable(fmt::format("UCX context with transports '{}' failed: {}", tls, ucs_text(s)));
   }
-  ucp_worker_params_t wp{};
-  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-  {
-    std::lock_guard lock(worker_creation_mu);
-    const auto before = listening_tcp_sockets();
-    s = ucp_worker_create(context_, &wp, &worker_);
-    if (s != UCS_OK) {
-      worker_ = nullptr;
-      return unavailable("UCX worker creation failed: " + ucs_text(s));
-    }
-    for (const auto& socket : listening_tcp_sockets()) {
-      if (before.count(socket) == 0) ucx_listeners_.push_back(socket.first);
-    }
-  }
-  // Nobody has authenticated yet: UCX's sockets admit no one (see listen_socket.h).
-  for (int fd : ucx_listeners_) {
-    if (!admit_only(fd, {})) {
-      return unavailable(fmt::format("cannot filter UCX's listening socket {}: {}", fd, std::strerror(errno)));
-    }
-  }
-  ucp_address_t* address = nullptr;
-  std::size_t address_bytes = 0;
-  s = ucp_worker_get_address(worker_, &address, &address_bytes);
-  if (s != UCS_OK) return unavailable("UCX worker address: " + ucs_text(s));
-  const auto* first = reinterpret_cast<const std::byte*>(address);
-  worker_address_.assign(first, first + address_bytes);
-  ucp_worker_release_address(worker_, address);
-  if (worker_address_.size() > kMaxWorkerAddressBytes) {
-    return unavailable(fmt::format("UCX worker address of {} bytes is over the {} a handshake carries",
-                                   worker_address_.size(), kMaxWorkerAddressBytes));
-  }
+  auto worker = create_worker();
+  if (!worker.ok()) return worker.status();
+  install_worker(std::move(*worker));
   own_addresses_ = local_addresses(kMaxPeerAddresses);
-  s = ucp_worker_get_efd(worker_, &worker_fd_);
-  if (s != UCS_OK) return unavailable("UCX worker has no wakeup fd: " + ucs_text(s));
-
-  ucp_am_handler_param_t ap{};
-  ap.field_mask =
-      UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  ap.id = kAmId;
-  ap.cb = &TransportCore::am_recv_cb;
-  ap.arg = this;
-  s = ucp_worker_set_am_recv_handler(worker_, &ap);
-  if (s != UCS_OK) return unavailable("UCX active-message handler: " + ucs_text(s));
 
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -217,6 +216,110 @@ Status TransportCore::start() {
   progress_thread_ = std::thread([this] { progress_loop(); });
   callback_thread_ = std::thread([this] { callback_loop(); });
   return ok_status();
+}
+
+Result<TransportCore::Worker> TransportCore::create_worker() {
+  Worker w;
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  {
+    std::lock_guard lock(worker_creation_mu);
+    const auto before = listening_tcp_sockets();
+    const ucs_status_t s = ucp_worker_create(context_, &wp, &w.handle);
+    if (s != UCS_OK) return unavailable("UCX worker creation failed: " + ucs_text(s));
+    for (const auto& socket : listening_tcp_sockets()) {
+      if (before.count(socket) == 0) w.listeners.push_back(socket.first);
+    }
+  }
+  auto fail = [&](Status st) {
+    ucp_worker_destroy(w.handle);
+    return st;
+  };
+  // Nobody has authenticated yet: UCX's sockets admit no one (see listen_socket.h).
+  for (int fd : w.listeners) {
+    if (!admit_only(fd, {})) {
+      return fail(
+          unavailable(fmt::format("cannot filter UCX's listening socket {}: {}", fd, std::strerror(errno))));
+    }
+  }
+  ucp_address_t* address = nullptr;
+  std::size_t address_bytes = 0;
+  ucs_status_t s = ucp_worker_get_address(w.handle, &address, &address_bytes);
+  if (s != UCS_OK) return fail(unavailable("UCX worker address: " + ucs_text(s)));
+  const auto* first = reinterpret_cast<const std::byte*>(address);
+  w.address.assign(first, first + address_bytes);
+  ucp_worker_release_address(w.handle, address);
+  if (w.address.size() > kMaxWorkerAddressBytes) {
+    return fail(unavailable(fmt::format("UCX worker address of {} bytes is over the {} a handshake carries",
+                                        w.address.size(), kMaxWorkerAddressBytes)));
+  }
+  s = ucp_worker_get_efd(w.handle, &w.fd);
+  if (s != UCS_OK) return fail(unavailable("UCX worker has no wakeup fd: " + ucs_text(s)));
+  ucp_am_handler_param_t ap{};
+  ap.field_mask =
+      UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  ap.id = kAmId;
+  ap.cb = &TransportCore::am_recv_cb;
+  ap.arg = this;
+  s = ucp_worker_set_am_recv_handler(w.handle, &ap);
+  if (s != UCS_OK) return fail(unavailable("UCX active-message handler: " + ucs_text(s)));
+  return w;
+}
+
+void TransportCore::install_worker(Worker w) {
+  worker_ = w.handle;
+  worker_address_ = std::move(w.address);
+  ucx_listeners_ = std::move(w.listeners);
+  worker_fd_ = w.fd;
+}
+
+void TransportCore::replace_worker() {
+  auto fresh = create_worker();
+  if (fresh.ok()) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kWorkerFdTag;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fresh->fd, &ev) != 0) {
+      ucp_worker_destroy(fresh->handle);
+      fresh = unavailable(fmt::format("epoll_ctl: {}", std::strerror(errno)));
+    }
+  }
+  if (!fresh.ok()) {
+    // The wedged worker stays; the watchdog tries again after another kWedgedAfter.
+    std::fprintf(stderr, "laminar transport: cannot replace the wedged UCX worker: %s\n",
+                 fresh.status().to_string().c_str());
+    return;
+  }
+  const Status wedged = unavailable(
+      "this process stopped receiving over UCX's shared memory (a peer on this host died in the middle of a "
+      "message to it), so its UCX worker was replaced and every connection closed: connect again");
+  std::vector<std::shared_ptr<EndpointState>> all;
+  for (const auto& [id, e] : endpoints_) all.push_back(e);
+  for (const auto& e : all) fail_endpoint(*e, wedged);
+  for (auto& [address, w] : peers_) to_close_.push_back(std::exchange(w->ep, nullptr));
+  peers_.clear();
+  by_handle_.clear();
+  close_queued_endpoints();
+  const Duration give_up = real_time_->now() + kCloseGrace;
+  while ((!closing_.empty() || ucx_inflight_ > 0) && real_time_->now() < give_up) {
+    ucp_worker_progress(worker_);
+    reap_closed_requests();
+  }
+  for (void* r : std::exchange(closing_, {})) ucp_request_free(r);
+  for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, worker_fd_, nullptr);
+  ucp_worker_destroy(worker_);
+  // Every op was resolved with its endpoint; what UCX still held of them went with the worker.
+  for (auto& [id, op] : ops_) {
+    if (op->ucx_inflight == 0) continue;
+    op->ucx_inflight = 0;
+    maybe_release(*op);
+  }
+  ucx_inflight_ = 0;
+  failed_peers_.clear();  // handles of the old worker, which a new endpoint may reuse
+  install_worker(std::move(*fresh));
+  workers_replaced_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void TransportCore::shutdown() {
@@ -364,6 +467,8 @@ void TransportCore::reap_closed_requests() {
 
 void TransportCore::progress_loop() {
   Duration last_activity = real_time_->now();
+  // Since when every arm was refused with nothing progressing (real time); kForever: an arm was granted.
+  Duration stuck_since = kForever;
   while (!stop_.load(std::memory_order_acquire)) {
     run_commands();
     unsigned progressed = 0;
@@ -389,7 +494,18 @@ void TransportCore::progress_loop() {
     const bool busy = ucx_inflight_ > 0 || !closing_.empty();
     if (now - last_activity < kSpinAfterActivity) continue;
     if (has_commands_.load(std::memory_order_acquire)) continue;
-    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) {
+      if (now - last_activity < kArmRefusedSpin) continue;
+      if (stuck_since == kForever) stuck_since = now;
+      if (now - stuck_since >= kWedgedAfter) {
+        replace_worker();
+        stuck_since = kForever;
+        continue;
+      }
+      poll_events(1);
+      continue;
+    }
+    stuck_since = kForever;
     // With operations in flight, a transport without reliable wakeups must not stall them: nap 1 ms.
     poll_events(busy ? 1 : epoll_timeout_ms());
   }

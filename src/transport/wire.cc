@@ -150,12 +150,14 @@ constexpr std::size_t kMaxRkeyBytes = 64 * 1024;
 std::vector<std::byte> RemoteRegion::serialize() const {
   std::vector<std::byte> out;
   internal::Writer w(out);
-  w.reserve(21 + rkey.size());
+  w.reserve(33 + rkey.size());
   w.u8(internal::kWireVersion);
   w.u64(address);
   w.u64(size);
   w.u32(std::uint32_t(rkey.size()));
   w.bytes(std::span(rkey));
+  w.u32(pid);
+  w.u64(host);
   return out;
 }
 
@@ -175,6 +177,8 @@ Result<RemoteRegion> RemoteRegion::deserialize(std::span<const std::byte> bytes)
   const std::size_t rkey_at = r.offset();
   region.rkey = internal::copy(r.prefixed("remote key", kMaxRkeyBytes));
   if (r.ok() && region.rkey.empty()) r.fail(rkey_at, "empty remote key");
+  region.pid = r.u32("pid");
+  region.host = r.u64("host");
   LAMINAR_RETURN_IF_ERROR(r.finish());
   return region;
 }
