@@ -1,8 +1,12 @@
-// transport_bench: bulk bandwidth of Endpoint::put between two processes, over tcp and over shared
-// memory, each against a baseline measured in the same run:
+// transport_bench: bulk bandwidth of Endpoint::put between two processes, over tcp and on one host,
+// each against a baseline measured in the same run:
 //   tcp: a plain TCP socket loop between the same two kinds of process (write N bytes, read an ack);
-//   shm: one memcpy of the same N bytes inside one process.
-// Prints one JSON line per transport, shared memory last (the headline).
+//   same host (the default transports: the bytes are copied process to process): one memcpy of the
+//   same N bytes inside one process.
+// And what a same-host request/reply round trip costs on the default transports (tcp loopback),
+// against the same round trip with UCX's shared-memory transports named ("sm,tcp"), which the
+// default leaves out (docs/design.md, "What a dying peer can do").
+// Prints one JSON line per measurement, the same-host put last (the headline).
 //
 //   transport_bench [--bytes N] [--repeats R] [--help]
 // The benchmark starts its own peer by re-executing itself (`transport_bench serve <tls>` and
@@ -37,6 +41,9 @@ namespace {
 
 constexpr MessageType kRegion = 1;
 constexpr MessageType kExit = 2;
+constexpr MessageType kEcho = 3;
+// Round trips in one timed repeat of the round-trip row.
+constexpr int kRoundTrips = 2000;
 const char* const kToken = "transport-bench-token-0123456789";
 
 TransportOptions options(const std::string& tls) {
@@ -89,6 +96,7 @@ int serve(const std::string& tls, std::size_t bytes) {
   installed.push_back(t->on_message(kRegion, [&](Incoming in) {
     (void)in.from.reply(in, Message::from_bytes(kRegion, region->remote().serialize()));
   }));
+  installed.push_back(t->on_message(kEcho, [](Incoming in) { (void)in.from.reply(in, in.message); }));
   installed.push_back(t->on_message(kExit, [&](Incoming in) {
     (void)in.from.reply(in, in.message);
     std::lock_guard lock(mu);
@@ -132,14 +140,26 @@ int sink(std::size_t bytes) {
   }
 }
 
-double transport_put_gbps(const std::string& tls, std::size_t bytes, int repeats) {
-  Peer peer({"serve", tls, std::to_string(bytes)});
+// A transport of this process connected to a `serve` peer.
+struct Connected {
+  std::unique_ptr<Transport> t;
+  std::optional<Endpoint> ep;
+};
+
+Connected connect_to(Peer& peer, const std::string& tls) {
   const std::string address = peer.line();
   auto created = Transport::create(options(tls));
   if (!created.ok()) die(created.status().to_string());
-  std::unique_ptr<Transport> t = std::move(created).value();
-  auto ep = t->connect(address);
+  Connected c{std::move(created).value(), std::nullopt};
+  auto ep = c.t->connect(address);
   if (!ep.ok()) die(ep.status().to_string());
+  c.ep = std::move(*ep);
+  return c;
+}
+
+double transport_put_gbps(const std::string& tls, std::size_t bytes, int repeats) {
+  Peer peer({"serve", tls, std::to_string(bytes)});
+  auto [t, ep] = connect_to(peer, tls);
   auto desc = ep->request(Message::from_string(kRegion, ""));
   if (!desc.ok()) die(desc.status().to_string());
   auto remote = RemoteRegion::deserialize(desc->body);
@@ -157,6 +177,23 @@ double transport_put_gbps(const std::string& tls, std::size_t bytes, int repeats
       {.warmup = 2, .repeats = repeats});
   (void)ep->request(Message::from_string(kExit, ""));
   return static_cast<double>(bytes) / timing.median_s / 1e9;
+}
+
+// Microseconds per request/reply of a 64-byte message to a peer process on this host.
+double round_trip_us(const std::string& tls, int repeats) {
+  Peer peer({"serve", tls, "4096"});
+  auto [t, ep] = connect_to(peer, tls);
+  const Message ping = Message::from_string(kEcho, std::string(64, 'p'));
+  const auto timing = bench::measure(
+      [&] {
+        for (int i = 0; i < kRoundTrips; ++i) {
+          auto r = ep->request(ping);
+          if (!r.ok()) die(r.status().to_string());
+        }
+      },
+      {.warmup = 1, .repeats = repeats});
+  (void)ep->request(Message::from_string(kExit, ""));
+  return timing.median_s / kRoundTrips * 1e6;
 }
 
 double socket_loop_gbps(std::size_t bytes, int repeats) {
@@ -199,7 +236,7 @@ double memcpy_gbps(std::size_t bytes, int repeats) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Endpoint::put between two processes over tcp and shared memory, against a socket loop and memcpy"};
+  CLI::App app{"Endpoint::put between two processes over tcp and on one host, against a socket loop and memcpy"};
   app.option_defaults()->always_capture_default();
   std::size_t bytes = std::size_t{256} << 20;
   int repeats = 9;
@@ -221,8 +258,11 @@ int main(int argc, char** argv) {
   const double tcp = transport_put_gbps("tcp", bytes, repeats);
   const double sock = socket_loop_gbps(bytes, repeats);
   bench::report_throughput("transport_put_tcp", "GB/s", tcp, "tcp_socket_loop", sock);
-  const double shm = transport_put_gbps("", bytes, repeats);
+  const double rtt = round_trip_us("", repeats);
+  const double rtt_shm = round_trip_us("sm,tcp", repeats);
+  bench::report_time("transport_round_trip_same_host", "us", rtt, "shared_memory_named", rtt_shm);
+  const double same_host = transport_put_gbps("", bytes, repeats);
   const double copy = memcpy_gbps(bytes, repeats);
-  bench::report_throughput("transport_put_shm", "GB/s", shm, "memcpy", copy);
+  bench::report_throughput("transport_put_same_host", "GB/s", same_host, "memcpy", copy);
   return 0;
 }

@@ -330,6 +330,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void close_queued_endpoints();
   // Frees the close requests in closing_ that have finished (progress thread).
   void reap_closed_requests();
+  // Force-closes the endpoint to every peer worker and gives UCX up to kCloseGrace to finish the
+  // closes and the operations in flight; then frees what is left, remote keys included.
+  void close_peer_workers();
   void callback_loop();
   void run_commands();
   void expire_deadlines();

@@ -297,17 +297,7 @@ void TransportCore::replace_worker() {
   std::vector<std::shared_ptr<EndpointState>> all;
   for (const auto& [id, e] : endpoints_) all.push_back(e);
   for (const auto& e : all) fail_endpoint(*e, wedged);
-  for (auto& [address, w] : peers_) to_close_.push_back(std::exchange(w->ep, nullptr));
-  peers_.clear();
-  by_handle_.clear();
-  close_queued_endpoints();
-  const Duration give_up = real_time_->now() + kCloseGrace;
-  while ((!closing_.empty() || ucx_inflight_ > 0) && real_time_->now() < give_up) {
-    ucp_worker_progress(worker_);
-    reap_closed_requests();
-  }
-  for (void* r : std::exchange(closing_, {})) ucp_request_free(r);
-  for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+  close_peer_workers();
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, worker_fd_, nullptr);
   ucp_worker_destroy(worker_);
   // Every op was resolved with its endpoint; what UCX still held of them went with the worker.
@@ -529,6 +519,20 @@ void TransportCore::poll_events(int timeout_ms) {
   last_socket_poll_ = real_time_->now();
 }
 
+void TransportCore::close_peer_workers() {
+  for (auto& [address, w] : peers_) to_close_.push_back(std::exchange(w->ep, nullptr));
+  peers_.clear();
+  by_handle_.clear();
+  close_queued_endpoints();
+  const Duration give_up = real_time_->now() + kCloseGrace;
+  while ((!closing_.empty() || ucx_inflight_ > 0) && real_time_->now() < give_up) {
+    ucp_worker_progress(worker_);
+    reap_closed_requests();
+  }
+  for (void* r : std::exchange(closing_, {})) ucp_request_free(r);
+  for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+}
+
 void TransportCore::teardown_on_progress_thread() {
   // Commands posted before accepting_commands_ went false still run, so their callers get answers.
   has_commands_.store(true);
@@ -552,18 +556,7 @@ void TransportCore::teardown_on_progress_thread() {
     close_connection(*e);
   }
   endpoints_.clear();
-  for (auto& [address, w] : peers_) to_close_.push_back(std::exchange(w->ep, nullptr));
-  peers_.clear();
-  by_handle_.clear();
-  close_queued_endpoints();
-  const Duration give_up = real_time_->now() + kCloseGrace;
-  while ((!closing_.empty() || ucx_inflight_ > 0) && real_time_->now() < give_up) {
-    ucp_worker_progress(worker_);
-    reap_closed_requests();
-  }
-  for (void* r : closing_) ucp_request_free(r);
-  closing_.clear();
-  for (ucp_rkey_h k : std::exchange(dead_rkeys_, {})) ucp_rkey_destroy(k);
+  close_peer_workers();
   // Ops UCX never completed keep their buffers until here; the worker is destroyed next.
   release_candidates_.clear();
   ops_.clear();
