@@ -8,7 +8,8 @@
 //   - control messages: small typed messages (UCP active messages) of at most max_message_bytes,
 //     one-way (send) or request/reply (request), delivered to per-type handlers or to receive();
 //   - bulk bytes: memory registered once (MemoryRegion), then one-sided put/get against a peer's
-//     RemoteRegion (zero-copy where the UCX transport allows it: shared memory, CMA, RDMA).
+//     RemoteRegion (zero-copy where the UCX transport allows it, RDMA; between processes of one
+//     host, one kernel copy from process to process: RemoteRegion::pid).
 // The relay chain, remote queue producers, weight pulls and KV migration all sit on top of this.
 //
 //   laminar::TransportOptions opt;
