@@ -434,6 +434,9 @@ void TransportCore::fail_peer_workers() {
     // Every connection to that worker rode on this endpoint.
     const std::shared_ptr<PeerWorker> w = it->second;
     for (const std::uint64_t id : std::set<std::uint64_t>(w->endpoints)) {
+      // A client sends its ready and may exit at once; UCX can notice the exit before we read the
+      // ready. Read it first, so that a connect the client saw succeed is also accepted here.
+      if (auto e = find(id); e != nullptr && e->phase == Phase::kAwaitReady && e->socket) read_socket(*e);
       if (auto e = find(id)) {
         const std::string what = e->phase == Phase::kWireup ? fmt::format("cannot connect to {}", e->peer)
                                                             : fmt::format("peer {} vanished", e->peer);
