@@ -14,6 +14,7 @@
 #include "laminar/remote_trajectory_queue.h"
 #include "laminar/repack_coordinator.h"
 #include "laminar/repack_driver.h"
+#include "laminar/rollout_dispatcher.h"
 #include "laminar/transport.h"
 
 namespace {
@@ -151,4 +152,25 @@ TEST_CASE("repack driver stats: to_json is a JSON object with every field") {
   s.migrations_refused = 809;
   s.sequences_skipped = 810;
   check_json(s.to_json(), {801, 802, 803, 804, 805, 806, 807, 808, 809, 810});
+}
+
+TEST_CASE("rollout dispatcher stats: to_json is a JSON object with every field") {
+  laminar::RolloutDispatcherStats s;
+  s.requests = 901;
+  s.refused = 902;
+  s.waited = 903;
+  s.groups_made = 904;
+  s.groups_done = 905;
+  s.handed_out = 906;
+  s.reissued = 907;
+  s.claimed = 908;
+  s.completed = 909;
+  s.duplicates = 910;
+  s.lost_workers = 911;
+  s.workers = 912;
+  s.waiting_requests = 913;
+  s.in_flight = 914;
+  s.waiting = 915;
+  s.available = 916;
+  check_json(s.to_json(), {901, 902, 903, 904, 905, 906, 907, 908, 909, 910, 911, 912, 913, 914, 915, 916});
 }

@@ -1,4 +1,4 @@
-// The actor: queue server, head relay, prompt server, repack coordinator and the trainer. It
+// The actor: queue server, head relay, rollout dispatcher, repack coordinator and the trainer. It
 // publishes each version, trains on what the rollout workers push, re-scores what it trained on,
 // and prints its checks for the launcher.
 #include <fmt/format.h>
@@ -23,9 +23,9 @@
 #include "laminar/relay_store.h"
 #include "laminar/remote_trajectory_queue.h"
 #include "laminar/repack_coordinator.h"
+#include "laminar/rollout_dispatcher.h"
 #include "laminar/trajectory_queue.h"
 #include "policy_config.h"
-#include "prompt_dispatch.h"
 #include "records.h"
 #include "roles.h"
 #include "trainer.h"
@@ -61,7 +61,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   std::shared_ptr<laminar::RelayStore> relay = std::move(*store);
   auto head = laminar::RelayNode::create(*transport, relay, {});
   if (!head.ok()) return fail("actor", "relay node", head.status());
-  // Before the prompt server, which tells it the queue until the server is gone.
+  // Before the dispatcher, which tells it the queue until the dispatcher is gone.
   std::unique_ptr<laminar::RepackCoordinator> coordinator;
   if (a.run_schedule == "laminar" && s.repack) {
     laminar::RepackCoordinatorOptions co;
@@ -85,10 +85,17 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     coordinator = std::move(*c);
   }
 
-  async_grpo::PromptServerOptions po;
+  const std::string& sched = a.run_schedule;
+  laminar::RolloutDispatcherOptions po;
   po.group_size = G;
   po.seed = s.seed;
   po.lease = std::chrono::seconds(10);
+  if (sched == "one-step") {
+    po.rule = laminar::AdmissionRule::one_step_ahead();
+  } else if (sched == "laminar") {
+    const auto in_flight = std::max<std::uint64_t>(G, std::uint64_t(s.in_flight_batches * double(batch_size)));
+    po.rule = laminar::AdmissionRule::stream(std::uint64_t(s.max_staleness), in_flight);
+  }
   if (coordinator) {
     // The prompts a freed worker would start, which the cost-aware rule weighs (the paper's, used
     // here, does not; its stats show the count). Capped at the coordinator's bound, 2^40: already
@@ -97,9 +104,9 @@ int run_actor(const Settings& s, const RoleArgs& a) {
       (void)c->set_prompts_waiting(std::int64_t(std::min<std::uint64_t>(n, std::uint64_t(1) << 40)));
     };
   }
-  auto dispatch = async_grpo::PromptServer::create(*transport, po);
-  if (!dispatch.ok()) return fail("actor", "prompt server", dispatch.status());
-  async_grpo::PromptServer& server = **dispatch;
+  auto dispatch = laminar::RolloutDispatcher::create(*transport, po);
+  if (!dispatch.ok()) return fail("actor", "dispatcher", dispatch.status());
+  laminar::RolloutDispatcher& server = **dispatch;
 
   async_grpo::TrainerOptions to;
   to.seed = s.seed;
@@ -133,7 +140,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     auto views = trainer.weights();
     if (!views.ok()) return views.status();
     LAMINAR_RETURN_IF_ERROR(relay->publish(v, trainer.manifest(), *views));
-    LAMINAR_RETURN_IF_ERROR(server.set_newest_version(v));
+    LAMINAR_RETURN_IF_ERROR(server.publish(v));
     if (coordinator) LAMINAR_RETURN_IF_ERROR(coordinator->set_newest_version(v));
     LAMINAR_RETURN_IF_ERROR(trainer.save_weights(flat));
     published.write(fmt::format("{} {:016x}", v.value(), weight_hash(flat)));
@@ -154,17 +161,9 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
   if (Status st = write_address(dir, "actor", *address); !st.ok()) return fail("actor", "address", st);
 
-  const std::string& sched = a.run_schedule;
-  if (sched == "sync") {
-    if (auto r = server.open(v, v, std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
-  } else if (sched == "one-step") {
-    if (auto r = server.open(v, async_grpo::kAnyNewer, std::uint64_t(s.groups_per_step)); !r.ok())
-      return fail("actor", "open", r.status());
-  } else {
-    const auto in_flight = std::max<std::uint64_t>(G, std::uint64_t(s.in_flight_batches * double(batch_size)));
-    async_grpo::StreamWindow w{.max_staleness = std::uint64_t(s.max_staleness), .max_in_flight = in_flight};
-    if (Status st = server.set_stream(w); !st.ok()) return fail("actor", "stream", st);
-  }
+  // The sync and one-step rules hand out only what open() made; the stream makes its own.
+  if (sched != "laminar")
+    if (auto r = server.open(std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
 
   std::unordered_set<std::uint64_t> trained_ids;
   std::uint64_t duplicate_trained = 0, partial_groups = 0, on_policy = 0;
@@ -239,8 +238,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
       on_policy += current.size();
     }
     if (sched == "one-step" && step + 1 < s.steps)
-      if (auto r = server.open(v, async_grpo::kAnyNewer, std::uint64_t(s.groups_per_step)); !r.ok())
-        return fail("actor", "open", r.status());
+      if (auto r = server.open(std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
     const std::int64_t t0 = now_ns();
     auto stats = trainer.train_step(ts);
     if (!stats.ok()) return fail("actor", "train_step", stats.status());
@@ -253,13 +251,13 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     v = laminar::Version(v.value() + 1);
     if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
     if (sched == "sync" && step + 1 < s.steps)
-      if (auto r = server.open(v, v, std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
+      if (auto r = server.open(std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
     std::printf("progress %d reward %.3f\n", step + 1, reward);
     std::fflush(stdout);
   }
 
   // The stream's groups still out: let them finish so every sample made reaches the queue once.
-  server.stop_stream();
+  if (Status st = server.set_rule(laminar::AdmissionRule::sync()); !st.ok()) return fail("actor", "rule", st);
   std::uint64_t drained = 0;
   const std::int64_t drain_deadline = now_ns() + std::int64_t(60e9);
   while (server.stats().groups_done < server.stats().groups_made && now_ns() < drain_deadline) {
@@ -285,7 +283,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   // writing into their memory when they free it.
   if (Status st = write_address(dir, "final", std::to_string(v.value())); !st.ok()) return fail("actor", "final", st);
 
-  const async_grpo::PromptServerStats ds = server.stats();
+  const laminar::RolloutDispatcherStats ds = server.stats();
   auto check = [](const char* name, bool ok, const std::string& detail) {
     std::printf("check %s %s %s\n", name, ok ? "ok" : "FAIL", detail.c_str());
   };

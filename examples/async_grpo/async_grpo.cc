@@ -1,7 +1,7 @@
 // async_grpo: asynchronous GRPO end to end on real processes. A libtorch actor trains the policy of
 // policy_config.h on DigitTask, rollout worker processes decode it over laminar's paged KV cache,
 // weights travel actor -> relay process -> each worker's store, trajectories travel back through the
-// actor's TrajectoryQueue, and prompts reach the workers through the PromptServer.
+// actor's TrajectoryQueue, and prompts reach the workers through the RolloutDispatcher.
 //
 //   async_grpo                        # sync, then laminar on the same seed, and the comparison
 //   async_grpo --schedule all         # sync, one-step, then laminar, the same way

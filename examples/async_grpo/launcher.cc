@@ -97,7 +97,7 @@ struct CheckResult {
 // Every migrated trajectory, from the rollouts' moved-*.txt: each migration that completed left its
 // source once ("out") and arrived once ("in"), and the trajectory was pushed once, by the worker
 // holding it at the end ("push"). With a worker killed, what it held goes out again from the
-// PromptServer to workers that never saw it move, so only "at most once" holds then.
+// RolloutDispatcher to workers that never saw it move, so only "at most once" holds then.
 CheckResult check_moved(const fs::path& dir, int workers, bool killed) {
   struct Counts {
     int out = 0, in = 0, push = 0;

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,8 +23,8 @@
 #include "laminar/relay_store.h"
 #include "laminar/remote_trajectory_queue.h"
 #include "laminar/repack_driver.h"
+#include "laminar/rollout_dispatcher.h"
 #include "laminar/weight_puller.h"
-#include "prompt_dispatch.h"
 #include "records.h"
 #include "roles.h"
 #include "task.h"
@@ -52,7 +54,7 @@ int run_relay(const RoleArgs& a) {
   return 0;
 }
 
-// A rollout worker: engine, cache, worker-local store, puller, prompt client, queue producer, and
+// A rollout worker: engine, cache, worker-local store, puller, dispatch client, queue producer, and
 // under the laminar schedule a KvMigrator and a RepackDriver.
 namespace {
 
@@ -128,9 +130,10 @@ class Rollout {
     auto puller = laminar::WeightPuller::create(store_);
     if (!puller.ok()) return fail(who_, "puller", puller.status());
     puller_ = std::move(*puller);
-    auto client = async_grpo::PromptClient::create(
-        transport_, {.worker = laminar::WorkerId(std::uint32_t(a_.index)), .server = a_.actor});
-    if (!client.ok()) return fail(who_, "prompt client", client.status());
+    auto client = laminar::DispatchClient::create(transport_, {.worker = laminar::WorkerId(std::uint32_t(a_.index)),
+                                                               .server = a_.actor,
+                                                               .on_answer = [this] { wake(); }});
+    if (!client.ok()) return fail(who_, "dispatch client", client.status());
     client_ = std::move(*client);
     auto producer = laminar::RemoteProducer::create(transport_, a_.actor);
     if (!producer.ok()) return fail(who_, "producer", producer.status());
@@ -150,46 +153,89 @@ class Rollout {
  private:
   std::uint64_t current() const { return puller_->current_version() ? puller_->current_version()->value() : 0; }
 
+  // How long the dispatcher may hold a request while it has nothing for this worker: a worker with
+  // free slots asks once and sleeps; the answer comes when there is work, or a new version to pull.
+  static constexpr laminar::Duration kAskWait = std::chrono::seconds(4);
+
   Status loop() {
-    laminar::Version want{0};  // the server asked for this version or newer (0: it did not)
+    laminar::Version want{0};  // the dispatcher asked for this version or newer (0: it did not)
+    // The question out at the dispatcher, if any; and one it replaced, whose answer still counts.
+    std::optional<laminar::PendingGrant> asking, replaced;
+    bool asking_idle = false;  // the question out says "idle: tell me of newer weights"
     while (final_version(a_.dir) == 0) {
       if (driver_) {
         Result<std::vector<laminar::MigrationEvent>> events = driver_->step(snapshot());
         if (!events.ok()) return events.status();
         for (laminar::MigrationEvent& e : *events) LAMINAR_RETURN_IF_ERROR(handle(e));
       }
-      if (idle()) {
+      if (idle() && !asking) {
         const std::optional<laminar::Version> newest = puller_->newest_version();
         if (newest && newest->value() > current() && *newest >= want) {
           LAMINAR_RETURN_IF_ERROR(pull(*newest));
           want = laminar::Version(0);
         }
       }
-      std::vector<laminar::TrajectoryId> held;
-      for (const Live& l : live_) held.push_back(l.seq.trajectory);
       // No work before the first pull: the engine's weights are zeros until then.
       const bool take = want.value() == 0 && current() > 0;
       taking_ = take;
       const std::uint32_t free_slots = take ? std::uint32_t(s_.max_live - int(live_.size())) : 0;
-      Result<async_grpo::Grant> grant = client_->request(laminar::Version(current()), free_slots, held);
-      if (!grant.ok()) return grant.status();  // after the run: the actor left
-      for (laminar::TrajectoryId id : grant->drop) drop(id);
-      if (grant->kind == async_grpo::GrantKind::kPullNewer) want = grant->pull_version;
-      if (grant->kind == async_grpo::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(grant->samples));
+      // Idle with a question asked while busy: ask again, so that a newer version gets it pulled.
+      if (asking && !replaced && idle() && !asking_idle && take) replaced = std::exchange(asking, std::nullopt);
+      if (!asking && free_slots > 0) {
+        std::vector<laminar::TrajectoryId> held;
+        for (const Live& l : live_) held.push_back(l.seq.trajectory);
+        asking_idle = idle();
+        asked_slots_ = free_slots;
+        asking = client_->request_async({.version = laminar::Version(current()), .free_slots = free_slots,
+                                         .held = std::move(held), .wait = kAskWait, .idle_pull = asking_idle});
+      }
+      for (std::optional<laminar::PendingGrant>* p : {&replaced, &asking}) {
+        if (!*p || !(*p)->ready()) continue;
+        Result<laminar::Grant> grant = (*p)->get();
+        p->reset();
+        if (p == &asking) asked_slots_ = 0;
+        // After the run the actor leaves, and with it the dispatcher.
+        if (!grant.ok()) return final_version(a_.dir) > 0 ? laminar::ok_status() : grant.status();
+        for (laminar::TrajectoryId id : grant->drop) drop(id);
+        if (grant->kind == laminar::GrantKind::kPullNewer) want = grant->pull_version;
+        if (grant->kind == laminar::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(grant->samples));
+      }
       if (!idle()) {
         LAMINAR_RETURN_IF_ERROR(step());
-      } else {
-        flush_decode();
-        const std::int64_t t0 = now_ns();
-        if (want.value() > 0) (void)store_->wait_for_version(want, 20ms);
-        else std::this_thread::sleep_for(2ms);
-        LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
-                                                                .kind = async_grpo::SpanKind::kIdleWait,
-                                                                .start_ns = t0, .end_ns = now_ns(),
-                                                                .version = current()}));
+        continue;
       }
+      flush_decode();
+      const std::int64_t t0 = now_ns();
+      if (want.value() > 0) {
+        (void)store_->wait_for_version(want, 30s);
+      } else if (asking) {
+        sleep_until_woken();
+      } else {
+        (void)store_->wait_for_newer(puller_->current_version(), 30s);  // before the first version
+      }
+      LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
+                                                              .kind = async_grpo::SpanKind::kIdleWait,
+                                                              .start_ns = t0, .end_ns = now_ns(),
+                                                              .version = current()}));
     }
     return laminar::ok_status();
+  }
+
+  // The dispatcher answered (DispatchClientOptions::on_answer, on the transport's thread).
+  void wake() {
+    {
+      std::lock_guard l(wake_mu_);
+      woken_ = true;
+    }
+    wake_cv_.notify_all();
+  }
+
+  // Sleeps until an answer comes; the bound only covers an answer lost with its connection, which
+  // the request's own deadline reports.
+  void sleep_until_woken() {
+    std::unique_lock l(wake_mu_);
+    wake_cv_.wait_for(l, kAskWait + 10s, [&] { return woken_; });
+    woken_ = false;
   }
 
   // Nothing live and nothing moving: the only time weights may change.
@@ -202,7 +248,8 @@ class Rollout {
     w.pages_total = pages_;
     w.pages_used = cache_->used_pages();
     w.slots_total = s_.max_live;
-    w.slots_used = std::int32_t(live_.size());
+    // Slots a question out may still fill count as used: no migration is planned into them.
+    w.slots_used = std::int32_t(live_.size() + asked_slots_);
     w.step_time = live_.empty() ? laminar::Duration(0) : step_time_;
     // Taking no new samples (it waits for newer weights) or past its peak: its KV only shrinks now.
     w.kv_stopped_growing = w.pages_used < peak_pages_ || !taking_;
@@ -312,10 +359,10 @@ class Rollout {
     live_.erase(it);
   }
 
-  Status start(const std::vector<async_grpo::Sample>& samples) {
+  Status start(const std::vector<laminar::Sample>& samples) {
     const std::size_t first = live_.size();
     peak_pages_ = 0;  // new samples: the KV grows again
-    for (const async_grpo::Sample& x : samples) {
+    for (const laminar::Sample& x : samples) {
       Live l;
       l.prompt = task_->prompt(x.prompt_index);
       l.max_tokens = task_->max_response_tokens(l.prompt);
@@ -465,7 +512,11 @@ class Rollout {
   std::shared_ptr<laminar::RelayStore> store_;
   std::unique_ptr<laminar::RelayNode> node_;
   std::unique_ptr<laminar::WeightPuller> puller_;
-  std::unique_ptr<async_grpo::PromptClient> client_;
+  std::unique_ptr<laminar::DispatchClient> client_;
+  std::uint32_t asked_slots_ = 0;
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  bool woken_ = false;
   std::unique_ptr<laminar::RemoteProducer> producer_;
   std::vector<Live> live_;
   std::int64_t decode_start_ = 0;

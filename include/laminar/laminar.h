@@ -16,6 +16,7 @@
 #include "laminar/repack_coordinator.h"
 #include "laminar/repack_driver.h"
 #include "laminar/repack_policy.h"
+#include "laminar/rollout_dispatcher.h"
 #include "laminar/status.h"
 #include "laminar/trajectory_queue.h"
 #include "laminar/transport.h"

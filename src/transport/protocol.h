@@ -40,6 +40,9 @@ inline constexpr MessageType kMigrationAbortMessage = kLaminarMessageTypeFirst +
 inline constexpr MessageType kRepackReportMessage = kLaminarMessageTypeFirst + 0x0401;
 // A source worker's part of a plan, to that worker.
 inline constexpr MessageType kRepackOrdersMessage = kLaminarMessageTypeFirst + 0x0402;
+// Rollout dispatch (rollout_dispatch_wire.h): 0xF000'05xx.
+// A worker's request; the answer is its grant, at once or when there is work for it.
+inline constexpr MessageType kDispatchRequestMessage = kLaminarMessageTypeFirst + 0x0501;
 
 // As Transport::on_message, for a type in the reserved range (else kInvalidArgument).
 [[nodiscard]] Status on_protocol_message(Transport& transport, MessageType type, MessageHandler handler);

@@ -1,10 +1,10 @@
-// The rollout worker process of async_grpo_dispatch_test: connects a PromptClient to the actor's
-// PromptServer, takes up to SLOTS samples for weights VERSION and prints "S id seed" for each. It
+// The rollout worker process of rollout_dispatcher_test: connects a DispatchClient to the actor's
+// RolloutDispatcher, takes up to SLOTS samples for weights VERSION and prints "S id seed" for each. It
 // reports the first DONE of them finished ("D id": the test completes them as the actor would once
 // its queue took them), asks again holding the rest, prints "READY", and then waits to be killed.
 // The cluster token comes from LAMINAR_TEST_TOKEN.
 //
-//   async_grpo_dispatch_child ADDRESS WORKER VERSION SLOTS DONE
+//   rollout_dispatcher_child ADDRESS WORKER VERSION SLOTS DONE
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "prompt_dispatch.h"
+#include "laminar/rollout_dispatcher.h"
 
 int main(int argc, char** argv) {
   if (argc != 6) {
@@ -31,19 +31,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "child: %s\n", transport.status().to_string().c_str());
     return 2;
   }
-  auto client = async_grpo::PromptClient::create(std::move(*transport), {.worker = worker, .server = argv[1]});
+  auto client = laminar::DispatchClient::create(std::move(*transport), {.worker = worker, .server = argv[1]});
   if (!client.ok()) {
     std::fprintf(stderr, "child: %s\n", client.status().to_string().c_str());
     return 2;
   }
-  laminar::Result<async_grpo::Grant> g = (*client)->request(version, slots, {});
-  if (!g.ok() || g->kind != async_grpo::GrantKind::kWork) {
+  laminar::Result<laminar::Grant> g = (*client)->request({.version = version, .free_slots = slots});
+  if (!g.ok() || g->kind != laminar::GrantKind::kWork) {
     std::fprintf(stderr, "child: no work: %s\n", g.status().to_string().c_str());
     return 1;
   }
   std::vector<laminar::TrajectoryId> held;
   for (std::size_t i = 0; i < g->samples.size(); ++i) {
-    const async_grpo::Sample& s = g->samples[i];
+    const laminar::Sample& s = g->samples[i];
     std::printf("S %llu %llu\n", static_cast<unsigned long long>(s.id.value()),
                 static_cast<unsigned long long>(s.seed));
     if (i < done) {
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
       held.push_back(s.id);
     }
   }
-  laminar::Result<async_grpo::Grant> again = (*client)->request(version, 0, held);
+  laminar::Result<laminar::Grant> again = (*client)->request({.version = version, .held = held});
   if (!again.ok()) {
     std::fprintf(stderr, "child: %s\n", again.status().to_string().c_str());
     return 1;
