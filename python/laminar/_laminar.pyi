@@ -1200,3 +1200,134 @@ class RepackDriver:
         other than the migrator's."""
     def stats(self) -> dict:
         """Reports, orders and migrations started or refused, as a dict."""
+
+
+class AdmissionKind(enum.IntEnum):
+    """Which admission rule."""
+    SYNC = 0
+    ONE_STEP_AHEAD = 1
+    STREAM = 2
+    INTERRUPTIBLE = 3
+
+
+class AdmissionRule:
+    """Which groups exist and which workers may take them; make one with sync(), one_step_ahead(),
+    stream(max_staleness, max_in_flight) or interruptible(max_staleness, max_in_flight)."""
+    kind: AdmissionKind
+    max_staleness: int
+    max_in_flight: int
+
+    @staticmethod
+    def sync() -> AdmissionRule: ...
+    @staticmethod
+    def one_step_ahead() -> AdmissionRule: ...
+    @staticmethod
+    def stream(max_staleness: int, max_in_flight: int) -> AdmissionRule: ...
+    @staticmethod
+    def interruptible(max_staleness: int, max_in_flight: int) -> AdmissionRule: ...
+    def __eq__(self, other: object) -> bool: ...
+
+
+class RolloutDispatcherOptions:
+    """Options of a RolloutDispatcher (keywords too)."""
+    rule: AdmissionRule
+    clock: Optional[Clock]
+    group_size: int
+    seed: int
+    first_prompt: int
+    lease: float
+    max_wait: float
+    max_workers: int
+    max_held: int
+    max_open_groups: int
+
+    def __init__(self, *, rule: AdmissionRule = ..., clock: Optional[Clock] = None, group_size: int = 0,
+                 seed: int = 0, first_prompt: int = 0, lease: Seconds = 10.0, max_wait: Seconds = 5.0,
+                 max_workers: int = 64, max_held: int = 1024, max_open_groups: int = 65536) -> None: ...
+
+
+class Completion:
+    """What RolloutDispatcher.completed found."""
+    prompt_index: int
+    duplicate: bool
+    group_done: bool
+
+
+class RolloutDispatcher:
+    """The actor's side of rollout dispatch, on its (listening) transport: makes groups of samples
+    under the admission rule, hands them to the workers' DispatchClients, and completes each
+    exactly once. Its thread runs no Python."""
+
+    def __init__(self, transport: Transport, options: RolloutDispatcherOptions) -> None:
+        """InvalidArgumentError for bad options (group_size must be set); AlreadyExistsError when
+        another dispatcher serves the transport."""
+    def set_rule(self, rule: AdmissionRule) -> None:
+        """Changes the rule. InvalidArgumentError for a stream whose max_in_flight is below a group."""
+    def publish(self, version: int) -> None:
+        """The newest published version. InvalidArgumentError for an older one."""
+    def open(self, groups: int, version_min: Optional[int] = None, version_max: Optional[int] = None) -> int:
+        """Makes `groups` groups, for the rule's window (sync, one step ahead) or for [version_min,
+        version_max]; returns the first one's prompt index. FailedPreconditionError under a stream
+        rule without versions; ResourceExhaustedError past max_open_groups."""
+    def completed(self, id: int) -> Completion:
+        """The trajectory reached the trainer's queue. NotFoundError for an id of no group made."""
+    def wait_done(self, groups: int, timeout: Seconds = None) -> None:
+        """Blocks until `groups` groups are done in all. DeadlineExceededError after `timeout`
+        seconds."""
+    def stats(self) -> dict:
+        """Requests, groups, samples handed out, reissued and completed, workers, as a dict."""
+    def background_error(self) -> Optional[Error]:
+        """The first answer that could not be sent (an Error, not raised), or None."""
+
+
+class GrantKind(enum.IntEnum):
+    """What a Grant says."""
+    WORK = 0
+    PULL_NEWER = 1
+    NOTHING = 2
+
+
+class Sample:
+    """One sample of one group."""
+    id: int
+    prompt_index: int
+    sample_index: int
+    seed: int
+    payload: bytes
+
+
+class Grant:
+    """The dispatcher's answer to a request."""
+    kind: GrantKind
+    pull_version: int
+    samples: list[Sample]
+    drop: list[int]
+    newest: int
+    interrupt: bool
+
+
+class DispatchClientOptions:
+    """Options of a DispatchClient (keywords too)."""
+    worker: int
+    server: str
+    connect_timeout: float
+    retry_interval: float
+    request_timeout: float
+
+    def __init__(self, *, worker: int = 0, server: str = "", connect_timeout: Seconds = 10.0,
+                 retry_interval: Seconds = 0.1, request_timeout: Seconds = 5.0) -> None: ...
+
+
+class DispatchClient:
+    """A rollout worker's side of dispatch: asks the dispatcher for samples, saying which it decodes
+    now."""
+
+    def __init__(self, transport: Transport, options: DispatchClientOptions) -> None:
+        """Connects, retrying until connect_timeout. InvalidArgumentError for bad options."""
+    def request(self, version: int, free_slots: int, held: Sequence[int] = ..., wait: Seconds = 0.0,
+                idle_pull: bool = False) -> Grant:
+        """Asks for up to `free_slots` samples for weights `version`, listing the ids it decodes now
+        (`held`); the dispatcher may hold the request `wait` seconds while it has nothing for it.
+        Returns the Grant."""
+    def close(self) -> None:
+        """Closes the connection: the dispatcher hands this worker's samples out again."""

@@ -49,6 +49,7 @@ void bind_kv_cache(py::module_& m);
 void bind_kv_migrator(py::module_& m);
 void bind_kernels(py::module_& m);
 void bind_repack(py::module_& m);
+void bind_dispatch(py::module_& m);
 
 // Carries a non-OK Status from C++ to bind_status's translator.
 class StatusError : public std::exception {

@@ -15,4 +15,5 @@ PYBIND11_MODULE(_laminar, m) {
   laminar::python::bind_kv_migrator(m);
   laminar::python::bind_kernels(m);
   laminar::python::bind_repack(m);
+  laminar::python::bind_dispatch(m);
 }
