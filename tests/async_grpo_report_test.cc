@@ -218,6 +218,8 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
   spans.push_back(span("rollout-2", 0, SpanKind::kPull, at(4), at(6)));
   spans.push_back(span("rollout-2", 0, SpanKind::kMigrateOut, at(6), at(7)));
   spans.push_back(span("actor", 0, SpanKind::kTrain, at(0), at(10)));
+  spans.push_back(span("actor", 0, SpanKind::kTrain, at(10), at(10.002)));
+  spans.push_back(span("actor", 0, SpanKind::kTrain, at(10), at(10.004)));
   const double busy_s = (4.0 - 1.0) + (0.5 - 0.0) + (10.0 - 9.0);
 
   // Staleness of each trajectory: trained_version - behaviour_version.
@@ -274,6 +276,8 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
   REQUIRE(m->weight_sync_p50_ms);
   CHECK(*m->weight_sync_p50_ms == Approx(nearest_rank(50)));
   CHECK(*m->weight_sync_p99_ms == Approx(nearest_rank(99)));
+  REQUIRE(m->train_step_p50_ms);
+  CHECK(*m->train_step_p50_ms == Approx(4.0));  // the median of 10 s, 2 ms and 4 ms
   REQUIRE(m->final_training_reward);
   CHECK(*m->final_training_reward == 0.7);
   CHECK(m->held_out_versions == 0);
@@ -323,17 +327,17 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
     std::vector<std::string> lines;
     std::istringstream in(table);
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-    // Header, rule, 17 rows, the speedup line, the pacing line; every line of the grid as wide as
+    // Header, rule, 18 rows, the speedup line, the pacing line; every line of the grid as wide as
     // the rule.
-    REQUIRE(lines.size() == 21);
-    for (std::size_t i = 0; i < 19; ++i) CHECK(lines[i].size() == lines[1].size());
+    REQUIRE(lines.size() == 22);
+    for (std::size_t i = 0; i < 20; ++i) CHECK(lines[i].size() == lines[1].size());
     CHECK(lines[0].find("sync") != std::string::npos);
     CHECK(lines[0].find("laminar") > lines[0].find("sync"));
     CHECK(table.find("time to training reward 0.500 (s)") != std::string::npos);
     CHECK(table.find(fmt::format("{:.1f}%", 100 * busy_s / (3 * wall_s))) != std::string::npos);
-    CHECK(lines[19] == fmt::format("laminar reaches training reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
+    CHECK(lines[20] == fmt::format("laminar reaches training reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
                                    20.0 / 4.0));
-    CHECK(lines[20] == "rollout pacing: none (decode steps run at this CPU's speed)");
+    CHECK(lines[21] == "rollout pacing: none (decode steps run at this CPU's speed)");
 
     auto j = nlohmann::json::parse(async_grpo::metrics_json(*c));
     CHECK(j["target_reward"] == 0.5);

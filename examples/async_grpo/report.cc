@@ -308,6 +308,11 @@ Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_re
     m.weight_sync_p50_ms = nearest_rank_percentile(ms, 50).value();
     m.weight_sync_p99_ms = nearest_rank_percentile(std::move(ms), 99).value();
   }
+  std::vector<double> train_ms;
+  for (const Span& sp : run.records.spans) {
+    if (sp.kind == SpanKind::kTrain) train_ms.push_back(static_cast<double>(sp.end_ns - sp.start_ns) / 1e6);
+  }
+  if (!train_ms.empty()) m.train_step_p50_ms = nearest_rank_percentile(std::move(train_ms), 50).value();
   return m;
 }
 
@@ -400,6 +405,7 @@ std::string format_table(const Comparison& c) {
   row("moved sequences", [](const ScheduleMetrics& m) { return std::to_string(m.moved_sequences); });
   row("weight sync p50 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.weight_sync_p50_ms, 2, "-"); });
   row("weight sync p99 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.weight_sync_p99_ms, 2, "-"); });
+  row("actor training step p50 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.train_step_p50_ms, 1, "-"); });
   row("held-out reward, first version", [](const ScheduleMetrics& m) { return optional_fixed(m.first_held_out, 3, "-"); });
   row(fmt::format("held-out reward, last {} versions", c.smoothing),
       [](const ScheduleMetrics& m) { return optional_fixed(m.final_held_out, 3, "-"); });
@@ -463,6 +469,7 @@ std::string metrics_json(const Comparison& c) {
                          {"moved_sequences", m.moved_sequences},
                          {"weight_sync_p50_ms", optional_json(m.weight_sync_p50_ms)},
                          {"weight_sync_p99_ms", optional_json(m.weight_sync_p99_ms)},
+                         {"train_step_p50_ms", optional_json(m.train_step_p50_ms)},
                          {"final_training_reward", optional_json(m.final_training_reward)},
                          {"held_out_versions", m.held_out_versions},
                          {"first_held_out", optional_json(m.first_held_out)},

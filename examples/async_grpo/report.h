@@ -130,6 +130,9 @@ struct ScheduleMetrics {
   // Nearest-rank percentiles of the weight-sync durations; none without syncs.
   std::optional<double> weight_sync_p50_ms;
   std::optional<double> weight_sync_p99_ms;
+  // The median of the actor's training steps (its kTrain spans): what the schedule's other
+  // processes take from the trainer on shared cores. None without steps.
+  std::optional<double> train_step_p50_ms;
   std::optional<double> final_training_reward;  // the last training step's mean sample reward
   std::size_t held_out_versions = 0;
   std::optional<double> first_held_out;  // the first version's held-out reward
