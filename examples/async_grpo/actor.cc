@@ -307,8 +307,7 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   std::printf("steps %d\n", step);
   std::fflush(stdout);
   // The launcher says stop once every rollout worker has left.
-  const std::int64_t stop_deadline = now_ns() + std::int64_t(60e9);
-  while (!stop_requested(dir) && now_ns() < stop_deadline) std::this_thread::sleep_for(20ms);
+  (void)wait_for_stop(std::chrono::seconds(60));
   q->close();
   return 0;
 }

@@ -12,7 +12,8 @@
 // One binary, several roles: the launcher (no --role, launcher.cc) warms the policy up, then for
 // each schedule re-executes itself as the actor (actor.cc), the relays and the rollout workers
 // (rollout.cc), reads their records and writes the report. Children write their addresses into the
-// schedule's directory; the launcher stops only the processes it started and reaps every one of them.
+// schedule's directory; the launcher stops only the processes it started (SIGTERM, by pid) and reaps
+// every one of them.
 #include <CLI/CLI.hpp>
 
 #include "roles.h"
@@ -25,6 +26,8 @@ int main(int argc, char** argv) {
   async_grpo::add_options(app, s, a);
   CLI11_PARSE(app, argc, argv);
 
+  // The launcher stops the actor and the relays with SIGTERM, which they wait for.
+  if (a.role == "actor" || a.role == "relay") async_grpo::block_stop_signals();
   if (a.role == "actor") return async_grpo::run_actor(s, a);
   if (a.role == "relay") return async_grpo::run_relay(a);
   if (a.role == "rollout") return async_grpo::run_rollout(s, a);

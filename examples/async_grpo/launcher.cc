@@ -228,10 +228,10 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   int actor_step = 0;
   std::vector<std::string> actor_lines;
   std::int64_t final_at = 0;  // when the actor's training ended
-  bool stop_written = false;
+  bool stopped = false;
   while (children[0]->fd() >= 0) {
     // After training: rollout workers leave on their own, then the actor and relays are told to stop.
-    if (!stop_written && final_version(dir) > 0) {
+    if (!stopped && final_version(dir) > 0) {
       if (final_at == 0) final_at = now_ns();
       bool rollouts_left = true;
       for (std::size_t i = first_rollout; i < children.size(); ++i) rollouts_left = rollouts_left && children[i]->exited();
@@ -244,8 +244,8 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
         rollouts_left = true;
       }
       if (rollouts_left) {
-        std::ofstream(dir / "stop") << "done\n";
-        stop_written = true;
+        for (std::size_t i = 0; i < first_rollout; ++i) children[i]->terminate();
+        stopped = true;
       }
     }
     std::vector<pollfd> fds;
@@ -255,7 +255,8 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
         fds.push_back({c->fd(), POLLIN, 0});
         who.push_back(c.get());
       }
-    if (poll(fds.data(), fds.size(), 50) < 0 && errno != EINTR)
+    // Woken by the children's lines; once a second for the progress bar and the rollouts' deadline.
+    if (poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR)
       return laminar::unavailable(fmt::format("poll: {}", std::strerror(errno)));
     if (timed)
       (void)progress.update(std::min<std::uint64_t>(std::uint64_t((now_ns() - outcome.run.start_ns) / 1'000'000'000), total));
@@ -282,7 +283,7 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   const int actor_code = children[0]->wait();
   (void)progress.finish();
   outcome.run.end_ns = final_at > 0 ? final_at : now_ns();
-  std::ofstream(dir / "stop") << "done\n";
+  for (std::size_t i = 1; i < first_rollout; ++i) children[i]->terminate();
   const auto grace = std::chrono::steady_clock::now() + 15s;
   std::vector<int> codes(children.size(), 0);
   for (std::size_t i = 1; i < children.size(); ++i) {

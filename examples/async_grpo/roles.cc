@@ -1,7 +1,12 @@
 #include "roles.h"
 
+#include <pthread.h>
+#include <signal.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <system_error>
 
 namespace async_grpo {
@@ -44,7 +49,33 @@ bool path_exists(const fs::path& p) {
   return fs::exists(p, ec);
 }
 
-bool stop_requested(const fs::path& dir) { return path_exists(dir / "stop"); }
+namespace {
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+}  // namespace
+
+void block_stop_signals() {
+  const sigset_t set = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+bool wait_for_stop(std::chrono::seconds timeout) {
+  const sigset_t set = stop_signals();
+  if (timeout == std::chrono::seconds::max()) {
+    int signal = 0;
+    return sigwait(&set, &signal) == 0;
+  }
+  timespec t{.tv_sec = static_cast<time_t>(timeout.count()), .tv_nsec = 0};
+  for (;;) {
+    if (sigtimedwait(&set, nullptr, &t) >= 0) return true;
+    if (errno != EINTR) return false;  // EAGAIN: the timeout passed
+  }
+}
 
 std::uint64_t final_version(const fs::path& dir) {
   std::ifstream f(dir / "final.addr");

@@ -50,7 +50,7 @@ int run_relay(const RoleArgs& a) {
   auto node = laminar::RelayNode::create(*transport, std::move(*store), o);
   if (!node.ok()) return fail(who, "relay node", node.status());
   if (Status st = write_address(a.dir, who, *address); !st.ok()) return fail(who, "address", st);
-  while (!stop_requested(a.dir)) std::this_thread::sleep_for(50ms);
+  (void)wait_for_stop();
   return 0;
 }
 

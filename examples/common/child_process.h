@@ -94,6 +94,10 @@ class ChildProcess {
   void kill_now() {
     if (!reaped_) kill(pid_, SIGKILL);
   }
+  // Asks it to leave (SIGTERM).
+  void terminate() {
+    if (!reaped_) kill(pid_, SIGTERM);
+  }
   // Its exit code, or 128 + the signal that ended it.
   int wait() {
     if (!reaped_) {
