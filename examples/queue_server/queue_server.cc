@@ -11,6 +11,9 @@
 // trajectories (--report-every), and at exit "stats {...}" with the queue's and the server's stats.
 // Ends on SIGTERM / SIGINT. Producing prints "pushed N in MS ms" and exits 0 when every push was
 // accepted, 1 otherwise (each refusal is printed as "refused ID STATUS").
+#include <pthread.h>
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 
 #include <atomic>
@@ -30,7 +33,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::atomic<bool> g_stop{false};
+// What stops the server: blocked in every thread, taken by sigwait.
+const sigset_t stop_signals = [] {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}();
 
 void say(const std::string& line) {
   std::printf("%s\n", line.c_str());
@@ -102,12 +112,15 @@ int serve(std::shared_ptr<laminar::Transport> transport, std::uint16_t port, con
   std::thread trainer([&] {
     laminar::BatchSpec spec;
     spec.max_trajectories = 64;
-    spec.wait = 100ms;
+    spec.wait = laminar::kForever;  // close() ends the wait
     spec.consumer_version = laminar::Version(1);
     std::uint64_t reported = 0;
-    while (!g_stop) {
+    for (;;) {
       laminar::Result<laminar::Batch> b = q->pop_batch(spec);
-      if (!b.ok()) continue;  // nothing ready within `wait`
+      if (!b.ok()) {
+        if (b.status().code() != laminar::StatusCode::kCancelled) say("trainer: " + b.status().to_string());
+        break;  // kCancelled: closed
+      }
       const std::size_t n = b->size();
       if (!q->ack(b->id()).ok()) continue;
       trained += n;
@@ -117,7 +130,9 @@ int serve(std::shared_ptr<laminar::Transport> transport, std::uint16_t port, con
       }
     }
   });
-  while (!g_stop) std::this_thread::sleep_for(50ms);  // the signal handler only sets the flag
+  // Sleeps until SIGTERM or SIGINT, which main() blocked in every thread so that this one takes it.
+  int signal = 0;
+  (void)sigwait(&stop_signals, &signal);
   q->close();
   trainer.join();
   say("stats {\"queue\": " + q->stats().to_json() + ", \"server\": " + (*server)->stats().to_json() + "}");
@@ -144,8 +159,7 @@ int main(int argc, char** argv) {
   app.add_option("--group", group, "GRPO group size; --count should be a multiple of it too")
       ->check(CLI::Range(1, 1 << 16));
   CLI11_PARSE(app, argc, argv);
-  std::signal(SIGTERM, [](int) { g_stop = true; });
-  std::signal(SIGINT, [](int) { g_stop = true; });
+  if (produce_to.empty()) pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // before any thread starts
 
   laminar::TransportOptions to;
   to.cluster_token = token;
