@@ -89,6 +89,8 @@ struct RepackCoordinator::Impl {
       // the worker restarted, counting from 1 again.
       if (k.from.id() == in.from.id()) {
         if (r->report == k.report.report && *r == k.report) {
+          // A stale worker that is heard from again is back in plans.
+          if (stale(k, now)) request_plan();
           k.received_at = now;
           ++st.keepalives;
           return;

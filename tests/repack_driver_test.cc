@@ -544,10 +544,8 @@ TEST_CASE("repack driver: reports go out on change at most every min_report_inte
   CHECK(w.driver->stats().sequences_skipped == 3);
   REQUIRE_FALSE(w.mig->moving().empty());
   REQUIRE(clock->advance(100ms).ok());
-  const std::size_t before_migrating = fc.count();
   w.step();
-  REQUIRE(eventually([&] { return fc.count() == before_migrating + 1; }));
-  CHECK(fc.last().migrating);
+  REQUIRE(eventually([&] { return fc.last().migrating; }));
   // It completes with both loops running.
   REQUIRE(eventually([&] {
     w.step();
