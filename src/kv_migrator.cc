@@ -38,6 +38,8 @@ constexpr std::size_t kMaxFinished = 1024;
 // Stages with puts or an answer outstanding: the destination checks one while the next is put.
 constexpr std::size_t kStagesInFlight = 2;
 constexpr Duration kShutdownBudget = std::chrono::seconds(1);
+// How often wait_event() polls while device work is in flight, which wakes nothing when it ends.
+constexpr Duration kDevicePollInterval = std::chrono::microseconds(100);
 
 
 template <class T>
@@ -84,17 +86,19 @@ KvMigrator::Impl::Impl(std::shared_ptr<Transport> t, std::shared_ptr<PagedKvCach
 // ---- shared ----
 
 void KvMigrator::Impl::queue(Incoming msg) {
+  bool queued = false;
   {
     std::lock_guard lock(inbox->mu);
     if (inbox->messages < kInboxLimit) {
       ++inbox->messages;
       inbox->items.push_back(Inbound{std::move(msg), false, EndpointId(), {}});
-      return;
+      queued = true;
     }
   }
+  if (queued) return inbox->wake();
+  // Transient: the room comes back at the host's next poll().
   if (msg.request_id != RequestId()) {
-    (void)msg.from.reply_error(msg, resource_exhausted(fmt::format("kv migrator: {} messages wait for poll()",
-                                                                   kInboxLimit)));
+    (void)msg.from.reply_error(msg, unavailable(fmt::format("kv migrator: {} messages wait for poll()", kInboxLimit)));
   }
 }
 
@@ -102,8 +106,11 @@ void KvMigrator::Impl::watch(const Endpoint& ep) {
   if (watches.contains(ep.id())) return;
   const EndpointId id = ep.id();
   auto sub = ep.on_close([box = inbox, id](Status why) {
-    std::lock_guard lock(box->mu);
-    box->items.push_back(Inbound{{}, true, id, std::move(why)});
+    {
+      std::lock_guard lock(box->mu);
+      box->items.push_back(Inbound{{}, true, id, std::move(why)});
+    }
+    box->wake();
   });
   // Fails only for an empty endpoint, which no migration has.
   LAMINAR_CHECK_MSG(sub.ok(), sub.status().to_string());
@@ -157,6 +164,30 @@ void KvMigrator::Impl::sweep() {
   for (const auto& [id, l] : links) used.insert(l.ep.id());
   // Resetting a subscription waits for its callback, which takes only the inbox's lock.
   std::erase_if(watches, [&](const auto& kv) { return !used.contains(kv.first); });
+}
+
+Duration KvMigrator::Impl::next_deadline() const {
+  Duration at = kForever;
+  const auto after = [&](Duration from, Duration timeout) { at = std::min(at, deadline_after(from, timeout)); };
+  for (const auto& [id, m] : in) {
+    if (!m.ended) at = std::min(at, m.deadline);
+  }
+  for (const auto& [id, f] : fenced) at = std::min(at, f.until);
+  for (const auto& [id, m] : out) {
+    if (m.ended) continue;
+    if (!m.reserved) after(m.offer_sent_at, options.stall_timeout);
+    if (!m.stages.empty() && m.stages.front().sent) after(m.stages.front().sent_at, options.stall_timeout);
+    // One poll() builds one live stage at most (see advance_out): the next may be built at once.
+    if (m.reserved && m.phase == OutPhase::kLive && !m.todo.empty() && m.stages.size() < kStagesInFlight) {
+      at = std::min(at, clock->now());
+    }
+  }
+  for (const auto& [id, l] : links) {
+    if (!l.joined) at = std::min(at, l.join_deadline);
+  }
+  // NCCL and CUDA events call nothing back: poll() queries them.
+  if (device && (!out.empty() || !in.empty() || !links.empty())) after(clock->now(), kDevicePollInterval);
+  return at;
 }
 
 void KvMigrator::Impl::on_closed(EndpointId endpoint_id, const Status& why) {
@@ -422,8 +453,10 @@ void KvMigrator::Impl::build_stage(OutMigration& m) {
         const std::size_t local = (std::size_t(layer) * std::size_t(l.num_pages) + std::size_t(p.src[i])) * page_bytes;
         const std::uint64_t remote =
             (std::uint64_t(layer) * std::uint64_t(m.dst_num_pages) + std::uint64_t(s.dst[p.first + i])) * page_bytes;
-        stage.puts.push_back(m.ep.put(k_region, local, m.k_remote, remote, run * page_bytes, options.stall_timeout));
-        stage.puts.push_back(m.ep.put(v_region, local, m.v_remote, remote, run * page_bytes, options.stall_timeout));
+        stage.puts.push_back(m.ep.put(k_region, local, m.k_remote, remote, run * page_bytes, options.stall_timeout,
+                                      [box = inbox](const Status&) { box->wake(); }));
+        stage.puts.push_back(m.ep.put(v_region, local, m.v_remote, remote, run * page_bytes, options.stall_timeout,
+                                      [box = inbox](const Status&) { box->wake(); }));
       }
       i += run;
     }
@@ -503,7 +536,7 @@ bool KvMigrator::Impl::settle_stages(OutMigration& m) {
     stats.pages_sent += s.pages;
     stats.bytes_sent += s.pages * 2 * std::uint64_t(l.num_layers) * std::uint64_t(l.page_bytes());
     s.answer = internal::request_protocol_async(m.ep, Message{kStage, internal::encode_migration_stage(s.message)},
-                                                options.stall_timeout);
+                                                options.stall_timeout, [box = inbox] { box->wake(); });
     s.sent = true;
     s.sent_at = clock->now();
     progress = true;
@@ -712,6 +745,7 @@ Result<std::unique_ptr<KvMigrator>> KvMigrator::create(std::shared_ptr<Transport
     impl->v_region = std::move(*v);
   }
   Impl* p = impl.get();
+  p->clock_wake = p->clock->subscribe([box = p->inbox] { box->wake(); });
   for (MessageType type : {kOffer, kStage, kAbort}) {
     // The types are laminar's own, in the reserved range: registering them cannot fail.
     LAMINAR_CHECK(internal::on_protocol_message(*p->transport, type,
@@ -844,7 +878,8 @@ Result<MigrationId> KvMigrator::migrate(std::string_view destination, std::span<
     seqs.push_back(Impl::OutSequence{id, std::uint32_t(pages), {}, 0});
   }
   if (d.out.size() >= d.options.max_migrations) {
-    return resource_exhausted(fmt::format("kv migrator: {} outgoing migrations running", d.out.size()));
+    return unavailable(fmt::format("kv migrator: {} outgoing migrations running, max_migrations {}", d.out.size(),
+                                   d.options.max_migrations));
   }
   Endpoint ep;
   if (auto it = d.connections.find(std::string(destination)); it != d.connections.end() && it->second.status().ok()) {
@@ -872,7 +907,7 @@ Result<MigrationId> KvMigrator::migrate(std::string_view destination, std::span<
   m.seqs = std::move(seqs);
   m.offer_sent_at = d.clock->now();
   m.offer_answer = internal::request_protocol_async(ep, Message{kOffer, internal::encode_migration_offer(offer)},
-                                                    d.options.stall_timeout);
+                                                    d.options.stall_timeout, [box = d.inbox] { box->wake(); });
   d.out.emplace(id, std::move(m));
   ++d.stats.migrations_out;
   return MigrationId(id);
@@ -886,6 +921,7 @@ std::vector<MigrationEvent> KvMigrator::poll() {
     std::lock_guard inbox_lock(d.inbox->mu);
     arrived.swap(d.inbox->items);
     d.inbox->messages = 0;
+    d.inbox->woken = false;
   }
   for (Impl::Inbound& a : arrived) {
     if (a.closed) {
@@ -926,6 +962,28 @@ std::vector<MigrationEvent> KvMigrator::poll() {
   });
   d.sweep();
   return std::exchange(d.events, {});
+}
+
+std::vector<MigrationEvent> KvMigrator::wait_event(Duration timeout) {
+  Impl& d = *impl_;
+  const Duration deadline = deadline_after(*d.clock, timeout);
+  for (;;) {
+    std::vector<MigrationEvent> events = poll();
+    if (!events.empty() || d.clock->now() >= deadline) return events;
+    const Duration until = std::min(deadline, poll_deadline());
+    std::unique_lock lock(d.inbox->mu);
+    internal::wait_until(*d.clock, d.inbox->cv, lock, until, [&] { return d.inbox->woken; });
+  }
+}
+
+void KvMigrator::set_notify(std::function<void()> notify) {
+  std::lock_guard lock(impl_->inbox->notify_mu);
+  impl_->inbox->notify = std::move(notify);
+}
+
+Duration KvMigrator::poll_deadline() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->next_deadline();
 }
 
 Status KvMigrator::finish(MigrationId id, std::vector<SequenceState> states) {

@@ -69,7 +69,8 @@ Status KvMigrator::Impl::check_offer(const MigrationOffer& offer) const {
     for (const InSequence& s : m.seqs) arriving.insert(s.id);
   }
   if (in.size() >= options.max_migrations) {
-    return resource_exhausted(fmt::format("{}: {} incoming migrations running", what, in.size()));
+    return unavailable(fmt::format("{}: {} incoming migrations running, max_migrations {}", what, in.size(),
+                                   options.max_migrations));
   }
   std::unordered_set<SequenceId> offered;
   std::uint64_t pages = 0;

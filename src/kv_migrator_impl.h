@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -42,10 +44,28 @@ struct KvMigrator::Impl {
     EndpointId endpoint_id;
     Status why;
   };
+  // Also the wake-up of wait_event() and of the host's notify hook: every transport callback that
+  // gives poll() something to do (a message, an answer, a landed put, a closed connection) calls
+  // wake(), as does a jump of a virtual clock.
   struct Inbox {
     std::mutex mu;
+    std::condition_variable cv;
     std::deque<Inbound> items;
     std::size_t messages = 0;  // items that are messages (closes are not bounded)
+    bool woken = true;         // something happened since poll() last took the inbox
+    // Held while the hook runs, so that set_notify() returns only once the old hook is done.
+    std::mutex notify_mu;
+    std::function<void()> notify;
+
+    void wake() {
+      {
+        std::lock_guard lock(mu);
+        woken = true;
+      }
+      cv.notify_all();
+      std::lock_guard lock(notify_mu);
+      if (notify) notify();
+    }
   };
 
   // ---- source side ----
@@ -177,6 +197,7 @@ struct KvMigrator::Impl {
   const std::shared_ptr<Clock> clock;
   const std::shared_ptr<Inbox> inbox = std::make_shared<Inbox>();
   HandlerGate gate;
+  ClockSubscription clock_wake;  // a jump of a virtual clock may make a lease or a stall due
   MemoryRegion k_region;  // the cache's pools, whole (host pools)
   MemoryRegion v_region;
   bool device = false;  // the pools are in device memory: pages move by NCCL, not by put
@@ -211,6 +232,8 @@ struct KvMigrator::Impl {
   void send_abort(Endpoint& ep, const internal::MigrationAbort& m, Duration timeout);
   // Drops ended migrations and the watches and connections nothing uses any more.
   void sweep();
+  // See KvMigrator::poll_deadline(); under `mu`.
+  Duration next_deadline() const;
 
   // ---- device pools (kv_migrator.cc) ----
   // Aborts a link and ends every running migration on it, both ways, for `why`. Any migration that

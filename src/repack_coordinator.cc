@@ -53,7 +53,7 @@ struct RepackCoordinator::Impl {
   const std::shared_ptr<Clock> clock;
 
   mutable std::mutex mu;
-  // Signalled on a newer version, on stopping and on every jump of a virtual clock.
+  // Signalled on a plan requested, on stopping and on every jump of a virtual clock.
   std::condition_variable cv;
   std::map<WorkerId, Kept> workers;
   Version newest{0};
@@ -83,19 +83,33 @@ struct RepackCoordinator::Impl {
     std::lock_guard l(mu);
     auto it = workers.find(id);
     if (it != workers.end()) {
-      // Same connection: reports come in order, so an older number is a duplicate or a replay. A
-      // new connection is the worker restarted, counting from 1 again.
-      if (it->second.from.id() == in.from.id()) {
-        if (r->report <= it->second.report.report) {
+      Kept& k = it->second;
+      // Same connection: reports come in order. The same number again is a keep-alive when it is
+      // the kept report itself; anything else older is a duplicate or a replay. A new connection is
+      // the worker restarted, counting from 1 again.
+      if (k.from.id() == in.from.id()) {
+        if (r->report == k.report.report && *r == k.report) {
+          // A stale worker that is heard from again is back in plans.
+          if (stale(k, now)) request_plan();
+          k.received_at = now;
+          ++st.keepalives;
+          return;
+        }
+        if (r->report <= k.report.report) {
           ++st.reports_refused;
           return;
         }
       } else {
-        it->second.planned_report = 0;
+        k.planned_report = 0;
       }
-      it->second.report = std::move(*r);
-      it->second.from = in.from;
-      it->second.received_at = now;
+      // What a plan reads changed, or the worker comes back into plans: it sat out since one, or
+      // was stale.
+      internal::RepackReport same = *r;
+      same.report = k.report.report;
+      if (!(same == k.report) || k.planned_report >= k.report.report || stale(k, now)) request_plan();
+      k.report = std::move(*r);
+      k.from = in.from;
+      k.received_at = now;
       ++st.reports;
       return;
     }
@@ -113,6 +127,13 @@ struct RepackCoordinator::Impl {
     workers.emplace(id, Kept{std::move(*r), in.from, now, 0});
     st.workers = workers.size();
     ++st.reports;
+    request_plan();
+  }
+
+  // Under mu.
+  void request_plan() {
+    plan_requested = true;
+    cv.notify_all();
   }
 
   // Reads the kept reports into a fleet (under mu), leaving out those the header lists.
@@ -202,15 +223,15 @@ struct RepackCoordinator::Impl {
 
   void run() {
     std::unique_lock l(mu);
-    Duration next = deadline_after(*clock, opt.interval);
+    std::optional<Duration> last_plan;
     while (!thread.stopping()) {
-      if (!plan_requested && clock->now() < next) {
-        clock->wait_until(cv, l, next);
+      const Duration at = last_plan ? deadline_after(*last_plan, opt.min_plan_interval) : Duration::min();
+      if (!plan_requested || clock->now() < at) {
+        clock->wait_until(cv, l, plan_requested ? at : kForever);
         continue;
       }
       plan_requested = false;
-      // Counted from the plan's start, so that whoever sees its orders knows when the next is due.
-      next = deadline_after(*clock, opt.interval);
+      last_plan = clock->now();
       l.unlock();
       plan_once();
       l.lock();
@@ -224,11 +245,11 @@ Result<std::unique_ptr<RepackCoordinator>> RepackCoordinator::create(std::shared
   if (options.tokens_per_page <= 0) {
     return invalid_argument(fmt::format("RepackCoordinatorOptions: tokens_per_page {}", options.tokens_per_page));
   }
-  if (options.interval <= Duration::zero() || options.stale_after <= Duration::zero() ||
+  if (options.min_plan_interval < Duration::zero() || options.stale_after <= Duration::zero() ||
       options.send_timeout <= Duration::zero()) {
     return invalid_argument(
-        fmt::format("RepackCoordinatorOptions: interval {} ns, stale_after {} ns, send_timeout {} ns",
-                    options.interval.count(), options.stale_after.count(), options.send_timeout.count()));
+        fmt::format("RepackCoordinatorOptions: min_plan_interval {} ns, stale_after {} ns, send_timeout {} ns",
+                    options.min_plan_interval.count(), options.stale_after.count(), options.send_timeout.count()));
   }
   if (options.max_workers == 0) return invalid_argument("RepackCoordinatorOptions: max_workers 0");
   // An empty fleet checks the policy options alone.
@@ -265,8 +286,7 @@ Status RepackCoordinator::set_newest_version(Version v) {
   }
   if (v == impl_->newest) return ok_status();
   impl_->newest = v;
-  impl_->plan_requested = true;
-  impl_->cv.notify_all();
+  impl_->request_plan();
   return ok_status();
 }
 
@@ -282,7 +302,9 @@ Status RepackCoordinator::set_prompts_waiting(std::int64_t n) {
     return invalid_argument(fmt::format("repack coordinator: {}", p.status().message()));
   }
   std::lock_guard l(impl_->mu);
+  if (impl_->prompts_waiting == n) return ok_status();
   impl_->prompts_waiting = n;
+  impl_->request_plan();
   return ok_status();
 }
 
@@ -303,10 +325,11 @@ Status RepackCoordinator::background_error() const {
 
 std::string RepackCoordinatorStats::to_json() const {
   return fmt::format(
-      R"({{"reports":{},"reports_refused":{},"workers":{},"plans":{},"plans_failed":{},"planned_workers":{},)"
-      R"("left_out":{},"moves":{},"workers_freed":{},"orders_sent":{},"orders_failed":{},"prompts_waiting":{}}})",
-      reports, reports_refused, workers, plans, plans_failed, planned_workers, left_out, moves, workers_freed,
-      orders_sent, orders_failed, prompts_waiting ? std::to_string(*prompts_waiting) : "null");
+      R"({{"reports":{},"keepalives":{},"reports_refused":{},"workers":{},"plans":{},"plans_failed":{},)"
+      R"("planned_workers":{},"left_out":{},"moves":{},"workers_freed":{},"orders_sent":{},"orders_failed":{},)"
+      R"("prompts_waiting":{}}})",
+      reports, keepalives, reports_refused, workers, plans, plans_failed, planned_workers, left_out, moves,
+      workers_freed, orders_sent, orders_failed, prompts_waiting ? std::to_string(*prompts_waiting) : "null");
 }
 
 }  // namespace laminar

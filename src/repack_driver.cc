@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -20,6 +22,45 @@ namespace laminar {
 using internal::kRepackOrdersMessage;
 using internal::kRepackReportMessage;
 
+namespace {
+
+// Whether an expected remaining length moved enough to matter to a plan: by more than a quarter of
+// what was reported, or to or from zero. Per-step countdowns of a length predictor then report a
+// sequence a few dozen times over its life, not once a token.
+bool remaining_moved(const std::optional<std::int64_t>& was, const std::optional<std::int64_t>& now) {
+  if (was.has_value() != now.has_value()) return true;
+  if (!was) return false;
+  if ((*was == 0) != (*now == 0)) return true;
+  return 4 * std::abs(*now - *was) > *was;
+}
+
+// Whether a plan could decide differently on `now` than on `was` (see the header's list).
+bool plan_relevant_change(const WorkerSnapshot& was, const WorkerSnapshot& now) {
+  if (was.version != now.version || was.pages_total != now.pages_total || was.pages_used != now.pages_used ||
+      was.slots_total != now.slots_total || was.slots_used != now.slots_used ||
+      was.waiting_prompts != now.waiting_prompts || was.kv_stopped_growing != now.kv_stopped_growing ||
+      was.sequences.size() != now.sequences.size()) {
+    return true;
+  }
+  // Step time: a worker that sped up or slowed down by half, not one step's jitter.
+  if ((was.step_time == Duration::zero()) != (now.step_time == Duration::zero()) ||
+      now.step_time > 2 * was.step_time || 2 * now.step_time < was.step_time) {
+    return true;
+  }
+  std::map<SequenceId, const SequenceSnapshot*> before;
+  for (const SequenceSnapshot& q : was.sequences) before[q.id] = &q;
+  for (const SequenceSnapshot& q : now.sequences) {
+    auto it = before.find(q.id);
+    if (it == before.end() || it->second->pages != q.pages ||
+        remaining_moved(it->second->expected_remaining_tokens, q.expected_remaining_tokens)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 struct RepackDriver::Impl {
   Impl(std::shared_ptr<Transport> t, std::shared_ptr<KvMigrator> m, RepackDriverOptions o, std::string a)
       : transport(std::move(t)),
@@ -36,12 +77,19 @@ struct RepackDriver::Impl {
   const std::string address;  // the migrator's, in every report
 
   mutable std::mutex mu;
-  // Signalled on a new report, on stopping and on every jump of a virtual clock.
+  // The reporting thread's: signalled on a new report, on stopping and on every jump of a virtual
+  // clock.
   std::condition_variable cv;
+  // wait_event()'s: signalled on orders, on the migrator's notify and on every clock jump.
+  std::condition_variable step_cv;
+  ClockSubscription step_wake;
   std::optional<internal::RepackReport> outbox;  // the newest report not sent yet
+  std::uint64_t last_sent = 0;                   // the number of the last report that went out
+  std::optional<Duration> sent_at;               // when it went out
   Endpoint coordinator;                          // invalid while not connected
   EndpointId coordinator_id;                     // its id, which orders must arrive on (0: none)
   std::optional<internal::RepackOrders> pending;
+  bool migrator_woke = true;  // the migrator's notify ran since step() last polled it
   RepackDriverStats st;
   Status first_error;  // see background_error()
   internal::ClockedThread thread;
@@ -49,30 +97,47 @@ struct RepackDriver::Impl {
 
   // The decode loop's own.
   std::uint64_t next_report = 1;
-  Duration report_at{0};
+  std::optional<internal::RepackReport> reported;  // the last report put in the outbox
+  Duration reported_at{0};                         // when
 
   void on_orders(const Incoming& in) {
     Result<internal::RepackOrders> o = internal::decode_repack_orders(in.message.body);
-    std::lock_guard l(mu);
-    if (!o.ok() || coordinator_id == EndpointId() || in.from.id() != coordinator_id) {
-      ++st.orders_refused;
-      return;
+    {
+      std::lock_guard l(mu);
+      if (!o.ok() || coordinator_id == EndpointId() || in.from.id() != coordinator_id) {
+        ++st.orders_refused;
+        return;
+      }
+      if (pending) ++st.orders_dropped;
+      pending = std::move(*o);
     }
-    if (pending) ++st.orders_dropped;
-    pending = std::move(*o);
+    step_cv.notify_all();
   }
 
-  // The reporting thread: connects when it must and sends what is in the outbox.
+  void on_migrator() {
+    {
+      std::lock_guard l(mu);
+      migrator_woke = true;
+    }
+    step_cv.notify_all();
+  }
+
+  // The reporting thread: connects when it must, and sends the outbox once min_report_interval
+  // has passed since the last report.
   void run() {
     std::unique_lock l(mu);
     Duration retry_at{0};
     while (!thread.stopping()) {
-      if (!outbox) {
-        clock->wait_until(cv, l, kForever);
+      const Duration now = clock->now();
+      const Duration due = !outbox ? kForever
+                           : sent_at ? deadline_after(*sent_at, opt.min_report_interval)
+                                     : Duration::min();
+      if (now < due) {
+        clock->wait_until(cv, l, due);
         continue;
       }
       if (!coordinator.valid()) {
-        if (clock->now() < retry_at) {
+        if (now < retry_at) {
           clock->wait_until(cv, l, retry_at);
           continue;
         }
@@ -94,15 +159,20 @@ struct RepackDriver::Impl {
       }
       internal::RepackReport r = std::move(*outbox);
       outbox.reset();
+      const bool keepalive = r.report == last_sent;
       Endpoint ep = coordinator;
       l.unlock();
       const Status s = internal::send_protocol(
           ep, Message{kRepackReportMessage, internal::encode_repack_report(r)}, opt.send_timeout);
       l.lock();
       if (s.ok()) {
-        ++st.reports_sent;
+        ++(keepalive ? st.keepalives_sent : st.reports_sent);
+        sent_at = clock->now();
+        last_sent = r.report;
       } else {
         ++st.reports_failed;
+        // Goes again on the next connection, unless a newer one replaced it meanwhile.
+        if (!outbox) outbox = std::move(r);
         ep.close();
         coordinator = Endpoint();
         coordinator_id = EndpointId();
@@ -143,12 +213,14 @@ Result<std::unique_ptr<RepackDriver>> RepackDriver::create(std::shared_ptr<Trans
   if (!transport) return invalid_argument("repack driver: the transport is null");
   if (!migrator) return invalid_argument("repack driver: the migrator is null");
   if (options.coordinator.empty()) return invalid_argument("RepackDriverOptions: empty coordinator address");
-  if (options.report_interval <= Duration::zero() || options.connect_timeout <= Duration::zero() ||
-      options.retry_interval <= Duration::zero() || options.send_timeout <= Duration::zero()) {
-    return invalid_argument(fmt::format(
-        "RepackDriverOptions: report_interval {} ns, connect_timeout {} ns, retry_interval {} ns, send_timeout {} ns",
-        options.report_interval.count(), options.connect_timeout.count(), options.retry_interval.count(),
-        options.send_timeout.count()));
+  if (options.min_report_interval <= Duration::zero() || options.keepalive_interval <= Duration::zero() ||
+      options.connect_timeout <= Duration::zero() || options.retry_interval <= Duration::zero() ||
+      options.send_timeout <= Duration::zero()) {
+    return invalid_argument(
+        fmt::format("RepackDriverOptions: min_report_interval {} ns, keepalive_interval {} ns, connect_timeout {} ns, "
+                    "retry_interval {} ns, send_timeout {} ns",
+                    options.min_report_interval.count(), options.keepalive_interval.count(),
+                    options.connect_timeout.count(), options.retry_interval.count(), options.send_timeout.count()));
   }
   std::optional<std::string> address = migrator->address();
   if (!address || address->empty()) {
@@ -164,6 +236,11 @@ Result<std::unique_ptr<RepackDriver>> RepackDriver::create(std::shared_ptr<Trans
   impl->claim = std::move(*claim);
   Impl* p = impl.get();
   impl->thread.start(p->mu, p->cv, *p->clock, [p] { p->run(); });
+  p->step_wake = p->clock->subscribe([p] {
+    std::lock_guard l(p->mu);
+    p->step_cv.notify_all();
+  });
+  p->migrator->set_notify([p] { p->on_migrator(); });
   // The type is laminar's own, in the reserved range: registering it cannot fail.
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kRepackOrdersMessage,
                                               p->gate.wrap([p](Incoming in) { p->on_orders(in); }))
@@ -174,6 +251,8 @@ Result<std::unique_ptr<RepackDriver>> RepackDriver::create(std::shared_ptr<Trans
 RepackDriver::RepackDriver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 RepackDriver::~RepackDriver() {
+  impl_->migrator->set_notify({});
+  impl_->step_wake.reset();
   (void)internal::on_protocol_message(*impl_->transport, kRepackOrdersMessage, {});
   impl_->gate.close();
   impl_->thread.stop();
@@ -201,6 +280,8 @@ Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& sna
     std::lock_guard l(d.mu);
     orders = std::move(d.pending);
     d.pending.reset();
+    // Before the poll below: a notify from here on is for what that poll may miss.
+    d.migrator_woke = false;
   }
   if (orders) {
     if (orders->version != snapshot.version) {
@@ -210,18 +291,41 @@ Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& sna
       d.carry_out(*orders, snapshot);
     }
   }
+  const bool migrating = !d.migrator->moving().empty();
+  const bool changed =
+      !d.reported || d.reported->migrating != migrating || plan_relevant_change(d.reported->snapshot, snapshot);
   const Duration now = d.clock->now();
-  if (now >= d.report_at && snapshot.step_time == Duration::zero() && !snapshot.sequences.empty()) {
+  if (changed && snapshot.step_time == Duration::zero() && !snapshot.sequences.empty()) {
     std::lock_guard l(d.mu);
     ++d.st.reports_held;
-  } else if (now >= d.report_at) {
-    internal::RepackReport r{d.next_report++, !d.migrator->moving().empty(), d.address, snapshot};
-    d.report_at = deadline_after(*d.clock, d.opt.report_interval);
+  } else if (changed || now >= deadline_after(d.reported_at, d.opt.keepalive_interval)) {
+    // A keep-alive is the last report again, number and all: the coordinator tells it from a
+    // change by that, and it makes a worker that sat out of a plan no fresher. It goes from here,
+    // not from the driver's thread, so that a loop that stopped stepping goes stale.
+    if (changed) d.reported = internal::RepackReport{d.next_report++, migrating, d.address, snapshot};
+    d.reported_at = now;
     std::lock_guard l(d.mu);
-    d.outbox = std::move(r);
+    d.outbox = d.reported;
     d.cv.notify_all();
   }
   return d.migrator->poll();
+}
+
+bool RepackDriver::wait_event(Duration timeout) {
+  Impl& d = *impl_;
+  const Duration deadline = deadline_after(*d.clock, timeout);
+  for (;;) {
+    // Not under the driver's lock: the migrator calls its notify, which takes that lock, holding
+    // its own.
+    const Duration keepalive = d.reported ? deadline_after(d.reported_at, d.opt.keepalive_interval) : kForever;
+    const Duration due = std::min(d.migrator->poll_deadline(), keepalive);
+    std::unique_lock l(d.mu);
+    if (d.pending || d.migrator_woke) return true;
+    const Duration now = d.clock->now();
+    if (now >= due) return true;
+    if (now >= deadline) return false;
+    d.clock->wait_until(d.step_cv, l, std::min(deadline, due));
+  }
 }
 
 Status RepackDriver::background_error() const {
@@ -236,10 +340,11 @@ RepackDriverStats RepackDriver::stats() const {
 
 std::string RepackDriverStats::to_json() const {
   return fmt::format(
-      R"({{"reports_sent":{},"reports_held":{},"reports_failed":{},"connects_failed":{},"orders":{},"orders_refused":{},)"
-      R"("orders_dropped":{},"migrations_started":{},"migrations_refused":{},"sequences_skipped":{}}})",
-      reports_sent, reports_held, reports_failed, connects_failed, orders, orders_refused, orders_dropped, migrations_started,
-      migrations_refused, sequences_skipped);
+      R"({{"reports_sent":{},"keepalives_sent":{},"reports_held":{},"reports_failed":{},"connects_failed":{},)"
+      R"("orders":{},"orders_refused":{},"orders_dropped":{},"migrations_started":{},"migrations_refused":{},)"
+      R"("sequences_skipped":{}}})",
+      reports_sent, keepalives_sent, reports_held, reports_failed, connects_failed, orders, orders_refused,
+      orders_dropped, migrations_started, migrations_refused, sequences_skipped);
 }
 
 }  // namespace laminar

@@ -8,15 +8,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -62,6 +63,7 @@ struct Worker {
   std::shared_ptr<PagedKvCache> cache;
   std::unique_ptr<KvMigrator> migrator;
   std::string address;
+  std::shared_ptr<laminar::Clock> clock;  // the migrator's
   std::vector<MigrationEvent> events;
 
   const MigrationEvent* find(Kind kind, MigrationId id) const {
@@ -91,6 +93,7 @@ Worker make_worker(KvMigratorOptions options = {}, KvLayout l = layout(64), Pool
   } else {
     w.cache = std::make_shared<PagedKvCache>(PagedKvCache::create(l).value());
   }
+  w.clock = options.clock ? options.clock : laminar::Clock::steady();
   auto m = KvMigrator::create(w.transport, w.cache, std::move(options));
   REQUIRE(m.ok());
   w.migrator = std::move(*m);
@@ -185,18 +188,61 @@ void poll(Worker& w) {
   for (MigrationEvent& e : w.migrator->poll()) w.events.push_back(std::move(e));
 }
 
-// Polls the workers in turn until `done` holds, or 20 s pass (false: a bug fails, never hangs).
-// `between` runs after each round of polls.
-bool drive(std::vector<Worker*> workers, const std::function<bool()>& done,
-           const std::function<void()>& between = {}) {
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    for (Worker* w : workers) poll(*w);
-    if (between) between();
-    std::this_thread::sleep_for(50us);
+// What the test thread waits on between rounds of polls: every migrator's notify hook, and the
+// answers ProtocolPeer asks for, set it.
+struct Wakeup {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool woken = false;
+
+  void wake() {
+    {
+      std::lock_guard l(mu);
+      woken = true;
+    }
+    cv.notify_all();
   }
-  return true;
+};
+Wakeup& wakeup() {
+  static Wakeup w;
+  return w;
+}
+
+// Polls the workers in turn until `done` holds, or 20 s pass (false: a bug fails, never hangs).
+// `between` runs after each round of polls, playing the hosts' decoding; it returns whether it
+// changed a cache or called a migrator (then the next round polls at once, as a decode loop would).
+// Otherwise the round waits for a migrator's notify or the nearest poll_deadline(), never a pause.
+bool drive(std::vector<Worker*> workers, const std::function<bool()>& done,
+           const std::function<bool()>& between = {}) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  Wakeup& wake = wakeup();
+  for (Worker* w : workers) w->migrator->set_notify([&wake] { wake.wake(); });
+  bool ok = true;
+  for (;;) {
+    {
+      std::lock_guard l(wake.mu);
+      wake.woken = false;
+    }
+    for (Worker* w : workers) poll(*w);
+    if (done()) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ok = false;
+      break;
+    }
+    if (between && between()) continue;
+    // Each migrator's deadline, on its own clock; a ManualClock's wakes its notify when it moves.
+    auto until = deadline;
+    for (Worker* w : workers) {
+      const laminar::Duration due = w->migrator->poll_deadline();
+      if (due == laminar::kForever) continue;
+      until = std::min(until, std::chrono::steady_clock::now() +
+                                  std::max(laminar::Duration::zero(), due - w->clock->now()));
+    }
+    std::unique_lock l(wake.mu);
+    wake.cv.wait_until(l, until, [&] { return wake.woken; });
+  }
+  for (Worker* w : workers) w->migrator->set_notify({});
+  return ok;
 }
 
 // Runs a migration of `seqs` from src to dst through to the end: pause, finish with their states.
@@ -233,7 +279,8 @@ struct ProtocolPeer {
 
   // Sends a request and polls the destination until it answers.
   laminar::Result<laminar::Message> ask(laminar::MessageType type, std::vector<std::byte> body) {
-    auto answer = laminar::internal::request_protocol_async(ep, laminar::Message{type, std::move(body)}, 10s);
+    auto answer = laminar::internal::request_protocol_async(ep, laminar::Message{type, std::move(body)}, 10s,
+                                                            [] { wakeup().wake(); });
     REQUIRE(drive({&dst}, [&] { return answer.wait_for(0s) == std::future_status::ready; }));
     return answer.get();
   }
@@ -315,10 +362,11 @@ TEST_CASE("kv migrator: live stages copy pages while the source keeps decoding")
   REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; },
                 [&] {
                   const std::uint64_t now = src.migrator->stats().pages_sent;
-                  if (now == sent || src.find(Kind::kPauseRequested, *id)) return;
+                  if (now == sent || src.find(Kind::kPauseRequested, *id)) return false;
                   sent = now;
                   ++stages_before_pause;
                   for (SequenceId s : seqs) append(*src.cache, s, 8);
+                  return true;
                 }));
   CHECK(stages_before_pause == 3);
   CHECK(sent > 0);
@@ -441,7 +489,10 @@ TEST_CASE("kv migrator: migrate() refuses bad arguments before anything is sent"
   REQUIRE(first.ok());
   auto moving = migrate({SequenceId(2), SequenceId(1)});
   CHECK(moving.status().code() == StatusCode::kFailedPrecondition);
-  CHECK(migrate({SequenceId(2)}).status().code() == StatusCode::kResourceExhausted);
+  // max_migrations (1) running: transient, retried once one ends.
+  auto busy = migrate({SequenceId(2)});
+  CHECK(busy.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(busy.status().message(), Catch::Contains("1 outgoing migrations running, max_migrations 1"));
   CHECK(src.migrator->stats().migrations_out == 1);
   CHECK(src.migrator->moving() == std::vector<SequenceId>{SequenceId(1)});
   CHECK(src.migrator->finish(MigrationId(12345), {}).code() == StatusCode::kNotFound);
@@ -860,10 +911,14 @@ TEST_CASE("kv migrator: two workers move sequences to each other at once") {
   std::size_t answered_a = 0;
   std::size_t answered_b = 0;
   const auto answer = [](Worker& w, std::size_t& answered) {
+    bool any = false;
     for (; answered < w.events.size(); ++answered) {
       const MigrationEvent& e = w.events[answered];
-      if (e.kind == Kind::kPauseRequested) REQUIRE(w.migrator->finish(e.id, states_of(*w.cache, e.sequences)).ok());
+      if (e.kind != Kind::kPauseRequested) continue;
+      REQUIRE(w.migrator->finish(e.id, states_of(*w.cache, e.sequences)).ok());
+      any = true;
     }
+    return any;
   };
   REQUIRE(drive({&a, &b},
                 [&] {
@@ -871,8 +926,8 @@ TEST_CASE("kv migrator: two workers move sequences to each other at once") {
                          b.find(Kind::kArrived, *ab);
                 },
                 [&] {
-                  answer(a, answered_a);
-                  answer(b, answered_b);
+                  const bool by_a = answer(a, answered_a);
+                  return answer(b, answered_b) || by_a;
                 }));
   CHECK(rows_differ(*b.cache, SequenceId(1), 11) == "");
   CHECK(rows_differ(*b.cache, SequenceId(2), 4) == "");
@@ -918,11 +973,12 @@ TEST_CASE("kv migrator: random lengths, stage sizes and decoding between polls s
     // Decodes a few tokens of each sequence now and then, until asked to pause.
     REQUIRE(drive({&src, &dst}, [&] { return src.find(Kind::kPauseRequested, *id) != nullptr; },
                   [&] {
-                    if (src.find(Kind::kPauseRequested, *id) || uniform(0, 3) != 0) return;
+                    if (src.find(Kind::kPauseRequested, *id) || uniform(0, 3) != 0) return false;
                     for (std::size_t i = 0; i < seqs.size(); ++i) {
                       const std::int64_t room = reserved[i] - src.cache->length(seqs[i]).value();
                       append(*src.cache, seqs[i], std::min<std::int64_t>(uniform(0, 6), room));
                     }
+                    return true;
                   }));
     std::vector<std::int64_t> lengths;
     for (SequenceId s : seqs) lengths.push_back(src.cache->length(s).value());
@@ -1002,12 +1058,13 @@ TEST_CASE("kv migrator: a destination that does not poll queues at most 256 mess
         peer.ep, laminar::Message{li::kMigrationOfferMessage, std::vector<std::byte>(5, std::byte{1})}, 20s));
   }
   // Without a poll, only the four past the bound are answered, by the transport's callback thread.
-  std::size_t exhausted = 0;
+  // Transient: the room comes back at the next poll().
+  std::size_t refused = 0;
   for (std::size_t i = 256; i < answers.size(); ++i) {
     REQUIRE(answers[i].wait_for(10s) == std::future_status::ready);
-    exhausted += answers[i].get().status().code() == StatusCode::kResourceExhausted;
+    refused += answers[i].get().status().code() == StatusCode::kUnavailable;
   }
-  CHECK(exhausted == 4);
+  CHECK(refused == 4);
   CHECK(answers[0].wait_for(0s) != std::future_status::ready);
   poll(dst);
   for (std::size_t i = 0; i < 256; ++i) {
@@ -1149,4 +1206,74 @@ TEST_CASE("kv migrator: a host-pool worker refuses device pools' offers and stag
   // Fenced as any refused stage: the pages return once the source confirms or its connection goes.
   peer.ep.close();
   REQUIRE(drive({&dst}, [&] { return dst.cache->free_pages() == free_before; }));
+}
+
+TEST_CASE("kv migrator: wait_event wakes on what the peer sends and on its own lease, and returns empty at its deadline") {
+  SECTION("two hosts that wait instead of polling move a sequence") {
+    Worker src = make_worker();
+    Worker dst = make_worker();
+    add(*src.cache, SequenceId(6), 14);
+    const auto start = std::chrono::steady_clock::now();
+    auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(6)});
+    REQUIRE(id.ok());
+    // The destination's host: nothing to decode, so it waits, until the sequence arrives.
+    std::future<std::vector<MigrationEvent>> arrived = std::async(std::launch::async, [&] {
+      std::vector<MigrationEvent> seen;
+      for (;;) {
+        std::vector<MigrationEvent> events = dst.migrator->wait_event(20s);
+        if (events.empty()) return seen;  // the deadline: fails below
+        for (MigrationEvent& e : events) seen.push_back(std::move(e));
+        if (std::ranges::any_of(seen, [](const MigrationEvent& e) { return e.kind == Kind::kArrived; })) return seen;
+      }
+    });
+    std::vector<MigrationEvent> events = src.migrator->wait_event(20s);
+    REQUIRE(events.size() == 1);
+    CHECK(events[0].kind == Kind::kPauseRequested);
+    REQUIRE(src.migrator->finish(*id, states_of(*src.cache, {SequenceId(6)})).ok());
+    events = src.migrator->wait_event(20s);
+    REQUIRE(events.size() == 1);
+    CHECK(events[0].kind == Kind::kDone);
+    const std::vector<MigrationEvent> at_dst = arrived.get();
+    REQUIRE(at_dst.size() == 1);
+    CHECK(at_dst[0].kind == Kind::kArrived);
+    // Woken by each step of the protocol, never by the 20 s deadline.
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    CHECK(rows_differ(*dst.cache, SequenceId(6), 14) == "");
+  }
+  SECTION("a lease and a fence that run out on a ManualClock") {
+    auto clock = std::make_shared<laminar::ManualClock>();
+    KvMigratorOptions o;
+    o.lease = 5s;
+    o.clock = clock;
+    Worker src = make_worker();
+    Worker dst = make_worker(o);
+    add(*src.cache, SequenceId(4), 10);
+    auto id = src.migrator->migrate(dst.address, std::vector<SequenceId>{SequenceId(4)});
+    REQUIRE(id.ok());
+    REQUIRE(drive({&dst}, [&] { return dst.cache->reserved_pages() > 0; }));
+    CHECK(dst.migrator->poll_deadline() == 5s);  // the lease
+    REQUIRE(clock->advance(6s).ok());
+    CHECK(dst.migrator->wait_event(0s).empty());
+    CHECK(dst.migrator->stats().lease_expiries == 1);
+    CHECK(dst.migrator->poll_deadline() == 11s);  // the fence, a lease after the expiry
+    // No deadline of its own: the fence's end wakes it, when the clock gets there.
+    std::future<std::vector<MigrationEvent>> waited =
+        std::async(std::launch::async, [&] { return dst.migrator->wait_event(laminar::kForever); });
+    REQUIRE(clock->advance(5s).ok());
+    REQUIRE(waited.wait_for(10s) == std::future_status::ready);
+    const std::vector<MigrationEvent> events = waited.get();
+    REQUIRE(events.size() == 1);
+    CHECK(events[0].kind == Kind::kAborted);
+    CHECK_FALSE(events[0].outgoing);
+    CHECK(dst.cache->reserved_pages() == 0);
+    CHECK(dst.migrator->poll_deadline() == laminar::kForever);
+  }
+  SECTION("nothing happens") {
+    Worker w = make_worker();
+    CHECK(w.migrator->wait_event(0s).empty());
+    CHECK(w.migrator->poll_deadline() == laminar::kForever);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(w.migrator->wait_event(30ms).empty());
+    CHECK(std::chrono::steady_clock::now() - start >= 30ms);  // at the deadline, not before
+  }
 }

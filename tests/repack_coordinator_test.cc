@@ -77,7 +77,7 @@ struct Coordinated {
   static RepackCoordinatorOptions options() {
     RepackCoordinatorOptions o;
     o.tokens_per_page = kPageSize;
-    o.interval = 5s;
+    o.min_plan_interval = 0s;  // every event plans at once; one test sets it
     o.stale_after = 3s;
     o.policy.strategy = laminar::RepackStrategy::kPaperBestFit;
     o.policy.growth_horizon_steps = 4;
@@ -129,16 +129,18 @@ struct Worker {
 TEST_CASE("repack coordinator: a newer version plans at once and orders the smaller worker onto the other") {
   Coordinated c;
   Worker small(c.addr), big(c.addr);
+  // Each new worker plans; all on the newest version (0), nothing moves.
   small.report(1, draining(1, Version(0), {{10, 6}}));
+  REQUIRE(eventually([&] { return c.stats().plans == 1; }));
   big.report(1, draining(2, Version(0), {{20, 9}, {21, 13}, {22, 5}}));
-  REQUIRE(eventually([&] { return c.stats().reports == 2; }));
-  CHECK(c.stats().plans == 0);  // nothing before the interval or a version
+  REQUIRE(eventually([&] { return c.stats().plans == 2; }));
+  CHECK(c.stats().moves == 0);
 
   REQUIRE(c.coordinator->set_newest_version(Version(1)).ok());
   REQUIRE(eventually([&] { return c.stats().orders_sent == 1; }));
   REQUIRE(eventually([&] { return small.received().size() == 1; }));
   const RepackOrders o = small.received()[0];
-  CHECK(o.plan == 1);
+  CHECK(o.plan == 3);  // after the two reports' plans
   CHECK(o.report == 1);
   CHECK(o.version == Version(0));
   REQUIRE(o.destinations.size() == 1);
@@ -147,43 +149,42 @@ TEST_CASE("repack coordinator: a newer version plans at once and orders the smal
   CHECK(o.destinations[0].sequences == std::vector<SequenceId>{SequenceId(10)});
   CHECK(big.received().empty());
   laminar::RepackCoordinatorStats st = c.stats();
-  CHECK(st.plans == 1);
+  CHECK(st.plans == 3);
   CHECK(st.planned_workers == 2);
   CHECK(st.moves == 1);
   CHECK(st.workers_freed == 1);
   CHECK(st.orders_failed == 0);
-  CHECK_THAT(st.to_json(), Catch::Contains(R"("plans":1,)") && Catch::Contains(R"("moves":1,)"));
+  CHECK_THAT(st.to_json(), Catch::Contains(R"("plans":3,)") && Catch::Contains(R"("moves":1,)"));
   // Never told of the prompts: the plan did not know them.
   CHECK_FALSE(st.prompts_waiting.has_value());
   CHECK_THAT(st.to_json(), Catch::Contains(R"("prompts_waiting":null)"));
 
   // Both were named in that plan, so the next one leaves them out until they report again.
   REQUIRE(c.coordinator->set_newest_version(Version(2)).ok());
-  REQUIRE(eventually([&] { return c.stats().plans == 2; }));
+  REQUIRE(eventually([&] { return c.stats().plans == 4; }));
   CHECK(c.stats().planned_workers == 0);
   CHECK(c.stats().left_out == 2);
   CHECK(c.stats().moves == 1);
+  // Their keep-alives (the same reports again) bring neither back, nor plan.
+  small.report(1, draining(1, Version(0), {{10, 6}}));
+  big.report(1, draining(2, Version(0), {{20, 9}, {21, 13}, {22, 5}}));
+  REQUIRE(eventually([&] { return c.stats().keepalives == 2; }));
+  // Reporting again does, each a plan: small's still leaves big out, big's moves small.
   small.report(2, draining(1, Version(0), {{10, 7}}));
+  REQUIRE(eventually([&] { return c.stats().plans == 5; }));
+  CHECK(c.stats().moves == 1);
   big.report(2, draining(2, Version(0), {{20, 10}, {21, 14}, {22, 6}}));
-  REQUIRE(eventually([&] { return c.stats().reports == 4; }));
-  REQUIRE(c.coordinator->set_newest_version(Version(3)).ok());
   REQUIRE(eventually([&] { return small.received().size() == 2; }));
   CHECK(small.received()[1].report == 2);
-  CHECK(small.received()[1].plan == 3);
+  CHECK(small.received()[1].plan == 6);
   CHECK(c.stats().moves == 2);
-
-  // Plans also come every interval, counted from the last one's start: the reports are stale by
-  // then (3 s).
-  REQUIRE(c.clock->advance(5s).ok());
-  REQUIRE(eventually([&] { return c.stats().plans == 4; }));
-  CHECK(c.stats().left_out == 2);
-  CHECK(c.stats().moves == 2);
+  CHECK(c.stats().plans == 6);
+  CHECK(c.stats().reports == 4);
   CHECK(c.coordinator->background_error().ok());
 }
 
 TEST_CASE("repack coordinator: under the cost-aware policy, workers are freed only while prompts wait for them") {
   RepackCoordinatorOptions o = Coordinated::options();
-  o.interval = 2s;
   o.stale_after = 10s;  // one report each serves every plan below
   o.policy.strategy = laminar::RepackStrategy::kCostAware;
   o.policy.max_tail_growth = INFINITY;
@@ -196,32 +197,32 @@ TEST_CASE("repack coordinator: under the cost-aware policy, workers are freed on
   big.report(1, draining(2, Version(0), {{20, 9}, {21, 13}, {22, 5}}));
   fresh.report(1, draining(3, Version(1), {{30, 5}, {31, 5}}));  // the newest version, 6 slots free
   REQUIRE(eventually([&] { return c.stats().reports == 3; }));
+  REQUIRE(eventually([&] { return c.stats().plans >= 1; }));
+  const std::uint64_t plans = c.stats().plans;
 
   // Without a waiting prompt the small worker stays (the first test moves it).
   REQUIRE(c.coordinator->set_newest_version(Version(1)).ok());
-  REQUIRE(eventually([&] { return c.stats().plans == 1; }));
+  REQUIRE(eventually([&] { return c.stats().plans == plans + 1; }));
   laminar::RepackCoordinatorStats st = c.stats();
   CHECK(st.planned_workers == 3);
   CHECK(st.prompts_waiting == 0);
   CHECK(st.moves == 0);
   CHECK_THAT(st.to_json(), Catch::Contains(R"("prompts_waiting":0})"));
 
-  // As many as the newest version's free slots take: still nothing to free. A new count waits for
-  // the next plan, an interval after the last.
+  // As many as the newest version's free slots take: still nothing to free. A new count plans at
+  // once; the same count again does not.
   REQUIRE(c.coordinator->set_prompts_waiting(6).ok());
-  CHECK(c.stats().plans == 1);
-  REQUIRE(c.clock->advance(2s).ok());
-  REQUIRE(eventually([&] { return c.stats().plans == 2; }));
+  REQUIRE(eventually([&] { return c.stats().plans == plans + 2; }));
   CHECK(c.stats().prompts_waiting == 6);
   CHECK(c.stats().moves == 0);
   CHECK(small.received().empty());
+  REQUIRE(c.coordinator->set_prompts_waiting(6).ok());
 
   // More than they take: the small worker is freed for them.
   REQUIRE(c.coordinator->set_prompts_waiting(100).ok());
-  REQUIRE(c.clock->advance(2s).ok());
   REQUIRE(eventually([&] { return small.received().size() == 1; }));
   st = c.stats();
-  CHECK(st.plans == 3);
+  CHECK(st.plans == plans + 3);
   CHECK(st.prompts_waiting == 100);
   CHECK(st.moves == 1);
   CHECK(st.workers_freed == 1);
@@ -238,25 +239,26 @@ TEST_CASE("repack coordinator: a worker whose reports stop is left out of plans"
   Coordinated c;
   Worker small(c.addr), big(c.addr);
   small.report(1, draining(1, Version(0), {{10, 6}}));
+  REQUIRE(eventually([&] { return c.stats().plans == 1; }));
   big.report(1, draining(2, Version(0), {{20, 9}, {21, 13}}));
-  REQUIRE(eventually([&] { return c.stats().reports == 2; }));
-  REQUIRE(c.clock->advance(4s).ok());  // past stale_after (3 s), before the interval (5 s)
+  REQUIRE(eventually([&] { return c.stats().plans == 2; }));
+  REQUIRE(c.clock->advance(4s).ok());  // past stale_after (3 s): no plan, nothing happened
   small.report(2, draining(1, Version(0), {{10, 7}}));
   REQUIRE(eventually([&] { return c.stats().reports == 3; }));
+  REQUIRE(eventually([&] { return c.stats().plans == 3; }));
 
   REQUIRE(c.coordinator->set_newest_version(Version(1)).ok());
-  REQUIRE(eventually([&] { return c.stats().plans == 1; }));
+  REQUIRE(eventually([&] { return c.stats().plans == 4; }));
   laminar::RepackCoordinatorStats st = c.stats();
   CHECK(st.planned_workers == 1);
   CHECK(st.left_out == 1);
   CHECK(st.moves == 0);
   CHECK(st.orders_sent == 0);
 
-  // Reporting again brings it back.
+  // Reporting again brings it back, and plans: it moves small's sequence.
   big.report(2, draining(2, Version(0), {{20, 10}, {21, 14}}));
-  REQUIRE(eventually([&] { return c.stats().reports == 4; }));
-  REQUIRE(c.coordinator->set_newest_version(Version(2)).ok());
   REQUIRE(eventually([&] { return small.received().size() == 1; }));
+  CHECK(c.stats().plans == 5);
   CHECK(small.received()[0].destinations[0].worker == WorkerId(2));
   CHECK(c.stats().planned_workers == 2);
 }
@@ -269,8 +271,10 @@ TEST_CASE("repack coordinator: migrating workers, and two workers reporting one 
   busy.report(1, draining(3, Version(0), {{30, 3}}), true);
   dest.report(1, draining(4, Version(0), {{40, 20}, {41, 20}}));
   REQUIRE(eventually([&] { return c.stats().reports == 4; }));
+  REQUIRE(eventually([&] { return c.stats().plans >= 1; }));
+  const std::uint64_t plans = c.stats().plans;
   REQUIRE(c.coordinator->set_newest_version(Version(1)).ok());
-  REQUIRE(eventually([&] { return c.stats().plans == 1; }));
+  REQUIRE(eventually([&] { return c.stats().plans == plans + 1; }));
   const laminar::RepackCoordinatorStats st = c.stats();
   CHECK(st.planned_workers == 1);
   CHECK(st.left_out == 3);
@@ -315,13 +319,20 @@ TEST_CASE("repack coordinator: malformed, invalid and replayed reports are refus
     for (std::byte& x : junk) x = std::byte(rng());
     send(junk);
   }
-  // The good one, then its replay on the same connection.
+  // The good one, then again on the same connection (a keep-alive), then the same number with
+  // other content (a replay).
   send(laminar::internal::encode_repack_report(good));
   send(laminar::internal::encode_repack_report(good));
+  laminar::internal::RepackReport replay = good;
+  replay.snapshot.waiting_prompts = 2;
+  send(laminar::internal::encode_repack_report(replay));
   ++refused;
-  REQUIRE(eventually([&] { return c.stats().reports + c.stats().reports_refused == 1 + refused + 200; }));
+  REQUIRE(eventually([&] {
+    return c.stats().reports + c.stats().keepalives + c.stats().reports_refused == 2 + refused + 200;
+  }));
   CHECK(c.stats().reports_refused == refused + 200);
   CHECK(c.stats().reports == 1);
+  CHECK(c.stats().keepalives == 1);
 
   // It still plans from the good reports.
   Worker small(c.addr), big(c.addr);
@@ -373,8 +384,8 @@ TEST_CASE("repack coordinator: options and versions are checked") {
   o.tokens_per_page = 0;
   expect(o, StatusCode::kInvalidArgument, "tokens_per_page 0");
   o = good;
-  o.interval = 0s;
-  expect(o, StatusCode::kInvalidArgument, "interval 0 ns");
+  o.min_plan_interval = -1ns;
+  expect(o, StatusCode::kInvalidArgument, "min_plan_interval -1 ns");
   o = good;
   o.stale_after = -1s;
   expect(o, StatusCode::kInvalidArgument, "stale_after -1000000000 ns");
@@ -412,4 +423,56 @@ TEST_CASE("repack coordinator: options and versions are checked") {
   CHECK((*c)->prompts_waiting() == std::int64_t(1) << 40);
   c->reset();
   CHECK(RepackCoordinator::create(tr, good).ok());  // the transport is free again
+}
+
+TEST_CASE("repack coordinator: plans once per event that changes what a plan reads, and never on its own") {
+  RepackCoordinatorOptions o = Coordinated::options();
+  o.stale_after = 1000s;
+  Coordinated c(o);
+  Worker a(c.addr), b(c.addr);
+  a.report(1, draining(1, Version(0), {{10, 6}}));
+  REQUIRE(eventually([&] { return c.stats().plans == 1; }));
+  b.report(1, draining(2, Version(0), {{20, 9}}));
+  REQUIRE(eventually([&] { return c.stats().plans == 2; }));
+
+  // Nothing happens for a long while, but keep-alives and a report that changes nothing a plan
+  // reads (a new number, the same snapshot): no plan. A timer would have planned hundreds of times.
+  REQUIRE(c.clock->advance(900s).ok());
+  a.report(1, draining(1, Version(0), {{10, 6}}));
+  b.report(1, draining(2, Version(0), {{20, 9}}));
+  a.report(2, draining(1, Version(0), {{10, 6}}));
+  REQUIRE(eventually([&] { return c.stats().keepalives == 2 && c.stats().reports == 3; }));
+  // The same count twice plans once, then a newer version once.
+  REQUIRE(c.coordinator->set_prompts_waiting(3).ok());
+  REQUIRE(c.coordinator->set_prompts_waiting(3).ok());
+  REQUIRE(eventually([&] { return c.stats().plans == 3; }));
+  REQUIRE(c.coordinator->set_newest_version(Version(0)).ok());  // not newer: nothing
+  REQUIRE(c.coordinator->set_newest_version(Version(1)).ok());
+  REQUIRE(eventually([&] { return c.stats().plans == 4; }));
+  // A changed report plans.
+  b.report(2, draining(2, Version(0), {{20, 10}}));
+  REQUIRE(eventually([&] { return c.stats().plans == 5; }));
+  // Each event above was planned once: no plan ran on the idle stretch or the repeats.
+  CHECK(c.stats().plans == 5);
+  CHECK(c.stats().reports == 4);
+}
+
+TEST_CASE("repack coordinator: events closer than min_plan_interval share one plan, that long after the last") {
+  RepackCoordinatorOptions o = Coordinated::options();
+  o.min_plan_interval = 2s;
+  Coordinated c(o);
+  Worker a(c.addr), b(c.addr);
+  a.report(1, draining(1, Version(0), {{10, 6}}));
+  REQUIRE(eventually([&] { return c.stats().plans == 1; }));  // the first plans at once
+  b.report(1, draining(2, Version(0), {{20, 9}}));
+  REQUIRE(eventually([&] { return c.stats().reports == 2; }));
+  REQUIRE(c.coordinator->set_prompts_waiting(4).ok());
+  REQUIRE(c.coordinator->set_newest_version(Version(1)).ok());
+  REQUIRE(c.clock->advance(1s).ok());
+  CHECK(c.stats().plans == 1);
+  REQUIRE(c.clock->advance(1s).ok());
+  REQUIRE(eventually([&] { return c.stats().plans == 2; }));
+  CHECK(c.stats().prompts_waiting == 4);
+  CHECK(c.stats().planned_workers == 2);
+  CHECK(c.stats().plans == 2);
 }

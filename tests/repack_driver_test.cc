@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -101,7 +102,8 @@ struct Worker {
     RepackDriverOptions o;
     o.worker = id;
     o.coordinator = coordinator;
-    o.report_interval = 100ms;
+    o.min_report_interval = 100ms;
+    o.keepalive_interval = 1s;  // a third of the coordinator's stale_after
     o.clock = clock;
     auto d = RepackDriver::create(tr, mig, o);
     REQUIRE(d.ok());
@@ -235,8 +237,6 @@ struct Fleet {
   Fleet() {
     laminar::RepackCoordinatorOptions o;
     o.tokens_per_page = kPageSize;
-    // Short, so that orders dropped for a newer report are planned again soon.
-    o.interval = 200ms;
     o.stale_after = 3s;
     o.policy.strategy = laminar::RepackStrategy::kPaperBestFit;
     o.policy.growth_horizon_steps = 4;
@@ -339,7 +339,7 @@ TEST_CASE("repack driver: a worker whose reports stop is left out of plans") {
   CHECK(f.stats().planned_workers == 1);
   CHECK(f.stats().left_out == 1);
   CHECK(f.stats().moves == 0);
-  for (int i = 0; i < 500; ++i) {  // plans every 200 turns meanwhile
+  for (int i = 0; i < 500; ++i) {  // small's reports plan meanwhile
     small.step();
     REQUIRE(f.clock->advance(1ms).ok());
   }
@@ -409,13 +409,14 @@ struct FakeCoordinator {
 
 }  // namespace
 
-TEST_CASE("repack driver: reports go out every report_interval, and stale, foreign or malformed orders are not taken") {
+TEST_CASE("repack driver: reports go out on change at most every min_report_interval, keep alive, and stale, foreign or malformed orders are not taken") {
   auto clock = std::make_shared<ManualClock>();
   FakeCoordinator fc;
   Worker w(1, Version(4), clock, fc.addr);
   Worker other(2, Version(4), clock, fc.addr);  // a destination that exists, for the orders below
-  w.start(10, 5);
-  w.start(11, 6);
+  // At kMaxLength: they no longer grow, so the snapshot stands still while the loop steps.
+  w.start(10, kMaxLength);
+  w.start(11, kMaxLength);
 
   // Before its first decode step the worker has no step time: the report waits for one.
   w.step_time = 0ms;
@@ -425,20 +426,50 @@ TEST_CASE("repack driver: reports go out every report_interval, and stale, forei
   w.step();
   REQUIRE(eventually([&] { return fc.count() == 1; }));
   CHECK(fc.last().snapshot.step_time == 10ms);
-  for (int i = 0; i < 20; ++i) w.step();  // no time has passed: no report is due
-  CHECK(fc.count() == 1);
-  REQUIRE(clock->advance(100ms).ok());
+  CHECK(fc.last().report == 1);
+
+  // 900 steps over 900 ms with nothing new but step-time jitter: no report.
+  for (int i = 0; i < 900; ++i) {
+    w.step_time = i % 2 == 0 ? 9ms : 12ms;
+    w.step();
+    REQUIRE(clock->advance(1ms).ok());
+  }
+  // A new sequence is a change: it goes at once (the last report is 900 ms old), and is the second
+  // report the coordinator hears, number 2.
+  w.start(12, kMaxLength);
   w.step();
-  REQUIRE(eventually([&] { return fc.count() == 2; }));
-  const laminar::internal::RepackReport r = fc.last();
-  CHECK(r.report == 2);
-  CHECK(r.migrator_address == w.addr);
-  CHECK_FALSE(r.migrating);
-  CHECK(r.snapshot.id == WorkerId(1));
-  CHECK(r.snapshot.version == Version(4));
-  REQUIRE(r.snapshot.sequences.size() == 2);
-  CHECK(r.snapshot.sequences[0].tokens == 5 + 22);  // its prompt and the tokens decoded since
-  REQUIRE(eventually([&] { return w.driver->stats().reports_sent == 2; }));
+  REQUIRE(eventually([&] { return fc.count() >= 2; }));
+  CHECK(fc.count() == 2);
+  CHECK(fc.last().report == 2);
+  CHECK(fc.last().snapshot.sequences.size() == 3);
+
+  // A keep-alive: the first step a second after the last report sends it again, number and all.
+  REQUIRE(clock->advance(999ms).ok());
+  w.step();
+  CHECK(w.driver->stats().keepalives_sent == 0);
+  REQUIRE(clock->advance(1ms).ok());
+  w.step();
+  REQUIRE(eventually([&] { return fc.count() == 3; }));
+  CHECK(fc.last().report == 2);
+  REQUIRE(eventually([&] { return w.driver->stats().keepalives_sent == 1; }));
+  CHECK(w.driver->stats().reports_sent == 2);
+
+  // A sequence that grows changes the snapshot every page (4 tokens); over 300 ms at most one
+  // report per 100 ms goes, each with the newest snapshot.
+  w.start(13, 1);
+  for (int i = 0; i < 300; ++i) {
+    w.step();
+    REQUIRE(clock->advance(1ms).ok());
+  }
+  REQUIRE(eventually([&] { return fc.count() >= 4; }));
+  CHECK(fc.count() <= 3 + 4);
+  CHECK(w.driver->stats().reports_sent <= 2 + 4);
+  // Everything the driver sent arrived, and the last report is the newest snapshot's page count.
+  REQUIRE(eventually([&] {
+    const laminar::RepackDriverStats ds = w.driver->stats();
+    return fc.count() == ds.reports_sent + ds.keepalives_sent &&
+           fc.last().snapshot.sequences[3].pages == kMaxLength / kPageSize;
+  }));
 
   auto orders_for = [&](std::uint64_t report, Version v, std::vector<SequenceId> seqs) {
     return laminar::internal::encode_repack_orders(
@@ -487,7 +518,7 @@ TEST_CASE("repack driver: reports go out every report_interval, and stale, forei
   CHECK(w.driver->stats().sequences_skipped == 2);
   CHECK(w.driver->stats().migrations_started == 0);
   CHECK(w.mig->moving().empty());
-  CHECK(w.live.size() == 2);
+  CHECK(w.live.size() == 4);
 
   // A destination nobody listens at: migrate() refuses, and the sequence stays, not moving.
   const auto unreachable = laminar::internal::encode_repack_orders(
@@ -513,10 +544,8 @@ TEST_CASE("repack driver: reports go out every report_interval, and stale, forei
   CHECK(w.driver->stats().sequences_skipped == 3);
   REQUIRE_FALSE(w.mig->moving().empty());
   REQUIRE(clock->advance(100ms).ok());
-  const std::size_t reports = fc.count();
   w.step();
-  REQUIRE(eventually([&] { return fc.count() == reports + 1; }));
-  CHECK(fc.last().migrating);
+  REQUIRE(eventually([&] { return fc.last().migrating; }));
   // It completes with both loops running.
   REQUIRE(eventually([&] {
     w.step();
@@ -581,8 +610,11 @@ TEST_CASE("repack driver: create and step check what they are given") {
   o.coordinator.clear();
   expect(tr, mig, o, StatusCode::kInvalidArgument, "empty coordinator address");
   o = good;
-  o.report_interval = 0s;
-  expect(tr, mig, o, StatusCode::kInvalidArgument, "report_interval 0 ns");
+  o.min_report_interval = 0s;
+  expect(tr, mig, o, StatusCode::kInvalidArgument, "min_report_interval 0 ns");
+  o = good;
+  o.keepalive_interval = -1ns;
+  expect(tr, mig, o, StatusCode::kInvalidArgument, "keepalive_interval -1 ns");
   o = good;
   o.retry_interval = -1s;
   expect(tr, mig, o, StatusCode::kInvalidArgument, "retry_interval -1000000000 ns");
@@ -641,4 +673,50 @@ TEST_CASE("repack driver: a coordinator address that does not parse is a backgro
   CHECK(w.driver->stats().connects_failed >= 1);
   CHECK(w.driver->stats().reports_sent == 0);
   w.step();  // the decode loop is not held up
+}
+
+TEST_CASE("repack driver: wait_event wakes on orders and on the migrator, and returns false at its deadline") {
+  // The steady clock: the waits below are real.
+  FakeCoordinator fc;
+  Worker w(1, Version(0), nullptr, fc.addr);
+  Worker other(2, Version(0), nullptr, fc.addr);
+  w.start(10, 6);
+  w.step();  // polls: the migrator's first notify is spent
+  REQUIRE(eventually([&] { return fc.count() == 1; }));
+
+  // Nothing happens: false, at the deadline and not before.
+  auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(w.driver->wait_event(30ms));
+  CHECK(std::chrono::steady_clock::now() - start >= 30ms);
+
+  // Orders arrive: true, long before the deadline.
+  start = std::chrono::steady_clock::now();
+  fc.send(laminar::internal::encode_repack_orders(
+      RepackOrders{1, 1, Version(0), {{WorkerId(2), other.addr, {SequenceId(10)}}}}));
+  CHECK(w.driver->wait_event(20s));
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  w.step();  // starts the migration
+  CHECK(w.driver->stats().migrations_started == 1);
+
+  // The migration's steps wake both loops, each waiting instead of spinning, until it is done.
+  // The destination's loop, on a thread of its own (no Catch assertions there).
+  auto dest = std::async(std::launch::async, [&] {
+    while (!other.live.contains(SequenceId(10))) {
+      if (!other.driver->wait_event(20s)) return false;
+      auto events = other.driver->step(other.snapshot());
+      if (!events.ok()) return false;
+      for (MigrationEvent& e : *events) {
+        if (e.kind != MigrationEvent::Kind::kArrived) continue;
+        for (SequenceState& st : e.states) other.live[st.sequence] = std::move(st);
+      }
+    }
+    return true;
+  });
+  while (w.live.contains(SequenceId(10))) {
+    REQUIRE(w.driver->wait_event(20s));
+    w.step();
+  }
+  CHECK(dest.get());
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  CHECK(other.holds_written(SequenceId(10)));
 }

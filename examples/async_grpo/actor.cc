@@ -66,9 +66,10 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (a.run_schedule == "laminar" && s.repack) {
     laminar::RepackCoordinatorOptions co;
     co.tokens_per_page = Settings::kPageSize;
-    // Decode steps take 20-250 us here, so a batch's tail is over within a few ms: reports every
-    // 1 ms (the driver's) and a plan every 2 ms see it; a report 100 ms old is of no use.
-    co.interval = 2ms;
+    // Decode steps take 20-250 us here, so a batch's tail is over within a few ms: the drivers
+    // report each change (at most one a millisecond) and a plan follows each change, at most one
+    // every 2 ms; a report 100 ms old is of no use (the drivers keep alive every 25 ms).
+    co.min_plan_interval = 2ms;
     co.stale_after = 100ms;
     // One page over every layer, K and V, f32; workers share one host.
     const async_grpo::PolicyConfig pc;

@@ -19,6 +19,7 @@
 
 #include "engine.h"
 #include "laminar/kv_migrator.h"
+#include "laminar/migration_host.h"
 #include "laminar/relay_node.h"
 #include "laminar/relay_store.h"
 #include "laminar/remote_trajectory_queue.h"
@@ -113,10 +114,16 @@ class Rollout {
       laminar::RepackDriverOptions dopt;
       dopt.worker = laminar::WorkerId(std::uint32_t(a_.index));
       dopt.coordinator = a_.actor;
-      dopt.report_interval = 1ms;
+      // Reports on change, at most one a millisecond: a batch's tail is over within a few. With
+      // nothing new, a keep-alive every quarter of the actor's stale_after (100 ms).
+      dopt.min_report_interval = 1ms;
+      dopt.keepalive_interval = 25ms;
       auto driver = laminar::RepackDriver::create(transport_, migrator_, dopt);
       if (!driver.ok()) return fail(who_, "repack driver", driver.status());
       driver_ = std::move(*driver);
+      auto host = laminar::MigrationHost::create(migrator_, migration_handlers());
+      if (!host.ok()) return fail(who_, "migration host", host.status());
+      migration_host_ = std::move(*host);
     }
     auto store = laminar::RelayStore::create();
     if (!store.ok()) return fail(who_, "relay store", store.status());
@@ -265,76 +272,71 @@ class Rollout {
     return w;
   }
 
-  Status handle(laminar::MigrationEvent& e) {
-    using Kind = laminar::MigrationEvent::Kind;
-    auto find = [&](laminar::SequenceId id) {
+  Status handle(laminar::MigrationEvent& e) { return migration_host_->handle(e); }
+
+  // What the migrator's events do to this worker's batch (MigrationHost calls these).
+  laminar::MigrationHandlers migration_handlers() {
+    auto find = [this](laminar::SequenceId id) {
       return std::find_if(live_.begin(), live_.end(), [&](const Live& l) { return l.seq.sequence == id; });
     };
-    switch (e.kind) {
-      case Kind::kPauseRequested: {
-        std::vector<laminar::SequenceState> states;
-        for (laminar::SequenceId id : e.sequences) {
-          auto it = find(id);
-          if (it == live_.end()) return laminar::internal_error(fmt::format("pause of sequence {}, not live", id.value()));
-          it->paused = true;
-          states.push_back(it->seq);
-        }
-        paused_at_[e.id] = now_ns();
-        const Status st = migrator_->finish(e.id, std::move(states));
-        // These two abort the migration (a kAborted event follows).
-        if (!st.ok() && st.code() != laminar::StatusCode::kFailedPrecondition &&
-            st.code() != laminar::StatusCode::kResourceExhausted)
-          return st;
-        return laminar::ok_status();
+    laminar::MigrationHandlers h;
+    h.pause = [this, find](const laminar::MigrationEvent& e) -> Result<std::vector<laminar::SequenceState>> {
+      std::vector<laminar::SequenceState> states;
+      for (laminar::SequenceId id : e.sequences) {
+        auto it = find(id);
+        if (it == live_.end()) return laminar::internal_error(fmt::format("pause of sequence {}, not live", id.value()));
+        it->paused = true;
+        states.push_back(it->seq);
       }
-      case Kind::kDone: {
-        const std::int64_t end = now_ns();
-        const std::int64_t start = paused_at_.contains(e.id) ? paused_at_[e.id] : end;
-        paused_at_.erase(e.id);
-        std::uint64_t pages = 0;
-        for (laminar::SequenceId id : e.sequences) {
-          auto it = find(id);
-          if (it == live_.end()) continue;
-          pages += (it->seq.kv_length + Settings::kPageSize - 1) / Settings::kPageSize;
-          moved_log_->write(fmt::format("out {}", it->seq.trajectory.value()));
-          moved_.insert(it->seq.trajectory.value());
-          live_.erase(it);  // the migrator released it from the cache
-        }
-        const std::uint64_t bytes = pages * std::uint64_t(engine_->config().num_layers) * 2 *
-                                    std::uint64_t(engine_->config().num_kv_heads) * std::uint64_t(engine_->config().head_dim) *
-                                    Settings::kPageSize * sizeof(float);
-        LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
-                                                                .kind = async_grpo::SpanKind::kMigrateOut,
-                                                                .start_ns = start, .end_ns = end, .version = current(),
-                                                                .sequences = e.sequences.size(), .bytes = bytes}));
-        return writer_->write(async_grpo::RepackEvent{.time_ns = end, .moved_sequences = e.sequences.size(),
-                                                      .bytes = bytes});
+      paused_at_[e.id] = now_ns();
+      return states;
+    };
+    h.forget = [this, find](const laminar::MigrationEvent& e) -> Status {
+      const std::int64_t end = now_ns();
+      const std::int64_t start = paused_at_.contains(e.id) ? paused_at_[e.id] : end;
+      paused_at_.erase(e.id);
+      std::uint64_t pages = 0;
+      for (laminar::SequenceId id : e.sequences) {
+        auto it = find(id);
+        if (it == live_.end()) continue;
+        pages += (it->seq.kv_length + Settings::kPageSize - 1) / Settings::kPageSize;
+        moved_log_->write(fmt::format("out {}", it->seq.trajectory.value()));
+        moved_.insert(it->seq.trajectory.value());
+        live_.erase(it);  // the migrator released it from the cache
       }
-      case Kind::kAborted:
-        if (e.outgoing) {
-          paused_at_.erase(e.id);
-          for (laminar::SequenceId id : e.sequences)
-            if (auto it = find(id); it != live_.end()) it->paused = false;
-        }
-        return laminar::ok_status();
-      case Kind::kArrived: {
-        const std::int64_t t = now_ns();
-        for (laminar::SequenceState& st : e.states) {
-          moved_log_->write(fmt::format("in {}", st.trajectory.value()));
-          moved_.insert(st.trajectory.value());
-          Live l;
-          l.prompt = task_->prompt(st.prompt_id.value());
-          l.max_tokens = task_->max_response_tokens(l.prompt);
-          l.start_ns = t;
-          l.seq = std::move(st);
-          live_.push_back(std::move(l));
-        }
-        return writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kMigrateIn,
-                                               .start_ns = t, .end_ns = now_ns(), .version = current(),
-                                               .sequences = e.states.size()});
+      const std::uint64_t bytes = pages * std::uint64_t(engine_->config().num_layers) * 2 *
+                                  std::uint64_t(engine_->config().num_kv_heads) * std::uint64_t(engine_->config().head_dim) *
+                                  Settings::kPageSize * sizeof(float);
+      LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
+                                                              .kind = async_grpo::SpanKind::kMigrateOut,
+                                                              .start_ns = start, .end_ns = end, .version = current(),
+                                                              .sequences = e.sequences.size(), .bytes = bytes}));
+      return writer_->write(async_grpo::RepackEvent{.time_ns = end, .moved_sequences = e.sequences.size(),
+                                                    .bytes = bytes});
+    };
+    h.resume = [this, find](const laminar::MigrationEvent& e) -> Status {
+      paused_at_.erase(e.id);
+      for (laminar::SequenceId id : e.sequences)
+        if (auto it = find(id); it != live_.end()) it->paused = false;
+      return laminar::ok_status();
+    };
+    h.adopt = [this](laminar::MigrationEvent& e) -> Status {
+      const std::int64_t t = now_ns();
+      for (laminar::SequenceState& st : e.states) {
+        moved_log_->write(fmt::format("in {}", st.trajectory.value()));
+        moved_.insert(st.trajectory.value());
+        Live l;
+        l.prompt = task_->prompt(st.prompt_id.value());
+        l.max_tokens = task_->max_response_tokens(l.prompt);
+        l.start_ns = t;
+        l.seq = std::move(st);
+        live_.push_back(std::move(l));
       }
-    }
-    return laminar::ok_status();
+      return writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kMigrateIn,
+                                             .start_ns = t, .end_ns = now_ns(), .version = current(),
+                                             .sequences = e.states.size()});
+    };
+    return h;
   }
 
   Status pull(laminar::Version v) {
@@ -504,6 +506,7 @@ class Rollout {
   std::shared_ptr<laminar::PagedKvCache> cache_;
   std::shared_ptr<laminar::KvMigrator> migrator_;
   std::unique_ptr<laminar::RepackDriver> driver_;
+  std::unique_ptr<laminar::MigrationHost> migration_host_;
   std::map<laminar::MigrationId, std::int64_t> paused_at_;
   std::int32_t pages_ = 0;
   std::int64_t peak_pages_ = 0;

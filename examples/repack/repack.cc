@@ -49,6 +49,7 @@
 
 #include "laminar/kv_cache.h"
 #include "laminar/kv_migrator.h"
+#include "laminar/migration_host.h"
 #include "laminar/repack_coordinator.h"
 #include "laminar/repack_driver.h"
 #include "laminar/transport.h"
@@ -69,9 +70,14 @@ constexpr std::int32_t kPageSize = 16;
 constexpr std::int32_t kPages = 256;  // per worker: room for the whole batch and what arrives
 constexpr std::int32_t kSlots = 8;    // sequences one worker's decode batch holds
 constexpr std::size_t kPromptTokens = 8;
+// The least time between a worker's reports; a worker reports only when its snapshot changes.
 constexpr auto kReportInterval = 100ms;
-// How long an emptied worker keeps stepping before it exits: a few reports, so the coordinator
-// sees it empty, and any offer planned from its older reports still finds it.
+// The coordinator leaves out a worker it has not heard from for this long; a worker whose snapshot
+// stands still sends its last report again a quarter of that after the one before.
+constexpr auto kStaleAfter = 2s;
+constexpr auto kKeepalive = kStaleAfter / 4;
+// How long an emptied worker keeps stepping before it exits: a few report intervals, so the
+// coordinator hears it empty, and any offer planned from its older reports still finds it.
 constexpr auto kLinger = 3 * kReportInterval;
 
 // What the parent and the workers agree on; the workers get it on their command line.
@@ -188,10 +194,14 @@ class RolloutWorker {
     laminar::RepackDriverOptions dopt;
     dopt.worker = w->id_;
     dopt.coordinator = args.coordinator;
-    dopt.report_interval = kReportInterval;
+    dopt.min_report_interval = kReportInterval;
+    dopt.keepalive_interval = kKeepalive;
     auto driver = laminar::RepackDriver::create(w->transport_, w->migrator_, dopt);
     if (!driver.ok()) return driver.status();
     w->driver_ = std::move(*driver);
+    auto host = laminar::MigrationHost::create(w->migrator_, w->handlers());
+    if (!host.ok()) return host.status();
+    w->host_ = std::move(*host);
     return w;
   }
 
@@ -213,7 +223,7 @@ class RolloutWorker {
       const Steady::time_point start = Steady::now();
       Result<std::vector<MigrationEvent>> events = driver_->step(snapshot());
       if (!events.ok()) return events.status();
-      for (MigrationEvent& e : *events) LAMINAR_RETURN_IF_ERROR(handle(e));
+      LAMINAR_RETURN_IF_ERROR(host_->handle(*events));
       LAMINAR_RETURN_IF_ERROR(decode());
       LAMINAR_RETURN_IF_ERROR(retire_finished());
       peak_pages_ = std::max(peak_pages_, cache_->used_pages());
@@ -287,75 +297,69 @@ class RolloutWorker {
     return w;
   }
 
-  Status handle(MigrationEvent& e) {
-    switch (e.kind) {
-      case MigrationEvent::Kind::kPauseRequested: {
-        std::vector<SequenceState> states;
-        Paused p{Steady::now(), "", 0};
-        for (SequenceId s : e.sequences) {
-          const auto it = live_.find(s);
-          if (it == live_.end()) {
-            return laminar::internal_error(fmt::format("pause of sequence {}, not live here", s.value()));
-          }
-          paused_.insert(s);
-          states.push_back(it->second.state);
-          p.what += fmt::format("{}seq {} ({} tokens, {} pages)", p.what.empty() ? "" : ", ", s.value(),
-                                it->second.state.kv_length, cache_->pages(s)->size());
-          p.most_left = std::max(p.most_left, it->second.response_length -
-                                                  std::int64_t(it->second.state.response_tokens.size()));
+  // What the migrator's events do to this engine (MigrationHost calls these).
+  laminar::MigrationHandlers handlers() {
+    laminar::MigrationHandlers h;
+    h.pause = [this](const MigrationEvent& e) -> Result<std::vector<SequenceState>> {
+      std::vector<SequenceState> states;
+      Paused p{Steady::now(), "", 0};
+      for (SequenceId s : e.sequences) {
+        const auto it = live_.find(s);
+        if (it == live_.end()) {
+          return laminar::internal_error(fmt::format("pause of sequence {}, not live here", s.value()));
         }
-        pauses_[e.id] = std::move(p);
-        const Status st = migrator_->finish(e.id, std::move(states));
-        // These two abort the migration (a kAborted event follows); anything else is a bug here.
-        if (st.ok() || st.code() == laminar::StatusCode::kFailedPrecondition ||
-            st.code() == laminar::StatusCode::kResourceExhausted) {
-          return laminar::ok_status();
-        }
-        return st;
+        paused_.insert(s);
+        states.push_back(it->second.state);
+        p.what += fmt::format("{}seq {} ({} tokens, {} pages)", p.what.empty() ? "" : ", ", s.value(),
+                              it->second.state.kv_length, cache_->pages(s)->size());
+        p.most_left = std::max(p.most_left, it->second.response_length -
+                                                std::int64_t(it->second.state.response_tokens.size()));
       }
-      case MigrationEvent::Kind::kDone: {
-        const auto paused = pauses_.find(e.id);
-        if (paused == pauses_.end()) {
-          return laminar::internal_error(fmt::format("migration {} done, but it never paused", e.id.value()));
-        }
-        const Paused p = paused->second;
-        pauses_.erase(paused);
-        // From the pause to the destination's answer: at most the sequence's downtime, as the
-        // destination decodes it from the moment it commits.
-        const double ms = std::chrono::duration<double, std::milli>(Steady::now() - p.at).count();
-        say(fmt::format("{} {}: paused {:.1f} ms", kSent, p.what, ms));
-        for (SequenceId s : e.sequences) {
-          live_.erase(s);
-          paused_.erase(s);
-        }
-        if (live_.empty()) steps_saved_ = p.most_left;
-        return laminar::ok_status();
+      pauses_[e.id] = std::move(p);
+      return states;
+    };
+    h.forget = [this](const MigrationEvent& e) -> Status {
+      const auto paused = pauses_.find(e.id);
+      if (paused == pauses_.end()) {
+        return laminar::internal_error(fmt::format("migration {} done, but it never paused", e.id.value()));
       }
-      case MigrationEvent::Kind::kAborted:
-        if (e.outgoing) {
-          pauses_.erase(e.id);
-          for (SequenceId s : e.sequences) paused_.erase(s);
-          say(fmt::format("kept seq {}: {}", seq_list(e.sequences), e.reason.to_string()));
-        } else {
-          say(fmt::format("gave up receiving seq {}: {}", seq_list(e.sequences), e.reason.to_string()));
-        }
-        return laminar::ok_status();
-      case MigrationEvent::Kind::kArrived: {
-        std::string what;
-        for (SequenceState& st : e.states) {
-          Result<std::int64_t> length = response_length_of(st);
-          if (!length.ok()) return length.status();
-          what += fmt::format("{}seq {} ({} tokens, {} pages)", what.empty() ? "" : ", ", st.sequence.value(),
-                              st.kv_length, cache_->pages(st.sequence)->size());
-          const SequenceId id = st.sequence;
-          live_[id] = {std::move(st), *length};
-        }
-        steps_saved_ = 0;
-        say(fmt::format("{} {}", kReceived, what));
-        return laminar::ok_status();
+      const Paused p = paused->second;
+      pauses_.erase(paused);
+      // From the pause to the destination's answer: at most the sequence's downtime, as the
+      // destination decodes it from the moment it commits.
+      const double ms = std::chrono::duration<double, std::milli>(Steady::now() - p.at).count();
+      say(fmt::format("{} {}: paused {:.1f} ms", kSent, p.what, ms));
+      for (SequenceId s : e.sequences) {
+        live_.erase(s);
+        paused_.erase(s);
       }
-    }
-    return laminar::ok_status();
+      if (live_.empty()) steps_saved_ = p.most_left;
+      return laminar::ok_status();
+    };
+    h.resume = [this](const MigrationEvent& e) -> Status {
+      pauses_.erase(e.id);
+      for (SequenceId s : e.sequences) paused_.erase(s);
+      say(fmt::format("kept seq {}: {}", seq_list(e.sequences), e.reason.to_string()));
+      return laminar::ok_status();
+    };
+    h.gave_up = [](const MigrationEvent& e) {
+      say(fmt::format("gave up receiving seq {}: {}", seq_list(e.sequences), e.reason.to_string()));
+    };
+    h.adopt = [this](MigrationEvent& e) -> Status {
+      std::string what;
+      for (SequenceState& st : e.states) {
+        Result<std::int64_t> length = response_length_of(st);
+        if (!length.ok()) return length.status();
+        what += fmt::format("{}seq {} ({} tokens, {} pages)", what.empty() ? "" : ", ", st.sequence.value(),
+                            st.kv_length, cache_->pages(st.sequence)->size());
+        const SequenceId id = st.sequence;
+        live_[id] = {std::move(st), *length};
+      }
+      steps_saved_ = 0;
+      say(fmt::format("{} {}", kReceived, what));
+      return laminar::ok_status();
+    };
+    return h;
   }
 
   // One decode step for every live sequence that is neither paused nor at its length.
@@ -396,6 +400,7 @@ class RolloutWorker {
   std::shared_ptr<laminar::PagedKvCache> cache_;
   std::shared_ptr<laminar::KvMigrator> migrator_;
   std::unique_ptr<laminar::RepackDriver> driver_;
+  std::unique_ptr<laminar::MigrationHost> host_;
   std::map<SequenceId, Live> live_;
   std::set<SequenceId> paused_;
   std::map<laminar::MigrationId, Paused> pauses_;
@@ -548,8 +553,7 @@ class Parent {
 
     laminar::RepackCoordinatorOptions co;
     co.tokens_per_page = kPageSize;
-    co.interval = 250ms;
-    co.stale_after = 2s;
+    co.stale_after = kStaleAfter;
     co.policy.page_bytes = 2 * std::uint64_t(layout.num_layers) * std::uint64_t(layout.page_bytes());
     // Steps are paced to --step-ms, by default well above what the tiny model computes in one: more
     // KV does not make them slower here.

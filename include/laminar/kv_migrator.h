@@ -90,6 +90,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -178,7 +179,8 @@ struct KvMigratorOptions {
   // Batch slots of this worker: an offer that would take cache sequences plus incoming ones past
   // this is refused.
   std::uint32_t max_sequences = 256;
-  // Migrations at once, each way; one more migrate() is kResourceExhausted, one more offer refused.
+  // Migrations at once, each way; one more migrate() is kUnavailable, one more offer refused with
+  // kUnavailable (both transient: retry once one ends).
   std::uint32_t max_migrations = 8;
   // Time of leases and stalls (null: Clock::steady()).
   std::shared_ptr<Clock> clock;
@@ -241,7 +243,7 @@ class KvMigrator {
   // at `destination` ("host:port" of its transport). Connects first if not connected (at most
   // connect_timeout), then sends the offer and returns; the rest runs in poll(). kInvalidArgument:
   // empty or repeated ids, more than 1024; kNotFound: an id not in the cache; kFailedPrecondition:
-  // an id already moving; kResourceExhausted: max_migrations running; kUnavailable /
+  // an id already moving; kUnavailable: max_migrations running (retry once one ends); kUnavailable /
   // kDeadlineExceeded / kFailedPrecondition from connecting.
   Result<MigrationId> migrate(std::string_view destination, std::span<const SequenceId> sequences);
 
@@ -249,6 +251,24 @@ class KvMigrator {
   // stages, checks checksums, expires leases. Returns what happened since the last call, in order.
   // Never blocks on a peer.
   std::vector<MigrationEvent> poll();
+
+  // Waiting instead of polling in a loop, for a host with nothing to decode (or a test). The same
+  // thread rules as poll().
+  // poll(), then, while it returns nothing, waits until the transport brings something (a message,
+  // an answer, a put that landed, a closed connection), a lease or stall timeout falls due, or
+  // `timeout` passes on the migrator's clock (a ManualClock's jump wakes it), and polls again.
+  // Returns the first events, or none once `timeout` passed. With device pools, while NCCL work is
+  // in flight, it polls every 100 us: a transfer that ends wakes nothing.
+  std::vector<MigrationEvent> wait_event(Duration timeout);
+  // For a host that waits for several things at once on its own condition variable: `notify` runs
+  // each time poll() may have something new, on whichever thread learnt it (the transport's, one
+  // advancing a ManualClock, or the caller's own inside a migrator call), so it must only wake a
+  // waiter, never call into this migrator. Such a waiter also wakes by poll_deadline(). Replaces the
+  // previous hook (empty: none); once this returns the previous one is not running.
+  void set_notify(std::function<void()> notify);
+  // The instant (on the migrator's clock) by which poll() should run even if no notify comes: the
+  // nearest lease or stall timeout, now when work is ready at once, kForever when nothing is timed.
+  Duration poll_deadline() const;
 
   // After kPauseRequested: the states of the paused sequences, one per sequence of the event, in
   // any order. Starts the final stage. kNotFound: unknown migration; kFailedPrecondition: not

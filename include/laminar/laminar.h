@@ -9,6 +9,7 @@
 #include "laminar/kv_cache.h"
 #include "laminar/kv_migrator.h"
 #include "laminar/local_relay.h"
+#include "laminar/migration_host.h"
 #include "laminar/relay_node.h"
 #include "laminar/relay_store.h"
 #include "laminar/relay_versions.h"

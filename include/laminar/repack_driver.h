@@ -11,26 +11,39 @@
 //      snapshot, and a destination refuses what no longer fits (dropping them instead starves a
 //      worker whose reports go out faster than a plan comes back). Orders come only from the
 //      coordinator's connection; anything else on that message type is refused.
-//   2. every report_interval (on the driver's clock), the snapshot, the migrator's address and
-//      whether a migration runs go to the coordinator: one-way, and never waited for (the
-//      driver's thread sends; a report not sent yet is replaced by the newer one). A snapshot with
+//   2. when the snapshot changed in a way a plan can use since the last report, the snapshot, the
+//      migrator's address and whether a migration runs go to the coordinator: one-way, and never
+//      waited for (the driver's thread sends, at most one report every min_report_interval; a
+//      report not sent yet is replaced by the newer one). A change is any of: the version,
+//      pages_total or pages_used, slots_total or slots_used, waiting_prompts, kv_stopped_growing,
+//      whether a migration runs, the set of live sequences, a sequence's pages, a sequence's
+//      expected_remaining_tokens appearing, going, reaching zero or moving by more than a quarter
+//      of its reported value, or step_time doubling or halving. Tokens within a page and step-time
+//      jitter are not: a decode loop that steps without such a change sends nothing. A snapshot with
 //      live sequences but no step time yet (before the worker's first decode step) is held back,
-//      since plan_repack refuses it; the next step's snapshot goes instead.
+//      since plan_repack refuses it; the next changed step's snapshot goes instead. The first
+//      step() keepalive_interval after the last report with nothing new sends that report again,
+//      same number and all (a keep-alive), so that the coordinator's stale_after does not drop a
+//      quiet worker; a loop that stops calling step() goes stale, as it should, and one that
+//      waits (wait_event) steps at least that often;
 //   3. the migrator is polled, and its events are returned to the loop, which acts on them as
-//      KvMigrator's header describes: finish() on kPauseRequested, resume on an outgoing kAborted,
-//      drop on kDone, adopt on kArrived.
+//      KvMigrator's header describes (MigrationHost does it for a host's engine).
+// A loop with nothing to decode waits with wait_event() until step() has something to do, instead
+// of calling it in a spin.
 //
-// Threads. step() runs on the host's decode loop (the one that owns the cache and calls the
-// migrator); stats() and background_error() are thread-safe. The driver's own thread connects to the coordinator
-// (retrying every retry_interval) and sends the reports. Orders are taken on the transport's
-// callback thread and wait, the newest only, for the next step().
+// Threads. step() and wait_event() run on the host's decode loop (the one that owns the cache and
+// calls the migrator); stats() and background_error() are thread-safe. The driver's own thread
+// connects to the coordinator (retrying every retry_interval) and sends the reports. Orders are
+// taken on the transport's callback thread and wait, the newest only, for the next step(). The
+// driver holds the migrator's notify hook (KvMigrator::set_notify) while it lives.
 //
 //   laminar::RepackDriverOptions opt{.worker = id, .coordinator = "10.0.0.1:7000"};
 //   auto driver = laminar::RepackDriver::create(transport, migrator, opt).value();
 //   for (;;) {                                                     // the decode loop
 //     laminar::Result<std::vector<laminar::MigrationEvent>> events = driver->step(snapshot_now());
-//     if (events.ok()) for (laminar::MigrationEvent& e : *events) handle(e);  // as KvMigrator's
-//     decode_one_step();
+//     if (events.ok()) for (laminar::MigrationEvent& e : *events) (void)host.handle(e);
+//     if (nothing_to_decode()) (void)driver->wait_event(std::chrono::milliseconds(100));
+//     else decode_one_step();
 //   }
 #pragma once
 
@@ -53,8 +66,13 @@ struct RepackDriverOptions {
   WorkerId worker;
   // "host:port" of the coordinator's transport.
   std::string coordinator;
-  // Between reports (positive): a fraction of the coordinator's stale_after.
-  Duration report_interval = std::chrono::seconds(1);
+  // The least time between two reports (positive): a snapshot that changes faster is reported at
+  // this rate, its newest state each time.
+  Duration min_report_interval = std::chrono::milliseconds(100);
+  // With no change, the first step() this long after the last report sends it again (positive).
+  // Below the coordinator's stale_after, which leaves out a worker it has not heard from for that
+  // long: a third of it lets two keep-alives go astray.
+  Duration keepalive_interval = std::chrono::seconds(5);
   // Connecting to the coordinator, and the wait before trying again after a failure (positive).
   Duration connect_timeout = std::chrono::seconds(5);
   Duration retry_interval = std::chrono::seconds(1);
@@ -65,8 +83,9 @@ struct RepackDriverOptions {
 };
 
 struct RepackDriverStats {
-  std::uint64_t reports_sent = 0;
-  std::uint64_t reports_held = 0;        // due, but the snapshot had live sequences and step_time 0
+  std::uint64_t reports_sent = 0;        // reports of a changed snapshot
+  std::uint64_t keepalives_sent = 0;     // the last report sent again, nothing having changed
+  std::uint64_t reports_held = 0;        // changed, but the snapshot had live sequences and step_time 0
   std::uint64_t reports_failed = 0;      // sends that failed (the connection is then made again)
   std::uint64_t connects_failed = 0;
   std::uint64_t orders = 0;              // orders taken by step()
@@ -84,8 +103,8 @@ class RepackDriver {
  public:
   // Installs the orders handler and starts the reporting thread (which connects on its own; create
   // does not wait for the coordinator). kInvalidArgument for a null transport or migrator, an
-  // empty coordinator address, non-positive report_interval, connect_timeout, retry_interval or
-  // send_timeout; kFailedPrecondition when the migrator has no address (its transport does not
+  // empty coordinator address, non-positive min_report_interval, keepalive_interval,
+  // connect_timeout, retry_interval or send_timeout; kFailedPrecondition when the migrator has no address (its transport does not
   // listen) or one longer than 256 bytes; kAlreadyExists when another driver serves on
   // `transport`.
   static Result<std::unique_ptr<RepackDriver>> create(std::shared_ptr<Transport> transport,
@@ -101,12 +120,22 @@ class RepackDriver {
   // Preconditions:
   //   `snapshot` is this worker's now: every live sequence, with the migrator's version;
   //   the caller is the decode loop (see Threads).
-  // Starts ordered migrations, sends the snapshot when a report is due, and returns the migrator's
-  // events. May block while the migrator connects to a destination it has no connection to yet
+  // Starts ordered migrations, hands the snapshot to the reporting thread when it changed (see
+  // above), and returns the migrator's events. May block while the migrator connects to a destination it has no connection to yet
   // (KvMigratorOptions::connect_timeout). kInvalidArgument for a snapshot of more than 1,024
   // sequences or of another worker than options.worker; kFailedPrecondition for a version other
   // than the migrator's. Nothing is started, sent or polled then.
   Result<std::vector<MigrationEvent>> step(const WorkerSnapshot& snapshot);
+
+  // Preconditions:
+  //   the caller is the decode loop;
+  //   the driver's clock is the migrator's (poll_deadline() is read on it).
+  // Blocks until step() has something to do: orders arrived, the migrator may have events (its
+  // notify ran since the last step(), or its poll_deadline() came), or a keep-alive is due; true
+  // then. False once
+  // `timeout` passed on the driver's clock (a ManualClock's jump wakes it). Sends nothing itself:
+  // reports go from the driver's thread, keep-alives from step().
+  bool wait_event(Duration timeout);
 
   RepackDriverStats stats() const;
   // The first failure of the reporting thread that retrying cannot mend: a coordinator address

@@ -24,6 +24,11 @@
 namespace laminar {
 
 // Chosen by what the caller does next (the same split as abseil's canonical codes).
+//
+// Capacity. A limit that lifts by itself as work drains (credits in flight, migrations running at
+// once, a queue waiting for its reader) is kUnavailable: retry the same call later, nothing is
+// wrong. kResourceExhausted is kept for KV pages, batch slots and memory: retrying the same call
+// does not help until the caller frees some or asks for less.
 enum class StatusCode : std::uint8_t {
   kOk = 0,
   kInvalidArgument,     // fix the input
@@ -31,8 +36,8 @@ enum class StatusCode : std::uint8_t {
   kAlreadyExists,       // the thing being created is there already
   kFailedPrecondition,  // fix the state first (e.g. publish before acquire)
   kOutOfRange,          // asked past the end of something valid
-  kResourceExhausted,   // out of KV blocks, memory, credits or capacity
-  kUnavailable,         // retry the same call (peer gone, queue momentarily full)
+  kResourceExhausted,   // out of KV pages, batch slots or memory
+  kUnavailable,         // retry the same call (peer gone, or transient capacity: see above)
   kAborted,             // redo the whole operation (e.g. the version moved during a pull)
   kDeadlineExceeded,    // too slow
   kCancelled,           // the caller, or shutdown, stopped it

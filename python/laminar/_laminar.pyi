@@ -1133,22 +1133,22 @@ def plan_repack(fleet: FleetSnapshot, newest: int, options: Optional[RepackPolic
 class RepackCoordinatorOptions:
     """Options of a RepackCoordinator (keywords too)."""
     tokens_per_page: int
-    interval: float
+    min_plan_interval: float
     stale_after: float
     max_workers: int
     send_timeout: float
     policy: RepackPolicyOptions
     clock: Optional[Clock]
 
-    def __init__(self, *, tokens_per_page: int = 0, interval: Seconds = 5.0, stale_after: Seconds = 15.0,
+    def __init__(self, *, tokens_per_page: int = 0, min_plan_interval: Seconds = 0.01, stale_after: Seconds = 15.0,
                  max_workers: int = 1024, send_timeout: Seconds = 1.0, policy: RepackPolicyOptions = ...,
                  clock: Optional[Clock] = None) -> None: ...
 
 
 class RepackCoordinator:
-    """Plans repacks for the fleet: takes every RepackDriver's reports on its transport, plans every
-    interval and on each newer version, and sends each source its moves. Its thread runs no
-    Python."""
+    """Plans repacks for the fleet: takes every RepackDriver's reports on its transport, plans on
+    events (a changed report, a newer version, a new count of waiting prompts), never on a timer,
+    and sends each source its moves. Its thread runs no Python."""
 
     def __init__(self, transport: Transport, options: Optional[RepackCoordinatorOptions] = None) -> None:
         """InvalidArgumentError for bad options (tokens_per_page must be set); AlreadyExistsError
@@ -1175,20 +1175,22 @@ class RepackDriverOptions:
     """Options of a RepackDriver (keywords too)."""
     worker: int
     coordinator: str
-    report_interval: float
+    min_report_interval: float
+    keepalive_interval: float
     connect_timeout: float
     retry_interval: float
     send_timeout: float
     clock: Optional[Clock]
 
-    def __init__(self, *, worker: int = 0, coordinator: str = "", report_interval: Seconds = 1.0,
+    def __init__(self, *, worker: int = 0, coordinator: str = "", min_report_interval: Seconds = 0.1,
+                 keepalive_interval: Seconds = 5.0,
                  connect_timeout: Seconds = 5.0, retry_interval: Seconds = 1.0, send_timeout: Seconds = 1.0,
                  clock: Optional[Clock] = None) -> None: ...
 
 
 class RepackDriver:
     """The worker side of repacking, wrapping its KvMigrator: call step(snapshot) between decode
-    steps. It starts the moves the coordinator ordered, reports the snapshot every report_interval
+    steps. It starts the moves the coordinator ordered, reports the snapshot when it changes
     (its own thread sends, running no Python) and returns the migrator's events, to handle as
     KvMigrator.poll's."""
 

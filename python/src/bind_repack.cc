@@ -117,16 +117,18 @@ option that is wrong.)doc");
   coordinator_options.def_readwrite("tokens_per_page", &RepackCoordinatorOptions::tokens_per_page,
                                     "Page size of every worker's KV cache.")
       .def_readwrite("policy", &RepackCoordinatorOptions::policy, "The plan_repack options it plans with.")
-      .def_readwrite("clock", &RepackCoordinatorOptions::clock, "The Clock of its intervals.");
-  def_seconds(coordinator_options, "interval", &RepackCoordinatorOptions::interval, "Plans this often.");
+      .def_readwrite("clock", &RepackCoordinatorOptions::clock, "The Clock of plan spacing and staleness.");
+  def_seconds(coordinator_options, "min_plan_interval", &RepackCoordinatorOptions::min_plan_interval,
+              "The least time between two plans (0: none).");
   def_seconds(coordinator_options, "stale_after", &RepackCoordinatorOptions::stale_after,
               "A worker whose last report is older is left out of plans.");
   def_uint(coordinator_options, "max_workers", &RepackCoordinatorOptions::max_workers, "Workers it keeps reports of.");
   def_seconds(coordinator_options, "send_timeout", &RepackCoordinatorOptions::send_timeout, "One order's send.");
 
   py::class_<RepackCoordinator>(m, "RepackCoordinator", R"doc(
-Plans repacks for the fleet: takes every RepackDriver's reports on its transport, plans every
-interval and on each newer version, and sends each source its moves. Its thread runs no Python.)doc")
+Plans repacks for the fleet: takes every RepackDriver's reports on its transport, plans on events
+(a changed report, a newer version, a new count of waiting prompts), never on a timer, and sends
+each source its moves. Its thread runs no Python.)doc")
       .def(py::init([](std::shared_ptr<Transport> transport, std::optional<RepackCoordinatorOptions> options) {
              if (!transport) throw_invalid("transport must be a Transport, not None");
              return unwrap(RepackCoordinator::create(std::move(transport), options.value_or(RepackCoordinatorOptions{})));
@@ -179,14 +181,17 @@ nothing at once. InvalidArgumentError outside [0, 2**40].)doc")
   driver_options.def_readwrite("worker", &RepackDriverOptions::worker, "This worker's id.")
       .def_readwrite("coordinator", &RepackDriverOptions::coordinator, "The coordinator's \"host:port\".")
       .def_readwrite("clock", &RepackDriverOptions::clock, "The Clock of report intervals and retries.");
-  def_seconds(driver_options, "report_interval", &RepackDriverOptions::report_interval, "Reports this often.");
+  def_seconds(driver_options, "min_report_interval", &RepackDriverOptions::min_report_interval,
+              "The least time between two reports (a report goes only on change).");
+  def_seconds(driver_options, "keepalive_interval", &RepackDriverOptions::keepalive_interval,
+              "With no change, step() sends the last report again this long after it.");
   def_seconds(driver_options, "connect_timeout", &RepackDriverOptions::connect_timeout, "Connecting to the coordinator.");
   def_seconds(driver_options, "retry_interval", &RepackDriverOptions::retry_interval, "Between connection attempts.");
   def_seconds(driver_options, "send_timeout", &RepackDriverOptions::send_timeout, "One report's send.");
 
   py::class_<RepackDriver>(m, "RepackDriver", R"doc(
 The worker side of repacking, wrapping its KvMigrator: call step(snapshot) between decode steps. It
-starts the moves the coordinator ordered, reports the snapshot every report_interval (its own thread
+starts the moves the coordinator ordered, reports the snapshot when it changes (its own thread
 sends, running no Python) and returns the migrator's events, to handle as KvMigrator.poll's.)doc")
       .def(py::init([](std::shared_ptr<Transport> transport, std::shared_ptr<KvMigrator> migrator,
                        const RepackDriverOptions& options) {

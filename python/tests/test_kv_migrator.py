@@ -256,7 +256,7 @@ def test_a_coordinator_repacks_two_drivers():
     coordinator_transport = laminar.Transport(laminar.TransportOptions(cluster_token=TOKEN))
     coordinator_address = coordinator_transport.listen("127.0.0.1")
     coordinator = laminar.RepackCoordinator(
-        coordinator_transport, laminar.RepackCoordinatorOptions(tokens_per_page=4, interval=0.05, stale_after=5))
+        coordinator_transport, laminar.RepackCoordinatorOptions(tokens_per_page=4, stale_after=5))
     with pytest.raises(laminar.InvalidArgumentError):
         laminar.RepackCoordinator(laminar.Transport(laminar.TransportOptions(cluster_token=TOKEN)))
     workers = [Worker(), Worker()]
@@ -268,7 +268,7 @@ def test_a_coordinator_repacks_two_drivers():
             w.cache.add_sequence(sid)
             w.cache.append_tokens(sid, n)
         drivers.append(laminar.RepackDriver(w.transport, w.migrator, laminar.RepackDriverOptions(
-            worker=wid, coordinator=coordinator_address, report_interval=0.01, retry_interval=0.01)))
+            worker=wid, coordinator=coordinator_address, min_report_interval=0.01, retry_interval=0.01)))
     assert coordinator.prompts_waiting() is None and coordinator.stats()["prompts_waiting"] is None
     with pytest.raises(laminar.InvalidArgumentError, match="prompts_waiting is -1"):
         coordinator.set_prompts_waiting(-1)
