@@ -10,6 +10,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <stop_token>
 #include <thread>
 
 #include "clock_wait.h"
@@ -31,13 +32,6 @@ constexpr MessageType kBegin = internal::kRelayBeginMessage;
 constexpr MessageType kChunk = internal::kRelayChunkMessage;
 constexpr MessageType kIdle = internal::kRelayIdleMessage;
 
-// A sender waiting for a newer version, or for a chunk its own upstream has not delivered yet,
-// re-checks for stop and for its subscriber's closed connection at least this often (on the store's
-// clock), and more often when an idle message falls due sooner. A poll because it waits inside the
-// store, which neither stop nor the endpoint's on_close can wake; it costs one wake-up per
-// sender per period.
-constexpr Duration kSenderPoll = std::chrono::milliseconds(100);
-constexpr Duration kChunkPoll = std::chrono::milliseconds(200);
 // A subscriber gets idle messages at most this often, whatever it asks for.
 constexpr Duration kMinIdleEvery = std::chrono::milliseconds(10);
 
@@ -59,10 +53,19 @@ struct RelayNode::Impl {
   const std::shared_ptr<Clock> clock;
   const internal::RelayNodeHooks hooks;
 
+  // Ends one sender's wait in the store. A sender arms it (arm()) before it checks what it waits
+  // for, so an event between the check and the wait still ends the wait.
+  struct SenderWake {
+    std::stop_source source;  // guarded by mu; a fresh one once stopped
+  };
+
   std::atomic<bool> stopping{false};
   mutable std::mutex mu;  // guards everything below
   // Wakes the subscriber thread: stop, a jump of a virtual clock.
   std::condition_variable cv;
+  // One per sender: ended by stop, by its subscriber's link closing, by a jump of the node's clock
+  // (its idle messages fall due on it), and by the node being fed again (an idle may be overdue).
+  std::vector<std::shared_ptr<SenderWake>> sender_wakes;
   ClockSubscription clock_wake;
   HandlerGate gate;
   std::vector<std::thread> senders;
@@ -89,6 +92,18 @@ struct RelayNode::Impl {
   void record_error(const Status& s) {
     std::lock_guard lock(mu);
     if (first_error.ok()) first_error = s;
+  }
+
+  // A stop token for the next wait of the sender that owns `w`.
+  std::stop_token arm(SenderWake& w) {
+    std::lock_guard lock(mu);
+    if (w.source.stop_requested()) w.source = std::stop_source();
+    return w.source.get_token();
+  }
+
+  // Preconditions: mu is held.
+  void wake_senders_locked() {
+    for (const auto& w : sender_wakes) w->source.request_stop();
   }
 
   // Waits on the node's clock until `deadline` or stop; true when stopping.
@@ -125,7 +140,11 @@ struct RelayNode::Impl {
   // A message came from `from`: when that is the current upstream, it is not quiet.
   void heard(const Endpoint& from) {
     std::lock_guard lock(mu);
-    if (upstream_ep.valid() && from.id() == upstream_ep.id()) last_heard = clock->now();
+    if (!upstream_ep.valid() || from.id() != upstream_ep.id()) return;
+    const Duration now = clock->now();
+    // Fed again: a subscriber's idle message, held back meanwhile, may be overdue.
+    if (now >= stall_deadline_locked()) wake_senders_locked();
+    last_heard = now;
   }
 
   // The head, or a node whose upstream spoke within stall_timeout. Only a fed node tells its
@@ -144,6 +163,7 @@ struct RelayNode::Impl {
     Endpoint ep;
     Duration idle_every;  // the pace of idle messages it asked for; kForever: none
     Duration last_sent;   // on the clock: when it was last sent a message
+    std::shared_ptr<SenderWake> wake;
   };
 
   static Message chunk_done(Version v, std::uint32_t i, std::uint64_t checksum) {
@@ -173,13 +193,14 @@ struct RelayNode::Impl {
     return st.ok() || still_there(d, st);
   }
 
-  // How long a sender waiting for its store may wait, at most `poll`, before the subscriber's next
-  // idle message falls due.
-  Duration until_idle(const Downstream& d, Duration poll) const {
-    if (d.idle_every == kForever) return poll;
+  // How long a sender may wait in its store before the subscriber's next idle message falls due.
+  // Preconditions: the sender's wake is armed (an overdue idle waits for the node to be fed, which
+  // ends the wait).
+  Duration until_idle(const Downstream& d) {
+    if (d.idle_every == kForever) return kForever;
     const Duration left = d.idle_every - (clock->now() - d.last_sent);  // no overflow: a pace may be huge
-    // Overdue only while this node is not fed: then there is nothing to keep time for.
-    return left <= Duration::zero() ? std::min(poll, d.idle_every) : std::min(poll, left);
+    if (left > Duration::zero()) return left;
+    return fed() ? Duration::zero() : kForever;
   }
 
   // Sends version v's missing chunks with up to `window` in flight. Returns false when the
@@ -274,11 +295,14 @@ struct RelayNode::Impl {
         continue;
       }
       const std::uint32_t i = todo.front();
+      const std::stop_token stop = arm(*d.wake);
+      if (stopping.load() || !ep.status().ok()) return false;
       // Forward as soon as this store has the chunk: this is what pipelines the chain.
-      auto c = store->read_chunk(v, i, until_idle(d, kChunkPoll));
+      auto c = store->read_chunk(v, i, until_idle(d), stop);
       if (!c.ok()) {
-        if (c.status().code() == StatusCode::kDeadlineExceeded) {
-          // Our own upstream has not delivered it yet.
+        const StatusCode code = c.status().code();
+        if (code == StatusCode::kDeadlineExceeded || code == StatusCode::kCancelled) {
+          // Our own upstream has not delivered it yet; an idle may be due, or the loop ends.
           if (!idle_if_due(d)) return false;
           continue;
         }
@@ -306,8 +330,16 @@ struct RelayNode::Impl {
   }
 
   void serve(Downstream d, std::optional<Version> have) {
-    while (!stopping.load() && d.ep.status().ok()) {
-      if (!store->wait_for_newer(have, until_idle(d, kSenderPoll))) {
+    // Reset when serve returns, before `d.wake` can go; it takes mu, which is then not held.
+    auto closed = d.ep.on_close([this, w = d.wake](const Status&) {
+      std::lock_guard lock(mu);
+      w->source.request_stop();
+    });
+    if (!closed.ok()) return;  // already closed
+    for (;;) {
+      const std::stop_token stop = arm(*d.wake);
+      if (stopping.load() || !d.ep.status().ok()) break;
+      if (!store->wait_for_newer(have, until_idle(d), stop)) {
         if (!idle_if_due(d)) break;
         continue;
       }
@@ -337,7 +369,8 @@ struct RelayNode::Impl {
     if (stopping.load()) return;
     downstreams.push_back(in.from);
     ++stats.subscribers;
-    senders.emplace_back([this, d = Downstream{in.from, idle_every, clock->now()}, have]() mutable {
+    auto wake = sender_wakes.emplace_back(std::make_shared<SenderWake>());
+    senders.emplace_back([this, d = Downstream{in.from, idle_every, clock->now(), std::move(wake)}, have]() mutable {
       serve(std::move(d), have);
     });
   }
@@ -489,6 +522,7 @@ struct RelayNode::Impl {
         upstream = addr;
         upstream_ep = *ep;
         last_heard = clock->now();
+        wake_senders_locked();  // fed again: see heard()
       }
       emit(RelayEvent::Kind::kUpstream, {}, 0, addr);
       const LinkEnd end = wait_while_linked(*ep);
@@ -535,6 +569,7 @@ struct RelayNodeAccess {
     impl->clock_wake = impl->clock->subscribe([raw = impl.get()] {
       std::lock_guard lock(raw->mu);
       raw->cv.notify_all();
+      raw->wake_senders_locked();
     });
     Transport& t = *impl->transport;
     // The types are laminar's own, in the reserved range: registering them cannot fail.
@@ -576,6 +611,7 @@ RelayNode::~RelayNode() {
     std::lock_guard lock(impl_->mu);
     impl_->stopping = true;
     impl_->cv.notify_all();
+    impl_->wake_senders_locked();
   }
   if (impl_->subscriber.joinable()) impl_->subscriber.join();
   std::vector<std::thread> senders;

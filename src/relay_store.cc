@@ -101,9 +101,11 @@ struct RelayCore {
                                                    std::uint64_t checksum, bool* already);
   Status finish_chunk(VersionSlot& slot, std::uint32_t i, std::uint64_t checksum);
 
-  // Applies what the ledger decided: drops the slots of freed versions. Caller holds mu.
+  // Applies what the ledger decided: drops the slots of freed versions, which ends the waits for
+  // their chunks. Caller holds mu.
   void drop(const std::vector<Version>& freed) {
     for (Version v : freed) slots.erase(v);
+    if (!freed.empty()) changed.notify_all();
     pool->room = ledger.memory_budget() - ledger.bytes_held();
   }
 
@@ -158,6 +160,12 @@ struct RelayCore {
     seal_cv.notify_one();
   }
 
+  // Ends every wait on `changed`, which then re-checks its condition (a stop_token's request).
+  void wake_all() {
+    std::lock_guard lock(mu);
+    changed.notify_all();
+  }
+
   void stop() {
     {
       std::lock_guard lock(seal_mu);
@@ -170,8 +178,8 @@ struct RelayCore {
   const RelayStoreOptions options;
   const std::shared_ptr<Clock> clock;
   mutable std::mutex mu;
-  // Signalled on every chunk stored, version begun or version committed, and on every jump of a
-  // virtual clock (clock_wake).
+  // Signalled on every chunk stored, version begun, committed or dropped, on every jump of a
+  // virtual clock (clock_wake), and when a waiter's stop_token is stopped.
   mutable std::condition_variable changed;
   ClockSubscription clock_wake;
   VersionLedger ledger;
@@ -385,10 +393,7 @@ Status internal::RelayCore::finish_chunk(VersionSlot& slot, std::uint32_t i, std
 // RelayStore
 
 RelayStore::RelayStore(std::shared_ptr<RelayCore> core) : core_(std::move(core)) {
-  core_->clock_wake = core_->clock->subscribe([core = core_.get()] {
-    std::lock_guard lock(core->mu);
-    core->changed.notify_all();
-  });
+  core_->clock_wake = core_->clock->subscribe([core = core_.get()] { core->wake_all(); });
   core_->sealer = std::thread([core = core_.get()] { core->seal_loop(); });
 }
 
@@ -538,6 +543,7 @@ Status RelayStore::abandon(Version v) {
   if (it != core_->slots.end()) {
     keep = std::move(it->second);
     core_->slots.erase(it);
+    core_->changed.notify_all();  // a wait for one of its chunks ends: kNotFound
   }
   core_->pool->room = core_->ledger.memory_budget() - core_->ledger.bytes_held();
   return ok_status();
@@ -605,11 +611,13 @@ Result<RelayStore::VersionInfo> RelayStore::version_info(Version v) const {
   return VersionInfo{it->second->manifest, it->second->plan, core_->ledger.is_committed(v)};
 }
 
-Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i, Duration timeout) const {
+Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i, Duration timeout,
+                                                    std::stop_token stop) const {
   if (timeout < Duration::zero()) {
     return invalid_argument(fmt::format("relay store: read_chunk timeout is negative ({} ns)", timeout.count()));
   }
   const Duration deadline = deadline_after(*core_->clock, timeout);
+  const std::stop_callback wake(stop, [core = core_.get()] { core->wake_all(); });  // before the lock it takes
   std::unique_lock lock(core_->mu);
   std::shared_ptr<VersionSlot> slot;
   Status why;
@@ -625,7 +633,11 @@ Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i, 
                                      it->second->plan.num_chunks()));
       return true;
     }
-    if (it->second->state[i] != VersionSlot::ChunkState::kStored && !core_->ledger.is_committed(v)) return false;
+    if (it->second->state[i] != VersionSlot::ChunkState::kStored && !core_->ledger.is_committed(v)) {
+      if (!stop.stop_requested()) return false;
+      why = cancelled(fmt::format("relay store: stopped waiting for chunk {} of version {}", i, v.value()));
+      return true;
+    }
     slot = it->second;
     return true;
   });
@@ -641,12 +653,13 @@ Result<RelayStore::ChunkRef> RelayStore::read_chunk(Version v, std::uint32_t i, 
   return ref;
 }
 
-bool RelayStore::wait_for_newer(std::optional<Version> than, Duration timeout) const {
+bool RelayStore::wait_for_newer(std::optional<Version> than, Duration timeout, std::stop_token stop) const {
   const Duration deadline = deadline_after(*core_->clock, std::max(timeout, Duration::zero()));
+  const std::stop_callback wake(stop, [core = core_.get()] { core->wake_all(); });  // before the lock it takes
   std::unique_lock lock(core_->mu);
-  return internal::wait_until(*core_->clock, core_->changed, lock, deadline, [&] {
-    return !core_->slots.empty() && (!than || core_->slots.rbegin()->first > *than);
-  });
+  const auto newer = [&] { return !core_->slots.empty() && (!than || core_->slots.rbegin()->first > *than); };
+  internal::wait_until(*core_->clock, core_->changed, lock, deadline, [&] { return newer() || stop.stop_requested(); });
+  return newer();
 }
 
 RelayStoreStats RelayStore::stats() const {

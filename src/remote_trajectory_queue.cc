@@ -25,10 +25,6 @@ using internal::kQueuePushMessage;
 
 namespace {
 
-// While the queue is full, held pushes are retried this often (on the server's clock). A poll
-// because the queue tells nobody when room frees, and blocking in it would leave the server
-// unstoppable; it costs one fail-fast push_many a period, only while a push is held.
-constexpr Duration kRetryEvery = std::chrono::milliseconds(1);
 // A timed push's request may take this much longer than the push's own timeout: the server
 // answers kDeadlineExceeded itself, and the slack covers the round trip.
 constexpr Duration kRequestSlack = std::chrono::seconds(5);
@@ -81,9 +77,13 @@ struct TrajectoryQueueServer::Impl {
   const std::shared_ptr<Clock> clock;
 
   mutable std::mutex mu;
-  // Signalled on arrivals, on stopping and on every jump of a virtual clock.
+  // Signalled on arrivals, on stopping, on every jump of a virtual clock and when the queue may
+  // have room (room_watch).
   std::condition_variable cv;
   std::deque<Held> held;  // arrival order; only the worker takes from the front
+  // Bumped by room_watch: whether room may have come free since the worker's last attempt.
+  std::uint64_t room_changes = 0;
+  RoomWatch room_watch;  // set before the worker starts, reset after it stops
   TrajectoryQueueServerStats st;
   internal::ClockedThread worker;
   HandlerGate gate;
@@ -216,11 +216,16 @@ struct TrajectoryQueueServer::Impl {
       if (held.empty()) continue;
       // References to the front stay valid while the handler appends at the back.
       Held& front = held.front();
+      const std::uint64_t seen = room_changes;
       l.unlock();
       const bool done = attempt(front);
+      // A group timeout of the queue runs only inside a call: the next attempt makes that call.
+      const Duration group_in = done ? kForever : queue->until_group_timeout();
       l.lock();
       if (!done) {
-        Duration wake = deadline_after(*clock, kRetryEvery);
+        // Room freed during the attempt was not seen by it: try again at once.
+        if (room_changes != seen) continue;
+        Duration wake = deadline_after(*clock, group_in);
         for (const Held& h : held) wake = std::min(wake, h.deadline);
         if (!worker.stopping()) clock->wait_until(cv, l, wake);
         continue;
@@ -254,6 +259,11 @@ Result<std::unique_ptr<TrajectoryQueueServer>> TrajectoryQueueServer::create(std
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(queue), std::move(options));
   impl->claim = std::move(*claim);
   Impl* p = impl.get();
+  p->room_watch = p->queue->watch_room([p] {
+    std::lock_guard<std::mutex> l(p->mu);
+    ++p->room_changes;
+    p->cv.notify_all();
+  });
   impl->worker.start(p->mu, p->cv, *p->clock, [p] { p->run(); });
   // The types are laminar's own, in the reserved range: registering them cannot fail.
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kQueueHelloMessage,
@@ -280,6 +290,7 @@ TrajectoryQueueServer::~TrajectoryQueueServer() {
   (void)internal::on_protocol_message(*impl_->transport, kQueuePushManyMessage, {});
   impl_->gate.close();
   impl_->worker.stop();
+  impl_->room_watch.reset();
   impl_->claim.release();
 }
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <queue>
 #include <unordered_map>
@@ -151,6 +153,12 @@ struct TrajectoryQueue::Impl {
   RecoveryReport recovery;             // set by recover()
   ClockSubscription clock_sub;
 
+  // watch_room's callbacks, which run holding watch_mu (so unwatching waits for a running one)
+  // and never mu: a watcher takes locks of its own, and calls into the queue without them.
+  std::mutex watch_mu;
+  std::map<std::uint64_t, std::function<void()>> watchers;
+  std::uint64_t next_watch = 1;
+
   mutable std::mutex mu;
   std::condition_variable space_cv;
   std::condition_variable data_cv;
@@ -177,6 +185,7 @@ struct TrajectoryQueue::Impl {
   std::uint64_t next_batch_id = 1;
 
   std::size_t space_waiters = 0;
+  std::size_t room_watches = 0;  // watchers registered: as good as waiters for room
   // The min_trajectories of each waiting consumer, and the smallest: fewer ready ends no wait, so
   // producers notify no one below it, and only once until a consumer waits again (one
   // notify_all reaches them all). A trainer waiting for a full batch is then woken once per
@@ -197,9 +206,19 @@ struct TrajectoryQueue::Impl {
     if (!s.ok() && bg_error.ok()) bg_error = std::move(s);
   }
 
+  // Preconditions: mu is not held.
   void notify(Wake w) {
     if (w.data) data_cv.notify_all();
-    if (w.space) space_cv.notify_all();
+    if (w.space) {
+      space_cv.notify_all();
+      wake_watchers();
+    }
+  }
+
+  // Preconditions: mu is not held.
+  void wake_watchers() {
+    std::lock_guard<std::mutex> l(watch_mu);
+    for (auto& [id, wake] : watchers) wake();
   }
 
   // --- the ready queue ---
@@ -368,7 +387,7 @@ struct TrajectoryQueue::Impl {
       if (wal) wal_live_bytes -= TrajectoryWal::push_record_bytes(t);
     }
     held -= ts.size();
-    w.space |= space_waiters > 0;
+    w.space |= space_waiters > 0 || room_watches > 0;
   }
 
   // Returns a leased batch to the front of the ready queue, its units in their order (nack or
@@ -809,9 +828,13 @@ Result<std::unique_ptr<TrajectoryQueue>> TrajectoryQueue::create(TrajectoryQueue
   if (!q.opt.wal_path.empty()) LAMINAR_RETURN_IF_ERROR(q.recover());
   Impl* raw = impl.get();
   impl->clock_sub = impl->clock->subscribe([raw] {
-    std::lock_guard<std::mutex> l(raw->mu);
-    raw->space_cv.notify_all();
-    raw->data_cv.notify_all();
+    {
+      std::lock_guard<std::mutex> l(raw->mu);
+      raw->space_cv.notify_all();
+      raw->data_cv.notify_all();
+    }
+    // A group timeout may have fallen due: what only the next call runs, a watcher should make.
+    raw->wake_watchers();
   });
   return std::unique_ptr<TrajectoryQueue>(new TrajectoryQueue(std::move(impl)));
 }
@@ -991,6 +1014,49 @@ TrajectoryQueueStats TrajectoryQueue::stats() const {
     s.wal_compactions = q.compactions;
   }
   return s;
+}
+
+RoomWatch TrajectoryQueue::watch_room(std::function<void()> wake) {
+  Impl& q = *impl_;
+  std::uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> l(q.watch_mu);
+    id = q.next_watch++;
+    q.watchers.emplace(id, std::move(wake));
+  }
+  std::lock_guard<std::mutex> l(q.mu);
+  ++q.room_watches;
+  return RoomWatch(this, id);
+}
+
+void TrajectoryQueue::unwatch_room(std::uint64_t id) noexcept {
+  Impl& q = *impl_;
+  {
+    std::lock_guard<std::mutex> l(q.watch_mu);
+    q.watchers.erase(id);
+  }
+  std::lock_guard<std::mutex> l(q.mu);
+  --q.room_watches;
+}
+
+Duration TrajectoryQueue::until_group_timeout() const {
+  const Impl& q = *impl_;
+  std::lock_guard<std::mutex> l(q.mu);
+  const Duration at = q.next_group_timer();
+  return at == kForever ? kForever : std::max(at - q.clock->now(), Duration::zero());
+}
+
+RoomWatch& RoomWatch::operator=(RoomWatch&& o) noexcept {
+  if (this != &o) {
+    reset();
+    queue_ = std::exchange(o.queue_, nullptr);
+    id_ = o.id_;
+  }
+  return *this;
+}
+
+void RoomWatch::reset() noexcept {
+  if (queue_ != nullptr) std::exchange(queue_, nullptr)->unwatch_room(id_);
 }
 
 const RecoveryReport& TrajectoryQueue::recovery() const noexcept { return impl_->recovery; }

@@ -220,6 +220,57 @@ TEST_CASE("a node whose upstreams are all down goes round its list again only as
   CHECK(laminar::RelayNode::create(make_transport(), nullptr).status().code() == laminar::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a sender forwards each chunk as it lands, and the node's destruction ends its wait, on clocks that stand "
+          "still", "[relay_node][clock]") {
+  using laminar::Version;
+  // Nothing moves this clock: the head's sender may look up only for chunks, versions and stop.
+  auto still = std::make_shared<laminar::ManualClock>();
+  laminar::RelayStoreOptions so;
+  so.chunk_bytes = 4096;
+  so.clock = still;
+  std::shared_ptr<laminar::RelayStore> head_store = laminar::RelayStore::create(so).value();
+  std::shared_ptr<laminar::Transport> head_tr = make_transport();
+  const std::string addr = head_tr->listen("127.0.0.1", 0).value();
+  laminar::RelayNodeOptions ho;
+  ho.clock = still;
+  auto head = laminar::RelayNode::create(head_tr, head_store, ho).value();
+
+  // The leaf waits in real time, so that a chunk that never comes fails the test.
+  std::shared_ptr<laminar::RelayStore> leaf_store = laminar::RelayStore::create({}).value();
+  Events events;
+  laminar::RelayNodeOptions lo;
+  lo.upstreams = {addr};
+  lo.clock = still;
+  lo.on_event = events.callback();
+  auto leaf = laminar::RelayNode::create(make_transport(), leaf_store, lo).value();
+  REQUIRE(events.wait_for(laminar::RelayEvent::Kind::kUpstream, 1));
+
+  // The head is fed chunk by chunk, as from an upstream of its own.
+  laminar::testing::WeightSet w = laminar::testing::WeightSet::make(11, 1);
+  laminar::RelayStoreOptions source_options;
+  source_options.chunk_bytes = so.chunk_bytes;
+  std::shared_ptr<laminar::RelayStore> source = laminar::RelayStore::create(source_options).value();
+  REQUIRE(source->publish(Version(1), w.manifest, w.named).ok());
+  REQUIRE(source->wait_for_version(Version(1), 30s).ok());
+  laminar::ReadHandle whole = source->acquire(Version(1)).value();
+  const std::uint32_t n = whole.plan().num_chunks();
+  REQUIRE(n >= 3);
+  REQUIRE(head_store->begin_version(Version(1), whole.manifest(), whole.plan()).ok());
+  REQUIRE(leaf_store->wait_for_newer(std::nullopt, 30s));  // begun below too, before any chunk
+  for (std::uint32_t i = 0; i + 1 < n; ++i) {
+    REQUIRE(head_store->put_chunk(Version(1), i, whole.chunk(i).value(), whole.checksum(i).value()).ok());
+    REQUIRE(leaf_store->read_chunk(Version(1), i, 30s).ok());  // forwarded before the next one lands
+  }
+
+  // The head's sender now waits in its store for the last chunk.
+  std::future<void> gone = std::async(std::launch::async, [&] { head.reset(); });
+  const bool prompt = gone.wait_for(30s) == std::future_status::ready;
+  CHECK(prompt);
+  // A sender that only the clock could wake: move it, so the failure ends instead of hanging.
+  if (!prompt) REQUIRE(laminar::testing::advance_until_ready(*still, gone, 1s, 100));
+  CHECK(leaf_store->missing_chunks(Version(1)).value() == std::vector<std::uint32_t>{n - 1});
+}
+
 TEST_CASE("relay messages: each decoder takes what its encoder writes and refuses the rest, naming field and offset",
           "[relay_node][bad-input]") {
   namespace in = laminar::internal;

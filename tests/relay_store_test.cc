@@ -14,6 +14,7 @@
 #include <future>
 #include <random>
 #include <set>
+#include <stop_token>
 #include <thread>
 
 #include "cuda_absent.h"
@@ -358,6 +359,44 @@ TEST_CASE("the store's waits end when its clock passes their deadline, not befor
   CHECK_FALSE(newer.get());
   CHECK(s->read_chunk(Version(7), 0, laminar::kForever).status().code() == StatusCode::kNotFound);
   CHECK(s->wait_for_version(Version(1), std::chrono::seconds(-1)).code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("the forwarding waits end when their stop_token is stopped or their version is abandoned, with the clock "
+          "standing still", "[relay_store]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  RelayStoreOptions o;
+  o.chunk_bytes = 4096;
+  o.clock = clock;
+  std::shared_ptr<RelayStore> s = RelayStore::create(o).value();
+  std::stop_source stop_newer;
+  auto newer = std::async(std::launch::async, [&] {
+    return s->wait_for_newer(std::nullopt, std::chrono::seconds(5), stop_newer.get_token());
+  });
+  stop_newer.request_stop();
+  // Real time only bounds a failure: nothing moves the clock these waits read.
+  REQUIRE(newer.wait_for(kWait) == std::future_status::ready);
+  CHECK_FALSE(newer.get());
+
+  std::shared_ptr<RelayStore> src = make_store();
+  publish_and_wait(*src, 1);
+  ReadHandle whole = src->acquire(Version(1)).value();
+  REQUIRE(s->begin_version(Version(1), whole.manifest(), whole.plan()).ok());
+  std::stop_source stop_chunk;
+  auto chunk = std::async(std::launch::async, [&] {
+    return s->read_chunk(Version(1), 1, laminar::kForever, stop_chunk.get_token()).status();
+  });
+  stop_chunk.request_stop();
+  REQUIRE(chunk.wait_for(kWait) == std::future_status::ready);
+  CHECK(chunk.get().code() == StatusCode::kCancelled);
+  CHECK(s->read_chunk(Version(1), 1, laminar::kForever, stop_chunk.get_token()).status().code() ==
+        StatusCode::kCancelled);  // stopped before it began: no wait at all
+
+  auto abandoned = std::async(std::launch::async, [&] {
+    return s->read_chunk(Version(1), 1, laminar::kForever).status();
+  });
+  REQUIRE(s->abandon(Version(1)).ok());
+  REQUIRE(abandoned.wait_for(kWait) == std::future_status::ready);
+  CHECK(abandoned.get().code() == StatusCode::kNotFound);
 }
 
 TEST_CASE("wait_for_version times out naming what is there; bad options are refused", "[relay_store]") {

@@ -184,6 +184,75 @@ TEST_CASE("remote push timeouts run on the clocks: the producer's for a credit, 
   CHECK(queue->stats().pushed == 1);
 }
 
+TEST_CASE("a held push goes in once a consumer frees room, with the server's clock standing still",
+          "[remote][clock]") {
+  // Nothing moves the server's clock: only the queue's news of room can bring the push in.
+  auto still = std::make_shared<laminar::ManualClock>();
+  TrajectoryQueueOptions qo;
+  qo.capacity_trajectories = 1;
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+  laminar::TrajectoryQueueServerOptions so;
+  so.clock = still;
+  Served served(queue, so);
+  auto producer = served.producer();
+  REQUIRE(producer->push(laminar::test_remote::make(1)).ok());  // the queue is full now
+
+  std::future<laminar::Status> held =
+      std::async(std::launch::async, [&] { return producer->push(laminar::test_remote::make(2)); });
+  // Both tries have found the queue full, the handler's and the worker's: the worker sleeps now.
+  REQUIRE(eventually([&] { return queue->stats().rejected_full == 2; }));
+  BatchSpec spec;
+  spec.max_trajectories = 1;
+  auto b = queue->pop_batch(spec);
+  REQUIRE(b.ok());
+  REQUIRE(queue->ack(b->id()).ok());
+  // Real time only bounds a failure: the answer follows the ack.
+  REQUIRE(held.wait_for(30s) == std::future_status::ready);
+  CHECK(held.get().ok());
+  CHECK(queue->stats().pushed == 2);
+  CHECK(served.server->stats().held == 0);
+}
+
+TEST_CASE("a push held past its timeout costs the server no retries meanwhile", "[remote]") {
+  TrajectoryQueueOptions qo;
+  qo.capacity_trajectories = 1;
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+  Served served(queue);
+  auto producer = served.producer();
+  REQUIRE(producer->push(laminar::test_remote::make(1)).ok());  // the queue is full now
+  // Each try of the server's to push a held trajectory that finds the queue full is a refusal.
+  const std::uint64_t before = queue->stats().rejected_full;
+  expect_code(producer->push(laminar::test_remote::make(2), PushOptions::with_timeout(300ms)),
+              StatusCode::kDeadlineExceeded, "stayed full");
+  // One try as the push arrives and one as the worker takes it up; a retry a millisecond would be
+  // hundreds.
+  CHECK(queue->stats().rejected_full - before <= 3);
+}
+
+TEST_CASE("a held push goes in when a group timeout of the queue's clock frees room", "[remote][clock]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  TrajectoryQueueOptions qo;
+  qo.capacity_trajectories = 2;
+  qo.clock = clock;
+  qo.group_timeout = 10s;
+  qo.partial_group_policy = laminar::PartialGroupPolicy::kDrop;
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+  Trajectory member = laminar::test_remote::make(1);
+  member.group_id = laminar::GroupId(5);
+  member.group_size = 2;
+  REQUIRE(queue->push(std::move(member)).ok());
+  REQUIRE(queue->push(laminar::test_remote::make(3)).ok());  // full, until the group times out
+  Served served(queue);
+  auto producer = served.producer();
+  std::future<laminar::Status> held =
+      std::async(std::launch::async, [&] { return producer->push(laminar::test_remote::make(2)); });
+  REQUIRE(eventually([&] { return served.server->stats().held == 1; }));
+  REQUIRE(clock->advance(10s).ok());  // nobody calls the queue: the server's retry runs the timeout
+  REQUIRE(held.wait_for(30s) == std::future_status::ready);
+  CHECK(held.get().ok());
+  CHECK(queue->stats().dropped_group_timeout == 1);
+}
+
 TEST_CASE("queue wire: answers round-trip, and answers cut short or out of range are refused", "[remote][bad-input]") {
   using laminar::internal::decode_queue_hello;
   using laminar::internal::decode_queue_statuses;

@@ -563,6 +563,52 @@ TEST_CASE("a consumer waiting for min_trajectories is woken once they are ready,
   CHECK(large_size == 8);
 }
 
+TEST_CASE("watch_room wakes its watcher when room frees, a group timeout is due or the queue closes, no more",
+          "[queue][groups]") {
+  auto clock = std::make_shared<ManualClock>();
+  TrajectoryQueueOptions opt;
+  opt.clock = clock;
+  opt.capacity_trajectories = 3;
+  opt.group_timeout = 10s;
+  opt.partial_group_policy = PartialGroupPolicy::kDrop;
+  auto q = make_queue(opt);
+  std::atomic<int> wakes{0};
+  laminar::RoomWatch watch = q->watch_room([&] { wakes.fetch_add(1); });
+  CHECK(q->until_group_timeout() == laminar::kForever);
+
+  // Pushes and pops free no room: no wake.
+  REQUIRE(q->push(make_traj(1)).ok());
+  REQUIRE(q->push(make_member(2, 9, 3, 0)).ok());
+  REQUIRE(q->push(make_traj(5)).ok());  // full: two ready, one member of an open group
+  expect_code(q->push(make_traj(3), PushOptions::fail_fast()), StatusCode::kUnavailable, "queue full");
+  auto b = q->pop_batch(count_spec(1));
+  REQUIRE(b.ok());
+  CHECK(wakes.load() == 0);
+  CHECK(q->until_group_timeout() == 10s);
+
+  REQUIRE(q->ack(b->id()).ok());  // room frees
+  CHECK(wakes.load() == 1);
+  REQUIRE(q->push(make_traj(3)).ok());  // full again
+
+  // The group's timeout falls due with no call to run it: the jump wakes the watcher, whose call
+  // runs the timeout (the member is dropped) and so frees room.
+  REQUIRE(clock->advance(4s).ok());
+  CHECK(q->until_group_timeout() == 6s);
+  REQUIRE(clock->advance(6s).ok());
+  CHECK(wakes.load() == 3);
+  CHECK(q->until_group_timeout() == 0s);
+  REQUIRE(q->push(make_traj(4)).ok());
+  CHECK(q->stats().dropped_group_timeout == 1);
+  CHECK(wakes.load() == 4);  // the drop itself freed room
+  CHECK(q->until_group_timeout() == laminar::kForever);
+
+  q->close();
+  CHECK(wakes.load() == 5);
+  watch.reset();  // once it returns the callback never runs again
+  REQUIRE(clock->advance(1s).ok());
+  CHECK(wakes.load() == 5);
+}
+
 TEST_CASE("push backpressure: fail fast, timeout and block", "[queue]") {
   auto clock = std::make_shared<ManualClock>();
   TrajectoryQueueOptions opt;

@@ -29,9 +29,11 @@
 //
 // Threads: the handlers run on the transport's callback thread. The node runs one thread that
 // subscribes upstream (connecting, waiting for the link to close, failing over) and one thread per
-// subscriber that sends it versions. on_event is called from any of these; keep it short.
-// Destruction waits for each sender to look up from its wait in the store, which takes at most
-// 200 ms of the store's clock: a store on a virtual clock must be advanced (or changed) meanwhile.
+// subscriber that sends it versions. on_event is called from any of these; keep it short. A
+// sender sleeps in the store (RelayStore::wait_for_newer, read_chunk) until a version or chunk
+// arrives, its subscriber's next idle message falls due, its subscriber's link closes, or the node
+// stops. Destruction ends those waits and closes the subscribers' links at once, whatever the
+// store's clock does meanwhile.
 //
 //   std::shared_ptr<laminar::Transport> transport = laminar::Transport::create(to).value();
 //   std::string me = transport->listen("10.0.0.3", 4000).value();   // give this to the next relay

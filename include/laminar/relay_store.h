@@ -16,7 +16,9 @@
 //
 // Threads: one sealer thread per store hashes published chunks. Every other call runs on the
 // caller's thread; the waits (wait_for_version, read_chunk, wait_for_newer) read
-// RelayStoreOptions::clock, so a virtual clock's jump ends them. Hashing a chunk cannot fail, so
+// RelayStoreOptions::clock, so a virtual clock's jump ends them, and the forwarding ones
+// (read_chunk, wait_for_newer) take a std::stop_token, so a thread that must also stop for events
+// of its own (a RelayNode's sender) waits here until one of them, with no period. Hashing a chunk cannot fail, so
 // the store has no background_error(): every failure is the answer of the call that met it.
 //
 //   auto store = laminar::RelayStore::create({}).value();
@@ -32,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -199,10 +202,11 @@ class RelayStore {
     std::span<const std::byte> bytes;  // [plan.chunk_size(i)]
     std::uint64_t checksum = 0;
   };
-  // Chunk i of v once it is stored and verified, waiting up to timeout for it to arrive.
-  // kNotFound when v is not held (or is dropped while waiting), kOutOfRange for a bad index,
-  // kDeadlineExceeded when it does not arrive in time, kInvalidArgument for a negative timeout.
-  Result<ChunkRef> read_chunk(Version v, std::uint32_t i, Duration timeout) const;
+  // Chunk i of v once it is stored and verified, waiting up to timeout for it to arrive, or until
+  // stop is requested. kNotFound when v is not held (or is dropped while waiting), kOutOfRange for
+  // a bad index, kDeadlineExceeded when it does not arrive in time, kCancelled when stop was
+  // requested first, kInvalidArgument for a negative timeout.
+  Result<ChunkRef> read_chunk(Version v, std::uint32_t i, Duration timeout, std::stop_token stop = {}) const;
   // The whole buffer of a held version [plan.total_bytes()], for a transport to register: the
   // sender reads verified chunks from it, the receiver has missing chunks written straight into it
   // and then calls seal_in_place. `keep` holds the memory valid even if the version is dropped.
@@ -215,9 +219,9 @@ class RelayStore {
   // Chunk i of v was written into version_memory(v) by someone else: checks it against `checksum`
   // where it lies and stores it (the version commits with its last chunk). Errors as put_chunk.
   Status seal_in_place(Version v, std::uint32_t i, std::uint64_t checksum);
-  // Waits until some version newer than `than` is held (any version when `than` is empty), or the
-  // timeout passes (a negative one is none); returns whether one is.
-  bool wait_for_newer(std::optional<Version> than, Duration timeout) const;
+  // Waits until some version newer than `than` is held (any version when `than` is empty), the
+  // timeout passes (a negative one is none) or stop is requested; returns whether one is held.
+  bool wait_for_newer(std::optional<Version> than, Duration timeout, std::stop_token stop = {}) const;
 
  private:
   explicit RelayStore(std::shared_ptr<internal::RelayCore> core);

@@ -13,9 +13,10 @@
 // queue stops producers at the source instead of piling up messages in the server.
 //
 // Threads: the server's handlers run on its transport's callback thread and push at once when
-// there is room; one worker thread of the server retries held pushes (every millisecond of the
-// server's clock while the queue stays full) and answers them, or answers kDeadlineExceeded when
-// their timeout passes on that clock. Every failure of that work is the answer to the push it
+// there is room; one worker thread of the server retries held pushes, each time the queue reports
+// that room may have freed (TrajectoryQueue::watch_room) or a group timeout of the queue falls
+// due, and answers them, or answers kDeadlineExceeded when their timeout passes on the server's
+// clock. Between those events it sleeps. Every failure of that work is the answer to the push it
 // belongs to, so the server has no background_error(). A producer has no thread: push and
 // push_many block the calling thread, waiting for a credit on the producer's clock.
 //

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -219,6 +220,28 @@ struct RecoveryReport {
   std::string to_json() const;
 };
 
+class TrajectoryQueue;
+
+// Keeps a callback registered by TrajectoryQueue::watch_room; unregisters it on destruction or
+// reset(). Once that returns the callback is not running and will not run again. Move-only; an
+// empty one holds nothing. Preconditions: the queue outlives it.
+class RoomWatch {
+ public:
+  RoomWatch() = default;
+  RoomWatch(const RoomWatch&) = delete;
+  RoomWatch& operator=(const RoomWatch&) = delete;
+  RoomWatch(RoomWatch&& o) noexcept : queue_(o.queue_), id_(o.id_) { o.queue_ = nullptr; }
+  RoomWatch& operator=(RoomWatch&& o) noexcept;
+  ~RoomWatch() { reset(); }
+  void reset() noexcept;
+
+ private:
+  friend class TrajectoryQueue;
+  RoomWatch(TrajectoryQueue* queue, std::uint64_t id) : queue_(queue), id_(id) {}
+  TrajectoryQueue* queue_ = nullptr;
+  std::uint64_t id_ = 0;
+};
+
 class TrajectoryQueue {
  public:
   // kInvalidArgument for zero or too large capacities, a non-positive default_lease or
@@ -277,6 +300,18 @@ class TrajectoryQueue {
   // nacks are still taken, so a consumer can commit what it holds.
   void close();
 
+  // For a thread that waits for room among events of its own (the remote queue's server, which
+  // must stay stoppable), in place of a blocking push: calls `wake` each time room may have come
+  // free (trajectories acked or dropped), the queue closed, or its clock jumped, on the thread
+  // that did it and with no lock of the queue held. `wake` must not call into the queue. A push
+  // refused as full is worth trying again after a wake, or once until_group_timeout() passes.
+  [[nodiscard]] RoomWatch watch_room(std::function<void()> wake);
+  // How long until, on the queue's clock, the next group timeout falls due: zero when it has,
+  // kForever when no group waits. It runs inside the next call, where it may drop members (freeing
+  // room) or close a group (refusing a member that waits for room); a waiting push() wakes for
+  // it, and so should a watcher.
+  Duration until_group_timeout() const;
+
   TrajectoryQueueStats stats() const;
   const RecoveryReport& recovery() const noexcept;
   // The first error of work no caller was waiting on: writing the log for a lease expiry, a group
@@ -285,8 +320,10 @@ class TrajectoryQueue {
   Status background_error() const;
 
  private:
+  friend class RoomWatch;
   struct Impl;
   explicit TrajectoryQueue(std::unique_ptr<Impl> impl);
+  void unwatch_room(std::uint64_t id) noexcept;
   std::unique_ptr<Impl> impl_;
 };
 
