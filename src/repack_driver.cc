@@ -90,6 +90,9 @@ struct RepackDriver::Impl {
   EndpointId coordinator_id;                     // its id, which orders must arrive on (0: none)
   std::optional<internal::RepackOrders> pending;
   bool migrator_woke = true;  // the migrator's notify ran since step() last polled it
+  // The host's hook (set_notify), and the lock held while it runs, so that replacing it waits.
+  std::mutex notify_mu;
+  std::function<void()> notify;
   RepackDriverStats st;
   Status first_error;  // see background_error()
   internal::ClockedThread thread;
@@ -112,6 +115,7 @@ struct RepackDriver::Impl {
       pending = std::move(*o);
     }
     step_cv.notify_all();
+    tell_host();
   }
 
   void on_migrator() {
@@ -120,6 +124,12 @@ struct RepackDriver::Impl {
       migrator_woke = true;
     }
     step_cv.notify_all();
+    tell_host();
+  }
+
+  void tell_host() {
+    std::lock_guard l(notify_mu);
+    if (notify) notify();
   }
 
   // The reporting thread: connects when it must, and sends the outbox once min_report_interval
@@ -252,6 +262,7 @@ RepackDriver::RepackDriver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 RepackDriver::~RepackDriver() {
   impl_->migrator->set_notify({});
+  set_notify({});
   impl_->step_wake.reset();
   (void)internal::on_protocol_message(*impl_->transport, kRepackOrdersMessage, {});
   impl_->gate.close();
@@ -310,6 +321,13 @@ Result<std::vector<MigrationEvent>> RepackDriver::step(const WorkerSnapshot& sna
   }
   return d.migrator->poll();
 }
+
+void RepackDriver::set_notify(std::function<void()> notify) {
+  std::lock_guard l(impl_->notify_mu);
+  impl_->notify = std::move(notify);
+}
+
+Duration RepackDriver::poll_deadline() const { return impl_->migrator->poll_deadline(); }
 
 bool RepackDriver::wait_event(Duration timeout) {
   Impl& d = *impl_;

@@ -5,6 +5,7 @@
 // to kMaxLength.
 #include "laminar/repack_driver.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -675,7 +676,7 @@ TEST_CASE("repack driver: a coordinator address that does not parse is a backgro
   w.step();  // the decode loop is not held up
 }
 
-TEST_CASE("repack driver: wait_event wakes on orders and on the migrator, and returns false at its deadline") {
+TEST_CASE("repack driver: wait_event and set_notify wake on orders and on the migrator; false at the deadline") {
   // The steady clock: the waits below are real.
   FakeCoordinator fc;
   Worker w(1, Version(0), nullptr, fc.addr);
@@ -689,12 +690,17 @@ TEST_CASE("repack driver: wait_event wakes on orders and on the migrator, and re
   CHECK_FALSE(w.driver->wait_event(30ms));
   CHECK(std::chrono::steady_clock::now() - start >= 30ms);
 
-  // Orders arrive: true, long before the deadline.
+  // Orders arrive: true, long before the deadline; a host's own waiter hears of them too.
+  std::atomic<int> notified{0};
+  w.driver->set_notify([&] { ++notified; });
   start = std::chrono::steady_clock::now();
   fc.send(laminar::internal::encode_repack_orders(
       RepackOrders{1, 1, Version(0), {{WorkerId(2), other.addr, {SequenceId(10)}}}}));
   CHECK(w.driver->wait_event(20s));
   CHECK(std::chrono::steady_clock::now() - start < 10s);
+  CHECK(notified >= 1);
+  w.driver->set_notify({});
+  CHECK(w.driver->poll_deadline() == w.mig->poll_deadline());
   w.step();  // starts the migration
   CHECK(w.driver->stats().migrations_started == 1);
 

@@ -121,6 +121,7 @@ class Rollout {
       auto driver = laminar::RepackDriver::create(transport_, migrator_, dopt);
       if (!driver.ok()) return fail(who_, "repack driver", driver.status());
       driver_ = std::move(*driver);
+      driver_->set_notify([this] { wake(); });
       auto host = laminar::MigrationHost::create(migrator_, migration_handlers());
       if (!host.ok()) return fail(who_, "migration host", host.status());
       migration_host_ = std::move(*host);
@@ -185,10 +186,13 @@ class Rollout {
       // No work before the first pull: the engine's weights are zeros until then.
       const bool take = want.value() == 0 && current() > 0;
       taking_ = take;
-      const std::uint32_t free_slots = take ? std::uint32_t(s_.max_live - int(live_.size())) : 0;
-      // Idle with a question asked while busy: ask again, so that a newer version gets it pulled.
-      if (asking && !replaced && idle() && !asking_idle && take) replaced = std::exchange(asking, std::nullopt);
-      if (!asking && free_slots > 0) {
+      const std::uint32_t room = live_.size() < std::size_t(s_.max_live) ? std::uint32_t(s_.max_live - int(live_.size())) : 0;
+      const std::uint32_t free_slots = take ? room : 0;
+      // Ask again, replacing the question out: idle with a question asked while busy, so that a
+      // newer version gets it pulled; or sequences migrated in took slots the question offered.
+      const bool reask = asking && !replaced && ((idle() && !asking_idle && take) || asked_slots_ > room);
+      if (reask) replaced = std::exchange(asking, std::nullopt);
+      if (!asking && (free_slots > 0 || reask)) {
         std::vector<laminar::TrajectoryId> held;
         for (const Live& l : live_) held.push_back(l.seq.trajectory);
         asking_idle = idle();
@@ -207,15 +211,16 @@ class Rollout {
         if (grant->kind == laminar::GrantKind::kPullNewer) want = grant->pull_version;
         if (grant->kind == laminar::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(grant->samples));
       }
-      if (!idle()) {
+      if (!idle() && steppable()) {
         LAMINAR_RETURN_IF_ERROR(step());
         continue;
       }
+      // Nothing to decode: everything left is paused or moving, or nothing is live.
       flush_decode();
       const std::int64_t t0 = now_ns();
-      if (want.value() > 0) {
+      if (idle() && want.value() > 0) {
         (void)store_->wait_for_version(want, 30s);
-      } else if (asking) {
+      } else if (asking || !idle()) {
         sleep_until_woken();
       } else {
         (void)store_->wait_for_newer(puller_->current_version(), 30s);  // before the first version
@@ -237,12 +242,21 @@ class Rollout {
     wake_cv_.notify_all();
   }
 
-  // Sleeps until an answer comes; the bound only covers an answer lost with its connection, which
+  // Sleeps until the dispatcher answers or the driver has something for step() (its notify), or
+  // the migrator's next deadline; the bound only covers an answer lost with its connection, which
   // the request's own deadline reports.
   void sleep_until_woken() {
+    const std::shared_ptr<laminar::Clock> clock = laminar::Clock::steady();
+    laminar::Duration until = laminar::deadline_after(*clock, kAskWait + 10s);
+    if (driver_) until = std::min(until, driver_->poll_deadline());
     std::unique_lock l(wake_mu_);
-    wake_cv_.wait_for(l, kAskWait + 10s, [&] { return woken_; });
+    while (!woken_ && clock->now() < until) clock->wait_until(wake_cv_, l, until);
     woken_ = false;
+  }
+
+  // Whether a decode step has anything to do (or to push).
+  bool steppable() const {
+    return std::any_of(live_.begin(), live_.end(), [&](const Live& l) { return !l.paused && (!ended(l) || !moving(l.seq.sequence)); });
   }
 
   // Nothing live and nothing moving: the only time weights may change.
@@ -255,8 +269,9 @@ class Rollout {
     w.pages_total = pages_;
     w.pages_used = cache_->used_pages();
     w.slots_total = s_.max_live;
-    // Slots a question out may still fill count as used: no migration is planned into them.
-    w.slots_used = std::int32_t(live_.size() + asked_slots_);
+    // Slots a question out may still fill count as free: a migration into them makes the loop
+    // ask again for fewer (and start() takes no more than fits).
+    w.slots_used = std::int32_t(live_.size());
     w.step_time = live_.empty() ? laminar::Duration(0) : step_time_;
     // Taking no new samples (it waits for newer weights) or past its peak: its KV only shrinks now.
     w.kv_stopped_growing = w.pages_used < peak_pages_ || !taking_;
@@ -361,8 +376,13 @@ class Rollout {
     live_.erase(it);
   }
 
-  Status start(const std::vector<laminar::Sample>& samples) {
+  // Starts what fits; a sample that does not (a migration came in meanwhile) is left off the next
+  // question's held list, so the dispatcher hands it out again after one lease.
+  Status start(std::vector<laminar::Sample> samples) {
     const std::size_t first = live_.size();
+    const std::size_t fits = live_.size() < std::size_t(s_.max_live) ? std::size_t(s_.max_live) - live_.size() : 0;
+    if (samples.size() > fits) samples.resize(fits);
+    if (samples.empty()) return laminar::ok_status();
     peak_pages_ = 0;  // new samples: the KV grows again
     for (const laminar::Sample& x : samples) {
       Live l;

@@ -74,7 +74,7 @@ constexpr std::size_t kPromptTokens = 8;
 constexpr auto kReportInterval = 100ms;
 // The coordinator leaves out a worker it has not heard from for this long; a worker whose snapshot
 // stands still sends its last report again a quarter of that after the one before.
-constexpr auto kStaleAfter = 2s;
+constexpr auto kStaleAfter = 2000ms;
 constexpr auto kKeepalive = kStaleAfter / 4;
 // How long an emptied worker keeps stepping before it exits: a few report intervals, so the
 // coordinator hears it empty, and any offer planned from its older reports still finds it.

@@ -48,6 +48,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,6 +137,16 @@ class RepackDriver {
   // `timeout` passed on the driver's clock (a ManualClock's jump wakes it). Sends nothing itself:
   // reports go from the driver's thread, keep-alives from step().
   bool wait_event(Duration timeout);
+  // For a host that waits for several things at once on its own condition variable (the
+  // dispatcher's answer, say): `notify` runs each time orders arrive or the migrator may have
+  // events, on whichever thread learnt it, so it must only wake a waiter, never call the driver.
+  // Such a waiter also wakes by poll_deadline(). Keep-alives are not among these: a loop that
+  // sleeps sends none, and its worker sits out plans until its next report. Replaces the previous
+  // hook (empty: none); once this returns the previous one is not running.
+  void set_notify(std::function<void()> notify);
+  // The instant (on the driver's clock) by which step() should run even if no notify comes: the
+  // migrator's poll_deadline().
+  Duration poll_deadline() const;
 
   RepackDriverStats stats() const;
   // The first failure of the reporting thread that retrying cannot mend: a coordinator address
