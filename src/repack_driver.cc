@@ -15,6 +15,7 @@
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
+#include "stats_fields.h"
 
 namespace laminar {
 using internal::kRepackOrdersMessage;
@@ -234,12 +235,6 @@ RepackDriverStats RepackDriver::stats() const {
   return impl_->st;
 }
 
-std::string RepackDriverStats::to_json() const {
-  return fmt::format(
-      R"({{"reports_sent":{},"reports_held":{},"reports_failed":{},"connects_failed":{},"orders":{},"orders_refused":{},)"
-      R"("orders_dropped":{},"migrations_started":{},"migrations_refused":{},"sequences_skipped":{}}})",
-      reports_sent, reports_held, reports_failed, connects_failed, orders, orders_refused, orders_dropped, migrations_started,
-      migrations_refused, sequences_skipped);
-}
+std::string RepackDriverStats::to_json() const { return internal::stats_json(*this); }
 
 }  // namespace laminar
