@@ -17,6 +17,7 @@
 #include "clock_wait.h"
 #include "kv_migrator_impl.h"
 #include "transport/protocol.h"
+#include "stats_fields.h"
 
 namespace laminar {
 
@@ -68,14 +69,7 @@ std::string_view to_string(MigrationState s) noexcept {
   return "unknown";
 }
 
-std::string KvMigratorStats::to_json() const {
-  return fmt::format(
-      R"({{"migrations_out":{},"migrations_in":{},"done_out":{},"done_in":{},"aborted_out":{},"aborted_in":{},)"
-      R"("offers_refused":{},"lease_expiries":{},"pages_sent":{},"pages_received":{},"bytes_sent":{},)"
-      R"("checksum_failures":{}}})",
-      migrations_out, migrations_in, done_out, done_in, aborted_out, aborted_in, offers_refused, lease_expiries,
-      pages_sent, pages_received, bytes_sent, checksum_failures);
-}
+std::string KvMigratorStats::to_json() const { return internal::stats_json(*this); }
 
 KvMigrator::Impl::Impl(std::shared_ptr<Transport> t, std::shared_ptr<PagedKvCache> c, KvMigratorOptions o)
     : transport(std::move(t)),

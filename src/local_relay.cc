@@ -24,6 +24,7 @@
 
 #include "clock_wait.h"
 #include "local_relay_wire.h"
+#include "stats_fields.h"
 
 namespace laminar {
 
@@ -769,13 +770,7 @@ Status LocalRelayServer::background_error() const {
   return impl_->first_error;
 }
 
-std::string LocalRelayServerStats::to_json() const {
-  return fmt::format(
-      R"({{"clients":{},"leases":{},"grants":{},"refused_clients":{},"idle_closed":{},"stalled_closed":{},)"
-      R"("evicted":{},"refused_full":{},"read_pauses":{},"queued_bytes":{}}})",
-      clients, leases, grants, refused_clients, idle_closed, stalled_closed, evicted, refused_full, read_pauses,
-      queued_bytes);
-}
+std::string LocalRelayServerStats::to_json() const { return internal::stats_json(*this); }
 
 Result<std::unique_ptr<LocalRelayServer>> LocalRelayServer::create(std::shared_ptr<RelayStore> store,
                                                                   std::string socket_path,

@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "stats_fields.h"
+
 namespace laminar {
 
 namespace {
@@ -74,11 +76,6 @@ Status MigrationHost::handle(std::vector<MigrationEvent>& events) {
   return ok_status();
 }
 
-std::string MigrationHostStats::to_json() const {
-  return fmt::format(
-      R"({{"paused":{},"pauses_failed":{},"finishes_failed":{},"adopted":{},"resumed":{},"forgotten":{},)"
-      R"("gave_up":{}}})",
-      paused, pauses_failed, finishes_failed, adopted, resumed, forgotten, gave_up);
-}
+std::string MigrationHostStats::to_json() const { return internal::stats_json(*this); }
 
 }  // namespace laminar

@@ -19,6 +19,7 @@
 #include "relay_node_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
+#include "stats_fields.h"
 
 namespace laminar {
 
@@ -647,11 +648,6 @@ Status RelayNode::background_error() const {
   return impl_->first_error;
 }
 
-std::string RelayNodeStats::to_json() const {
-  return fmt::format(
-      R"({{"chunks_received":{},"chunks_sent":{},"chunks_resent":{},"failovers":{},"upstream_stalls":{},)"
-      R"("subscribers_stalled":{},"subscribers":{}}})",
-      chunks_received, chunks_sent, chunks_resent, failovers, upstream_stalls, subscribers_stalled, subscribers);
-}
+std::string RelayNodeStats::to_json() const { return internal::stats_json(*this); }
 
 }  // namespace laminar

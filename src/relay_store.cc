@@ -18,6 +18,7 @@
 #include "clock_wait.h"
 #include "host_buffer.h"
 #include "relay_chunks.h"
+#include "stats_fields.h"
 
 namespace laminar {
 
@@ -675,9 +676,6 @@ RelayStoreStats RelayStore::stats() const {
   return s;
 }
 
-std::string RelayStoreStats::to_json() const {
-  return fmt::format(R"({{"bytes_held":{},"bytes_recycled":{},"versions_held":{},"chunks_rejected":{},"pinned":{}}})",
-                     bytes_held, bytes_recycled, versions_held, chunks_rejected, pinned);
-}
+std::string RelayStoreStats::to_json() const { return internal::stats_json(*this); }
 
 }  // namespace laminar

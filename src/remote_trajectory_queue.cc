@@ -16,6 +16,7 @@
 #include "remote_trajectory_queue_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
+#include "stats_fields.h"
 
 namespace laminar {
 using internal::kQueueHelloMessage;
@@ -299,10 +300,7 @@ TrajectoryQueueServerStats TrajectoryQueueServer::stats() const {
   return impl_->st;
 }
 
-std::string TrajectoryQueueServerStats::to_json() const {
-  return fmt::format(R"({{"producers":{},"received":{},"accepted":{},"refused":{},"malformed":{},"held":{}}})",
-                     producers, received, accepted, refused, malformed, held);
-}
+std::string TrajectoryQueueServerStats::to_json() const { return internal::stats_json(*this); }
 
 // ---------------------------------------------------------------------------------------------
 // Producer.

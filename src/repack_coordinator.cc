@@ -17,6 +17,7 @@
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
+#include "stats_fields.h"
 
 namespace laminar {
 using internal::kRepackOrdersMessage;
@@ -323,13 +324,6 @@ Status RepackCoordinator::background_error() const {
   return impl_->first_error;
 }
 
-std::string RepackCoordinatorStats::to_json() const {
-  return fmt::format(
-      R"({{"reports":{},"keepalives":{},"reports_refused":{},"workers":{},"plans":{},"plans_failed":{},)"
-      R"("planned_workers":{},"left_out":{},"moves":{},"workers_freed":{},"orders_sent":{},"orders_failed":{},)"
-      R"("prompts_waiting":{}}})",
-      reports, keepalives, reports_refused, workers, plans, plans_failed, planned_workers, left_out, moves,
-      workers_freed, orders_sent, orders_failed, prompts_waiting ? std::to_string(*prompts_waiting) : "null");
-}
+std::string RepackCoordinatorStats::to_json() const { return internal::stats_json(*this); }
 
 }  // namespace laminar

@@ -17,6 +17,7 @@
 #include "repack_wire.h"
 #include "transport/protocol.h"
 #include "transport_claim.h"
+#include "stats_fields.h"
 
 namespace laminar {
 using internal::kRepackOrdersMessage;
@@ -356,13 +357,6 @@ RepackDriverStats RepackDriver::stats() const {
   return impl_->st;
 }
 
-std::string RepackDriverStats::to_json() const {
-  return fmt::format(
-      R"({{"reports_sent":{},"keepalives_sent":{},"reports_held":{},"reports_failed":{},"connects_failed":{},)"
-      R"("orders":{},"orders_refused":{},"orders_dropped":{},"migrations_started":{},"migrations_refused":{},)"
-      R"("sequences_skipped":{}}})",
-      reports_sent, keepalives_sent, reports_held, reports_failed, connects_failed, orders, orders_refused,
-      orders_dropped, migrations_started, migrations_refused, sequences_skipped);
-}
+std::string RepackDriverStats::to_json() const { return internal::stats_json(*this); }
 
 }  // namespace laminar

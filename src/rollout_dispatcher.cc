@@ -15,6 +15,7 @@
 #include "laminar/handler_gate.h"
 #include "rollout_dispatch_wire.h"
 #include "transport/protocol.h"
+#include "stats_fields.h"
 
 namespace laminar {
 
@@ -761,14 +762,7 @@ Status RolloutDispatcher::background_error() const {
   return impl_->first_error;
 }
 
-std::string RolloutDispatcherStats::to_json() const {
-  return fmt::format(
-      R"({{"requests":{},"refused":{},"waited":{},"groups_made":{},"groups_done":{},"handed_out":{},)"
-      R"("reissued":{},"claimed":{},"completed":{},"duplicates":{},"lost_workers":{},"workers":{},)"
-      R"("waiting_requests":{},"in_flight":{},"waiting":{},"available":{}}})",
-      requests, refused, waited, groups_made, groups_done, handed_out, reissued, claimed, completed, duplicates,
-      lost_workers, workers, waiting_requests, in_flight, waiting, available);
-}
+std::string RolloutDispatcherStats::to_json() const { return internal::stats_json(*this); }
 
 bool PendingGrant::ready() const {
   return taken_ || !error_.ok() || reply_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;

@@ -13,6 +13,7 @@
 #include "transport/core.h"
 #include "transport/protocol.h"
 #include "transport/wire.h"
+#include "stats_fields.h"
 
 namespace laminar::internal {
 
@@ -340,12 +341,7 @@ bool Transport::owns(const MemoryRegion& region) const noexcept {
 const TransportOptions& Transport::options() const noexcept { return core_->options(); }
 TransportStats Transport::stats() const { return core_->stats(); }
 
-std::string TransportStats::to_json() const {
-  return fmt::format(
-      R"({{"inbox_messages":{},"inbox_bytes":{},"inbox_refused":{},"dropped_frames":{},"workers_replaced":{},)"
-      R"("direct_copies":{}}})",
-      inbox_messages, inbox_bytes, inbox_refused, dropped_frames, workers_replaced, direct_copies);
-}
+std::string TransportStats::to_json() const { return internal::stats_json(*this); }
 std::optional<std::string> Transport::listen_address() const { return core_->listen_address(); }
 
 }  // namespace laminar

@@ -1,6 +1,6 @@
-// KvMigrator across two real processes (the child is tests/kv_migrator_peer, the workload and the
-// tiny model they share are in kv_migrator_workload.h): sequences moved mid-decode continue in the
-// other process, beside its own, with exactly the tokens and log-probs they would have had
+// KvMigrator across two real processes (the child is tests/kv_migrator_peer, the workload they share
+// is in kv_migrator_workload.h, its tiny model in support/test_model.h): sequences moved mid-decode
+// continue in the other process, beside its own, with exactly the tokens and log-probs they would have had
 // unmoved; a destination killed (SIGKILL) at the offer, during the live stages or after the final
 // stage leaves them running at the source, still bit-exact; a source killed at the same points
 // leaves no page reserved at the destination, and a destination that took the sequences has them

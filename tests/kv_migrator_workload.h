@@ -1,6 +1,6 @@
 // kv_migrator_workload.h: what kv_migrator_multiprocess_test and its child kv_migrator_peer agree
 // on: the model, the cache layout, the sequences and how long they decode, the migrator's options,
-// and a Worker (transport, cache, migrator, tiny model and the sequences it decodes) that either
+// and a Worker (transport, cache, migrator, test model and the sequences it decodes) that either
 // process runs as the source or the destination of a migration.
 #pragma once
 
@@ -20,7 +20,7 @@
 #include "laminar/kv_migrator.h"
 #include "laminar/status.h"
 #include "laminar/transport.h"
-#include "tiny_model.h"
+#include "test_model.h"
 
 namespace kv_migrator_workload {
 
@@ -37,7 +37,7 @@ inline constexpr std::size_t kResponse = 120;
 // Decode steps the source runs before it starts the migration.
 inline constexpr int kStepsBeforeMigration = 16;
 
-inline tiny_model::TinyModelConfig model_config() { return {.seed = 2026, .num_layers = 2}; }
+inline laminar::testing::TestModelConfig model_config() { return {.seed = 2026, .num_layers = 2}; }
 
 // The sequences that move: prompts of 5, 16, 47 and 80 tokens. After kStepsBeforeMigration steps
 // the second holds exactly two full pages (its next token opens a page), the others end mid-page.
@@ -47,7 +47,7 @@ inline std::vector<laminar::SequenceState> sequences() {
   for (std::size_t i = 0; i < std::size(prompt_lengths); ++i) {
     std::vector<std::int32_t> prompt;
     for (std::size_t t = 0; t < prompt_lengths[i]; ++t) prompt.push_back(std::int32_t((7 * t + 13 * i + 1) % 64));
-    laminar::SequenceState s = tiny_model::start_sequence(laminar::SequenceId(100 + i), prompt, 9000 + i);
+    laminar::SequenceState s = laminar::testing::start_sequence(laminar::SequenceId(100 + i), prompt, 9000 + i);
     s.group_id = laminar::GroupId(7);
     s.group_size = 4;
     s.sample_index = std::uint32_t(i);
@@ -65,7 +65,7 @@ inline std::vector<laminar::SequenceState> home_sequences() {
   for (std::size_t i = 0; i < std::size(prompt_lengths); ++i) {
     std::vector<std::int32_t> prompt;
     for (std::size_t t = 0; t < prompt_lengths[i]; ++t) prompt.push_back(std::int32_t((5 * t + 3 * i + 2) % 64));
-    out.push_back(tiny_model::start_sequence(laminar::SequenceId(900 + i), prompt, 7000 + i));
+    out.push_back(laminar::testing::start_sequence(laminar::SequenceId(900 + i), prompt, 7000 + i));
   }
   return out;
 }
@@ -91,7 +91,7 @@ inline laminar::KvMigratorOptions migrator_options() {
   o.connect_timeout = 10s;
   o.max_live_stages = 4;
   o.growth_pages = std::uint32_t(kResponse / kPageSize + 1);
-  const tiny_model::TinyModelConfig m = model_config();
+  const laminar::testing::TestModelConfig m = model_config();
   o.stage_bytes = std::size_t(kPageSize) * std::size_t(m.num_kv_heads * m.head_dim) * laminar::dtype_size(kDType) *
                   2 * std::size_t(m.num_layers);
   return o;
@@ -109,7 +109,7 @@ class Worker {
     to.operation_timeout = 10s;
     auto transport = laminar::Transport::create(to);
     if (!transport.ok()) return transport.status();
-    auto w = std::unique_ptr<Worker>(new Worker(tiny_model::TinyModel::create(model_config()).value()));
+    auto w = std::unique_ptr<Worker>(new Worker(laminar::testing::TestModel::create(model_config()).value()));
     w->transport_ = std::move(*transport);
     if (listen) {
       auto address = w->transport_->listen("127.0.0.1", 0);
@@ -198,9 +198,9 @@ class Worker {
   }
 
  private:
-  explicit Worker(tiny_model::TinyModel model) : model_(std::move(model)) {}
+  explicit Worker(laminar::testing::TestModel model) : model_(std::move(model)) {}
 
-  tiny_model::TinyModel model_;
+  laminar::testing::TestModel model_;
   std::shared_ptr<laminar::Transport> transport_;
   std::shared_ptr<laminar::PagedKvCache> cache_;
   std::unique_ptr<laminar::KvMigrator> migrator_;
@@ -210,7 +210,7 @@ class Worker {
 
 // `seqs` decoded in one process without any migration: what every migrated run must match.
 inline std::map<laminar::SequenceId, laminar::SequenceState> reference(std::vector<laminar::SequenceState> seqs) {
-  const auto model = tiny_model::TinyModel::create(model_config()).value();
+  const auto model = laminar::testing::TestModel::create(model_config()).value();
   auto cache = laminar::PagedKvCache::create(model.kv_layout(kNumPages, kPageSize, kDType)).value();
   std::map<laminar::SequenceId, laminar::SequenceState> out;
   std::vector<laminar::SequenceState*> batch;

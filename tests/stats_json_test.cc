@@ -1,176 +1,175 @@
-// Every component's <Component>Stats::to_json() is JSON that carries every field: each field is
-// set to a value no other field has, and the parsed document must hold each of them.
+// Every component's <Component>Stats::to_json() (and the queue's RecoveryReport's) is one JSON object
+// written from the struct's field list (src/stats_fields.h), which names every member: a list that
+// misses a member does not compile. Here each listed member is set to a value no other member has,
+// and the JSON must hold exactly the listed keys, in list order, each with its own member's value.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cstdint>
-#include <set>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "laminar/kv_migrator.h"
 #include "laminar/local_relay.h"
+#include "laminar/migration_host.h"
 #include "laminar/relay_node.h"
 #include "laminar/relay_store.h"
 #include "laminar/remote_trajectory_queue.h"
 #include "laminar/repack_coordinator.h"
 #include "laminar/repack_driver.h"
 #include "laminar/rollout_dispatcher.h"
+#include "laminar/trajectory_queue.h"
 #include "laminar/transport.h"
+#include "stats_fields.h"
 
 namespace {
 
-// Every number in `j`, at any depth.
-void numbers_in(const nlohmann::json& j, std::multiset<std::uint64_t>& out) {
-  if (j.is_number_unsigned() || j.is_number_integer()) out.insert(j.get<std::uint64_t>());
-  if (j.is_structured()) {
-    for (const auto& v : j) numbers_in(v, out);
+using Json = nlohmann::ordered_json;
+
+// Sets `v` to values no other member has (`next` counts them); bools are set to true.
+template <class M>
+void set_distinct(M& v, std::uint64_t& next) {
+  if constexpr (std::is_same_v<M, bool>) {
+    v = true;
+  } else {
+    static_assert(std::is_integral_v<M>, "set_distinct: add an overload for this member's type");
+    v = M(next++);
   }
 }
+template <class M>
+void set_distinct(std::optional<M>& v, std::uint64_t& next) {
+  v.emplace();
+  set_distinct(*v, next);
+}
+void set_distinct(laminar::Version& v, std::uint64_t& next) { v = laminar::Version(next++); }
+void set_distinct(laminar::Status& v, std::uint64_t& next) {
+  v = laminar::data_loss("tail " + std::to_string(next++));
+}
+template <std::size_t N>
+void set_distinct(std::uint64_t (&buckets)[N], std::uint64_t& next) {
+  for (std::uint64_t& b : buckets) b = next++;
+}
+void set_distinct(laminar::WaitHistogram& h, std::uint64_t& next) {
+  h.count = next++;
+  h.sum_ms = double(next++);
+  h.max_ms = double(next++);
+  set_distinct(h.buckets, next);
+}
 
-// Parses `text` as one JSON object and checks it holds every value of `fields`.
-void check_json(const std::string& text, std::initializer_list<std::uint64_t> fields) {
+// Sets every listed member of a T to its own values (counting from `first`) and checks its
+// to_json(): one JSON object with exactly the listed keys (nested in their objects), in list order,
+// each holding the value its member had when it was set. A member listed twice (and so another left
+// out) holds its second value under its first key, and fails. Returns the struct.
+template <class T>
+T check_every_field(std::uint64_t first) {
+  T s{};
+  struct Expected {
+    const char* group;
+    const char* key;
+    Json value;
+  };
+  std::vector<Expected> expected;
+  std::uint64_t next = first;
+  std::apply(
+      [&](const auto&... f) {
+        ((set_distinct(s.*(f.member), next),
+          expected.push_back({f.group, f.key, laminar::internal::json_value(s.*(f.member))})),
+         ...);
+      },
+      laminar::internal::kStatsFields<T>);
+  const std::string text = s.to_json();
   INFO(text);
-  nlohmann::json j;
-  REQUIRE_NOTHROW(j = nlohmann::json::parse(text));
+  Json j;
+  REQUIRE_NOTHROW(j = Json::parse(text));
   REQUIRE(j.is_object());
-  std::multiset<std::uint64_t> found;
-  numbers_in(j, found);
-  for (std::uint64_t v : fields) {
-    INFO("field set to " << v);
-    CHECK(found.count(v) == 1);
+
+  std::vector<std::string> top_level;  // the list's top-level keys and objects, in order
+  std::size_t leaves = 0;
+  for (const Expected& e : expected) {
+    const std::string top = e.group ? e.group : e.key;
+    if (top_level.empty() || top_level.back() != top) top_level.push_back(top);
+    INFO("key " << (e.group ? std::string(e.group) + "." : std::string()) << e.key);
+    const Json* at = e.group ? (j.contains(e.group) ? &j.at(e.group) : nullptr) : &j;
+    REQUIRE(at != nullptr);
+    REQUIRE(at->contains(e.key));
+    CHECK(at->at(e.key) == e.value);
   }
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : j.items()) {
+    keys.push_back(key);
+    const bool nested = std::any_of(expected.begin(), expected.end(),
+                                    [&](const Expected& e) { return e.group && key == e.group; });
+    leaves += nested ? value.size() : 1;
+  }
+  CHECK(keys == top_level);
+  CHECK(leaves == expected.size());
+  return s;
 }
 
 }  // namespace
 
 TEST_CASE("transport stats: to_json is a JSON object with every field") {
-  laminar::TransportStats s;
-  s.inbox_messages = 101;
-  s.inbox_bytes = 102;
-  s.inbox_refused = 103;
-  s.dropped_frames = 104;
-  s.workers_replaced = 105;
-  s.direct_copies = 106;
-  check_json(s.to_json(), {101, 102, 103, 104, 105, 106});
+  check_every_field<laminar::TransportStats>(101);
 }
 
 TEST_CASE("relay store stats: to_json is a JSON object with every field") {
-  laminar::RelayStoreStats s;
-  s.bytes_held = 201;
-  s.bytes_recycled = 202;
-  s.versions_held = 203;
-  s.chunks_rejected = 204;
-  s.pinned = true;
-  check_json(s.to_json(), {201, 202, 203, 204});
-  CHECK(nlohmann::json::parse(s.to_json()).dump().find("true") != std::string::npos);
+  const laminar::RelayStoreStats s = check_every_field<laminar::RelayStoreStats>(201);
+  CHECK(Json::parse(s.to_json()).at("pinned") == true);
 }
 
 TEST_CASE("relay node stats: to_json is a JSON object with every field") {
-  laminar::RelayNodeStats s;
-  s.chunks_received = 301;
-  s.chunks_sent = 302;
-  s.chunks_resent = 303;
-  s.failovers = 304;
-  s.upstream_stalls = 305;
-  s.subscribers_stalled = 306;
-  s.subscribers = 307;
-  check_json(s.to_json(), {301, 302, 303, 304, 305, 306, 307});
+  check_every_field<laminar::RelayNodeStats>(301);
 }
 
 TEST_CASE("local relay stats: to_json is a JSON object with every field") {
-  laminar::LocalRelayServerStats s;
-  s.clients = 401;
-  s.leases = 402;
-  s.grants = 403;
-  s.refused_clients = 404;
-  s.idle_closed = 405;
-  s.stalled_closed = 406;
-  s.evicted = 407;
-  s.refused_full = 408;
-  s.read_pauses = 409;
-  s.queued_bytes = 410;
-  check_json(s.to_json(), {401, 402, 403, 404, 405, 406, 407, 408, 409, 410});
+  check_every_field<laminar::LocalRelayServerStats>(401);
 }
 
 TEST_CASE("remote push stats: TrajectoryQueueServerStats::to_json is a JSON object with every field") {
-  laminar::TrajectoryQueueServerStats s;
-  s.producers = 501;
-  s.received = 502;
-  s.accepted = 503;
-  s.refused = 504;
-  s.malformed = 505;
-  s.held = 506;
-  check_json(s.to_json(), {501, 502, 503, 504, 505, 506});
+  check_every_field<laminar::TrajectoryQueueServerStats>(501);
 }
 
 TEST_CASE("kv migrator stats: to_json is a JSON object with every field") {
-  laminar::KvMigratorStats s;
-  s.migrations_out = 601;
-  s.migrations_in = 602;
-  s.done_out = 603;
-  s.done_in = 604;
-  s.aborted_out = 605;
-  s.aborted_in = 606;
-  s.offers_refused = 607;
-  s.lease_expiries = 608;
-  s.pages_sent = 609;
-  s.pages_received = 610;
-  s.bytes_sent = 611;
-  s.checksum_failures = 612;
-  check_json(s.to_json(), {601, 602, 603, 604, 605, 606, 607, 608, 609, 610, 611, 612});
+  check_every_field<laminar::KvMigratorStats>(601);
 }
 
 TEST_CASE("repack coordinator stats: to_json is a JSON object with every field") {
-  laminar::RepackCoordinatorStats s;
-  s.reports = 701;
-  s.reports_refused = 702;
-  s.workers = 703;
-  s.plans = 704;
-  s.plans_failed = 705;
-  s.planned_workers = 706;
-  s.left_out = 707;
-  s.moves = 708;
-  s.workers_freed = 709;
-  s.orders_sent = 710;
-  s.orders_failed = 711;
-  s.prompts_waiting = 712;
-  check_json(s.to_json(), {701, 702, 703, 704, 705, 706, 707, 708, 709, 710, 711, 712});
+  laminar::RepackCoordinatorStats s = check_every_field<laminar::RepackCoordinatorStats>(701);
+  CHECK(Json::parse(s.to_json()).at("prompts_waiting") == 712);
   s.prompts_waiting.reset();
-  CHECK(nlohmann::json::parse(s.to_json()).at("prompts_waiting").is_null());
+  CHECK(Json::parse(s.to_json()).at("prompts_waiting").is_null());
 }
 
 TEST_CASE("repack driver stats: to_json is a JSON object with every field") {
-  laminar::RepackDriverStats s;
-  s.reports_sent = 801;
-  s.reports_held = 802;
-  s.reports_failed = 803;
-  s.connects_failed = 804;
-  s.orders = 805;
-  s.orders_refused = 806;
-  s.orders_dropped = 807;
-  s.migrations_started = 808;
-  s.migrations_refused = 809;
-  s.sequences_skipped = 810;
-  check_json(s.to_json(), {801, 802, 803, 804, 805, 806, 807, 808, 809, 810});
+  check_every_field<laminar::RepackDriverStats>(801);
+}
+
+TEST_CASE("migration host stats: to_json is a JSON object with every field") {
+  check_every_field<laminar::MigrationHostStats>(1001);
 }
 
 TEST_CASE("rollout dispatcher stats: to_json is a JSON object with every field") {
-  laminar::RolloutDispatcherStats s;
-  s.requests = 901;
-  s.refused = 902;
-  s.waited = 903;
-  s.groups_made = 904;
-  s.groups_done = 905;
-  s.handed_out = 906;
-  s.reissued = 907;
-  s.claimed = 908;
-  s.completed = 909;
-  s.duplicates = 910;
-  s.lost_workers = 911;
-  s.workers = 912;
-  s.waiting_requests = 913;
-  s.in_flight = 914;
-  s.waiting = 915;
-  s.available = 916;
-  check_json(s.to_json(), {901, 902, 903, 904, 905, 906, 907, 908, 909, 910, 911, 912, 913, 914, 915, 916});
+  check_every_field<laminar::RolloutDispatcherStats>(901);
+}
+
+TEST_CASE("trajectory queue stats: to_json is a JSON object with every field") {
+  const laminar::TrajectoryQueueStats s = check_every_field<laminar::TrajectoryQueueStats>(1001);
+  const Json j = Json::parse(s.to_json());
+  // The histograms' own shapes: staleness buckets "0" ... "16+", wait buckets with their bounds.
+  CHECK(j.at("staleness_histogram").size() == std::size_t(laminar::TrajectoryQueueStats::kStalenessBuckets));
+  CHECK(j.at("staleness_histogram").contains("16+"));
+  CHECK(j.at("group_wait_ms").at("buckets").size() == std::size_t(laminar::WaitHistogram::kBuckets));
+  CHECK(j.at("group_wait_ms").at("buckets").at(0).at("lt_ms") == 1);
+  CHECK(j.at("group_wait_ms").at("buckets").back().at("lt_ms").is_null());
+  CHECK(j.at("group_wait_ms").at("mean") == s.group_wait.sum_ms / double(s.group_wait.count));
+}
+
+TEST_CASE("recovery report: to_json is a JSON object with every field") {
+  const laminar::RecoveryReport r = check_every_field<laminar::RecoveryReport>(1101);
+  CHECK(Json::parse(r.to_json()).at("tail") == r.tail.to_string());
 }

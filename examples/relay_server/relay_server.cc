@@ -39,17 +39,35 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "laminar/local_relay.h"
 #include "laminar/relay_node.h"
 #include "laminar/transport.h"
 #include "laminar/weight_puller.h"
+
+// How this program makes its relay node: RelayNode::create. The relay chain tests build it again
+// as relay_server_faults with LAMINAR_RELAY_SERVER_FAULTS defined, and link the definitions of
+// these from tests/relay_server_faults.cc: options that make the node misbehave on purpose (a
+// corrupt chunk, a hang, a slow link). That file reaches laminar's test-only library; this one
+// uses laminar's public API alone.
 #ifdef LAMINAR_RELAY_SERVER_FAULTS
-#include "relay_node/testing.h"
+void add_fault_options(CLI::App& app);
+bool parse_fault_options();  // false after printing why the options are wrong
+laminar::Result<std::unique_ptr<laminar::RelayNode>> create_relay_node(std::shared_ptr<laminar::Transport> transport,
+                                                                       std::shared_ptr<laminar::RelayStore> store,
+                                                                       laminar::RelayNodeOptions options);
+#else
+laminar::Result<std::unique_ptr<laminar::RelayNode>> create_relay_node(std::shared_ptr<laminar::Transport> transport,
+                                                                       std::shared_ptr<laminar::RelayStore> store,
+                                                                       laminar::RelayNodeOptions options) {
+  return laminar::RelayNode::create(std::move(transport), std::move(store), std::move(options));
+}
 #endif
 
 namespace {
@@ -211,24 +229,11 @@ int main(int argc, char** argv) {
   app.add_option("--exit-after-version", exit_after, "exit once this version is committed or pulled");
   app.add_flag("--report-chunks", report_chunks, "print a line for every chunk stored from upstream");
 #ifdef LAMINAR_RELAY_SERVER_FAULTS
-  std::string corrupt;
-  laminar::testing::RelayNodeFaults faults;
-  app.add_option("--corrupt", corrupt, "V:CHUNK: corrupt that chunk once on its way downstream (tests)");
-  app.add_option("--stall-after", faults.stall_after_chunks, "hang after storing this many chunks (tests)");
-  std::uint32_t delay_chunk_ms = 0;
-  app.add_option("--delay-chunk-ms", delay_chunk_ms, "wait this long before sending each chunk downstream (tests)");
+  add_fault_options(app);
 #endif
   CLI11_PARSE(app, argc, argv);
 #ifdef LAMINAR_RELAY_SERVER_FAULTS
-  if (!corrupt.empty()) {
-    unsigned long long ver = 0, chunk = 0;
-    if (std::sscanf(corrupt.c_str(), "%llu:%llu", &ver, &chunk) != 2) {
-      std::fprintf(stderr, "relay_server: --corrupt takes V:CHUNK, not '%s'\n", corrupt.c_str());
-      return 2;
-    }
-    faults.corrupt_chunk_once = std::pair{laminar::Version(ver), std::uint32_t(chunk)};
-  }
-  faults.delay_each_chunk = std::chrono::milliseconds(delay_chunk_ms);
+  if (!parse_fault_options()) return 2;
 #endif
 
   std::signal(SIGTERM, [](int) { g_stop = true; });
@@ -287,11 +292,7 @@ int main(int argc, char** argv) {
       }
     }
   };
-#ifdef LAMINAR_RELAY_SERVER_FAULTS
-  auto node = laminar::testing::create_faulty_relay_node(shared_transport, store, o, faults);
-#else
-  auto node = laminar::RelayNode::create(shared_transport, store, o);
-#endif
+  auto node = create_relay_node(shared_transport, store, o);
   if (!node.ok()) return fail("relay node", node.status());
   say("listening " + (*node)->address().value_or("none"));
 

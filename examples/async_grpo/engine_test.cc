@@ -3,7 +3,7 @@
 // logits against a double-precision forward written from policy_config.h's architecture comment,
 // input checks that change nothing, and weights that arrive through a RelayStore and WeightPuller.
 #include "engine.h"
-#include "grpo_engine_fixtures.h"
+#include "engine_test_fixtures.h"
 
 #include <catch2/catch.hpp>
 

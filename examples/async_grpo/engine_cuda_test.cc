@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "engine.h"
-#include "grpo_engine_fixtures.h"
+#include "engine_test_fixtures.h"
 
 using async_grpo::Engine;
 using async_grpo::EngineDevice;

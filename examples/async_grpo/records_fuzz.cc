@@ -1,8 +1,8 @@
 // libFuzzer target for async_grpo::parse_records, which reads the record files every process of the
 // asynchronous GRPO example writes and its launcher reads back (examples/async_grpo/records.h); a
 // process killed mid-write leaves whatever bytes it had written. Built with clang
-// (-fsanitize=fuzzer,address,undefined) by tests/CMakeLists.txt and run briefly as the CTest test
-// async_grpo_records_fuzz; seeds in async_grpo_records_corpus/.
+// (-fsanitize=fuzzer,address,undefined) by this folder's CMakeLists.txt and run briefly as the CTest
+// test async_grpo_records_fuzz; seeds in records_fuzz_corpus/.
 //
 // Properties: parsing never crashes, leaks or trips a sanitizer, whatever the bytes; a refusal is
 // kDataLoss (a truncated last line) or kInvalidArgument (a bad record), naming the line; records that

@@ -1,4 +1,4 @@
-// grpo_engine_fixtures.h: what the async GRPO engine tests (host and CUDA) share: a seed printed
+// engine_test_fixtures.h: what the async GRPO engine tests (host and CUDA) share: a seed printed
 // with the test's name, a float vector's bits, a seeded random weight buffer, random prompts and
 // fresh sequences.
 #pragma once
