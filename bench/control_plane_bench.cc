@@ -970,7 +970,10 @@ class Actor {
 
   static void print_threads(const char* phase, const std::string& proc, const std::vector<ThreadDelta>& ts,
                             double seconds) {
-    std::printf("#   %s %s: %.1f wake-ups/s", phase, proc.c_str(), double(total(ts)) / seconds);
+    std::uint64_t preempted = 0;
+    for (const ThreadDelta& t : ts) preempted += t.nonvoluntary;
+    std::printf("#   %s %s: %.1f wake-ups/s (%.1f of them preempted)", phase, proc.c_str(), double(total(ts)) / seconds,
+                double(preempted) / seconds);
     std::printf("  [");
     bool first = true;
     for (const ThreadDelta& t : ts) {
