@@ -53,9 +53,10 @@
 //
 //   control_plane_bench [--idle-s 10] [--load-s 10] [--workers 3] [--quick] ...
 //
-// Prints '#' lines (per process and per thread) and JSON lines: idle_wakeups_per_s per process,
-// wakeups per sample under load per process, control_messages_per_sample, and last, the headline,
-// idle_wakeups_per_s of the process that woke most.
+// Prints '#' lines (per process and per thread, wake-ups per sample under load, the control
+// messages' breakdown, each worker's own counts) and JSON lines: idle_wakeups_per_s per process
+// (informational), control_messages_per_sample, and last, the headline, idle_wakeups_per_s of the
+// process that woke most.
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
