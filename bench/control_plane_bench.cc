@@ -39,7 +39,7 @@
 // Control messages (counted from stats, actor side, per generated sample in the load phase): the
 // dispatcher's requests (RolloutDispatcherStats::requests + refused: one request and its answer
 // each), the repack reports the coordinator received (RepackCoordinatorStats::reports +
-// reports_refused) and the orders it sent (orders_sent + orders_failed). Not control: the pushes
+// keepalives + reports_refused) and the orders it sent (orders_sent + orders_failed). Not control: the pushes
 // (one message per sample: the sample itself; printed), weight chunks, KV migration traffic (its
 // offer, stages and answers move pages; migrations are printed). Control without a counter, left
 // out of the number and estimated in the breakdown: the relay's idle messages (one per subscriber
@@ -127,7 +127,7 @@ struct Config {
   double train_ms = 100;
   int weight_mib = 4;
   double plan_interval_ms = 2;
-  double report_interval_ms = 1;
+  double report_interval_ms = 50;
   std::uint64_t seed = 1;
   bool quick = false;
   bool skip_polling = false;
@@ -344,9 +344,11 @@ class Worker {
     laminar::RepackDriverOptions dopt;
     dopt.worker = id_;
     dopt.coordinator = actor_;
-    dopt.report_interval = std::chrono::duration_cast<laminar::Duration>(
+    dopt.min_report_interval = std::chrono::duration_cast<laminar::Duration>(
         std::chrono::duration<double, std::milli>(c_.report_interval_ms));
+    dopt.keepalive_interval = 25ms;  // the example's: a quarter of the coordinator's stale_after
     driver_ = must(laminar::RepackDriver::create(transport_, migrator_, dopt), "repack driver");
+    driver_->set_notify([this] { wake(); });
     namer.name("driver-report");
     store_ = must(laminar::RelayStore::create(), "relay store");
     namer.name("store-sealer");
@@ -419,9 +421,11 @@ class Worker {
       }
       const bool take = want.value() == 0 && current() > 0;
       taking_ = take;
-      const std::uint32_t free_slots = take ? free_slots_now() : 0;
-      if (asking && !replaced && idle() && !asking_idle && take) replaced = std::exchange(asking, std::nullopt);
-      if (!asking && free_slots > 0) {
+      const std::uint32_t room = free_slots_now();
+      const std::uint32_t free_slots = take ? room : 0;
+      const bool reask = asking && !replaced && ((idle() && !asking_idle && take) || asked_slots_ > room);
+      if (reask) replaced = std::exchange(asking, std::nullopt);
+      if (!asking && (free_slots > 0 || reask)) {
         asking_idle = idle();
         asked_slots_ = free_slots;
         ++asked_;
@@ -436,13 +440,13 @@ class Worker {
         if (!grant.ok()) return stop_ ? laminar::ok_status() : grant.status();
         LAMINAR_RETURN_IF_ERROR(take_grant(*grant, want));
       }
-      if (!idle()) {
+      if (!idle() && steppable()) {
         LAMINAR_RETURN_IF_ERROR(step());
         continue;
       }
-      if (want.value() > 0) {
+      if (idle() && want.value() > 0) {
         (void)store_->wait_for_version(want, 1s);
-      } else if (asking) {
+      } else if (asking || !idle()) {
         sleep_until_woken();
       }
     }
@@ -507,9 +511,16 @@ class Worker {
   }
 
   void sleep_until_woken() {
+    const std::shared_ptr<laminar::Clock> clock = laminar::Clock::steady();
+    const laminar::Duration until = std::min(laminar::deadline_after(*clock, kAskWait + 10s), driver_->poll_deadline());
     std::unique_lock l(wake_mu_);
-    wake_cv_.wait_for(l, kAskWait + 10s, [&] { return woken_; });
+    while (!woken_ && clock->now() < until) clock->wait_until(wake_cv_, l, until);
     woken_ = false;
+  }
+
+  bool steppable() const {
+    return std::any_of(live_.begin(), live_.end(),
+                       [&](const Live& l) { return !l.paused && (!ended(l) || !moving(l.seq.sequence)); });
   }
 
   laminar::WorkerSnapshot snapshot() {
@@ -519,7 +530,7 @@ class Worker {
     w.pages_total = pages_;
     w.pages_used = cache_->used_pages();
     w.slots_total = c_.max_live;
-    w.slots_used = std::int32_t(live_.size() + asked_slots_);
+    w.slots_used = std::int32_t(live_.size());
     w.step_time = live_.empty() ? laminar::Duration(0) : step_time_;
     w.kv_stopped_growing = w.pages_used < peak_pages_ || !taking_;
     for (const Live& l : live_) {
@@ -594,7 +605,8 @@ class Worker {
   }
 
   // Prefill: the prompt's tokens into the cache at once (no pacing: a step of the batch's own).
-  Status start(const std::vector<laminar::Sample>& samples) {
+  Status start(std::vector<laminar::Sample> samples) {
+    if (samples.size() > free_slots_now()) samples.resize(free_slots_now());
     peak_pages_ = 0;
     for (const laminar::Sample& x : samples) {
       Live l;
@@ -763,7 +775,7 @@ class Actor {
     namer_.name("relay-head");
     laminar::RepackCoordinatorOptions co;  // the example's (examples/async_grpo/actor.cc)
     co.tokens_per_page = kPageSize;
-    co.interval = std::chrono::duration_cast<laminar::Duration>(
+    co.min_plan_interval = std::chrono::duration_cast<laminar::Duration>(
         std::chrono::duration<double, std::milli>(c_.plan_interval_ms));
     co.stale_after = 100ms;
     co.policy.page_bytes = std::uint64_t(2) * 2 * 64 * kPageSize * 4;
@@ -960,8 +972,8 @@ class Actor {
     c.requests = double(r.end.dispatch.requests + r.end.dispatch.refused - r.start.dispatch.requests -
                         r.start.dispatch.refused);
     c.waited = double(r.end.dispatch.waited - r.start.dispatch.waited);
-    c.reports = double(r.end.repack.reports + r.end.repack.reports_refused - r.start.repack.reports -
-                       r.start.repack.reports_refused);
+    c.reports = double(r.end.repack.reports + r.end.repack.keepalives + r.end.repack.reports_refused -
+                       r.start.repack.reports - r.start.repack.keepalives - r.start.repack.reports_refused);
     c.orders = double(r.end.repack.orders_sent + r.end.repack.orders_failed - r.start.repack.orders_sent -
                       r.start.repack.orders_failed);
     c.plans = double(r.end.repack.plans - r.start.repack.plans);
@@ -1084,9 +1096,9 @@ int main(int argc, char** argv) {
       ->check(laminar::bench::positive());
   app.add_option("--train-ms", c.train_ms, "a simulated training step")->check(laminar::bench::at_least(0));
   app.add_option("--weight-mib", c.weight_mib, "MiB of each published version")->check(laminar::bench::positive());
-  app.add_option("--plan-interval-ms", c.plan_interval_ms, "RepackCoordinatorOptions::interval")
+  app.add_option("--plan-interval-ms", c.plan_interval_ms, "RepackCoordinatorOptions::min_plan_interval")
       ->check(laminar::bench::positive());
-  app.add_option("--report-interval-ms", c.report_interval_ms, "RepackDriverOptions::report_interval")
+  app.add_option("--report-interval-ms", c.report_interval_ms, "RepackDriverOptions::min_report_interval")
       ->check(laminar::bench::positive());
   app.add_option("--seed", c.seed, "the dispatcher's seed (sampling seeds, hence lengths)");
   app.add_flag("--quick", c.quick, "2 s idle, 3 s load, 1 MiB versions: a smoke run");

@@ -66,9 +66,9 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (a.run_schedule == "laminar" && s.repack) {
     laminar::RepackCoordinatorOptions co;
     co.tokens_per_page = Settings::kPageSize;
-    // Decode steps take 20-250 us here, so a batch's tail is over within a few ms: the drivers
-    // report each change (at most one a millisecond) and a plan follows each change, at most one
-    // every 2 ms; a report 100 ms old is of no use (the drivers keep alive every 25 ms).
+    // A batch's tail lasts some paced decode steps: the drivers report a change at most every
+    // 50 ms, and a plan follows each change, at most one every 2 ms; a report 100 ms old is of no
+    // use (the drivers keep alive every 25 ms).
     co.min_plan_interval = 2ms;
     co.stale_after = 100ms;
     // One page over every layer, K and V, f32; workers share one host.

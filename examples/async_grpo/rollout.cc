@@ -114,9 +114,10 @@ class Rollout {
       laminar::RepackDriverOptions dopt;
       dopt.worker = laminar::WorkerId(std::uint32_t(a_.index));
       dopt.coordinator = a_.actor;
-      // Reports on change, at most one a millisecond: a batch's tail is over within a few. With
-      // nothing new, a keep-alive every quarter of the actor's stale_after (100 ms).
-      dopt.min_report_interval = 1ms;
+      // Reports on change, at most one every 50 ms (two or three paced decode steps): a plan needs
+      // the tail's shape, not every page. With nothing new, a keep-alive every quarter of the
+      // actor's stale_after (100 ms).
+      dopt.min_report_interval = 50ms;
       dopt.keepalive_interval = 25ms;
       auto driver = laminar::RepackDriver::create(transport_, migrator_, dopt);
       if (!driver.ok()) return fail(who_, "repack driver", driver.status());
