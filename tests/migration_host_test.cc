@@ -61,13 +61,17 @@ struct Host {
     cache = std::make_shared<PagedKvCache>(PagedKvCache::create(l).value());
     mig = KvMigrator::create(tr, cache, o).value();
     laminar::MigrationHandlers h;
-    const auto list = [](const std::vector<SequenceId>& ids) {
-      std::string s;
-      for (SequenceId id : ids) s += " " + std::to_string(id.value());
+    // Appended piece by piece: GCC 12 misreads "text" + std::string as an overlapping copy.
+    const auto list = [](const char* call, const std::vector<SequenceId>& ids) {
+      std::string s = call;
+      for (SequenceId id : ids) {
+        s += ' ';
+        s += std::to_string(id.value());
+      }
       return s;
     };
     h.pause = [this, list](const MigrationEvent& e) -> Result<std::vector<SequenceState>> {
-      engine.calls.push_back("pause" + list(e.sequences));
+      engine.calls.push_back(list("pause", e.sequences));
       std::vector<SequenceState> states;
       for (SequenceId id : e.sequences) {
         engine.paused[id] = true;
@@ -77,17 +81,17 @@ struct Host {
       return states;
     };
     h.adopt = [this, list](MigrationEvent& e) -> Status {
-      engine.calls.push_back("adopt" + list(e.sequences));
+      engine.calls.push_back(list("adopt", e.sequences));
       for (SequenceState& s : e.states) engine.live[s.sequence] = std::move(s);
       return laminar::ok_status();
     };
     h.resume = [this, list](const MigrationEvent& e) -> Status {
-      engine.calls.push_back("resume" + list(e.sequences));
+      engine.calls.push_back(list("resume", e.sequences));
       for (SequenceId id : e.sequences) engine.paused[id] = false;
       return laminar::ok_status();
     };
     h.forget = [this, list](const MigrationEvent& e) -> Status {
-      engine.calls.push_back("forget" + list(e.sequences));
+      engine.calls.push_back(list("forget", e.sequences));
       for (SequenceId id : e.sequences) {
         engine.live.erase(id);
         engine.paused.erase(id);
