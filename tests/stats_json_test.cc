@@ -140,7 +140,7 @@ TEST_CASE("kv migrator stats: to_json is a JSON object with every field") {
 
 TEST_CASE("repack coordinator stats: to_json is a JSON object with every field") {
   laminar::RepackCoordinatorStats s = check_every_field<laminar::RepackCoordinatorStats>(701);
-  CHECK(Json::parse(s.to_json()).at("prompts_waiting") == 712);
+  CHECK(Json::parse(s.to_json()).at("prompts_waiting") == *s.prompts_waiting);
   s.prompts_waiting.reset();
   CHECK(Json::parse(s.to_json()).at("prompts_waiting").is_null());
 }
