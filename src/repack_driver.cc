@@ -85,6 +85,7 @@ struct RepackDriver::Impl {
   std::condition_variable step_cv;
   ClockSubscription step_wake;
   std::optional<internal::RepackReport> outbox;  // the newest report not sent yet
+  bool sending = false;                          // the thread sends a report taken from outbox
   std::uint64_t last_sent = 0;                   // the number of the last report that went out
   std::optional<Duration> sent_at;               // when it went out
   Endpoint coordinator;                          // invalid while not connected
@@ -172,10 +173,12 @@ struct RepackDriver::Impl {
       outbox.reset();
       const bool keepalive = r.report == last_sent;
       Endpoint ep = coordinator;
+      sending = true;
       l.unlock();
       const Status s = internal::send_protocol(
           ep, Message{kRepackReportMessage, internal::encode_repack_report(r)}, opt.send_timeout);
       l.lock();
+      sending = false;
       if (s.ok()) {
         ++(keepalive ? st.keepalives_sent : st.reports_sent);
         sent_at = clock->now();
@@ -354,7 +357,9 @@ Status RepackDriver::background_error() const {
 
 RepackDriverStats RepackDriver::stats() const {
   std::lock_guard l(impl_->mu);
-  return impl_->st;
+  RepackDriverStats s = impl_->st;
+  s.reports_queued = impl_->outbox || impl_->sending ? 1 : 0;
+  return s;
 }
 
 std::string RepackDriverStats::to_json() const { return internal::stats_json(*this); }

@@ -150,7 +150,8 @@ inline constexpr auto kStatsFields<RepackDriverStats> = std::tuple{
     field("orders_dropped", &RepackDriverStats::orders_dropped),
     field("migrations_started", &RepackDriverStats::migrations_started),
     field("migrations_refused", &RepackDriverStats::migrations_refused),
-    field("sequences_skipped", &RepackDriverStats::sequences_skipped)};
+    field("sequences_skipped", &RepackDriverStats::sequences_skipped),
+    field("reports_queued", &RepackDriverStats::reports_queued)};
 
 template <>
 inline constexpr auto kStatsFields<MigrationHostStats> = std::tuple{

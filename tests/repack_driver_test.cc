@@ -330,7 +330,18 @@ TEST_CASE("repack driver: a worker whose reports stop is left out of plans") {
   big.start(21, 44);
   REQUIRE(run_until(f, {&small, &big}, [&] { return f.stats().reports >= 2; }));
 
-  // big's loop stops; small's goes on past stale_after.
+  // big's loop stops; small's goes on past stale_after. First every report either loop queued
+  // goes out (after min_report_interval) and arrives, so that none arrives after the jump.
+  REQUIRE(f.clock->advance(200ms).ok());
+  REQUIRE(eventually(
+      [&] {
+        const laminar::RepackDriverStats a = small.driver->stats(), b = big.driver->stats();
+        const laminar::RepackCoordinatorStats c = f.stats();
+        return a.reports_queued == 0 && b.reports_queued == 0 &&
+               c.reports + c.keepalives + c.reports_refused ==
+                   a.reports_sent + a.keepalives_sent + b.reports_sent + b.keepalives_sent;
+      },
+      30s));
   REQUIRE(f.clock->advance(4s).ok());
   const std::uint64_t before = f.stats().reports;
   REQUIRE(run_until(f, {&small}, [&] { return f.stats().reports > before; }));
@@ -428,6 +439,9 @@ TEST_CASE("repack driver: reports go out on change at most every min_report_inte
   REQUIRE(eventually([&] { return fc.count() == 1; }));
   CHECK(fc.last().snapshot.step_time == 10ms);
   CHECK(fc.last().report == 1);
+  // The next report is spaced from when the driver noted this send: wait for that before moving
+  // the clock.
+  REQUIRE(eventually([&] { return w.driver->stats().reports_sent == 1; }));
 
   // 900 steps over 900 ms with nothing new but step-time jitter: no report.
   for (int i = 0; i < 900; ++i) {
@@ -704,7 +718,8 @@ TEST_CASE("repack driver: wait_event and set_notify wake on orders and on the mi
       RepackOrders{1, 1, Version(0), {{WorkerId(2), other.addr, {SequenceId(10)}}}}));
   CHECK(w.driver->wait_event(20s));
   CHECK(std::chrono::steady_clock::now() - start < 10s);
-  CHECK(notified >= 1);
+  // The host's waiter is told after the driver's own wakes.
+  REQUIRE(eventually([&] { return notified >= 1; }));
   w.driver->set_notify({});
   CHECK(w.driver->poll_deadline() == w.mig->poll_deadline());
   w.step();  // starts the migration

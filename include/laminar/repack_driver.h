@@ -96,6 +96,8 @@ struct RepackDriverStats {
   std::uint64_t migrations_started = 0;  // migrate() calls that succeeded
   std::uint64_t migrations_refused = 0;  // migrate() calls that failed (their sequences stay here)
   std::uint64_t sequences_skipped = 0;   // ordered sequences no longer live, or already moving
+  std::uint64_t reports_queued = 0;      // now: 1 while a report waits for min_report_interval or
+                                         //   a connection, or is being sent; else 0
 
   std::string to_json() const;
 };
