@@ -412,6 +412,14 @@ class Worker {
     bool asking_idle = false;
     while (!stop_) {
       LAMINAR_RETURN_IF_ERROR(drive());
+      for (std::optional<laminar::PendingGrant>* p : {&replaced, &asking}) {
+        if (!*p || !(*p)->ready()) continue;
+        Result<laminar::Grant> grant = (*p)->get();
+        p->reset();
+        if (p == &asking) asked_slots_ = 0;
+        if (!grant.ok()) return stop_ ? laminar::ok_status() : grant.status();
+        LAMINAR_RETURN_IF_ERROR(take_grant(*grant, want));
+      }
       if (idle() && !asking) {
         const std::optional<laminar::Version> newest = puller_->newest_version();
         if (newest && newest->value() > current() && *newest >= want) {
@@ -423,22 +431,16 @@ class Worker {
       taking_ = take;
       const std::uint32_t room = free_slots_now();
       const std::uint32_t free_slots = take ? room : 0;
-      const bool reask = asking && !replaced && ((idle() && !asking_idle && take) || asked_slots_ > room);
+      const bool reask =
+          asking && !replaced && ((idle() && !asking_idle && take) || asked_slots_ > room || !returned_.empty());
       if (reask) replaced = std::exchange(asking, std::nullopt);
-      if (!asking && (free_slots > 0 || reask)) {
+      if (!asking && (free_slots > 0 || reask || !returned_.empty())) {
         asking_idle = idle();
         asked_slots_ = free_slots;
         ++asked_;
         asking = client_->request_async({.version = laminar::Version(current()), .free_slots = free_slots,
-                                         .held = held(), .wait = kAskWait, .idle_pull = asking_idle});
-      }
-      for (std::optional<laminar::PendingGrant>* p : {&replaced, &asking}) {
-        if (!*p || !(*p)->ready()) continue;
-        Result<laminar::Grant> grant = (*p)->get();
-        p->reset();
-        if (p == &asking) asked_slots_ = 0;
-        if (!grant.ok()) return stop_ ? laminar::ok_status() : grant.status();
-        LAMINAR_RETURN_IF_ERROR(take_grant(*grant, want));
+                                         .held = held(), .wait = kAskWait, .idle_pull = asking_idle,
+                                         .returned = std::exchange(returned_, {})});
       }
       if (!idle() && steppable()) {
         LAMINAR_RETURN_IF_ERROR(step());
@@ -471,7 +473,9 @@ class Worker {
       const std::uint32_t free_slots = take ? free_slots_now() : 0;
       ++asked_;
       Result<laminar::Grant> grant = client_->request({.version = laminar::Version(current()),
-                                                       .free_slots = free_slots, .held = held()});
+                                                       .free_slots = free_slots,
+                                                       .held = held(),
+                                                       .returned = std::exchange(returned_, {})});
       if (!grant.ok()) return stop_ ? laminar::ok_status() : grant.status();
       LAMINAR_RETURN_IF_ERROR(take_grant(*grant, want));
       if (!idle()) {
@@ -606,6 +610,7 @@ class Worker {
 
   // Prefill: the prompt's tokens into the cache at once (no pacing: a step of the batch's own).
   Status start(std::vector<laminar::Sample> samples) {
+    for (std::size_t i = free_slots_now(); i < samples.size(); ++i) returned_.push_back(samples[i].id);
     if (samples.size() > free_slots_now()) samples.resize(free_slots_now());
     peak_pages_ = 0;
     for (const laminar::Sample& x : samples) {
@@ -702,6 +707,7 @@ class Worker {
   laminar::Duration step_time_{0};
   bool taking_ = false;
   std::uint32_t asked_slots_ = 0;
+  std::vector<laminar::TrajectoryId> returned_;  // granted, not started: for the next question
   std::vector<Live> live_;
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;

@@ -31,7 +31,7 @@ Status read_ids(ByteReader& r, std::string_view field, std::size_t limit, std::s
 std::vector<std::byte> encode_dispatch_request(const DispatchRequestMessage& m) {
   std::vector<std::byte> out;
   ByteWriter w(out);
-  w.reserve(29 + 8 * m.request.held.size());
+  w.reserve(33 + 8 * (m.request.held.size() + m.request.returned.size()));
   w.u32(m.worker.value());
   w.u64(m.request.version.value());
   w.u32(m.request.free_slots);
@@ -39,6 +39,8 @@ std::vector<std::byte> encode_dispatch_request(const DispatchRequestMessage& m) 
   w.u8(m.request.idle_pull ? 1 : 0);
   write_count(w, m.request.held.size());
   for (TrajectoryId id : m.request.held) w.u64(id.value());
+  write_count(w, m.request.returned.size());
+  for (TrajectoryId id : m.request.returned) w.u64(id.value());
   return out;
 }
 
@@ -57,6 +59,7 @@ Result<DispatchRequestMessage> decode_dispatch_request(std::span<const std::byte
   if (idle_pull > 1) return invalid_argument(fmt::format("{}: idle_pull flag {}", kRequest, idle_pull));
   m.request.idle_pull = idle_pull == 1;
   LAMINAR_RETURN_IF_ERROR(read_ids(r, "held count", max_held, kRequest, m.request.held));
+  LAMINAR_RETURN_IF_ERROR(read_ids(r, "returned count", max_held, kRequest, m.request.returned));
   LAMINAR_RETURN_IF_ERROR(r.finish());
   return m;
 }

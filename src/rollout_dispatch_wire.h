@@ -5,7 +5,8 @@
 // Little-endian, on ByteWriter / ByteReader (byte_codec.h); "blob" is a u32 length and that many
 // bytes:
 //   request  worker -> dispatcher  u32 worker, u64 version, u32 free_slots, i64 wait_ns, u8 idle_pull,
-//                                  u32 n; n times u64 held trajectory id
+//                                  u32 n; n times u64 held trajectory id; u32 r; r times u64
+//                                  returned trajectory id
 //   grant    dispatcher -> worker  u8 kind, u8 interrupt, u64 pull_version, u64 newest, u32 n;
 //                                  n times u64 trajectory id, u64 prompt_index, u32 sample_index,
 //                                  u64 seed, blob payload; then u32 d and d times u64 dropped id
@@ -36,7 +37,7 @@ struct DispatchRequestMessage {
 };
 
 std::vector<std::byte> encode_dispatch_request(const DispatchRequestMessage& m);
-// max_held: the most held ids a request may list.
+// max_held: the most held ids, and the most returned ids, a request may list.
 Result<DispatchRequestMessage> decode_dispatch_request(std::span<const std::byte> body, std::size_t max_held);
 
 std::vector<std::byte> encode_grant(const Grant& g);

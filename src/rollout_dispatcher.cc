@@ -427,19 +427,26 @@ struct RolloutDispatcher::Impl {
     if (!decoded.ok()) return Result<Grant>(decoded.status());
     const DispatchRequestMessage& m = *decoded;
     const DispatchRequest& q = m.request;
-    if (std::uint64_t(q.free_slots) + q.held.size() > opt.max_held) {
-      return Result<Grant>(invalid_argument(fmt::format(
-          "dispatch request: {} free slots and {} held ids, above max_held {}", q.free_slots, q.held.size(),
-          opt.max_held)));
+    if (std::uint64_t(q.free_slots) + q.held.size() + q.returned.size() > opt.max_held) {
+      return Result<Grant>(invalid_argument(
+          fmt::format("dispatch request: {} free slots, {} held and {} returned ids, above max_held {}", q.free_slots,
+                      q.held.size(), q.returned.size(), opt.max_held)));
     }
-    std::set<TrajectoryId> held(q.held.begin(), q.held.end());
-    for (TrajectoryId id : held) {
-      std::uint64_t g = 0;
-      std::uint32_t s = 0;
-      if (!locate(id, g, s)) {
-        return Result<Grant>(invalid_argument(fmt::format("dispatch request: worker {} holds trajectory {}, of no "
-                                                          "group made",
-                                                          m.worker.value(), id.value())));
+    const std::set<TrajectoryId> held(q.held.begin(), q.held.end());
+    const std::set<TrajectoryId> returned(q.returned.begin(), q.returned.end());
+    for (const auto& [ids, verb] : {std::pair{&held, "holds"}, std::pair{&returned, "returns"}}) {
+      for (TrajectoryId id : *ids) {
+        std::uint64_t g = 0;
+        std::uint32_t s = 0;
+        if (!locate(id, g, s)) {
+          return Result<Grant>(invalid_argument(fmt::format("dispatch request: worker {} {} trajectory {}, of no "
+                                                            "group made",
+                                                            m.worker.value(), verb, id.value())));
+        }
+        if (ids == &returned && held.count(id) != 0) {
+          return Result<Grant>(invalid_argument(fmt::format(
+              "dispatch request: worker {} lists trajectory {} both held and returned", m.worker.value(), id.value())));
+        }
       }
     }
     if (known && *known != m.worker) {
@@ -472,7 +479,8 @@ struct RolloutDispatcher::Impl {
       answer_later(*std::exchange(w.parked, std::nullopt), std::move(nothing));
     }
     Grant out;
-    // What it stopped listing is released: in flight to the queue, migrating, or dropped.
+    // What it stopped listing is released (in flight to the queue, migrating, or dropped), or put
+    // back at once when it says it returns it.
     for (auto h = w.held.begin(); h != w.held.end();) {
       if (held.count(*h) != 0) {
         ++h;
@@ -481,10 +489,16 @@ struct RolloutDispatcher::Impl {
       std::uint64_t g = 0;
       std::uint32_t s = 0;
       LAMINAR_CHECK(locate(*h, g, s));
-      groups.at(g).samples[s].state = SampleState::kReleased;
-      released.emplace(*h, now);
-      wake_by(deadline_after(now, opt.lease) + Duration(1));
+      const TrajectoryId id = *h;
       h = w.held.erase(h);
+      if (returned.count(id) != 0) {
+        put_back(g, s);
+        ++st.returned;
+        continue;
+      }
+      groups.at(g).samples[s].state = SampleState::kReleased;
+      released.emplace(id, now);
+      wake_by(deadline_after(now, opt.lease) + Duration(1));
     }
     for (TrajectoryId id : held) {
       std::uint64_t g = 0;

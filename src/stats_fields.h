@@ -172,6 +172,7 @@ inline constexpr auto kStatsFields<RolloutDispatcherStats> = std::tuple{
     field("groups_done", &RolloutDispatcherStats::groups_done),
     field("handed_out", &RolloutDispatcherStats::handed_out),
     field("reissued", &RolloutDispatcherStats::reissued),
+    field("returned", &RolloutDispatcherStats::returned),
     field("claimed", &RolloutDispatcherStats::claimed),
     field("completed", &RolloutDispatcherStats::completed),
     field("duplicates", &RolloutDispatcherStats::duplicates),

@@ -14,7 +14,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "expect_line.h"
@@ -59,8 +58,9 @@ void require_ok(const laminar::Status& s) {
   REQUIRE(s.ok());
 }
 
-// A pause between polls that found nothing, only so the test leaves the cores to its child.
-void idle() { std::this_thread::sleep_for(500us); }
+// How long a loop that found nothing to do waits on the migrator for its next event (a bound, so
+// that the loop's own deadline is checked).
+constexpr laminar::Duration kIdleWait = 100ms;
 
 // Decodes every sequence of `w` to its end and checks each against the unmoved reference, bit for bit.
 void finish_and_compare(Worker& w) {
@@ -107,9 +107,10 @@ TEST_CASE("kv migrator multiprocess: sequences moved mid-decode continue bit for
   std::uint64_t pages_sent_live = 0;
   bool paused = false, done = false;
   const auto deadline = std::chrono::steady_clock::now() + kMigrationTimeout;
+  bool busy = true;  // the last turn had events or stepped
   while (!done) {
     REQUIRE(std::chrono::steady_clock::now() < deadline);
-    std::vector<MigrationEvent> events = w->migrator().poll();
+    std::vector<MigrationEvent> events = busy ? w->migrator().poll() : w->migrator().wait_event(kIdleWait);
     if (!paused && w->migrator().stats().pages_sent > pages_sent_live) {
       pages_sent_live = w->migrator().stats().pages_sent;
       ++polls_that_sent;
@@ -135,7 +136,7 @@ TEST_CASE("kv migrator multiprocess: sequences moved mid-decode continue bit for
       ++steps_while_live;
       if (pages_sent_live > 0) ++steps_between_stages;
     }
-    if (events.empty() && !*stepped) idle();
+    busy = !events.empty() || *stepped;
   }
   CHECK(w->migrator().state(*id).value() == MigrationState::kDone);
   std::printf("kv migrator multiprocess: %d decode steps while live, %d of them after the first stage; %llu pages "
@@ -190,9 +191,10 @@ TEST_CASE("kv migrator multiprocess: a destination killed in any stage leaves th
 
   bool aborted = false;
   const auto deadline = std::chrono::steady_clock::now() + kMigrationTimeout;
+  bool busy = true;  // the last turn had events or stepped
   while (!aborted) {
     REQUIRE(std::chrono::steady_clock::now() < deadline);
-    std::vector<MigrationEvent> events = w->migrator().poll();
+    std::vector<MigrationEvent> events = busy ? w->migrator().poll() : w->migrator().wait_event(kIdleWait);
     if (stage == "live" && !killed && w->migrator().stats().pages_sent > 0) {
       peer.kill(SIGKILL);
       killed = true;
@@ -220,7 +222,7 @@ TEST_CASE("kv migrator multiprocess: a destination killed in any stage leaves th
     }
     laminar::Result<bool> stepped = w->step();
     require_ok(stepped.status());
-    if (events.empty() && !*stepped) idle();
+    busy = !events.empty() || *stepped;
   }
   REQUIRE(killed);
   CHECK(peer.wait(kLineTimeout).value() == 128 + SIGKILL);
@@ -275,9 +277,8 @@ TEST_CASE("kv migrator multiprocess: a source killed in any stage leaves no page
     }
     if (!killed && stage == "final" && final_sent) kill_source();
     if (killed || !paused) {
-      std::vector<MigrationEvent> events = w->migrator().poll();
-      // Once the source is dead nothing else paces this loop.
-      if (killed && events.empty()) idle();
+      // Once the source is dead nothing else paces this loop: it waits for the outcome.
+      std::vector<MigrationEvent> events = killed ? w->migrator().wait_event(kIdleWait) : w->migrator().poll();
       for (MigrationEvent& e : events) {
         INFO("event " << int(e.kind) << ": " << e.reason.to_string());
         REQUIRE(!outcome);

@@ -23,7 +23,6 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "kv_migrator_workload.h"
@@ -51,9 +50,9 @@ std::string join(const std::vector<laminar::SequenceId>& ids) {
 volatile std::sig_atomic_t terminate_requested = 0;
 void on_sigterm(int) { terminate_requested = 1; }
 
-// Nothing arrived and nothing to decode: a short nap, only so that an idle peer leaves the cores
-// to the other process (poll() never blocks).
-void idle() { std::this_thread::sleep_for(500us); }
+// Nothing arrived and nothing to decode: the loop waits this long at most on the migrator for its
+// next event, so that a SIGTERM is seen.
+constexpr laminar::Duration kIdleWait = 100ms;
 
 int destination(Worker& w) {
   if (laminar::Status st = w.prefill(kv_migrator_workload::home_sequences()); !st.ok()) return fail("home", st);
@@ -62,8 +61,9 @@ int destination(Worker& w) {
   bool reported_reservation = false;
   bool arrived = false, reported_results = false;
   int home_steps = 0;
+  bool busy = true;  // the last turn had events or stepped
   for (;;) {
-    std::vector<MigrationEvent> events = w.migrator().poll();
+    std::vector<MigrationEvent> events = busy ? w.migrator().poll() : w.migrator().wait_event(kIdleWait);
     for (MigrationEvent& e : events) {
       if (e.kind == MigrationEvent::Kind::kArrived) {
         std::printf("arrived %s\n", join(e.sequences).c_str());
@@ -95,7 +95,7 @@ int destination(Worker& w) {
       reported_results = true;
     }
     if (terminate_requested) return 0;
-    if (events.empty() && !*stepped) idle();
+    busy = !events.empty() || *stepped;
   }
 }
 
@@ -107,8 +107,9 @@ int source(Worker& w, std::string_view destination_address) {
   if (!migration.ok()) return fail("migrate", migration.status());
   std::printf("offered %llu\n", static_cast<unsigned long long>(migration->value()));
   std::uint64_t pages_reported = 0;
+  bool busy = true;  // the last turn had events or stepped
   for (;;) {
-    std::vector<MigrationEvent> events = w.migrator().poll();
+    std::vector<MigrationEvent> events = busy ? w.migrator().poll() : w.migrator().wait_event(kIdleWait);
     for (MigrationEvent& e : events) {
       if (e.kind == MigrationEvent::Kind::kPauseRequested) {
         std::printf("paused\n");
@@ -129,7 +130,7 @@ int source(Worker& w, std::string_view destination_address) {
     }
     laminar::Result<bool> stepped = w.step();
     if (!stepped.ok()) return fail("decode", stepped.status());
-    if (events.empty() && !*stepped) idle();
+    busy = !events.empty() || *stepped;
   }
 }
 

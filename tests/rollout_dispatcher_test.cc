@@ -112,13 +112,18 @@ void check_numbering(const std::vector<Sample>& samples, std::uint32_t group_siz
 
 TEST_CASE("rollout dispatcher: the wire refuses truncated, trailing and out-of-bound bodies", "[rollout_dispatcher]") {
   namespace in = laminar::internal;
-  const in::DispatchRequestMessage q{WorkerId(3), {Version(9), 5, {TrajectoryId(1), TrajectoryId(77)}, 2s, true}};
+  const in::DispatchRequestMessage q{WorkerId(3),
+                                     {Version(9), 5, {TrajectoryId(1), TrajectoryId(77)}, 2s, true, {TrajectoryId(4)}}};
   const std::vector<std::byte> qb = in::encode_dispatch_request(q);
-  REQUIRE(qb.size() == 29 + 16);
+  REQUIRE(qb.size() == 29 + 16 + 4 + 8);
   auto back = in::decode_dispatch_request(qb, 2);
   REQUIRE(back.ok());
   CHECK(*back == q);
   expect_code(in::decode_dispatch_request(qb, 1).status(), StatusCode::kInvalidArgument, "held count is 2");
+  in::DispatchRequestMessage many_back = q;
+  many_back.request.returned.assign(3, TrajectoryId(5));
+  expect_code(in::decode_dispatch_request(in::encode_dispatch_request(many_back), 2).status(),
+              StatusCode::kInvalidArgument, "returned count is 3");
   Grant g{GrantKind::kWork, Version(0), {{TrajectoryId(13), 3, 1, 42, "prompt"}, {TrajectoryId(14), 3, 2, 43, ""}},
           {TrajectoryId(5)}, Version(4), true};
   const std::vector<std::byte> gb = in::encode_grant(g);
@@ -852,6 +857,52 @@ TEST_CASE("rollout dispatcher: a request with nothing to take waits until work c
   const laminar::RolloutDispatcherStats st = actor.dispatcher->stats();
   CHECK(st.waited == 4);
   CHECK(st.waiting_requests == 0);
+}
+
+TEST_CASE("rollout dispatcher: samples a worker returns unstarted go out again at once", "[rollout_dispatcher]") {
+  constexpr std::uint32_t kG = 4;
+  Actor actor({.group_size = kG, .seed = 6, .lease = 30s, .max_held = 8});
+  REQUIRE(actor.dispatcher->open(Version(0), Version(0), 1).ok());
+  Worker a = actor.worker(1), b = actor.worker(2);
+  const Grant all = a.ask(Version(0), kG);
+  REQUIRE(all.samples.size() == kG);
+  // b waits: nothing is left.
+  laminar::PendingGrant waiting = b.client->request_async({.version = Version(0), .free_slots = kG, .wait = 5s});
+  REQUIRE(eventually([&] { return actor.dispatcher->stats().waiting_requests == 1; }));
+
+  // a starts two and gives the other two back: b has them at once, the same ids and seeds, not a
+  // lease later.
+  const std::vector<TrajectoryId> kept = {all.samples[0].id, all.samples[1].id};
+  const std::vector<TrajectoryId> back = {all.samples[2].id, all.samples[3].id};
+  laminar::Result<Grant> g = a.client->request({.version = Version(0), .held = kept, .returned = back});
+  REQUIRE(g.ok());
+  CHECK(g->kind == GrantKind::kNothing);
+  REQUIRE(eventually([&] { return waiting.ready(); }));
+  laminar::Result<Grant> got = waiting.get();
+  REQUIRE(got.ok());
+  REQUIRE(got->kind == GrantKind::kWork);
+  CHECK(ids_of(got->samples) == ids_of({all.samples[2], all.samples[3]}));
+  for (const Sample& s : got->samples) CHECK(s.seed == all.samples[s.sample_index].seed);
+  laminar::RolloutDispatcherStats st = actor.dispatcher->stats();
+  CHECK(st.returned == 2);
+  CHECK(st.reissued == 2);
+  CHECK(st.handed_out == kG + 2);
+
+  // Returning what it no longer holds (b has them now) changes nothing.
+  REQUIRE(a.client->request({.version = Version(0), .held = kept, .returned = back}).ok());
+  st = actor.dispatcher->stats();
+  CHECK(st.returned == 2);
+  CHECK(st.waiting == 0);
+  // A sample both held and returned, or of no group made, is refused.
+  expect_code(a.client->request({.version = Version(0), .held = kept, .returned = {kept[0]}}).status(),
+              StatusCode::kInvalidArgument, "both held and returned");
+  expect_code(a.client->request({.version = Version(0), .held = kept, .returned = {TrajectoryId(999)}}).status(),
+              StatusCode::kInvalidArgument, "returns trajectory 999, of no group made");
+  expect_code(a.client->request({.version = Version(0), .free_slots = 5, .held = kept, .returned = back}).status(),
+              StatusCode::kInvalidArgument, "5 free slots, 2 held and 2 returned ids, above max_held 8");
+  // Every sample completes once, whoever decoded it.
+  actor.complete(all.samples);
+  CHECK(actor.dispatcher->stats().groups_done == 1);
 }
 
 TEST_CASE("rollout dispatcher: a stream answers a waiting request when a completion makes room",

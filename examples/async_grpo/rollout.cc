@@ -177,6 +177,18 @@ class Rollout {
         if (!events.ok()) return events.status();
         for (laminar::MigrationEvent& e : *events) LAMINAR_RETURN_IF_ERROR(handle(e));
       }
+      // Answers first, so that a question answered is asked again below before the loop sleeps.
+      for (std::optional<laminar::PendingGrant>* p : {&replaced, &asking}) {
+        if (!*p || !(*p)->ready()) continue;
+        Result<laminar::Grant> grant = (*p)->get();
+        p->reset();
+        if (p == &asking) asked_slots_ = 0;
+        // After the run the actor leaves, and with it the dispatcher.
+        if (!grant.ok()) return final_version(a_.dir) > 0 ? laminar::ok_status() : grant.status();
+        for (laminar::TrajectoryId id : grant->drop) drop(id);
+        if (grant->kind == laminar::GrantKind::kPullNewer) want = grant->pull_version;
+        if (grant->kind == laminar::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(grant->samples));
+      }
       if (idle() && !asking) {
         const std::optional<laminar::Version> newest = puller_->newest_version();
         if (newest && newest->value() > current() && *newest >= want) {
@@ -190,27 +202,19 @@ class Rollout {
       const std::uint32_t room = live_.size() < std::size_t(s_.max_live) ? std::uint32_t(s_.max_live - int(live_.size())) : 0;
       const std::uint32_t free_slots = take ? room : 0;
       // Ask again, replacing the question out: idle with a question asked while busy, so that a
-      // newer version gets it pulled; or sequences migrated in took slots the question offered.
-      const bool reask = asking && !replaced && ((idle() && !asking_idle && take) || asked_slots_ > room);
+      // newer version gets it pulled; sequences migrated in took slots the question offered; or
+      // samples that did not fit go back.
+      const bool reask =
+          asking && !replaced && ((idle() && !asking_idle && take) || asked_slots_ > room || !returned_.empty());
       if (reask) replaced = std::exchange(asking, std::nullopt);
-      if (!asking && (free_slots > 0 || reask)) {
+      if (!asking && (free_slots > 0 || reask || !returned_.empty())) {
         std::vector<laminar::TrajectoryId> held;
         for (const Live& l : live_) held.push_back(l.seq.trajectory);
         asking_idle = idle();
         asked_slots_ = free_slots;
         asking = client_->request_async({.version = laminar::Version(current()), .free_slots = free_slots,
-                                         .held = std::move(held), .wait = kAskWait, .idle_pull = asking_idle});
-      }
-      for (std::optional<laminar::PendingGrant>* p : {&replaced, &asking}) {
-        if (!*p || !(*p)->ready()) continue;
-        Result<laminar::Grant> grant = (*p)->get();
-        p->reset();
-        if (p == &asking) asked_slots_ = 0;
-        // After the run the actor leaves, and with it the dispatcher.
-        if (!grant.ok()) return final_version(a_.dir) > 0 ? laminar::ok_status() : grant.status();
-        for (laminar::TrajectoryId id : grant->drop) drop(id);
-        if (grant->kind == laminar::GrantKind::kPullNewer) want = grant->pull_version;
-        if (grant->kind == laminar::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(grant->samples));
+                                         .held = std::move(held), .wait = kAskWait, .idle_pull = asking_idle,
+                                         .returned = std::exchange(returned_, {})});
       }
       if (!idle() && steppable()) {
         LAMINAR_RETURN_IF_ERROR(step());
@@ -224,7 +228,8 @@ class Rollout {
       } else if (asking || !idle()) {
         sleep_until_woken();
       } else {
-        (void)store_->wait_for_newer(puller_->current_version(), 30s);  // before the first version
+        // Before the first version: one committed (one still arriving is not pulled yet).
+        (void)store_->wait_for_version(laminar::Version(current() + 1), 30s);
       }
       LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
                                                               .kind = async_grpo::SpanKind::kIdleWait,
@@ -382,6 +387,9 @@ class Rollout {
   Status start(std::vector<laminar::Sample> samples) {
     const std::size_t first = live_.size();
     const std::size_t fits = live_.size() < std::size_t(s_.max_live) ? std::size_t(s_.max_live) - live_.size() : 0;
+    // More than fits (a replaced question's answer and the new one both brought work, or a
+    // migration took slots asked for): the rest goes back with the next question.
+    for (std::size_t i = fits; i < samples.size(); ++i) returned_.push_back(samples[i].id);
     if (samples.size() > fits) samples.resize(fits);
     if (samples.empty()) return laminar::ok_status();
     peak_pages_ = 0;  // new samples: the KV grows again
@@ -538,6 +546,7 @@ class Rollout {
   std::unique_ptr<laminar::WeightPuller> puller_;
   std::unique_ptr<laminar::DispatchClient> client_;
   std::uint32_t asked_slots_ = 0;
+  std::vector<laminar::TrajectoryId> returned_;  // granted, not started: for the next question
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;
   bool woken_ = false;

@@ -39,7 +39,8 @@
 // that worker's, wherever it was before (a migrated sequence is claimed by its new worker, and an
 // id waiting to be handed out again is taken back). A sample a worker stops listing without its
 // completion arriving (in flight to the queue, or migrating) is released; if nobody completes or
-// claims it within one lease it goes back to be handed out again. A worker is lost when its
+// claims it within one lease it goes back to be handed out again. One it lists as returned goes
+// back at once. A worker is lost when its
 // connection closes or it has asked nothing within a lease (a request waiting at the dispatcher
 // counts as asking): what it held and nobody completed or claimed goes back to the front of the
 // queue at once, same trajectory id and seed. Memory is bounded: max_workers workers (each with at
@@ -120,7 +121,7 @@ struct RolloutDispatcherOptions {
   Duration max_wait = std::chrono::seconds(5);
   // Workers known at once (positive): a request from one more is refused with kResourceExhausted.
   std::uint32_t max_workers = 64;
-  // Ids one worker may hold: its held list plus its free slots (positive).
+  // Ids one request may carry: its held list, its returned list and its free slots (positive).
   std::uint32_t max_held = 1024;
   // Groups from the oldest not done to the newest (positive).
   std::uint64_t max_open_groups = 1 << 16;
@@ -146,6 +147,7 @@ struct RolloutDispatcherStats {
   std::uint64_t groups_done = 0;       // every sample completed
   std::uint64_t handed_out = 0;        // samples in grants, reissued ones included
   std::uint64_t reissued = 0;          // samples put back to be handed out again
+  std::uint64_t returned = 0;          // of those, given back unstarted by their worker
   std::uint64_t claimed = 0;           // held ids that moved to the worker listing them
   std::uint64_t completed = 0;         // completions counted once
   std::uint64_t duplicates = 0;        // completions of an id completed already
@@ -281,6 +283,10 @@ struct DispatchRequest {
   // pull): while its version is behind the newest published one it is answered kPullNewer with the
   // newest, at once or as soon as a newer version is published while the request waits.
   bool idle_pull = false;
+  // Samples granted to this worker that it gives back unstarted (two answers brought more than it
+  // had room for, say): handed out again at once, where leaving them off `held` would hold them for
+  // a lease. None may be in `held`; one this worker no longer holds is ignored.
+  std::vector<TrajectoryId> returned = {};
 
   friend bool operator==(const DispatchRequest&, const DispatchRequest&) = default;
 };

@@ -1327,9 +1327,10 @@ class DispatchClient:
     def __init__(self, transport: Transport, options: DispatchClientOptions) -> None:
         """Connects, retrying until connect_timeout. InvalidArgumentError for bad options."""
     def request(self, version: int, free_slots: int, held: Sequence[int] = ..., wait: Seconds = 0.0,
-                idle_pull: bool = False) -> Grant:
+                idle_pull: bool = False, returned: Sequence[int] = ...) -> Grant:
         """Asks for up to `free_slots` samples for weights `version`, listing the ids it decodes now
-        (`held`); the dispatcher may hold the request `wait` seconds while it has nothing for it.
+        (`held`) and those granted that it gives back unstarted (`returned`, handed out again at
+        once); the dispatcher may hold the request `wait` seconds while it has nothing for it.
         Returns the Grant."""
     def close(self) -> None:
         """Closes the connection: the dispatcher hands this worker's samples out again."""

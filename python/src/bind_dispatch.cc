@@ -170,9 +170,10 @@ A rollout worker's side of dispatch: asks the dispatcher for samples, saying whi
       .def(
           "request",
           [](DispatchClient& c, Version version, py::handle free_slots, const std::vector<TrajectoryId>& held,
-             py::handle wait, bool idle_pull) {
-            DispatchRequest q{version, static_cast<std::uint32_t>(to_uint(free_slots, "free_slots", UINT32_MAX)),
-                              held, to_duration(wait, "wait"), idle_pull};
+             py::handle wait, bool idle_pull, const std::vector<TrajectoryId>& returned) {
+            DispatchRequest q{version,   static_cast<std::uint32_t>(to_uint(free_slots, "free_slots", UINT32_MAX)),
+                              held,      to_duration(wait, "wait"),
+                              idle_pull, returned};
             if (q.wait == kForever) throw_invalid("wait must be finite seconds");
             std::optional<Result<Grant>> g;
             {
@@ -182,9 +183,11 @@ A rollout worker's side of dispatch: asks the dispatcher for samples, saying whi
             return unwrap(std::move(*g));
           },
           py::arg("version"), py::arg("free_slots"), py::arg("held") = std::vector<TrajectoryId>{},
-          py::arg("wait") = 0.0, py::arg("idle_pull") = false, R"doc(
-Asks for up to `free_slots` samples for weights `version`, listing the ids it decodes now (`held`);
-the dispatcher may hold the request `wait` seconds while it has nothing for it. Returns the Grant.)doc")
+          py::arg("wait") = 0.0, py::arg("idle_pull") = false, py::arg("returned") = std::vector<TrajectoryId>{},
+          R"doc(
+Asks for up to `free_slots` samples for weights `version`, listing the ids it decodes now (`held`)
+and those granted that it gives back unstarted (`returned`, handed out again at once); the
+dispatcher may hold the request `wait` seconds while it has nothing for it. Returns the Grant.)doc")
       .def("close", &DispatchClient::close, "Closes the connection: the dispatcher hands this worker's samples out again.");
 }
 

@@ -89,6 +89,20 @@ def test_a_closed_worker_loses_nothing(actor):
     assert d.stats()["lost_workers"] == 1 and d.stats()["reissued"] == 2
 
 
+def test_a_sample_given_back_goes_out_again_at_once(actor):
+    d, address, _ = actor
+    d.open(1, version_min=0, version_max=0)
+    a = client(address, 1)
+    g = a.request(0, 2)
+    kept, back = g.samples[0].id, g.samples[1].id
+    assert a.request(0, 0, held=[kept], returned=[back]).kind == laminar.GrantKind.NOTHING
+    b = client(address, 2)
+    again = b.request(0, 2)
+    assert [s.id for s in again.samples] == [back]
+    stats = d.stats()
+    assert stats["returned"] == 1 and stats["reissued"] == 1
+
+
 def test_bad_arguments_name_what_is_wrong(actor):
     d, address, t = actor
     with pytest.raises(laminar.AlreadyExistsError, match="another one serves"):
