@@ -3,7 +3,7 @@
 // examples/async_grpo wires them, with no model:
 //   actor:   a listening Transport; a RolloutDispatcher; a TrajectoryQueue behind a
 //            TrajectoryQueueServer; a RelayStore + RelayNode, the head of the weight chain; a
-//            RepackCoordinator (the example's settings: a plan every 2 ms, reports stale after 100 ms,
+//            RepackCoordinator (the example's settings: a plan every 2 ms, reports stale after 3 s,
 //            the paper's best-fit rule). Its main thread is the trainer: it pops batches of
 //            --batch-groups groups, calls completed() for each sample, "trains" --train-ms, acks and
 //            publishes the next version (--weight-mib MiB) to the queue, relay, dispatcher and
@@ -346,7 +346,7 @@ class Worker {
     dopt.coordinator = actor_;
     dopt.min_report_interval = std::chrono::duration_cast<laminar::Duration>(
         std::chrono::duration<double, std::milli>(c_.report_interval_ms));
-    dopt.keepalive_interval = 25ms;  // the example's: a quarter of the coordinator's stale_after
+    dopt.keepalive_interval = 1s;  // the example's: a third of the coordinator's stale_after
     driver_ = must(laminar::RepackDriver::create(transport_, migrator_, dopt), "repack driver");
     driver_->set_notify([this] { wake(); });
     namer.name("driver-report");
@@ -783,7 +783,7 @@ class Actor {
     co.tokens_per_page = kPageSize;
     co.min_plan_interval = std::chrono::duration_cast<laminar::Duration>(
         std::chrono::duration<double, std::milli>(c_.plan_interval_ms));
-    co.stale_after = 100ms;
+    co.stale_after = 3s;
     co.policy.page_bytes = std::uint64_t(2) * 2 * 64 * kPageSize * 4;
     co.policy.link_bytes_per_s = 1e9;
     co.policy.growth_horizon_steps = c_.max_tokens;

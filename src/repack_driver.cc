@@ -331,16 +331,19 @@ void RepackDriver::set_notify(std::function<void()> notify) {
   impl_->notify = std::move(notify);
 }
 
-Duration RepackDriver::poll_deadline() const { return impl_->migrator->poll_deadline(); }
+Duration RepackDriver::poll_deadline() const {
+  const Impl& d = *impl_;
+  // Not under the driver's lock: the migrator calls its notify, which takes that lock, holding its
+  // own. reported and reported_at belong to the decode loop, the caller.
+  const Duration keepalive = d.reported ? deadline_after(d.reported_at, d.opt.keepalive_interval) : kForever;
+  return std::min(d.migrator->poll_deadline(), keepalive);
+}
 
 bool RepackDriver::wait_event(Duration timeout) {
   Impl& d = *impl_;
   const Duration deadline = deadline_after(*d.clock, timeout);
   for (;;) {
-    // Not under the driver's lock: the migrator calls its notify, which takes that lock, holding
-    // its own.
-    const Duration keepalive = d.reported ? deadline_after(d.reported_at, d.opt.keepalive_interval) : kForever;
-    const Duration due = std::min(d.migrator->poll_deadline(), keepalive);
+    const Duration due = poll_deadline();
     std::unique_lock l(d.mu);
     if (d.pending || d.migrator_woke) return true;
     const Duration now = d.clock->now();

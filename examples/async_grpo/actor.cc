@@ -67,10 +67,10 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     laminar::RepackCoordinatorOptions co;
     co.tokens_per_page = Settings::kPageSize;
     // A batch's tail lasts some paced decode steps: the drivers report a change at most every
-    // 50 ms, and a plan follows each change, at most one every 2 ms; a report 100 ms old is of no
-    // use (the drivers keep alive every 25 ms).
+    // 50 ms, and a plan follows each change, at most one every 2 ms. A worker not heard from for
+    // 3 s is left out; the drivers keep alive every second, an idle one (a destination) included.
     co.min_plan_interval = 2ms;
-    co.stale_after = 100ms;
+    co.stale_after = 3s;
     // One page over every layer, K and V, f32; workers share one host.
     const async_grpo::PolicyConfig pc;
     co.policy.page_bytes = std::uint64_t(pc.num_layers) * 2 * pc.num_kv_heads * pc.head_dim * Settings::kPageSize * 4;

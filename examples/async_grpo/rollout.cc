@@ -115,10 +115,10 @@ class Rollout {
       dopt.worker = laminar::WorkerId(std::uint32_t(a_.index));
       dopt.coordinator = a_.actor;
       // Reports on change, at most one every 50 ms (two or three paced decode steps): a plan needs
-      // the tail's shape, not every page. With nothing new, a keep-alive every quarter of the
-      // actor's stale_after (100 ms).
+      // the tail's shape, not every page. With nothing new, a keep-alive every third of the
+      // actor's stale_after (3 s); the loop's sleep ends by then (poll_deadline).
       dopt.min_report_interval = 50ms;
-      dopt.keepalive_interval = 25ms;
+      dopt.keepalive_interval = 1s;
       auto driver = laminar::RepackDriver::create(transport_, migrator_, dopt);
       if (!driver.ok()) return fail(who_, "repack driver", driver.status());
       driver_ = std::move(*driver);

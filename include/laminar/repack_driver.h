@@ -25,7 +25,7 @@
 //      step() keepalive_interval after the last report with nothing new sends that report again,
 //      same number and all (a keep-alive), so that the coordinator's stale_after does not drop a
 //      quiet worker; a loop that stops calling step() goes stale, as it should, and one that
-//      waits (wait_event) steps at least that often;
+//      waits (wait_event, or its own wait bounded by poll_deadline()) steps at least that often;
 //   3. the migrator is polled, and its events are returned to the loop, which acts on them as
 //      KvMigrator's header describes (MigrationHost does it for a host's engine).
 // A loop with nothing to decode waits with wait_event() until step() has something to do, instead
@@ -142,12 +142,13 @@ class RepackDriver {
   // For a host that waits for several things at once on its own condition variable (the
   // dispatcher's answer, say): `notify` runs each time orders arrive or the migrator may have
   // events, on whichever thread learnt it, so it must only wake a waiter, never call the driver.
-  // Such a waiter also wakes by poll_deadline(). Keep-alives are not among these: a loop that
-  // sleeps sends none, and its worker sits out plans until its next report. Replaces the previous
-  // hook (empty: none); once this returns the previous one is not running.
+  // Such a waiter also wakes by poll_deadline(), which includes the next keep-alive: an idle
+  // worker (a destination for others' sequences) stays in plans while its loop waits. Replaces
+  // the previous hook (empty: none); once this returns the previous one is not running.
   void set_notify(std::function<void()> notify);
+  // Precondition: the caller is the decode loop.
   // The instant (on the driver's clock) by which step() should run even if no notify comes: the
-  // migrator's poll_deadline().
+  // migrator's poll_deadline(), or the next keep-alive's if that is sooner.
   Duration poll_deadline() const;
 
   RepackDriverStats stats() const;
