@@ -58,8 +58,8 @@ void require_ok(const laminar::Status& s) {
   REQUIRE(s.ok());
 }
 
-// How long a loop that found nothing to do waits on the migrator for its next event (a bound, so
-// that the loop's own deadline is checked).
+// The longest a loop that found nothing to do waits for the migrator before it checks its own
+// deadline.
 constexpr laminar::Duration kIdleWait = 100ms;
 
 // Decodes every sequence of `w` to its end and checks each against the unmoved reference, bit for bit.
@@ -107,10 +107,9 @@ TEST_CASE("kv migrator multiprocess: sequences moved mid-decode continue bit for
   std::uint64_t pages_sent_live = 0;
   bool paused = false, done = false;
   const auto deadline = std::chrono::steady_clock::now() + kMigrationTimeout;
-  bool busy = true;  // the last turn had events or stepped
   while (!done) {
     REQUIRE(std::chrono::steady_clock::now() < deadline);
-    std::vector<MigrationEvent> events = busy ? w->migrator().poll() : w->migrator().wait_event(kIdleWait);
+    std::vector<MigrationEvent> events = w->migrator().poll();
     if (!paused && w->migrator().stats().pages_sent > pages_sent_live) {
       pages_sent_live = w->migrator().stats().pages_sent;
       ++polls_that_sent;
@@ -136,7 +135,7 @@ TEST_CASE("kv migrator multiprocess: sequences moved mid-decode continue bit for
       ++steps_while_live;
       if (pages_sent_live > 0) ++steps_between_stages;
     }
-    busy = !events.empty() || *stepped;
+    if (events.empty() && !*stepped) w->idle(kIdleWait);
   }
   CHECK(w->migrator().state(*id).value() == MigrationState::kDone);
   std::printf("kv migrator multiprocess: %d decode steps while live, %d of them after the first stage; %llu pages "
@@ -191,10 +190,9 @@ TEST_CASE("kv migrator multiprocess: a destination killed in any stage leaves th
 
   bool aborted = false;
   const auto deadline = std::chrono::steady_clock::now() + kMigrationTimeout;
-  bool busy = true;  // the last turn had events or stepped
   while (!aborted) {
     REQUIRE(std::chrono::steady_clock::now() < deadline);
-    std::vector<MigrationEvent> events = busy ? w->migrator().poll() : w->migrator().wait_event(kIdleWait);
+    std::vector<MigrationEvent> events = w->migrator().poll();
     if (stage == "live" && !killed && w->migrator().stats().pages_sent > 0) {
       peer.kill(SIGKILL);
       killed = true;
@@ -222,7 +220,7 @@ TEST_CASE("kv migrator multiprocess: a destination killed in any stage leaves th
     }
     laminar::Result<bool> stepped = w->step();
     require_ok(stepped.status());
-    busy = !events.empty() || *stepped;
+    if (events.empty() && !*stepped) w->idle(kIdleWait);
   }
   REQUIRE(killed);
   CHECK(peer.wait(kLineTimeout).value() == 128 + SIGKILL);
@@ -277,8 +275,9 @@ TEST_CASE("kv migrator multiprocess: a source killed in any stage leaves no page
     }
     if (!killed && stage == "final" && final_sent) kill_source();
     if (killed || !paused) {
-      // Once the source is dead nothing else paces this loop: it waits for the outcome.
-      std::vector<MigrationEvent> events = killed ? w->migrator().wait_event(kIdleWait) : w->migrator().poll();
+      std::vector<MigrationEvent> events = w->migrator().poll();
+      // Once the source is dead nothing else paces this loop.
+      if (killed && events.empty()) w->idle(kIdleWait);
       for (MigrationEvent& e : events) {
         INFO("event " << int(e.kind) << ": " << e.reason.to_string());
         REQUIRE(!outcome);

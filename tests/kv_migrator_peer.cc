@@ -50,8 +50,8 @@ std::string join(const std::vector<laminar::SequenceId>& ids) {
 volatile std::sig_atomic_t terminate_requested = 0;
 void on_sigterm(int) { terminate_requested = 1; }
 
-// Nothing arrived and nothing to decode: the loop waits this long at most on the migrator for its
-// next event, so that a SIGTERM is seen.
+// Nothing arrived and nothing to decode: the loop waits this long at most for the migrator, so
+// that a SIGTERM is seen.
 constexpr laminar::Duration kIdleWait = 100ms;
 
 int destination(Worker& w) {
@@ -61,9 +61,8 @@ int destination(Worker& w) {
   bool reported_reservation = false;
   bool arrived = false, reported_results = false;
   int home_steps = 0;
-  bool busy = true;  // the last turn had events or stepped
   for (;;) {
-    std::vector<MigrationEvent> events = busy ? w.migrator().poll() : w.migrator().wait_event(kIdleWait);
+    std::vector<MigrationEvent> events = w.migrator().poll();
     for (MigrationEvent& e : events) {
       if (e.kind == MigrationEvent::Kind::kArrived) {
         std::printf("arrived %s\n", join(e.sequences).c_str());
@@ -95,7 +94,7 @@ int destination(Worker& w) {
       reported_results = true;
     }
     if (terminate_requested) return 0;
-    busy = !events.empty() || *stepped;
+    if (events.empty() && !*stepped) w.idle(kIdleWait);
   }
 }
 
@@ -107,9 +106,8 @@ int source(Worker& w, std::string_view destination_address) {
   if (!migration.ok()) return fail("migrate", migration.status());
   std::printf("offered %llu\n", static_cast<unsigned long long>(migration->value()));
   std::uint64_t pages_reported = 0;
-  bool busy = true;  // the last turn had events or stepped
   for (;;) {
-    std::vector<MigrationEvent> events = busy ? w.migrator().poll() : w.migrator().wait_event(kIdleWait);
+    std::vector<MigrationEvent> events = w.migrator().poll();
     for (MigrationEvent& e : events) {
       if (e.kind == MigrationEvent::Kind::kPauseRequested) {
         std::printf("paused\n");
@@ -130,7 +128,7 @@ int source(Worker& w, std::string_view destination_address) {
     }
     laminar::Result<bool> stepped = w.step();
     if (!stepped.ok()) return fail("decode", stepped.status());
-    busy = !events.empty() || *stepped;
+    if (events.empty() && !*stepped) w.idle(kIdleWait);
   }
 }
 

@@ -6,16 +6,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "laminar/clock.h"
 #include "laminar/kv_cache.h"
 #include "laminar/kv_migrator.h"
 #include "laminar/status.h"
@@ -126,8 +129,20 @@ class Worker {
     auto migrator = laminar::KvMigrator::create(w->transport_, w->cache_, o);
     if (!migrator.ok()) return migrator.status();
     w->migrator_ = std::move(*migrator);
+    w->migrator_->set_notify([wake = w->wake_] {
+      {
+        std::lock_guard l(wake->mu);
+        wake->woken = true;
+      }
+      wake->cv.notify_all();
+    });
     return w;
   }
+  ~Worker() {
+    if (migrator_) migrator_->set_notify({});
+  }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
 
   laminar::PagedKvCache& cache() { return *cache_; }
   laminar::KvMigrator& migrator() { return *migrator_; }
@@ -185,6 +200,18 @@ class Worker {
     return true;
   }
 
+  // For a loop whose poll found nothing and which decoded nothing: waits until the migrator may
+  // have something new (its notify), its poll_deadline() comes, or `bound` passes. The loop then
+  // polls once, where wait_event() would poll until events came, running several stages between
+  // two of the loop's decode steps.
+  void idle(laminar::Duration bound) {
+    const std::shared_ptr<laminar::Clock> clock = laminar::Clock::steady();
+    const laminar::Duration until = std::min(migrator_->poll_deadline(), laminar::deadline_after(*clock, bound));
+    std::unique_lock l(wake_->mu);
+    while (!wake_->woken && clock->now() < until) clock->wait_until(wake_->cv, l, until);
+    wake_->woken = false;
+  }
+
   bool all_finished() const {
     return std::all_of(live_.begin(), live_.end(),
                        [](const auto& e) { return e.second.response_tokens.size() >= kResponse; });
@@ -206,6 +233,13 @@ class Worker {
   std::unique_ptr<laminar::KvMigrator> migrator_;
   std::map<laminar::SequenceId, laminar::SequenceState> live_;
   std::set<laminar::SequenceId> paused_;
+  // The migrator's notify, shared with its hook.
+  struct Wake {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool woken = false;
+  };
+  std::shared_ptr<Wake> wake_ = std::make_shared<Wake>();
 };
 
 // `seqs` decoded in one process without any migration: what every migrated run must match.
