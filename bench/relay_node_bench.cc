@@ -10,27 +10,25 @@
 //     relays has committed the version, the head sending to each relay itself (star) or down a
 //     pipelined chain, vs the same version sent over one link to one relay. The head and each relay
 //     are RelayNodes in processes of their own (this binary re-executed as `relay_node_bench head ...` /
-//     `relay_node_bench relay UPSTREAM HOST`). Twice: `_same_host` (UCX shared memory; five processes on
+//     `relay_node_bench relay UPSTREAM HOST`). Twice: `_same_host` (same-host copies; five processes on
 //     this machine's cores, so CPU-bound, reported) and, the headline and last line, `_Mbit_links`:
 //     every process in its own network namespace on a bridge, each behind a link limited to
 //     --link-mbit each way (tc tbf, UCX over tcp), the regime of a cluster where the network, not
 //     the copies, bounds a transfer. Needs root; without it that pair is left out (said on stderr).
 // Usage: relay_node_bench [--mib N] [--chain-mib N] [--net-mib N] [--link-mbit M] [--chunk-kib K]
 //   (defaults 1024, 64, 128, 1000, 4096; --help)
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <csignal>
-#include <mutex>
-#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cli.h"
@@ -174,6 +172,10 @@ std::shared_ptr<laminar::Transport> listening_transport(const std::string& liste
 
 int run_relay(const std::string& upstream, const std::string& listen_host) {
   std::shared_ptr<laminar::RelayStore> store = laminar::RelayStore::create({}).value();
+  std::shared_ptr<laminar::Transport> transport = listening_transport(listen_host);
+  // Said before the node starts, so that "upstream" always follows it.
+  std::printf("listening %s\n", transport->listen_address().value_or("none").c_str());
+  std::fflush(stdout);
   std::mutex out;
   laminar::RelayNodeOptions o;
   o.upstreams = {upstream};
@@ -185,28 +187,22 @@ int run_relay(const std::string& upstream, const std::string& listen_host) {
     }
     std::fflush(stdout);
   };
-  auto node = laminar::RelayNode::create(listening_transport(listen_host), store, o);
+  auto node = laminar::RelayNode::create(transport, store, o);
   check(node.status(), "relay node");
-  {
-    std::lock_guard lock(out);
-    std::printf("listening %s\n", (*node)->address().value_or("none").c_str());
-    std::fflush(stdout);
-  }
-  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  for (;;) ::pause();  // until the parent's SIGKILL
 }
 
-std::atomic<bool> g_publish{false};
-
 // Publishes the next version of a Weights(mib) set, tagged by tag_version, on every SIGUSR1 and
-// prints "published V" once it is committed here. main() sets the handler before the process
-// announces itself: the default action of SIGUSR1 would kill it.
+// prints "published V" once it is committed here. main() blocks SIGUSR1 before any thread starts,
+// so that every thread inherits the mask and a signal sent early waits here, pending.
 [[noreturn]] void publish_on_signal(laminar::RelayStore& store, std::size_t mib) {
   Weights w(mib);
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
   for (std::uint64_t v = 1;;) {
-    if (!g_publish.exchange(false)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      continue;
-    }
+    int sig = 0;
+    if (sigwait(&usr1, &sig) != 0) continue;
     w.tag_version(v);
     check(store.publish(laminar::Version(v), w.manifest, w.named), "publish");
     check(store.wait_for_version(laminar::Version(v), std::chrono::seconds(60)), "commit");
@@ -325,7 +321,10 @@ int main(int argc, char** argv) {
   shm_relay_mode->add_option("mib", child_mib)->required()->check(laminar::bench::positive());
   CLI11_PARSE(app, argc, argv);
   if (relay_mode->parsed()) return run_relay(child_upstream, child_host);
-  std::signal(SIGUSR1, [](int) { g_publish = true; });
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
   if (head_mode->parsed()) return run_head(child_host, child_mib, child_chunk_bytes);
   if (shm_relay_mode->parsed()) return run_shm_relay(child_socket, child_mib);
 

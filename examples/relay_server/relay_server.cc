@@ -265,6 +265,8 @@ int main(int argc, char** argv) {
   std::shared_ptr<laminar::Transport> shared_transport = std::move(*transport);
   auto listened = shared_transport->listen("127.0.0.1", port);
   if (!listened.ok()) return fail("listen", listened.status());
+  // Said before the node starts, so that its events (an upstream reached, say) follow this line.
+  say("listening " + *listened);
 
   std::atomic<std::uint64_t> committed{0};
   laminar::RelayNodeOptions o;
@@ -294,7 +296,6 @@ int main(int argc, char** argv) {
   };
   auto node = create_relay_node(shared_transport, store, o);
   if (!node.ok()) return fail("relay node", node.status());
-  say("listening " + (*node)->address().value_or("none"));
 
   std::unique_ptr<laminar::LocalRelayServer> local_server;
   if (!shm.empty()) {
