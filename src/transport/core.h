@@ -437,6 +437,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   // Whether put/get copy directly to same-host peers (start(), from the transports asked for);
   // false from the first time the kernel refuses such a copy.
   bool direct_copy_allowed_ = false;
+  // Whether UCX may use its mm transports, the only ones a dying peer can wedge: the watchdog
+  // (kWedgedAfter in setup.cc) runs only then.
+  bool mm_possible_ = false;
   UniqueFd listen_socket_;
   bool tearing_down_ = false;  // connections are refused from then on
   std::set<std::uint64_t> unauthenticated_;  // accepted, not yet proven the token; oldest first

@@ -40,8 +40,11 @@ constexpr auto kSocketPollInterval = milliseconds(1);
 // once a millisecond instead of spinning.
 constexpr auto kArmRefusedSpin = milliseconds(1);
 // A worker that has refused every arm, with nothing progressing when it refused, for this long is
-// wedged (a same-host sender died mid-message into its FIFO: see names_mm) and is replaced.
+// wedged (a same-host sender died mid-message into its FIFO: see names_mm) and is replaced. Only
+// refusals the thread saw count: at least kWedgedRefusals of them, so that a thread the scheduler
+// kept off the cores for this long does not take its own absence for a wedge.
 constexpr auto kWedgedAfter = milliseconds(1000);
+constexpr unsigned kWedgedRefusals = 100;
 
 // UCX's listening sockets are told apart as the ones that appear while a worker is created, so two
 // transports must not create their workers at once. (A TCP listener another thread of the
@@ -165,6 +168,7 @@ Status TransportCore::start() {
   // ignored with a warning.
   if (s == UCS_OK && may_use_mm(tls)) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
   direct_copy_allowed_ = may_copy_directly(tls);
+  mm_possible_ = may_use_mm(tls);
   // UCX's tcp defaults (8 KiB send segments) cost about half the bandwidth of a plain socket loop on
   // bulk puts (transport_bench); bigger segments close most of the gap. UCX_TCP_* in the environment
   // still wins. Keys are given without the "TCP_" component prefix, as UCX matches them; without
@@ -457,8 +461,10 @@ void TransportCore::reap_closed_requests() {
 
 void TransportCore::progress_loop() {
   Duration last_activity = real_time_->now();
-  // Since when every arm was refused with nothing progressing (real time); kForever: an arm was granted.
+  // Since when every arm was refused with nothing progressing (real time), and how many refusals;
+  // kForever: an arm was granted.
   Duration stuck_since = kForever;
+  unsigned refusals = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     run_commands();
     unsigned progressed = 0;
@@ -487,15 +493,17 @@ void TransportCore::progress_loop() {
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) {
       if (now - last_activity < kArmRefusedSpin) continue;
       if (stuck_since == kForever) stuck_since = now;
-      if (now - stuck_since >= kWedgedAfter) {
+      if (mm_possible_ && ++refusals >= kWedgedRefusals && now - stuck_since >= kWedgedAfter) {
         replace_worker();
         stuck_since = kForever;
+        refusals = 0;
         continue;
       }
       poll_events(1);
       continue;
     }
     stuck_since = kForever;
+    refusals = 0;
     // With operations in flight, a transport without reliable wakeups must not stall them: nap 1 ms.
     poll_events(busy ? 1 : epoll_timeout_ms());
   }
