@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <initializer_list>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -430,15 +431,15 @@ void TransportCore::run_commands() {
   for (auto& fn : batch) fn();
 }
 
-// Until the nearest deadline. On a virtual clock this is only an upper bound in real time: a jump
-// of the clock wakes the thread through the command eventfd (clock_wake_).
+// Until the nearest deadline, or the next idle_timeout check where there is one; -1 (for ever)
+// without either. On a virtual clock this is only an upper bound in real time: a jump of the clock
+// wakes the thread through the command eventfd (clock_wake_).
 int TransportCore::epoll_timeout_ms() const {
-  // A cap: the idle_timeout check (next_idle_check_) keeps no entry in deadlines_, so an idle
-  // thread wakes for it at most twice a second.
-  constexpr int kMaxSleepMs = 500;
-  if (deadlines_.empty()) return kMaxSleepMs;
-  const auto wait = std::chrono::ceil<milliseconds>(deadlines_.begin()->first - clock_->now()).count();
-  return static_cast<int>(std::clamp<long long>(wait, 0, kMaxSleepMs));
+  Duration next = deadlines_.empty() ? kForever : deadlines_.begin()->first;
+  if (options_.idle_timeout != kForever) next = std::min(next, next_idle_check_);
+  if (next == kForever) return -1;
+  const auto wait = std::chrono::ceil<milliseconds>(next - clock_->now()).count();
+  return static_cast<int>(std::clamp<long long>(wait, 0, std::numeric_limits<int>::max()));
 }
 
 void TransportCore::close_queued_endpoints() {
@@ -489,7 +490,8 @@ void TransportCore::progress_loop() {
     // bandwidth. Idle longer than that, and the thread sleeps.
     const bool busy = ucx_inflight_ > 0 || !closing_.empty();
     if (now - last_activity < kSpinAfterActivity) continue;
-    if (has_commands_.load(std::memory_order_acquire)) continue;
+    // The socket poll above may have drained the eventfd that posted these: look before sleeping.
+    if (has_commands_.load(std::memory_order_acquire) || stop_.load(std::memory_order_acquire)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) {
       if (now - last_activity < kArmRefusedSpin) continue;
       if (stuck_since == kForever) stuck_since = now;
