@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -309,10 +310,26 @@ Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_re
     m.weight_sync_p99_ms = nearest_rank_percentile(std::move(ms), 99).value();
   }
   std::vector<double> train_ms;
+  // The actor's waits for a batch, by when they ended: a step's wait is the last one that ended by
+  // the step's start.
+  std::map<std::int64_t, std::int64_t> waits;
   for (const Span& sp : run.records.spans) {
     if (sp.kind == SpanKind::kTrain) train_ms.push_back(static_cast<double>(sp.end_ns - sp.start_ns) / 1e6);
+    if (sp.kind == SpanKind::kIdleWait && sp.process == "actor") waits[sp.end_ns] = sp.end_ns - sp.start_ns;
   }
   if (!train_ms.empty()) m.train_step_p50_ms = nearest_rank_percentile(std::move(train_ms), 50).value();
+  std::vector<double> ready_ms, after_wait_ms;
+  for (const Span& sp : run.records.spans) {
+    if (sp.kind != SpanKind::kTrain || sp.tokens == 0) continue;
+    const auto wait = waits.upper_bound(sp.start_ns);
+    const bool waited = wait != waits.begin() && std::prev(wait)->second >= kReadyWaitNs;
+    (waited ? after_wait_ms : ready_ms)
+        .push_back(static_cast<double>(sp.end_ns - sp.start_ns) / 1e6 / static_cast<double>(sp.tokens));
+  }
+  if (!ready_ms.empty()) m.train_ms_per_token_ready_p50 = nearest_rank_percentile(std::move(ready_ms), 50).value();
+  if (!after_wait_ms.empty()) {
+    m.train_ms_per_token_after_wait_p50 = nearest_rank_percentile(std::move(after_wait_ms), 50).value();
+  }
   return m;
 }
 
@@ -406,6 +423,10 @@ std::string format_table(const Comparison& c) {
   row("weight sync p50 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.weight_sync_p50_ms, 2, "-"); });
   row("weight sync p99 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.weight_sync_p99_ms, 2, "-"); });
   row("actor training step p50 (ms)", [](const ScheduleMetrics& m) { return optional_fixed(m.train_step_p50_ms, 1, "-"); });
+  row("step ms/token p50, batch ready",
+      [](const ScheduleMetrics& m) { return optional_fixed(m.train_ms_per_token_ready_p50, 3, "-"); });
+  row(fmt::format("step ms/token p50, after a wait >= {:g} s", static_cast<double>(kReadyWaitNs) / kNsPerS),
+      [](const ScheduleMetrics& m) { return optional_fixed(m.train_ms_per_token_after_wait_p50, 3, "-"); });
   row("held-out reward, first version", [](const ScheduleMetrics& m) { return optional_fixed(m.first_held_out, 3, "-"); });
   row(fmt::format("held-out reward, last {} versions", c.smoothing),
       [](const ScheduleMetrics& m) { return optional_fixed(m.final_held_out, 3, "-"); });
@@ -470,6 +491,8 @@ std::string metrics_json(const Comparison& c) {
                          {"weight_sync_p50_ms", optional_json(m.weight_sync_p50_ms)},
                          {"weight_sync_p99_ms", optional_json(m.weight_sync_p99_ms)},
                          {"train_step_p50_ms", optional_json(m.train_step_p50_ms)},
+                         {"train_ms_per_token_ready_p50", optional_json(m.train_ms_per_token_ready_p50)},
+                         {"train_ms_per_token_after_wait_p50", optional_json(m.train_ms_per_token_after_wait_p50)},
                          {"final_training_reward", optional_json(m.final_training_reward)},
                          {"held_out_versions", m.held_out_versions},
                          {"first_held_out", optional_json(m.first_held_out)},

@@ -133,11 +133,20 @@ struct ScheduleMetrics {
   // The median of the actor's training steps (its kTrain spans): what the schedule's other
   // processes take from the trainer on shared cores. None without steps.
   std::optional<double> train_step_p50_ms;
+  // The median cost of a training step per token it trained (ms), over the steps whose batch the
+  // actor waited for less than kReadyWaitNs, and over those it waited for longer: a step right after
+  // the actor idled runs slower per token in every schedule, so only like steps compare across
+  // schedules. None without such steps.
+  std::optional<double> train_ms_per_token_ready_p50;
+  std::optional<double> train_ms_per_token_after_wait_p50;
   std::optional<double> final_training_reward;  // the last training step's mean sample reward
   std::size_t held_out_versions = 0;
   std::optional<double> first_held_out;  // the first version's held-out reward
   std::optional<double> final_held_out;  // the last smoothed held-out reward
 };
+
+// A batch the actor waited for less than this was ready when it asked (ScheduleMetrics).
+inline constexpr std::int64_t kReadyWaitNs = 200'000'000;
 
 // Which reward the time to target reads.
 enum class RewardCurve : std::uint8_t {

@@ -217,8 +217,16 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
   spans.push_back(span("rollout-2", 0, SpanKind::kDecode, at(9), at(12)));
   spans.push_back(span("rollout-2", 0, SpanKind::kPull, at(4), at(6)));
   spans.push_back(span("rollout-2", 0, SpanKind::kMigrateOut, at(6), at(7)));
+  // Training steps of 10 s, 2 ms and 4 ms: the first after a wait of 0.5 s (10 ms a token), the
+  // second after one of 50 ms (1 ms a token), the third with no tokens, so no cost per token. A
+  // rollout's long wait is not the actor's.
+  spans.push_back(span("actor", 0, SpanKind::kIdleWait, at(-0.5), at(0)));
   spans.push_back(span("actor", 0, SpanKind::kTrain, at(0), at(10)));
+  spans.back().tokens = 1000;
+  spans.push_back(span("rollout-1", 0, SpanKind::kIdleWait, at(5), at(10)));
+  spans.push_back(span("actor", 0, SpanKind::kIdleWait, at(9.95), at(10)));
   spans.push_back(span("actor", 0, SpanKind::kTrain, at(10), at(10.002)));
+  spans.back().tokens = 2;
   spans.push_back(span("actor", 0, SpanKind::kTrain, at(10), at(10.004)));
   const double busy_s = (4.0 - 1.0) + (0.5 - 0.0) + (10.0 - 9.0);
 
@@ -278,6 +286,10 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
   CHECK(*m->weight_sync_p99_ms == Approx(nearest_rank(99)));
   REQUIRE(m->train_step_p50_ms);
   CHECK(*m->train_step_p50_ms == Approx(4.0));  // the median of 10 s, 2 ms and 4 ms
+  REQUIRE(m->train_ms_per_token_ready_p50);
+  CHECK(*m->train_ms_per_token_ready_p50 == Approx(1.0));
+  REQUIRE(m->train_ms_per_token_after_wait_p50);
+  CHECK(*m->train_ms_per_token_after_wait_p50 == Approx(10.0));
   REQUIRE(m->final_training_reward);
   CHECK(*m->final_training_reward == 0.7);
   CHECK(m->held_out_versions == 0);
@@ -327,17 +339,18 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
     std::vector<std::string> lines;
     std::istringstream in(table);
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-    // Header, rule, 18 rows, the speedup line, the pacing line; every line of the grid as wide as
+    // Header, rule, 20 rows, the speedup line, the pacing line; every line of the grid as wide as
     // the rule.
-    REQUIRE(lines.size() == 22);
-    for (std::size_t i = 0; i < 20; ++i) CHECK(lines[i].size() == lines[1].size());
+    REQUIRE(lines.size() == 24);
+    for (std::size_t i = 0; i < 22; ++i) CHECK(lines[i].size() == lines[1].size());
     CHECK(lines[0].find("sync") != std::string::npos);
     CHECK(lines[0].find("laminar") > lines[0].find("sync"));
     CHECK(table.find("time to training reward 0.500 (s)") != std::string::npos);
     CHECK(table.find(fmt::format("{:.1f}%", 100 * busy_s / (3 * wall_s))) != std::string::npos);
-    CHECK(lines[20] == fmt::format("laminar reaches training reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
+    CHECK(table.find("step ms/token p50, after a wait >= 0.2 s") != std::string::npos);
+    CHECK(lines[22] == fmt::format("laminar reaches training reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
                                    20.0 / 4.0));
-    CHECK(lines[21] == "rollout pacing: none (decode steps run at this CPU's speed)");
+    CHECK(lines[23] == "rollout pacing: none (decode steps run at this CPU's speed)");
 
     auto j = nlohmann::json::parse(async_grpo::metrics_json(*c));
     CHECK(j["target_reward"] == 0.5);
@@ -350,6 +363,8 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
     CHECK(lam["staleness"]["3+"] == histogram[3]);
     CHECK(lam["moved_sequences"] == 6);
     CHECK(lam["weight_sync_p99_ms"].get<double>() == Approx(nearest_rank(99)));
+    CHECK(lam["train_ms_per_token_ready_p50"].get<double>() == Approx(1.0));
+    CHECK(lam["train_ms_per_token_after_wait_p50"].get<double>() == Approx(10.0));
     CHECK(j["schedules"][0]["weight_sync_p50_ms"].is_null());  // sync recorded no syncs
 
     // A target only laminar reaches: no speedup, and the table says who fell short.
