@@ -192,14 +192,20 @@ int run_relay(const std::string& upstream, const std::string& listen_host) {
   for (;;) ::pause();  // until the parent's SIGKILL
 }
 
+// The set holding SIGUSR1 alone: the signal a head or shm-relay child publishes on.
+sigset_t usr1_set() {
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  return usr1;
+}
+
 // Publishes the next version of a Weights(mib) set, tagged by tag_version, on every SIGUSR1 and
 // prints "published V" once it is committed here. main() blocks SIGUSR1 before any thread starts,
 // so that every thread inherits the mask and a signal sent early waits here, pending.
 [[noreturn]] void publish_on_signal(laminar::RelayStore& store, std::size_t mib) {
   Weights w(mib);
-  sigset_t usr1;
-  sigemptyset(&usr1);
-  sigaddset(&usr1, SIGUSR1);
+  const sigset_t usr1 = usr1_set();
   for (std::uint64_t v = 1;;) {
     int sig = 0;
     if (sigwait(&usr1, &sig) != 0) continue;
@@ -321,9 +327,7 @@ int main(int argc, char** argv) {
   shm_relay_mode->add_option("mib", child_mib)->required()->check(laminar::bench::positive());
   CLI11_PARSE(app, argc, argv);
   if (relay_mode->parsed()) return run_relay(child_upstream, child_host);
-  sigset_t usr1;
-  sigemptyset(&usr1);
-  sigaddset(&usr1, SIGUSR1);
+  const sigset_t usr1 = usr1_set();
   pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
   if (head_mode->parsed()) return run_head(child_host, child_mib, child_chunk_bytes);
   if (shm_relay_mode->parsed()) return run_shm_relay(child_socket, child_mib);

@@ -309,23 +309,23 @@ Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_re
     m.weight_sync_p50_ms = nearest_rank_percentile(ms, 50).value();
     m.weight_sync_p99_ms = nearest_rank_percentile(std::move(ms), 99).value();
   }
-  std::vector<double> train_ms;
   // The actor's waits for a batch, by when they ended: a step's wait is the last one that ended by
   // the step's start.
   std::map<std::int64_t, std::int64_t> waits;
   for (const Span& sp : run.records.spans) {
-    if (sp.kind == SpanKind::kTrain) train_ms.push_back(static_cast<double>(sp.end_ns - sp.start_ns) / 1e6);
     if (sp.kind == SpanKind::kIdleWait && sp.process == "actor") waits[sp.end_ns] = sp.end_ns - sp.start_ns;
   }
-  if (!train_ms.empty()) m.train_step_p50_ms = nearest_rank_percentile(std::move(train_ms), 50).value();
-  std::vector<double> ready_ms, after_wait_ms;
+  std::vector<double> train_ms, ready_ms, after_wait_ms;
   for (const Span& sp : run.records.spans) {
-    if (sp.kind != SpanKind::kTrain || sp.tokens == 0) continue;
+    if (sp.kind != SpanKind::kTrain) continue;
+    const double ms = static_cast<double>(sp.end_ns - sp.start_ns) / 1e6;
+    train_ms.push_back(ms);
+    if (sp.tokens == 0) continue;
     const auto wait = waits.upper_bound(sp.start_ns);
     const bool waited = wait != waits.begin() && std::prev(wait)->second >= kReadyWaitNs;
-    (waited ? after_wait_ms : ready_ms)
-        .push_back(static_cast<double>(sp.end_ns - sp.start_ns) / 1e6 / static_cast<double>(sp.tokens));
+    (waited ? after_wait_ms : ready_ms).push_back(ms / static_cast<double>(sp.tokens));
   }
+  if (!train_ms.empty()) m.train_step_p50_ms = nearest_rank_percentile(std::move(train_ms), 50).value();
   if (!ready_ms.empty()) m.train_ms_per_token_ready_p50 = nearest_rank_percentile(std::move(ready_ms), 50).value();
   if (!after_wait_ms.empty()) {
     m.train_ms_per_token_after_wait_p50 = nearest_rank_percentile(std::move(after_wait_ms), 50).value();

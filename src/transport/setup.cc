@@ -167,9 +167,9 @@ Status TransportCore::start() {
   // transports unless they are told to support it, silently falling back to tcp. The name is the mm
   // base table's ("MM_"), which UCX applies to both posix and sysv; "POSIX_..." set this way is
   // ignored with a warning.
-  if (s == UCS_OK && may_use_mm(tls)) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
-  direct_copy_allowed_ = may_copy_directly(tls);
   mm_possible_ = may_use_mm(tls);
+  if (s == UCS_OK && mm_possible_) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+  direct_copy_allowed_ = may_copy_directly(tls);
   // UCX's tcp defaults (8 KiB send segments) cost about half the bandwidth of a plain socket loop on
   // bulk puts (transport_bench); bigger segments close most of the gap. UCX_TCP_* in the environment
   // still wins. Keys are given without the "TCP_" component prefix, as UCX matches them; without
