@@ -408,39 +408,27 @@ class Worker {
   // examples/async_grpo/rollout.cc's Rollout::loop, with the bench's decode step.
   Status loop() {
     laminar::Version want{0};
-    std::optional<laminar::PendingGrant> asking, replaced;
-    bool asking_idle = false;
+    laminar::DispatchAsker asker = must(laminar::DispatchAsker::create(client_.get(), kAskWait), "dispatch asker");
     while (!stop_) {
       LAMINAR_RETURN_IF_ERROR(drive());
-      for (std::optional<laminar::PendingGrant>* p : {&replaced, &asking}) {
-        if (!*p || !(*p)->ready()) continue;
-        Result<laminar::Grant> grant = (*p)->get();
-        p->reset();
-        if (p == &asking) asked_slots_ = 0;
-        if (!grant.ok()) return stop_ ? laminar::ok_status() : grant.status();
-        LAMINAR_RETURN_IF_ERROR(take_grant(*grant, want));
-      }
-      if (idle() && !asking) {
+      Result<std::vector<laminar::Grant>> grants = asker.answers();
+      if (!grants.ok()) return stop_ ? laminar::ok_status() : grants.status();
+      for (const laminar::Grant& grant : *grants) LAMINAR_RETURN_IF_ERROR(take_grant(grant, want));
+      if (idle() && !asker.asking()) {
         const std::optional<laminar::Version> newest = puller_->newest_version();
         if (newest && newest->value() > current() && *newest >= want) {
           LAMINAR_RETURN_IF_ERROR(pull(*newest));
           want = laminar::Version(0);
         }
       }
-      const bool take = want.value() == 0 && current() > 0;
-      taking_ = take;
-      const std::uint32_t room = free_slots_now();
-      const std::uint32_t free_slots = take ? room : 0;
-      const bool reask =
-          asking && !replaced && ((idle() && !asking_idle && take) || asked_slots_ > room || !returned_.empty());
-      if (reask) replaced = std::exchange(asking, std::nullopt);
-      if (!asking && (free_slots > 0 || reask || !returned_.empty())) {
-        asking_idle = idle();
-        asked_slots_ = free_slots;
+      taking_ = want.value() == 0 && current() > 0;
+      asker.give_back(std::exchange(returned_, {}));
+      if (asker.ask({.version = laminar::Version(current()),
+                     .taking = taking_,
+                     .room = free_slots_now(),
+                     .idle = idle(),
+                     .held = held()})) {
         ++asked_;
-        asking = client_->request_async({.version = laminar::Version(current()), .free_slots = free_slots,
-                                         .held = held(), .wait = kAskWait, .idle_pull = asking_idle,
-                                         .returned = std::exchange(returned_, {})});
       }
       if (!idle() && steppable()) {
         LAMINAR_RETURN_IF_ERROR(step());
@@ -448,7 +436,7 @@ class Worker {
       }
       if (idle() && want.value() > 0) {
         (void)store_->wait_for_version(want, 1s);
-      } else if (asking || !idle()) {
+      } else if (asker.asking() || !idle()) {
         sleep_until_woken();
       }
     }
@@ -706,7 +694,6 @@ class Worker {
   std::int64_t peak_pages_ = 0;
   laminar::Duration step_time_{0};
   bool taking_ = false;
-  std::uint32_t asked_slots_ = 0;
   std::vector<laminar::TrajectoryId> returned_;  // granted, not started: for the next question
   std::vector<Live> live_;
   std::mutex wake_mu_;

@@ -867,4 +867,53 @@ void DispatchClient::close() {
   if (impl_->ep.valid()) impl_->ep.close();
 }
 
+Result<DispatchAsker> DispatchAsker::create(DispatchClient* client, Duration wait) {
+  if (client == nullptr) return invalid_argument("dispatch asker: the client is null");
+  if (wait <= Duration::zero()) {
+    return invalid_argument(fmt::format("dispatch asker: wait {} ns (must be positive)", wait.count()));
+  }
+  return DispatchAsker(client, wait);
+}
+
+Result<std::vector<Grant>> DispatchAsker::answers() {
+  std::vector<Grant> out;
+  for (std::optional<PendingGrant>* p : {&replaced_, &asking_}) {
+    if (!failed_.ok()) break;
+    if (!*p || !(*p)->ready()) continue;
+    Result<Grant> g = (*p)->get();
+    p->reset();
+    if (p == &asking_) asked_slots_ = 0;
+    if (g.ok()) {
+      out.push_back(std::move(g).value());
+    } else {
+      failed_ = g.status();
+    }
+  }
+  if (!out.empty() || failed_.ok()) return out;
+  return std::exchange(failed_, ok_status());
+}
+
+void DispatchAsker::give_back(std::vector<TrajectoryId> ids) {
+  returned_.insert(returned_.end(), ids.begin(), ids.end());
+}
+
+bool DispatchAsker::ask(WorkerState state) {
+  const std::uint32_t free_slots = state.taking ? state.room : 0;
+  const bool reask = asking_ && !replaced_ &&
+                     ((state.idle && !asking_idle_ && state.taking) || asked_slots_ > state.room ||
+                      !returned_.empty());
+  if (reask) replaced_ = std::exchange(asking_, std::nullopt);
+  if (asking_ || (free_slots == 0 && !reask && returned_.empty())) return false;
+  asking_idle_ = state.idle;
+  asked_slots_ = free_slots;
+  ++questions_;
+  asking_ = client_->request_async({.version = state.version,
+                                    .free_slots = free_slots,
+                                    .held = std::move(state.held),
+                                    .wait = wait_,
+                                    .idle_pull = state.idle,
+                                    .returned = std::exchange(returned_, {})});
+  return true;
+}
+
 }  // namespace laminar

@@ -1063,3 +1063,115 @@ TEST_CASE("rollout dispatcher: the header's usage example runs", "[rollout_dispa
   CHECK(g->samples.size() == 4);
   CHECK(d->stats().groups_made == 16);
 }
+
+namespace {
+
+// The next `n` answers an asker takes, or its error.
+laminar::Result<std::vector<Grant>> next_answers(laminar::DispatchAsker& asker, std::size_t n) {
+  std::vector<Grant> got;
+  laminar::Status failed;
+  eventually([&] {
+    laminar::Result<std::vector<Grant>> a = asker.answers();
+    if (!a.ok()) {
+      failed = a.status();
+      return true;
+    }
+    got.insert(got.end(), a->begin(), a->end());
+    return got.size() >= n;
+  });
+  if (!failed.ok()) return failed;
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("rollout dispatcher: a worker's asker sends a question only when its state calls for one",
+          "[rollout_dispatcher]") {
+  constexpr std::uint32_t kG = 2;
+  Actor actor({.group_size = kG, .seed = 4, .rule = AdmissionRule::stream(1, kG), .lease = 30s});
+  REQUIRE(actor.dispatcher->publish(Version(1)).ok());
+  Worker a = actor.worker(1);
+  laminar::DispatchAsker asker = laminar::DispatchAsker::create(a.client.get(), 4s).value();
+
+  // Idle with room: one question, and the same state asks nothing more while it is out.
+  CHECK(asker.ask({.version = Version(1), .taking = true, .room = kG, .idle = true}));
+  CHECK_FALSE(asker.ask({.version = Version(1), .taking = true, .room = kG, .idle = true}));
+  laminar::Result<std::vector<Grant>> got = next_answers(asker, 1);
+  REQUIRE(got.ok());
+  REQUIRE(got->size() == 1);
+  REQUIRE((*got)[0].kind == GrantKind::kWork);
+  const std::vector<Sample> first = (*got)[0].samples;
+  REQUIRE(first.size() == kG);
+  // Full: nothing to ask.
+  CHECK_FALSE(asker.ask({.version = Version(1), .taking = true, .room = 0, .held = {first[0].id, first[1].id}}));
+  CHECK_FALSE(asker.asking());
+
+  // A newer version, and one sample migrates away: a busy question for one slot, which waits (the
+  // stream's samples in flight are all out).
+  REQUIRE(actor.dispatcher->publish(Version(2)).ok());
+  CHECK(asker.ask({.version = Version(1), .taking = true, .room = 1, .held = {first[1].id}}));
+  REQUIRE(eventually([&] { return actor.dispatcher->stats().waiting_requests == 1; }));
+  // The other goes too: idle now, it asks again with an idle pull, which the dispatcher answers
+  // with the newer version at once, where the busy question would have waited for work on version 1.
+  CHECK(asker.ask({.version = Version(1), .taking = true, .room = kG, .idle = true}));
+  got = next_answers(asker, 2);
+  REQUIRE(got.ok());
+  REQUIRE(got->size() == 2);
+  // The replaced question is answered with nothing, and the new one (the two may come in one call
+  // or one after the other, in either order).
+  std::sort(got->begin(), got->end(), [](const Grant& x, const Grant& y) { return x.kind < y.kind; });
+  CHECK((*got)[0].kind == GrantKind::kPullNewer);
+  CHECK((*got)[0].pull_version == Version(2));
+  CHECK((*got)[1].kind == GrantKind::kNothing);
+  CHECK(asker.questions() == 3);
+
+  // Pulled and idle, it asks and waits; a sequence migrates in and takes a slot it offered: it asks
+  // again for one, and gets one sample of the next group when the first completes.
+  CHECK(asker.ask({.version = Version(2), .taking = true, .room = kG, .idle = true}));
+  REQUIRE(eventually([&] { return actor.dispatcher->stats().waiting_requests == 1; }));
+  CHECK(asker.ask({.version = Version(2), .taking = true, .room = kG - 1, .held = {first[0].id}}));
+  got = next_answers(asker, 1);  // the replaced question, answered when the new one came
+  REQUIRE(got.ok());
+  REQUIRE(got->size() == 1);
+  CHECK((*got)[0].kind == GrantKind::kNothing);
+  REQUIRE(eventually([&] { return actor.dispatcher->stats().waiting_requests == 1; }));
+  actor.complete(first);
+  got = next_answers(asker, 1);
+  REQUIRE(got.ok());
+  REQUIRE(got->size() == 1);
+  REQUIRE((*got)[0].kind == GrantKind::kWork);
+  REQUIRE((*got)[0].samples.size() == 1);
+  const TrajectoryId extra = (*got)[0].samples[0].id;
+
+  // It cannot start that one after all: a question with no free slot gives it back, and it is
+  // handed out again at once (here to the same worker, with its group's other sample).
+  asker.give_back({extra});
+  CHECK(asker.ask({.version = Version(2), .taking = true, .room = 0}));
+  got = next_answers(asker, 1);
+  REQUIRE(got.ok());
+  CHECK((*got)[0].kind == GrantKind::kNothing);
+  CHECK(actor.dispatcher->stats().returned == 1);
+  CHECK(asker.ask({.version = Version(2), .taking = true, .room = kG, .idle = true}));
+  got = next_answers(asker, 1);
+  REQUIRE(got.ok());
+  REQUIRE((*got)[0].kind == GrantKind::kWork);
+  const std::vector<Sample> second = (*got)[0].samples;
+  REQUIRE(second.size() == kG);
+  CHECK(ids_of(second).count(extra.value()) == 1);
+  CHECK(asker.questions() == 7);
+
+  // A question out when the dispatcher goes comes back as its error.
+  CHECK(asker.ask({.version = Version(2), .taking = true, .room = 1, .held = {second[0].id, second[1].id}}));
+  REQUIRE(eventually([&] { return actor.dispatcher->stats().waiting_requests == 1; }));
+  actor.dispatcher.reset();
+  expect_code(next_answers(asker, 1).status(), StatusCode::kCancelled, "shut down");
+}
+
+TEST_CASE("rollout dispatcher: an asker needs a client and a positive wait", "[rollout_dispatcher]") {
+  Actor actor({.group_size = 2, .seed = 4});
+  Worker a = actor.worker(1);
+  expect_code(laminar::DispatchAsker::create(nullptr, 1s).status(), StatusCode::kInvalidArgument,
+              "the client is null");
+  expect_code(laminar::DispatchAsker::create(a.client.get(), 0s).status(), StatusCode::kInvalidArgument,
+              "wait 0 ns (must be positive)");
+}

@@ -168,9 +168,9 @@ class Rollout {
 
   Status loop() {
     laminar::Version want{0};  // the dispatcher asked for this version or newer (0: it did not)
-    // The question out at the dispatcher, if any; and one it replaced, whose answer still counts.
-    std::optional<laminar::PendingGrant> asking, replaced;
-    bool asking_idle = false;  // the question out says "idle: tell me of newer weights"
+    Result<laminar::DispatchAsker> made = laminar::DispatchAsker::create(client_.get(), kAskWait);
+    if (!made.ok()) return made.status();
+    laminar::DispatchAsker asker = std::move(made).value();
     while (final_version(a_.dir) == 0) {
       if (driver_) {
         Result<std::vector<laminar::MigrationEvent>> events = driver_->step(snapshot());
@@ -178,18 +178,15 @@ class Rollout {
         for (laminar::MigrationEvent& e : *events) LAMINAR_RETURN_IF_ERROR(handle(e));
       }
       // Answers first, so that a question answered is asked again below before the loop sleeps.
-      for (std::optional<laminar::PendingGrant>* p : {&replaced, &asking}) {
-        if (!*p || !(*p)->ready()) continue;
-        Result<laminar::Grant> grant = (*p)->get();
-        p->reset();
-        if (p == &asking) asked_slots_ = 0;
-        // After the run the actor leaves, and with it the dispatcher.
-        if (!grant.ok()) return final_version(a_.dir) > 0 ? laminar::ok_status() : grant.status();
-        for (laminar::TrajectoryId id : grant->drop) drop(id);
-        if (grant->kind == laminar::GrantKind::kPullNewer) want = grant->pull_version;
-        if (grant->kind == laminar::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(grant->samples));
+      Result<std::vector<laminar::Grant>> grants = asker.answers();
+      // After the run the actor leaves, and with it the dispatcher.
+      if (!grants.ok()) return final_version(a_.dir) > 0 ? laminar::ok_status() : grants.status();
+      for (laminar::Grant& grant : *grants) {
+        for (laminar::TrajectoryId id : grant.drop) drop(id);
+        if (grant.kind == laminar::GrantKind::kPullNewer) want = grant.pull_version;
+        if (grant.kind == laminar::GrantKind::kWork) LAMINAR_RETURN_IF_ERROR(start(std::move(grant.samples)));
       }
-      if (idle() && !asking) {
+      if (idle() && !asker.asking()) {
         const std::optional<laminar::Version> newest = puller_->newest_version();
         if (newest && newest->value() > current() && *newest >= want) {
           LAMINAR_RETURN_IF_ERROR(pull(*newest));
@@ -197,25 +194,15 @@ class Rollout {
         }
       }
       // No work before the first pull: the engine's weights are zeros until then.
-      const bool take = want.value() == 0 && current() > 0;
-      taking_ = take;
-      const std::uint32_t room = live_.size() < std::size_t(s_.max_live) ? std::uint32_t(s_.max_live - int(live_.size())) : 0;
-      const std::uint32_t free_slots = take ? room : 0;
-      // Ask again, replacing the question out: idle with a question asked while busy, so that a
-      // newer version gets it pulled; sequences migrated in took slots the question offered; or
-      // samples that did not fit go back.
-      const bool reask =
-          asking && !replaced && ((idle() && !asking_idle && take) || asked_slots_ > room || !returned_.empty());
-      if (reask) replaced = std::exchange(asking, std::nullopt);
-      if (!asking && (free_slots > 0 || reask || !returned_.empty())) {
-        std::vector<laminar::TrajectoryId> held;
-        for (const Live& l : live_) held.push_back(l.seq.trajectory);
-        asking_idle = idle();
-        asked_slots_ = free_slots;
-        asking = client_->request_async({.version = laminar::Version(current()), .free_slots = free_slots,
-                                         .held = std::move(held), .wait = kAskWait, .idle_pull = asking_idle,
-                                         .returned = std::exchange(returned_, {})});
-      }
+      taking_ = want.value() == 0 && current() > 0;
+      asker.give_back(std::exchange(returned_, {}));
+      std::vector<laminar::TrajectoryId> held;
+      for (const Live& l : live_) held.push_back(l.seq.trajectory);
+      asker.ask({.version = laminar::Version(current()),
+                 .taking = taking_,
+                 .room = live_.size() < std::size_t(s_.max_live) ? std::uint32_t(s_.max_live - int(live_.size())) : 0,
+                 .idle = idle(),
+                 .held = std::move(held)});
       if (!idle() && steppable()) {
         LAMINAR_RETURN_IF_ERROR(step());
         continue;
@@ -225,7 +212,7 @@ class Rollout {
       const std::int64_t t0 = now_ns();
       if (idle() && want.value() > 0) {
         (void)store_->wait_for_version(want, 30s);
-      } else if (asking || !idle()) {
+      } else if (asker.asking() || !idle()) {
         sleep_until_woken();
       } else {
         // Before the first version: one committed (one still arriving is not pulled yet).
@@ -545,7 +532,6 @@ class Rollout {
   std::unique_ptr<laminar::RelayNode> node_;
   std::unique_ptr<laminar::WeightPuller> puller_;
   std::unique_ptr<laminar::DispatchClient> client_;
-  std::uint32_t asked_slots_ = 0;
   std::vector<laminar::TrajectoryId> returned_;  // granted, not started: for the next question
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;

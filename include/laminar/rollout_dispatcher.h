@@ -348,4 +348,56 @@ class DispatchClient {
   std::unique_ptr<Impl> impl_;
 };
 
+// What a worker's loop knows of itself each time round, for DispatchAsker::ask.
+struct WorkerState {
+  Version version;           // the weights it decodes with
+  bool taking = false;       // it may start new work (false while it must pull first)
+  std::uint32_t room = 0;    // slots free now, taking or not
+  bool idle = false;         // nothing live and nothing migrating
+  std::vector<TrajectoryId> held = {};  // as DispatchRequest::held
+};
+
+// A rollout worker's questions to the dispatcher, for a loop with no thread of its own: it keeps
+// DispatchClient's preconditions (one question out, and the one it replaced until that is
+// answered) and asks exactly when the worker's state calls for it, so a worker that has what it
+// asked for sends nothing until something changes. Each time round the loop takes the answers
+// (answers()), starts their work, gives back what did not fit (give_back()), and then calls
+// ask() before it sleeps on DispatchClientOptions::on_answer. ask() sends a question when
+//   there is none out and the worker takes work and has room, or has samples to give back; or
+//   replaces the one out (at most one replaced at a time) when the worker went idle after asking
+//   busy (so an idle pull hears of newer weights), has less room than it asked for (a migration
+//   came in), or has samples to give back.
+// Not thread-safe: one loop owns it.
+class DispatchAsker {
+ public:
+  // `client` asks (it must outlive the asker); `wait` is each question's DispatchRequest::wait.
+  // kInvalidArgument for a null client or a non-positive wait.
+  static Result<DispatchAsker> create(DispatchClient* client, Duration wait);
+
+  // The answers that arrived, the replaced question's first; empty when none did. A question that
+  // failed (DispatchClient::request's errors) is returned as its error, on its own: an answer
+  // taken with it comes with the next call.
+  Result<std::vector<Grant>> answers();
+  // Samples granted to this worker that it will not start: the next question gives them back.
+  void give_back(std::vector<TrajectoryId> ids);
+  // Asks, asks again or does nothing, as above. Returns whether it sent a question.
+  bool ask(WorkerState state);
+
+  // A question is out (a worker that is idle with none out may pull the newest weights itself).
+  bool asking() const { return asking_.has_value(); }
+  // Questions sent.
+  std::uint64_t questions() const { return questions_; }
+
+ private:
+  DispatchAsker(DispatchClient* client, Duration wait) : client_(client), wait_(wait) {}
+  DispatchClient* client_;
+  Duration wait_;
+  std::optional<PendingGrant> asking_, replaced_;
+  bool asking_idle_ = false;          // the question out was asked idle (with idle_pull)
+  std::uint32_t asked_slots_ = 0;     // and offered these slots
+  std::vector<TrajectoryId> returned_;
+  Status failed_;                     // a question's error, kept for the next answers()
+  std::uint64_t questions_ = 0;
+};
+
 }  // namespace laminar
