@@ -12,6 +12,9 @@ packages=(
   clang libclang-rt-14-dev
   iproute2 procps
   libtorch-dev gnuplot-nox
+  # libtorch calls libblas.so.3: OpenBLAS takes it over through the alternatives system, in place of
+  # netlib's reference BLAS, about 20x slower (examples/async_grpo/blas.h checks what loaded).
+  libopenblas0-pthread
   pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
   python3-venv python3-pip python3-setuptools python3-wheel
 )

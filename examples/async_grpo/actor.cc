@@ -18,6 +18,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "blas.h"
 #include "engine.h"
 #include "laminar/relay_node.h"
 #include "laminar/relay_store.h"
@@ -116,6 +117,10 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   auto trainer_or = async_grpo::Trainer::create(to);
   if (!trainer_or.ok()) return fail("actor", "trainer", trainer_or.status());
   async_grpo::Trainer& trainer = **trainer_or;
+  // What the trainer really runs on, for the report; the launcher repeats a warning.
+  const async_grpo::BlasInfo blas = async_grpo::loaded_blas();
+  std::printf("blas %s\n", blas.describe().c_str());
+  if (!blas.warning().empty()) std::printf("blas-warning %s\n", blas.warning().c_str());
   {
     std::ifstream f(a.warm, std::ios::binary);
     std::vector<std::byte> flat(trainer.manifest().total_bytes());

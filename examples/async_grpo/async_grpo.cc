@@ -16,10 +16,20 @@
 // every one of them.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
+
+#include "blas.h"
 #include "roles.h"
 #include "settings.h"
 
 int main(int argc, char** argv) {
+  // One BLAS thread in every process the launcher starts: the actor trains on one core, the others
+  // never call BLAS, and a thread pool OpenBLAS starts when it loads (before main) would take the
+  // SIGTERM that the actor and the relays block and wait for.
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  setenv("BLIS_NUM_THREADS", "1", 1);
+  // Before libtorch runs anything: children inherit the environment it may set.
+  async_grpo::use_right_blas_kernels(argv);
   CLI::App app{"Asynchronous GRPO end to end: a libtorch actor, relay processes and rollout workers"};
   async_grpo::Settings s;
   async_grpo::RoleArgs a;

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "blas.h"
 #include "child_process.h"
 #include "engine.h"
 #include "held_out.h"
@@ -303,6 +304,10 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
       outcome.checks.push_back({name, std::string(verdict) == "ok", line.substr(std::size_t(consumed))});
     else if (line.rfind("dispatch ", 0) == 0 || line.rfind("repack ", 0) == 0)
       std::cout << schedule << " " << line << "\n";
+    else if (line.rfind("blas ", 0) == 0)
+      outcome.run.actor_blas = line.substr(5);
+    else if (line.rfind("blas-warning ", 0) == 0)
+      std::cout << schedule << " actor: " << line.substr(13) << "\n";
   }
   std::uint64_t reissued = 0, lost = 0;
   for (const std::string& line : actor_lines)
@@ -432,6 +437,10 @@ int run_launcher(Settings s) {
   std::random_device rd;
   const std::string token = fmt::format("async-grpo-{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
   const fs::path warm = fs::absolute(fs::path(s.out) / "warmup.bin");
+  // The actors load the same library with the same environment; each says what it loaded.
+  const async_grpo::BlasInfo blas = async_grpo::loaded_blas();
+  std::cout << "BLAS: " << blas.describe() << "\n";
+  if (!blas.warning().empty()) std::cout << blas.warning() << "\n";
   if (Status st = warm_up(s, warm); !st.ok()) return fail("launcher", "warm-up", st);
 
   const bool several = s.schedule == "compare" || s.schedule == "all";

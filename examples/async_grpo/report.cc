@@ -263,6 +263,7 @@ Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_re
   LAMINAR_RETURN_IF_ERROR(check_run(run));
   ScheduleMetrics m;
   m.schedule = run.schedule;
+  m.actor_blas = run.actor_blas;
   m.wall_s = static_cast<double>(run.end_ns - run.start_ns) / kNsPerS;
 
   std::vector<RewardPoint> rewards = run.records.rewards;
@@ -469,6 +470,16 @@ std::string format_table(const Comparison& c) {
   out += c.decode_step_ms > 0
              ? fmt::format("rollout pacing: every decode and prefill step takes at least {:g} ms\n", c.decode_step_ms)
              : std::string("rollout pacing: none (decode steps run at this CPU's speed)\n");
+  // One line when every actor ran on the same BLAS, else one per schedule.
+  std::set<std::string> blas;
+  for (const ScheduleMetrics& m : c.schedules)
+    if (!m.actor_blas.empty()) blas.insert(m.actor_blas);
+  if (blas.size() == 1) {
+    out += fmt::format("actor BLAS: {}\n", *blas.begin());
+  } else {
+    for (const ScheduleMetrics& m : c.schedules)
+      if (!m.actor_blas.empty()) out += fmt::format("actor BLAS ({}): {}\n", m.schedule, m.actor_blas);
+  }
   return out;
 }
 
@@ -496,7 +507,8 @@ std::string metrics_json(const Comparison& c) {
                          {"final_training_reward", optional_json(m.final_training_reward)},
                          {"held_out_versions", m.held_out_versions},
                          {"first_held_out", optional_json(m.first_held_out)},
-                         {"final_held_out", optional_json(m.final_held_out)}});
+                         {"final_held_out", optional_json(m.final_held_out)},
+                         {"actor_blas", m.actor_blas}});
   }
   ordered_json j = {{"target_reward", c.target_reward},
                     {"curve", c.curve == RewardCurve::kHeldOut ? "held_out" : "training"},

@@ -106,6 +106,7 @@ struct ScheduleRun {
   std::uint32_t rollout_workers = 0;  // > 0; decode/prefill spans come from at most this many workers
   Records records{};                // reward points lie within [start_ns, end_ns]
   std::vector<HeldOutPoint> held_out{};  // one per version, published within [start_ns, end_ns]
+  std::string actor_blas{};         // the BLAS the actor's trainer ran on (BlasInfo::describe); "" unknown
 };
 
 // The table's column for one schedule.
@@ -143,6 +144,7 @@ struct ScheduleMetrics {
   std::size_t held_out_versions = 0;
   std::optional<double> first_held_out;  // the first version's held-out reward
   std::optional<double> final_held_out;  // the last smoothed held-out reward
+  std::string actor_blas;                // ScheduleRun::actor_blas
 };
 
 // A batch the actor waited for less than this was ready when it asked (ScheduleMetrics).

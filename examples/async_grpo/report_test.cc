@@ -458,10 +458,24 @@ TEST_CASE("grpo report: held-out rewards are smoothed over versions and set the 
           std::string::npos);
     CHECK(table.find("moving average over 3 versions") != std::string::npos);
     CHECK(table.find("every decode and prefill step takes at least 12.5 ms") != std::string::npos);
+    CHECK(table.find("actor BLAS") == std::string::npos);  // neither run says
     auto j = nlohmann::json::parse(async_grpo::metrics_json(*c));
     CHECK(j["curve"] == "held_out");
     CHECK(j["decode_step_ms"].get<double>() == 12.5);
     CHECK(j["schedules"][1]["held_out_versions"] == 6);
+
+    // The BLAS the actors trained on: one line when they agree, one per schedule when not.
+    sync.actor_blas = laminar.actor_blas = "OpenBLAS 0.3.21, SkylakeX kernels, 1 thread (/x/libblas.so.3)";
+    std::string with_blas = async_grpo::format_table(*async_grpo::compare({sync, laminar}, {}));
+    CHECK(with_blas.find("\nactor BLAS: OpenBLAS 0.3.21, SkylakeX kernels, 1 thread (/x/libblas.so.3)\n") !=
+          std::string::npos);
+    laminar.actor_blas = "reference BLAS (netlib) (/x/blas/libblas.so.3)";
+    with_blas = async_grpo::format_table(*async_grpo::compare({sync, laminar}, {}));
+    CHECK(with_blas.find("actor BLAS (sync): OpenBLAS") != std::string::npos);
+    CHECK(with_blas.find("actor BLAS (laminar): reference BLAS (netlib)") != std::string::npos);
+    CHECK(nlohmann::json::parse(async_grpo::metrics_json(*async_grpo::compare({sync, laminar}, {})))["schedules"][1]
+                                                                                                       ["actor_blas"] ==
+          "reference BLAS (netlib) (/x/blas/libblas.so.3)");
 
     // One schedule against itself: its own final reward is the target, and there is no speedup.
     auto alone = async_grpo::compare({laminar}, {.baseline = "laminar", .contender = "laminar"});
