@@ -11,6 +11,8 @@
 #include <map>
 #include <string>
 
+#include "blas.h"
+
 namespace async_grpo {
 namespace {
 
@@ -145,40 +147,6 @@ struct Trainer::Impl {
     return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + options.policy.rms_eps) * g;
   }
 
-  // tokens [B, L] int64 -> logits [B, L, vocab]. Rows are right-padded: causal attention keeps a
-  // row's real tokens from seeing its padding.
-  torch::Tensor forward(const torch::Tensor& tokens) const {
-    const PolicyConfig& c = options.policy;
-    const std::int64_t b = tokens.size(0), len = tokens.size(1);
-    const std::int64_t group = c.num_qo_heads / c.num_kv_heads;
-    torch::Tensor x = params[embed].index_select(0, tokens.reshape({-1})).reshape({b, len, -1}) +
-                      params[pos_embed].narrow(0, 0, len).unsqueeze(0);
-    const torch::Tensor causal =
-        torch::ones({len, len}, torch::kBool).triu(1);  // [L, L] true above the diagonal
-    const double scale = 1.0 / std::sqrt(double(c.head_dim));
-    for (const Layer& l : layers) {
-      torch::Tensor h = rms_norm(x, params[l.attn_norm]);
-      // [B, heads, L, head_dim]; query head q reads KV head q / group, as the paged kernels do.
-      auto heads = [&](const torch::Tensor& w, std::int64_t n) {
-        return torch::matmul(h, w.t()).reshape({b, len, n, c.head_dim}).transpose(1, 2);
-      };
-      const torch::Tensor q = heads(params[l.wq], c.num_qo_heads);
-      const torch::Tensor k = heads(params[l.wk], c.num_kv_heads).repeat_interleave(group, 1);
-      const torch::Tensor v = heads(params[l.wv], c.num_kv_heads).repeat_interleave(group, 1);
-      const torch::Tensor scores =
-          torch::matmul(q, k.transpose(-2, -1)).mul(scale).masked_fill(causal, -INFINITY);
-      const torch::Tensor att = torch::matmul(torch::softmax(scores, -1), v)
-                                    .transpose(1, 2)
-                                    .reshape({b, len, c.num_qo_heads * c.head_dim});
-      x = x + torch::matmul(att, params[l.wo].t());
-      h = rms_norm(x, params[l.mlp_norm]);
-      const torch::Tensor gated = torch::silu(torch::matmul(h, params[l.w_gate].t())) *
-                                  torch::matmul(h, params[l.w_up].t());
-      x = x + torch::matmul(gated, params[l.w_down].t());
-    }
-    return torch::matmul(rms_norm(x, params[final_norm]), params[lm_head].t());
-  }
-
   // Checks one (prompt, response) pair against the policy; `name` says which in the message.
   laminar::Status check_tokens(const std::string& name, std::span<const std::int32_t> prompt,
                                std::span<const std::int32_t> response) const {
@@ -200,54 +168,87 @@ struct Trainer::Impl {
     return laminar::ok_status();
   }
 
-  // Prompt-then-response rows of similar length, right-padded. Long-tailed lengths make one
-  // padded batch mostly padding, so rows are sorted by length and cut into chunks of at most
-  // kChunkTokens padded tokens (or one row).
+  // Sequences packed into bins of one row each, so that long-tailed lengths cost no padding: rows
+  // are placed longest first into the first bin with room (first-fit decreasing), a bin holding
+  // kBinTokens tokens (or the longest row), and a chunk holds at most kChunkTokens bin tokens (or
+  // one bin). Attention costs a bin's square, not its rows' squares: kBinTokens is the policy's
+  // longest row, so a bin's square is what one padded long row costs.
+  static constexpr std::int64_t kBinTokens = 128;
   static constexpr std::int64_t kChunkTokens = 4096;
   struct Chunk {
-    std::vector<std::size_t> rows;  // indices into the caller's rows, in this chunk's order
-    torch::Tensor tokens;           // [rows, L] int64
-    torch::Tensor target;           // [rows, L - 1] bool: position p predicts a response token at p + 1
+    std::vector<std::size_t> rows;  // indices into the caller's rows, in their order in the chunk
+    std::vector<std::int64_t> bin, start;  // per row of `rows`: its bin and first position there
+    torch::Tensor tokens;     // [bins, L] int64
+    torch::Tensor positions;  // [bins, L] int64: each token's position in its own row
+    torch::Tensor masked;     // [bins, L, L] bool: true where a token may not attend
+    torch::Tensor target;     // [bins, L - 1] bool: position p predicts a response token at p + 1
   };
+  // A chunk's bins -> logits [bins, L, vocab]. A token attends to the tokens of its own sequence
+  // up to itself (the chunk's mask), at its position within that sequence.
+  torch::Tensor forward(const Chunk& chunk) const;
   static std::vector<Chunk> pack(std::span<const std::span<const std::int32_t>> prompts,
                                  std::span<const std::span<const std::int32_t>> responses) {
+    auto length = [&](std::size_t i) { return std::int64_t(prompts[i].size() + responses[i].size()); };
     std::vector<std::size_t> order(prompts.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    auto length = [&](std::size_t i) {
-      return std::max<std::int64_t>(2, std::int64_t(prompts[i].size() + responses[i].size()));
-    };
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::size_t a, std::size_t b) { return length(a) < length(b); });
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return length(a) > length(b); });
+    const std::int64_t capacity = order.empty() ? kBinTokens : std::max(kBinTokens, length(order.front()));
+    std::vector<std::vector<std::size_t>> bins;
+    std::vector<std::int64_t> fill;
+    for (std::size_t i : order) {
+      std::size_t b = 0;
+      while (b < bins.size() && fill[b] + length(i) > capacity) ++b;
+      if (b == bins.size()) {
+        bins.emplace_back();
+        fill.push_back(0);
+      }
+      bins[b].push_back(i);
+      fill[b] += length(i);
+    }
     std::vector<Chunk> chunks;
-    for (std::size_t begin = 0; begin < order.size();) {
-      std::size_t end = begin + 1;
-      while (end < order.size() && std::int64_t(end - begin + 1) * length(order[end]) <= kChunkTokens) ++end;
+    const auto per_chunk = std::size_t(std::max<std::int64_t>(1, kChunkTokens / capacity));
+    for (std::size_t first = 0; first < bins.size(); first += per_chunk) {
+      const std::size_t last = std::min(bins.size(), first + per_chunk);
+      const auto n = std::int64_t(last - first);
+      const std::int64_t len = std::max<std::int64_t>(2, *std::max_element(fill.begin() + std::ptrdiff_t(first),
+                                                                            fill.begin() + std::ptrdiff_t(last)));
       Chunk c;
-      c.rows.assign(order.begin() + std::ptrdiff_t(begin), order.begin() + std::ptrdiff_t(end));
-      const auto b = std::int64_t(c.rows.size());
-      const std::int64_t len = length(order[end - 1]);
-      c.tokens = torch::zeros({b, len}, torch::kInt64);
-      c.target = torch::zeros({b, len - 1}, torch::kBool);
+      c.tokens = torch::zeros({n, len}, torch::kInt64);
+      c.positions = torch::zeros({n, len}, torch::kInt64);
+      c.masked = torch::ones({n, len, len}, torch::kBool);
+      c.target = torch::zeros({n, len - 1}, torch::kBool);
       auto tok = c.tokens.accessor<std::int64_t, 2>();
+      auto pos = c.positions.accessor<std::int64_t, 2>();
+      auto mask = c.masked.accessor<bool, 3>();
       auto tgt = c.target.accessor<bool, 2>();
-      for (std::int64_t i = 0; i < b; ++i) {
-        const auto& p = prompts[c.rows[std::size_t(i)]];
-        const auto& r = responses[c.rows[std::size_t(i)]];
-        for (std::size_t j = 0; j < p.size(); ++j) tok[i][std::int64_t(j)] = p[j];
-        for (std::size_t j = 0; j < r.size(); ++j) {
-          tok[i][std::int64_t(p.size() + j)] = r[j];
-          tgt[i][std::int64_t(p.size() + j) - 1] = true;
+      for (std::int64_t b = 0; b < n; ++b) {
+        std::int64_t at = 0;
+        for (std::size_t row : bins[first + std::size_t(b)]) {
+          const auto& p = prompts[row];
+          const auto& r = responses[row];
+          const auto np = std::int64_t(p.size()), nr = std::int64_t(r.size());
+          c.rows.push_back(row);
+          c.bin.push_back(b);
+          c.start.push_back(at);
+          for (std::int64_t j = 0; j < np + nr; ++j) {
+            tok[b][at + j] = j < np ? p[std::size_t(j)] : r[std::size_t(j - np)];
+            pos[b][at + j] = j;
+            for (std::int64_t k = 0; k <= j; ++k) mask[b][at + j][at + k] = false;
+            if (j >= np) tgt[b][at + j - 1] = true;
+          }
+          at += np + nr;
         }
+        // Padding attends to itself only: a row with nothing to attend to would be NaN.
+        for (std::int64_t j = at; j < len; ++j) mask[b][j][j] = false;
       }
       chunks.push_back(std::move(c));
-      begin = end;
     }
     return chunks;
   }
 
   // Log-probs of a chunk's response tokens, row after row ([T]), with the graph when grad mode is on.
   torch::Tensor response_logp(const Chunk& c) const {
-    const torch::Tensor logits = forward(c.tokens);
+    const torch::Tensor logits = forward(c);
     const std::int64_t len = c.tokens.size(1);
     const torch::Tensor logp = torch::log_softmax(logits.narrow(1, 0, len - 1), -1)
                                    .gather(-1, c.tokens.narrow(1, 1, len - 1).unsqueeze(-1))
@@ -268,6 +269,37 @@ struct Trainer::Impl {
     return norm;
   }
 };
+
+torch::Tensor Trainer::Impl::forward(const Chunk& chunk) const {
+  const PolicyConfig& c = options.policy;
+  const torch::Tensor& tokens = chunk.tokens;
+  const std::int64_t b = tokens.size(0), len = tokens.size(1);
+  const std::int64_t group = c.num_qo_heads / c.num_kv_heads;
+  torch::Tensor x = params[embed].index_select(0, tokens.reshape({-1})).reshape({b, len, -1}) +
+                    params[pos_embed].index_select(0, chunk.positions.reshape({-1})).reshape({b, len, -1});
+  const torch::Tensor masked = chunk.masked.unsqueeze(1);  // [bins, 1, L, L]: every head
+  const double scale = 1.0 / std::sqrt(double(c.head_dim));
+  for (const Layer& l : layers) {
+    torch::Tensor h = rms_norm(x, params[l.attn_norm]);
+    // [B, heads, L, head_dim]; query head q reads KV head q / group, as the paged kernels do.
+    auto heads = [&](const torch::Tensor& w, std::int64_t n) {
+      return torch::matmul(h, w.t()).reshape({b, len, n, c.head_dim}).transpose(1, 2);
+    };
+    const torch::Tensor q = heads(params[l.wq], c.num_qo_heads);
+    const torch::Tensor k = heads(params[l.wk], c.num_kv_heads).repeat_interleave(group, 1);
+    const torch::Tensor v = heads(params[l.wv], c.num_kv_heads).repeat_interleave(group, 1);
+    const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)).mul(scale).masked_fill(masked, -INFINITY);
+    const torch::Tensor att = torch::matmul(torch::softmax(scores, -1), v)
+                                  .transpose(1, 2)
+                                  .reshape({b, len, c.num_qo_heads * c.head_dim});
+    x = x + torch::matmul(att, params[l.wo].t());
+    h = rms_norm(x, params[l.mlp_norm]);
+    const torch::Tensor gated =
+        torch::silu(torch::matmul(h, params[l.w_gate].t())) * torch::matmul(h, params[l.w_up].t());
+    x = x + torch::matmul(gated, params[l.w_down].t());
+  }
+  return torch::matmul(rms_norm(x, params[final_norm]), params[lm_head].t());
+}
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
@@ -300,6 +332,7 @@ laminar::Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerOptions& 
 
   return guarded("Trainer::create", [&]() -> laminar::Result<std::unique_ptr<Trainer>> {
     torch::set_num_threads(o.intra_op_threads);
+    set_blas_threads(o.intra_op_threads);
     auto impl = std::make_unique<Impl>();
     impl->options = o;
     impl->manifest = std::move(*manifest);
@@ -531,7 +564,7 @@ laminar::Result<WarmupStats> Trainer::warmup_step(std::span<const DigitPrompt> p
     WarmupStats stats;
     double right = 0;
     for (const Impl::Chunk& c : Impl::pack(tokens, answers)) {
-      const torch::Tensor logits = impl_->forward(c.tokens);
+      const torch::Tensor logits = impl_->forward(c);
       const std::int64_t len = c.tokens.size(1), vocab = logits.size(-1);
       const torch::Tensor predicted =
           logits.narrow(1, 0, len - 1).masked_select(c.target.unsqueeze(-1)).reshape({-1, vocab});
@@ -600,12 +633,12 @@ laminar::Result<std::vector<laminar::Trajectory>> Trainer::generate(
       const std::vector<std::span<const std::int32_t>> rows(joined.begin(), joined.end());
       const std::vector<std::span<const std::int32_t>> none(live.size());
       for (const Impl::Chunk& c : Impl::pack(rows, none)) {
-        const torch::Tensor logits = impl_->forward(c.tokens);
+        const torch::Tensor logits = impl_->forward(c);
         std::vector<std::int64_t> last;
-        for (std::size_t j : c.rows) last.push_back(std::int64_t(rows[j].size()) - 1);
-        const torch::Tensor next_logits =
-            logits.index({torch::arange(std::int64_t(c.rows.size())), torch::tensor(last)}) /
-            temperature;
+        for (std::size_t k = 0; k < c.rows.size(); ++k) {
+          last.push_back(c.start[k] + std::int64_t(rows[c.rows[k]].size()) - 1);
+        }
+        const torch::Tensor next_logits = logits.index({torch::tensor(c.bin), torch::tensor(last)}) / temperature;
         const torch::Tensor logp = torch::log_softmax(next_logits, -1);
         const torch::Tensor picked =
             torch::multinomial(logp.exp(), 1, false, generator).squeeze(-1).contiguous();

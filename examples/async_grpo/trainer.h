@@ -50,8 +50,8 @@ namespace async_grpo {
 struct TrainerOptions {
   PolicyConfig policy;
   std::uint64_t seed = 0;  // initial weights, and nothing else
-  // libtorch's intra-op threads. Process-wide (torch::set_num_threads): the actor shares the
-  // machine's cores with rollout workers.
+  // libtorch's intra-op threads, and the BLAS's (set_blas_threads). Process-wide: the actor shares
+  // the machine's cores with rollout workers.
   std::int32_t intra_op_threads = 1;
 
   float learning_rate = 3e-4f;         // GRPO steps (1e-4 learns slower, 1e-3 collapses)

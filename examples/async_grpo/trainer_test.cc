@@ -237,6 +237,42 @@ TEST_CASE("grpo trainer: the recompute matches the sampler's log-probs") {
   }
 }
 
+TEST_CASE("grpo trainer: a row's log-probs are the same packed with others as alone") {
+  // Long-tailed lengths up to the policy's 128 positions: many short rows share a bin, long ones
+  // fill one each, and a row longer than half a bin leaves room only for short ones.
+  async_grpo::DigitTaskOptions o;
+  o.median_length = 4;
+  o.length_sigma = 1.1;
+  auto task = DigitTask::create(o, 5);
+  REQUIRE(task.ok());
+  auto trainer = make_trainer(5);
+  std::vector<laminar::Trajectory> batch;
+  std::size_t longest = 0;
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    const async_grpo::DigitPrompt p = task->prompt(i);
+    laminar::Trajectory t;
+    t.id = laminar::TrajectoryId(i);
+    t.prompt_tokens = p.tokens;
+    t.response_tokens = p.answer;
+    longest = std::max(longest, p.tokens.size() + p.answer.size());
+    batch.push_back(std::move(t));
+  }
+  INFO("longest row " << longest);
+  auto together = trainer->log_probs(batch);
+  REQUIRE(together.ok());
+  double worst = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    auto alone = trainer->log_probs(std::span(batch).subspan(i, 1));
+    REQUIRE(alone.ok());
+    REQUIRE((*together)[i].size() == batch[i].response_tokens.size());
+    for (std::size_t j = 0; j < (*alone)[0].size(); ++j) {
+      worst = std::max(worst, double(std::abs((*together)[i][j] - (*alone)[0][j])));
+    }
+  }
+  std::printf("max |packed - alone| %.3g over rows up to %zu tokens\n", worst, longest);
+  CHECK(worst < 1e-5);
+}
+
 TEST_CASE("grpo trainer: malformed batches are refused and leave the weights alone") {
   auto trainer = make_trainer(4);
   const auto before = saved(*trainer);
