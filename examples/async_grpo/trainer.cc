@@ -168,12 +168,12 @@ struct Trainer::Impl {
     return laminar::ok_status();
   }
 
-  // Sequences packed into bins of one row each, so that long-tailed lengths cost no padding: rows
-  // are placed longest first into the first bin with room (first-fit decreasing), a bin holding
-  // kBinTokens tokens (or the longest row), and a chunk holds at most kChunkTokens bin tokens (or
-  // one bin). Attention costs a bin's square, not its rows' squares: kBinTokens is the policy's
-  // longest row, so a bin's square is what one padded long row costs.
-  static constexpr std::int64_t kBinTokens = 128;
+  // Sequences packed into bins of one row each, so that long-tailed lengths cost little padding:
+  // rows are placed longest first into the first bin with room (first-fit decreasing). A new bin
+  // is the smallest power of two, at least kMinBin, that holds the row opening it: attention costs
+  // a bin's square, so short rows share short bins. Bins of one size form chunks of at most
+  // kChunkTokens tokens (or one bin).
+  static constexpr std::int64_t kMinBin = 32;
   static constexpr std::int64_t kChunkTokens = 4096;
   struct Chunk {
     std::vector<std::size_t> rows;  // indices into the caller's rows, in their order in the chunk
@@ -192,26 +192,37 @@ struct Trainer::Impl {
     std::vector<std::size_t> order(prompts.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return length(a) > length(b); });
-    const std::int64_t capacity = order.empty() ? kBinTokens : std::max(kBinTokens, length(order.front()));
+    // A new bin is as long as the smallest power of two (at least kMinBin) that holds the row
+    // opening it; rows fill the first bin with room, whatever its size.
     std::vector<std::vector<std::size_t>> bins;
-    std::vector<std::int64_t> fill;
+    std::vector<std::int64_t> fill, size;
     for (std::size_t i : order) {
       std::size_t b = 0;
-      while (b < bins.size() && fill[b] + length(i) > capacity) ++b;
+      while (b < bins.size() && fill[b] + length(i) > size[b]) ++b;
       if (b == bins.size()) {
+        std::int64_t cap = kMinBin;
+        while (cap < length(i)) cap *= 2;
         bins.emplace_back();
         fill.push_back(0);
+        size.push_back(cap);
       }
       bins[b].push_back(i);
       fill[b] += length(i);
     }
+    // Bins of one size form chunks (they share a length), at most kChunkTokens each.
+    std::vector<std::vector<std::size_t>> groups;
+    for (std::size_t b = 0; b < bins.size(); ++b) {
+      if (b == 0 || size[b] != size[b - 1] ||
+          std::int64_t(groups.back().size() + 1) * size[b] > kChunkTokens) {
+        groups.emplace_back();
+      }
+      groups.back().push_back(b);
+    }
     std::vector<Chunk> chunks;
-    const auto per_chunk = std::size_t(std::max<std::int64_t>(1, kChunkTokens / capacity));
-    for (std::size_t first = 0; first < bins.size(); first += per_chunk) {
-      const std::size_t last = std::min(bins.size(), first + per_chunk);
-      const auto n = std::int64_t(last - first);
-      const std::int64_t len = std::max<std::int64_t>(2, *std::max_element(fill.begin() + std::ptrdiff_t(first),
-                                                                            fill.begin() + std::ptrdiff_t(last)));
+    for (const std::vector<std::size_t>& group : groups) {
+      const auto n = std::int64_t(group.size());
+      std::int64_t len = 2;
+      for (std::size_t b : group) len = std::max(len, fill[b]);
       Chunk c;
       c.tokens = torch::zeros({n, len}, torch::kInt64);
       c.positions = torch::zeros({n, len}, torch::kInt64);
@@ -223,7 +234,7 @@ struct Trainer::Impl {
       auto tgt = c.target.accessor<bool, 2>();
       for (std::int64_t b = 0; b < n; ++b) {
         std::int64_t at = 0;
-        for (std::size_t row : bins[first + std::size_t(b)]) {
+        for (std::size_t row : bins[group[std::size_t(b)]]) {
           const auto& p = prompts[row];
           const auto& r = responses[row];
           const auto np = std::int64_t(p.size()), nr = std::int64_t(r.size());
@@ -277,19 +288,25 @@ torch::Tensor Trainer::Impl::forward(const Chunk& chunk) const {
   const std::int64_t group = c.num_qo_heads / c.num_kv_heads;
   torch::Tensor x = params[embed].index_select(0, tokens.reshape({-1})).reshape({b, len, -1}) +
                     params[pos_embed].index_select(0, chunk.positions.reshape({-1})).reshape({b, len, -1});
-  const torch::Tensor masked = chunk.masked.unsqueeze(1);  // [bins, 1, L, L]: every head
+  const torch::Tensor masked = chunk.masked.unsqueeze(1).unsqueeze(1);  // [bins, 1, 1, L, L]: every head
   const double scale = 1.0 / std::sqrt(double(c.head_dim));
+  const std::int64_t kv = c.num_kv_heads;
   for (const Layer& l : layers) {
     torch::Tensor h = rms_norm(x, params[l.attn_norm]);
-    // [B, heads, L, head_dim]; query head q reads KV head q / group, as the paged kernels do.
+    // [B, KV heads, rows, head_dim]: query head q reads KV head q / group, as the paged kernels do,
+    // so a KV head's `group` query heads are one [group * L, head_dim] matrix against its keys.
     auto heads = [&](const torch::Tensor& w, std::int64_t n) {
-      return torch::matmul(h, w.t()).reshape({b, len, n, c.head_dim}).transpose(1, 2);
+      return torch::matmul(h, w.t()).reshape({b, len, n, c.head_dim}).permute({0, 2, 1, 3});
     };
-    const torch::Tensor q = heads(params[l.wq], c.num_qo_heads);
-    const torch::Tensor k = heads(params[l.wk], c.num_kv_heads).repeat_interleave(group, 1);
-    const torch::Tensor v = heads(params[l.wv], c.num_kv_heads).repeat_interleave(group, 1);
-    const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)).mul(scale).masked_fill(masked, -INFINITY);
-    const torch::Tensor att = torch::matmul(torch::softmax(scores, -1), v)
+    const torch::Tensor q = heads(params[l.wq], c.num_qo_heads).reshape({b, kv, group * len, c.head_dim});
+    const torch::Tensor k = heads(params[l.wk], kv);
+    const torch::Tensor v = heads(params[l.wv], kv);
+    const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1))
+                                     .mul(scale)
+                                     .reshape({b, kv, group, len, len})
+                                     .masked_fill(masked, -INFINITY);
+    const torch::Tensor att = torch::matmul(torch::softmax(scores, -1).reshape({b, kv, group * len, len}), v)
+                                  .reshape({b, c.num_qo_heads, len, c.head_dim})
                                   .transpose(1, 2)
                                   .reshape({b, len, c.num_qo_heads * c.head_dim});
     x = x + torch::matmul(att, params[l.wo].t());
