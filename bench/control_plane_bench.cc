@@ -408,7 +408,7 @@ class Worker {
   // examples/async_grpo/rollout.cc's Rollout::loop, with the bench's decode step.
   Status loop() {
     laminar::Version want{0};
-    laminar::DispatchAsker asker = must(laminar::DispatchAsker::create(client_.get(), kAskWait), "dispatch asker");
+    laminar::DispatchAsker asker = must(laminar::DispatchAsker::create(client_.get(), {.wait = kAskWait}), "dispatch asker");
     while (!stop_) {
       LAMINAR_RETURN_IF_ERROR(drive());
       Result<std::vector<laminar::Grant>> grants = asker.answers();

@@ -867,12 +867,16 @@ void DispatchClient::close() {
   if (impl_->ep.valid()) impl_->ep.close();
 }
 
-Result<DispatchAsker> DispatchAsker::create(DispatchClient* client, Duration wait) {
+Result<DispatchAsker> DispatchAsker::create(DispatchClient* client, DispatchAskerOptions options) {
   if (client == nullptr) return invalid_argument("dispatch asker: the client is null");
-  if (wait <= Duration::zero()) {
-    return invalid_argument(fmt::format("dispatch asker: wait {} ns (must be positive)", wait.count()));
+  if (options.wait <= Duration::zero() || options.renew_after <= Duration::zero()) {
+    return invalid_argument(fmt::format("DispatchAskerOptions: wait {} ns, renew_after {} ns (each must be positive)",
+                                        options.wait.count(), options.renew_after.count()));
   }
-  return DispatchAsker(client, wait);
+  if (!options.clock) options.clock = Clock::steady();
+  DispatchAsker asker(client, std::move(options));
+  asker.asked_at_ = asker.opt_.clock->now();
+  return asker;
 }
 
 Result<std::vector<Grant>> DispatchAsker::answers() {
@@ -884,6 +888,9 @@ Result<std::vector<Grant>> DispatchAsker::answers() {
     p->reset();
     if (p == &asking_) asked_slots_ = 0;
     if (g.ok()) {
+      // The dispatcher knows this worker holds what it granted.
+      for (const Sample& s : g->samples) told_.push_back(s.id);
+      std::sort(told_.begin(), told_.end());
       out.push_back(std::move(g).value());
     } else {
       failed_ = g.status();
@@ -899,18 +906,25 @@ void DispatchAsker::give_back(std::vector<TrajectoryId> ids) {
 
 bool DispatchAsker::ask(WorkerState state) {
   const std::uint32_t free_slots = state.taking ? state.room : 0;
+  std::sort(state.held.begin(), state.held.end());
+  // A sample the dispatcher has not heard this worker hold: claim it before its lease runs out.
+  const bool untold = !std::includes(told_.begin(), told_.end(), state.held.begin(), state.held.end());
   const bool reask = asking_ && !replaced_ &&
                      ((state.idle && !asking_idle_ && state.taking) || asked_slots_ > state.room ||
-                      !returned_.empty());
+                      !returned_.empty() || untold);
   if (reask) replaced_ = std::exchange(asking_, std::nullopt);
-  if (asking_ || (free_slots == 0 && !reask && returned_.empty())) return false;
+  const Duration now = opt_.clock->now();
+  const bool renew = now - asked_at_ >= opt_.renew_after;
+  if (asking_ || (free_slots == 0 && !reask && returned_.empty() && !untold && !renew)) return false;
   asking_idle_ = state.idle;
   asked_slots_ = free_slots;
+  told_ = state.held;
+  asked_at_ = now;
   ++questions_;
   asking_ = client_->request_async({.version = state.version,
                                     .free_slots = free_slots,
                                     .held = std::move(state.held),
-                                    .wait = wait_,
+                                    .wait = opt_.wait,
                                     .idle_pull = state.idle,
                                     .returned = std::exchange(returned_, {})});
   return true;

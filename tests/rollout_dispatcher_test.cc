@@ -39,6 +39,7 @@ using laminar::StatusCode;
 using laminar::TrajectoryId;
 using laminar::Transport;
 using laminar::Version;
+using laminar::WorkerState;
 using laminar::WorkerId;
 using laminar::testing::eventually;
 using laminar::testing::expect_code;
@@ -1091,7 +1092,7 @@ TEST_CASE("rollout dispatcher: a worker's asker sends a question only when its s
   Actor actor({.group_size = kG, .seed = 4, .rule = AdmissionRule::stream(1, kG), .lease = 30s});
   REQUIRE(actor.dispatcher->publish(Version(1)).ok());
   Worker a = actor.worker(1);
-  laminar::DispatchAsker asker = laminar::DispatchAsker::create(a.client.get(), 4s).value();
+  laminar::DispatchAsker asker = laminar::DispatchAsker::create(a.client.get(), {.wait = 4s}).value();
 
   // Idle with room: one question, and the same state asks nothing more while it is out.
   CHECK(asker.ask({.version = Version(1), .taking = true, .room = kG, .idle = true}));
@@ -1170,8 +1171,40 @@ TEST_CASE("rollout dispatcher: a worker's asker sends a question only when its s
 TEST_CASE("rollout dispatcher: an asker needs a client and a positive wait", "[rollout_dispatcher]") {
   Actor actor({.group_size = 2, .seed = 4});
   Worker a = actor.worker(1);
-  expect_code(laminar::DispatchAsker::create(nullptr, 1s).status(), StatusCode::kInvalidArgument,
-              "the client is null");
-  expect_code(laminar::DispatchAsker::create(a.client.get(), 0s).status(), StatusCode::kInvalidArgument,
-              "wait 0 ns (must be positive)");
+  expect_code(laminar::DispatchAsker::create(nullptr).status(), StatusCode::kInvalidArgument, "the client is null");
+  expect_code(laminar::DispatchAsker::create(a.client.get(), {.wait = 0s}).status(), StatusCode::kInvalidArgument,
+              "wait 0 ns, renew_after 5000000000 ns (each must be positive)");
+  expect_code(laminar::DispatchAsker::create(a.client.get(), {.renew_after = -1s}).status(),
+              StatusCode::kInvalidArgument, "renew_after -1000000000 ns");
+}
+
+TEST_CASE("rollout dispatcher: an asker claims what migrates in, and renews its lease when it has nothing to ask",
+          "[rollout_dispatcher]") {
+  constexpr std::uint32_t kG = 2;
+  Actor actor({.group_size = kG, .seed = 4, .lease = 30s});
+  REQUIRE(actor.dispatcher->open(Version(0), Version(0), 1).ok());
+  Worker a = actor.worker(1), b = actor.worker(2);
+  const Grant both = a.ask(Version(0), kG);
+  REQUIRE(both.samples.size() == kG);
+  auto clock = std::make_shared<laminar::ManualClock>();
+  laminar::DispatchAsker asker =
+      laminar::DispatchAsker::create(b.client.get(), {.wait = 4s, .renew_after = 5s, .clock = clock}).value();
+
+  // b has no room, but one of a's samples migrated in: it tells the dispatcher at once, which
+  // would otherwise hand the sample out again after a's lease on it.
+  const WorkerState full{.version = Version(0), .taking = true, .room = 0, .held = {both.samples[1].id}};
+  CHECK(asker.ask(full));
+  laminar::Result<std::vector<Grant>> got = next_answers(asker, 1);
+  REQUIRE(got.ok());
+  CHECK((*got)[0].kind == GrantKind::kNothing);
+  CHECK(actor.dispatcher->stats().claimed == 1);
+  // Told once: the same state asks nothing, until renew_after has passed without a question.
+  CHECK_FALSE(asker.ask(full));
+  REQUIRE(clock->advance(4s).ok());
+  CHECK_FALSE(asker.ask(full));
+  REQUIRE(clock->advance(1s).ok());
+  CHECK(asker.ask(full));
+  REQUIRE(next_answers(asker, 1).ok());
+  CHECK(asker.questions() == 2);
+  CHECK(actor.dispatcher->stats().lost_workers == 0);
 }

@@ -168,7 +168,7 @@ class Rollout {
 
   Status loop() {
     laminar::Version want{0};  // the dispatcher asked for this version or newer (0: it did not)
-    Result<laminar::DispatchAsker> made = laminar::DispatchAsker::create(client_.get(), kAskWait);
+    Result<laminar::DispatchAsker> made = laminar::DispatchAsker::create(client_.get(), {.wait = kAskWait});
     if (!made.ok()) return made.status();
     laminar::DispatchAsker asker = std::move(made).value();
     while (final_version(a_.dir) == 0) {

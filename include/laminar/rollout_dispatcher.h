@@ -363,16 +363,28 @@ struct WorkerState {
 // asked for sends nothing until something changes. Each time round the loop takes the answers
 // (answers()), starts their work, gives back what did not fit (give_back()), and then calls
 // ask() before it sleeps on DispatchClientOptions::on_answer. ask() sends a question when
-//   there is none out and the worker takes work and has room, or has samples to give back; or
-//   replaces the one out (at most one replaced at a time) when the worker went idle after asking
-//   busy (so an idle pull hears of newer weights), has less room than it asked for (a migration
-//   came in), or has samples to give back.
+//   there is none out and the worker takes work and has room, has samples to give back, holds a
+//   sample the dispatcher has not heard it hold (one migrated in: unclaimed, it would be handed
+//   out again after a lease), or has asked nothing for renew_after (a worker silent for a lease is
+//   lost); or replaces the one out (at most one replaced at a time) when the worker went idle
+//   after asking busy (so an idle pull hears of newer weights), has less room than it asked for,
+//   has samples to give back, or holds one the question did not list.
 // Not thread-safe: one loop owns it.
+struct DispatchAskerOptions {
+  // Each question's DispatchRequest::wait (positive).
+  Duration wait = std::chrono::seconds(4);
+  // With no question out, ask (for nothing, when there is no room) once this long has passed since
+  // the last question (positive; below the dispatcher's lease).
+  Duration renew_after = std::chrono::seconds(5);
+  // Time of renew_after (null: Clock::steady()).
+  std::shared_ptr<Clock> clock = nullptr;
+};
+
 class DispatchAsker {
  public:
-  // `client` asks (it must outlive the asker); `wait` is each question's DispatchRequest::wait.
-  // kInvalidArgument for a null client or a non-positive wait.
-  static Result<DispatchAsker> create(DispatchClient* client, Duration wait);
+  // `client` asks (it must outlive the asker). kInvalidArgument for a null client or a
+  // non-positive wait or renew_after.
+  static Result<DispatchAsker> create(DispatchClient* client, DispatchAskerOptions options = {});
 
   // The answers that arrived, the replaced question's first; empty when none did. A question that
   // failed (DispatchClient::request's errors) is returned as its error, on its own: an answer
@@ -389,12 +401,15 @@ class DispatchAsker {
   std::uint64_t questions() const { return questions_; }
 
  private:
-  DispatchAsker(DispatchClient* client, Duration wait) : client_(client), wait_(wait) {}
+  DispatchAsker(DispatchClient* client, DispatchAskerOptions options)
+      : client_(client), opt_(std::move(options)) {}
   DispatchClient* client_;
-  Duration wait_;
+  DispatchAskerOptions opt_;
   std::optional<PendingGrant> asking_, replaced_;
   bool asking_idle_ = false;          // the question out was asked idle (with idle_pull)
   std::uint32_t asked_slots_ = 0;     // and offered these slots
+  std::vector<TrajectoryId> told_;    // the held list of the last question, sorted
+  Duration asked_at_{0};              // when the last question went out (on opt_.clock)
   std::vector<TrajectoryId> returned_;
   Status failed_;                     // a question's error, kept for the next answers()
   std::uint64_t questions_ = 0;
