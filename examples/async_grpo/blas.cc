@@ -64,19 +64,6 @@ const Best* best_for_cpu() {
   return nullptr;
 }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", int(c));
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 BlasInfo loaded_blas() {
@@ -126,11 +113,6 @@ std::string BlasInfo::warning() const {
                        kernels, better_kernels, better_kernels);
   }
   return "";
-}
-
-std::string BlasInfo::to_json() const {
-  return fmt::format(R"({{"library":{},"name":{},"kernels":{},"threads":{},"reference":{},"fallback":{}}})",
-                     json_string(library), json_string(name), json_string(kernels), threads, reference, fallback);
 }
 
 void use_right_blas_kernels(char** argv) {

@@ -29,8 +29,6 @@ struct BlasInfo {
   std::string describe() const;
   // A loud line when training would run on the reference BLAS or fallback kernels; "" otherwise.
   std::string warning() const;
-  // {"library", "name", "kernels", "threads", "reference", "fallback"}.
-  std::string to_json() const;
 };
 
 // Reads /proc/self/maps and asks the library itself.

@@ -192,8 +192,6 @@ struct Trainer::Impl {
     std::vector<std::size_t> order(prompts.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return length(a) > length(b); });
-    // A new bin is as long as the smallest power of two (at least kMinBin) that holds the row
-    // opening it; rows fill the first bin with room, whatever its size.
     std::vector<std::vector<std::size_t>> bins;
     std::vector<std::int64_t> fill, size;
     for (std::size_t i : order) {
@@ -209,7 +207,7 @@ struct Trainer::Impl {
       bins[b].push_back(i);
       fill[b] += length(i);
     }
-    // Bins of one size form chunks (they share a length), at most kChunkTokens each.
+    // Bins are made largest first, so bins of one size are neighbours.
     std::vector<std::vector<std::size_t>> groups;
     for (std::size_t b = 0; b < bins.size(); ++b) {
       if (b == 0 || size[b] != size[b - 1] ||
