@@ -56,6 +56,7 @@ struct TrajectoryQueueServer::Impl {
     Incoming in;
     bool many = false;  // a push_many message: answered with one Status per trajectory
     std::vector<Trajectory> ts;
+    std::vector<TrajectoryId> ids;  // of ts, kept since ts are moved into the queue
     // The answers; kUnavailable for the ones still waiting for room.
     std::vector<Status> out;
     Duration deadline = kForever;  // on the server's clock
@@ -101,10 +102,15 @@ struct TrajectoryQueueServer::Impl {
 
   // Answers a message once nothing in it waits for room, counting its trajectories.
   void answer(Held& h) {
+    std::vector<TrajectoryId> accepted;
+    for (std::size_t i = 0; i < h.out.size(); ++i)
+      if (h.out[i].ok()) accepted.push_back(h.ids[i]);
     {
       std::lock_guard<std::mutex> l(mu);
-      for (const Status& s : h.out) ++(s.ok() ? st.accepted : st.refused);
+      st.accepted += accepted.size();
+      st.refused += h.out.size() - accepted.size();
     }
+    if (opt.on_accepted && !accepted.empty()) opt.on_accepted(accepted);
     if (!h.many) {
       answer(h.in, h.out[0]);
       return;
@@ -162,13 +168,14 @@ struct TrajectoryQueueServer::Impl {
     Result<internal::QueuePush> p =
         many ? internal::decode_queue_push_many(in.message.body) : internal::decode_queue_push(in.message.body);
     if (!p.ok()) return refuse_malformed(in, p.status());
-    take(Held{std::move(in), many, std::move(p->trajectories), {}, kForever}, p->wait);
+    take(Held{std::move(in), many, std::move(p->trajectories), {}, {}, kForever}, p->wait);
   }
 
   // A well-formed message: pushed at once when nothing waits ahead of it and there is room,
   // otherwise (for a blocking or timed push) held for the worker.
   void take(Held hd, internal::QueuePushWait wait) {
     hd.out.assign(hd.ts.size(), unavailable("waiting for room"));
+    for (const Trajectory& t : hd.ts) hd.ids.push_back(t.id);
     std::unique_lock<std::mutex> l(mu);
     ++st.received;
     if (worker.stopping()) {

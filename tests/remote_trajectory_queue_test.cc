@@ -13,6 +13,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -476,6 +477,54 @@ TEST_CASE("remote push_many: one answer per trajectory, only the accepted ones m
   CHECK(served.server->stats().received > 3);
   CHECK(queue->stats().ready == 1100);
   CHECK(producer->credits_free() == producer->credits_granted());
+}
+
+TEST_CASE("on_accepted names each trajectory the queue took, before its producer hears so", "[remote]") {
+  TrajectoryQueueOptions qo;
+  qo.capacity_trajectories = 3;
+  std::shared_ptr<TrajectoryQueue> queue = TrajectoryQueue::create(qo).value();
+  std::mutex mu;
+  std::vector<std::uint64_t> accepted;
+  laminar::TrajectoryQueueServerOptions so;
+  so.on_accepted = [&](std::span<const laminar::TrajectoryId> ids) {
+    std::lock_guard<std::mutex> l(mu);
+    for (laminar::TrajectoryId id : ids) accepted.push_back(id.value());
+  };
+  Served served(queue, so);
+  auto producer = served.producer();
+  auto seen = [&] {
+    std::lock_guard<std::mutex> l(mu);
+    return accepted;
+  };
+
+  REQUIRE(producer->push(laminar::test_remote::make(1)).ok());
+  CHECK(seen() == std::vector<std::uint64_t>{1});
+  expect_code(producer->push(laminar::test_remote::make(1)), StatusCode::kAlreadyExists, "already pushed");
+  std::vector<Trajectory> ts;
+  for (std::uint64_t id : {2, 1, 3}) ts.push_back(laminar::test_remote::make(id));
+  ts[2].response_tokens[0] = -5;  // refused by the queue's content check
+  const std::vector<laminar::Status> out = producer->push_many(ts);
+  REQUIRE(out.size() == 3);
+  CHECK(out[0].ok());
+  CHECK(!out[1].ok());
+  CHECK(!out[2].ok());
+  CHECK(seen() == std::vector<std::uint64_t>{1, 2});
+
+  // Full: the push waits in the server, and goes in on the server's own thread once room frees.
+  REQUIRE(producer->push(laminar::test_remote::make(4)).ok());
+  laminar::Status held = laminar::internal_error("not answered");
+  std::thread blocked([&] { held = producer->push(laminar::test_remote::make(5)); });
+  REQUIRE(eventually([&] { return served.server->stats().held == 1; }));
+  CHECK(seen() == std::vector<std::uint64_t>{1, 2, 4});
+  BatchSpec spec;
+  spec.max_trajectories = 1;
+  auto b = queue->pop_batch(spec);
+  REQUIRE(b.ok());
+  REQUIRE(queue->ack(b->id()).ok());
+  blocked.join();
+  CHECK(held.ok());
+  CHECK(seen() == std::vector<std::uint64_t>{1, 2, 4, 5});
+  CHECK(served.server->stats().accepted == 4);
 }
 
 TEST_CASE("remote push_many: a full queue takes what fits, the rest waits or fails as asked", "[remote]") {

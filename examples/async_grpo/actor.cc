@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -55,8 +57,6 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   auto queue = laminar::TrajectoryQueue::create(qo);
   if (!queue.ok()) return fail("actor", "queue", queue.status());
   std::shared_ptr<laminar::TrajectoryQueue> q = std::move(*queue);
-  auto qserver = laminar::TrajectoryQueueServer::create(*transport, q);
-  if (!qserver.ok()) return fail("actor", "queue server", qserver.status());
   auto store = laminar::RelayStore::create();
   if (!store.ok()) return fail("actor", "relay store", store.status());
   std::shared_ptr<laminar::RelayStore> relay = std::move(*store);
@@ -109,6 +109,16 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   auto dispatch = laminar::RolloutDispatcher::create(*transport, po);
   if (!dispatch.ok()) return fail("actor", "dispatcher", dispatch.status());
   laminar::RolloutDispatcher& server = **dispatch;
+  // A sample is complete once the queue holds it, before its worker hears so: a worker may stop
+  // listing it then, and it is not handed out again while it waits for its group or the trainer.
+  std::atomic<std::uint64_t> completion_errors{0};
+  laminar::TrajectoryQueueServerOptions qso;
+  qso.on_accepted = [&server, &completion_errors](std::span<const laminar::TrajectoryId> ids) {
+    for (laminar::TrajectoryId id : ids)
+      if (!server.completed(id).ok()) completion_errors.fetch_add(1);
+  };
+  auto qserver = laminar::TrajectoryQueueServer::create(*transport, q, std::move(qso));
+  if (!qserver.ok()) return fail("actor", "queue server", qserver.status());
 
   async_grpo::TrainerOptions to;
   to.seed = s.seed;
@@ -216,8 +226,6 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     std::vector<laminar::Trajectory> current;
     double reward = 0;
     for (const laminar::Trajectory& t : ts) {
-      auto c = server.completed(t.id);
-      if (!c.ok()) return fail("actor", "completed", c.status());
       if (!trained_ids.insert(t.id.value()).second) ++duplicate_trained;
       ++group_count[t.group_id];
       reward += t.rewards[0] / double(ts.size());
@@ -262,24 +270,28 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     std::fflush(stdout);
   }
 
-  // The stream's groups still out: let them finish so every sample made reaches the queue once.
+  // The stream's groups still out: let them finish, and take what the queue holds, so every sample
+  // made reaches the queue and leaves it once.
   if (Status st = server.set_rule(laminar::AdmissionRule::sync()); !st.ok()) return fail("actor", "rule", st);
   std::uint64_t drained = 0;
   const std::int64_t drain_deadline = now_ns() + std::int64_t(60e9);
-  while (server.stats().groups_done < server.stats().groups_made && now_ns() < drain_deadline) {
+  while (now_ns() < drain_deadline) {
+    const bool all_in = server.stats().groups_done == server.stats().groups_made;
     laminar::BatchSpec spec;
     spec.max_trajectories = batch_size;
     spec.min_trajectories = 1;
-    spec.wait = std::chrono::seconds(1);
+    spec.wait = all_in ? laminar::Duration(0) : laminar::Duration(std::chrono::seconds(1));
     spec.consumer_version = v;
     Result<laminar::Batch> batch = q->pop_batch(spec);
     if (!batch.ok()) {
-      if (batch.status().code() == laminar::StatusCode::kDeadlineExceeded) continue;
-      return fail("actor", "drain", batch.status());
+      // Nothing ready: kUnavailable without a wait, kDeadlineExceeded after one.
+      const laminar::StatusCode code = batch.status().code();
+      if (code != laminar::StatusCode::kUnavailable && code != laminar::StatusCode::kDeadlineExceeded)
+        return fail("actor", "drain", batch.status());
+      if (all_in) break;
+      continue;
     }
     for (const laminar::Trajectory& t : batch->trajectories()) {
-      auto c = server.completed(t.id);
-      if (!c.ok()) return fail("actor", "completed", c.status());
       if (!trained_ids.insert(t.id.value()).second) ++duplicate_trained;
       ++drained;
     }
@@ -293,13 +305,15 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   auto check = [](const char* name, bool ok, const std::string& detail) {
     std::printf("check %s %s %s\n", name, ok ? "ok" : "FAIL", detail.c_str());
   };
-  check("trained_once", duplicate_trained == 0 && ds.duplicates == 0,
-        fmt::format("{} samples reached the trainer, {} twice; dispatch duplicates {}", trained_ids.size(),
-                    duplicate_trained, ds.duplicates));
-  check("all_completed", ds.groups_done == ds.groups_made && ds.completed == ds.groups_made * G,
+  check("trained_once", duplicate_trained == 0 && ds.duplicates == 0 && trained_ids.size() == ds.completed,
+        fmt::format("{} samples reached the trainer, {} twice, of {} the queue took; dispatch duplicates {}",
+                    trained_ids.size(), duplicate_trained, ds.completed, ds.duplicates));
+  check("all_completed",
+        ds.groups_done == ds.groups_made && ds.completed == ds.groups_made * G && completion_errors.load() == 0,
         fmt::format("groups made {} done {}, samples completed {}, drained after the last step {}, reissued {}, "
-                    "lost workers {}",
-                    ds.groups_made, ds.groups_done, ds.completed, drained, ds.reissued, ds.lost_workers));
+                    "lost workers {}, completions refused {}",
+                    ds.groups_made, ds.groups_done, ds.completed, drained, ds.reissued, ds.lost_workers,
+                    completion_errors.load()));
   check("whole_groups", partial_groups == 0, fmt::format("{} groups trained without all {} samples", partial_groups, G));
   check("rescore_bit_equal", rescored > 0 && rescore_differs == 0,
         fmt::format("{} trained samples re-scored by laminar's prefill under their version, {} differ, {} "

@@ -28,6 +28,7 @@
 #include "child_process.h"
 #include "engine.h"
 #include "held_out.h"
+#include "pacing.h"
 #include "records.h"
 #include "report.h"
 #include "roles.h"
@@ -171,9 +172,10 @@ Result<std::vector<async_grpo::HeldOutPoint>> evaluate_versions(const Settings& 
 struct ScheduleOutcome {
   async_grpo::ScheduleRun run;
   std::vector<CheckResult> checks;
+  std::vector<std::string> notes;  // what the run could not check, and why
 };
 
-// Versions from which reward_rises compares held-out reward rather than training reward.
+// Versions from which reward_rises compares held-out reward; with fewer, a rise is not checked.
 constexpr std::size_t kHeldOutRiseVersions = 20;
 
 Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& schedule, const fs::path& warm,
@@ -375,15 +377,15 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
     outcome.checks.push_back({"reward_rises", last > h.front().reward,
                               fmt::format("held-out reward: version {} {:.3f}, mean of the last 3 versions {:.3f}",
                                           h.front().version, h.front().reward, last)});
-  } else if (rw.size() >= 2) {
-    // Too few versions for a held-out mean to stand out of its noise: the mean of the last third
-    // of the training steps against the first.
-    const std::size_t tail = std::max<std::size_t>(1, rw.size() / 3);
-    double last = 0;
-    for (std::size_t i = rw.size() - tail; i < rw.size(); ++i) last += rw[i].mean_reward / double(tail);
-    outcome.checks.push_back({"reward_rises", last > rw.front().mean_reward,
-                              fmt::format("training reward: first step {:.3f}, mean of the last {} steps {:.3f}",
-                                          rw.front().mean_reward, tail, last)});
+  } else if (!rw.empty()) {
+    // A stream trains first on the groups that finish first, the short and easy ones, so a training
+    // step's reward is biased as well as noisy; and a few steps move held-out reward less than its
+    // noise. (async_grpo_trainer_test checks that GRPO raises the reward.)
+    const std::string held = h.empty() ? std::string("none")
+                                       : fmt::format("version {} {:.3f}, version {} {:.3f}", h.front().version,
+                                                     h.front().reward, h.back().version, h.back().reward);
+    outcome.notes.push_back(fmt::format("reward rise not checked: {} versions, fewer than {}; held-out reward {}",
+                                        h.size(), kHeldOutRiseVersions, held));
   }
   return outcome;
 }
@@ -396,18 +398,20 @@ Status warm_up(const Settings& s, const fs::path& file) {
   to.intra_op_threads = 1;
   auto trainer = async_grpo::Trainer::create(to);
   if (!trainer.ok()) return trainer.status();
-  async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
-  LAMINAR_RETURN_IF_ERROR(progress.begin("warm-up", std::uint64_t(s.warmup_steps), "steps"));
-  // Prompts far past the ones the schedules deal, so RL sees prompts the warm-up did not.
-  std::uint64_t next = async_grpo::kWarmupFirstPrompt;
-  for (int i = 0; i < s.warmup_steps; ++i) {
-    std::vector<async_grpo::DigitPrompt> prompts;
-    for (int k = 0; k < s.warmup_batch; ++k) prompts.push_back(task->prompt(next++));
-    auto st = (*trainer)->warmup_step(prompts);
-    if (!st.ok()) return st.status();
-    LAMINAR_RETURN_IF_ERROR(progress.update(std::uint64_t(i + 1)));
+  if (s.warmup_steps > 0) {
+    async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
+    LAMINAR_RETURN_IF_ERROR(progress.begin("warm-up", std::uint64_t(s.warmup_steps), "steps"));
+    // Prompts far past the ones the schedules deal, so RL sees prompts the warm-up did not.
+    std::uint64_t next = async_grpo::kWarmupFirstPrompt;
+    for (int i = 0; i < s.warmup_steps; ++i) {
+      std::vector<async_grpo::DigitPrompt> prompts;
+      for (int k = 0; k < s.warmup_batch; ++k) prompts.push_back(task->prompt(next++));
+      auto st = (*trainer)->warmup_step(prompts);
+      if (!st.ok()) return st.status();
+      LAMINAR_RETURN_IF_ERROR(progress.update(std::uint64_t(i + 1)));
+    }
+    LAMINAR_RETURN_IF_ERROR(progress.finish());
   }
-  LAMINAR_RETURN_IF_ERROR(progress.finish());
   std::vector<std::byte> flat((*trainer)->manifest().total_bytes());
   LAMINAR_RETURN_IF_ERROR((*trainer)->save_weights(flat));
   std::ofstream f(file, std::ios::binary | std::ios::trunc);
@@ -441,6 +445,12 @@ int run_launcher(Settings s) {
   const async_grpo::BlasInfo blas = async_grpo::loaded_blas();
   std::cout << "BLAS: " << blas.describe() << "\n";
   if (!blas.warning().empty()) std::cout << blas.warning() << "\n";
+  auto pacing = async_grpo::Pacing::create(s.pacing);
+  if (!pacing.ok()) return fail("launcher", "pacing", pacing.status());
+  // Described at the task's median: a prompt of n + 3 tokens, a context of 2n + 4 once answered.
+  const auto median = std::int64_t(async_grpo::DigitTaskOptions{}.median_length);
+  const std::string pacing_line = pacing->describe(s.max_live, 2 * median + 4, median + 3);
+  std::cout << "rollout pacing: " << pacing_line << "\n";
   if (Status st = warm_up(s, warm); !st.ok()) return fail("launcher", "warm-up", st);
 
   const bool several = s.schedule == "compare" || s.schedule == "all";
@@ -465,10 +475,11 @@ int run_launcher(Settings s) {
       std::cout << fmt::format("  check {:<20} {}  {}\n", c.name, c.ok ? "ok  " : "FAIL", c.detail);
       all_ok = all_ok && c.ok;
     }
+    for (const std::string& note : outcome->notes) std::cout << "  note  " << note << "\n";
     runs.push_back(std::move(outcome->run));
   }
   async_grpo::ReportOptions ro;
-  ro.decode_step_ms = s.decode_step_ms;
+  if (pacing->paced()) ro.pacing = pacing_line;
   if (schedules.size() == 1) ro.baseline = ro.contender = schedules[0];
   auto files = async_grpo::write_report(runs, ro, s.out);
   if (!files.ok()) return fail("launcher", "report", files.status());

@@ -317,15 +317,19 @@ Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_re
     if (sp.kind == SpanKind::kIdleWait && sp.process == "actor") waits[sp.end_ns] = sp.end_ns - sp.start_ns;
   }
   std::vector<double> train_ms, ready_ms, after_wait_ms;
+  double waiting_ms = 0, training_ms = 0;
+  for (const auto& [end, ns] : waits) waiting_ms += static_cast<double>(ns) / 1e6;
   for (const Span& sp : run.records.spans) {
     if (sp.kind != SpanKind::kTrain) continue;
     const double ms = static_cast<double>(sp.end_ns - sp.start_ns) / 1e6;
     train_ms.push_back(ms);
+    training_ms += ms;
     if (sp.tokens == 0) continue;
     const auto wait = waits.upper_bound(sp.start_ns);
     const bool waited = wait != waits.begin() && std::prev(wait)->second >= kReadyWaitNs;
     (waited ? after_wait_ms : ready_ms).push_back(ms / static_cast<double>(sp.tokens));
   }
+  if (waiting_ms + training_ms > 0) m.actor_waiting_share = waiting_ms / (waiting_ms + training_ms);
   if (!train_ms.empty()) m.train_step_p50_ms = nearest_rank_percentile(std::move(train_ms), 50).value();
   if (!ready_ms.empty()) m.train_ms_per_token_ready_p50 = nearest_rank_percentile(std::move(ready_ms), 50).value();
   if (!after_wait_ms.empty()) {
@@ -346,15 +350,11 @@ Result<Comparison> compare(const std::vector<ScheduleRun>& runs, const ReportOpt
     if (run.schedule == options.baseline) baseline = &run;
   }
   if (options.smoothing == 0) return laminar::invalid_argument("report: smoothing 0");
-  if (!(options.decode_step_ms >= 0 && std::isfinite(options.decode_step_ms))) {
-    return laminar::invalid_argument(fmt::format("report: decode_step_ms {} is not a finite value >= 0",
-                                                 options.decode_step_ms));
-  }
   Comparison c;
   c.baseline = options.baseline;
   c.contender = options.contender;
   c.smoothing = options.smoothing;
-  c.decode_step_ms = options.decode_step_ms;
+  c.pacing = options.pacing;
   const bool held_out = std::any_of(runs.begin(), runs.end(), [](const ScheduleRun& r) { return !r.held_out.empty(); });
   c.curve = held_out ? RewardCurve::kHeldOut : RewardCurve::kTraining;
   if (options.target_reward) {
@@ -411,6 +411,9 @@ std::string format_table(const Comparison& c) {
   row("trained samples/s", [](const ScheduleMetrics& m) { return fixed(m.samples_per_s, 2); });
   row("trained tokens/s", [](const ScheduleMetrics& m) { return fixed(m.tokens_per_s, 1); });
   row("generation utilisation", [](const ScheduleMetrics& m) { return fixed(100 * m.generation_utilisation, 1) + "%"; });
+  row("actor waiting for samples", [](const ScheduleMetrics& m) {
+    return m.actor_waiting_share ? fixed(100 * *m.actor_waiting_share, 1) + "%" : std::string("-");
+  });
   static constexpr std::array<std::string_view, 4> kStale = {"= 0", "= 1", "= 2", ">= 3"};
   for (std::size_t i = 0; i < kStale.size(); ++i) {
     row(fmt::format("staleness {}", kStale[i]), [i](const ScheduleMetrics& m) {
@@ -467,9 +470,9 @@ std::string format_table(const Comparison& c) {
     out += fmt::format("held-out reward: each published version's, moving average over {} versions, against its "
                        "publish time\n", c.smoothing);
   }
-  out += c.decode_step_ms > 0
-             ? fmt::format("rollout pacing: every decode and prefill step takes at least {:g} ms\n", c.decode_step_ms)
-             : std::string("rollout pacing: none (decode steps run at this CPU's speed)\n");
+  out += "actor waiting for samples: its share of its time waiting and training; under sync, generation's share "
+         "of a step\n";
+  out += fmt::format("rollout pacing: {}\n", c.pacing.empty() ? "none" : c.pacing);
   // One line when every actor ran on the same BLAS, else one per schedule.
   std::set<std::string> blas;
   for (const ScheduleMetrics& m : c.schedules)
@@ -495,6 +498,7 @@ std::string metrics_json(const Comparison& c) {
                          {"samples_per_s", m.samples_per_s},
                          {"tokens_per_s", m.tokens_per_s},
                          {"generation_utilisation", m.generation_utilisation},
+                         {"actor_waiting_share", optional_json(m.actor_waiting_share)},
                          {"staleness", {{"0", m.staleness[0]}, {"1", m.staleness[1]}, {"2", m.staleness[2]},
                                         {"3+", m.staleness[3]}}},
                          {"repacks", m.repacks},
@@ -513,7 +517,7 @@ std::string metrics_json(const Comparison& c) {
   ordered_json j = {{"target_reward", c.target_reward},
                     {"curve", c.curve == RewardCurve::kHeldOut ? "held_out" : "training"},
                     {"smoothing", c.smoothing},
-                    {"decode_step_ms", c.decode_step_ms},
+                    {"pacing", c.pacing},
                     {"baseline", c.baseline},
                     {"contender", c.contender},
                     {"speedup", optional_json(c.speedup)},

@@ -124,6 +124,9 @@ struct ScheduleMetrics {
   // Busy generation time (decode and prefill spans, overlaps on one worker counted once, clipped to
   // the run) / (rollout_workers x wall).
   double generation_utilisation = 0;
+  // The actor's time waiting for a batch / its time waiting and training (its kIdleWait and kTrain
+  // spans): under sync, generation's share of a step. None without either.
+  std::optional<double> actor_waiting_share;
   // Trajectories trained 0, 1, 2 and 3+ versions after the version that generated them.
   std::array<std::uint64_t, 4> staleness{};
   std::uint64_t repacks = 0;
@@ -171,8 +174,8 @@ struct ReportOptions {
   // Versions in the held-out moving average: one version's reward on a few hundred samples is
   // noisy, and a single lucky version would otherwise decide the time to target.
   std::size_t smoothing = 3;
-  // The rollout workers' pacing (--decode-step-ms), stated with the table; 0: none.
-  double decode_step_ms = 0;
+  // The rollout workers' pacing (Pacing::describe), stated with the table; empty: none.
+  std::string pacing;
   std::string baseline = "sync";
   std::string contender = "laminar";
   // The gnuplot program, looked up in PATH unless it holds a '/'. Missing: plots are skipped.
@@ -183,7 +186,7 @@ struct Comparison {
   double target_reward = 0;
   RewardCurve curve = RewardCurve::kTraining;
   std::size_t smoothing = 3;
-  double decode_step_ms = 0;
+  std::string pacing;
   std::string baseline, contender;
   std::vector<ScheduleMetrics> schedules;  // in the order of the runs
   // baseline's time to target / contender's; none unless both reached it, or when the baseline is
@@ -192,7 +195,7 @@ struct Comparison {
 };
 
 // The curve is kHeldOut when any run has held-out points. kInvalidArgument for an invalid or
-// duplicate run, no runs, smoothing 0, a negative decode_step_ms, or no target (none given and no
+// duplicate run, no runs, smoothing 0, or no target (none given and no
 // baseline run with a point on the curve).
 laminar::Result<Comparison> compare(const std::vector<ScheduleRun>& runs, const ReportOptions& options);
 

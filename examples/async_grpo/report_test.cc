@@ -286,6 +286,8 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
   CHECK(*m->weight_sync_p99_ms == Approx(nearest_rank(99)));
   REQUIRE(m->train_step_p50_ms);
   CHECK(*m->train_step_p50_ms == Approx(4.0));  // the median of 10 s, 2 ms and 4 ms
+  REQUIRE(m->actor_waiting_share);  // the actor's 0.55 s of waits against its 10.006 s of training
+  CHECK(*m->actor_waiting_share == Approx(0.55 / (0.55 + 10.006)));
   REQUIRE(m->train_ms_per_token_ready_p50);
   CHECK(*m->train_ms_per_token_ready_p50 == Approx(1.0));
   REQUIRE(m->train_ms_per_token_after_wait_p50);
@@ -339,18 +341,19 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
     std::vector<std::string> lines;
     std::istringstream in(table);
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-    // Header, rule, 20 rows, the speedup line, the pacing line; every line of the grid as wide as
-    // the rule.
-    REQUIRE(lines.size() == 24);
-    for (std::size_t i = 0; i < 22; ++i) CHECK(lines[i].size() == lines[1].size());
+    // Header, rule, 21 rows, the speedup line, what the actor's waiting means, the pacing line;
+    // every line of the grid as wide as the rule.
+    REQUIRE(lines.size() == 26);
+    for (std::size_t i = 0; i < 23; ++i) CHECK(lines[i].size() == lines[1].size());
     CHECK(lines[0].find("sync") != std::string::npos);
     CHECK(lines[0].find("laminar") > lines[0].find("sync"));
     CHECK(table.find("time to training reward 0.500 (s)") != std::string::npos);
     CHECK(table.find(fmt::format("{:.1f}%", 100 * busy_s / (3 * wall_s))) != std::string::npos);
     CHECK(table.find("step ms/token p50, after a wait >= 0.2 s") != std::string::npos);
-    CHECK(lines[22] == fmt::format("laminar reaches training reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
+    CHECK(lines[23] == fmt::format("laminar reaches training reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
                                    20.0 / 4.0));
-    CHECK(lines[23] == "rollout pacing: none (decode steps run at this CPU's speed)");
+    CHECK(lines[24].rfind("actor waiting for samples: ", 0) == 0);
+    CHECK(lines[25] == "rollout pacing: none");
 
     auto j = nlohmann::json::parse(async_grpo::metrics_json(*c));
     CHECK(j["target_reward"] == 0.5);
@@ -436,7 +439,7 @@ TEST_CASE("grpo report: held-out rewards are smoothed over versions and set the 
       laminar.held_out.push_back({.version = i + 1, .time_ns = 100 * kS + std::int64_t(i + 1) * 4 * kS,
                                   .reward = rewards[i]});
     }
-    auto c = async_grpo::compare({sync, laminar}, {.decode_step_ms = 12.5});
+    auto c = async_grpo::compare({sync, laminar}, {.pacing = "qwen2.5-7b on h100"});
     REQUIRE(c.ok());
     CHECK(c->curve == async_grpo::RewardCurve::kHeldOut);
     CHECK(c->target_reward == Approx(0.5));
@@ -457,11 +460,11 @@ TEST_CASE("grpo report: held-out rewards are smoothed over versions and set the 
     CHECK(table.find("laminar reaches held-out reward 0.500 2.50x as fast as sync (20.0 s against 50.0 s)") !=
           std::string::npos);
     CHECK(table.find("moving average over 3 versions") != std::string::npos);
-    CHECK(table.find("every decode and prefill step takes at least 12.5 ms") != std::string::npos);
+    CHECK(table.find("\nrollout pacing: qwen2.5-7b on h100\n") != std::string::npos);
     CHECK(table.find("actor BLAS") == std::string::npos);  // neither run says
     auto j = nlohmann::json::parse(async_grpo::metrics_json(*c));
     CHECK(j["curve"] == "held_out");
-    CHECK(j["decode_step_ms"].get<double>() == 12.5);
+    CHECK(j["pacing"] == "qwen2.5-7b on h100");
     CHECK(j["schedules"][1]["held_out_versions"] == 6);
 
     // The BLAS the actors trained on: one line when they agree, one per schedule when not.
@@ -513,8 +516,6 @@ TEST_CASE("grpo report: held-out rewards are smoothed over versions and set the 
     bad.held_out[2].version = 1;
     CHECK(async_grpo::compare({sync, bad}, {}).status().message().find("appears twice") != std::string::npos);
     CHECK(async_grpo::compare({sync, laminar}, {.smoothing = 0}).status().code() == StatusCode::kInvalidArgument);
-    CHECK(async_grpo::compare({sync, laminar}, {.decode_step_ms = -1}).status().code() ==
-          StatusCode::kInvalidArgument);
   }
 }
 

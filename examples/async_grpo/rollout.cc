@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "pacing.h"
 #include "laminar/kv_migrator.h"
 #include "laminar/migration_host.h"
 #include "laminar/relay_node.h"
@@ -74,6 +75,9 @@ class Rollout {
   int run() {
     auto task = make_task(s_);
     if (!task.ok()) return fail(who_, "task", task.status());
+    auto pacing = Pacing::create(s_.pacing);
+    if (!pacing.ok()) return fail(who_, "pacing", pacing.status());
+    pacing_.emplace(std::move(*pacing));
     task_.emplace(std::move(*task));
     auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{}, s_.engine_options());
     if (!engine.ok()) return fail(who_, "engine", engine.status());
@@ -407,7 +411,7 @@ class Rollout {
       live_.resize(first);
       return st;
     }
-    pace(t0);
+    pace(t0, pacing_->prefill(std::int64_t(tokens)));
     // The launcher's kill test waits for this line, so the worker dies holding samples.
     if (s_.kill_rollout_at > 0 && a_.index == 0) {
       std::printf("granted %zu\n", batch.size());
@@ -438,9 +442,11 @@ class Rollout {
     // What ended while it was moving, and was then handed back or arrived here.
     if (batch.empty()) return finish_done();
     if (decode_start_ == 0) decode_start_ = now_ns();
+    std::int64_t kv_tokens = 0;
+    for (const laminar::SequenceState* seq : batch) kv_tokens += seq->kv_length + 1;
     const std::int64_t t0 = now_ns();
     LAMINAR_RETURN_IF_ERROR(engine_->step(*cache_, batch));
-    pace(t0);
+    pace(t0, pacing_->decode(std::int64_t(batch.size()), kv_tokens));
     step_time_ = std::chrono::nanoseconds(now_ns() - t0);
     peak_pages_ = std::max(peak_pages_, std::int64_t(cache_->used_pages()));
     decode_tokens_ += batch.size();
@@ -449,11 +455,9 @@ class Rollout {
     return finish_done();
   }
 
-  // --decode-step-ms: a step that began at t0 lasts at least that long, as on an accelerator whose
-  // step latency hardly depends on the batch.
-  void pace(std::int64_t t0) const {
-    const std::int64_t until = t0 + std::int64_t(s_.decode_step_ms * 1e6);
-    const std::int64_t left = until - now_ns();
+  // A step that began at t0 lasts what the pacing says it would on the accelerator it stands for.
+  static void pace(std::int64_t t0, std::chrono::nanoseconds step) {
+    const std::int64_t left = t0 + step.count() - now_ns();
     if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
   }
 
@@ -511,6 +515,7 @@ class Rollout {
   const RoleArgs& a_;
   std::string who_;
   std::optional<async_grpo::DigitTask> task_;
+  std::optional<Pacing> pacing_;
   std::optional<async_grpo::Engine> engine_;
   std::vector<laminar::NamedTensor> destinations_;
   std::optional<async_grpo::RecordWriter> writer_;

@@ -27,15 +27,22 @@ void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
       ->check(CLI::Range(0, 100000));
   app.add_option("--eval-prompts", s.eval_prompts, "held-out prompts each published version is evaluated on")
       ->check(CLI::Range(1, 100000));
-  app.add_option("--decode-step-ms", s.decode_step_ms,
-                 "each rollout decode or prefill step takes at least this long (emulates an accelerator's step latency)")
-      ->check(CLI::Range(0.0, 10000.0));
+  app.add_option("--pace-model", s.pacing.model,
+                 "rollout steps take what this model's would on --pace-gpu (the simulator's cost model), scaled; "
+                 "none: at this CPU's speed")
+      ->check(CLI::IsMember({"none", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b"}));
+  app.add_option("--pace-gpu", s.pacing.gpu, "the GPU --pace-model runs on")->check(CLI::IsMember({"h100", "h800"}));
+  app.add_option("--pace-tokens", s.pacing.tokens, "tokens of --pace-model each token of this run stands for")
+      ->check(CLI::Range(1.0, 1e6));
+  app.add_option("--pace-speedup", s.pacing.speedup, "how much faster than --pace-model's the run's time goes")
+      ->check(CLI::Range(1e-3, 1e9));
   app.add_option("--max-live", s.max_live, "sequences one rollout worker decodes at once")->check(CLI::Range(1, 256));
-  app.add_option("--max-staleness", s.max_staleness, "laminar: versions a worker's weights may lag")
+  app.add_option("--max-staleness", s.max_staleness,
+                 "laminar: versions a worker's weights may lag the newest when it takes new samples (0: only "
+                 "workers on the newest weights take samples, so most are trained at most one version old)")
       ->check(CLI::Range(0, 16));
   app.add_option("--in-flight-batches", s.in_flight_batches,
-                 "laminar: samples handed out and not yet trained, in batches (1: the next batch is "
-                 "generated while the current one trains)")
+                 "laminar: samples handed out and not yet in the actor's queue, in training batches")
       ->check(CLI::Range(0.1, 64.0));
   app.add_option("--repack", s.repack, "laminar: repack sequences across rollout workers (KvMigrator)");
   app.add_option("--kill-rollout-at", s.kill_rollout_at, "laminar: SIGKILL rollout 0 after this step (0: never)")
@@ -60,8 +67,9 @@ std::vector<std::string> settings_args(const Settings& s) {
           "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
           "--max-staleness", std::to_string(s.max_staleness), "--kill-rollout-at", std::to_string(s.kill_rollout_at), "--in-flight-batches",
           fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false", "--device", s.device,
-          "--decode-step-ms", fmt::format("{}", s.decode_step_ms), "--lr-warmup-steps",
-          std::to_string(s.lr_warmup_steps)};
+          "--pace-model", s.pacing.model, "--pace-gpu", s.pacing.gpu, "--pace-tokens",
+          fmt::format("{}", s.pacing.tokens), "--pace-speedup", fmt::format("{}", s.pacing.speedup),
+          "--lr-warmup-steps", std::to_string(s.lr_warmup_steps)};
 }
 
 }  // namespace async_grpo

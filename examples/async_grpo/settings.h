@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "pacing.h"
 
 namespace CLI {
 class App;
@@ -38,12 +39,14 @@ struct Settings {
   // warm-up's moments, and at the full rate its first steps cost up to 0.06 of held-out reward
   // (bench/README.md, Asynchronous GRPO).
   int lr_warmup_steps = 10;
-  // > 0: each rollout decode or prefill step takes at least this long. 20 ms: the order of a 7-13B
-  // model's decode step at batch 16-64 on one GPU; unpaced, this model's step takes under 1 ms.
-  double decode_step_ms = 20;
+  // How long each rollout decode and prefill step takes (pacing.h): the simulator's cost model of
+  // a 7B model on an H100, each token here standing for 256 of its tokens, time 128x faster. A
+  // decode step then takes 17-30 ms, as the batch and its contexts grow; unpaced, this model's
+  // step takes under 1 ms whatever the batch.
+  PacingOptions pacing;
   int max_live = 16;  // sequences one rollout worker decodes at once
-  int max_staleness = 1;
-  double in_flight_batches = 1;  // laminar: samples out at once, in training batches
+  int max_staleness = 0;
+  double in_flight_batches = 1;  // laminar: samples being generated at once, in training batches
   bool repack = true;        // laminar: RepackCoordinator + a RepackDriver per worker
   int kill_rollout_at = 0;  // > 0: SIGKILL rollout 0 once the actor reports this step (laminar only)
   std::string out = "async_grpo_out";

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -47,6 +48,12 @@ struct TrajectoryQueueServerOptions {
   // Time of the producers' push timeouts and of the retries while the queue is full (null:
   // Clock::steady()).
   std::shared_ptr<Clock> clock;
+  // Called with the ids of a message's trajectories that went into the queue (none: not called),
+  // once all of the message is settled and before its producer hears the answer, on the thread
+  // that pushed them (the transport's, or the server's own for held pushes). So a host that marks
+  // work done here (RolloutDispatcher::completed) has done so before the producer learns of it.
+  // It must not wait on the queue's producers; it may run until the server's destructor returns.
+  std::function<void(std::span<const TrajectoryId>)> on_accepted;
 };
 
 struct TrajectoryQueueServerStats {
