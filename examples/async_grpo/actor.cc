@@ -94,9 +94,10 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   po.lease = std::chrono::seconds(10);
   if (sched == "one-step") {
     po.rule = laminar::AdmissionRule::one_step_ahead();
-  } else if (sched == "laminar") {
+  } else if (sched == "laminar" || sched == "areal") {
     const auto in_flight = std::max<std::uint64_t>(G, std::uint64_t(s.in_flight_batches * double(batch_size)));
-    po.rule = laminar::AdmissionRule::stream(std::uint64_t(s.max_staleness), in_flight);
+    po.rule = sched == "laminar" ? laminar::AdmissionRule::stream(std::uint64_t(s.max_staleness), in_flight)
+                                 : laminar::AdmissionRule::interruptible(std::uint64_t(s.max_staleness), in_flight);
   }
   if (coordinator) {
     // The prompts a freed worker would start, which the cost-aware rule weighs (the paper's, used
@@ -177,19 +178,25 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
   if (Status st = write_address(dir, "actor", *address); !st.ok()) return fail("actor", "address", st);
 
-  // The sync and one-step rules hand out only what open() made; the stream makes its own.
-  if (sched != "laminar")
+  // The sync and one-step rules hand out only what open() made; the streams make their own.
+  if (sched != "laminar" && sched != "areal")
     if (auto r = server.open(std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
 
   std::unordered_set<std::uint64_t> trained_ids;
   std::uint64_t duplicate_trained = 0, partial_groups = 0, on_policy = 0;
   double max_lp_diff = 0, sum_lp_diff = 0;
-  std::uint64_t lp_tokens = 0, rescored = 0, rescore_differs = 0, not_rescored = 0;
+  std::uint64_t lp_tokens = 0, rescored = 0, rescore_differs = 0, not_rescored = 0, mixed = 0;
   auto rescore = [&](std::span<const laminar::Trajectory> ts) -> Status {
     std::vector<const laminar::Trajectory*> order;
     for (const laminar::Trajectory& t : ts) order.push_back(&t);
     std::sort(order.begin(), order.end(), [](auto* x, auto* y) { return x->version < y->version; });
     for (const laminar::Trajectory* t : order) {
+      // Interrupted under areal: its tokens came from several versions (the metadata says which),
+      // so no one version's prefill gives its log-probs back.
+      if (!t->metadata.empty()) {
+        ++mixed;
+        continue;
+      }
       auto bytes = recent.find(t->version.value());
       if (bytes == recent.end()) {
         ++not_rescored;
@@ -317,11 +324,14 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   check("whole_groups", partial_groups == 0, fmt::format("{} groups trained without all {} samples", partial_groups, G));
   check("rescore_bit_equal", rescored > 0 && rescore_differs == 0,
         fmt::format("{} trained samples re-scored by laminar's prefill under their version, {} differ, {} "
-                    "not re-scored (version no longer kept)",
-                    rescored, rescore_differs, not_rescored));
+                    "not re-scored (version no longer kept), {} mixed-version (interrupted) left out",
+                    rescored, rescore_differs, not_rescored, mixed));
   check("behaviour_logprobs", on_policy == 0 || max_lp_diff < 1e-2,
         fmt::format("{} on-policy samples recomputed, {} tokens: |rollout - actor recompute| max {:.3g} mean {:.3g}", on_policy,
                     lp_tokens, max_lp_diff, lp_tokens ? sum_lp_diff / double(lp_tokens) : 0.0));
+  if (sched == "areal")
+    check("interrupted", mixed > 0,
+          fmt::format("{} trained samples decoded under more than one version (tagged in their metadata)", mixed));
   std::printf("dispatch %s\n", ds.to_json().c_str());
   if (coordinator) std::printf("repack %s\n", coordinator->stats().to_json().c_str());
   std::printf("steps %d\n", step);

@@ -419,6 +419,52 @@ Status warm_up(const Settings& s, const fs::path& file) {
   return f ? laminar::ok_status() : laminar::unavailable("cannot write " + file.string());
 }
 
+// One seed's schedules, one after the other, into s.out: their checks, the table and the report.
+struct SeedOutcome {
+  async_grpo::Comparison comparison;
+  bool all_ok = true;
+};
+
+Result<SeedOutcome> run_seed(const Settings& s, const std::vector<std::string>& schedules, const std::string& token,
+                             const std::string& pacing_line) {
+  std::error_code ec;
+  fs::create_directories(s.out, ec);
+  if (ec) return laminar::unavailable("cannot create " + s.out);
+  const fs::path warm = fs::absolute(fs::path(s.out) / "warmup.bin");
+  LAMINAR_RETURN_IF_ERROR(warm_up(s, warm).with_context("warm-up"));
+  std::vector<async_grpo::ScheduleRun> runs;
+  SeedOutcome out;
+  for (const std::string& schedule : schedules) {
+    Settings run = s;
+    // Each contender trains for as long as the baseline took, not for as many steps: time to the
+    // target is the comparison, and a schedule that steps faster must get to use that time.
+    if (schedules.size() > 1 && s.minutes == 0 && !runs.empty()) {
+      run.minutes = double(runs.front().end_ns - runs.front().start_ns) / 60e9;
+      run.steps = 4 * s.steps;
+    }
+    auto outcome = run_schedule(run, schedule, warm, token);
+    if (!outcome.ok()) return outcome.status().with_context(schedule);
+    std::cout << fmt::format("{}: {:.1f} s wall\n", schedule,
+                             double(outcome->run.end_ns - outcome->run.start_ns) / 1e9);
+    for (const CheckResult& c : outcome->checks) {
+      std::cout << fmt::format("  check {:<20} {}  {}\n", c.name, c.ok ? "ok  " : "FAIL", c.detail);
+      out.all_ok = out.all_ok && c.ok;
+    }
+    for (const std::string& note : outcome->notes) std::cout << "  note  " << note << "\n";
+    runs.push_back(std::move(outcome->run));
+  }
+  async_grpo::ReportOptions ro;
+  ro.pacing = pacing_line;
+  if (schedules.size() == 1) ro.baseline = ro.contender = schedules[0];
+  auto files = async_grpo::write_report(runs, ro, s.out);
+  if (!files.ok()) return files.status().with_context("report");
+  std::cout << "\n" << files->table;
+  if (!files->plot_note.empty()) std::cout << files->plot_note << "\n";
+  std::cout << fmt::format("report in {}: table.txt, metrics.json, trace_<schedule>.json, plots\n", s.out);
+  out.comparison = std::move(files->comparison);
+  return out;
+}
+
 }  // namespace
 
 int run_launcher(Settings s) {
@@ -431,16 +477,18 @@ int run_launcher(Settings s) {
     s.kill_rollout_at = 3;
     if (s.schedule == "compare" || s.schedule == "all") s.schedule = "laminar";
   }
-  if (s.device == "cuda" && s.repack && s.schedule != "sync" && s.schedule != "one-step") {
+  if (s.device == "cuda" && s.repack && (s.schedule == "laminar" || s.schedule == "compare" || s.schedule == "all")) {
     std::fprintf(stderr, "async_grpo: --device cuda needs --repack false: the repack migrates host KV pools\n");
     return 2;
   }
+  // One seed's held-out reward is noisy enough on 128 prompts for a single run; over seeds the
+  // medians compare, and 512 prompts halve each version's noise.
+  if (s.eval_prompts == 0) s.eval_prompts = s.seeds > 1 ? 512 : 128;
   std::error_code ec;
   fs::create_directories(s.out, ec);
   if (ec) return fail("launcher", "out", laminar::unavailable("cannot create " + s.out));
   std::random_device rd;
   const std::string token = fmt::format("async-grpo-{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
-  const fs::path warm = fs::absolute(fs::path(s.out) / "warmup.bin");
   // The actors load the same library with the same environment; each says what it loaded.
   const async_grpo::BlasInfo blas = async_grpo::loaded_blas();
   std::cout << "BLAS: " << blas.describe() << "\n";
@@ -451,41 +499,36 @@ int run_launcher(Settings s) {
   const auto median = std::int64_t(async_grpo::DigitTaskOptions{}.median_length);
   const std::string pacing_line = pacing->describe(s.max_live, 2 * median + 4, median + 3);
   std::cout << "rollout pacing: " << pacing_line << "\n";
-  if (Status st = warm_up(s, warm); !st.ok()) return fail("launcher", "warm-up", st);
 
-  const bool several = s.schedule == "compare" || s.schedule == "all";
   std::vector<std::string> schedules = {s.schedule};
   if (s.schedule == "compare") schedules = {"sync", "laminar"};
-  if (s.schedule == "all") schedules = {"sync", "one-step", "laminar"};
-  std::vector<async_grpo::ScheduleRun> runs;
+  if (s.schedule == "all") schedules = {"sync", "one-step", "areal", "laminar"};
+  // Seed after seed, each running every schedule: a machine that slows down over the runs slows
+  // every schedule alike.
+  std::vector<std::uint64_t> seeds;
+  std::vector<async_grpo::Comparison> comparisons;
   bool all_ok = true;
-  for (const std::string& schedule : schedules) {
-    Settings run = s;
-    // Each contender trains for as long as the baseline took, not for as many steps: time to the
-    // target is the comparison, and a schedule that steps faster must get to use that time.
-    if (several && s.minutes == 0 && !runs.empty()) {
-      run.minutes = double(runs.front().end_ns - runs.front().start_ns) / 60e9;
-      run.steps = 4 * s.steps;
+  for (int i = 0; i < s.seeds; ++i) {
+    Settings seed = s;
+    seed.seed = s.seed + std::uint64_t(i);
+    if (s.seeds > 1) {
+      seed.out = (fs::path(s.out) / fmt::format("seed-{}", seed.seed)).string();
+      std::cout << fmt::format("\n== seed {} ({} of {}) ==\n", seed.seed, i + 1, s.seeds);
     }
-    auto outcome = run_schedule(run, schedule, warm, token);
-    if (!outcome.ok()) return fail("launcher", schedule, outcome.status());
-    std::cout << fmt::format("{}: {:.1f} s wall\n", schedule,
-                             double(outcome->run.end_ns - outcome->run.start_ns) / 1e9);
-    for (const CheckResult& c : outcome->checks) {
-      std::cout << fmt::format("  check {:<20} {}  {}\n", c.name, c.ok ? "ok  " : "FAIL", c.detail);
-      all_ok = all_ok && c.ok;
-    }
-    for (const std::string& note : outcome->notes) std::cout << "  note  " << note << "\n";
-    runs.push_back(std::move(outcome->run));
+    auto outcome = run_seed(seed, schedules, token, pacing->paced() ? pacing_line : "");
+    if (!outcome.ok()) return fail("launcher", fmt::format("seed {}", seed.seed), outcome.status());
+    all_ok = all_ok && outcome->all_ok;
+    seeds.push_back(seed.seed);
+    comparisons.push_back(std::move(outcome->comparison));
   }
-  async_grpo::ReportOptions ro;
-  if (pacing->paced()) ro.pacing = pacing_line;
-  if (schedules.size() == 1) ro.baseline = ro.contender = schedules[0];
-  auto files = async_grpo::write_report(runs, ro, s.out);
-  if (!files.ok()) return fail("launcher", "report", files.status());
-  std::cout << "\n" << files->table;
-  if (!files->plot_note.empty()) std::cout << files->plot_note << "\n";
-  std::cout << fmt::format("report in {}: table.txt, metrics.json, trace_<schedule>.json, plots\n", s.out);
+  if (s.seeds > 1) {
+    auto summary = async_grpo::summarize_seeds(seeds, comparisons);
+    if (!summary.ok()) return fail("launcher", "seeds", summary.status());
+    const std::string table = async_grpo::format_seed_table(*summary);
+    std::ofstream(fs::path(s.out) / "seeds.txt") << table;
+    std::ofstream(fs::path(s.out) / "seeds.json") << async_grpo::seed_summary_json(*summary);
+    std::cout << "\n" << table << fmt::format("summary in {}: seeds.txt, seeds.json\n", s.out);
+  }
   std::cout << (all_ok ? "all checks passed\n" : "some checks FAILED\n");
   return all_ok ? 0 : 1;
 }

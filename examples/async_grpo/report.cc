@@ -703,6 +703,7 @@ Result<ReportFiles> write_report(const std::vector<ScheduleRun>& runs, const Rep
   std::filesystem::create_directories(dir, ec);
   if (ec) return laminar::unavailable(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
   ReportFiles files;
+  files.comparison = *c;
   files.table = format_table(*c);
   files.table_txt = dir / "table.txt";
   LAMINAR_RETURN_IF_ERROR(write_file(files.table_txt, files.table));
@@ -719,6 +720,155 @@ Result<ReportFiles> write_report(const std::vector<ScheduleRun>& runs, const Rep
   files.plots = std::move(plots->pngs);
   files.plot_note = std::move(plots->note);
   return files;
+}
+
+// --- Seeds ------------------------------------------------------------------------------------
+
+std::optional<Spread> spread(std::vector<double> values) {
+  if (values.empty()) return std::nullopt;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  const double median = n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+  return Spread{.median = median, .min = values.front(), .max = values.back()};
+}
+
+Result<SeedSummary> summarize_seeds(const std::vector<std::uint64_t>& seeds, const std::vector<Comparison>& comparisons) {
+  if (seeds.empty()) return laminar::invalid_argument("seed summary: no seeds");
+  if (seeds.size() != comparisons.size()) {
+    return laminar::invalid_argument(
+        fmt::format("seed summary: {} seeds but {} comparisons", seeds.size(), comparisons.size()));
+  }
+  if (std::set<std::uint64_t>(seeds.begin(), seeds.end()).size() != seeds.size())
+    return laminar::invalid_argument("seed summary: a seed appears twice");
+  SeedSummary out;
+  out.baseline = comparisons.front().baseline;
+  out.seeds = seeds;
+  struct Values {
+    std::vector<double> time, speedup, rate, rate_ratio, fresh, waiting, step_ratio;
+    std::size_t seeds = 0, reached = 0;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Values> by_schedule;
+  for (std::size_t i = 0; i < comparisons.size(); ++i) {
+    const Comparison& c = comparisons[i];
+    if (c.baseline != out.baseline) {
+      return laminar::invalid_argument(fmt::format("seed summary: seed {} compares against '{}', not '{}'", seeds[i],
+                                                   c.baseline, out.baseline));
+    }
+    const ScheduleMetrics* base = nullptr;
+    for (const ScheduleMetrics& m : c.schedules)
+      if (m.schedule == c.baseline) base = &m;
+    for (const ScheduleMetrics& m : c.schedules) {
+      if (!by_schedule.contains(m.schedule)) order.push_back(m.schedule);
+      Values& v = by_schedule[m.schedule];
+      ++v.seeds;
+      if (m.time_to_target_s) {
+        ++v.reached;
+        v.time.push_back(*m.time_to_target_s);
+      }
+      if (base != nullptr && base->time_to_target_s && *base->time_to_target_s > 0) {
+        v.speedup.push_back(m.time_to_target_s && *m.time_to_target_s > 0
+                                ? *base->time_to_target_s / *m.time_to_target_s
+                                : 0.0);
+      }
+      v.rate.push_back(m.samples_per_s);
+      if (base != nullptr && base->samples_per_s > 0) v.rate_ratio.push_back(m.samples_per_s / base->samples_per_s);
+      if (m.trained_samples > 0) {
+        v.fresh.push_back(static_cast<double>(m.staleness[0] + m.staleness[1]) /
+                          static_cast<double>(m.trained_samples));
+      }
+      if (m.actor_waiting_share) v.waiting.push_back(*m.actor_waiting_share);
+      if (base != nullptr && base->train_step_p50_ms && m.train_step_p50_ms && *base->train_step_p50_ms > 0)
+        v.step_ratio.push_back(*m.train_step_p50_ms / *base->train_step_p50_ms);
+    }
+  }
+  for (const std::string& name : order) {
+    Values& v = by_schedule[name];
+    out.schedules.push_back({.schedule = name,
+                             .seeds = v.seeds,
+                             .reached = v.reached,
+                             .time_to_target_s = spread(v.time),
+                             .speedup = spread(v.speedup),
+                             .samples_per_s = spread(v.rate).value(),
+                             .samples_per_s_ratio = spread(v.rate_ratio),
+                             .at_most_one_stale = spread(v.fresh),
+                             .actor_waiting_share = spread(v.waiting),
+                             .train_step_ratio = spread(v.step_ratio)});
+  }
+  return out;
+}
+
+namespace {
+
+std::string spread_cell(const std::optional<Spread>& s, int digits, std::string_view unit, double scale = 1,
+                        std::string_view none = "-") {
+  if (!s) return std::string(none);
+  return fmt::format("{:.{}f}{} [{:.{}f}, {:.{}f}]", s->median * scale, digits, unit, s->min * scale, digits,
+                     s->max * scale, digits);
+}
+
+nlohmann::ordered_json spread_json(const std::optional<Spread>& s) {
+  if (!s) return nullptr;
+  return {{"median", s->median}, {"min", s->min}, {"max", s->max}};
+}
+
+}  // namespace
+
+std::string format_seed_table(const SeedSummary& summary) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> header = {fmt::format("{} seeds: median [min, max]", summary.seeds.size())};
+  for (const SeedScheduleSummary& m : summary.schedules) header.push_back(m.schedule);
+  rows.push_back(header);
+  auto row = [&](std::string label, auto cell) {
+    std::vector<std::string> r = {std::move(label)};
+    for (const SeedScheduleSummary& m : summary.schedules) r.push_back(cell(m));
+    rows.push_back(std::move(r));
+  };
+  row(fmt::format("time to {}'s final held-out reward (s)", summary.baseline), [](const SeedScheduleSummary& m) {
+    return fmt::format("{} ({}/{} reached)", spread_cell(m.time_to_target_s, 1, ""), m.reached, m.seeds);
+  });
+  row(fmt::format("sooner than {} (x; 0: not reached)", summary.baseline),
+      [](const SeedScheduleSummary& m) { return spread_cell(m.speedup, 2, "x"); });
+  row("trained samples/s", [](const SeedScheduleSummary& m) { return spread_cell(m.samples_per_s, 1, ""); });
+  row(fmt::format("trained samples/s / {}'s", summary.baseline),
+      [](const SeedScheduleSummary& m) { return spread_cell(m.samples_per_s_ratio, 2, "x"); });
+  row("samples at most 1 version stale",
+      [](const SeedScheduleSummary& m) { return spread_cell(m.at_most_one_stale, 0, "%", 100); });
+  row("actor waiting for samples",
+      [](const SeedScheduleSummary& m) { return spread_cell(m.actor_waiting_share, 0, "%", 100); });
+  row(fmt::format("actor training step / {}'s", summary.baseline),
+      [](const SeedScheduleSummary& m) { return spread_cell(m.train_step_ratio, 2, "x"); });
+  std::vector<std::size_t> width(header.size(), 0);
+  for (const auto& r : rows)
+    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  std::string out;
+  for (std::size_t ri = 0; ri < rows.size(); ++ri) {
+    out += fmt::format("{:<{}}", rows[ri][0], width[0]);
+    for (std::size_t i = 1; i < rows[ri].size(); ++i) out += fmt::format("  {:>{}}", rows[ri][i], width[i]);
+    out += '\n';
+  }
+  out += fmt::format("seeds {}; each seed's target is its {} run's final held-out reward\n",
+                     fmt::join(summary.seeds, ", "), summary.baseline);
+  return out;
+}
+
+std::string seed_summary_json(const SeedSummary& summary) {
+  using nlohmann::ordered_json;
+  ordered_json schedules = ordered_json::array();
+  for (const SeedScheduleSummary& m : summary.schedules) {
+    schedules.push_back({{"schedule", m.schedule},
+                         {"seeds", m.seeds},
+                         {"reached", m.reached},
+                         {"time_to_target_s", spread_json(m.time_to_target_s)},
+                         {"speedup", spread_json(m.speedup)},
+                         {"samples_per_s", spread_json(m.samples_per_s)},
+                         {"samples_per_s_ratio", spread_json(m.samples_per_s_ratio)},
+                         {"at_most_one_stale", spread_json(m.at_most_one_stale)},
+                         {"actor_waiting_share", spread_json(m.actor_waiting_share)},
+                         {"train_step_ratio", spread_json(m.train_step_ratio)}});
+  }
+  ordered_json j = {{"baseline", summary.baseline}, {"seeds", summary.seeds}, {"schedules", std::move(schedules)}};
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace async_grpo

@@ -175,7 +175,7 @@ struct ReportOptions {
   // noisy, and a single lucky version would otherwise decide the time to target.
   std::size_t smoothing = 3;
   // The rollout workers' pacing (Pacing::describe), stated with the table; empty: none.
-  std::string pacing;
+  std::string pacing{};
   std::string baseline = "sync";
   std::string contender = "laminar";
   // The gnuplot program, looked up in PATH unless it holds a '/'. Missing: plots are skipped.
@@ -186,7 +186,7 @@ struct Comparison {
   double target_reward = 0;
   RewardCurve curve = RewardCurve::kTraining;
   std::size_t smoothing = 3;
-  std::string pacing;
+  std::string pacing{};
   std::string baseline, contender;
   std::vector<ScheduleMetrics> schedules;  // in the order of the runs
   // baseline's time to target / contender's; none unless both reached it, or when the baseline is
@@ -221,7 +221,49 @@ struct PlotFiles {
 laminar::Result<PlotFiles> write_plots(const std::vector<ScheduleRun>& runs, const std::filesystem::path& dir,
                                        const std::string& gnuplot, std::size_t smoothing = 3);
 
+// Several seeds' comparisons summed up per schedule: the median and range over seeds.
+struct Spread {
+  double median = 0;  // of an even count, the mean of the middle two
+  double min = 0;
+  double max = 0;
+};
+// The spread of `values`; none when empty.
+std::optional<Spread> spread(std::vector<double> values);
+
+struct SeedScheduleSummary {
+  std::string schedule;
+  std::size_t seeds = 0;    // seeds this schedule ran
+  std::size_t reached = 0;  // of them, those where it reached its seed's target
+  // Over the seeds where it reached the target.
+  std::optional<Spread> time_to_target_s;
+  // The baseline's time to target / this schedule's, per seed; a seed where this schedule did
+  // not reach the target counts as 0 (below every speedup), one where the baseline did not is
+  // left out. None without any seed to count.
+  std::optional<Spread> speedup;
+  Spread samples_per_s;
+  std::optional<Spread> samples_per_s_ratio;  // / the baseline's on the same seed
+  std::optional<Spread> at_most_one_stale;    // share of trained samples with staleness 0 or 1
+  std::optional<Spread> actor_waiting_share;
+  std::optional<Spread> train_step_ratio;     // actor training step p50 / the baseline's
+};
+
+struct SeedSummary {
+  std::string baseline;
+  std::vector<std::uint64_t> seeds;
+  std::vector<SeedScheduleSummary> schedules;  // in the order of the first seed's runs
+};
+
+// One Comparison per seed (each against its own baseline run's target), in the order of `seeds`.
+// kInvalidArgument for no seeds, a count that differs from the comparisons', a seed twice, or
+// comparisons with different baselines.
+laminar::Result<SeedSummary> summarize_seeds(const std::vector<std::uint64_t>& seeds,
+                                             const std::vector<Comparison>& comparisons);
+// One row per measure, one column per schedule: "median [min, max]".
+std::string format_seed_table(const SeedSummary& summary);
+std::string seed_summary_json(const SeedSummary& summary);
+
 struct ReportFiles {
+  Comparison comparison;
   std::string table;
   std::filesystem::path table_txt, metrics;
   std::vector<std::filesystem::path> traces;  // trace_<schedule>.json

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <array>
+#include <optional>
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <chrono>
@@ -678,4 +680,77 @@ TEST_CASE("grpo report: progress lines show rate and ETA under a manual clock") 
   CHECK(Progress::format_duration(std::chrono::milliseconds(59200)) == "1m00s");
   CHECK(Progress::format_duration(std::chrono::seconds(3725)) == "1h02m05s");
   CHECK(Progress::format_duration(std::chrono::nanoseconds(1)) == "1s");
+}
+
+TEST_CASE("grpo report: seeds summed up as median and range, each against its own baseline", "[seeds]") {
+  using async_grpo::Comparison;
+  using async_grpo::ScheduleMetrics;
+  auto metrics = [](std::string name, std::optional<double> t, double rate, std::array<std::uint64_t, 4> stale,
+                    double step_ms) {
+    ScheduleMetrics m;
+    m.schedule = std::move(name);
+    m.time_to_target_s = t;
+    m.samples_per_s = rate;
+    m.staleness = stale;
+    m.trained_samples = stale[0] + stale[1] + stale[2] + stale[3];
+    m.actor_waiting_share = 0.5;
+    m.train_step_p50_ms = step_ms;
+    return m;
+  };
+  auto comparison = [](ScheduleMetrics sync, ScheduleMetrics laminar) {
+    Comparison c;
+    c.baseline = "sync";
+    c.contender = "laminar";
+    c.schedules = {std::move(sync), std::move(laminar)};
+    return c;
+  };
+  // Seed 3: laminar never reaches the target (speedup 0); seed 4: sync does not either, so that
+  // seed has no speedup at all.
+  const std::vector<Comparison> cs = {
+      comparison(metrics("sync", 40, 100, {10, 0, 0, 0}, 80), metrics("laminar", 20, 250, {2, 6, 2, 0}, 84)),
+      comparison(metrics("sync", 50, 110, {10, 0, 0, 0}, 80), metrics("laminar", 20, 240, {1, 5, 3, 1}, 80)),
+      comparison(metrics("sync", 45, 100, {10, 0, 0, 0}, 90), metrics("laminar", std::nullopt, 200, {0, 4, 4, 2}, 90)),
+      comparison(metrics("sync", std::nullopt, 90, {10, 0, 0, 0}, 90), metrics("laminar", 30, 270, {3, 5, 2, 0}, 99)),
+  };
+  auto s = async_grpo::summarize_seeds({1, 2, 3, 4}, cs);
+  REQUIRE(s.ok());
+  CHECK(s->baseline == "sync");
+  REQUIRE(s->schedules.size() == 2);
+  const auto& lam = s->schedules[1];
+  CHECK(lam.schedule == "laminar");
+  CHECK(lam.seeds == 4);
+  CHECK(lam.reached == 3);
+  REQUIRE(lam.time_to_target_s);
+  CHECK(lam.time_to_target_s->median == 20);
+  CHECK(lam.time_to_target_s->max == 30);
+  REQUIRE(lam.speedup);  // 2.0, 2.5 and 0 (not reached); seed 4 left out
+  CHECK(lam.speedup->median == Approx(2.0));
+  CHECK(lam.speedup->min == 0);
+  CHECK(lam.speedup->max == Approx(2.5));
+  CHECK(lam.samples_per_s.median == Approx((240.0 + 250.0) / 2));  // even count: the middle two
+  CHECK(lam.samples_per_s.min == 200);
+  REQUIRE(lam.samples_per_s_ratio);
+  CHECK(lam.samples_per_s_ratio->max == Approx(3.0));
+  REQUIRE(lam.at_most_one_stale);
+  CHECK(lam.at_most_one_stale->min == Approx(0.4));
+  CHECK(lam.at_most_one_stale->max == Approx(0.8));
+  REQUIRE(lam.train_step_ratio);
+  CHECK(lam.train_step_ratio->max == Approx(1.1));
+  CHECK(s->schedules[0].speedup->median == Approx(1.0));
+
+  const std::string table = async_grpo::format_seed_table(*s);
+  INFO(table);
+  CHECK(table.find("20.0 [20.0, 30.0] (3/4 reached)") != std::string::npos);
+  CHECK(table.find("2.00x [0.00, 2.50]") != std::string::npos);
+  CHECK(table.find("seeds 1, 2, 3, 4;") != std::string::npos);
+  auto j = nlohmann::json::parse(async_grpo::seed_summary_json(*s));
+  CHECK(j["schedules"][1]["reached"] == 3);
+  CHECK(j["schedules"][1]["speedup"]["median"].get<double>() == Approx(2.0));
+
+  CHECK(async_grpo::summarize_seeds({}, {}).status().code() == StatusCode::kInvalidArgument);
+  CHECK(async_grpo::summarize_seeds({1, 2}, {cs[0]}).status().message().find("2 seeds but 1") != std::string::npos);
+  CHECK(async_grpo::summarize_seeds({1, 1}, {cs[0], cs[1]}).status().message().find("twice") != std::string::npos);
+  std::vector<Comparison> other = {cs[0], cs[1]};
+  other[1].baseline = "one-step";
+  CHECK(async_grpo::summarize_seeds({1, 2}, other).status().message().find("not 'sync'") != std::string::npos);
 }

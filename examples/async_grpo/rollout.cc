@@ -60,9 +60,23 @@ int run_relay(const RoleArgs& a) {
 // under the laminar schedule a KvMigrator and a RepackDriver.
 namespace {
 
+// {"versions":[3,4],"from_token":[0,5]}: the metadata of a trajectory decoded under several
+// versions, which the actor leaves out of its bit-equal re-scoring.
+std::string mixed_versions_json(const std::vector<std::pair<std::uint64_t, std::size_t>>& versions) {
+  std::string v, from;
+  for (const auto& [version, token] : versions) {
+    v += fmt::format("{}{}", v.empty() ? "" : ",", version);
+    from += fmt::format("{}{}", from.empty() ? "" : ",", token);
+  }
+  return fmt::format(R"({{"versions":[{}],"from_token":[{}]}})", v, from);
+}
+
 struct Live {
   bool paused = false;  // a migration out of this worker holds it
   laminar::SequenceState seq;
+  // The areal schedule: each version the sequence was decoded under, and the index of the first
+  // response token sampled under it (seq.version is the first).
+  std::vector<std::pair<std::uint64_t, std::size_t>> versions;
   async_grpo::DigitPrompt prompt;
   std::int32_t max_tokens = 0;
   std::int64_t start_ns = 0;
@@ -192,11 +206,13 @@ class Rollout {
       }
       if (idle() && !asker.asking()) {
         const std::optional<laminar::Version> newest = puller_->newest_version();
-        if (newest && newest->value() > current() && *newest >= want) {
-          LAMINAR_RETURN_IF_ERROR(pull(*newest));
-          want = laminar::Version(0);
-        }
+        if (newest && newest->value() > current() && *newest >= want) LAMINAR_RETURN_IF_ERROR(pull(*newest));
+      } else if (interruptible() && !idle()) {
+        // AReaL's rule: a new version is taken as soon as it is here, live sequences and all.
+        const std::optional<laminar::Version> newest = puller_->newest_version();
+        if (newest && newest->value() > current()) LAMINAR_RETURN_IF_ERROR(interrupt(*newest));
       }
+      if (current() >= want.value()) want = laminar::Version(0);
       // No work before the first pull: the engine's weights are zeros until then.
       taking_ = want.value() == 0 && current() > 0;
       asker.give_back(std::exchange(returned_, {}));
@@ -256,8 +272,44 @@ class Rollout {
     return std::any_of(live_.begin(), live_.end(), [&](const Live& l) { return !l.paused && (!ended(l) || !moving(l.seq.sequence)); });
   }
 
-  // Nothing live and nothing moving: the only time weights may change.
+  // Nothing live and nothing moving: the only time weights may change, except under the areal
+  // schedule's interruptions.
   bool idle() const { return live_.empty() && (!migrator_ || migrator_->moving().empty()); }
+
+  bool interruptible() const { return a_.run_schedule == "areal"; }
+
+  // Takes version v with sequences live (no migration runs under areal): each one's KV is computed
+  // again under v, every token but the last, which the next decode step feeds to sample under v.
+  // Their earlier tokens keep the log-probs they were sampled with.
+  Status interrupt(laminar::Version v) {
+    // No live KV survives below, so none was computed under weights the pull replaces.
+    LAMINAR_RETURN_IF_ERROR(pull(v));
+    const std::int64_t t0 = now_ns();
+    std::vector<laminar::SequenceState*> batch;
+    std::int64_t tokens = 0;
+    for (Live& l : live_) {
+      LAMINAR_RETURN_IF_ERROR(cache_->release(l.seq.sequence));
+      l.seq.kv_length = 0;
+      LAMINAR_RETURN_IF_ERROR(cache_->add_sequence(l.seq.sequence));
+      l.versions.emplace_back(v.value(), l.seq.response_tokens.size());
+      batch.push_back(&l.seq);
+      tokens += std::int64_t(l.seq.prompt_tokens.size() + l.seq.response_tokens.size()) - 1;
+    }
+    // Token by token: the engine's bits are the same as in one pass, and this is the re-prefill of
+    // the live sequences that pacing charges as one prefill of all their tokens.
+    for (;;) {
+      std::vector<laminar::SequenceState*> behind;
+      for (laminar::SequenceState* seq : batch)
+        if (seq->kv_length + 1 < seq->prompt_tokens.size() + seq->response_tokens.size())
+          behind.push_back(seq);
+      if (behind.empty()) break;
+      LAMINAR_RETURN_IF_ERROR(engine_->step(*cache_, behind));
+    }
+    pace(t0, pacing_->prefill(tokens));
+    return writer_->write(async_grpo::Span{.process = who_, .kind = async_grpo::SpanKind::kPrefill, .start_ns = t0,
+                                           .end_ns = now_ns(), .version = v.value(), .sequences = batch.size(),
+                                           .tokens = std::uint64_t(tokens)});
+  }
 
   laminar::WorkerSnapshot snapshot() {
     laminar::WorkerSnapshot w;
@@ -338,6 +390,7 @@ class Rollout {
         moved_log_->write(fmt::format("in {}", st.trajectory.value()));
         moved_.insert(st.trajectory.value());
         Live l;
+        l.versions = {{st.version.value(), 0}};
         l.prompt = task_->prompt(st.prompt_id.value());
         l.max_tokens = task_->max_response_tokens(l.prompt);
         l.start_ns = t;
@@ -398,6 +451,7 @@ class Rollout {
       l.seq.version = laminar::Version(current());
       l.seq.seed = x.seed;
       l.seq.prompt_tokens = l.prompt.tokens;
+      l.versions = {{current(), 0}};
       live_.push_back(std::move(l));
     }
     std::vector<laminar::SequenceState*> batch;
@@ -483,7 +537,8 @@ class Rollout {
         continue;
       }
       const bool eos = !l.seq.response_tokens.empty() && l.seq.response_tokens.back() == async_grpo::kEos;
-      if (l.seq.version.value() != current())
+      const bool mixed = l.versions.size() > 1;
+      if (!mixed && l.seq.version.value() != current())
         return laminar::internal_error(fmt::format("{}: trajectory {} mixes versions {} and {}", who_,
                                                    l.seq.trajectory.value(), l.seq.version.value(), current()));
       laminar::Trajectory t;
@@ -499,6 +554,8 @@ class Rollout {
       t.rewards = {task_->reward(l.prompt, t.response_tokens)};
       t.finish_reason = eos ? laminar::FinishReason::kStop : laminar::FinishReason::kLength;
       t.timings = {.generation_start_ns = l.start_ns, .generation_end_ns = now_ns()};
+      // Interrupted: tagged with every version and where its tokens start; t.version is the first.
+      if (mixed) t.metadata = mixed_versions_json(l.versions);
       LAMINAR_RETURN_IF_ERROR(cache_->release(l.seq.sequence));
       live_.erase(live_.begin() + std::ptrdiff_t(i));
       const std::uint64_t id = t.id.value();

@@ -7,8 +7,9 @@ namespace async_grpo {
 
 void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
   app.add_option("--schedule", s.schedule,
-                 "sync, one-step, laminar, compare (sync then laminar) or all (sync, one-step, then laminar)")
-      ->check(CLI::IsMember({"sync", "one-step", "laminar", "compare", "all"}));
+                 "sync, one-step, areal (AReaL's interruptible rollouts), laminar, compare (sync then laminar) or "
+                 "all (sync, one-step, areal, then laminar)")
+      ->check(CLI::IsMember({"sync", "one-step", "areal", "laminar", "compare", "all"}));
   app.add_option("--workers", s.workers, "rollout worker processes")->check(CLI::Range(1, 64));
   app.add_option("--relays", s.relays, "relay processes between the actor and the workers")->check(CLI::Range(0, 8));
   app.add_option("--seed", s.seed, "task, initial weights and sampling seed");
@@ -25,8 +26,12 @@ void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
   app.add_option("--lr-warmup-steps", s.lr_warmup_steps,
                  "GRPO steps over which the actor's learning rate ramps linearly up (0: none)")
       ->check(CLI::Range(0, 100000));
-  app.add_option("--eval-prompts", s.eval_prompts, "held-out prompts each published version is evaluated on")
-      ->check(CLI::Range(1, 100000));
+  app.add_option("--eval-prompts", s.eval_prompts,
+                 "held-out prompts each published version is evaluated on (0: 128, or 512 with --seeds above 1)")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--seeds", s.seeds,
+                 "run every schedule on this many seeds, from --seed on, and print the median and range over them")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--pace-model", s.pacing.model,
                  "rollout steps take what this model's would on --pace-gpu (the simulator's cost model), scaled; "
                  "none: at this CPU's speed")
@@ -38,11 +43,11 @@ void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
       ->check(CLI::Range(1e-3, 1e9));
   app.add_option("--max-live", s.max_live, "sequences one rollout worker decodes at once")->check(CLI::Range(1, 256));
   app.add_option("--max-staleness", s.max_staleness,
-                 "laminar: versions a worker's weights may lag the newest when it takes new samples (0: only "
+                 "laminar and areal: versions a worker's weights may lag the newest when it takes new samples (0: only "
                  "workers on the newest weights take samples, so most are trained at most one version old)")
       ->check(CLI::Range(0, 16));
   app.add_option("--in-flight-batches", s.in_flight_batches,
-                 "laminar: samples handed out and not yet in the actor's queue, in training batches")
+                 "laminar and areal: samples handed out and not yet in the actor's queue, in training batches")
       ->check(CLI::Range(0.1, 64.0));
   app.add_option("--repack", s.repack, "laminar: repack sequences across rollout workers (KvMigrator)");
   app.add_option("--kill-rollout-at", s.kill_rollout_at, "laminar: SIGKILL rollout 0 after this step (0: never)")

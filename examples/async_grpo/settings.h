@@ -34,7 +34,9 @@ struct Settings {
   double minutes = 0;  // > 0: stop training after this long, whatever `steps` says
   int warmup_steps = 30;
   int warmup_batch = 32;  // prompts per warm-up step
-  int eval_prompts = 128;  // held-out prompts each published version is evaluated on
+  // Held-out prompts each published version is evaluated on; 0: 128, or 512 with several seeds.
+  int eval_prompts = 0;
+  int seeds = 1;  // seeds run one after another from `seed`, each with every schedule
   // GRPO steps over which the actor's learning rate ramps up: the actor's Adam starts without the
   // warm-up's moments, and at the full rate its first steps cost up to 0.06 of held-out reward
   // (bench/README.md, Asynchronous GRPO).
@@ -70,7 +72,7 @@ struct RoleArgs {
   std::string actor;                // actor's address
   std::vector<std::string> relays;  // relay addresses, preferred first
   std::string warm;                 // warmed-up weights file
-  std::string run_schedule;         // sync, one-step or laminar
+  std::string run_schedule;         // sync, one-step, areal or laminar
 };
 
 // Every setting as an option of `app`, and the role-only arguments as options --help leaves out.
