@@ -239,7 +239,8 @@ int run_actor(const Settings& s, const RoleArgs& a) {
       if (t.version == v) current.push_back(t);
       (void)writer->write(async_grpo::TrajectoryFact{.behaviour_version = t.version.value(),
                                                      .trained_version = v.value(),
-                                                     .length = t.response_tokens.size()});
+                                                     .length = t.response_tokens.size(),
+                                                     .group = t.group_id.value()});
     }
     for (const auto& [group, n] : group_count) partial_groups += n != G ? 1 : 0;
     if (Status st = rescore(ts); !st.ok()) return fail("actor", "rescore", st);

@@ -29,6 +29,7 @@
 #include "engine.h"
 #include "held_out.h"
 #include "pacing.h"
+#include "predict.h"
 #include "records.h"
 #include "report.h"
 #include "roles.h"
@@ -174,6 +175,46 @@ struct ScheduleOutcome {
   std::vector<CheckResult> checks;
   std::vector<std::string> notes;  // what the run could not check, and why
 };
+
+// The run's simulator on this run: the groups it dealt, with the lengths its samples came out, its
+// workers, slots and pacing, and the actor's measured time per step, for as many steps as it trained.
+Result<async_grpo::Prediction> predict_run(const Settings& s, const std::string& schedule,
+                                           const async_grpo::Records& records) {
+  auto task = make_task(s);
+  if (!task.ok()) return task.status();
+  auto pacing = async_grpo::Pacing::create(s.pacing);
+  if (!pacing.ok()) return pacing.status();
+  // The actor's time per step apart from waiting for samples: training, and re-scoring and
+  // publishing around it, from its first wait to its last step's end.
+  std::int64_t steps = 0, first_wait = INT64_MAX, last_train = 0, waited = 0;
+  for (const async_grpo::Span& sp : records.spans) {
+    if (sp.process != "actor") continue;
+    if (sp.kind == async_grpo::SpanKind::kTrain) {
+      ++steps;
+      last_train = std::max(last_train, sp.end_ns);
+    } else if (sp.kind == async_grpo::SpanKind::kIdleWait) {
+      first_wait = std::min(first_wait, sp.start_ns);
+      waited += sp.end_ns - sp.start_ns;
+    }
+  }
+  if (steps == 0 || last_train <= first_wait) return laminar::failed_precondition("the actor trained no step");
+  std::map<std::uint64_t, std::vector<std::int64_t>> lengths;
+  for (const async_grpo::TrajectoryFact& t : records.trajectories) lengths[t.group].push_back(std::int64_t(t.length));
+  // Groups in dealing order, up to the first the records miss.
+  std::vector<async_grpo::PredictGroup> groups;
+  for (std::uint64_t g = 0; lengths.contains(g) && lengths[g].size() == std::size_t(s.group_size); ++g)
+    groups.push_back({.prompt_tokens = std::int64_t(task->prompt(g).tokens.size()), .response_tokens = lengths[g]});
+  async_grpo::PredictConfig c{.schedule = schedule,
+                              .workers = s.workers,
+                              .slots = s.max_live,
+                              .group_size = s.group_size,
+                              .groups_per_step = s.groups_per_step,
+                              .max_staleness = s.max_staleness,
+                              .in_flight_batches = s.in_flight_batches,
+                              .train_step_s = double(last_train - first_wait - waited) / 1e9 / double(steps),
+                              .steps = steps};
+  return async_grpo::predict(c, *pacing, groups);
+}
 
 // Versions from which reward_rises compares held-out reward; with fewer, a rise is not checked.
 constexpr std::size_t kHeldOutRiseVersions = 20;
@@ -354,6 +395,12 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   auto records = read_records_lenient(dir / "records");
   if (!records.ok()) return records.status();
   outcome.run.records = std::move(*records);
+  if (auto predicted = predict_run(s, schedule, outcome.run.records); predicted.ok()) {
+    outcome.run.predicted_samples_per_s = predicted->samples_per_s;
+    outcome.run.predicted_waiting_share = predicted->actor_waiting_share;
+  } else {
+    outcome.notes.push_back("no prediction: " + predicted.status().to_string());
+  }
   auto held_out = evaluate_versions(s, schedule, dir, outcome.run.records);
   if (!held_out.ok()) return held_out.status();
   outcome.run.held_out = std::move(*held_out);

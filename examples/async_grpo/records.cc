@@ -85,7 +85,8 @@ json to_json(const TrajectoryFact& t) {
   return {{"type", "trajectory"},
           {"behaviour_version", t.behaviour_version},
           {"trained_version", t.trained_version},
-          {"length", t.length}};
+          {"length", t.length},
+          {"group", t.group}};
 }
 json to_json(const RepackEvent& r) {
   return {{"type", "repack"}, {"time_ns", r.time_ns}, {"moved_sequences", r.moved_sequences}, {"bytes", r.bytes}};
@@ -210,7 +211,8 @@ Result<Record> decode_reward(const Fields& f) {
 Result<Record> decode_trajectory(const Fields& f) {
   TrajectoryFact t;
   LAMINAR_RETURN_IF_ERROR(f.read(Field{"behaviour_version", &t.behaviour_version},
-                                 Field{"trained_version", &t.trained_version}, Field{"length", &t.length}));
+                                 Field{"trained_version", &t.trained_version}, Field{"length", &t.length},
+                                 Field{"group", &t.group}));
   return Record(t);
 }
 

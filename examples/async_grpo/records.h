@@ -73,6 +73,7 @@ struct TrajectoryFact {
   std::uint64_t behaviour_version = 0;  // the version that generated it
   std::uint64_t trained_version = 0;    // the actor's version when it trained on it; >= behaviour
   std::uint64_t length = 0;             // response tokens, > 0
+  std::uint64_t group = 0;              // its GRPO group: the prompt index the dispatcher dealt
   friend bool operator==(const TrajectoryFact&, const TrajectoryFact&) = default;
 };
 

@@ -330,6 +330,17 @@ Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_re
     (waited ? after_wait_ms : ready_ms).push_back(ms / static_cast<double>(sp.tokens));
   }
   if (waiting_ms + training_ms > 0) m.actor_waiting_share = waiting_ms / (waiting_ms + training_ms);
+  if (!waits.empty() && !rewards.empty()) {
+    std::int64_t first_wait = INT64_MAX;
+    for (const auto& [end, ns] : waits) first_wait = std::min(first_wait, end - ns);
+    const std::int64_t loop_ns = rewards.back().time_ns - first_wait;
+    if (loop_ns > 0) {
+      m.loop_samples_per_s = static_cast<double>(m.trained_samples) * kNsPerS / static_cast<double>(loop_ns);
+      m.actor_waiting_share = std::min(1.0, waiting_ms * 1e6 / static_cast<double>(loop_ns));
+    }
+  }
+  m.predicted_samples_per_s = run.predicted_samples_per_s;
+  m.predicted_waiting_share = run.predicted_waiting_share;
   if (!train_ms.empty()) m.train_step_p50_ms = nearest_rank_percentile(std::move(train_ms), 50).value();
   if (!ready_ms.empty()) m.train_ms_per_token_ready_p50 = nearest_rank_percentile(std::move(ready_ms), 50).value();
   if (!after_wait_ms.empty()) {
@@ -414,6 +425,16 @@ std::string format_table(const Comparison& c) {
   row("actor waiting for samples", [](const ScheduleMetrics& m) {
     return m.actor_waiting_share ? fixed(100 * *m.actor_waiting_share, 1) + "%" : std::string("-");
   });
+  row("simulator: samples/s in the loop, predicted", [](const ScheduleMetrics& m) {
+    if (!m.predicted_samples_per_s || !m.loop_samples_per_s) return std::string("-");
+    return fmt::format("{:.1f} ({:+.0f}%)", *m.predicted_samples_per_s,
+                       100 * (*m.predicted_samples_per_s / *m.loop_samples_per_s - 1));
+  });
+  row("simulator: samples/s in the loop, measured",
+      [](const ScheduleMetrics& m) { return optional_fixed(m.loop_samples_per_s, 1, "-"); });
+  row("simulator: actor waiting, predicted", [](const ScheduleMetrics& m) {
+    return m.predicted_waiting_share ? fixed(100 * *m.predicted_waiting_share, 1) + "%" : std::string("-");
+  });
   static constexpr std::array<std::string_view, 4> kStale = {"= 0", "= 1", "= 2", ">= 3"};
   for (std::size_t i = 0; i < kStale.size(); ++i) {
     row(fmt::format("staleness {}", kStale[i]), [i](const ScheduleMetrics& m) {
@@ -470,8 +491,9 @@ std::string format_table(const Comparison& c) {
     out += fmt::format("held-out reward: each published version's, moving average over {} versions, against its "
                        "publish time\n", c.smoothing);
   }
-  out += "actor waiting for samples: its share of its time waiting and training; under sync, generation's share "
-         "of a step\n";
+  out += "actor waiting for samples: its share of its training loop; under sync, generation's share of a step\n";
+  out += "simulator: examples/async_grpo/predict.h replays the run's groups through a model of its workers, "
+         "pacing, dispatcher and actor (error against the training loop's measured rate)\n";
   out += fmt::format("rollout pacing: {}\n", c.pacing.empty() ? "none" : c.pacing);
   // One line when every actor ran on the same BLAS, else one per schedule.
   std::set<std::string> blas;
@@ -499,6 +521,9 @@ std::string metrics_json(const Comparison& c) {
                          {"tokens_per_s", m.tokens_per_s},
                          {"generation_utilisation", m.generation_utilisation},
                          {"actor_waiting_share", optional_json(m.actor_waiting_share)},
+                         {"loop_samples_per_s", optional_json(m.loop_samples_per_s)},
+                         {"predicted_samples_per_s", optional_json(m.predicted_samples_per_s)},
+                         {"predicted_waiting_share", optional_json(m.predicted_waiting_share)},
                          {"staleness", {{"0", m.staleness[0]}, {"1", m.staleness[1]}, {"2", m.staleness[2]},
                                         {"3+", m.staleness[3]}}},
                          {"repacks", m.repacks},

@@ -107,6 +107,10 @@ struct ScheduleRun {
   Records records{};                // reward points lie within [start_ns, end_ns]
   std::vector<HeldOutPoint> held_out{};  // one per version, published within [start_ns, end_ns]
   std::string actor_blas{};         // the BLAS the actor's trainer ran on (BlasInfo::describe); "" unknown
+  // The run's simulator (predict.h) on this run's workload, for as many steps: trained samples/s and
+  // the actor's waiting share. None: not predicted.
+  std::optional<double> predicted_samples_per_s{};
+  std::optional<double> predicted_waiting_share{};
 };
 
 // The table's column for one schedule.
@@ -124,9 +128,15 @@ struct ScheduleMetrics {
   // Busy generation time (decode and prefill spans, overlaps on one worker counted once, clipped to
   // the run) / (rollout_workers x wall).
   double generation_utilisation = 0;
-  // The actor's time waiting for a batch / its time waiting and training (its kIdleWait and kTrain
-  // spans): under sync, generation's share of a step. None without either.
+  // The actor's time waiting for a batch (its kIdleWait spans) / its training loop (below); without
+  // a loop, / its time waiting and training (kTrain spans). Under sync, generation's share of a
+  // step. None without either.
   std::optional<double> actor_waiting_share;
+  // Trained samples / the training loop's time (the actor's first wait for a batch to its last
+  // step's reward): what the run's simulator predicts, without the start and the drain.
+  std::optional<double> loop_samples_per_s;
+  std::optional<double> predicted_samples_per_s;  // ScheduleRun's
+  std::optional<double> predicted_waiting_share;
   // Trajectories trained 0, 1, 2 and 3+ versions after the version that generated them.
   std::array<std::uint64_t, 4> staleness{};
   std::uint64_t repacks = 0;

@@ -70,7 +70,7 @@ Records random_records(std::mt19937_64& rng) {
     r.add(s);
     std::uint64_t behaviour = small(rng);
     r.add(TrajectoryFact{.behaviour_version = behaviour, .trained_version = behaviour + small(rng) % 5,
-                         .length = 1 + small(rng)});
+                         .length = 1 + small(rng), .group = rng()});
     // Rewards that need every digit of a double to come back equal.
     r.add(RewardPoint{.time_ns = time(rng), .version = small(rng),
                       .mean_reward = std::uniform_real_distribution<double>(-1, 1)(rng), .samples = 1 + small(rng)});
@@ -188,8 +188,8 @@ TEST_CASE("grpo report: a truncated or corrupt record file is refused, naming th
         {R"({"type":"reward","time_ns":-5,"version":1,"mean_reward":0.5,"samples":8})", "negative"},
         {R"({"type":"reward","time_ns":5,"version":1,"mean_reward":"high","samples":8})", "'mean_reward'"},
         {R"({"type":"reward","time_ns":5,"version":1,"mean_reward":0.5,"samples":0})", "samples is 0"},
-        {R"({"type":"trajectory","behaviour_version":4,"trained_version":3,"length":9})", "before behaviour_version"},
-        {R"({"type":"trajectory","behaviour_version":3,"trained_version":3,"length":0})", "length is 0"},
+        {R"({"type":"trajectory","behaviour_version":4,"trained_version":3,"length":9,"group":1})", "before behaviour_version"},
+        {R"({"type":"trajectory","behaviour_version":3,"trained_version":3,"length":0,"group":1})", "length is 0"},
         {R"({"type":"weight_sync","process":"r/1","version":1,"start_ns":0,"end_ns":1})", "'r/1'"},
         {R"({"type":"repack","time_ns":1.5,"moved_sequences":1,"bytes":1})", "field 'time_ns'"},
     };
@@ -288,8 +288,20 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
   CHECK(*m->weight_sync_p99_ms == Approx(nearest_rank(99)));
   REQUIRE(m->train_step_p50_ms);
   CHECK(*m->train_step_p50_ms == Approx(4.0));  // the median of 10 s, 2 ms and 4 ms
-  REQUIRE(m->actor_waiting_share);  // the actor's 0.55 s of waits against its 10.006 s of training
-  CHECK(*m->actor_waiting_share == Approx(0.55 / (0.55 + 10.006)));
+  // The loop: from the actor's first wait (-0.5 s) to its last reward (8 s), 0.55 s of it waiting.
+  REQUIRE(m->loop_samples_per_s);
+  CHECK(*m->loop_samples_per_s == Approx(static_cast<double>(staleness.size()) / 8.5));
+  REQUIRE(m->actor_waiting_share);
+  CHECK(*m->actor_waiting_share == Approx(0.55 / 8.5));
+  ScheduleRun no_rewards = run;
+  no_rewards.records.rewards.clear();  // no loop: against its 10.006 s of training
+  CHECK(*async_grpo::compute_metrics(no_rewards, 0.5).value().actor_waiting_share == Approx(0.55 / (0.55 + 10.006)));
+  CHECK(!m->predicted_samples_per_s);
+  ScheduleRun predicted = run;
+  predicted.predicted_samples_per_s = 1.25;
+  predicted.predicted_waiting_share = 0.5;
+  CHECK(async_grpo::compute_metrics(predicted, 0.5).value().predicted_samples_per_s == 1.25);
+  CHECK(async_grpo::compute_metrics(predicted, 0.5).value().predicted_waiting_share == 0.5);
   REQUIRE(m->train_ms_per_token_ready_p50);
   CHECK(*m->train_ms_per_token_ready_p50 == Approx(1.0));
   REQUIRE(m->train_ms_per_token_after_wait_p50);
@@ -343,19 +355,20 @@ TEST_CASE("grpo report: the table's numbers come from the records") {
     std::vector<std::string> lines;
     std::istringstream in(table);
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-    // Header, rule, 21 rows, the speedup line, what the actor's waiting means, the pacing line;
-    // every line of the grid as wide as the rule.
-    REQUIRE(lines.size() == 26);
-    for (std::size_t i = 0; i < 23; ++i) CHECK(lines[i].size() == lines[1].size());
+    // Header, rule, 24 rows, the speedup line, what the actor's waiting and the simulator's rows
+    // mean, the pacing line; every line of the grid as wide as the rule.
+    REQUIRE(lines.size() == 30);
+    for (std::size_t i = 0; i < 26; ++i) CHECK(lines[i].size() == lines[1].size());
     CHECK(lines[0].find("sync") != std::string::npos);
     CHECK(lines[0].find("laminar") > lines[0].find("sync"));
     CHECK(table.find("time to training reward 0.500 (s)") != std::string::npos);
     CHECK(table.find(fmt::format("{:.1f}%", 100 * busy_s / (3 * wall_s))) != std::string::npos);
     CHECK(table.find("step ms/token p50, after a wait >= 0.2 s") != std::string::npos);
-    CHECK(lines[23] == fmt::format("laminar reaches training reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
+    CHECK(lines[26] == fmt::format("laminar reaches training reward 0.500 {:.2f}x as fast as sync (4.0 s against 20.0 s)",
                                    20.0 / 4.0));
-    CHECK(lines[24].rfind("actor waiting for samples: ", 0) == 0);
-    CHECK(lines[25] == "rollout pacing: none");
+    CHECK(lines[27].rfind("actor waiting for samples: ", 0) == 0);
+    CHECK(lines[28].rfind("simulator: ", 0) == 0);
+    CHECK(lines[29] == "rollout pacing: none");
 
     auto j = nlohmann::json::parse(async_grpo::metrics_json(*c));
     CHECK(j["target_reward"] == 0.5);
