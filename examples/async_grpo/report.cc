@@ -15,10 +15,12 @@
 #include <fmt/ranges.h>
 
 #include "gnuplot.h"
+#include "text_table.h"
 
 namespace async_grpo {
 namespace {
 
+using examples::aligned_table;
 using examples::find_program;
 using examples::gp_quote;
 using examples::run_gnuplot;
@@ -458,19 +460,7 @@ std::string format_table(const Comparison& c) {
   row("versions evaluated", [](const ScheduleMetrics& m) { return std::to_string(m.held_out_versions); });
   row("last step's training reward", [](const ScheduleMetrics& m) { return optional_fixed(m.final_training_reward, 3, "-"); });
 
-  std::vector<std::size_t> width(header.size(), 0);
-  for (const auto& r : rows) {
-    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
-  }
-  std::string out;
-  std::size_t total_width = width[0];
-  for (std::size_t i = 1; i < width.size(); ++i) total_width += 2 + width[i];
-  for (std::size_t ri = 0; ri < rows.size(); ++ri) {
-    out += fmt::format("{:<{}}", rows[ri][0], width[0]);
-    for (std::size_t i = 1; i < rows[ri].size(); ++i) out += fmt::format("  {:>{}}", rows[ri][i], width[i]);
-    out += '\n';
-    if (ri == 0) out += std::string(total_width, '-') + '\n';
-  }
+  std::string out = aligned_table(rows, true);
   const ScheduleMetrics* base = nullptr;
   const ScheduleMetrics* cont = nullptr;
   for (const ScheduleMetrics& m : c.schedules) {
@@ -863,15 +853,7 @@ std::string format_seed_table(const SeedSummary& summary) {
       [](const SeedScheduleSummary& m) { return spread_cell(m.actor_waiting_share, 0, "%", 100); });
   row(fmt::format("actor training step / {}'s", summary.baseline),
       [](const SeedScheduleSummary& m) { return spread_cell(m.train_step_ratio, 2, "x"); });
-  std::vector<std::size_t> width(header.size(), 0);
-  for (const auto& r : rows)
-    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
-  std::string out;
-  for (std::size_t ri = 0; ri < rows.size(); ++ri) {
-    out += fmt::format("{:<{}}", rows[ri][0], width[0]);
-    for (std::size_t i = 1; i < rows[ri].size(); ++i) out += fmt::format("  {:>{}}", rows[ri][i], width[i]);
-    out += '\n';
-  }
+  std::string out = aligned_table(rows, false);
   out += fmt::format("seeds {}; each seed's target is its {} run's final held-out reward\n",
                      fmt::join(summary.seeds, ", "), summary.baseline);
   return out;

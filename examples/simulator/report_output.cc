@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "gnuplot.h"
+#include "text_table.h"
 
 namespace laminar::sim {
 namespace {
@@ -182,19 +183,7 @@ std::string format_comparison(const Comparison& c) {
     });
   }
 
-  std::vector<std::size_t> width(rows.front().size(), 0);
-  for (const auto& r : rows) {
-    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
-  }
-  std::size_t total_width = width[0];
-  for (std::size_t i = 1; i < width.size(); ++i) total_width += 2 + width[i];
-  std::string out;
-  for (std::size_t ri = 0; ri < rows.size(); ++ri) {
-    out += fmt::format("{:<{}}", rows[ri][0], width[0]);
-    for (std::size_t i = 1; i < rows[ri].size(); ++i) out += fmt::format("  {:>{}}", rows[ri][i], width[i]);
-    out += '\n';
-    if (ri == 0) out += std::string(total_width, '-') + '\n';
-  }
+  std::string out = examples::aligned_table(rows, true);
   out += "speed-ups are ratios of trained samples/s; staleness counts versions between generating and training\n";
   return out;
 }
