@@ -31,8 +31,9 @@
 //                   tokens then span versions; the host tags such trajectories (its metadata).
 // open(vmin, vmax, n) makes groups for any window of versions, under any rule.
 //
-// Completion. The actor calls completed(id) for each trajectory its TrajectoryQueue took; a group
-// is done when all its samples are. A completed id is never handed out again, and completing it
+// Completion. The actor calls completed(id) for each trajectory its TrajectoryQueue took (for
+// remote producers, from TrajectoryQueueServerOptions::on_accepted, before the producer hears its
+// push went in); a group is done when all its samples are. A completed id is never handed out again, and completing it
 // again is counted (stats().duplicates), not double-counted.
 //
 // Ownership and loss. Each request's held list says what the worker decodes now: an id on it is
