@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace laminar::bench {
@@ -31,18 +32,40 @@ struct MeasureOptions {
   int repeats = 9;
 };
 
+inline Timing summarize(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  return {seconds[seconds.size() / 2], seconds.front(), seconds.back(), int(seconds.size())};
+}
+
+template <class F>
+double seconds_of(F&& body) {
+  const auto start = std::chrono::steady_clock::now();
+  body();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 template <class F>
 Timing measure(F&& body, MeasureOptions opt = {}) {
   for (int i = 0; i < opt.warmup; ++i) body();
   std::vector<double> t;
-  t.reserve(std::size_t(opt.repeats));
-  for (int i = 0; i < opt.repeats; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    body();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  for (int i = 0; i < opt.repeats; ++i) t.push_back(seconds_of(body));
+  return summarize(std::move(t));
+}
+
+// Ours and the baseline turn about, repeat by repeat, so that a slow spell of a shared machine
+// falls on both rather than on whichever ran during it.
+template <class A, class B>
+std::pair<Timing, Timing> measure_interleaved(A&& ours, B&& baseline, MeasureOptions opt = {}) {
+  for (int i = 0; i < opt.warmup; ++i) {
+    ours();
+    baseline();
   }
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t.front(), t.back(), opt.repeats};
+  std::vector<double> a, b;
+  for (int i = 0; i < opt.repeats; ++i) {
+    a.push_back(seconds_of(ours));
+    b.push_back(seconds_of(baseline));
+  }
+  return {summarize(std::move(a)), summarize(std::move(b))};
 }
 
 // A baseline's repeats must agree before a ratio is taken against it. A median more than

@@ -5,8 +5,9 @@
 //     of pi_prox, then forward and backward: four forwards' worth; causal attention counted on its
 //     lower triangle), over the step's median wall time. Padding and every non-matmul op count
 //     against it.
-//   baseline: single-thread sgemm (torch::mm) on the same shapes in the same run: each linear layer
-//     and the LM head as [tokens, in] x [in, out], with the backward's two products, four times over.
+//   baseline: single-thread sgemm (torch::mm) on the same shapes in the same run, a repeat of it
+//     after each step: each linear layer and the LM head as [tokens, in] x [in, out], with the
+//     backward's two products, four times over.
 // The first lines say which BLAS libtorch loaded, and warn when it is the reference BLAS or
 // OpenBLAS's fallback kernels (examples/async_grpo/blas.h); the goal is a ratio of at least 0.5.
 #include <torch/torch.h>
@@ -60,12 +61,15 @@ std::vector<laminar::Trajectory> batch(const async_grpo::DigitTask& task, int pr
 int main(int argc, char** argv) {
   async_grpo::use_right_blas_kernels(argv);
   CLI::App app{"One GRPO step of the async GRPO actor against single-thread sgemm of its shapes"};
-  int prompts = 8, group = 8, repeats = 9;
+  int prompts = 8, group = 8, repeats = 9, width = 1;
   std::uint64_t seed = 1;
   app.add_option("--prompts", prompts, "prompts in the batch")->check(laminar::bench::at_least(1));
   app.add_option("--group-size", group, "samples per prompt")->check(laminar::bench::at_least(2));
   app.add_option("--repeats", repeats, "timed steps (the median is reported)")->check(laminar::bench::at_least(1));
   app.add_option("--seed", seed, "task and initial weights");
+  app.add_option("--width", width,
+                 "the policy's widths times this: d_model 128 w, 2 w query heads, w KV heads, d_ff 256 w")
+      ->check(laminar::bench::at_least(1));
   CLI11_PARSE(app, argc, argv);
 
   auto task = async_grpo::DigitTask::create({}, seed);
@@ -73,6 +77,10 @@ int main(int argc, char** argv) {
   async_grpo::TrainerOptions to;
   to.seed = seed;
   to.intra_op_threads = 1;
+  to.policy.d_model *= width;
+  to.policy.num_qo_heads *= width;
+  to.policy.num_kv_heads *= width;
+  to.policy.d_ff *= width;
   auto trainer = async_grpo::Trainer::create(to);
   if (!trainer.ok()) fail("trainer", trainer.status());
   const std::vector<laminar::Trajectory> b = batch(*task, prompts, group);
@@ -93,13 +101,6 @@ int main(int argc, char** argv) {
     forward_flops += n * linear_per_token + c.num_layers * 2 * q * n * (n + 1);
   }
   const double step_flops = 4 * forward_flops;
-
-  const laminar::bench::Timing step = laminar::bench::measure(
-      [&] {
-        auto st = (*trainer)->train_step(b);
-        if (!st.ok()) fail("train_step", st.status());
-      },
-      {.warmup = 2, .repeats = repeats});
 
   // The same products as plain sgemm: [M, in] x [in, out] forward, and the backward's
   // [M, out] x [out, in] and [out, M] x [M, in].
@@ -125,7 +126,11 @@ int main(int argc, char** argv) {
     dy.push_back(torch::randn({m, s.out}));
     gemm_flops += 4 * 2.0 * double(m) * double(s.in) * double(s.out);
   }
-  const laminar::bench::Timing gemm = laminar::bench::measure(
+  const auto [step, gemm] = laminar::bench::measure_interleaved(
+      [&] {
+        auto st = (*trainer)->train_step(b);
+        if (!st.ok()) fail("train_step", st.status());
+      },
       [&] {
         for (std::size_t i = 0; i < shapes.size(); ++i) {
           (void)torch::mm(x[i], w[i]);  // pi_prox
