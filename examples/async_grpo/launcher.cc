@@ -186,18 +186,16 @@ Result<async_grpo::Prediction> predict_run(const Settings& s, const std::string&
   if (!pacing.ok()) return pacing.status();
   // The actor's time per step apart from waiting for samples: training, and re-scoring and
   // publishing around it, from its first wait to its last step's end.
-  std::int64_t steps = 0, first_wait = INT64_MAX, last_train = 0, waited = 0;
+  const async_grpo::ActorWaits waits = async_grpo::actor_waits(records);
+  std::int64_t steps = 0, last_train = 0;
   for (const async_grpo::Span& sp : records.spans) {
-    if (sp.process != "actor") continue;
-    if (sp.kind == async_grpo::SpanKind::kTrain) {
-      ++steps;
-      last_train = std::max(last_train, sp.end_ns);
-    } else if (sp.kind == async_grpo::SpanKind::kIdleWait) {
-      first_wait = std::min(first_wait, sp.start_ns);
-      waited += sp.end_ns - sp.start_ns;
-    }
+    if (sp.process != "actor" || sp.kind != async_grpo::SpanKind::kTrain) continue;
+    ++steps;
+    last_train = std::max(last_train, sp.end_ns);
   }
-  if (steps == 0 || last_train <= first_wait) return laminar::failed_precondition("the actor trained no step");
+  if (steps == 0 || waits.by_end_ns.empty() || last_train <= waits.first_start_ns) {
+    return laminar::failed_precondition("the actor trained no step");
+  }
   std::map<std::uint64_t, std::vector<std::int64_t>> lengths;
   for (const async_grpo::TrajectoryFact& t : records.trajectories) lengths[t.group].push_back(std::int64_t(t.length));
   // Groups in dealing order, up to the first the records miss.
@@ -211,7 +209,7 @@ Result<async_grpo::Prediction> predict_run(const Settings& s, const std::string&
                               .groups_per_step = s.groups_per_step,
                               .max_staleness = s.max_staleness,
                               .in_flight_batches = s.in_flight_batches,
-                              .train_step_s = double(last_train - first_wait - waited) / 1e9 / double(steps),
+                              .train_step_s = double(last_train - waits.first_start_ns - waits.total_ns) / 1e9 / double(steps),
                               .steps = steps};
   return async_grpo::predict(c, *pacing, groups);
 }

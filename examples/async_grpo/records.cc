@@ -345,6 +345,20 @@ Result<Records> read_records(const std::filesystem::path& path) {
   return parse_records(text.str(), path.string());
 }
 
+ActorWaits actor_waits(const Records& records) {
+  ActorWaits w;
+  for (const Span& sp : records.spans) {
+    if (sp.kind == SpanKind::kIdleWait && sp.process == "actor") w.by_end_ns[sp.end_ns] = sp.end_ns - sp.start_ns;
+  }
+  std::int64_t first = INT64_MAX;
+  for (const auto& [end, ns] : w.by_end_ns) {
+    w.total_ns += ns;
+    first = std::min(first, end - ns);
+  }
+  if (!w.by_end_ns.empty()) w.first_start_ns = first;
+  return w;
+}
+
 Result<Records> read_record_dir(const std::filesystem::path& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -129,6 +130,16 @@ laminar::Result<Record> decode_record(std::string_view line);
 laminar::Result<Records> parse_records(std::string_view text, std::string_view source);
 // parse_records of the file's contents; kNotFound when it cannot be read.
 laminar::Result<Records> read_records(const std::filesystem::path& path);
+// The actor's waits for samples (its kIdleWait spans), by when each ended, with their total and
+// the start of the first (0 when there are none): the report and the run's simulator both measure
+// the training loop from that start.
+struct ActorWaits {
+  std::map<std::int64_t, std::int64_t> by_end_ns;  // end -> duration
+  std::int64_t total_ns = 0;
+  std::int64_t first_start_ns = 0;
+};
+ActorWaits actor_waits(const Records& records);
+
 // Every "*.jsonl" file directly in `dir` (one per process), read in name order and appended.
 // kNotFound when `dir` is not a directory; the first bad file's error otherwise.
 laminar::Result<Records> read_record_dir(const std::filesystem::path& dir);

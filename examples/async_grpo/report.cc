@@ -312,15 +312,12 @@ Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_re
     m.weight_sync_p50_ms = nearest_rank_percentile(ms, 50).value();
     m.weight_sync_p99_ms = nearest_rank_percentile(std::move(ms), 99).value();
   }
-  // The actor's waits for a batch, by when they ended: a step's wait is the last one that ended by
-  // the step's start.
-  std::map<std::int64_t, std::int64_t> waits;
-  for (const Span& sp : run.records.spans) {
-    if (sp.kind == SpanKind::kIdleWait && sp.process == "actor") waits[sp.end_ns] = sp.end_ns - sp.start_ns;
-  }
+  // A step's wait is the last one that ended by the step's start.
+  const ActorWaits aw = actor_waits(run.records);
+  const auto& waits = aw.by_end_ns;
   std::vector<double> train_ms, ready_ms, after_wait_ms;
-  double waiting_ms = 0, training_ms = 0;
-  for (const auto& [end, ns] : waits) waiting_ms += static_cast<double>(ns) / 1e6;
+  const double waiting_ms = static_cast<double>(aw.total_ns) / 1e6;
+  double training_ms = 0;
   for (const Span& sp : run.records.spans) {
     if (sp.kind != SpanKind::kTrain) continue;
     const double ms = static_cast<double>(sp.end_ns - sp.start_ns) / 1e6;
@@ -333,9 +330,7 @@ Result<ScheduleMetrics> compute_metrics(const ScheduleRun& run, double target_re
   }
   if (waiting_ms + training_ms > 0) m.actor_waiting_share = waiting_ms / (waiting_ms + training_ms);
   if (!waits.empty() && !rewards.empty()) {
-    std::int64_t first_wait = INT64_MAX;
-    for (const auto& [end, ns] : waits) first_wait = std::min(first_wait, end - ns);
-    const std::int64_t loop_ns = rewards.back().time_ns - first_wait;
+    const std::int64_t loop_ns = rewards.back().time_ns - aw.first_start_ns;
     if (loop_ns > 0) {
       m.loop_samples_per_s = static_cast<double>(m.trained_samples) * kNsPerS / static_cast<double>(loop_ns);
       m.actor_waiting_share = std::min(1.0, waiting_ms * 1e6 / static_cast<double>(loop_ns));

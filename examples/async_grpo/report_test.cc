@@ -132,6 +132,20 @@ TEST_CASE("grpo report: records round-trip through a file") {
   }
 }
 
+TEST_CASE("grpo report: the actor's waits are its own idle spans, from the first one's start") {
+  Records r;
+  CHECK(actor_waits(r).by_end_ns.empty());
+  CHECK(actor_waits(r).total_ns == 0);
+  r.spans.push_back(span("actor", 0, SpanKind::kIdleWait, 500, 800));
+  r.spans.push_back(span("actor", 0, SpanKind::kTrain, 800, 900));
+  r.spans.push_back(span("rollout-0", 0, SpanKind::kIdleWait, 100, 2000));
+  r.spans.push_back(span("actor", 0, SpanKind::kIdleWait, 200, 300));
+  const async_grpo::ActorWaits w = actor_waits(r);
+  CHECK(w.first_start_ns == 200);
+  CHECK(w.total_ns == 400);
+  CHECK(w.by_end_ns == std::map<std::int64_t, std::int64_t>{{300, 100}, {800, 300}});
+}
+
 TEST_CASE("grpo report: a truncated or corrupt record file is refused, naming the line") {
   TempDir dir("grpo_report");
   const auto path = dir.path() / "rollout.jsonl";
