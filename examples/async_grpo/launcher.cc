@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -144,28 +146,52 @@ Result<std::vector<async_grpo::HeldOutPoint>> evaluate_versions(const Settings& 
   if (ec) return laminar::not_found(fmt::format("cannot read {}: {}", (dir / "versions").string(), ec.message()));
   auto task = make_task(s);
   if (!task.ok()) return task.status();
-  auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{});
-  if (!engine.ok()) return engine.status();
-  const std::vector<async_grpo::DigitPrompt> prompts = task->held_out_prompts(std::size_t(s.eval_prompts));
-  async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
-  LAMINAR_RETURN_IF_ERROR(progress.begin(schedule + " held-out eval", std::max<std::size_t>(files.size(), 1), "versions"));
+  std::vector<std::pair<std::uint64_t, fs::path>> todo(files.begin(), files.end());
   std::vector<async_grpo::HeldOutPoint> points;
-  std::vector<std::byte> flat(engine->manifest().total_bytes());
-  for (const auto& [version, file] : files) {
+  for (const auto& [version, file] : todo) {
     auto at = published_at.find(version);
     if (at == published_at.end())
       return laminar::internal_error(fmt::format("version {} was kept but has no publish record", version));
-    std::ifstream f(file, std::ios::binary);
-    f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
-    if (!f) return laminar::data_loss(fmt::format("{}: shorter than {} bytes", file.string(), flat.size()));
-    LAMINAR_RETURN_IF_ERROR(engine->load_weights(flat));
-    // One seed for every version and schedule: the versions differ only in their weights.
-    auto r = async_grpo::evaluate_held_out(*engine, *task, prompts, {.seed = s.seed * 1000003 + 12345});
-    if (!r.ok()) return r.status();
-    points.push_back({.version = version, .time_ns = at->second, .reward = r->reward});
-    fs::remove(file, ec);
-    LAMINAR_RETURN_IF_ERROR(progress.update(points.size()));
+    points.push_back({.version = version, .time_ns = at->second});
   }
+  const std::vector<async_grpo::DigitPrompt> prompts = task->held_out_prompts(std::size_t(s.eval_prompts));
+  async_grpo::Progress progress(laminar::Clock::steady(), std::cout, async_grpo::Progress::mode_for_stdout());
+  LAMINAR_RETURN_IF_ERROR(progress.begin(schedule + " held-out eval", std::max<std::size_t>(files.size(), 1), "versions"));
+  // The schedule's processes have exited, so every core evaluates versions, one engine each.
+  std::atomic<std::size_t> next{0};
+  std::mutex mu;
+  std::size_t done = 0;
+  laminar::Status failed;
+  auto evaluate = [&] {
+    auto fail = [&](laminar::Status st) {
+      std::lock_guard lock(mu);
+      if (failed.ok()) failed = std::move(st);
+    };
+    auto engine = async_grpo::Engine::create(async_grpo::PolicyConfig{});
+    if (!engine.ok()) return fail(engine.status());
+    std::vector<std::byte> flat(engine->manifest().total_bytes());
+    for (std::size_t i; (i = next++) < todo.size();) {
+      const fs::path& file = todo[i].second;
+      std::ifstream f(file, std::ios::binary);
+      f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
+      if (!f) return fail(laminar::data_loss(fmt::format("{}: shorter than {} bytes", file.string(), flat.size())));
+      if (laminar::Status st = engine->load_weights(flat); !st.ok()) return fail(st);
+      // One seed for every version and schedule: the versions differ only in their weights.
+      auto r = async_grpo::evaluate_held_out(*engine, *task, prompts, {.seed = s.seed * 1000003 + 12345});
+      if (!r.ok()) return fail(r.status());
+      points[i].reward = r->reward;
+      std::error_code not_removed;
+      fs::remove(file, not_removed);
+      std::lock_guard lock(mu);
+      if (!failed.ok()) return;
+      if (laminar::Status st = progress.update(++done); !st.ok()) failed = st;
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (unsigned t = 1; t < std::clamp(std::thread::hardware_concurrency(), 1u, 8u); ++t) helpers.emplace_back(evaluate);
+  evaluate();
+  for (std::thread& t : helpers) t.join();
+  LAMINAR_RETURN_IF_ERROR(failed);
   LAMINAR_RETURN_IF_ERROR(progress.finish());
   return points;
 }
@@ -526,9 +552,6 @@ int run_launcher(Settings s) {
     std::fprintf(stderr, "async_grpo: --device cuda needs --repack false: the repack migrates host KV pools\n");
     return 2;
   }
-  // One seed's held-out reward is noisy enough on 128 prompts for a single run; over seeds the
-  // medians compare, and 512 prompts halve each version's noise.
-  if (s.eval_prompts == 0) s.eval_prompts = s.seeds > 1 ? 512 : 128;
   std::error_code ec;
   fs::create_directories(s.out, ec);
   if (ec) return fail("launcher", "out", laminar::unavailable("cannot create " + s.out));

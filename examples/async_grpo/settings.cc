@@ -27,8 +27,8 @@ void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
                  "GRPO steps over which the actor's learning rate ramps linearly up (0: none)")
       ->check(CLI::Range(0, 100000));
   app.add_option("--eval-prompts", s.eval_prompts,
-                 "held-out prompts each published version is evaluated on (0: 128, or 512 with --seeds above 1)")
-      ->check(CLI::Range(0, 100000));
+                 "held-out prompts each published version is evaluated on")
+      ->check(CLI::Range(1, 100000));
   app.add_option("--seeds", s.seeds,
                  "run every schedule on this many seeds, from --seed on, and print the median and range over them")
       ->check(CLI::Range(1, 1000));

@@ -34,8 +34,9 @@ struct Settings {
   double minutes = 0;  // > 0: stop training after this long, whatever `steps` says
   int warmup_steps = 30;
   int warmup_batch = 32;  // prompts per warm-up step
-  // Held-out prompts each published version is evaluated on; 0: 128, or 512 with several seeds.
-  int eval_prompts = 0;
+  // Held-out prompts each published version is evaluated on: at 512 a version's reward has a
+  // standard error of about 0.015, small beside the rise that the time to target reads.
+  int eval_prompts = 512;
   int seeds = 1;  // seeds run one after another from `seed`, each with every schedule
   // GRPO steps over which the actor's learning rate ramps up: the actor's Adam starts without the
   // warm-up's moments, and at the full rate its first steps cost up to 0.06 of held-out reward
