@@ -203,7 +203,8 @@ struct ScheduleOutcome {
 };
 
 // The run's simulator on this run: the groups it dealt, with the lengths its samples came out, its
-// workers, slots and pacing, and the actor's measured time per step, for as many steps as it trained.
+// workers, slots and pacing, and the actor's measured time per step (and of it, re-scoring before
+// training), for as many steps as it trained.
 Result<async_grpo::Prediction> predict_run(const Settings& s, const std::string& schedule,
                                            const async_grpo::Records& records) {
   auto task = make_task(s);
@@ -213,11 +214,13 @@ Result<async_grpo::Prediction> predict_run(const Settings& s, const std::string&
   // The actor's time per step apart from waiting for samples: training, and re-scoring and
   // publishing around it, from its first wait to its last step's end.
   const async_grpo::ActorWaits waits = async_grpo::actor_waits(records);
-  std::int64_t steps = 0, last_train = 0;
+  std::int64_t steps = 0, last_train = 0, scoring = 0;
   for (const async_grpo::Span& sp : records.spans) {
     if (sp.process != "actor" || sp.kind != async_grpo::SpanKind::kTrain) continue;
     ++steps;
     last_train = std::max(last_train, sp.end_ns);
+    // From the batch's arrival (the end of the wait before the step) to the step's start.
+    if (auto w = waits.by_end_ns.upper_bound(sp.start_ns); w != waits.by_end_ns.begin()) scoring += sp.start_ns - std::prev(w)->first;
   }
   if (steps == 0 || waits.by_end_ns.empty() || last_train <= waits.first_start_ns) {
     return laminar::failed_precondition("the actor trained no step");
@@ -237,6 +240,7 @@ Result<async_grpo::Prediction> predict_run(const Settings& s, const std::string&
                               .in_flight_batches = s.in_flight_batches,
                               .train_step_s = double(last_train - waits.first_start_ns - waits.total_ns) / 1e9 / double(steps),
                               .steps = steps};
+  c.score_s = std::min(c.train_step_s, double(scoring) / 1e9 / double(steps));
   return async_grpo::predict(c, *pacing, groups);
 }
 

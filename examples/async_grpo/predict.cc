@@ -63,6 +63,9 @@ class Model {
       events_.pop();
       if (who == kActor) {
         published(t);
+      } else if (who == kOpen) {
+        now_ = t;
+        open();
       } else if (workers_[who].step == Step::kNone || order == workers_[who].end_event) {
         step_end(t, who);
       } else {
@@ -82,6 +85,7 @@ class Model {
 
  private:
   static constexpr std::size_t kActor = std::numeric_limits<std::size_t>::max();
+  static constexpr std::size_t kOpen = kActor - 1;  // one-step's next batch, once the actor re-scored
 
   void schedule(double t, std::size_t who) { events_.emplace(t, order_++, who); }
 
@@ -232,7 +236,7 @@ class Model {
     ready_.erase(ready_.begin(), ready_.begin() + c_.groups_per_step);
     waiting_s_ += t - wait_start_;
     training_ = true;
-    if (c_.schedule == "one-step" && steps_ + 1 < c_.steps) open();
+    if (c_.schedule == "one-step" && steps_ + 1 < c_.steps) schedule(t + c_.score_s, kOpen);
     training_s_ += c_.train_step_s;
     schedule(t + c_.train_step_s, kActor);
   }
@@ -287,6 +291,8 @@ laminar::Result<Prediction> predict(const PredictConfig& c, const Pacing& pacing
     return laminar::invalid_argument(fmt::format("predict: in_flight_batches {} is below one group", c.in_flight_batches));
   if (!(c.train_step_s > 0 && std::isfinite(c.train_step_s)))
     return laminar::invalid_argument(fmt::format("predict: train_step_s {} is not positive", c.train_step_s));
+  if (!(c.score_s >= 0 && c.score_s <= c.train_step_s))
+    return laminar::invalid_argument(fmt::format("predict: score_s {} is outside [0, train_step_s {}]", c.score_s, c.train_step_s));
   if (groups.empty()) return laminar::invalid_argument("predict: no groups");
   for (std::size_t g = 0; g < groups.size(); ++g) {
     if (groups[g].response_tokens.size() != std::size_t(c.group_size)) {

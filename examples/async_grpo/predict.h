@@ -11,7 +11,8 @@
 //   - laminar's workers pull a newer version only when they hold nothing; areal's take it at their
 //     next step and re-prefill every live sequence;
 //   - an actor that pops whole groups, a batch at a time, and is busy for the run's measured time
-//     per step (training, and re-scoring and publishing around it) before it publishes.
+//     per step (training, and re-scoring and publishing around it) before it publishes; one-step
+//     opens its next batch once the batch taken is re-scored.
 // What it leaves out is what a gap between prediction and measurement points at: the control
 // plane's latency, the host CPU's own time (processes share 2 cores), weight pulls (under a
 // millisecond here), and repacking (laminar moves tails between workers; the model does not).
@@ -46,6 +47,9 @@ struct PredictConfig {
   double in_flight_batches = 1;   // the streams: samples out at once, in batches
   // The actor's time per step apart from waiting for samples (training, re-scoring, publishing), > 0.
   double train_step_s = 0.065;
+  // Of that, the time from taking a batch to starting to train on it (re-scoring it), >= 0 and at
+  // most train_step_s: one-step opens the next batch only then.
+  double score_s = 0;
   std::int64_t steps = 90;        // training steps to simulate, >= 1
 };
 
@@ -59,7 +63,7 @@ struct Prediction {
 
 // kInvalidArgument naming the field: an unknown schedule, workers, slots, group_size,
 // groups_per_step or steps below 1, a negative max_staleness, a window below one group, a training
-// step not positive; no groups, or a group whose size is not group_size or with a length below 1.
+// step not positive, a scoring time outside [0, train_step_s]; no groups, or a group whose size is not group_size or with a length below 1.
 // Past the last group (those still in flight when the run stopped are not in its records) the
 // groups are dealt again from the first.
 laminar::Result<Prediction> predict(const PredictConfig& config, const Pacing& pacing,

@@ -55,6 +55,11 @@ TEST_CASE("predict: a sync step is the batch's prefill, its decode steps and the
   auto ahead = async_grpo::predict(c, pacing(), groups);
   REQUIRE(ahead.ok());
   CHECK(ahead->time_s == Approx(generation + 2 * std::max(generation, 0.05) + 0.05));
+  // The next batch opens once the actor has re-scored the one it took.
+  c.score_s = 0.02;
+  auto scored = async_grpo::predict(c, pacing(), groups);
+  REQUIRE(scored.ok());
+  CHECK(scored->time_s == Approx(generation + 2 * std::max(generation + 0.02, 0.05) + 0.05));
 }
 
 TEST_CASE("predict: with a long tail the streams train more samples a second than sync", "[predict]") {
@@ -107,6 +112,9 @@ TEST_CASE("predict: bad configurations are refused, naming the field", "[predict
   c = ok;
   c.train_step_s = 0;
   refused(c, groups, "train_step_s");
+  c = ok;
+  c.score_s = ok.train_step_s * 2;
+  refused(c, groups, "score_s");
   refused(ok, {}, "no groups");
   refused(ok, {{.prompt_tokens = 3, .response_tokens = {2}}}, "group 0 has 1 samples");
   refused(ok, {{.prompt_tokens = 3, .response_tokens = {2, 0}}}, "below 1 token");
