@@ -42,12 +42,24 @@ using namespace std::chrono_literals;
 
 int run_actor(const Settings& s, const RoleArgs& a) {
   const fs::path dir = a.dir;
+  {
+    std::error_code ec;
+    fs::create_directories(dir / "records", ec);
+    if (!ec) fs::create_directories(dir / "versions", ec);
+    if (ec) return fail("actor", "directory", laminar::unavailable("cannot create " + dir.string() + ": " + ec.message()));
+  }
+  // Started on its own, without the launcher's warmed-up weights: the same warm-up, here.
+  const std::string warm = a.warm.empty() ? (dir / "warmup.bin").string() : a.warm;
+  if (a.warm.empty())
+    if (Status st = warm_up(s, warm); !st.ok()) return fail("actor", "warm-up", st);
   auto writer = async_grpo::RecordWriter::open(dir / "records" / "actor.jsonl");
   if (!writer.ok()) return fail("actor", "records", writer.status());
   LineFile published(dir / "published.txt");
   auto transport = make_transport(a.token);
   if (!transport.ok()) return fail("actor", "transport", transport.status());
-  auto address = (*transport)->listen("127.0.0.1", 0);
+  auto host = listen_host(a.host);
+  if (!host.ok()) return fail("actor", "host", host.status());
+  auto address = (*transport)->listen(*host, 0);
   if (!address.ok()) return fail("actor", "listen", address.status());
 
   const std::uint32_t G = std::uint32_t(s.group_size);
@@ -133,10 +145,10 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   std::printf("blas %s\n", blas.describe().c_str());
   if (!blas.warning().empty()) std::printf("blas-warning %s\n", blas.warning().c_str());
   {
-    std::ifstream f(a.warm, std::ios::binary);
+    std::ifstream f(warm, std::ios::binary);
     std::vector<std::byte> flat(trainer.manifest().total_bytes());
     f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
-    if (!f) return fail("actor", "warm-up weights", laminar::not_found("cannot read " + a.warm));
+    if (!f) return fail("actor", "warm-up weights", laminar::not_found("cannot read " + warm));
     if (Status st = trainer.load_weights(flat); !st.ok()) return fail("actor", "warm-up weights", st);
   }
 
@@ -337,9 +349,13 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (coordinator) std::printf("repack %s\n", coordinator->stats().to_json().c_str());
   std::printf("steps %d\n", step);
   std::fflush(stdout);
-  // The launcher says stop once every rollout worker has left.
-  (void)wait_for_stop(std::chrono::seconds(60));
+  // The dispatcher, the queue and the head relay serve until every rollout worker has left (or a
+  // stop signal, or a minute: a killed worker leaves no mark).
+  std::vector<std::string> left;
+  for (int w = 0; w < s.workers; ++w) left.push_back(fmt::format("rollout-{}.left", w));
+  (void)wait_for_files(dir, left, std::chrono::seconds(60), /*on_signal=*/true);
   q->close();
+  if (Status st = mark_left(dir, "actor"); !st.ok()) return fail("actor", "leaving", st);
   return 0;
 }
 

@@ -36,10 +36,11 @@ int main(int argc, char** argv) {
   async_grpo::add_options(app, s, a);
   CLI11_PARSE(app, argc, argv);
 
-  // The launcher stops the actor and the relays with SIGTERM, which they wait for.
+  if (a.role.empty()) return async_grpo::run_launcher(s);
+  if (laminar::Status st = async_grpo::assign_role(s, a); !st.ok()) return async_grpo::fail("setup", "arguments", st);
+  // The actor and the relays leave on a stop signal too (the launcher's SIGTERM), which they wait for.
   if (a.role == "actor" || a.role == "relay") async_grpo::block_stop_signals();
   if (a.role == "actor") return async_grpo::run_actor(s, a);
-  if (a.role == "relay") return async_grpo::run_relay(a);
-  if (a.role == "rollout") return async_grpo::run_rollout(s, a);
-  return async_grpo::run_launcher(s);
+  if (a.role == "relay") return async_grpo::run_relay(s, a);
+  return async_grpo::run_rollout(s, a);
 }

@@ -247,8 +247,7 @@ Result<async_grpo::Prediction> predict_run(const Settings& s, const std::string&
 // Versions from which reward_rises compares held-out reward; with fewer, a rise is not checked.
 constexpr std::size_t kHeldOutRiseVersions = 20;
 
-Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& schedule, const fs::path& warm,
-                                     const std::string& token) {
+Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& schedule, const fs::path& warm) {
   const fs::path dir = fs::absolute(fs::path(s.out) / schedule);
   std::error_code ec;
   fs::remove_all(dir, ec);
@@ -260,7 +259,7 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   outcome.run.rollout_workers = std::uint32_t(s.workers);
   outcome.run.start_ns = now_ns();
   std::vector<std::string> common = settings_args(s);
-  common.insert(common.end(), {"--dir", dir.string(), "--token", token, "--run-schedule", schedule});
+  common.insert(common.end(), {"--dir", dir.string(), "--run-schedule", schedule});
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;
@@ -465,6 +464,55 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   return outcome;
 }
 
+
+// One seed's schedules, one after the other, into s.out: their checks, the table and the report.
+struct SeedOutcome {
+  async_grpo::Comparison comparison;
+  bool all_ok = true;
+};
+
+Result<SeedOutcome> run_seed(const Settings& s, const std::vector<std::string>& schedules,
+                             const std::string& pacing_line) {
+  std::error_code ec;
+  fs::create_directories(s.out, ec);
+  if (ec) return laminar::unavailable("cannot create " + s.out);
+  const fs::path warm = fs::absolute(fs::path(s.out) / "warmup.bin");
+  LAMINAR_RETURN_IF_ERROR(warm_up(s, warm).with_context("warm-up"));
+  std::vector<async_grpo::ScheduleRun> runs;
+  SeedOutcome out;
+  for (const std::string& schedule : schedules) {
+    Settings run = s;
+    // Each contender trains for as long as the baseline took, not for as many steps: time to the
+    // target is the comparison, and a schedule that steps faster must get to use that time.
+    if (schedules.size() > 1 && s.minutes == 0 && !runs.empty()) {
+      run.minutes = double(runs.front().end_ns - runs.front().start_ns) / 60e9;
+      run.steps = 4 * s.steps;
+    }
+    auto outcome = run_schedule(run, schedule, warm);
+    if (!outcome.ok()) return outcome.status().with_context(schedule);
+    std::cout << fmt::format("{}: {:.1f} s wall\n", schedule,
+                             double(outcome->run.end_ns - outcome->run.start_ns) / 1e9);
+    for (const CheckResult& c : outcome->checks) {
+      std::cout << fmt::format("  check {:<20} {}  {}\n", c.name, c.ok ? "ok  " : "FAIL", c.detail);
+      out.all_ok = out.all_ok && c.ok;
+    }
+    for (const std::string& note : outcome->notes) std::cout << "  note  " << note << "\n";
+    runs.push_back(std::move(outcome->run));
+  }
+  async_grpo::ReportOptions ro;
+  ro.pacing = pacing_line;
+  if (schedules.size() == 1) ro.baseline = ro.contender = schedules[0];
+  auto files = async_grpo::write_report(runs, ro, s.out);
+  if (!files.ok()) return files.status().with_context("report");
+  std::cout << "\n" << files->table;
+  if (!files->plot_note.empty()) std::cout << files->plot_note << "\n";
+  std::cout << fmt::format("report in {}: table.txt, metrics.json, trace_<schedule>.json, plots\n", s.out);
+  out.comparison = std::move(files->comparison);
+  return out;
+}
+
+}  // namespace
+
 Status warm_up(const Settings& s, const fs::path& file) {
   auto task = make_task(s);
   if (!task.ok()) return task.status();
@@ -494,54 +542,6 @@ Status warm_up(const Settings& s, const fs::path& file) {
   return f ? laminar::ok_status() : laminar::unavailable("cannot write " + file.string());
 }
 
-// One seed's schedules, one after the other, into s.out: their checks, the table and the report.
-struct SeedOutcome {
-  async_grpo::Comparison comparison;
-  bool all_ok = true;
-};
-
-Result<SeedOutcome> run_seed(const Settings& s, const std::vector<std::string>& schedules, const std::string& token,
-                             const std::string& pacing_line) {
-  std::error_code ec;
-  fs::create_directories(s.out, ec);
-  if (ec) return laminar::unavailable("cannot create " + s.out);
-  const fs::path warm = fs::absolute(fs::path(s.out) / "warmup.bin");
-  LAMINAR_RETURN_IF_ERROR(warm_up(s, warm).with_context("warm-up"));
-  std::vector<async_grpo::ScheduleRun> runs;
-  SeedOutcome out;
-  for (const std::string& schedule : schedules) {
-    Settings run = s;
-    // Each contender trains for as long as the baseline took, not for as many steps: time to the
-    // target is the comparison, and a schedule that steps faster must get to use that time.
-    if (schedules.size() > 1 && s.minutes == 0 && !runs.empty()) {
-      run.minutes = double(runs.front().end_ns - runs.front().start_ns) / 60e9;
-      run.steps = 4 * s.steps;
-    }
-    auto outcome = run_schedule(run, schedule, warm, token);
-    if (!outcome.ok()) return outcome.status().with_context(schedule);
-    std::cout << fmt::format("{}: {:.1f} s wall\n", schedule,
-                             double(outcome->run.end_ns - outcome->run.start_ns) / 1e9);
-    for (const CheckResult& c : outcome->checks) {
-      std::cout << fmt::format("  check {:<20} {}  {}\n", c.name, c.ok ? "ok  " : "FAIL", c.detail);
-      out.all_ok = out.all_ok && c.ok;
-    }
-    for (const std::string& note : outcome->notes) std::cout << "  note  " << note << "\n";
-    runs.push_back(std::move(outcome->run));
-  }
-  async_grpo::ReportOptions ro;
-  ro.pacing = pacing_line;
-  if (schedules.size() == 1) ro.baseline = ro.contender = schedules[0];
-  auto files = async_grpo::write_report(runs, ro, s.out);
-  if (!files.ok()) return files.status().with_context("report");
-  std::cout << "\n" << files->table;
-  if (!files->plot_note.empty()) std::cout << files->plot_note << "\n";
-  std::cout << fmt::format("report in {}: table.txt, metrics.json, trace_<schedule>.json, plots\n", s.out);
-  out.comparison = std::move(files->comparison);
-  return out;
-}
-
-}  // namespace
-
 int run_launcher(Settings s) {
   if (s.short_run) {
     s.workers = 3;
@@ -561,6 +561,9 @@ int run_launcher(Settings s) {
   if (ec) return fail("launcher", "out", laminar::unavailable("cannot create " + s.out));
   std::random_device rd;
   const std::string token = fmt::format("async-grpo-{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+  // The children inherit it, so it never shows on a command line.
+  if (setenv("LAMINAR_TOKEN", token.c_str(), 1) != 0)
+    return fail("launcher", "token", laminar::unavailable(fmt::format("setenv: {}", std::strerror(errno))));
   // The actors load the same library with the same environment; each says what it loaded.
   const async_grpo::BlasInfo blas = async_grpo::loaded_blas();
   std::cout << "BLAS: " << blas.describe() << "\n";
@@ -587,7 +590,7 @@ int run_launcher(Settings s) {
       seed.out = (fs::path(s.out) / fmt::format("seed-{}", seed.seed)).string();
       std::cout << fmt::format("\n== seed {} ({} of {}) ==\n", seed.seed, i + 1, s.seeds);
     }
-    auto outcome = run_seed(seed, schedules, token, pacing->paced() ? pacing_line : "");
+    auto outcome = run_seed(seed, schedules, pacing->paced() ? pacing_line : "");
     if (!outcome.ok()) return fail("launcher", fmt::format("seed {}", seed.seed), outcome.status());
     all_ok = all_ok && outcome->all_ok;
     seeds.push_back(seed.seed);

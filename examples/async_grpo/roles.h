@@ -14,9 +14,11 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -31,7 +33,7 @@ namespace async_grpo {
 
 // Each returns the process's exit code.
 int run_actor(const Settings& s, const RoleArgs& a);
-int run_relay(const RoleArgs& a);
+int run_relay(const Settings& s, const RoleArgs& a);
 int run_rollout(const Settings& s, const RoleArgs& a);
 int run_launcher(Settings s);
 
@@ -55,6 +57,42 @@ class LineFile {
 
 // Writes <dir>/<name>.addr whole (through a rename), so a reader never sees half an address.
 laminar::Status write_address(const std::filesystem::path& dir, const std::string& name, const std::string& address);
+// Writes <dir>/<name>.left: the process has left the run (the actor waits for its rollout
+// workers', the relays for the actor's).
+laminar::Status mark_left(const std::filesystem::path& dir, const std::string& name);
+
+// Fills in what a process started on its own leaves out, and checks it. Under --role auto the
+// role and index come from the rank: rank 0 is the actor, ranks 1 to relays the relays, the rest
+// the rollout workers; rank and world default to $SLURM_PROCID and $SLURM_NTASKS, else $RANK and
+// $WORLD_SIZE, and world must be 1 + relays + workers. The cluster token comes from --token-file,
+// else $LAMINAR_TOKEN; the schedule from --schedule when --run-schedule is not given.
+// kInvalidArgument naming what is missing or does not fit. `env` reads the environment.
+laminar::Status assign_role(const Settings& s, RoleArgs& a,
+                            const std::function<const char*(const char*)>& env = std::getenv);
+
+// The address to listen on: `host` itself, or for "auto" the first non-loopback IPv4 address of an
+// interface that is up. kNotFound when there is none.
+laminar::Result<std::string> listen_host(const std::string& host);
+
+// How long a process started on its own waits for the others' addresses: under a scheduler the
+// processes of one job may start minutes apart.
+inline constexpr std::chrono::minutes kRendezvousTimeout{10};
+// A wait bounded only by what ends it (a file or a signal), as a deadline the clock can add.
+inline constexpr std::chrono::hours kForeverish{24 * 365};
+
+// What wait_for_files returned on.
+enum class Woke : std::uint8_t { kFiles, kStopSignal, kTimeout };
+// Sleeps until every file of `names` exists in `dir`, a stop signal arrives (with `on_signal`: the
+// caller has blocked them, block_stop_signals) or `timeout` passes. inotify wakes it on a local
+// filesystem. Writes from other hosts to a network filesystem reach no inotify watch, so there it
+// also looks again after 0.1 s, then at doubling intervals up to every 2 s.
+Woke wait_for_files(const std::filesystem::path& dir, std::span<const std::string> names,
+                    std::chrono::milliseconds timeout, bool on_signal = false);
+
+// The addresses a relay or a rollout worker needs: --actor and --relay as given, else
+// <dir>/actor.addr and (a rollout worker) <dir>/relay-<i>.addr for each of the run's relays, waited
+// for up to `timeout`. kDeadlineExceeded naming the files still missing; kCancelled on a stop signal.
+laminar::Status find_peers(const Settings& s, RoleArgs& a, std::chrono::milliseconds timeout);
 
 bool path_exists(const std::filesystem::path& p);
 
@@ -70,5 +108,10 @@ std::uint64_t final_version(const std::filesystem::path& dir);
 laminar::Result<async_grpo::DigitTask> make_task(const Settings& s);
 
 laminar::Result<std::shared_ptr<laminar::Transport>> make_transport(const std::string& token);
+
+// The launcher's warm-up, which the actor runs itself when started without --warm: warmup_steps
+// supervised steps of warmup_batch prompts from the seeded initial weights, written to `file` in the
+// manifest's flat layout.
+laminar::Status warm_up(const Settings& s, const std::filesystem::path& file);
 
 }  // namespace async_grpo

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -39,11 +40,15 @@ using laminar::Status;
 using namespace std::chrono_literals;
 
 // A relay: a RelayNode between the actor and the workers.
-int run_relay(const RoleArgs& a) {
+int run_relay(const Settings& s, const RoleArgs& args) {
+  RoleArgs a = args;
   const std::string who = fmt::format("relay-{}", a.index);
+  if (Status st = find_peers(s, a, kRendezvousTimeout); !st.ok()) return fail(who, "rendezvous", st);
   auto transport = make_transport(a.token);
   if (!transport.ok()) return fail(who, "transport", transport.status());
-  auto address = (*transport)->listen("127.0.0.1", 0);
+  auto host = listen_host(a.host);
+  if (!host.ok()) return fail(who, "host", host.status());
+  auto address = (*transport)->listen(*host, 0);
   if (!address.ok()) return fail(who, "listen", address.status());
   auto store = laminar::RelayStore::create();
   if (!store.ok()) return fail(who, "relay store", store.status());
@@ -52,7 +57,8 @@ int run_relay(const RoleArgs& a) {
   auto node = laminar::RelayNode::create(*transport, std::move(*store), o);
   if (!node.ok()) return fail(who, "relay node", node.status());
   if (Status st = write_address(a.dir, who, *address); !st.ok()) return fail(who, "address", st);
-  (void)wait_for_stop();
+  // Serves until the actor has left, or a stop signal; a restarted actor finds it still serving.
+  (void)wait_for_files(a.dir, std::array{std::string("actor.left")}, kForeverish, /*on_signal=*/true);
   return 0;
 }
 
@@ -97,6 +103,8 @@ class Rollout {
     if (!engine.ok()) return fail(who_, "engine", engine.status());
     engine_.emplace(std::move(*engine));
     destinations_ = engine_->weight_tensors();
+    std::error_code made;
+    fs::create_directories(fs::path(a_.dir) / "records", made);
     auto writer = async_grpo::RecordWriter::open(fs::path(a_.dir) / "records" / (who_ + ".jsonl"));
     if (!writer.ok()) return fail(who_, "records", writer.status());
     writer_.emplace(std::move(*writer));
@@ -120,7 +128,9 @@ class Rollout {
     }
     if (a_.run_schedule == "laminar" && s_.repack) {
       // Migrations arrive at this worker's own address.
-      if (auto address = transport_->listen("127.0.0.1", 0); !address.ok()) return fail(who_, "listen", address.status());
+      auto listen_on = listen_host(a_.host);
+      if (!listen_on.ok()) return fail(who_, "host", listen_on.status());
+      if (auto address = transport_->listen(*listen_on, 0); !address.ok()) return fail(who_, "listen", address.status());
       laminar::KvMigratorOptions mo;
       mo.k_pool_region = pools->k_pool;
       mo.v_pool_region = pools->v_pool;
@@ -607,6 +617,14 @@ class Rollout {
 
 }  // namespace
 
-int run_rollout(const Settings& s, const RoleArgs& a) { return Rollout(s, a).run(); }
+int run_rollout(const Settings& s, const RoleArgs& args) {
+  RoleArgs a = args;
+  const std::string who = fmt::format("rollout-{}", a.index);
+  if (Status st = find_peers(s, a, kRendezvousTimeout); !st.ok()) return fail(who, "rendezvous", st);
+  const int code = Rollout(s, a).run();
+  // Failed or done, it has left: the actor waits for every worker's mark before it goes.
+  if (Status st = mark_left(a.dir, who); !st.ok()) return fail(who, "leaving", st);
+  return code;
+}
 
 }  // namespace async_grpo

@@ -56,13 +56,26 @@ void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
   app.add_option("--device", s.device, "where rollout engines run: cpu, or cuda (a build with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--short", s.short_run, "the CI configuration: laminar, small, one worker killed, under a minute");
-  app.add_option("--role", a.role, "")->group("")->check(CLI::IsMember({"actor", "relay", "rollout"}));
-  app.add_option("--index", a.index, "")->group("");
-  app.add_option("--dir", a.dir, "")->group("");
-  app.add_option("--token", a.token, "")->group("");
-  app.add_option("--actor", a.actor, "")->group("");
-  app.add_option("--relay", a.relays, "")->group("");
-  app.add_option("--warm", a.warm, "")->group("");
+  const std::string roles = "Roles (each process of a run started on its own: examples/async_grpo/README.md)";
+  app.add_option("--role", a.role, "this process's role; auto: from --rank")
+      ->check(CLI::IsMember({"actor", "relay", "rollout", "auto"}))
+      ->group(roles);
+  app.add_option("--index", a.index, "which relay or rollout worker, from 0")->check(CLI::Range(0, 255))->group(roles);
+  app.add_option("--rank", a.rank,
+                 "--role auto: 0 the actor, 1 to --relays the relays, then the workers (default $SLURM_PROCID, "
+                 "else $RANK)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->group(roles);
+  app.add_option("--world", a.world, "--role auto: 1 + --relays + --workers (default $SLURM_NTASKS, else $WORLD_SIZE)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->group(roles);
+  app.add_option("--dir", a.dir, "the run's directory, where its processes meet: shared by every host")->group(roles);
+  app.add_option("--token-file", a.token_file, "file holding the cluster token (default: $LAMINAR_TOKEN)")->group(roles);
+  app.add_option("--host", a.host, "address this process listens on; auto: its first non-loopback IPv4 address")
+      ->group(roles);
+  app.add_option("--actor", a.actor, "the actor's address (default: read from --dir)")->group(roles);
+  app.add_option("--relay", a.relays, "a relay's address, preferred first (default: read from --dir)")->group(roles);
+  app.add_option("--warm", a.warm, "the actor: warmed-up weights (default: it warms up itself)")->group(roles);
   app.add_option("--run-schedule", a.run_schedule, "")->group("");
 }
 
@@ -74,7 +87,9 @@ std::vector<std::string> settings_args(const Settings& s) {
           fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false", "--device", s.device,
           "--pace-model", s.pacing.model, "--pace-gpu", s.pacing.gpu, "--pace-tokens",
           fmt::format("{}", s.pacing.tokens), "--pace-speedup", fmt::format("{}", s.pacing.speedup),
-          "--lr-warmup-steps", std::to_string(s.lr_warmup_steps)};
+          "--lr-warmup-steps", std::to_string(s.lr_warmup_steps), "--workers", std::to_string(s.workers),
+          "--relays", std::to_string(s.relays), "--warmup-steps", std::to_string(s.warmup_steps),
+          "--warmup-batch", std::to_string(s.warmup_batch)};
 }
 
 }  // namespace async_grpo

@@ -65,22 +65,29 @@ struct Settings {
 };
 
 // Role-only arguments.
+// How one process of the run finds its role and the others. Every role meets the others in `dir`,
+// the run's directory (each writes <name>.addr there and reads the addresses it needs), unless
+// --actor and --relay name them.
 struct RoleArgs {
-  std::string role;
-  int index = 0;
+  std::string role;  // actor, relay, rollout, or auto: from rank (assign_role in roles.h)
+  int index = 0;     // relay-<index> or rollout-<index>
+  int rank = -1;     // --role auto: this process's rank; -1: $SLURM_PROCID, else $RANK
+  int world = -1;    // --role auto: the processes of the run; -1: $SLURM_NTASKS, else $WORLD_SIZE
   std::string dir;
-  std::string token;
-  std::string actor;                // actor's address
-  std::vector<std::string> relays;  // relay addresses, preferred first
-  std::string warm;                 // warmed-up weights file
-  std::string run_schedule;         // sync, one-step, areal or laminar
+  std::string token_file;           // the cluster token; empty: $LAMINAR_TOKEN
+  std::string token;                // read from token_file or the environment, never the command line
+  std::string host = "127.0.0.1";   // where this process listens; auto: its first non-loopback IPv4 address
+  std::string actor;                // actor's address; empty: <dir>/actor.addr
+  std::vector<std::string> relays;  // relay addresses, preferred first; empty: <dir>/relay-<i>.addr
+  std::string warm;                 // warmed-up weights file; empty: the actor warms up itself
+  std::string run_schedule;         // sync, one-step, areal or laminar; empty: --schedule
 };
 
 // Every setting as an option of `app`, and the role-only arguments as options --help leaves out.
 void add_options(CLI::App& app, Settings& s, RoleArgs& a);
 
 // The settings the roles' processes read, as the arguments the launcher starts each one with (the
-// launcher's own, such as --workers and --out, stay out).
+// launcher's own, such as --out and --seeds, stay out).
 std::vector<std::string> settings_args(const Settings& s);
 
 }  // namespace async_grpo
