@@ -1,8 +1,9 @@
 // The run across emulated hosts: the actor, the relay and the rollout workers each in a network
 // namespace of their own (tests/support/process.h's NetnsSwitch), every link limited to 1 Gbit/s,
-// UCX over tcp only, each process started on its own (--role, --host, the run's directory). The
-// relay is SIGKILLed once training is under way: the workers fail over to the actor and keep
-// pulling. Root only; skipped with LAMINAR_SKIP_CODE otherwise.
+// UCX over tcp only, each process started on its own (--role, --host, the run's directory). Faults
+// once training is under way: the relay SIGKILLed (the workers fail over to the actor and keep
+// pulling); a rollout host cut off for longer than a lease, then back (its samples are handed out
+// again, nothing is trained twice). Root only; skipped with LAMINAR_SKIP_CODE otherwise.
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,9 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "process.h"
@@ -35,70 +39,172 @@ std::map<std::uint64_t, std::string> hashes(const fs::path& file) {
   return out;
 }
 
-}  // namespace
+// The processes of one run, each on the host (namespace) it is given.
+struct Run {
+  NetnsSwitch& net;
+  fs::path dir;
+  std::vector<std::string> settings;
 
-TEST_CASE("async_grpo across hosts: three namespaces on 1 Gbit/s links, the relay killed mid-run") {
-  auto net = NetnsSwitch::create("lmag", 3, 1000);
+  ChildProcess start(std::vector<std::string> args, int host) {
+    args.insert(args.end(), {"--host", net.address(host), "--dir", dir.string()});
+    args.insert(args.end(), settings.begin(), settings.end());
+    auto child = ChildProcess::spawn({.program = ASYNC_GRPO_BINARY,
+                                      .args = args,
+                                      .env = {{"LAMINAR_TOKEN", "async-grpo-hosts-test-token"}},
+                                      .netns = net.name(host),
+                                      .force_tcp = true});
+    REQUIRE(child.ok());
+    return std::move(*child);
+  }
+};
+
+NetnsSwitch network(int hosts) {
+  auto net = NetnsSwitch::create("lmag", hosts, 1000);
   if (!net.ok()) {
     std::printf("skipped: %s\n", net.status().to_string().c_str());
     std::exit(LAMINAR_SKIP_CODE);
   }
-  const fs::path dir = fs::temp_directory_path() / ("async-grpo-hosts-" + std::to_string(::getpid()));
+  return std::move(*net);
+}
+
+fs::path run_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("async-grpo-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
+  return dir;
+}
+
+// The actor's lines up to its step count, the last it prints before it waits for the workers.
+// `at_step(n)` sees each "progress n ..." line; `at(deadline, action)` runs `action` once at
+// `deadline`, whether or not the actor prints anything by then.
+struct ActorLines {
+  ChildProcess& actor;
+  std::function<void(int)> at_step = [](int) {};
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  std::function<void()> action = nullptr;
+
+  std::vector<std::string> read() {
+    std::vector<std::string> checks;
+    for (;;) {
+      const auto now = std::chrono::steady_clock::now();
+      const auto wait = deadline > now + 180s ? std::chrono::milliseconds(180s)
+                                               : std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+      auto line = actor.read_line(std::max(wait, std::chrono::milliseconds(0)));
+      if (!line.ok() && line.status().code() == laminar::StatusCode::kDeadlineExceeded && action) {
+        std::exchange(action, nullptr)();
+        deadline = std::chrono::steady_clock::time_point::max();
+        continue;
+      }
+      REQUIRE(line.ok());
+      if (line->rfind("progress ", 0) == 0) at_step(std::atoi(line->c_str() + 9));
+      if (line->rfind("check ", 0) == 0 || line->rfind("dispatch ", 0) == 0) checks.push_back(*line);
+      if (line->rfind("steps ", 0) == 0) return checks;
+    }
+  }
+};
+
+void all_ok(const std::vector<std::string>& lines) {
+  int checks = 0;
+  for (const std::string& c : lines) {
+    if (c.rfind("check ", 0) != 0) continue;
+    ++checks;
+    INFO(c);
+    CHECK(c.find(" ok ") != std::string::npos);
+  }
+  CHECK(checks >= 5);
+}
+
+}  // namespace
+
+TEST_CASE("async_grpo across hosts: three namespaces on 1 Gbit/s links, the relay killed mid-run") {
+  NetnsSwitch net = network(3);
   const int workers = 3;
-  const std::vector<std::string> run = {"--dir", dir.string(), "--schedule", "laminar", "--workers",
-                                        std::to_string(workers), "--relays", "1", "--steps", "12",
-                                        "--warmup-steps", "20", "--groups-per-step", "4"};
-  auto start = [&](std::vector<std::string> args, int host) {
-    args.insert(args.end(), {"--host", net->address(host)});
-    args.insert(args.end(), run.begin(), run.end());
-    auto child = ChildProcess::spawn({.program = ASYNC_GRPO_BINARY,
-                                      .args = args,
-                                      .env = {{"LAMINAR_TOKEN", "async-grpo-hosts-test-token"}},
-                                      .netns = net->name(host),
-                                      .force_tcp = true});
-    REQUIRE(child.ok());
-    return std::move(*child);
-  };
-  ChildProcess actor = start({"--role", "actor"}, 0);
-  ChildProcess relay = start({"--role", "relay", "--index", "0"}, 1);
+  Run run{net, run_dir("hosts"),
+          {"--schedule", "laminar", "--workers", std::to_string(workers), "--relays", "1", "--steps", "12",
+           "--warmup-steps", "20", "--groups-per-step", "4"}};
+  ChildProcess actor = run.start({"--role", "actor"}, 0);
+  ChildProcess relay = run.start({"--role", "relay", "--index", "0"}, 1);
   std::vector<ChildProcess> rollouts;
-  for (int w = 0; w < workers; ++w) rollouts.push_back(start({"--role", "rollout", "--index", std::to_string(w)}, 2));
+  for (int w = 0; w < workers; ++w) rollouts.push_back(run.start({"--role", "rollout", "--index", std::to_string(w)}, 2));
 
   // The relay dies once the actor has trained three steps, while versions keep coming.
-  std::vector<std::string> checks;
   bool killed = false;
-  for (;;) {
-    auto line = actor.read_line(120s);
-    REQUIRE(line.ok());
-    if (!killed && line->rfind("progress 3 ", 0) == 0) {
-      relay.kill(SIGKILL);
-      killed = true;
-    }
-    if (line->rfind("check ", 0) == 0) checks.push_back(*line);
-    if (line->rfind("steps ", 0) == 0) break;
-  }
+  const std::vector<std::string> checks = ActorLines{.actor = actor, .at_step = [&](int step) {
+                                                       if (step == 3 && !killed) {
+                                                         relay.kill(SIGKILL);
+                                                         killed = true;
+                                                       }
+                                                     }}.read();
   REQUIRE(killed);
   for (ChildProcess& r : rollouts) CHECK(r.wait(120s).value() == 0);
   CHECK(actor.wait(120s).value() == 0);
   CHECK(relay.wait(10s).value() == 128 + SIGKILL);
+  all_ok(checks);
 
-  for (const std::string& c : checks) {
-    INFO(c);
-    CHECK(c.find(" ok ") != std::string::npos);
-  }
-  CHECK(checks.size() >= 5);
   // Every version a worker pulled, before and after the relay died, is the actor's bit for bit.
   // The relay died with version 4 published (the first is published before step 1): each worker
   // takes new samples only on the newest weights, so each pulled a later one, from the actor.
-  const auto published = hashes(dir / "published.txt");
+  const auto published = hashes(run.dir / "published.txt");
   REQUIRE_FALSE(published.empty());
   for (int w = 0; w < workers; ++w) {
-    const auto pulled = hashes(dir / ("weights-rollout-" + std::to_string(w) + ".txt"));
+    const auto pulled = hashes(run.dir / ("weights-rollout-" + std::to_string(w) + ".txt"));
     INFO("rollout-" << w);
     REQUIRE_FALSE(pulled.empty());
     for (const auto& [v, h] : pulled) CHECK(published.at(v) == h);
     CHECK(pulled.rbegin()->first > 4);
   }
-  fs::remove_all(dir);
+  fs::remove_all(run.dir);
+}
+
+TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lease, then back") {
+  // The actor, the relay, rollout-0 alone, rollouts 1 and 2.
+  NetnsSwitch net = network(4);
+  const int workers = 3;
+  Run run{net, run_dir("cut"),
+          {"--schedule", "laminar", "--workers", std::to_string(workers), "--relays", "1", "--steps", "60",
+           "--warmup-steps", "20", "--groups-per-step", "4"}};
+  ChildProcess actor = run.start({"--role", "actor"}, 0);
+  ChildProcess relay = run.start({"--role", "relay", "--index", "0"}, 1);
+  std::vector<ChildProcess> rollouts;
+  for (int w = 0; w < workers; ++w)
+    rollouts.push_back(run.start({"--role", "rollout", "--index", std::to_string(w)}, w == 0 ? 2 : 3));
+
+  // Off the network for 12 s of the run, against the actor's 10 s lease; the others train on.
+  bool restored = false;
+  ActorLines lines{.actor = actor};
+  lines.at_step = [&](int step) {
+    if (step != 3 || lines.action) return;
+    REQUIRE(net.link_down(2).ok());
+    lines.deadline = std::chrono::steady_clock::now() + 12s;
+    lines.action = [&] {
+      REQUIRE(net.link_up(2).ok());
+      restored = true;
+    };
+  };
+  const std::vector<std::string> checks = lines.read();
+  // The run may end before the link is back (the lost worker's samples went to the others); the
+  // fault still lasts its 12 s, then the worker comes back to a finished run.
+  if (lines.action) {
+    std::this_thread::sleep_until(lines.deadline);
+    std::exchange(lines.action, nullptr)();
+  }
+  REQUIRE(restored);
+  // The cut-off worker goes on after it is back: what it finished meanwhile is pushed, and what was
+  // handed out again and delivered by another is refused, not trained twice.
+  std::string finished;
+  for (auto line = rollouts[0].read_line(120s); line.ok(); line = rollouts[0].read_line(120s)) finished = *line;
+  std::printf("%s\n", finished.c_str());
+  CHECK(finished.rfind("rollout-0 finished: ", 0) == 0);
+  for (ChildProcess& r : rollouts) CHECK(r.wait(120s).value() == 0);
+  CHECK(actor.wait(120s).value() == 0);
+  CHECK(relay.wait(30s).value() == 0);
+  all_ok(checks);
+  // The dispatcher lost the worker and handed its samples out again.
+  std::string dispatch;
+  for (const std::string& l : checks)
+    if (l.rfind("dispatch ", 0) == 0) dispatch = l;
+  std::printf("%s\n", dispatch.c_str());
+  INFO(dispatch);
+  CHECK(dispatch.find("\"lost_workers\":0,") == std::string::npos);
+  CHECK(dispatch.find("\"reissued\":0,") == std::string::npos);
+  fs::remove_all(run.dir);
 }

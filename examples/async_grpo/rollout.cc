@@ -182,8 +182,9 @@ class Rollout {
     // Leaving with the final version still arriving would free memory its relay writes into.
     if (Status w = store_->wait_for_version(laminar::Version(final_version(a_.dir)), 30s); !w.ok())
       return fail(who_, "final version", w);
-    std::printf("%s finished: %llu trajectories pushed, %llu pulls\n", who_.c_str(),
-                static_cast<unsigned long long>(pushed_), static_cast<unsigned long long>(pulls_));
+    std::printf("%s finished: %llu trajectories pushed, %llu refused as already delivered, %llu pulls\n",
+                who_.c_str(), static_cast<unsigned long long>(pushed_), static_cast<unsigned long long>(refused_),
+                static_cast<unsigned long long>(pulls_));
     return 0;
   }
 
@@ -571,7 +572,11 @@ class Rollout {
       const std::uint64_t id = t.id.value();
       Status st = producer_->push(std::move(t));
       // A sample handed out again after this worker looked lost is already in the queue.
-      if (!st.ok() && st.code() != laminar::StatusCode::kAlreadyExists) return st;
+      if (st.code() == laminar::StatusCode::kAlreadyExists) {
+        ++refused_;
+      } else if (!st.ok()) {
+        return st;
+      }
       if (moved_.contains(id)) moved_log_->write(fmt::format("push {}", id));
       ++pushed_;
     }
@@ -613,6 +618,7 @@ class Rollout {
   std::int64_t decode_start_ = 0;
   std::uint64_t decode_tokens_ = 0, decode_max_seqs_ = 0;
   std::uint64_t pushed_ = 0, pulls_ = 0;
+  std::uint64_t refused_ = 0;  // pushes the queue refused: it already held the sample
 };
 
 }  // namespace

@@ -405,6 +405,7 @@ Result<NetnsSwitch> NetnsSwitch::create(const std::string& prefix, int hosts, st
     const std::string switch_end = fmt::format("{}{}s{}", prefix, h, id);
     LAMINAR_RETURN_IF_ERROR(run_ip({"netns", "add", ns}));
     net.hosts_.push_back(ns);
+    net.host_ends_.push_back(host_end);
     LAMINAR_RETURN_IF_ERROR(run_ip({"link", "add", host_end, "netns", ns, "type", "veth", "peer", "name",
                                     switch_end, "netns", net.switch_}));
     LAMINAR_RETURN_IF_ERROR(run_ip({"-n", ns, "addr", "add", net.address(h) + "/24", "dev", host_end}));
@@ -431,8 +432,22 @@ NetnsSwitch& NetnsSwitch::operator=(NetnsSwitch&& other) noexcept {
     destroy();
     switch_ = std::exchange(other.switch_, {});
     hosts_ = std::exchange(other.hosts_, {});
+    host_ends_ = std::exchange(other.host_ends_, {});
   }
   return *this;
+}
+
+Status NetnsSwitch::link_down(int host) {
+  if (host < 0 || host >= hosts()) return invalid_argument(fmt::format("link_down: no host {}", host));
+  return run_ip({"-n", hosts_[host], "link", "set", host_ends_[host], "down"});
+}
+
+Status NetnsSwitch::link_up(int host) {
+  if (host < 0 || host >= hosts()) return invalid_argument(fmt::format("link_up: no host {}", host));
+  LAMINAR_RETURN_IF_ERROR(run_ip({"-n", hosts_[host], "link", "set", host_ends_[host], "up"}));
+  if (!eventually([&] { return has_carrier(hosts_[host], host_ends_[host]); }, std::chrono::seconds(5)))
+    return unavailable(fmt::format("veth {} has no carrier 5 s after link_up", host_ends_[host]));
+  return ok_status();
 }
 
 NetnsSwitch::~NetnsSwitch() { destroy(); }

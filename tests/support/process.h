@@ -135,12 +135,17 @@ class NetnsSwitch {
   int hosts() const noexcept { return static_cast<int>(hosts_.size()); }
   const std::string& name(int host) const { return hosts_[host]; }
   std::string address(int host) const;
+  // Cuts / restores `host`'s link to the switch (its veth end, down or up): the host is off the
+  // network, its processes still run. link_up returns once the link has its carrier back.
+  Status link_down(int host);
+  Status link_up(int host);
 
  private:
   NetnsSwitch() = default;
   void destroy() noexcept;
   std::string switch_;
   std::vector<std::string> hosts_;
+  std::vector<std::string> host_ends_;  // each host's veth end, in its namespace
 };
 
 // True when this process may create network namespaces (root and `ip netns` works).
