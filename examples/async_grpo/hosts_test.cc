@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <thread>
@@ -30,6 +31,8 @@ using namespace std::chrono_literals;
 namespace {
 
 // "version hash" lines: the actor's published.txt, each worker's weights-rollout-<i>.txt.
+double ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
 std::map<std::uint64_t, std::string> hashes(const fs::path& file) {
   std::map<std::uint64_t, std::string> out;
   std::ifstream f(file);
@@ -74,6 +77,7 @@ fs::path run_dir(const std::string& name) {
 }
 
 // The actor's lines up to its step count, the last it prints before it waits for the workers.
+// The recovery times this prints are the ones bench/README.md reports.
 // `at_step(n)` sees each "progress n ..." line; `at(deadline, action)` runs `action` once at
 // `deadline`, whether or not the actor prints anything by then.
 struct ActorLines {
@@ -81,6 +85,7 @@ struct ActorLines {
   std::function<void(int)> at_step = [](int) {};
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   std::function<void()> action = nullptr;
+  std::vector<std::chrono::steady_clock::time_point> step_at = {};  // when each "progress" line came
 
   std::vector<std::string> read() {
     std::vector<std::string> checks;
@@ -95,7 +100,10 @@ struct ActorLines {
         continue;
       }
       REQUIRE(line.ok());
-      if (line->rfind("progress ", 0) == 0) at_step(std::atoi(line->c_str() + 9));
+      if (line->rfind("progress ", 0) == 0) {
+        step_at.push_back(std::chrono::steady_clock::now());
+        at_step(std::atoi(line->c_str() + 9));
+      }
       if (line->rfind("check ", 0) == 0 || line->rfind("dispatch ", 0) == 0) checks.push_back(*line);
       if (line->rfind("steps ", 0) == 0) return checks;
     }
@@ -128,13 +136,17 @@ TEST_CASE("async_grpo across hosts: three namespaces on 1 Gbit/s links, the rela
 
   // The relay dies once the actor has trained three steps, while versions keep coming.
   bool killed = false;
-  const std::vector<std::string> checks = ActorLines{.actor = actor, .at_step = [&](int step) {
-                                                       if (step == 3 && !killed) {
-                                                         relay.kill(SIGKILL);
-                                                         killed = true;
-                                                       }
-                                                     }}.read();
+  ActorLines lines{.actor = actor, .at_step = [&](int step) {
+                     if (step == 3 && !killed) {
+                       relay.kill(SIGKILL);
+                       killed = true;
+                     }
+                   }};
+  const std::vector<std::string> checks = lines.read();
   REQUIRE(killed);
+  REQUIRE(lines.step_at.size() > 3);
+  std::printf("relay killed after step 3: step 4 trained %.0f ms later (step 3 took %.0f ms)\n",
+              ms(lines.step_at[3] - lines.step_at[2]), ms(lines.step_at[2] - lines.step_at[1]));
   for (ChildProcess& r : rollouts) CHECK(r.wait(120s).value() == 0);
   CHECK(actor.wait(120s).value() == 0);
   CHECK(relay.wait(10s).value() == 128 + SIGKILL);
@@ -181,6 +193,15 @@ TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lea
     };
   };
   const std::vector<std::string> checks = lines.read();
+  {
+    // Steps 4 on trained while the host was off the network: the longest gap between two of them.
+    double longest = 0, before = 0;
+    for (std::size_t i = 1; i < lines.step_at.size(); ++i)
+      (i < 3 ? before : longest) = std::max(i < 3 ? before : longest, ms(lines.step_at[i] - lines.step_at[i - 1]));
+    std::printf("rollout host cut off after step 3 for 12 s: %zu steps trained in all, longest gap between steps "
+                "%.0f ms (before the cut %.0f ms)\n",
+                lines.step_at.size(), longest, before);
+  }
   // The run may end before the link is back (the lost worker's samples went to the others); the
   // fault still lasts its 12 s, then the worker comes back to a finished run.
   if (lines.action) {
