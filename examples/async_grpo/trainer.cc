@@ -435,6 +435,64 @@ laminar::Status Trainer::save_weights(std::span<std::byte> flat) const {
   return laminar::ok_status();
 }
 
+laminar::Status Trainer::save_checkpoint(const std::filesystem::path& path, std::uint64_t version) const {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  auto saved = guarded("Trainer::save_checkpoint", [&]() -> laminar::Status {
+    torch::NoGradGuard no_grad;
+    torch::serialize::OutputArchive archive;
+    const auto entries = impl_->manifest.entries();
+    for (std::size_t i = 0; i < entries.size(); ++i) archive.write("weights." + entries[i].name, impl_->params[i]);
+    archive.write("train_steps", torch::tensor(impl_->train_steps, torch::kInt64));
+    archive.write("version", torch::tensor(std::int64_t(version), torch::kInt64));
+    torch::serialize::OutputArchive adam;
+    impl_->adam->save(adam);
+    archive.write("adam", adam);
+    archive.save_to(tmp.string());
+    return laminar::ok_status();
+  });
+  if (!saved.ok()) return laminar::unavailable("cannot write checkpoint " + tmp.string() + ": " + saved.message());
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return laminar::unavailable("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  return laminar::ok_status();
+}
+
+laminar::Result<std::uint64_t> Trainer::load_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return laminar::not_found("no checkpoint at " + path.string());
+  // Everything is read and checked before anything changes: the weights into new tensors, Adam's
+  // state into a new optimizer over the same parameters.
+  auto loaded = guarded("Trainer::load_checkpoint", [&]() -> laminar::Result<std::uint64_t> {
+    torch::NoGradGuard no_grad;
+    torch::serialize::InputArchive archive;
+    archive.load_from(path.string());
+    const auto entries = impl_->manifest.entries();
+    std::vector<torch::Tensor> weights(entries.size());
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      archive.read("weights." + entries[i].name, weights[i]);
+      if (!weights[i].sizes().equals(impl_->params[i].sizes()) || weights[i].scalar_type() != torch::kFloat32) {
+        return laminar::data_loss(path.string() + ": " + entries[i].name + " has another shape than the policy's");
+      }
+    }
+    torch::Tensor steps, version;
+    archive.read("train_steps", steps);
+    archive.read("version", version);
+    torch::serialize::InputArchive adam_archive;
+    archive.read("adam", adam_archive);
+    auto adam = std::make_unique<torch::optim::Adam>(
+        impl_->params, static_cast<const torch::optim::AdamOptions&>(impl_->adam->defaults()));
+    adam->load(adam_archive);
+    for (std::size_t i = 0; i < entries.size(); ++i) impl_->params[i].copy_(weights[i]);
+    impl_->adam = std::move(adam);
+    impl_->train_steps = steps.item<std::int64_t>();
+    return std::uint64_t(version.item<std::int64_t>());
+  });
+  if (!loaded.ok() && loaded.status().code() == laminar::StatusCode::kInternal) {
+    return laminar::data_loss(path.string() + " is not a whole checkpoint of this policy: " + loaded.status().message());
+  }
+  return loaded;
+}
+
 laminar::Result<std::vector<std::vector<float>>> Trainer::log_probs(
     std::span<const laminar::Trajectory> batch) const {
   std::vector<std::span<const std::int32_t>> prompts, responses;

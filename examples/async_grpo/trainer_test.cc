@@ -7,7 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "policy_config.h"
@@ -384,4 +388,52 @@ TEST_CASE("grpo trainer: GRPO on its own samples raises the reward after a warm-
   for (double r : rewards) std::printf(" %.2f", r);
   std::printf("\n");
   CHECK(end > start + 0.05);  // seeds 1-4 and 17 rose by 0.08 to 0.14
+}
+
+TEST_CASE("grpo trainer: a trainer restored from a checkpoint takes the same next step, bit for bit") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("laminar-checkpoint-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // A ramp, so that the step count matters too; two groups, so that each has an advantage.
+  TrainerOptions o;
+  o.learning_rate_warmup_steps = 4;
+  std::vector<laminar::Trajectory> batch = {trajectory(0, 1.0f), trajectory(0, 0.0f), trajectory(1, 1.0f),
+                                            trajectory(1, 0.5f)};
+  batch[1].response_tokens = {3, 1, async_grpo::kEos};
+  batch[3].response_tokens = {1, async_grpo::kEos, async_grpo::kEos};
+  auto a = make_trainer(3, o);
+  for (int i = 0; i < 2; ++i) REQUIRE(a->train_step(batch).ok());
+  REQUIRE(a->save_checkpoint(dir / "ckpt", 7).ok());
+  CHECK_FALSE(std::filesystem::exists(dir / "ckpt.tmp"));
+  REQUIRE(a->train_step(batch).ok());
+
+  auto b = make_trainer(4, o);  // other weights, no moments, no steps
+  REQUIRE(saved(*b) != saved(*a));
+  auto version = b->load_checkpoint(dir / "ckpt");
+  REQUIRE(version.ok());
+  CHECK(*version == 7);
+  REQUIRE(b->train_step(batch).ok());
+  CHECK(saved(*b) == saved(*a));
+
+  // What is not a checkpoint of this policy leaves the trainer as it was.
+  const auto before = saved(*b);
+  CHECK(b->load_checkpoint(dir / "none").status().code() == laminar::StatusCode::kNotFound);
+  std::ofstream(dir / "garbage") << "not a checkpoint";
+  CHECK(b->load_checkpoint(dir / "garbage").status().code() == laminar::StatusCode::kDataLoss);
+  {
+    // Cut short, as by a full disk.
+    const auto size = std::filesystem::file_size(dir / "ckpt");
+    std::filesystem::copy_file(dir / "ckpt", dir / "short");
+    std::filesystem::resize_file(dir / "short", size / 2);
+    CHECK(b->load_checkpoint(dir / "short").status().code() == laminar::StatusCode::kDataLoss);
+  }
+  TrainerOptions wide;
+  wide.policy.d_model = 256;
+  REQUIRE(make_trainer(5, wide)->save_checkpoint(dir / "wide", 1).ok());
+  const auto other = b->load_checkpoint(dir / "wide");
+  CHECK(other.status().code() == laminar::StatusCode::kDataLoss);
+  CHECK_THAT(other.status().message(), Catch::Contains("embed"));
+  CHECK(saved(*b) == before);
+  std::filesystem::remove_all(dir);
 }
