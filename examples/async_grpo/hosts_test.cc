@@ -3,7 +3,8 @@
 // UCX over tcp only, each process started on its own (--role, --host, the run's directory). Faults
 // once training is under way: the relay SIGKILLed (the workers fail over to the actor and keep
 // pulling); a rollout host cut off for longer than a lease, then back (its samples are handed out
-// again, nothing is trained twice). Root only; skipped with LAMINAR_SKIP_CODE otherwise.
+// again, nothing is trained twice); the actor stopped for longer than a lease (the workers connect
+// again and go on). Root only; skipped with LAMINAR_SKIP_CODE otherwise.
 #include <signal.h>
 #include <unistd.h>
 
@@ -78,8 +79,8 @@ fs::path run_dir(const std::string& name) {
 
 // The actor's lines up to its step count, the last it prints before it waits for the workers.
 // The recovery times this prints are the ones bench/README.md reports.
-// `at_step(n)` sees each "progress n ..." line; `at(deadline, action)` runs `action` once at
-// `deadline`, whether or not the actor prints anything by then.
+// `at_step(n)` sees each "progress n ..." line; `action` runs once at `deadline`, whether or not
+// the actor prints anything by then, and may set the next of both.
 struct ActorLines {
   ChildProcess& actor;
   std::function<void(int)> at_step = [](int) {};
@@ -95,8 +96,9 @@ struct ActorLines {
                                                : std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
       auto line = actor.read_line(std::max(wait, std::chrono::milliseconds(0)));
       if (!line.ok() && line.status().code() == laminar::StatusCode::kDeadlineExceeded && action) {
-        std::exchange(action, nullptr)();
+        // The action may set the next deadline and action.
         deadline = std::chrono::steady_clock::time_point::max();
+        std::exchange(action, nullptr)();
         continue;
       }
       REQUIRE(line.ok());
@@ -180,16 +182,21 @@ TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lea
   for (int w = 0; w < workers; ++w)
     rollouts.push_back(run.start({"--role", "rollout", "--index", std::to_string(w)}, w == 0 ? 2 : 3));
 
-  // Off the network for 12 s of the run, against the actor's 10 s lease; the others train on.
+  // Off the network for 20 s, twice the actor's lease, from the middle of step 4 (at a step's end a
+  // worker may hold nothing, pulling the new version); the others train on.
+  constexpr auto kCut = 20s;
   bool restored = false;
   ActorLines lines{.actor = actor};
   lines.at_step = [&](int step) {
     if (step != 3 || lines.action) return;
-    REQUIRE(net.link_down(2).ok());
-    lines.deadline = std::chrono::steady_clock::now() + 12s;
+    lines.deadline = std::chrono::steady_clock::now() + 60ms;
     lines.action = [&] {
-      REQUIRE(net.link_up(2).ok());
-      restored = true;
+      REQUIRE(net.link_down(2).ok());
+      lines.deadline = std::chrono::steady_clock::now() + kCut;
+      lines.action = [&] {
+        REQUIRE(net.link_up(2).ok());
+        restored = true;
+      };
     };
   };
   const std::vector<std::string> checks = lines.read();
@@ -198,13 +205,13 @@ TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lea
     double longest = 0, before = 0;
     for (std::size_t i = 1; i < lines.step_at.size(); ++i)
       (i < 3 ? before : longest) = std::max(i < 3 ? before : longest, ms(lines.step_at[i] - lines.step_at[i - 1]));
-    std::printf("rollout host cut off after step 3 for 12 s: %zu steps trained in all, longest gap between steps "
+    std::printf("rollout host cut off in step 4 for 20 s: %zu steps trained in all, longest gap between steps "
                 "%.0f ms (before the cut %.0f ms)\n",
                 lines.step_at.size(), longest, before);
   }
   // The run may end before the link is back (the lost worker's samples went to the others); the
-  // fault still lasts its 12 s, then the worker comes back to a finished run.
-  if (lines.action) {
+  // fault still lasts its time, then the worker comes back to a finished run.
+  while (lines.action) {
     std::this_thread::sleep_until(lines.deadline);
     std::exchange(lines.action, nullptr)();
   }
@@ -227,5 +234,59 @@ TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lea
   INFO(dispatch);
   CHECK(dispatch.find("\"lost_workers\":0,") == std::string::npos);
   CHECK(dispatch.find("\"reissued\":0,") == std::string::npos);
+  fs::remove_all(run.dir);
+}
+
+TEST_CASE("async_grpo across hosts: the actor stopped for longer than a lease, then continued") {
+  NetnsSwitch net = network(3);
+  const int workers = 3;
+  Run run{net, run_dir("stop"),
+          {"--schedule", "laminar", "--workers", std::to_string(workers), "--relays", "1", "--steps", "30",
+           "--warmup-steps", "20", "--groups-per-step", "4"}};
+  ChildProcess actor = run.start({"--role", "actor"}, 0);
+  ChildProcess relay = run.start({"--role", "relay", "--index", "0"}, 1);
+  std::vector<ChildProcess> rollouts;
+  for (int w = 0; w < workers; ++w) rollouts.push_back(run.start({"--role", "rollout", "--index", std::to_string(w)}, 2));
+
+  // SIGSTOP in the middle of step 4 for 25 s: its connections stay up and answer nothing, so the
+  // workers' pushes and questions time out, and they connect again once it runs.
+  ActorLines lines{.actor = actor};
+  bool continued = false;
+  std::chrono::steady_clock::time_point continued_at{};
+  lines.at_step = [&](int step) {
+    if (step != 3 || lines.action) return;
+    lines.deadline = std::chrono::steady_clock::now() + 60ms;
+    lines.action = [&] {
+      REQUIRE(actor.stop(10s).ok());
+      // Past a producer's stall timeout (10 s) plus its ping period, and the dispatcher's lease.
+      lines.deadline = std::chrono::steady_clock::now() + 25s;
+      lines.action = [&] {
+        actor.kill(SIGCONT);
+        continued_at = std::chrono::steady_clock::now();
+        continued = true;
+      };
+    };
+  };
+  const std::vector<std::string> checks = lines.read();
+  REQUIRE(continued);
+  all_ok(checks);
+  const auto next = std::find_if(lines.step_at.begin(), lines.step_at.end(), [&](auto t) { return t > continued_at; });
+  REQUIRE(next != lines.step_at.end());
+  std::printf("actor stopped in step 4 for 25 s: its next step trained %.0f ms after it continued\n",
+              ms(*next - continued_at));
+  std::uint64_t reconnections = 0;
+  for (int w = 0; w < workers; ++w) {
+    std::string finished;
+    for (auto line = rollouts[std::size_t(w)].read_line(120s); line.ok(); line = rollouts[std::size_t(w)].read_line(120s))
+      if (line->rfind("rollout-", 0) == 0 && line->find(" finished: ") != std::string::npos) finished = *line;
+    std::printf("%s\n", finished.c_str());
+    const auto at = finished.find(" pulls, ");
+    REQUIRE(at != std::string::npos);
+    reconnections += std::strtoull(finished.c_str() + at + 8, nullptr, 10);
+  }
+  for (ChildProcess& r : rollouts) CHECK(r.wait(120s).value() == 0);
+  CHECK(actor.wait(120s).value() == 0);
+  CHECK(relay.wait(30s).value() == 0);
+  CHECK(reconnections >= 1);
   fs::remove_all(run.dir);
 }

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -167,14 +168,27 @@ class Rollout {
     auto puller = laminar::WeightPuller::create(store_);
     if (!puller.ok()) return fail(who_, "puller", puller.status());
     puller_ = std::move(*puller);
-    auto client = laminar::DispatchClient::create(transport_, {.worker = laminar::WorkerId(std::uint32_t(a_.index)),
-                                                               .server = a_.actor,
-                                                               .on_answer = [this] { wake(); }});
-    if (!client.ok()) return fail(who_, "dispatch client", client.status());
-    client_ = std::move(*client);
+    // The actor may be out of reach for a while here too (stopped, its host cut off): this worker
+    // tries again as its loop does; the producer is made again when the first push needs it.
+    for (;;) {
+      auto client = laminar::DispatchClient::create(transport_, {.worker = laminar::WorkerId(std::uint32_t(a_.index)),
+                                                                 .server = a_.actor,
+                                                                 .on_answer = [this] { wake(); }});
+      if (client.ok()) {
+        client_ = std::move(*client);
+        in_reach();
+        break;
+      }
+      if (!transient(client.status())) return fail(who_, "dispatch client", client.status());
+      if (Status st = out_of_reach(client.status()); !st.ok()) return fail(who_, "dispatch client", st);
+      std::this_thread::sleep_until(retry_at_);
+    }
     auto producer = laminar::RemoteProducer::create(transport_, a_.actor);
-    if (!producer.ok()) return fail(who_, "producer", producer.status());
-    producer_ = std::move(*producer);
+    if (producer.ok()) {
+      producer_ = std::move(*producer);
+    } else if (!transient(producer.status())) {
+      return fail(who_, "producer", producer.status());
+    }
 
     Status st = loop();
     flush_decode();
@@ -182,9 +196,10 @@ class Rollout {
     // Leaving with the final version still arriving would free memory its relay writes into.
     if (Status w = store_->wait_for_version(laminar::Version(final_version(a_.dir)), 30s); !w.ok())
       return fail(who_, "final version", w);
-    std::printf("%s finished: %llu trajectories pushed, %llu refused as already delivered, %llu pulls\n",
+    std::printf("%s finished: %llu trajectories pushed, %llu refused as already delivered, %llu pulls, "
+                "%llu reconnections\n",
                 who_.c_str(), static_cast<unsigned long long>(pushed_), static_cast<unsigned long long>(refused_),
-                static_cast<unsigned long long>(pulls_));
+                static_cast<unsigned long long>(pulls_), static_cast<unsigned long long>(reconnects_));
     return 0;
   }
 
@@ -207,9 +222,17 @@ class Rollout {
         for (laminar::MigrationEvent& e : *events) LAMINAR_RETURN_IF_ERROR(handle(e));
       }
       // Answers first, so that a question answered is asked again below before the loop sleeps.
+      LAMINAR_RETURN_IF_ERROR(push_unpushed());
       Result<std::vector<laminar::Grant>> grants = asker.answers();
-      // After the run the actor leaves, and with it the dispatcher.
-      if (!grants.ok()) return final_version(a_.dir) > 0 ? laminar::ok_status() : grants.status();
+      if (!grants.ok()) {
+        // After the run the actor leaves, and with it the dispatcher.
+        if (final_version(a_.dir) > 0) return laminar::ok_status();
+        if (!transient(grants.status())) return grants.status();
+        LAMINAR_RETURN_IF_ERROR(out_of_reach(grants.status()));
+        grants = std::vector<laminar::Grant>{};
+      } else if (!grants->empty()) {
+        in_reach();
+      }
       for (laminar::Grant& grant : *grants) {
         for (laminar::TrajectoryId id : grant.drop) drop(id);
         if (grant.kind == laminar::GrantKind::kPullNewer) want = grant.pull_version;
@@ -229,11 +252,13 @@ class Rollout {
       asker.give_back(std::exchange(returned_, {}));
       std::vector<laminar::TrajectoryId> held;
       for (const Live& l : live_) held.push_back(l.seq.trajectory);
-      asker.ask({.version = laminar::Version(current()),
-                 .taking = taking_,
-                 .room = live_.size() < std::size_t(s_.max_live) ? std::uint32_t(s_.max_live - int(live_.size())) : 0,
-                 .idle = idle(),
-                 .held = std::move(held)});
+      // The next question reconnects first (DispatchClient::request), once it is time to try.
+      if (may_try())
+        asker.ask({.version = laminar::Version(current()),
+                   .taking = taking_,
+                   .room = live_.size() < std::size_t(s_.max_live) ? std::uint32_t(s_.max_live - int(live_.size())) : 0,
+                   .idle = idle(),
+                   .held = std::move(held)});
       if (!idle() && steppable()) {
         LAMINAR_RETURN_IF_ERROR(step());
         continue;
@@ -273,9 +298,75 @@ class Rollout {
     const std::shared_ptr<laminar::Clock> clock = laminar::Clock::steady();
     laminar::Duration until = laminar::deadline_after(*clock, kAskWait + 10s);
     if (driver_) until = std::min(until, driver_->poll_deadline());
+    if (!reachable_) {
+      const auto left = std::chrono::duration_cast<laminar::Duration>(retry_at_ - std::chrono::steady_clock::now());
+      until = std::min(until, laminar::deadline_after(*clock, std::max(left, laminar::Duration(0))));
+    }
     std::unique_lock l(wake_mu_);
     while (!woken_ && clock->now() < until) clock->wait_until(wake_cv_, l, until);
     woken_ = false;
+  }
+
+  // The actor out of reach: its host cut off, or it restarting. The worker decodes what it holds,
+  // keeps what it finishes, and tries again at doubling intervals up to 2 s; after
+  // kRendezvousTimeout without an answer it gives up.
+  static bool transient(const Status& st) {
+    return st.code() == laminar::StatusCode::kUnavailable || st.code() == laminar::StatusCode::kDeadlineExceeded;
+  }
+  Status out_of_reach(const Status& why) {
+    const auto now = std::chrono::steady_clock::now();
+    if (reachable_) {
+      reachable_ = false;
+      unreachable_since_ = now;
+      backoff_ = 100ms;
+      std::printf("%s: the actor is out of reach (%s); trying again\n", who_.c_str(), why.to_string().c_str());
+      std::fflush(stdout);
+    } else {
+      backoff_ = std::min<std::chrono::milliseconds>(backoff_ * 2, 2s);
+    }
+    if (now - unreachable_since_ > kRendezvousTimeout) return why;
+    retry_at_ = now + backoff_;
+    return laminar::ok_status();
+  }
+  void in_reach() {
+    if (reachable_) return;
+    reachable_ = true;
+    ++reconnects_;
+  }
+  bool may_try() const { return reachable_ || std::chrono::steady_clock::now() >= retry_at_; }
+
+  // Pushes what is finished, in order; a producer whose server vanished is made again first. The
+  // queue refuses a copy it holds already (a sample handed out again after this worker looked lost).
+  Status push_unpushed() {
+    while (!unpushed_.empty() && may_try()) {
+      if (!producer_) {
+        laminar::RemoteProducerOptions po;
+        po.connect_timeout = 2s;  // the loop decodes what it holds between tries
+        auto producer = laminar::RemoteProducer::create(transport_, a_.actor, po);
+        if (!producer.ok()) {
+          if (!transient(producer.status())) return producer.status();
+          return out_of_reach(producer.status());
+        }
+        producer_ = std::move(*producer);
+      }
+      laminar::Trajectory& t = unpushed_.front();
+      const std::uint64_t id = t.id.value();
+      Status st = producer_->push(std::move(t));
+      if (transient(st)) {
+        producer_.reset();  // closed: every later push of it fails
+        return out_of_reach(st);
+      }
+      if (st.code() == laminar::StatusCode::kAlreadyExists) {
+        ++refused_;
+      } else if (!st.ok()) {
+        return st;
+      }
+      in_reach();
+      unpushed_.pop_front();
+      if (moved_.contains(id)) moved_log_->write(fmt::format("push {}", id));
+      ++pushed_;
+    }
+    return laminar::ok_status();
   }
 
   // Whether a decode step has anything to do (or to push).
@@ -569,16 +660,8 @@ class Rollout {
       if (mixed) t.metadata = mixed_versions_json(l.versions);
       LAMINAR_RETURN_IF_ERROR(cache_->release(l.seq.sequence));
       live_.erase(live_.begin() + std::ptrdiff_t(i));
-      const std::uint64_t id = t.id.value();
-      Status st = producer_->push(std::move(t));
-      // A sample handed out again after this worker looked lost is already in the queue.
-      if (st.code() == laminar::StatusCode::kAlreadyExists) {
-        ++refused_;
-      } else if (!st.ok()) {
-        return st;
-      }
-      if (moved_.contains(id)) moved_log_->write(fmt::format("push {}", id));
-      ++pushed_;
+      unpushed_.push_back(std::move(t));
+      LAMINAR_RETURN_IF_ERROR(push_unpushed());
     }
     return laminar::ok_status();
   }
@@ -619,6 +702,11 @@ class Rollout {
   std::uint64_t decode_tokens_ = 0, decode_max_seqs_ = 0;
   std::uint64_t pushed_ = 0, pulls_ = 0;
   std::uint64_t refused_ = 0;  // pushes the queue refused: it already held the sample
+  std::deque<laminar::Trajectory> unpushed_;  // finished, not in the queue yet
+  bool reachable_ = true;
+  std::chrono::steady_clock::time_point unreachable_since_{}, retry_at_{};
+  std::chrono::milliseconds backoff_{100};
+  std::uint64_t reconnects_ = 0;  // times the actor was back in reach
 };
 
 }  // namespace
