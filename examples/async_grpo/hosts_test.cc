@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "process.h"
+#include "roles.h"
 
 using laminar::testing::ChildProcess;
 using laminar::testing::NetnsSwitch;
@@ -34,20 +35,33 @@ namespace {
 // "version hash" lines: the actor's published.txt, each worker's weights-rollout-<i>.txt.
 double ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-std::map<std::uint64_t, std::string> hashes(const fs::path& file) {
-  std::map<std::uint64_t, std::string> out;
-  std::ifstream f(file);
-  std::uint64_t v;
-  std::string h;
-  while (f >> v >> h) out[v] = h;
-  return out;
-}
-
-// The processes of one run, each on the host (namespace) it is given.
+// The processes of one run, each on the host (namespace) it is given: the short laminar
+// configuration, 3 workers and a relay, for `steps` steps.
 struct Run {
+  static constexpr int kWorkers = 3;
   NetnsSwitch& net;
   fs::path dir;
   std::vector<std::string> settings;
+
+  Run(NetnsSwitch& n, const std::string& name, int steps)
+      : net(n),
+        dir(fs::temp_directory_path() / ("async-grpo-" + name + "-" + std::to_string(::getpid()))),
+        settings({"--schedule", "laminar", "--workers", std::to_string(kWorkers), "--relays", "1", "--steps",
+                  std::to_string(steps), "--warmup-steps", "20", "--groups-per-step", "4"}) {
+    fs::remove_all(dir);
+  }
+
+  // The actor on host 0, the relay on host 1, rollout-w on rollout_host(w).
+  struct Processes {
+    ChildProcess actor, relay;
+    std::vector<ChildProcess> rollouts;
+  };
+  Processes start_all(const std::function<int(int)>& rollout_host) {
+    Processes p{start({"--role", "actor"}, 0), start({"--role", "relay", "--index", "0"}, 1), {}};
+    for (int w = 0; w < kWorkers; ++w)
+      p.rollouts.push_back(start({"--role", "rollout", "--index", std::to_string(w)}, rollout_host(w)));
+    return p;
+  }
 
   ChildProcess start(std::vector<std::string> args, int host) {
     args.insert(args.end(), {"--host", net.address(host), "--dir", dir.string()});
@@ -69,12 +83,6 @@ NetnsSwitch network(int hosts) {
     std::exit(LAMINAR_SKIP_CODE);
   }
   return std::move(*net);
-}
-
-fs::path run_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("async-grpo-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir;
 }
 
 // The actor's lines up to its step count, the last it prints before it waits for the workers.
@@ -127,14 +135,9 @@ void all_ok(const std::vector<std::string>& lines) {
 
 TEST_CASE("async_grpo across hosts: three namespaces on 1 Gbit/s links, the relay killed mid-run") {
   NetnsSwitch net = network(3);
-  const int workers = 3;
-  Run run{net, run_dir("hosts"),
-          {"--schedule", "laminar", "--workers", std::to_string(workers), "--relays", "1", "--steps", "12",
-           "--warmup-steps", "20", "--groups-per-step", "4"}};
-  ChildProcess actor = run.start({"--role", "actor"}, 0);
-  ChildProcess relay = run.start({"--role", "relay", "--index", "0"}, 1);
-  std::vector<ChildProcess> rollouts;
-  for (int w = 0; w < workers; ++w) rollouts.push_back(run.start({"--role", "rollout", "--index", std::to_string(w)}, 2));
+  const int workers = Run::kWorkers;
+  Run run(net, "hosts", 12);
+  auto [actor, relay, rollouts] = run.start_all([](int) { return 2; });
 
   // The relay dies once the actor has trained three steps, while versions keep coming.
   bool killed = false;
@@ -157,10 +160,10 @@ TEST_CASE("async_grpo across hosts: three namespaces on 1 Gbit/s links, the rela
   // Every version a worker pulled, before and after the relay died, is the actor's bit for bit.
   // The relay died with version 4 published (the first is published before step 1): each worker
   // takes new samples only on the newest weights, so each pulled a later one, from the actor.
-  const auto published = hashes(run.dir / "published.txt");
+  const auto published = async_grpo::read_hashes(run.dir / "published.txt");
   REQUIRE_FALSE(published.empty());
   for (int w = 0; w < workers; ++w) {
-    const auto pulled = hashes(run.dir / ("weights-rollout-" + std::to_string(w) + ".txt"));
+    const auto pulled = async_grpo::read_hashes(run.dir / ("weights-rollout-" + std::to_string(w) + ".txt"));
     INFO("rollout-" << w);
     REQUIRE_FALSE(pulled.empty());
     for (const auto& [v, h] : pulled) CHECK(published.at(v) == h);
@@ -172,15 +175,8 @@ TEST_CASE("async_grpo across hosts: three namespaces on 1 Gbit/s links, the rela
 TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lease, then back") {
   // The actor, the relay, rollout-0 alone, rollouts 1 and 2.
   NetnsSwitch net = network(4);
-  const int workers = 3;
-  Run run{net, run_dir("cut"),
-          {"--schedule", "laminar", "--workers", std::to_string(workers), "--relays", "1", "--steps", "60",
-           "--warmup-steps", "20", "--groups-per-step", "4"}};
-  ChildProcess actor = run.start({"--role", "actor"}, 0);
-  ChildProcess relay = run.start({"--role", "relay", "--index", "0"}, 1);
-  std::vector<ChildProcess> rollouts;
-  for (int w = 0; w < workers; ++w)
-    rollouts.push_back(run.start({"--role", "rollout", "--index", std::to_string(w)}, w == 0 ? 2 : 3));
+  Run run(net, "cut", 60);
+  auto [actor, relay, rollouts] = run.start_all([](int w) { return w == 0 ? 2 : 3; });
 
   // Off the network for 20 s, twice the actor's lease, from the middle of step 4 (at a step's end a
   // worker may hold nothing, pulling the new version); the others train on.
@@ -239,14 +235,9 @@ TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lea
 
 TEST_CASE("async_grpo across hosts: the actor stopped for longer than a lease, then continued") {
   NetnsSwitch net = network(3);
-  const int workers = 3;
-  Run run{net, run_dir("stop"),
-          {"--schedule", "laminar", "--workers", std::to_string(workers), "--relays", "1", "--steps", "30",
-           "--warmup-steps", "20", "--groups-per-step", "4"}};
-  ChildProcess actor = run.start({"--role", "actor"}, 0);
-  ChildProcess relay = run.start({"--role", "relay", "--index", "0"}, 1);
-  std::vector<ChildProcess> rollouts;
-  for (int w = 0; w < workers; ++w) rollouts.push_back(run.start({"--role", "rollout", "--index", std::to_string(w)}, 2));
+  const int workers = Run::kWorkers;
+  Run run(net, "stop", 30);
+  auto [actor, relay, rollouts] = run.start_all([](int) { return 2; });
 
   // SIGSTOP in the middle of step 4 for 25 s: its connections stay up and answer nothing, so the
   // workers' pushes and questions time out, and they connect again once it runs.

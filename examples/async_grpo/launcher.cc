@@ -84,15 +84,6 @@ Result<async_grpo::Records> read_records_lenient(const fs::path& dir) {
   return all;
 }
 
-std::map<std::uint64_t, std::string> read_hashes(const fs::path& file) {
-  std::map<std::uint64_t, std::string> out;
-  std::ifstream f(file);
-  std::uint64_t v;
-  std::string h;
-  while (f >> v >> h) out[v] = h;
-  return out;
-}
-
 struct CheckResult {
   std::string name;
   bool ok = false;

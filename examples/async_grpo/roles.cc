@@ -49,6 +49,15 @@ std::uint64_t weight_hash(std::span<const std::byte> bytes) {
   return h;
 }
 
+std::map<std::uint64_t, std::string> read_hashes(const fs::path& file) {
+  std::map<std::uint64_t, std::string> out;
+  std::ifstream f(file);
+  std::uint64_t v;
+  std::string h;
+  while (f >> v >> h) out[v] = h;
+  return out;
+}
+
 Status write_address(const fs::path& dir, const std::string& name, const std::string& address) {
   const fs::path tmp = dir / (name + ".tmp"), final_path = dir / (name + ".addr");
   {

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -44,6 +45,9 @@ int fail(std::string_view who, std::string_view what, const laminar::Status& st)
 
 // FNV-1a over the weight bytes: both sides hash the same flat manifest layout.
 std::uint64_t weight_hash(std::span<const std::byte> bytes);
+// The "version hash" lines of the actor's published.txt or a worker's weights-rollout-<i>.txt, by
+// version (empty when the file is missing).
+std::map<std::uint64_t, std::string> read_hashes(const std::filesystem::path& file);
 
 // Appends one line and flushes it, so a killed process leaves whole lines behind.
 class LineFile {
