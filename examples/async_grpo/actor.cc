@@ -227,6 +227,10 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     }
     return laminar::ok_status();
   };
+  // The checkpoints saved, their time, and the version and weight hash of the last.
+  std::uint64_t checkpoints = 0;
+  std::int64_t checkpoint_ns = 0;
+  std::pair<std::uint64_t, std::uint64_t> checkpoint_hash{0, 0};
   const std::int64_t train_start = now_ns();
   const auto deadline_ns = s.minutes > 0 ? train_start + std::int64_t(s.minutes * 60e9) : INT64_MAX;
   int step = 0;
@@ -284,6 +288,13 @@ int run_actor(const Settings& s, const RoleArgs& a) {
                                                 .samples = ts.size()});
     v = laminar::Version(v.value() + 1);
     if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
+    if (s.checkpoint_every > 0 && v.value() % std::uint64_t(s.checkpoint_every) == 0) {
+      const std::int64_t c0 = now_ns();
+      if (Status st = trainer.save_checkpoint(dir / "checkpoint", v.value()); !st.ok()) return fail("actor", "checkpoint", st);
+      checkpoint_ns += now_ns() - c0;
+      ++checkpoints;
+      if (auto it = recent.find(v.value()); it != recent.end()) checkpoint_hash = {v.value(), weight_hash(it->second)};
+    }
     if (sched == "sync" && step + 1 < s.steps)
       if (auto r = server.open(std::uint64_t(s.groups_per_step)); !r.ok()) return fail("actor", "open", r.status());
     std::printf("progress %d reward %.3f\n", step + 1, reward);
@@ -342,6 +353,27 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   check("behaviour_logprobs", on_policy == 0 || max_lp_diff < 1e-2,
         fmt::format("{} on-policy samples recomputed, {} tokens: |rollout - actor recompute| max {:.3g} mean {:.3g}", on_policy,
                     lp_tokens, max_lp_diff, lp_tokens ? sum_lp_diff / double(lp_tokens) : 0.0));
+  if (checkpoints > 0) {
+    // What a restarted actor would load: a new trainer from the last checkpoint holds the weights
+    // published as its version, bit for bit.
+    std::string detail = fmt::format("{} saved, {:.1f} ms each; ", checkpoints, double(checkpoint_ns) / 1e6 / double(checkpoints));
+    bool ok = false;
+    auto restored = async_grpo::Trainer::create(to);
+    if (restored.ok()) {
+      auto version = (*restored)->load_checkpoint(dir / "checkpoint");
+      std::vector<std::byte> bytes((*restored)->manifest().total_bytes());
+      if (version.ok() && (*restored)->save_weights(bytes).ok()) {
+        ok = *version == checkpoint_hash.first && weight_hash(bytes) == checkpoint_hash.second;
+        detail += fmt::format("the last (version {}) loads back {} the published weights", *version,
+                              ok ? "bit-equal to" : "DIFFERENT from");
+      } else {
+        detail += "the last does not load: " + (version.ok() ? std::string("no weights") : version.status().to_string());
+      }
+    } else {
+      detail += "no trainer to load it into: " + restored.status().to_string();
+    }
+    check("checkpoint", ok, detail);
+  }
   if (sched == "areal")
     check("interrupted", mixed > 0,
           fmt::format("{} trained samples decoded under more than one version (tagged in their metadata)", mixed));

@@ -541,6 +541,7 @@ int run_launcher(Settings s) {
     s.groups_per_step = 4;
     s.group_size = 8;
     s.kill_rollout_at = 3;
+    s.checkpoint_every = 4;
     if (s.schedule == "compare" || s.schedule == "all") s.schedule = "laminar";
   }
   if (s.device == "cuda" && s.repack && (s.schedule == "laminar" || s.schedule == "compare" || s.schedule == "all")) {

@@ -50,6 +50,9 @@ void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
                  "laminar and areal: samples handed out and not yet in the actor's queue, in training batches")
       ->check(CLI::Range(0.1, 64.0));
   app.add_option("--repack", s.repack, "laminar: repack sequences across rollout workers (KvMigrator)");
+  app.add_option("--checkpoint-every", s.checkpoint_every,
+                 "the actor saves its training state into <dir>/checkpoint every this many versions (0: never)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--kill-rollout-at", s.kill_rollout_at, "laminar: SIGKILL rollout 0 after this step (0: never)")
       ->check(CLI::Range(0, 100000));
   app.add_option("--out", s.out, "directory of the report and each schedule's records");
@@ -83,7 +86,7 @@ std::vector<std::string> settings_args(const Settings& s) {
   return {"--seed",          std::to_string(s.seed),          "--group-size", std::to_string(s.group_size),
           "--groups-per-step", std::to_string(s.groups_per_step), "--steps",      std::to_string(s.steps),
           "--minutes",       fmt::format("{}", s.minutes),    "--max-live",   std::to_string(s.max_live),
-          "--max-staleness", std::to_string(s.max_staleness), "--kill-rollout-at", std::to_string(s.kill_rollout_at), "--in-flight-batches",
+          "--max-staleness", std::to_string(s.max_staleness), "--kill-rollout-at", std::to_string(s.kill_rollout_at), "--checkpoint-every", std::to_string(s.checkpoint_every), "--in-flight-batches",
           fmt::format("{}", s.in_flight_batches), "--repack", s.repack ? "true" : "false", "--device", s.device,
           "--pace-model", s.pacing.model, "--pace-gpu", s.pacing.gpu, "--pace-tokens",
           fmt::format("{}", s.pacing.tokens), "--pace-speedup", fmt::format("{}", s.pacing.speedup),

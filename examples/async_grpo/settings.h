@@ -52,6 +52,9 @@ struct Settings {
   double in_flight_batches = 1;  // laminar: samples being generated at once, in training batches
   bool repack = true;        // laminar: RepackCoordinator + a RepackDriver per worker
   int kill_rollout_at = 0;  // > 0: SIGKILL rollout 0 once the actor reports this step (laminar only)
+  // > 0: the actor saves its whole training state (Trainer::save_checkpoint) into <dir>/checkpoint
+  // after publishing every this many versions.
+  int checkpoint_every = 0;
   std::string out = "async_grpo_out";
   static constexpr std::int32_t kPageSize = 16;  // tokens per KV page of every worker's cache
   bool short_run = false;
