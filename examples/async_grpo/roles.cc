@@ -58,11 +58,14 @@ std::map<std::uint64_t, std::string> read_hashes(const fs::path& file) {
   return out;
 }
 
-Status write_address(const fs::path& dir, const std::string& name, const std::string& address) {
-  const fs::path tmp = dir / (name + ".tmp"), final_path = dir / (name + ".addr");
+namespace {
+
+// Writes <dir>/<file> whole, through a rename: a reader never sees half of it.
+Status write_whole(const fs::path& dir, const std::string& file, const std::string& content) {
+  const fs::path tmp = dir / (file + ".tmp"), final_path = dir / file;
   {
     std::ofstream f(tmp);
-    f << address;
+    f << content;
     if (!f) return laminar::unavailable("cannot write " + tmp.string());
   }
   std::error_code ec;
@@ -70,16 +73,14 @@ Status write_address(const fs::path& dir, const std::string& name, const std::st
   return ec ? laminar::unavailable("cannot rename " + tmp.string()) : laminar::ok_status();
 }
 
+}  // namespace
+
+Status write_address(const fs::path& dir, const std::string& name, const std::string& address) {
+  return write_whole(dir, name + ".addr", address);
+}
+
 Status mark_left(const fs::path& dir, const std::string& name) {
-  const fs::path tmp = dir / (name + ".left.tmp"), final_path = dir / (name + ".left");
-  {
-    std::ofstream f(tmp);
-    f << now_ns();
-    if (!f) return laminar::unavailable("cannot write " + tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, final_path, ec);
-  return ec ? laminar::unavailable("cannot rename " + tmp.string()) : laminar::ok_status();
+  return write_whole(dir, name + ".left", std::to_string(now_ns()));
 }
 
 namespace {
@@ -285,19 +286,6 @@ bool path_exists(const fs::path& p) {
 void block_stop_signals() {
   const sigset_t set = stop_signals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
-bool wait_for_stop(std::chrono::seconds timeout) {
-  const sigset_t set = stop_signals();
-  if (timeout == std::chrono::seconds::max()) {
-    int signal = 0;
-    return sigwait(&set, &signal) == 0;
-  }
-  timespec t{.tv_sec = static_cast<time_t>(timeout.count()), .tv_nsec = 0};
-  for (;;) {
-    if (sigtimedwait(&set, nullptr, &t) >= 0) return true;
-    if (errno != EINTR) return false;  // EAGAIN: the timeout passed
-  }
 }
 
 std::uint64_t final_version(const fs::path& dir) {

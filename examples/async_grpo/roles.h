@@ -2,8 +2,8 @@
 // (async_grpo.cc) picks a role by --role; the launcher (launcher.cc) re-executes the binary as the
 // actor (actor.cc), the relays and the rollout workers (rollout.cc). The processes of a schedule
 // meet in its directory: each writes its address there (write_address), the actor marks the end
-// of training (final_version) and the launcher tells those that stay to leave with SIGTERM
-// (wait_for_stop).
+// of training (final_version), and each marks its leaving (mark_left), which the actor and the
+// relays wait for (wait_for_files), as they do for the launcher's SIGTERM.
 //
 //   async_grpo::add_options(app, s, a);   // settings.h
 //   CLI11_PARSE(app, argc, argv);
@@ -101,10 +101,8 @@ laminar::Status find_peers(const Settings& s, RoleArgs& a, std::chrono::millisec
 bool path_exists(const std::filesystem::path& p);
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it starts later, so that
-// wait_for_stop takes them. main() calls it before any role starts a thread.
+// wait_for_files(..., on_signal) takes them. main() calls it before any role starts a thread.
 void block_stop_signals();
-// Sleeps until SIGTERM or SIGINT arrives (true) or `timeout` passes (false; never by default).
-bool wait_for_stop(std::chrono::seconds timeout = std::chrono::seconds::max());
 
 // The actor's last published version, once training is over (0 before).
 std::uint64_t final_version(const std::filesystem::path& dir);

@@ -221,8 +221,9 @@ class Rollout {
         if (!events.ok()) return events.status();
         for (laminar::MigrationEvent& e : *events) LAMINAR_RETURN_IF_ERROR(handle(e));
       }
-      // Answers first, so that a question answered is asked again below before the loop sleeps.
+      // Finished samples the actor could not take before (out of its reach) go first.
       LAMINAR_RETURN_IF_ERROR(push_unpushed());
+      // Answers first, so that a question answered is asked again below before the loop sleeps.
       Result<std::vector<laminar::Grant>> grants = asker.answers();
       if (!grants.ok()) {
         // After the run the actor leaves, and with it the dispatcher.
