@@ -206,3 +206,23 @@ TEST_CASE("dying peer: a server SIGKILLed mid-send on the same host leaves its c
     check_idle(0);
   }
 }
+
+TEST_CASE("dying peer: peers SIGKILLed mid-put over the network leave the server serving", "[transport]") {
+  // UCX's tcp transport has no one-sided writes of its own: UCX emulates a put with messages the
+  // target answers, and the answer to a dead peer must not bring the target down.
+  std::mt19937_64 rng(seed());
+  const int n = std::max(1, rounds() / 6);
+  ChildProcess server = start({"serve", std::to_string(4 << 20)}, "tcp");
+  const std::string address = expect_line(server, "ADDRESS ", 30s);
+  for (int round = 1; round <= n; ++round) {
+    ChildProcess a = start({"client", address, "putter"}, "tcp");
+    ChildProcess b = start({"client", address, "putter"}, "tcp");
+    for (int i = 0, k = 1 + static_cast<int>(rng() % 8); i < k; ++i) (void)expect_line(a, "PUT ", 30s);
+    for (int i = 0, k = 1 + static_cast<int>(rng() % 8); i < k; ++i) (void)expect_line(b, "PUT ", 30s);
+    kill_now(a);
+    kill_now(b);
+    std::unique_ptr<Transport> fresh = make("tcp");
+    (void)served(*fresh, address, round, false);
+  }
+  check_idle(server.pid());
+}

@@ -15,6 +15,8 @@
 //                                                 prints "FLOOD <code>=<count> ..." of the answers
 //   transport_peer client <address> spray         sends kSprayed messages from kSprayThreads threads
 //                                                 until killed, printing "SENT <n>" as it goes
+//   transport_peer client <address> putter        puts the whole server region from kSprayThreads
+//                                                 threads until killed, printing "PUT <n>" per put
 // A server asked kSpray sprays the asker the same way.
 //
 // Region contents follow pattern(seed): 64-bit word i holds seed ^ (i * golden ratio constant).
@@ -257,6 +259,26 @@ int client(const std::string& address, const std::string& mode, int k) {
     spray(*ep, never, threads);
     for (auto& th : threads) th.join();
     return fail("spray", ep->status());
+  }
+  if (mode == "putter") {
+    auto desc = ep->request(Message::from_string(kRegion, ""));
+    if (!desc.ok()) return fail("region", desc.status());
+    auto remote = RemoteRegion::deserialize(desc->body);
+    if (!remote.ok()) return fail("region", remote.status());
+    std::atomic<std::uint64_t> puts{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kSprayThreads; ++i) {
+      threads.emplace_back([&] {
+        auto local = t->allocate(remote->size);
+        if (!local.ok()) return;
+        while (ep->put(*local, 0, *remote, 0, remote->size).get().ok()) {
+          std::printf("PUT %llu\n", static_cast<unsigned long long>(++puts));
+          std::fflush(stdout);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    return fail("put", ep->status());
   }
   if (mode == "probe") {
     for (int i = 0; i < 600; ++i) {

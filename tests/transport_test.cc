@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "laminar/transport.h"
 #include "eventually.h"
@@ -504,6 +505,47 @@ TEST_CASE("transport: put and get move bulk bytes into registered memory", "[tra
   CHECK(p.to_server.get(*remote_mem, 0, *remote, 0, 8).get().code() == StatusCode::kInvalidArgument);
   CHECK(p.to_server.get(laminar::MemoryRegion(), 0, *remote, 0, 8).get().code() ==
         StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("transport: over the network without RDMA, put and get land whole and the peer checks the range",
+          "[transport]") {
+  // UCX_TLS=tcp: no direct copy, no shared memory, and no RDMA device here, so the transport moves
+  // the bytes in active messages of its own, answered by the peer's transport.
+  TransportOptions o = options();
+  o.ucx_transports = "tcp";
+  Pair p(o, o);
+  constexpr std::size_t kBytes = 8 << 20;
+  auto remote_mem = p.server->allocate(kBytes);
+  REQUIRE(remote_mem.ok());
+  auto local = p.client->allocate(kBytes);
+  REQUIRE(local.ok());
+  std::mt19937_64 rng(std::random_device{}());
+  for (std::byte& b : remote_mem->bytes()) b = std::byte(rng());
+  const laminar::RemoteRegion remote = remote_mem->remote();
+  // Large (a rendezvous) and small (in the message itself), at offsets on both sides.
+  for (const auto& [local_off, remote_off, n] : {std::tuple<std::size_t, std::size_t, std::size_t>{0, 0, kBytes},
+                                                 {100, 7, 64},
+                                                 {4096, 1 << 20, 3 << 20}}) {
+    INFO("bytes " << n << " from " << remote_off << " to " << local_off);
+    std::memset(local->data(), 0, kBytes);
+    REQUIRE(p.to_server.get(*local, local_off, remote, remote_off, n).get().ok());
+    CHECK(std::memcmp(local->data() + local_off, remote_mem->data() + remote_off, n) == 0);
+    for (std::size_t i = 0; i < n; ++i) local->data()[local_off + i] = ~local->data()[local_off + i];
+    REQUIRE(p.to_server.put(*local, local_off, remote, remote_off, n).get().ok());
+    CHECK(std::memcmp(local->data() + local_off, remote_mem->data() + remote_off, n) == 0);
+  }
+  CHECK(p.client->stats().direct_copies == 0);
+  // A descriptor pointing outside anything the peer registered: its transport refuses it, for a
+  // put and a get, and the connection goes on.
+  laminar::RemoteRegion forged = remote;
+  forged.address = reinterpret_cast<std::uint64_t>(&forged);
+  for (const bool put : {true, false}) {
+    const laminar::Status st = put ? p.to_server.put(*local, 0, forged, 0, 64).get()
+                                   : p.to_server.get(*local, 0, forged, 0, 64).get();
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(st.message(), Catch::Contains("no host memory registered"));
+  }
+  REQUIRE(p.to_server.get(*local, 0, remote, 0, 64).get().ok());
 }
 
 TEST_CASE("transport: a wrong token is refused before anything is served", "[transport]") {

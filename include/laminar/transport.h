@@ -9,7 +9,10 @@
 //     one-way (send) or request/reply (request), delivered to per-type handlers or to receive();
 //   - bulk bytes: memory registered once (MemoryRegion), then one-sided put/get against a peer's
 //     RemoteRegion (zero-copy where the UCX transport allows it, RDMA; between processes of one
-//     host, one kernel copy from process to process: RemoteRegion::pid).
+//     host, one kernel copy from process to process: RemoteRegion::pid; between hosts without
+//     RDMA, active messages of the transport's own that land in the peer's region and that its
+//     transport answers, so that a peer dying mid-transfer fails only the transfer:
+//     docs/design.md).
 // The relay chain, remote queue producers, weight pulls and KV migration all sit on top of this.
 //
 //   laminar::TransportOptions opt;

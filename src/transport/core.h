@@ -61,8 +61,10 @@ inline constexpr std::size_t kKeyBytes = 32;  // crypto_auth_hmacsha256_KEYBYTES
 using Key = std::array<unsigned char, kKeyBytes>;
 using Nonce = std::array<std::byte, kBootstrapNonceBytes>;
 
-// The single UCP active-message id laminar registers; every frame travels on it.
+// The UCP active-message id every frame travels on.
 inline constexpr unsigned kAmId = 0x1a;
+// The one put and get travel on where UCX has no one-sided path to the peer (rma_over_am).
+inline constexpr unsigned kRmaAmId = 0x1b;
 
 inline std::string ucs_text(ucs_status_t s) { return ucs_status_string(s); }
 
@@ -217,7 +219,8 @@ class EndpointState : public std::enable_shared_from_this<EndpointState> {
 // One operation waiting for UCX and/or the peer. Owned by TransportCore::ops_ and destroyed only
 // once it is resolved and UCX holds no request pointing at it.
 struct Op {
-  enum class Kind { kSend, kRequest, kRma, kConnect, kHandshake, kReceive };
+  // kLanding: a peer's put arriving in a region here (rma_over_am).
+  enum class Kind { kSend, kRequest, kRma, kConnect, kHandshake, kReceive, kLanding };
   Kind kind = Kind::kSend;
   std::uint64_t id = 0;
   std::uint64_t ep_id = 0;
@@ -238,6 +241,15 @@ struct Op {
   std::shared_ptr<RegionState> region;             // kRma: keeps the registration alive
   std::string rkey_bytes;                          // kRma: entry of the endpoint's rkey cache in use
   Status rma_error;                                // kRma: first failure of put + flush
+  // kRma over active messages (rma_over_am): it ends with the peer's answer (put) or the bytes it
+  // sends back (get), which land at `landing`; kLanding: a peer's put landing there, to answer.
+  bool awaits_peer = false;
+  bool peer_done = false;
+  bool is_get = false;
+  bool receiving = false;          // the bytes are arriving (ucp_am_recv_data_nbx)
+  std::byte* landing = nullptr;
+  std::size_t landing_bytes = 0;
+  std::uint64_t peer_op = 0;       // kLanding: the initiator's op, which the answer names
   std::uint64_t header = 0;                        // the receiver's token, read by UCX until sent
 };
 
@@ -267,6 +279,8 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   Status enqueue(Incoming&& in);
   static std::size_t inbox_cost(const Incoming& in);
   Result<MemoryRegion> map_memory(void* data, std::size_t size, bool allocate);
+  // Regions by address, for serve_rma_frame (any thread; ~RegionState forgets its own).
+  void forget_region(const RegionState* region);
 
   std::future<Status> send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame, Duration timeout,
                                  std::string what);
@@ -366,6 +380,24 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void destroy_rkeys(EndpointState& e);
   // A put or get copied by this process itself, when the region is in a process on this host that
   // proved to be the peer: resolved then and true; false to go through UCX instead.
+  // put/get as active messages on kRmaAmId, where UCX has no one-sided path to the peer
+  // (native_rma_ false): UCX would emulate them with messages the target answers from inside UCX,
+  // and that answer, sent to a peer that died first, aborts the target's process (UCX 1.13's
+  // software RMA). Here the bytes land straight in the target's region (or, for a get, in `local`),
+  // the target's transport answers, and a dead peer fails only the operation.
+  void rma_over_am(EndpointState& e, Op& op, bool is_put, std::byte* local, std::uint64_t raddr, std::size_t length);
+  void send_rma_am(EndpointState& e, Op& op, std::span<const std::byte> data);
+  static ucs_status_t rma_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
+                                  std::size_t length, const ucp_am_recv_param_t* param);
+  void answer_rma(std::uint64_t ep_id, std::uint64_t peer_op, const Status& st);
+  // Takes the bytes of a kRmaAmId message into `to`: copied at once, or received (rendezvous) for
+  // `op`. False when the receive could not start.
+  bool land(Op& op, void* data, std::byte* to, std::size_t length, const ucp_am_recv_param_t* param);
+  // The bytes of `op` have landed (or failed to, `status`): a kLanding is answered, a get's op
+  // learns it is done.
+  void on_landed(Op& op, ucs_status_t status);
+  void remember_region(const std::shared_ptr<RegionState>& region);
+  std::shared_ptr<RegionState> host_region_holding(std::uint64_t address, std::size_t length);
   bool try_direct_copy(EndpointState& e, Op& op, bool is_put, std::byte* local, const RemoteRegion& remote,
                        std::uint64_t raddr, std::size_t length);
 
@@ -424,6 +456,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   std::atomic<std::uint64_t> dropped_frames_{0};
   std::atomic<std::uint64_t> workers_replaced_{0};
   std::atomic<std::uint64_t> direct_copies_{0};
+  // Every registered region, for a peer's put or get in frames to find by address.
+  std::mutex regions_mu_;
+  std::unordered_map<const RegionState*, std::weak_ptr<RegionState>> regions_;
   const pid_t pid_ = getpid();
   std::uint64_t host_key_ = 0;  // set by start()
 
@@ -440,6 +475,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   // Whether UCX may use its mm transports, the only ones a dying peer can wedge: the watchdog
   // (kWedgedAfter in setup.cc) runs only then.
   bool mm_possible_ = false;
+  // Whether UCX may move put/get bytes between hosts itself (RDMA hardware the transports allow;
+  // start()); otherwise they travel in frames (rma_over_frames).
+  bool native_rma_ = false;
   UniqueFd listen_socket_;
   bool tearing_down_ = false;  // connections are refused from then on
   std::set<std::uint64_t> unauthenticated_;  // accepted, not yet proven the token; oldest first

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "byte_codec.h"
 #include "laminar/transport.h"
 #include "transport/core.h"
@@ -92,6 +94,7 @@ void TransportCore::resolve(Op& op, const Status& s) {
       break;
     case Op::Kind::kHandshake:
     case Op::Kind::kReceive:
+    case Op::Kind::kLanding:
       break;
   }
   maybe_release(op);
@@ -185,13 +188,19 @@ void TransportCore::on_ucx_done(Op& op, ucs_status_t status) {
     case Op::Kind::kHandshake:
       break;
     case Op::Kind::kRma:
-      if (status != UCS_OK && op.rma_error.ok()) {
+      if (op.receiving) {
+        on_landed(op, status);
+      } else if (status != UCS_OK && op.rma_error.ok()) {
         op.rma_error = unavailable(fmt::format("{} failed: {}", op.what, ucs_text(status)));
       }
-      if (op.ucx_inflight == 0) {
+      // Over active messages, a put or get ends with its peer's answer or bytes, unless it failed.
+      if (op.ucx_inflight == 0 && (!op.awaits_peer || op.peer_done || !op.rma_error.ok())) {
         release_rkey(op);
         resolve(op, op.rma_error);
       }
+      break;
+    case Op::Kind::kLanding:
+      on_landed(op, status);
       break;
     case Op::Kind::kReceive:
       if (status == UCS_OK) {
@@ -564,11 +573,274 @@ Result<MemoryRegion> TransportCore::map_memory(void* data, std::size_t size, boo
   }
   std::vector<std::byte> rkey(static_cast<std::byte*>(packed), static_cast<std::byte*>(packed) + packed_size);
   ucp_rkey_buffer_release(packed);
-  return MemoryRegion(std::make_shared<RegionState>(shared_from_this(), memh, static_cast<std::byte*>(attr.address),
-                                                    size, std::move(rkey), attr.mem_type == UCS_MEMORY_TYPE_HOST));
+  auto region = std::make_shared<RegionState>(shared_from_this(), memh, static_cast<std::byte*>(attr.address), size,
+                                              std::move(rkey), attr.mem_type == UCS_MEMORY_TYPE_HOST);
+  remember_region(region);
+  return MemoryRegion(std::move(region));
 }
 
-RegionState::~RegionState() { ucp_mem_unmap(core->context(), memh); }
+RegionState::~RegionState() {
+  core->forget_region(this);
+  ucp_mem_unmap(core->context(), memh);
+}
+
+void TransportCore::remember_region(const std::shared_ptr<RegionState>& region) {
+  std::lock_guard l(regions_mu_);
+  regions_.emplace(region.get(), region);
+}
+
+void TransportCore::forget_region(const RegionState* region) {
+  std::lock_guard l(regions_mu_);
+  regions_.erase(region);
+}
+
+std::shared_ptr<RegionState> TransportCore::host_region_holding(std::uint64_t address, std::size_t length) {
+  std::lock_guard l(regions_mu_);
+  for (const auto& [raw, weak] : regions_) {
+    const auto start = reinterpret_cast<std::uintptr_t>(raw->data);
+    if (!raw->host_memory || address < start || address - start > raw->size || length > raw->size - (address - start))
+      continue;
+    if (auto region = weak.lock()) return region;
+  }
+  return nullptr;
+}
+
+namespace {
+
+// The header of every message on kRmaAmId, little-endian: u64 the receiver's token for the
+// connection, u8 kind, u64 the initiator's op id, u64 address, u64 length, u8 status code
+// (kAnswer). The bytes carry no checksum of their own, as with UCX's puts: the link's (TCP's) is
+// theirs, and the parts above check what they move (the relay's chunks, the KV migration's pages).
+enum class RmaAm : std::uint8_t {
+  kWrite = 1,        // the bytes, to land at `address` in the receiver's memory; answered
+  kReadRequest = 2,  // send back `length` bytes from `address`
+  kReadData = 3,     // the bytes of a kReadRequest, to land where its op reads into
+  kAnswer = 4,       // the end of a kWrite or kReadRequest: `code`, and an error text as data
+};
+struct RmaHeader {
+  std::uint64_t token = 0;
+  RmaAm kind = RmaAm::kWrite;
+  std::uint64_t op = 0;
+  std::uint64_t address = 0;
+  std::uint64_t length = 0;
+  StatusCode code = StatusCode::kOk;
+};
+constexpr std::size_t kRmaHeaderBytes = 8 + 1 + 8 + 8 + 8 + 1;
+
+std::vector<std::byte> encode_rma_header(const RmaHeader& h) {
+  std::vector<std::byte> out;
+  ByteWriter w(out);
+  w.reserve(kRmaHeaderBytes);
+  w.u64(h.token);
+  w.u8(std::uint8_t(h.kind));
+  w.u64(h.op);
+  w.u64(h.address);
+  w.u64(h.length);
+  w.u8(std::uint8_t(h.code));
+  return out;
+}
+
+Result<RmaHeader> decode_rma_header(std::span<const std::byte> bytes) {
+  ByteReader r(bytes, "put/get header");
+  RmaHeader h;
+  h.token = r.u64("token");
+  const std::uint8_t kind = r.u8("kind");
+  h.op = r.u64("op");
+  h.address = r.u64("address");
+  h.length = r.u64("length");
+  const std::uint8_t code = r.u8("status code");
+  LAMINAR_RETURN_IF_ERROR(r.finish());
+  if (kind < std::uint8_t(RmaAm::kWrite) || kind > std::uint8_t(RmaAm::kAnswer) ||
+      code > std::uint8_t(StatusCode::kInternal)) {
+    return data_loss(fmt::format("put/get header: kind {}, status code {}", kind, code));
+  }
+  h.kind = RmaAm(kind);
+  h.code = StatusCode(code);
+  return h;
+}
+
+}  // namespace
+
+void TransportCore::rma_over_am(EndpointState& e, Op& op, bool is_put, std::byte* local, std::uint64_t raddr,
+                                std::size_t length) {
+  op.awaits_peer = true;
+  op.is_get = !is_put;
+  op.landing = local;
+  op.landing_bytes = length;
+  op.buffer = encode_rma_header(
+      {e.peer_token, is_put ? RmaAm::kWrite : RmaAm::kReadRequest, op.id, raddr, length, StatusCode::kOk});
+  send_rma_am(e, op, is_put ? std::span<const std::byte>(local, length) : std::span<const std::byte>());
+}
+
+void TransportCore::send_rma_am(EndpointState& e, Op& op, std::span<const std::byte> data) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &TransportCore::am_send_cb;
+  p.user_data = &op;
+  if (op.region && !data.empty()) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = op.region->memh;
+  }
+  // The header is op.buffer's first kRmaHeaderBytes (UCX reads it until the send completes); an
+  // answer's error text follows it there.
+  void* req = ucp_am_send_nbx(e.ep(), kRmaAmId, op.buffer.data(), kRmaHeaderBytes, data.data(), data.size(), &p);
+  if (UCS_PTR_IS_ERR(req)) {
+    resolve(op, unavailable(fmt::format("{} failed: {}", op.what, ucs_text(UCS_PTR_STATUS(req)))));
+  } else if (req != nullptr) {
+    ++op.ucx_inflight;
+    ++ucx_inflight_;
+  } else if (op.kind == Op::Kind::kSend) {
+    resolve(op, ok_status());
+  }
+}
+
+void TransportCore::answer_rma(std::uint64_t ep_id, std::uint64_t peer_op, const Status& st) {
+  // Sent from the command queue, not from inside the UCX callback that landed the bytes.
+  (void)post([this, ep_id, peer_op, st] {
+    auto e = find(ep_id);
+    if (e == nullptr || e->phase != Phase::kReady) return;
+    Op& op = new_op(Op::Kind::kSend, e->id, options_.operation_timeout, fmt::format("answer to a put of {}", e->peer));
+    op.buffer = encode_rma_header({e->peer_token, RmaAm::kAnswer, peer_op, 0, 0, st.code()});
+    const std::string text = st.message().substr(0, kMaxErrorTextBytes);
+    const auto* t = reinterpret_cast<const std::byte*>(text.data());
+    op.buffer.insert(op.buffer.end(), t, t + text.size());
+    send_rma_am(*e, op, std::span<const std::byte>(op.buffer).subspan(kRmaHeaderBytes));
+  });
+}
+
+bool TransportCore::land(Op& op, void* data, std::byte* to, std::size_t length, const ucp_am_recv_param_t* param) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    std::memcpy(to, data, length);
+    return true;
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.recv_am = &TransportCore::am_recv_data_cb;
+  p.user_data = &op;
+  if (op.region) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = op.region->memh;
+  }
+  void* req = ucp_am_recv_data_nbx(worker_, data, to, length, &p);
+  if (UCS_PTR_IS_ERR(req)) return false;
+  if (req != nullptr) {
+    op.receiving = true;
+    ++op.ucx_inflight;
+    ++ucx_inflight_;
+  }
+  return true;
+}
+
+ucs_status_t TransportCore::rma_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
+                                        std::size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<TransportCore*>(arg);
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  // Bytes nobody takes: a rendezvous sender waits for them until they are released.
+  const auto drop = [&] {
+    self->dropped_frames_.fetch_add(1, std::memory_order_relaxed);
+    if (rndv) ucp_am_data_release(self->worker_, data);
+    return UCS_OK;
+  };
+  Result<RmaHeader> h = decode_rma_header(std::span(static_cast<const std::byte*>(header), header_length));
+  if (!h.ok()) return drop();
+  const auto by_token = h->token == 0 ? self->by_token_.end() : self->by_token_.find(h->token);
+  auto e = by_token == self->by_token_.end() ? nullptr : self->find(by_token->second);
+  if (e != nullptr && e->phase == Phase::kAwaitReady) self->open_accepted(*e);
+  if (e == nullptr || e->phase != Phase::kReady) return drop();
+  self->note_activity(*e);
+  const bool carries = h->kind == RmaAm::kWrite || h->kind == RmaAm::kReadData;
+  if (carries ? length != h->length : (h->kind == RmaAm::kReadRequest && length != 0)) {
+    self->fail_endpoint(*e, data_loss(fmt::format("peer {} sent a put/get message of {} bytes for {}", e->peer, length,
+                                                  h->length)));
+    return drop();
+  }
+  switch (h->kind) {
+    case RmaAm::kWrite:
+    case RmaAm::kReadRequest: {
+      const bool is_put = h->kind == RmaAm::kWrite;
+      std::shared_ptr<RegionState> region = self->host_region_holding(h->address, h->length);
+      if (region == nullptr) {
+        self->answer_rma(e->id, h->op,
+                         invalid_argument(fmt::format("{} of {} bytes at {:#x}: no host memory registered with the "
+                                                      "peer's transport holds them",
+                                                      is_put ? "put" : "get", h->length, h->address)));
+        return drop();
+      }
+      std::byte* at = region->data + (h->address - reinterpret_cast<std::uintptr_t>(region->data));
+      if (!is_put) {
+        // The bytes go back as one message, straight from the region, which the op keeps alive.
+        (void)self->post([self, ep_id = e->id, region, at, n = h->length, peer_op = h->op] {
+          auto ep = self->find(ep_id);
+          if (ep == nullptr || ep->phase != Phase::kReady) return;
+          Op& op = self->new_op(Op::Kind::kSend, ep_id, self->options_.operation_timeout,
+                                fmt::format("get of {} bytes by {}", n, ep->peer));
+          op.region = region;
+          op.buffer = encode_rma_header({ep->peer_token, RmaAm::kReadData, peer_op, 0, n, StatusCode::kOk});
+          self->send_rma_am(*ep, op, std::span<const std::byte>(at, n));
+        });
+        return UCS_OK;
+      }
+      Op& op = self->new_op(Op::Kind::kLanding, e->id, kForever, fmt::format("put of {} bytes by {}", h->length, e->peer));
+      op.region = std::move(region);
+      op.landing = at;
+      op.landing_bytes = h->length;
+      op.peer_op = h->op;
+      if (!self->land(op, data, at, h->length, param)) {
+        self->resolve(op, ok_status());
+        return drop();
+      }
+      if (op.ucx_inflight == 0) self->on_landed(op, UCS_OK);
+      return UCS_OK;
+    }
+    case RmaAm::kReadData:
+    case RmaAm::kAnswer: {
+      auto it = self->ops_.find(h->op);
+      Op* op = it == self->ops_.end() ? nullptr : it->second.get();
+      // An op of this connection still waiting for its peer (not one that timed out meanwhile).
+      if (op == nullptr || op->kind != Op::Kind::kRma || op->ep_id != e->id || !op->awaits_peer || op->resolved ||
+          op->peer_done || op->receiving || (h->kind == RmaAm::kReadData && (!op->is_get || h->length != op->landing_bytes))) {
+        return drop();
+      }
+      if (h->kind == RmaAm::kAnswer) {
+        if (h->code != StatusCode::kOk) {
+          std::string text(rndv ? 0 : std::min<std::size_t>(length, kMaxErrorTextBytes), '\0');
+          if (!text.empty()) std::memcpy(text.data(), data, text.size());
+          op->rma_error = Status(h->code, fmt::format("peer {}: {}", e->peer, text));
+        }
+        op->peer_done = true;
+        if (rndv) ucp_am_data_release(self->worker_, data);
+      } else {
+        if (!self->land(*op, data, op->landing, h->length, param)) {
+          op->rma_error = unavailable(fmt::format("{}: receiving the bytes failed", op->what));
+          op->peer_done = true;
+        } else if (!op->receiving) {
+          self->on_landed(*op, UCS_OK);
+        }
+      }
+      if (op->peer_done && op->ucx_inflight == 0) {
+        self->release_rkey(*op);
+        self->resolve(*op, op->rma_error);
+      }
+      return UCS_OK;
+    }
+  }
+  return drop();
+}
+
+void TransportCore::on_landed(Op& op, ucs_status_t status) {
+  op.receiving = false;
+  const Status st = status == UCS_OK
+                        ? ok_status()
+                        : unavailable(fmt::format("{}: receiving the bytes failed: {}", op.what, ucs_text(status)));
+  if (op.kind == Op::Kind::kLanding) {
+    // A sender gone mid-transfer is not answered.
+    if (status == UCS_OK) answer_rma(op.ep_id, op.peer_op, st);
+    resolve(op, ok_status());
+    return;
+  }
+  if (!st.ok() && op.rma_error.ok()) op.rma_error = st;
+  op.peer_done = true;
+}
 
 std::future<Status> TransportCore::send_frame(const std::shared_ptr<EndpointState>& ep, Frame frame,
                                               Duration timeout, std::string what) {
@@ -694,7 +966,13 @@ std::future<Status> TransportCore::rma(const std::shared_ptr<EndpointState>& ep,
       return;
     }
     void* direct = nullptr;
-    if (ucp_rkey_ptr(*rkey_handle, raddr, &direct) == UCS_OK) {
+    const bool mapped = ucp_rkey_ptr(*rkey_handle, raddr, &direct) == UCS_OK;
+    if (!mapped && !native_rma_ && region->host_memory) {
+      release_rkey(op);
+      rma_over_am(*e, op, is_put, local_ptr, raddr, length);
+      return;
+    }
+    if (mapped) {
       // The peer's memory is mapped here (shared memory on one host): one memcpy is the whole
       // transfer, done and visible when it returns.
       if (is_put) {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <initializer_list>
 #include <limits>
 #include <mutex>
@@ -102,6 +103,18 @@ bool may_copy_directly(const std::string& tls) {
   return names_mm(tls) || names_any(tls, {"cma"});
 }
 
+// Whether UCX may move put/get bytes between hosts itself: only with RDMA hardware (the kernel
+// lists it, RoCE included, under /sys/class/infiniband) and transports that may use it. Otherwise
+// UCX emulates put and get with messages the target answers from inside UCX, and an answer to a
+// peer that died first aborts the target's process; the transport then carries them itself.
+bool may_use_rdma(const std::string& tls) {
+  std::error_code ec;
+  if (std::filesystem::is_empty("/sys/class/infiniband", ec) || ec) return false;
+  const std::initializer_list<std::string_view> rdma = {"ib", "rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5",
+                                                        "dc", "dc_x", "dc_mlx5"};
+  return tls.front() == '^' ? !names_any(tls, rdma) : names_any(tls, rdma);
+}
+
 // Whether a UCX_TLS value lets UCX pick tcp.
 bool may_use_tcp(const std::string& tls) {
   if (tls.empty() || tls == "all") return true;
@@ -170,6 +183,7 @@ Status TransportCore::start() {
   mm_possible_ = may_use_mm(tls);
   if (s == UCS_OK && mm_possible_) s = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
   direct_copy_allowed_ = may_copy_directly(tls);
+  native_rma_ = may_use_rdma(tls);
   // UCX's tcp defaults (8 KiB send segments) cost about half the bandwidth of a plain socket loop on
   // bulk puts (transport_bench); bigger segments close most of the gap. UCX_TCP_* in the environment
   // still wins. Keys are given without the "TCP_" component prefix, as UCX matches them; without
@@ -268,6 +282,11 @@ Result<TransportCore::Worker> TransportCore::create_worker() {
   ap.cb = &TransportCore::am_recv_cb;
   ap.arg = this;
   s = ucp_worker_set_am_recv_handler(w.handle, &ap);
+  if (s == UCS_OK) {
+    ap.id = kRmaAmId;
+    ap.cb = &TransportCore::rma_recv_cb;
+    s = ucp_worker_set_am_recv_handler(w.handle, &ap);
+  }
   if (s != UCS_OK) return fail(unavailable("UCX active-message handler: " + ucs_text(s)));
   return w;
 }
