@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
+#include <optional>
 #include <string>
 
 #include "byte_codec.h"
@@ -11,6 +14,8 @@ namespace {
 
 constexpr const char* kRequest = "dispatch request";
 constexpr const char* kGrant = "dispatch grant";
+constexpr const char* kSnapshot = "dispatcher snapshot";
+constexpr std::size_t kGroupHeaderBytes = 8 + 1 + 8 + 8;
 constexpr std::size_t kSampleBytes = 8 + 8 + 4 + 8 + 4;  // with an empty payload
 
 // n u64 ids, the count checked against `limit` and against the bytes left.
@@ -121,6 +126,96 @@ Result<Grant> decode_grant(std::span<const std::byte> body, std::size_t max_samp
     return invalid_argument(fmt::format("{}: kind {} with {} samples", kGrant, kind, g.samples.size()));
   }
   return g;
+}
+
+std::vector<std::byte> encode_snapshot(const DispatcherSnapshot& s) {
+  std::vector<std::byte> out;
+  ByteWriter w(out);
+  w.reserve(24 + s.open.size() * (kGroupHeaderBytes + s.group_size));
+  w.u32(s.group_size);
+  w.u64(s.first_prompt);
+  w.u64(s.groups_made);
+  write_count(w, s.open.size());
+  for (const DispatcherSnapshot::Group& g : s.open) {
+    w.u64(g.index);
+    w.u8(g.stream ? 1 : 0);
+    w.u64(g.version_min.value());
+    w.u64(g.version_max.value());
+    for (DispatcherSnapshot::SampleState st : g.samples) w.u8(std::uint8_t(st));
+  }
+  return out;
+}
+
+Result<DispatcherSnapshot> decode_snapshot(std::span<const std::byte> bytes) {
+  ByteReader r(bytes, kSnapshot);
+  DispatcherSnapshot s;
+  s.group_size = r.u32("group_size");
+  s.first_prompt = r.u64("first_prompt");
+  s.groups_made = r.u64("groups_made");
+  const std::size_t count_at = r.offset();
+  const std::uint32_t n = r.u32("open count");
+  LAMINAR_RETURN_IF_ERROR(r.status());
+  // Each group's bytes before any is allocated: a count the bytes cannot hold is refused whole.
+  if (s.group_size == 0 && n > 0) return invalid_argument(fmt::format("{}: group_size 0", kSnapshot));
+  if (n > 0 && (s.group_size > r.left() || n > r.left() / (kGroupHeaderBytes + s.group_size))) {
+    r.fail(count_at, fmt::format("open count {} of groups of {} runs past the end", n, s.group_size));
+    return r.status();
+  }
+  s.open.resize(n);
+  for (DispatcherSnapshot::Group& g : s.open) {
+    g.index = r.u64("group index");
+    const std::size_t stream_at = r.offset();
+    const std::uint8_t stream = r.u8("stream");
+    g.version_min = Version(r.u64("version_min"));
+    g.version_max = Version(r.u64("version_max"));
+    const std::string_view states = r.bytes("sample states", s.group_size);
+    LAMINAR_RETURN_IF_ERROR(r.status());
+    if (stream > 1) return invalid_argument(fmt::format("{}: stream flag {} at offset {}", kSnapshot, stream, stream_at));
+    g.stream = stream == 1;
+    for (char c : states) {
+      if (std::uint8_t(c) > std::uint8_t(DispatcherSnapshot::SampleState::kCompleted)) {
+        return invalid_argument(fmt::format("{}: group {} has a sample in state {}", kSnapshot, g.index, int(std::uint8_t(c))));
+      }
+      g.samples.push_back(DispatcherSnapshot::SampleState(std::uint8_t(c)));
+    }
+  }
+  LAMINAR_RETURN_IF_ERROR(r.finish());
+  LAMINAR_RETURN_IF_ERROR(check_snapshot(s));
+  return s;
+}
+
+Status check_snapshot(const DispatcherSnapshot& s) {
+  if (s.group_size == 0) return invalid_argument(fmt::format("{}: group_size 0", kSnapshot));
+  const std::uint64_t max_prompt = std::numeric_limits<std::uint64_t>::max() / s.group_size - 1;
+  if (s.first_prompt > max_prompt || s.groups_made > max_prompt - s.first_prompt) {
+    return invalid_argument(fmt::format("{}: first_prompt {} and {} groups made overflow trajectory ids of groups of {}",
+                                        kSnapshot, s.first_prompt, s.groups_made, s.group_size));
+  }
+  std::optional<std::uint64_t> previous;
+  for (const DispatcherSnapshot::Group& g : s.open) {
+    if (g.index >= s.groups_made || (previous && g.index <= *previous)) {
+      return invalid_argument(fmt::format("{}: open group {} is not below {} groups made and after group {}", kSnapshot,
+                                          g.index, s.groups_made, previous ? std::to_string(*previous) : "none"));
+    }
+    previous = g.index;
+    if (g.samples.size() != s.group_size) {
+      return invalid_argument(fmt::format("{}: open group {} has {} samples, not {}", kSnapshot, g.index,
+                                          g.samples.size(), s.group_size));
+    }
+    for (DispatcherSnapshot::SampleState st : g.samples) {
+      if (st > DispatcherSnapshot::SampleState::kCompleted) {
+        return invalid_argument(fmt::format("{}: group {} has a sample in state {}", kSnapshot, g.index, int(st)));
+      }
+    }
+    if (std::ranges::all_of(g.samples, [](auto st) { return st == DispatcherSnapshot::SampleState::kCompleted; })) {
+      return invalid_argument(fmt::format("{}: open group {} has every sample completed", kSnapshot, g.index));
+    }
+    if (!g.stream && g.version_min > g.version_max) {
+      return invalid_argument(fmt::format("{}: group {} is for versions [{}, {}]", kSnapshot, g.index,
+                                          g.version_min.value(), g.version_max.value()));
+    }
+  }
+  return ok_status();
 }
 
 }  // namespace laminar::internal

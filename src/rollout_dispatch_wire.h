@@ -1,6 +1,7 @@
 // rollout_dispatch_wire.h (private to src/): the two message bodies a DispatchClient and a
-// RolloutDispatcher exchange (rollout_dispatcher.h), encoded apart from any transport so that a
-// fuzz target (tests/fuzz/rollout_dispatch_decode_fuzz.cc) reaches both decoders.
+// RolloutDispatcher exchange (rollout_dispatcher.h), and a DispatcherSnapshot's bytes, encoded
+// apart from any transport so that a fuzz target (tests/fuzz/rollout_dispatch_decode_fuzz.cc)
+// reaches every decoder.
 //
 // Little-endian, on ByteWriter / ByteReader (byte_codec.h); "blob" is a u32 length and that many
 // bytes:
@@ -44,5 +45,14 @@ std::vector<std::byte> encode_grant(const Grant& g);
 // max_samples: the free slots asked for; max_drop: the ids held; max_payload: bytes per payload.
 Result<Grant> decode_grant(std::span<const std::byte> body, std::size_t max_samples, std::size_t max_drop,
                            std::size_t max_payload);
+
+// DispatcherSnapshot's bytes (its encode() and decode()), and the checks a snapshot passes to be
+// resumed from: kInvalidArgument naming what does not fit (a zero group_size, groups whose
+// trajectory ids would overflow, open groups not ascending or not below groups_made, a group
+// with another count of samples, a state no snapshot has, a group with every sample completed,
+// a window with version_min above version_max).
+std::vector<std::byte> encode_snapshot(const DispatcherSnapshot& s);
+Result<DispatcherSnapshot> decode_snapshot(std::span<const std::byte> bytes);
+Status check_snapshot(const DispatcherSnapshot& s);
 
 }  // namespace laminar::internal

@@ -109,7 +109,7 @@ struct RolloutDispatcher::Impl {
   std::uint64_t next_group = 0;
   std::map<std::uint64_t, Group> groups;  // made and not done
   std::set<std::uint64_t> with_waiting;   // groups with a sample waiting, oldest first
-  std::map<TrajectoryId, Duration> released;
+  std::map<TrajectoryId, Duration> released;  // and when each is handed out again
   std::map<WorkerId, WorkerRec> workers;
   std::vector<Answer> outbox;
   Version newest{0};
@@ -194,6 +194,66 @@ struct RolloutDispatcher::Impl {
     ++st.reissued;
   }
 
+  // Sample (g, s) is out of its worker's hands: handed out again at `due` unless completed or
+  // claimed before.
+  void release(std::uint64_t g, std::uint32_t s, Duration due) {
+    Group& grp = groups.at(g);
+    if (grp.samples[s].state != SampleState::kHeld) leave_state(g, grp, s);
+    grp.samples[s].state = SampleState::kReleased;
+    released.emplace(id_of(g, s), due);
+    wake_by(due + Duration(1));
+  }
+
+  // Resumed only: whether `id` is of a group the predecessor may have made after its snapshot,
+  // which adopt() can make again here.
+  bool adoptable(TrajectoryId id) const {
+    const std::uint64_t prompt = id.value() / opt.group_size;
+    return opt.resume && prompt >= opt.first_prompt + next_group &&
+           prompt - opt.first_prompt - next_group < group_room();
+  }
+  // Makes the groups up to the one of `id` (adoptable), every sample out: the predecessor made
+  // and handed them out after its snapshot.
+  Status adopt(TrajectoryId id) {
+    const std::uint64_t last = id.value() / opt.group_size - opt.first_prompt;
+    const Duration due = deadline_after(clock->now(), opt.claim_window);
+    while (next_group <= last) {
+      Result<std::string> payload = payload_of(opt.first_prompt + next_group);
+      if (!payload.ok()) return payload.status();
+      const std::uint64_t g = next_group;
+      make_group(rule.is_stream(), Version(0), rule.is_stream() ? Version(0) : kAnyNewerVersion, std::move(*payload));
+      for (std::uint32_t s = 0; s < opt.group_size; ++s) release(g, s, due);
+      ++st.adopted_groups;
+    }
+    return ok_status();
+  }
+
+  // The predecessor's state (RolloutDispatcherOptions::resume), before any request.
+  Status restore(const DispatcherSnapshot& snap) {
+    const Duration due = deadline_after(clock->now(), opt.claim_window);
+    for (const DispatcherSnapshot::Group& sg : snap.open) {
+      Result<std::string> payload = payload_of(opt.first_prompt + sg.index);
+      if (!payload.ok()) return payload.status();
+      next_group = sg.index;
+      make_group(sg.stream, sg.stream ? Version(0) : sg.version_min, sg.stream ? Version(0) : sg.version_max,
+                 std::move(*payload));
+      Group& grp = groups.at(sg.index);
+      for (std::uint32_t s = 0; s < opt.group_size; ++s) {
+        if (sg.samples[s] == DispatcherSnapshot::SampleState::kOut) release(sg.index, s, due);
+        if (sg.samples[s] != DispatcherSnapshot::SampleState::kCompleted) continue;
+        leave_state(sg.index, grp, s);
+        grp.samples[s].state = SampleState::kCompleted;
+        ++grp.done;
+      }
+    }
+    next_group = snap.groups_made;
+    st = {};
+    st.groups_made = snap.groups_made;
+    st.groups_done = snap.groups_made - snap.open.size();
+    st.completed = st.groups_done * opt.group_size;
+    for (const auto& [g, grp] : groups) st.completed += grp.done;
+    return ok_status();
+  }
+
   // The worker is gone: a request of its that waits has nobody to answer.
   void lose(std::map<WorkerId, WorkerRec>::iterator it, Graveyard& graveyard) {
     const std::set<TrajectoryId> held = std::move(it->second.held);
@@ -241,8 +301,7 @@ struct RolloutDispatcher::Impl {
       }
     }
     std::vector<TrajectoryId> expired;
-    for (const auto& [id, since] : released) {
-      const Duration due = deadline_after(since, opt.lease);
+    for (const auto& [id, due] : released) {
       if (now > due) {
         expired.push_back(id);
       } else {
@@ -434,11 +493,14 @@ struct RolloutDispatcher::Impl {
     }
     const std::set<TrajectoryId> held(q.held.begin(), q.held.end());
     const std::set<TrajectoryId> returned(q.returned.begin(), q.returned.end());
+    std::optional<TrajectoryId> newest_unknown;  // resumed: adopt its group and those before
     for (const auto& [ids, verb] : {std::pair{&held, "holds"}, std::pair{&returned, "returns"}}) {
       for (TrajectoryId id : *ids) {
         std::uint64_t g = 0;
         std::uint32_t s = 0;
-        if (!locate(id, g, s)) {
+        if (!locate(id, g, s) && adoptable(id)) {
+          if (!newest_unknown || *newest_unknown < id) newest_unknown = id;
+        } else if (!locate(id, g, s)) {
           return Result<Grant>(invalid_argument(fmt::format("dispatch request: worker {} {} trajectory {}, of no "
                                                             "group made",
                                                             m.worker.value(), verb, id.value())));
@@ -453,6 +515,9 @@ struct RolloutDispatcher::Impl {
       return Result<Grant>(invalid_argument(fmt::format("dispatch request: worker {} asks on the connection of "
                                                         "worker {}",
                                                         m.worker.value(), known->value())));
+    }
+    if (newest_unknown) {
+      if (Status a = adopt(*newest_unknown); !a.ok()) return Result<Grant>(a);
     }
     (void)sweep(graveyard);
     auto it = workers.find(m.worker);
@@ -496,9 +561,7 @@ struct RolloutDispatcher::Impl {
         ++st.returned;
         continue;
       }
-      groups.at(g).samples[s].state = SampleState::kReleased;
-      released.emplace(id, now);
-      wake_by(deadline_after(now, opt.lease) + Duration(1));
+      release(g, s, deadline_after(now, opt.lease));
     }
     for (TrajectoryId id : held) {
       std::uint64_t g = 0;
@@ -623,6 +686,27 @@ Result<std::unique_ptr<RolloutDispatcher>> RolloutDispatcher::create(std::shared
                                         options.first_prompt, options.group_size));
   }
   LAMINAR_RETURN_IF_ERROR(check_rule(options.rule, options.group_size));
+  if (options.resume) {
+    const DispatcherSnapshot& snap = *options.resume;
+    if (options.claim_window <= Duration::zero() || options.claim_window > options.lease) {
+      return invalid_argument(fmt::format("RolloutDispatcherOptions: claim_window {} ns (positive, at most the "
+                                          "lease {} ns)",
+                                          options.claim_window.count(), options.lease.count()));
+    }
+    if (snap.group_size != options.group_size || snap.first_prompt != options.first_prompt) {
+      return invalid_argument(fmt::format("RolloutDispatcherOptions: resume is of groups of {} from prompt {}, these "
+                                          "options of groups of {} from prompt {}",
+                                          snap.group_size, snap.first_prompt, options.group_size,
+                                          options.first_prompt));
+    }
+    LAMINAR_RETURN_IF_ERROR(internal::check_snapshot(snap));
+    const std::uint64_t oldest = snap.open.empty() ? snap.groups_made : snap.open.front().index;
+    if (snap.groups_made - oldest > options.max_open_groups) {
+      return invalid_argument(fmt::format("RolloutDispatcherOptions: resume has groups {} to {} open, above "
+                                          "max_open_groups {}",
+                                          oldest, snap.groups_made, options.max_open_groups));
+    }
+  }
   {
     std::lock_guard l(served_mu);
     if (!served.insert(transport.get()).second) {
@@ -631,6 +715,14 @@ Result<std::unique_ptr<RolloutDispatcher>> RolloutDispatcher::create(std::shared
   }
   auto impl = std::make_unique<Impl>(std::move(transport), std::move(options));
   Impl* p = impl.get();
+  if (p->opt.resume) {
+    std::lock_guard l(p->mu);
+    if (Status st = p->restore(*p->opt.resume); !st.ok()) {
+      std::lock_guard s(served_mu);
+      served.erase(p->transport.get());
+      return st;
+    }
+  }
   // The type is a laminar protocol one: registering it cannot fail.
   LAMINAR_CHECK(internal::on_protocol_message(*p->transport, kDispatchRequestMessage,
                                               p->gate.wrap([p](Incoming in) { p->on_request(in); }))
@@ -721,6 +813,7 @@ Result<Completion> RolloutDispatcher::completed(TrajectoryId id) {
   Impl& m = *impl_;
   std::uint64_t g = 0;
   std::uint32_t s = 0;
+  if (!m.locate(id, g, s) && m.adoptable(id)) LAMINAR_RETURN_IF_ERROR(m.adopt(id));
   if (!m.locate(id, g, s)) {
     return not_found(fmt::format("rollout dispatcher: trajectory {} is of no group made", id.value()));
   }
@@ -769,6 +862,32 @@ RolloutDispatcherStats RolloutDispatcher::stats() const {
   s.waiting = impl_->waiting_total;
   s.available = impl_->available();
   return s;
+}
+
+DispatcherSnapshot RolloutDispatcher::snapshot() const {
+  std::lock_guard l(impl_->mu);
+  const Impl& m = *impl_;
+  DispatcherSnapshot snap{.group_size = m.opt.group_size, .first_prompt = m.opt.first_prompt,
+                          .groups_made = m.next_group, .open = {}};
+  for (const auto& [g, grp] : m.groups) {
+    DispatcherSnapshot::Group& out = snap.open.emplace_back();
+    out.index = g;
+    out.stream = grp.stream;
+    out.version_min = grp.stream ? Version(0) : grp.version_min;
+    out.version_max = grp.stream ? Version(0) : grp.version_max;
+    for (const SampleRec& rec : grp.samples) {
+      out.samples.push_back(rec.state == SampleState::kWaiting     ? DispatcherSnapshot::SampleState::kWaiting
+                            : rec.state == SampleState::kCompleted ? DispatcherSnapshot::SampleState::kCompleted
+                                                                   : DispatcherSnapshot::SampleState::kOut);
+    }
+  }
+  return snap;
+}
+
+std::vector<std::byte> DispatcherSnapshot::encode() const { return internal::encode_snapshot(*this); }
+
+Result<DispatcherSnapshot> DispatcherSnapshot::decode(std::span<const std::byte> bytes) {
+  return internal::decode_snapshot(bytes);
 }
 
 Status RolloutDispatcher::background_error() const {

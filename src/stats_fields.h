@@ -177,6 +177,7 @@ inline constexpr auto kStatsFields<RolloutDispatcherStats> = std::tuple{
     field("completed", &RolloutDispatcherStats::completed),
     field("duplicates", &RolloutDispatcherStats::duplicates),
     field("lost_workers", &RolloutDispatcherStats::lost_workers),
+    field("adopted_groups", &RolloutDispatcherStats::adopted_groups),
     field("workers", &RolloutDispatcherStats::workers),
     field("waiting_requests", &RolloutDispatcherStats::waiting_requests),
     field("in_flight", &RolloutDispatcherStats::in_flight),

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <limits>
+#include <span>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -1207,4 +1209,152 @@ TEST_CASE("rollout dispatcher: an asker claims what migrates in, and renews its 
   REQUIRE(next_answers(asker, 1).ok());
   CHECK(asker.questions() == 2);
   CHECK(actor.dispatcher->stats().lost_workers == 0);
+}
+
+TEST_CASE("rollout dispatcher: a snapshot's bytes round trip, and bad ones are refused", "[rollout_dispatcher]") {
+  using State = laminar::DispatcherSnapshot::SampleState;
+  const laminar::DispatcherSnapshot snap{
+      .group_size = 2,
+      .first_prompt = 5,
+      .groups_made = 9,
+      .open = {{3, false, Version(2), laminar::kAnyNewerVersion, {State::kCompleted, State::kOut}},
+               {7, true, Version(0), Version(0), {State::kWaiting, State::kWaiting}}}};
+  const std::vector<std::byte> bytes = snap.encode();
+  REQUIRE(bytes.size() == 24 + 2 * (25 + 2));
+  auto back = laminar::DispatcherSnapshot::decode(bytes);
+  REQUIRE(back.ok());
+  CHECK(*back == snap);
+  for (std::size_t cut : {std::size_t(0), std::size_t(23), bytes.size() - 1})
+    expect_code(laminar::DispatcherSnapshot::decode(std::span(bytes).first(cut)).status(), StatusCode::kDataLoss,
+                "dispatcher snapshot");
+  std::vector<std::byte> longer = bytes;
+  longer.push_back(std::byte(0));
+  expect_code(laminar::DispatcherSnapshot::decode(longer).status(), StatusCode::kDataLoss, "dispatcher snapshot");
+  // Well-formed bytes of a snapshot that cannot be.
+  auto refused = [](laminar::DispatcherSnapshot s, const char* why) {
+    expect_code(laminar::DispatcherSnapshot::decode(s.encode()).status(), StatusCode::kInvalidArgument, why);
+  };
+  laminar::DispatcherSnapshot s = snap;
+  s.open[1].index = 9;
+  refused(s, "not below 9 groups made");
+  s = snap;
+  std::swap(s.open[0], s.open[1]);
+  refused(s, "after group 7");
+  s = snap;
+  s.open[0].samples = {State::kCompleted, State::kCompleted};
+  refused(s, "every sample completed");
+  s = snap;
+  s.open[0].samples.push_back(State::kOut);  // bytes cannot say so; a snapshot made in memory can
+  RolloutDispatcherOptions o{.group_size = 2, .first_prompt = 5};
+  o.resume = s;
+  expect_code(RolloutDispatcher::create(make_transport(kToken), o).status(), StatusCode::kInvalidArgument,
+              "3 samples, not 2");
+  s = snap;
+  s.open[0].version_min = Version(7);
+  s.open[0].version_max = Version(6);
+  refused(s, "versions [7, 6]");
+  s = snap;
+  s.groups_made = std::numeric_limits<std::uint64_t>::max() / 2;
+  refused(s, "overflow");
+  std::vector<std::byte> bad_state = bytes;
+  bad_state[24 + 25 + 1] = std::byte(3);
+  expect_code(laminar::DispatcherSnapshot::decode(bad_state).status(), StatusCode::kInvalidArgument, "state 3");
+}
+
+TEST_CASE("rollout dispatcher: one resumed from its predecessor's snapshot completes every sample once",
+          "[rollout_dispatcher]") {
+  auto clock = std::make_shared<laminar::ManualClock>();
+  constexpr std::uint32_t kG = 2;
+  const RolloutDispatcherOptions o{.group_size = kG, .seed = 8, .rule = AdmissionRule::stream(0, 8), .lease = 10s,
+                                   .clock = clock};
+  laminar::DispatcherSnapshot snap;
+  std::vector<Sample> ga, gb, gc;
+  {
+    // The predecessor: groups 0 and 1 to a, 2 to b; group 0 and sample 2 completed; the snapshot;
+    // then group 3 to c and sample 3 completed (the queue's log keeps it), and the process ends.
+    Actor first(o);
+    REQUIRE(first.dispatcher->publish(Version(1)).ok());
+    Worker a = first.worker(1);
+    Worker b = first.worker(2);
+    Worker c = first.worker(3);
+    ga = a.ask(Version(1), 4).samples;
+    gb = b.ask(Version(1), 2).samples;
+    REQUIRE(ga.size() == 4);
+    REQUIRE(gb.size() == 2);
+    first.complete({ga[0], ga[1], ga[2]});
+    snap = first.dispatcher->snapshot();
+    gc = c.ask(Version(1), 2).samples;
+    REQUIRE(gc.size() == 2);
+    first.complete({ga[3]});
+  }
+  using State = laminar::DispatcherSnapshot::SampleState;
+  REQUIRE(snap.groups_made == 3);
+  REQUIRE(snap.open.size() == 2);
+  CHECK(snap.open[0].samples == std::vector<State>{State::kCompleted, State::kOut});
+  CHECK(snap.open[1].samples == std::vector<State>{State::kOut, State::kOut});
+
+  RolloutDispatcherOptions mismatched = o;
+  mismatched.resume = snap;
+  mismatched.first_prompt = 1;
+  expect_code(RolloutDispatcher::create(make_transport(kToken), mismatched).status(), StatusCode::kInvalidArgument,
+              "from prompt 0");
+  mismatched = o;
+  mismatched.resume = snap;
+  mismatched.claim_window = 11s;
+  expect_code(RolloutDispatcher::create(make_transport(kToken), mismatched).status(), StatusCode::kInvalidArgument,
+              "claim_window");
+
+  RolloutDispatcherOptions resumed = o;
+  resumed.resume = snap;
+  resumed.claim_window = 2s;
+  Actor second(resumed);
+  REQUIRE(second.dispatcher->publish(Version(2)).ok());
+  {
+    const laminar::RolloutDispatcherStats st = second.dispatcher->stats();
+    CHECK(st.groups_made == 3);
+    CHECK(st.groups_done == 1);
+    CHECK(st.completed == 3);
+  }
+  // The host completes what the queue's log gave back: sample 3 is new to the snapshot, sample 2
+  // is not.
+  auto c3 = second.dispatcher->completed(ga[3].id);
+  REQUIRE(c3.ok());
+  CHECK_FALSE(c3->duplicate);
+  CHECK(c3->group_done);
+  auto c2 = second.dispatcher->completed(ga[2].id);
+  REQUIRE(c2.ok());
+  CHECK(c2->duplicate);
+  // c holds group 3, made after the snapshot: adopted and claimed. b now lists only sample 4 (it
+  // pushed sample 5, which the queue never got).
+  Worker c = second.worker(3);
+  c.held = {gc[0].id, gc[1].id};
+  CHECK(c.ask(Version(1), 0).kind == GrantKind::kNothing);
+  CHECK(second.dispatcher->stats().adopted_groups == 1);
+  CHECK(second.dispatcher->stats().groups_made == 4);
+  Worker b = second.worker(2);
+  b.held = {gb[0].id};
+  (void)b.ask(Version(1), 0);
+  // Within the claim window nothing goes out again; after it, sample 5 does, and nothing else.
+  Worker d = second.worker(4);
+  REQUIRE(clock->advance(2s).ok());
+  CHECK(second.dispatcher->stats().waiting == 0);
+  REQUIRE(clock->advance(1ns).ok());
+  REQUIRE(eventually([&] { return second.dispatcher->stats().waiting == 1; }));
+  const Grant gd = d.ask(Version(2), 1);
+  REQUIRE(gd.samples.size() == 1);
+  CHECK(gd.samples[0] == gb[1]);
+  CHECK(second.dispatcher->stats().reissued == 1);
+  // Every sample completes once; new groups follow the newest known.
+  second.complete({gb[0], gb[1], gc[0], gc[1]});
+  const Grant fresh = d.ask(Version(2), 2);
+  REQUIRE(fresh.samples.size() == kG);
+  CHECK(fresh.samples[0].prompt_index == 4);
+  second.complete(fresh.samples);
+  const laminar::RolloutDispatcherStats st = second.dispatcher->stats();
+  CHECK(st.groups_done == st.groups_made);
+  CHECK(st.completed == st.groups_made * kG);
+  CHECK(st.duplicates == 1);
+  // A dispatcher that is not resumed adopts nothing.
+  Actor fresh_actor(o);
+  expect_code(fresh_actor.dispatcher->completed(TrajectoryId(6)).status(), StatusCode::kNotFound, "no group made");
 }

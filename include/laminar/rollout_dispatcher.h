@@ -48,6 +48,19 @@
 // most one waiting request), max_held ids per worker, max_open_groups groups between the oldest
 // not done and the newest, max_payload_bytes per group.
 //
+// Restart. The dispatcher lives and dies with the actor's process. snapshot() gives what a
+// successor needs (the groups made, and of those not done which samples are completed, out with a
+// worker, or waiting), small enough to keep with the trainer's checkpoint. A dispatcher created
+// with it (RolloutDispatcherOptions::resume) goes on from there: groups the snapshot has as done
+// stay done; a sample that was out waits claim_window for its worker to list it (the workers
+// reconnect and ask again) or for its completion (the queue's write-ahead log gives back what was
+// pushed), and is then handed out again. Groups made after the snapshot are not in it: a resumed
+// dispatcher adopts them when a worker lists one of their samples or the host completes one (all
+// of their samples count as out until then), and its streams make new groups after the newest it
+// knows. So a sample its worker has not listed again yet may be handed out a second time; the
+// queue takes whichever copy comes first and refuses the other (kAlreadyExists), and the worker
+// still decoding it is told to drop it.
+//
 // Threads. Requests are taken on the transport's callback thread; a request that gets an answer
 // at once is answered there. The dispatcher's own thread answers the requests that waited (when a
 // change gives them work, or their wait ends) and wakes at lease ends; it sleeps otherwise. Every
@@ -70,6 +83,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -105,6 +119,38 @@ struct AdmissionRule {
   friend bool operator==(const AdmissionRule&, const AdmissionRule&) = default;
 };
 
+// What a dispatcher hands to its successor after the host's process restarts
+// (RolloutDispatcher::snapshot, RolloutDispatcherOptions::resume). Group g is prompt
+// first_prompt + g; groups below groups_made and not in `open` are done.
+struct DispatcherSnapshot {
+  enum class SampleState : std::uint8_t {
+    kWaiting = 0,    // not handed out yet
+    kOut = 1,        // with a worker, or released by one and not completed yet
+    kCompleted = 2,  // in the trainer's queue
+  };
+  struct Group {
+    std::uint64_t index = 0;
+    bool stream = false;  // made by a stream rule; otherwise for weights in [version_min, version_max]
+    Version version_min;
+    Version version_max;
+    std::vector<SampleState> samples;  // group_size of them, by sample index; not all completed
+    friend bool operator==(const Group&, const Group&) = default;
+  };
+  std::uint32_t group_size = 0;
+  std::uint64_t first_prompt = 0;
+  std::uint64_t groups_made = 0;
+  std::vector<Group> open;  // made and not done, oldest first
+
+  // The bytes to keep (a checkpoint's): little-endian u32 group_size, u64 first_prompt,
+  // u64 groups_made, u32 n, then n times u64 index, u8 stream, u64 version_min, u64 version_max
+  // and group_size u8 states.
+  std::vector<std::byte> encode() const;
+  // kDataLoss naming the field and offset for bytes encode() would not write (short, long);
+  // kInvalidArgument for a snapshot that cannot be (RolloutDispatcher::create's checks on resume).
+  static Result<DispatcherSnapshot> decode(std::span<const std::byte> bytes);
+  friend bool operator==(const DispatcherSnapshot&, const DispatcherSnapshot&) = default;
+};
+
 struct RolloutDispatcherOptions {
   // Samples per group, G (positive).
   std::uint32_t group_size = 0;
@@ -138,6 +184,13 @@ struct RolloutDispatcherOptions {
   // it and holding the dispatcher's lock, so the calls arrive in order: it must not call the
   // dispatcher.
   std::function<void(std::uint64_t)> on_available = nullptr;
+  // Go on from a predecessor's snapshot (see Restart above; null: a new run). Its group_size and
+  // first_prompt must be these options'.
+  std::optional<DispatcherSnapshot> resume = std::nullopt;
+  // Resumed only: how long a sample that was out (or is in a group adopted since) waits for its
+  // worker to list it, or for its completion, before it is handed out again (positive, at most the
+  // lease). About the workers' reconnect interval: longer only delays the samples nobody holds.
+  Duration claim_window = std::chrono::seconds(2);
 };
 
 struct RolloutDispatcherStats {
@@ -153,6 +206,7 @@ struct RolloutDispatcherStats {
   std::uint64_t completed = 0;         // completions counted once
   std::uint64_t duplicates = 0;        // completions of an id completed already
   std::uint64_t lost_workers = 0;      // by connection close or lease
+  std::uint64_t adopted_groups = 0;    // resumed: groups made after the snapshot, made again here
   std::uint64_t workers = 0;           // known now
   std::uint64_t waiting_requests = 0;  // requests waiting for work now
   std::uint64_t in_flight = 0;         // samples made and not completed, now
@@ -245,6 +299,9 @@ class RolloutDispatcher {
   [[nodiscard]] Status wait_done(std::uint64_t groups, Duration timeout);
 
   RolloutDispatcherStats stats() const;
+  // The state a successor resumes from (RolloutDispatcherOptions::resume): consistent with every
+  // completion returned before the call.
+  DispatcherSnapshot snapshot() const;
   // The first answer that could not be sent for a reason other than its worker being gone, or a
   // payload the stream refused; OK otherwise.
   Status background_error() const;

@@ -1,6 +1,6 @@
 // libFuzzer target for the decoders of the rollout dispatch protocol (rollout_dispatch_wire.h): the
-// requests a RolloutDispatcher reads from every rollout worker and the grants a DispatchClient
-// reads from its dispatcher. Built with clang (-fsanitize=fuzzer,address,undefined) by
+// requests a RolloutDispatcher reads from every rollout worker, the grants a DispatchClient
+// reads from its dispatcher, and the snapshots a restarted host reads back from its checkpoint. Built with clang (-fsanitize=fuzzer,address,undefined) by
 // tests/CMakeLists.txt and run briefly as the CTest test rollout_dispatch_decode_fuzz; seeds in
 // rollout_dispatch_decode_corpus/.
 //
@@ -28,5 +28,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_round_trip(
       bytes, +[](std::span<const std::byte> b) { return in::decode_grant(b, 16, 16, 64); }, in::encode_grant,
       kInvalidArgumentAllowed);
+  check_round_trip(bytes, in::decode_snapshot, in::encode_snapshot, kInvalidArgumentAllowed);
   return 0;
 }
