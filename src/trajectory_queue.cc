@@ -151,6 +151,7 @@ struct TrajectoryQueue::Impl {
   const std::shared_ptr<Clock> clock;
   std::unique_ptr<TrajectoryWal> wal;  // set by recover()
   RecoveryReport recovery;             // set by recover()
+  std::vector<TrajectoryId> recovered_ids;  // set by recover()
   ClockSubscription clock_sub;
 
   // watch_room's callbacks, which run holding watch_mu (so unwatching waits for a running one)
@@ -549,6 +550,7 @@ struct TrajectoryQueue::Impl {
     for (Trajectory& t : c.live) {
       // A live id the log also lists as retired stays refused either way.
       ids.set_live(t.id.value());
+      recovered_ids.push_back(t.id);
       ++held;
       held_tokens += t.num_tokens();
       if (t.group_size == 1) {
@@ -1060,6 +1062,7 @@ void RoomWatch::reset() noexcept {
 }
 
 const RecoveryReport& TrajectoryQueue::recovery() const noexcept { return impl_->recovery; }
+std::span<const TrajectoryId> TrajectoryQueue::recovered_ids() const noexcept { return impl_->recovered_ids; }
 
 Status TrajectoryQueue::background_error() const {
   std::lock_guard<std::mutex> l(impl_->mu);

@@ -13,6 +13,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -139,6 +140,9 @@ TEST_CASE("WAL survives SIGKILL mid-stream: every trajectory acked exactly once"
   REQUIRE(q.ok());
   INFO("recovery tail: " << (*q)->recovery().tail.to_string());
   const std::uint64_t recovered = (*q)->recovery().recovered;
+  const std::span<const laminar::TrajectoryId> recovered_ids = (*q)->recovered_ids();
+  CHECK(recovered_ids.size() == recovered);
+  std::set<std::uint64_t> drained_ids;
   std::uint64_t drained = 0;
   for (;;) {
     laminar::BatchSpec spec;
@@ -150,10 +154,16 @@ TEST_CASE("WAL survives SIGKILL mid-stream: every trajectory acked exactly once"
       break;
     }
     REQUIRE((*q)->ack(b->id()).ok());
-    for (const auto& t : b->trajectories()) ++acked[t.id.value()];
+    for (const auto& t : b->trajectories()) {
+      ++acked[t.id.value()];
+      drained_ids.insert(t.id.value());
+    }
     drained += b->size();
   }
   CHECK(drained == recovered);
+  std::set<std::uint64_t> told;
+  for (laminar::TrajectoryId id : recovered_ids) told.insert(id.value());
+  CHECK(told == drained_ids);
   CHECK((*q)->stats().held_tokens == 0);
 
   std::uint64_t lost = 0, twice = 0, unknown = 0;

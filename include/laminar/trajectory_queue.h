@@ -314,6 +314,9 @@ class TrajectoryQueue {
 
   TrajectoryQueueStats stats() const;
   const RecoveryReport& recovery() const noexcept;
+  // The ids of the trajectories the write-ahead log gave back (RecoveryReport::recovered of them),
+  // in the log's order: what a restarted actor tells its RolloutDispatcher is completed.
+  std::span<const TrajectoryId> recovered_ids() const noexcept;
   // The first error of work no caller was waiting on: writing the log for a lease expiry, a group
   // timeout, a stale drop, a group's completion, or a compaction. OK when there was none. Such a
   // failure never loses a trajectory: the log then holds it as live, so a restart redelivers it.
