@@ -435,7 +435,8 @@ laminar::Status Trainer::save_weights(std::span<std::byte> flat) const {
   return laminar::ok_status();
 }
 
-laminar::Status Trainer::save_checkpoint(const std::filesystem::path& path, std::uint64_t version) const {
+laminar::Status Trainer::save_checkpoint(const std::filesystem::path& path, std::uint64_t version,
+                                         std::span<const std::byte> host_state) const {
   const std::filesystem::path tmp = path.string() + ".tmp";
   auto saved = guarded("Trainer::save_checkpoint", [&]() -> laminar::Status {
     torch::NoGradGuard no_grad;
@@ -444,6 +445,9 @@ laminar::Status Trainer::save_checkpoint(const std::filesystem::path& path, std:
     for (std::size_t i = 0; i < entries.size(); ++i) archive.write("weights." + entries[i].name, impl_->params[i]);
     archive.write("train_steps", torch::tensor(impl_->train_steps, torch::kInt64));
     archive.write("version", torch::tensor(std::int64_t(version), torch::kInt64));
+    torch::Tensor host = torch::empty({std::int64_t(host_state.size())}, torch::kUInt8);
+    if (!host_state.empty()) std::memcpy(host.data_ptr<std::uint8_t>(), host_state.data(), host_state.size());
+    archive.write("host_state", host);
     torch::serialize::OutputArchive adam;
     impl_->adam->save(adam);
     archive.write("adam", adam);
@@ -457,12 +461,12 @@ laminar::Status Trainer::save_checkpoint(const std::filesystem::path& path, std:
   return laminar::ok_status();
 }
 
-laminar::Result<std::uint64_t> Trainer::load_checkpoint(const std::filesystem::path& path) {
+laminar::Result<Trainer::Checkpoint> Trainer::load_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return laminar::not_found("no checkpoint at " + path.string());
   // Everything is read and checked before anything changes: the weights into new tensors, Adam's
   // state into a new optimizer over the same parameters.
-  auto loaded = guarded("Trainer::load_checkpoint", [&]() -> laminar::Result<std::uint64_t> {
+  auto loaded = guarded("Trainer::load_checkpoint", [&]() -> laminar::Result<Checkpoint> {
     torch::NoGradGuard no_grad;
     torch::serialize::InputArchive archive;
     archive.load_from(path.string());
@@ -474,9 +478,16 @@ laminar::Result<std::uint64_t> Trainer::load_checkpoint(const std::filesystem::p
         return laminar::data_loss(path.string() + ": " + entries[i].name + " has another shape than the policy's");
       }
     }
-    torch::Tensor steps, version;
+    torch::Tensor steps, version, host;
     archive.read("train_steps", steps);
     archive.read("version", version);
+    archive.read("host_state", host);
+    if (host.dim() != 1 || host.scalar_type() != torch::kUInt8) {
+      return laminar::data_loss(path.string() + ": its host state is not a byte string");
+    }
+    host = host.contiguous();
+    Checkpoint out{std::uint64_t(version.item<std::int64_t>()), std::vector<std::byte>(std::size_t(host.numel()))};
+    if (!out.host_state.empty()) std::memcpy(out.host_state.data(), host.data_ptr<std::uint8_t>(), out.host_state.size());
     torch::serialize::InputArchive adam_archive;
     archive.read("adam", adam_archive);
     auto adam = std::make_unique<torch::optim::Adam>(
@@ -485,7 +496,7 @@ laminar::Result<std::uint64_t> Trainer::load_checkpoint(const std::filesystem::p
     for (std::size_t i = 0; i < entries.size(); ++i) impl_->params[i].copy_(weights[i]);
     impl_->adam = std::move(adam);
     impl_->train_steps = steps.item<std::int64_t>();
-    return std::uint64_t(version.item<std::int64_t>());
+    return out;
   });
   if (!loaded.ok() && loaded.status().code() == laminar::StatusCode::kInternal) {
     return laminar::data_loss(path.string() + " is not a whole checkpoint of this policy: " + loaded.status().message());

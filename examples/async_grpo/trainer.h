@@ -143,14 +143,20 @@ class Trainer {
 
   // The whole training state, so that a restarted actor goes on as if it had not stopped: every
   // weight, Adam's moments and step counts, the number of train_steps taken (the learning-rate
-  // ramp), and `version`, the policy version the weights were published as. Written whole (to
-  // `path` + ".tmp", then renamed): a process killed while saving leaves the last checkpoint.
-  // kUnavailable when it cannot be written.
-  laminar::Status save_checkpoint(const std::filesystem::path& path, std::uint64_t version) const;
-  // Loads what save_checkpoint wrote and returns its version. kNotFound when `path` does not exist;
-  // kDataLoss when it is not a whole checkpoint of this policy (another shape, truncated, not a
-  // checkpoint), and then the trainer is unchanged.
-  laminar::Result<std::uint64_t> load_checkpoint(const std::filesystem::path& path);
+  // ramp), `version`, the policy version the weights were published as, and `host_state`, bytes of
+  // the caller's that must change with the weights or not at all (the actor's: what its queue and
+  // dispatcher need to go on). Written whole (to `path` + ".tmp", then renamed): a process killed
+  // while saving leaves the last checkpoint. kUnavailable when it cannot be written.
+  laminar::Status save_checkpoint(const std::filesystem::path& path, std::uint64_t version,
+                                  std::span<const std::byte> host_state = {}) const;
+  struct Checkpoint {
+    std::uint64_t version = 0;
+    std::vector<std::byte> host_state;
+  };
+  // Loads what save_checkpoint wrote and returns its version and host state. kNotFound when `path`
+  // does not exist; kDataLoss when it is not a whole checkpoint of this policy (another shape,
+  // truncated, not a checkpoint), and then the trainer is unchanged.
+  laminar::Result<Checkpoint> load_checkpoint(const std::filesystem::path& path);
 
   // log pi(response token | prompt, earlier response tokens) under the current weights, one vector
   // per trajectory ([num_response_tokens]): the actor's recompute of the behaviour log-probs.

@@ -404,15 +404,17 @@ TEST_CASE("grpo trainer: a trainer restored from a checkpoint takes the same nex
   batch[3].response_tokens = {1, async_grpo::kEos, async_grpo::kEos};
   auto a = make_trainer(3, o);
   for (int i = 0; i < 2; ++i) REQUIRE(a->train_step(batch).ok());
-  REQUIRE(a->save_checkpoint(dir / "ckpt", 7).ok());
+  const std::vector<std::byte> host{std::byte(1), std::byte(0), std::byte(255)};
+  REQUIRE(a->save_checkpoint(dir / "ckpt", 7, host).ok());
   CHECK_FALSE(std::filesystem::exists(dir / "ckpt.tmp"));
   REQUIRE(a->train_step(batch).ok());
 
   auto b = make_trainer(4, o);  // other weights, no moments, no steps
   REQUIRE(saved(*b) != saved(*a));
-  auto version = b->load_checkpoint(dir / "ckpt");
-  REQUIRE(version.ok());
-  CHECK(*version == 7);
+  auto loaded = b->load_checkpoint(dir / "ckpt");
+  REQUIRE(loaded.ok());
+  CHECK(loaded->version == 7);
+  CHECK(loaded->host_state == host);
   REQUIRE(b->train_step(batch).ok());
   CHECK(saved(*b) == saved(*a));
 
