@@ -40,6 +40,61 @@ using laminar::Result;
 using laminar::Status;
 using namespace std::chrono_literals;
 
+namespace {
+
+// What the actor keeps with each checkpoint besides the trainer's state (Trainer::save_checkpoint's
+// host_state): what a restarted actor needs to train every sample exactly once.
+struct ActorState {
+  std::uint64_t steps = 0;    // training steps in the checkpoint's weights
+  std::uint64_t trained = 0;  // samples trained into them
+  // Those trained since the checkpoint before: their batches are acked only once this checkpoint
+  // is saved, so a restart may find them in the queue's log again.
+  std::vector<std::uint64_t> last_trained;
+  laminar::DispatcherSnapshot dispatch;
+};
+
+// u64 steps, u64 trained, u64 n, n u64 ids, then the dispatcher's snapshot (its own bytes).
+std::vector<std::byte> encode_state(const ActorState& st) {
+  const std::uint64_t head[3] = {st.steps, st.trained, st.last_trained.size()};
+  std::vector<std::byte> out(sizeof(head) + 8 * st.last_trained.size());
+  std::memcpy(out.data(), head, sizeof(head));
+  if (!st.last_trained.empty()) std::memcpy(out.data() + sizeof(head), st.last_trained.data(), 8 * st.last_trained.size());
+  const std::vector<std::byte> d = st.dispatch.encode();
+  out.insert(out.end(), d.begin(), d.end());
+  return out;
+}
+
+Result<ActorState> decode_state(std::span<const std::byte> b) {
+  std::uint64_t head[3] = {};
+  if (b.size() < sizeof(head))
+    return laminar::data_loss(fmt::format("the checkpoint's actor state is {} bytes, short of its header", b.size()));
+  std::memcpy(head, b.data(), sizeof(head));
+  const std::uint64_t n = head[2];
+  if (n > (b.size() - sizeof(head)) / 8)
+    return laminar::data_loss(fmt::format("the checkpoint's actor state lists {} ids in {} bytes", n, b.size()));
+  ActorState st{head[0], head[1], std::vector<std::uint64_t>(n), {}};
+  if (n > 0) std::memcpy(st.last_trained.data(), b.data() + sizeof(head), 8 * n);
+  auto d = laminar::DispatcherSnapshot::decode(b.subspan(sizeof(head) + 8 * n));
+  if (!d.ok()) return d.status().with_context("the checkpoint's actor state");
+  st.dispatch = std::move(*d);
+  return st;
+}
+
+// The port of the "host:port" the actor listened on before (its actor.addr): a restarted actor
+// listens there again, where its relays and workers reconnect.
+Result<std::uint16_t> previous_port(const fs::path& dir) {
+  std::ifstream f(dir / "actor.addr");
+  std::string address;
+  std::getline(f, address);
+  const auto colon = address.rfind(':');
+  const int port = colon == std::string::npos ? 0 : std::atoi(address.c_str() + colon + 1);
+  if (port <= 0 || port > 65535)
+    return laminar::not_found(fmt::format("no earlier address in {}: '{}'", (dir / "actor.addr").string(), address));
+  return std::uint16_t(port);
+}
+
+}  // namespace
+
 int run_actor(const Settings& s, const RoleArgs& a) {
   const fs::path dir = a.dir;
   {
@@ -48,27 +103,79 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     if (!ec) fs::create_directories(dir / "versions", ec);
     if (ec) return fail("actor", "directory", laminar::unavailable("cannot create " + dir.string() + ": " + ec.message()));
   }
+  // With checkpoints the queue keeps a write-ahead log beside them: a restarted actor (--resume)
+  // takes back from it every sample pushed and not yet in a checkpoint.
+  const fs::path checkpoint_path = dir / "checkpoint";
+  const fs::path wal_path = dir / "queue.wal";
+  if (a.resume && s.checkpoint_every <= 0)
+    return fail("actor", "resume", laminar::invalid_argument("--resume needs --checkpoint-every: there is no checkpoint"));
+  if (!a.resume && (path_exists(checkpoint_path) || path_exists(wal_path)))
+    return fail("actor", "directory",
+                laminar::failed_precondition(dir.string() + " holds an earlier actor's checkpoint or queue log: start "
+                                             "with --resume to go on from it, or use a new directory"));
   // Started on its own, without the launcher's warmed-up weights: the same warm-up, here.
   const std::string warm = a.warm.empty() ? (dir / "warmup.bin").string() : a.warm;
-  if (a.warm.empty())
+  if (a.warm.empty() && !a.resume)
     if (Status st = warm_up(s, warm); !st.ok()) return fail("actor", "warm-up", st);
-  auto writer = async_grpo::RecordWriter::open(dir / "records" / "actor.jsonl");
+  fs::path records = dir / "records" / "actor.jsonl";
+  for (int k = 1; a.resume && path_exists(records); ++k) records = dir / "records" / fmt::format("actor-resumed-{}.jsonl", k);
+  auto writer = async_grpo::RecordWriter::open(records);
   if (!writer.ok()) return fail("actor", "records", writer.status());
-  LineFile published(dir / "published.txt");
+  const std::map<std::uint64_t, std::string> published_before =
+      a.resume ? read_hashes(dir / "published.txt") : std::map<std::uint64_t, std::string>{};
+  LineFile published(dir / "published.txt", /*append=*/a.resume);
   auto transport = make_transport(a.token);
   if (!transport.ok()) return fail("actor", "transport", transport.status());
   auto host = listen_host(a.host);
   if (!host.ok()) return fail("actor", "host", host.status());
-  auto address = (*transport)->listen(*host, 0);
+  std::uint16_t port = 0;
+  if (a.resume) {
+    auto p = previous_port(dir);
+    if (!p.ok()) return fail("actor", "resume", p.status());
+    port = *p;
+  }
+  auto address = (*transport)->listen(*host, port);
   if (!address.ok()) return fail("actor", "listen", address.status());
 
   const std::uint32_t G = std::uint32_t(s.group_size);
   const std::size_t batch_size = std::size_t(s.groups_per_step) * G;
   laminar::TrajectoryQueueOptions qo;
   qo.group_timeout = laminar::kForever;  // a lost worker's samples are generated again elsewhere
+  if (s.checkpoint_every > 0) qo.wal_path = wal_path.string();
   auto queue = laminar::TrajectoryQueue::create(qo);
   if (!queue.ok()) return fail("actor", "queue", queue.status());
   std::shared_ptr<laminar::TrajectoryQueue> q = std::move(*queue);
+
+  async_grpo::TrainerOptions to;
+  to.seed = s.seed;
+  to.intra_op_threads = 1;
+  to.learning_rate_warmup_steps = s.lr_warmup_steps;
+  auto trainer_or = async_grpo::Trainer::create(to);
+  if (!trainer_or.ok()) return fail("actor", "trainer", trainer_or.status());
+  async_grpo::Trainer& trainer = **trainer_or;
+  // What the trainer really runs on, for the report; the launcher repeats a warning.
+  const async_grpo::BlasInfo blas = async_grpo::loaded_blas();
+  std::printf("blas %s\n", blas.describe().c_str());
+  if (!blas.warning().empty()) std::printf("blas-warning %s\n", blas.warning().c_str());
+  ActorState resumed;
+  std::uint64_t resumed_version = 0;
+  double load_ms = 0;
+  if (a.resume) {
+    const std::int64_t t0 = now_ns();
+    auto ck = trainer.load_checkpoint(checkpoint_path);
+    if (!ck.ok()) return fail("actor", "checkpoint", ck.status());
+    auto st = decode_state(ck->host_state);
+    if (!st.ok()) return fail("actor", "checkpoint", st.status());
+    resumed = std::move(*st);
+    resumed_version = ck->version;
+    load_ms = double(now_ns() - t0) / 1e6;
+  } else {
+    std::ifstream f(warm, std::ios::binary);
+    std::vector<std::byte> flat(trainer.manifest().total_bytes());
+    f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
+    if (!f) return fail("actor", "warm-up weights", laminar::not_found("cannot read " + warm));
+    if (Status st = trainer.load_weights(flat); !st.ok()) return fail("actor", "warm-up weights", st);
+  }
   auto store = laminar::RelayStore::create();
   if (!store.ok()) return fail("actor", "relay store", store.status());
   std::shared_ptr<laminar::RelayStore> relay = std::move(*store);
@@ -104,6 +211,11 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   po.group_size = G;
   po.seed = s.seed;
   po.lease = std::chrono::seconds(10);
+  if (a.resume) {
+    po.resume = resumed.dispatch;
+    // The workers try again at most every 2 s while the actor is away.
+    po.claim_window = std::chrono::seconds(3);
+  }
   if (sched == "one-step") {
     po.rule = laminar::AdmissionRule::one_step_ahead();
   } else if (sched == "laminar" || sched == "areal") {
@@ -122,6 +234,15 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   auto dispatch = laminar::RolloutDispatcher::create(*transport, po);
   if (!dispatch.ok()) return fail("actor", "dispatcher", dispatch.status());
   laminar::RolloutDispatcher& server = **dispatch;
+  // What the queue's log gave back reached the queue before the restart: completed. The snapshot
+  // already has some of them (those in the queue when it was taken), which the dispatcher counts
+  // as duplicates.
+  std::uint64_t recovered_known = 0;
+  for (laminar::TrajectoryId id : q->recovered_ids()) {
+    auto c = server.completed(id);
+    if (!c.ok()) return fail("actor", "recovered trajectory", c.status());
+    recovered_known += c->duplicate ? 1 : 0;
+  }
   // A sample is complete once the queue holds it, before its worker hears so: a worker may stop
   // listing it then, and it is not handed out again while it waits for its group or the trainer.
   std::atomic<std::uint64_t> completion_errors{0};
@@ -133,24 +254,6 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   auto qserver = laminar::TrajectoryQueueServer::create(*transport, q, std::move(qso));
   if (!qserver.ok()) return fail("actor", "queue server", qserver.status());
 
-  async_grpo::TrainerOptions to;
-  to.seed = s.seed;
-  to.intra_op_threads = 1;
-  to.learning_rate_warmup_steps = s.lr_warmup_steps;
-  auto trainer_or = async_grpo::Trainer::create(to);
-  if (!trainer_or.ok()) return fail("actor", "trainer", trainer_or.status());
-  async_grpo::Trainer& trainer = **trainer_or;
-  // What the trainer really runs on, for the report; the launcher repeats a warning.
-  const async_grpo::BlasInfo blas = async_grpo::loaded_blas();
-  std::printf("blas %s\n", blas.describe().c_str());
-  if (!blas.warning().empty()) std::printf("blas-warning %s\n", blas.warning().c_str());
-  {
-    std::ifstream f(warm, std::ios::binary);
-    std::vector<std::byte> flat(trainer.manifest().total_bytes());
-    f.read(reinterpret_cast<char*>(flat.data()), std::streamsize(flat.size()));
-    if (!f) return fail("actor", "warm-up weights", laminar::not_found("cannot read " + warm));
-    if (Status st = trainer.load_weights(flat); !st.ok()) return fail("actor", "warm-up weights", st);
-  }
 
   // laminar's prefill re-scoring of every trained sample under the version it names: equal bit for
   // bit to the rollout's log-probs unless the sample mixes versions or the weights differ. On the
@@ -187,7 +290,32 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   };
 
   laminar::Version v(1);
+  bool resumed_bit_equal = false;
+  if (a.resume) {
+    // The dead actor published up to `newest`, and may have trained past the checkpoint: its
+    // weights go out again as the checkpoint's own version when that is the newest, or else as a
+    // new one, so that no version number names two sets of weights.
+    const std::uint64_t newest = published_before.empty() ? 0 : published_before.rbegin()->first;
+    if (Status st = trainer.save_weights(flat); !st.ok()) return fail("actor", "checkpoint", st);
+    auto it = published_before.find(resumed_version);
+    resumed_bit_equal = it != published_before.end() && it->second == fmt::format("{:016x}", weight_hash(flat));
+    v = laminar::Version(newest > resumed_version ? newest + 1 : resumed_version);
+    // The versions the workers may still push samples of, for the re-scoring.
+    for (std::uint64_t u = newest > 7 ? newest - 7 : 1; u <= newest; ++u) {
+      std::ifstream f(dir / "versions" / fmt::format("{}.bin", u), std::ios::binary);
+      std::vector<std::byte> bytes(flat.size());
+      if (f.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size()))) recent[u] = std::move(bytes);
+    }
+  }
   if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
+  const std::uint64_t resumed_as = v.value();
+  if (a.resume) {
+    std::printf("resumed from version %llu as %llu: checkpoint loaded in %.0f ms, %llu samples back from the "
+                "queue's log\n",
+                static_cast<unsigned long long>(resumed_version), static_cast<unsigned long long>(resumed_as), load_ms,
+                static_cast<unsigned long long>(q->recovery().recovered));
+    std::fflush(stdout);
+  }
   if (Status st = write_address(dir, "actor", *address); !st.ok()) return fail("actor", "address", st);
 
   // The sync and one-step rules hand out only what open() made; the streams make their own.
@@ -233,18 +361,36 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   std::pair<std::uint64_t, std::uint64_t> checkpoint_hash{0, 0};
   const std::int64_t train_start = now_ns();
   const auto deadline_ns = s.minutes > 0 ? train_start + std::int64_t(s.minutes * 60e9) : INT64_MAX;
-  int step = 0;
+  // With checkpoints a batch is acked once the checkpoint that holds its training is saved: the
+  // queue's log keeps it until then, for a restart to train it again.
+  std::vector<laminar::BatchId> unacked;
+  std::vector<std::uint64_t> since_checkpoint;  // their trajectory ids
+  const std::unordered_set<std::uint64_t> in_checkpoint(resumed.last_trained.begin(), resumed.last_trained.end());
+  std::uint64_t left_out = 0;  // of those, given back by the log again: not trained twice
+  int step = int(resumed.steps);
   for (; step < s.steps && now_ns() < deadline_ns; ++step) {
     laminar::BatchSpec spec;
     spec.max_trajectories = spec.min_trajectories = batch_size;
     spec.wait = std::chrono::seconds(120);
     spec.consumer_version = v;
+    if (s.checkpoint_every > 0) spec.lease = laminar::kForever;
     const std::int64_t wait0 = now_ns();
     Result<laminar::Batch> batch = q->pop_batch(spec);
     if (!batch.ok()) return fail("actor", "pop_batch", batch.status());
     (void)writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kIdleWait,
                                          .start_ns = wait0, .end_ns = now_ns(), .version = v.value()});
-    const auto ts = batch->trajectories();
+    std::span<const laminar::Trajectory> ts = batch->trajectories();
+    std::vector<laminar::Trajectory> kept;
+    if (!in_checkpoint.empty()) {
+      for (const laminar::Trajectory& t : ts)
+        if (in_checkpoint.contains(t.id.value())) ++left_out; else kept.push_back(t);
+      ts = kept;
+      if (ts.empty()) {
+        if (Status st = q->ack(batch->id()); !st.ok()) return fail("actor", "ack", st);
+        --step;
+        continue;
+      }
+    }
     std::map<laminar::GroupId, std::uint32_t> group_count;
     std::vector<laminar::Trajectory> current;
     double reward = 0;
@@ -283,14 +429,26 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     (void)writer->write(async_grpo::Span{.process = "actor", .kind = async_grpo::SpanKind::kTrain, .start_ns = t0,
                                          .end_ns = now_ns(), .version = v.value(), .sequences = ts.size(),
                                          .tokens = std::uint64_t(stats->tokens)});
-    if (Status st = q->ack(batch->id()); !st.ok()) return fail("actor", "ack", st);
+    if (s.checkpoint_every > 0) {
+      unacked.push_back(batch->id());
+      for (const laminar::Trajectory& t : ts) since_checkpoint.push_back(t.id.value());
+    } else if (Status st = q->ack(batch->id()); !st.ok()) {
+      return fail("actor", "ack", st);
+    }
     (void)writer->write(async_grpo::RewardPoint{.time_ns = now_ns(), .version = v.value(), .mean_reward = reward,
                                                 .samples = ts.size()});
     v = laminar::Version(v.value() + 1);
     if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
     if (s.checkpoint_every > 0 && v.value() % std::uint64_t(s.checkpoint_every) == 0) {
       const std::int64_t c0 = now_ns();
-      if (Status st = trainer.save_checkpoint(dir / "checkpoint", v.value()); !st.ok()) return fail("actor", "checkpoint", st);
+      const ActorState state{std::uint64_t(step + 1), resumed.trained + trained_ids.size(), since_checkpoint,
+                             server.snapshot()};
+      if (Status st = trainer.save_checkpoint(checkpoint_path, v.value(), encode_state(state)); !st.ok())
+        return fail("actor", "checkpoint", st);
+      for (laminar::BatchId id : unacked)
+        if (Status st = q->ack(id); !st.ok()) return fail("actor", "ack", st);
+      unacked.clear();
+      since_checkpoint.clear();
       checkpoint_ns += now_ns() - c0;
       ++checkpoints;
       if (auto it = recent.find(v.value()); it != recent.end()) checkpoint_hash = {v.value(), weight_hash(it->second)};
@@ -301,6 +459,9 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     std::fflush(stdout);
   }
 
+  // Training is over: nothing more goes into a checkpoint.
+  for (laminar::BatchId id : unacked)
+    if (Status st = q->ack(id); !st.ok()) return fail("actor", "ack", st);
   // The stream's groups still out: let them finish, and take what the queue holds, so every sample
   // made reaches the queue and leaves it once.
   if (Status st = server.set_rule(laminar::AdmissionRule::sync()); !st.ok()) return fail("actor", "rule", st);
@@ -336,9 +497,22 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   auto check = [](const char* name, bool ok, const std::string& detail) {
     std::printf("check %s %s %s\n", name, ok ? "ok" : "FAIL", detail.c_str());
   };
-  check("trained_once", duplicate_trained == 0 && ds.duplicates == 0 && trained_ids.size() == ds.completed,
-        fmt::format("{} samples reached the trainer, {} twice, of {} the queue took; dispatch duplicates {}",
-                    trained_ids.size(), duplicate_trained, ds.completed, ds.duplicates));
+  // Counted over the run, the checkpoint this actor resumed from included.
+  const std::uint64_t trained_all = resumed.trained + trained_ids.size();
+  check("trained_once", duplicate_trained == 0 && ds.duplicates == recovered_known && trained_all == ds.completed,
+        fmt::format("{} samples reached the trainer, {} twice, of {} the queue took; dispatch duplicates {}{}",
+                    trained_all, duplicate_trained, ds.completed, ds.duplicates,
+                    a.resume ? fmt::format(" ({} of them completions the queue's log gave back again)", recovered_known)
+                             : std::string()));
+  if (a.resume)
+    check("resumed", resumed_bit_equal && q->recovery().tail.ok(),
+          fmt::format("from the checkpoint of version {} (step {}, loaded in {:.0f} ms), its weights {} the ones "
+                      "published as {}, training went on as version {}; the queue's log gave back {} samples ({} "
+                      "trained into the checkpoint already, left out), tail {}; the dispatcher adopted {} groups "
+                      "made after its snapshot",
+                      resumed_version, resumed.steps, load_ms, resumed_bit_equal ? "bit-equal to" : "DIFFERENT from",
+                      resumed_version, resumed_as, q->recovery().recovered, left_out,
+                      q->recovery().tail.ok() ? "whole" : q->recovery().tail.to_string(), ds.adopted_groups));
   check("all_completed",
         ds.groups_done == ds.groups_made && ds.completed == ds.groups_made * G && completion_errors.load() == 0,
         fmt::format("groups made {} done {}, samples completed {}, drained after the last step {}, reissued {}, "
@@ -360,14 +534,14 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     bool ok = false;
     auto restored = async_grpo::Trainer::create(to);
     if (restored.ok()) {
-      auto version = (*restored)->load_checkpoint(dir / "checkpoint");
+      auto loaded = (*restored)->load_checkpoint(checkpoint_path);
       std::vector<std::byte> bytes((*restored)->manifest().total_bytes());
-      if (version.ok() && (*restored)->save_weights(bytes).ok()) {
-        ok = *version == checkpoint_hash.first && weight_hash(bytes) == checkpoint_hash.second;
-        detail += fmt::format("the last (version {}) loads back {} the published weights", *version,
+      if (loaded.ok() && (*restored)->save_weights(bytes).ok()) {
+        ok = loaded->version == checkpoint_hash.first && weight_hash(bytes) == checkpoint_hash.second;
+        detail += fmt::format("the last (version {}) loads back {} the published weights", loaded->version,
                               ok ? "bit-equal to" : "DIFFERENT from");
       } else {
-        detail += "the last does not load: " + (version.ok() ? std::string("no weights") : version.status().to_string());
+        detail += "the last does not load: " + (loaded.ok() ? std::string("no weights") : loaded.status().to_string());
       }
     } else {
       detail += "no trainer to load it into: " + restored.status().to_string();

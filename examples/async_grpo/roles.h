@@ -52,7 +52,8 @@ std::map<std::uint64_t, std::string> read_hashes(const std::filesystem::path& fi
 // Appends one line and flushes it, so a killed process leaves whole lines behind.
 class LineFile {
  public:
-  explicit LineFile(const std::filesystem::path& path) : out_(path, std::ios::trunc) {}
+  explicit LineFile(const std::filesystem::path& path, bool append = false)
+      : out_(path, append ? std::ios::app : std::ios::trunc) {}
   void write(const std::string& line) { out_ << line << '\n' << std::flush; }
 
  private:

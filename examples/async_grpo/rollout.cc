@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "engine.h"
@@ -333,6 +334,10 @@ class Rollout {
     if (reachable_) return;
     reachable_ = true;
     ++reconnects_;
+    const double away_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - unreachable_since_).count();
+    std::printf("%s: the actor is back after %.1f s; %llu samples finished meanwhile\n", who_.c_str(), away_s,
+                static_cast<unsigned long long>(std::exchange(finished_away_, 0)));
+    std::fflush(stdout);
   }
   bool may_try() const { return reachable_ || std::chrono::steady_clock::now() >= retry_at_; }
 
@@ -662,6 +667,7 @@ class Rollout {
       LAMINAR_RETURN_IF_ERROR(cache_->release(l.seq.sequence));
       live_.erase(live_.begin() + std::ptrdiff_t(i));
       unpushed_.push_back(std::move(t));
+      if (!reachable_) ++finished_away_;
       LAMINAR_RETURN_IF_ERROR(push_unpushed());
     }
     return laminar::ok_status();
@@ -708,6 +714,7 @@ class Rollout {
   std::chrono::steady_clock::time_point unreachable_since_{}, retry_at_{};
   std::chrono::milliseconds backoff_{100};
   std::uint64_t reconnects_ = 0;  // times the actor was back in reach
+  std::uint64_t finished_away_ = 0;  // samples finished since the actor went out of reach
 };
 
 }  // namespace

@@ -79,6 +79,10 @@ void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
   app.add_option("--actor", a.actor, "the actor's address (default: read from --dir)")->group(roles);
   app.add_option("--relay", a.relays, "a relay's address, preferred first (default: read from --dir)")->group(roles);
   app.add_option("--warm", a.warm, "the actor: warmed-up weights (default: it warms up itself)")->group(roles);
+  app.add_flag("--resume", a.resume,
+               "the actor: go on from <dir>/checkpoint, its queue's log and its address after its process ended "
+               "(needs --checkpoint-every)")
+      ->group(roles);
   app.add_option("--run-schedule", a.run_schedule, "")->group("");
 }
 

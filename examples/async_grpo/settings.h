@@ -83,6 +83,7 @@ struct RoleArgs {
   std::string actor;                // actor's address; empty: <dir>/actor.addr
   std::vector<std::string> relays;  // relay addresses, preferred first; empty: <dir>/relay-<i>.addr
   std::string warm;                 // warmed-up weights file; empty: the actor warms up itself
+  bool resume = false;              // the actor: go on from <dir>/checkpoint after its process ended
   std::string run_schedule;         // sync, one-step, areal or laminar; empty: --schedule
 };
 
