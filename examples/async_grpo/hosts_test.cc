@@ -194,6 +194,8 @@ TEST_CASE("async_grpo across hosts: the actor killed and restarted from its chec
     if (const auto at = l.find("loaded in "); at != std::string::npos) load_ms = std::atof(l.c_str() + at + 10);
   REQUIRE_FALSE(lines.resumed.empty());
   std::printf("%s\n", lines.resumed.front().c_str());
+  // Within a lease of the restart: the workers try the actor again at most every 2 s.
+  CHECK(lines.step_at.front() - restarted_at < 10s);
   std::printf("actor killed after step 4: restarted %.0f ms later; its first step trained %.0f ms after the restart "
               "(checkpoint load %.0f ms), %.0f ms after the kill\n",
               ms(restarted_at - killed_at), ms(lines.step_at.front() - restarted_at), load_ms,
@@ -337,6 +339,9 @@ TEST_CASE("async_grpo across hosts: the actor stopped for longer than a lease, t
   REQUIRE(next != lines.step_at.end());
   std::printf("actor stopped in step 4 for 25 s: its next step trained %.0f ms after it continued\n",
               ms(*next - continued_at));
+  // Within a lease (10 s), however the workers' waits fell: they try the actor again at most every
+  // 2 s, and a worker waiting for a version with samples to push waits only until its next try.
+  CHECK(*next - continued_at < 10s);
   std::uint64_t reconnections = 0;
   for (int w = 0; w < workers; ++w) {
     std::string finished;

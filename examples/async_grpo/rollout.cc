@@ -269,12 +269,12 @@ class Rollout {
       flush_decode();
       const std::int64_t t0 = now_ns();
       if (idle() && want.value() > 0) {
-        (void)store_->wait_for_version(want, 30s);
+        (void)store_->wait_for_version(want, version_wait());
       } else if (asker.asking() || !idle()) {
         sleep_until_woken();
       } else {
         // Before the first version: one committed (one still arriving is not pulled yet).
-        (void)store_->wait_for_version(laminar::Version(current() + 1), 30s);
+        (void)store_->wait_for_version(laminar::Version(current() + 1), version_wait());
       }
       LAMINAR_RETURN_IF_ERROR(writer_->write(async_grpo::Span{.process = who_,
                                                               .kind = async_grpo::SpanKind::kIdleWait,
@@ -307,6 +307,15 @@ class Rollout {
     std::unique_lock l(wake_mu_);
     while (!woken_ && clock->now() < until) clock->wait_until(wake_cv_, l, until);
     woken_ = false;
+  }
+
+  // How long an idle worker waits for a version: while samples it finished wait for an actor out
+  // of reach, only until it tries again. (The actor may be waiting for those very samples before
+  // it publishes: waiting out the whole bound kept a stopped and continued actor idle 20 s.)
+  laminar::Duration version_wait() const {
+    if (unpushed_.empty()) return std::chrono::seconds(30);
+    const auto left = std::chrono::duration_cast<laminar::Duration>(retry_at_ - std::chrono::steady_clock::now());
+    return std::max(left, laminar::Duration(0));
   }
 
   // The actor out of reach: its host cut off, or it restarting. The worker decodes what it holds,
