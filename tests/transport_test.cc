@@ -689,6 +689,29 @@ TEST_CASE("transport: a UCX peer that skipped the handshake is never heard", "[t
   CHECK(served.load() == 2);
 }
 
+TEST_CASE("wire: a refusal says whether the same connection may be accepted later", "[transport]") {
+  namespace in = laminar::internal;
+  for (const StatusCode code : {StatusCode::kUnavailable, StatusCode::kFailedPrecondition}) {
+    in::BootstrapFrame refused;
+    refused.kind = in::BootstrapKind::kRefused;
+    refused.code = code;
+    refused.reason = "UCX cannot reach the peer's worker";
+    std::vector<std::byte> wire = in::encode_bootstrap_frame(refused);
+    auto back = in::take_bootstrap_frame(wire);
+    REQUIRE(back.ok());
+    REQUIRE(back->has_value());
+    CHECK((*back)->code == code);
+    CHECK((*back)->reason == refused.reason);
+  }
+  in::BootstrapFrame refused;
+  refused.kind = in::BootstrapKind::kRefused;
+  std::vector<std::byte> wire = in::encode_bootstrap_frame(refused);
+  wire[6] = std::byte(StatusCode::kInternal);  // after the length, the version and the kind
+  auto bad = in::take_bootstrap_frame(wire);
+  CHECK(bad.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(bad.status().message(), Catch::Contains("refusal code"));
+}
+
 TEST_CASE("transport: bytes that are no handshake close the connection, and the listener serves on",
           "[transport]") {
   auto o = options();

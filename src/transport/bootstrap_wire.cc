@@ -89,6 +89,7 @@ std::vector<std::byte> encode_bootstrap_frame(const BootstrapFrame& f) {
     case BootstrapKind::kReady:
       break;
     case BootstrapKind::kRefused:
+      w.u8(std::uint8_t(f.code));
       w.prefixed(f.reason);
       break;
   }
@@ -147,9 +148,17 @@ Result<std::optional<BootstrapFrame>> take_bootstrap_frame(std::vector<std::byte
       }
       case BootstrapKind::kReady:
         break;
-      case BootstrapKind::kRefused:
+      case BootstrapKind::kRefused: {
+        const std::size_t code_at = r.offset();
+        const std::uint8_t code = r.u8("code");
+        if (r.ok() && code != std::uint8_t(StatusCode::kUnavailable) &&
+            code != std::uint8_t(StatusCode::kFailedPrecondition)) {
+          r.fail(code_at, fmt::format("refusal code {}", code));
+        }
+        f.code = StatusCode(code);
         f.reason = std::string(r.prefixed("reason", kMaxRefusalBytes));
         break;
+      }
     }
   }
   LAMINAR_RETURN_IF_ERROR(r.finish());

@@ -11,7 +11,7 @@
 //   Hello {nonce}                          ->
 //                                          <-     Challenge {nonce, server proof, server addresses}
 //   Proof {client proof, token, worker address, client addresses} ->
-//                                          <-     Welcome {token, worker address}   (or Refused)
+//                                          <-     Welcome {token, worker address}   (or Refused {code, reason})
 //   Ready {}                               ->
 #pragma once
 
@@ -28,7 +28,8 @@
 
 namespace laminar::internal {
 
-inline constexpr std::uint8_t kBootstrapVersion = 1;
+// 2: a refusal says whether the same connection may be accepted later.
+inline constexpr std::uint8_t kBootstrapVersion = 2;
 // Largest frame body; also the most a connection buffers before it is authenticated.
 inline constexpr std::size_t kMaxBootstrapFrameBytes = 4096;
 inline constexpr std::size_t kBootstrapNonceBytes = 32;
@@ -57,6 +58,10 @@ struct BootstrapFrame {
   std::vector<std::byte> worker_address;  // kProof, kWelcome: ucp_worker_get_address's bytes
   std::vector<IpAddress> addresses;       // kChallenge, kProof: the sender's own IP addresses
   std::string reason;                     // kRefused
+  // kRefused: kUnavailable when the server may accept the same connection later (its UCX could not
+  // reach the client's worker yet), kFailedPrecondition otherwise (a wrong token, a malformed
+  // handshake); any other code is malformed.
+  StatusCode code = StatusCode::kFailedPrecondition;
 };
 
 // The frame with its u32 length in front.

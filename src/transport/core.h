@@ -411,7 +411,7 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   void send_bootstrap(EndpointState& e, const BootstrapFrame& f);
   void handle_server_frame(EndpointState& e, BootstrapFrame f);
   void handle_client_frame(EndpointState& e, BootstrapFrame f);
-  void refuse(EndpointState& e, const std::string& why);
+  void refuse(EndpointState& e, const std::string& why, StatusCode code = StatusCode::kFailedPrecondition);
   // Server: the client is authenticated and wired up; accept() may hand the endpoint out.
   void open_accepted(EndpointState& e);
   // Client: UCX connected the endpoint; connect() returns it.

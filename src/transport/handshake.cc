@@ -393,11 +393,12 @@ void TransportCore::send_bootstrap(EndpointState& e, const BootstrapFrame& f) {
 // ---------------------------------------------------------------------------------------------
 // Handshake (progress thread)
 
-void TransportCore::refuse(EndpointState& e, const std::string& why) {
+void TransportCore::refuse(EndpointState& e, const std::string& why, StatusCode code) {
   BootstrapFrame f;
   f.kind = BootstrapKind::kRefused;
+  f.code = code;
   f.reason = why.substr(0, kMaxRefusalBytes);
-  set_endpoint_error(e, failed_precondition(fmt::format("peer {} refused: {}", e.peer, why)));
+  set_endpoint_error(e, Status(code, fmt::format("peer {} refused: {}", e.peer, why)));
   // Nothing more is read; the socket closes once the refusal has left, or at the deadline.
   e.phase = Phase::kRefused;
   send_bootstrap(e, f);
@@ -441,7 +442,8 @@ void TransportCore::handle_server_frame(EndpointState& e, BootstrapFrame f) {
       }
       auto w = peer_worker(f.worker_address);
       if (!w.ok()) {
-        refuse(e, w.status().message());
+        // UCX may reach the client a moment later (its network coming up): the client may try again.
+        refuse(e, w.status().message(), StatusCode::kUnavailable);
         return;
       }
       e.worker = *w;
@@ -475,7 +477,7 @@ void TransportCore::handle_server_frame(EndpointState& e, BootstrapFrame f) {
 void TransportCore::handle_client_frame(EndpointState& e, BootstrapFrame f) {
   const auto expect = [&](BootstrapKind want, const char* answered) {
     if (f.kind == BootstrapKind::kRefused) {
-      fail_endpoint(e, failed_precondition(fmt::format("peer {} refused the connection: {}", e.peer, f.reason)));
+      fail_endpoint(e, Status(f.code, fmt::format("peer {} refused the connection: {}", e.peer, f.reason)));
       return false;
     }
     if (f.kind == want) return true;

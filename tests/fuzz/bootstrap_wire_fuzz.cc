@@ -23,7 +23,8 @@ namespace {
 
 bool same(const BootstrapFrame& a, const BootstrapFrame& b) {
   return a.kind == b.kind && a.nonce == b.nonce && a.mac == b.mac && a.token == b.token &&
-         a.worker_address == b.worker_address && a.addresses == b.addresses && a.reason == b.reason;
+         a.worker_address == b.worker_address && a.addresses == b.addresses && a.reason == b.reason &&
+         a.code == b.code;
 }
 
 // Takes every whole frame off `buffer`; false once the stream is refused.
