@@ -134,8 +134,6 @@ int run_actor(const Settings& s, const RoleArgs& a) {
     if (!p.ok()) return fail("actor", "resume", p.status());
     port = *p;
   }
-  auto address = (*transport)->listen(*host, port);
-  if (!address.ok()) return fail("actor", "listen", address.status());
 
   const std::uint32_t G = std::uint32_t(s.group_size);
   const std::size_t batch_size = std::size_t(s.groups_per_step) * G;
@@ -309,6 +307,10 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   }
   if (Status st = publish(v); !st.ok()) return fail("actor", "publish", st);
   const std::uint64_t resumed_as = v.value();
+  // Only now, with every server in place: the workers of a restarted actor connect the moment its
+  // port opens, and a question nothing serves yet is refused for good.
+  auto address = (*transport)->listen(*host, port);
+  if (!address.ok()) return fail("actor", "listen", address.status());
   if (a.resume) {
     std::printf("resumed from version %llu as %llu: checkpoint loaded in %.0f ms, %llu samples back from the "
                 "queue's log\n",
