@@ -398,9 +398,10 @@ class Rollout {
   // Takes version v with sequences live (no migration runs under areal): each one's KV is computed
   // again under v, every token but the last, which the next decode step feeds to sample under v.
   // Their earlier tokens keep the log-probs they were sampled with.
-  Status interrupt(laminar::Version v) {
+  Status interrupt(laminar::Version newest) {
     // No live KV survives below, so none was computed under weights the pull replaces.
-    LAMINAR_RETURN_IF_ERROR(pull(v));
+    LAMINAR_RETURN_IF_ERROR(pull(newest));
+    const laminar::Version v(current());  // newest, or one newer that replaced it meanwhile
     const std::int64_t t0 = now_ns();
     std::vector<laminar::SequenceState*> batch;
     std::int64_t tokens = 0;
@@ -523,7 +524,14 @@ class Rollout {
 
   Status pull(laminar::Version v) {
     const std::int64_t seen = now_ns();
-    LAMINAR_RETURN_IF_ERROR(puller_->pull(v, destinations_, /*has_live_trajectory=*/false));
+    Status pulled = puller_->pull(v, destinations_, /*has_live_trajectory=*/false);
+    // A newer version may have replaced `v` in the store since it was seen: take that one.
+    for (std::optional<laminar::Version> newest = puller_->newest_version();
+         pulled.code() == laminar::StatusCode::kNotFound && newest && *newest > v; newest = puller_->newest_version()) {
+      v = *newest;
+      pulled = puller_->pull(v, destinations_, /*has_live_trajectory=*/false);
+    }
+    LAMINAR_RETURN_IF_ERROR(pulled);
     LAMINAR_RETURN_IF_ERROR(engine_->check_weights());
     if (migrator_) migrator_->set_version(v);
     const std::int64_t end = now_ns();
