@@ -387,6 +387,9 @@ class TransportCore : public std::enable_shared_from_this<TransportCore> {
   // the target's transport answers, and a dead peer fails only the operation.
   void rma_over_am(EndpointState& e, Op& op, bool is_put, std::byte* local, std::uint64_t raddr, std::size_t length);
   void send_rma_am(EndpointState& e, Op& op, std::span<const std::byte> data);
+  // The open connection a frame's token names (opening an accepted one whose ready it overtook),
+  // or null: the frame is dropped.
+  std::shared_ptr<EndpointState> ready_by_token(std::uint64_t token);
   static ucs_status_t rma_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
                                   std::size_t length, const ucp_am_recv_param_t* param);
   void answer_rma(std::uint64_t ep_id, std::uint64_t peer_op, const Status& st);

@@ -12,8 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include <xxhash.h>
-
 #include "byte_codec.h"
 #include "laminar/transport.h"
 #include "transport/core.h"
@@ -382,6 +380,14 @@ void TransportCore::handle_frame(EndpointState& e, std::span<const std::byte> wi
   }
 }
 
+std::shared_ptr<EndpointState> TransportCore::ready_by_token(std::uint64_t token) {
+  const auto by_token = token == 0 ? by_token_.end() : by_token_.find(token);
+  auto e = by_token == by_token_.end() ? nullptr : find(by_token->second);
+  // The client's first frame may overtake its ready on the bootstrap socket; either one opens it.
+  if (e != nullptr && e->phase == Phase::kAwaitReady) open_accepted(*e);
+  return e != nullptr && e->phase == Phase::kReady ? e : nullptr;
+}
+
 ucs_status_t TransportCore::am_recv_cb(void* arg, const void* header, std::size_t header_length, void* data,
                                        std::size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<TransportCore*>(arg);
@@ -390,11 +396,8 @@ ucs_status_t TransportCore::am_recv_cb(void* arg, const void* header, std::size_
   ByteReader h(std::span(static_cast<const std::byte*>(header), header_length), "frame header");
   std::uint64_t token = h.u64("token");
   if (!h.finish().ok()) token = 0;
-  const auto by_token = token == 0 ? self->by_token_.end() : self->by_token_.find(token);
-  auto e = by_token == self->by_token_.end() ? nullptr : self->find(by_token->second);
-  // The client's first frame may overtake its ready on the bootstrap socket; either one opens it.
-  if (e != nullptr && e->phase == Phase::kAwaitReady) self->open_accepted(*e);
-  if (e == nullptr || e->phase != Phase::kReady) {
+  auto e = self->ready_by_token(token);
+  if (e == nullptr) {
     self->dropped_frames_.fetch_add(1, std::memory_order_relaxed);
     return UCS_OK;
   }
@@ -743,10 +746,8 @@ ucs_status_t TransportCore::rma_recv_cb(void* arg, const void* header, std::size
   };
   Result<RmaHeader> h = decode_rma_header(std::span(static_cast<const std::byte*>(header), header_length));
   if (!h.ok()) return drop();
-  const auto by_token = h->token == 0 ? self->by_token_.end() : self->by_token_.find(h->token);
-  auto e = by_token == self->by_token_.end() ? nullptr : self->find(by_token->second);
-  if (e != nullptr && e->phase == Phase::kAwaitReady) self->open_accepted(*e);
-  if (e == nullptr || e->phase != Phase::kReady) return drop();
+  auto e = self->ready_by_token(h->token);
+  if (e == nullptr) return drop();
   self->note_activity(*e);
   const bool carries = h->kind == RmaAm::kWrite || h->kind == RmaAm::kReadData;
   if (carries ? length != h->length : (h->kind == RmaAm::kReadRequest && length != 0)) {
