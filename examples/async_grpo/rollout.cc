@@ -300,10 +300,7 @@ class Rollout {
     const std::shared_ptr<laminar::Clock> clock = laminar::Clock::steady();
     laminar::Duration until = laminar::deadline_after(*clock, kAskWait + 10s);
     if (driver_) until = std::min(until, driver_->poll_deadline());
-    if (!reachable_) {
-      const auto left = std::chrono::duration_cast<laminar::Duration>(retry_at_ - std::chrono::steady_clock::now());
-      until = std::min(until, laminar::deadline_after(*clock, std::max(left, laminar::Duration(0))));
-    }
+    if (!reachable_) until = std::min(until, laminar::deadline_after(*clock, until_retry()));
     std::unique_lock l(wake_mu_);
     while (!woken_ && clock->now() < until) clock->wait_until(wake_cv_, l, until);
     woken_ = false;
@@ -312,8 +309,9 @@ class Rollout {
   // How long an idle worker waits for a version: while samples it finished wait for an actor out
   // of reach, only until it tries again. (The actor may be waiting for those very samples before
   // it publishes: waiting out the whole bound kept a stopped and continued actor idle 20 s.)
-  laminar::Duration version_wait() const {
-    if (unpushed_.empty()) return std::chrono::seconds(30);
+  laminar::Duration version_wait() const { return unpushed_.empty() ? laminar::Duration(30s) : until_retry(); }
+  // How long until the next try of an actor out of reach (zero when it is due).
+  laminar::Duration until_retry() const {
     const auto left = std::chrono::duration_cast<laminar::Duration>(retry_at_ - std::chrono::steady_clock::now());
     return std::max(left, laminar::Duration(0));
   }
