@@ -68,8 +68,11 @@ Status run_ip(std::vector<std::string> args) {
   return ok_status();
 }
 
-// True when `dev` in namespace `ns` reports carrier (LOWER_UP).
-bool has_carrier(const std::string& ns, const std::string& dev) {
+// True when `dev` in namespace `ns` has carrier (LOWER_UP) and its operational state is up. The
+// kernel sets the state (and with it IFF_RUNNING) after the carrier, from a work item that waits
+// for the rtnl lock, long while deleted namespaces are being cleaned up; UCX skips an interface
+// without IFF_RUNNING, and a process started then has no address on the network.
+bool is_running(const std::string& ns, const std::string& dev) {
   const std::string cmd = fmt::format("ip -n {} -o link show dev {} 2>/dev/null", ns, dev);
   std::string out;
   if (FILE* f = popen(cmd.c_str(), "r")) {
@@ -77,7 +80,7 @@ bool has_carrier(const std::string& ns, const std::string& dev) {
     while (std::fgets(buf, sizeof(buf), f) != nullptr) out += buf;
     pclose(f);
   }
-  return out.find("LOWER_UP") != std::string::npos;
+  return out.find("LOWER_UP") != std::string::npos && out.find(" state UP ") != std::string::npos;
 }
 
 }  // namespace
@@ -325,9 +328,9 @@ Result<NetnsPair> NetnsPair::create(const std::string& prefix) {
     Status st = run_ip(step);
     if (!st.ok()) return st;  // pair's destructor removes what was made
   }
-  // A veth end reports carrier a moment after both ends are up; connecting before then fails with
+  // A veth end runs a moment after both ends are up; connecting before then fails with
   // "destination unreachable".
-  LAMINAR_RETURN_IF_ERROR(pair.wait_for_carrier(std::chrono::seconds(5)));
+  LAMINAR_RETURN_IF_ERROR(pair.wait_until_running(std::chrono::seconds(10)));
   return pair;
 }
 
@@ -360,21 +363,21 @@ void NetnsPair::destroy() noexcept {
   }
 }
 
-Status NetnsPair::wait_for_carrier(std::chrono::milliseconds timeout) {
+Status NetnsPair::wait_until_running(std::chrono::milliseconds timeout) {
   const auto up = [&] {
     for (int side = 0; side < 2; ++side) {
-      if (!has_carrier(names_[side], veth_[side])) return false;
+      if (!is_running(names_[side], veth_[side])) return false;
     }
     return true;
   };
   if (eventually(up, timeout)) return ok_status();
-  return unavailable(fmt::format("veth {}/{} has no carrier after {} ms", veth_[0], veth_[1], timeout.count()));
+  return unavailable(fmt::format("veth {}/{} is not running after {} ms", veth_[0], veth_[1], timeout.count()));
 }
 
 Status NetnsPair::link_down() { return run_ip({"-n", names_[0], "link", "set", veth_[0], "down"}); }
 Status NetnsPair::link_up() {
   LAMINAR_RETURN_IF_ERROR(run_ip({"-n", names_[0], "link", "set", veth_[0], "up"}));
-  return wait_for_carrier(std::chrono::seconds(5));
+  return wait_until_running(std::chrono::seconds(10));
 }
 
 Result<NetnsSwitch> NetnsSwitch::create(const std::string& prefix, int hosts, std::uint32_t mbit_per_s) {
@@ -416,12 +419,13 @@ Result<NetnsSwitch> NetnsSwitch::create(const std::string& prefix, int hosts, st
     LAMINAR_RETURN_IF_ERROR(limit(ns, host_end));
     LAMINAR_RETURN_IF_ERROR(limit(net.switch_, switch_end));
   }
-  // A veth end reports carrier a moment after both ends are up; connecting before then fails.
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  // A veth end runs a moment after both ends are up; a process started before then has no address
+  // on the network.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
   for (int h = 0; h < hosts; ++h) {
     const std::string host_end = host_end_of(h);
-    if (!eventually([&] { return has_carrier(net.hosts_[h], host_end); }, deadline - Clock::now())) {
-      return unavailable(fmt::format("veth {} has no carrier after 5 s", host_end));
+    if (!eventually([&] { return is_running(net.hosts_[h], host_end); }, deadline - Clock::now())) {
+      return unavailable(fmt::format("veth {} is not running after 10 s", host_end));
     }
   }
   return net;
@@ -445,8 +449,8 @@ Status NetnsSwitch::link_down(int host) {
 Status NetnsSwitch::link_up(int host) {
   if (host < 0 || host >= hosts()) return invalid_argument(fmt::format("link_up: no host {}", host));
   LAMINAR_RETURN_IF_ERROR(run_ip({"-n", hosts_[host], "link", "set", host_ends_[host], "up"}));
-  if (!eventually([&] { return has_carrier(hosts_[host], host_ends_[host]); }, std::chrono::seconds(5)))
-    return unavailable(fmt::format("veth {} has no carrier 5 s after link_up", host_ends_[host]));
+  if (!eventually([&] { return is_running(hosts_[host], host_ends_[host]); }, std::chrono::seconds(10)))
+    return unavailable(fmt::format("veth {} is not running 10 s after link_up", host_ends_[host]));
   return ok_status();
 }
 

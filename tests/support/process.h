@@ -99,11 +99,11 @@ class NetnsPair {
   const std::string& address(int side) const { return addresses_[side]; }
 
   // Cuts / restores the link (ip link set down/up on side 0's veth end). link_up returns once both
-  // ends have carrier again.
+  // ends run again.
   Status link_down();
   Status link_up();
-  // Waits until both veth ends report carrier (LOWER_UP). kUnavailable after timeout.
-  Status wait_for_carrier(std::chrono::milliseconds timeout);
+  // Waits until both veth ends run (carrier and operational state up). kUnavailable after timeout.
+  Status wait_until_running(std::chrono::milliseconds timeout);
 
  private:
   NetnsPair() = default;
@@ -136,7 +136,7 @@ class NetnsSwitch {
   const std::string& name(int host) const { return hosts_[host]; }
   std::string address(int host) const;
   // Cuts / restores `host`'s link to the switch (its veth end, down or up): the host is off the
-  // network, its processes still run. link_up returns once the link has its carrier back.
+  // network, its processes still run. link_up returns once the link runs again.
   Status link_down(int host);
   Status link_up(int host);
 
