@@ -140,6 +140,13 @@ int exit_code(ChildProcess& child, std::chrono::milliseconds timeout) {
   return -1;
 }
 
+// The checks the actor prints once the workers have left (what they pulled and moved), read to the
+// end of its output and added to `checks`.
+void read_last_checks(ChildProcess& actor, std::vector<std::string>& checks) {
+  for (auto line = actor.read_line(120s); line.ok(); line = actor.read_line(120s))
+    if (line->rfind("check ", 0) == 0) checks.push_back(*line);
+}
+
 void all_ok(const std::vector<std::string>& lines) {
   int checks = 0;
   for (const std::string& c : lines) {
@@ -148,7 +155,8 @@ void all_ok(const std::vector<std::string>& lines) {
     INFO(c);
     CHECK(c.find(" ok ") != std::string::npos);
   }
-  CHECK(checks >= 5);
+  CHECK(checks >= 6);
+  CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& c) { return c.rfind("check weights_bit_equal ", 0) == 0; }));
 }
 
 }  // namespace
@@ -197,7 +205,7 @@ TEST_CASE("async_grpo across hosts: the actor killed and restarted from its chec
       relay_killed = true;
     }
   };
-  const std::vector<std::string> checks = lines.read();
+  std::vector<std::string> checks = lines.read();
   REQUIRE(relay_killed);
   REQUIRE_FALSE(lines.step_at.empty());
   double load_ms = 0;
@@ -241,6 +249,7 @@ TEST_CASE("async_grpo across hosts: the actor killed and restarted from its chec
   std::printf("samples the workers finished while the actor was away: %llu\n",
               static_cast<unsigned long long>(away_samples));
   for (ChildProcess& r : rollouts) CHECK(exit_code(r, 120s) == 0);
+  read_last_checks(resumed, checks);
   CHECK(exit_code(resumed, 120s) == 0);
   CHECK(exit_code(relay, 10s) == 128 + SIGKILL);
   all_ok(checks);
@@ -268,12 +277,17 @@ TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lea
   auto [actor, relay, rollouts] = run.start_all([](int w) { return w == 0 ? 2 : 3; });
 
   // Off the network for 20 s, twice the actor's lease, from the middle of step 4 (at a step's end a
-  // worker may hold nothing, pulling the new version); the others train on.
+  // worker may hold nothing, pulling the new version), or of the first step after rollout-0 has
+  // pulled weights; the others train on. A cut before rollout-0 is up would leave it unreachable
+  // for good: its UCX lists the network devices that run when its transport starts, once.
   constexpr auto kCut = 20s;
   bool restored = false;
   ActorLines lines{.actor = actor};
+  const fs::path pulled_by_0 = run.dir / "weights-rollout-0.txt";
+  int cut_after = 0;  // the step after which the link went down
   lines.at_step = [&](int step) {
-    if (step != 3 || lines.action) return;
+    if (step < 3 || cut_after > 0 || async_grpo::read_hashes(pulled_by_0).empty()) return;
+    cut_after = step;
     lines.deadline = std::chrono::steady_clock::now() + 60ms;
     lines.action = [&] {
       REQUIRE(net.link_down(2).ok());
@@ -284,15 +298,16 @@ TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lea
       };
     };
   };
-  const std::vector<std::string> checks = lines.read();
+  std::vector<std::string> checks = lines.read();
   {
-    // Steps 4 on trained while the host was off the network: the longest gap between two of them.
+    // The steps trained while the host was off the network: the longest gap between two of them.
+    const std::size_t cut = std::size_t(cut_after);
     double longest = 0, before = 0;
     for (std::size_t i = 1; i < lines.step_at.size(); ++i)
-      (i < 3 ? before : longest) = std::max(i < 3 ? before : longest, ms(lines.step_at[i] - lines.step_at[i - 1]));
-    std::printf("rollout host cut off in step 4 for 20 s: %zu steps trained in all, longest gap between steps "
+      (i < cut ? before : longest) = std::max(i < cut ? before : longest, ms(lines.step_at[i] - lines.step_at[i - 1]));
+    std::printf("rollout host cut off in step %d for 20 s: %zu steps trained in all, longest gap between steps "
                 "%.0f ms (before the cut %.0f ms)\n",
-                lines.step_at.size(), longest, before);
+                cut_after + 1, lines.step_at.size(), longest, before);
   }
   // The run may end before the link is back (the lost worker's samples went to the others); the
   // fault still lasts its time, then the worker comes back to a finished run.
@@ -300,6 +315,7 @@ TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lea
     std::this_thread::sleep_until(lines.deadline);
     std::exchange(lines.action, nullptr)();
   }
+  INFO("rollout-0 pulled no weights while training ran: its link was never cut");
   REQUIRE(restored);
   // The cut-off worker goes on after it is back: what it finished meanwhile is pushed, and what was
   // handed out again and delivered by another is refused, not trained twice.
@@ -308,6 +324,7 @@ TEST_CASE("async_grpo across hosts: a rollout host cut off for longer than a lea
   std::printf("%s\n", finished.c_str());
   CHECK(finished.rfind("rollout-0 finished: ", 0) == 0);
   for (ChildProcess& r : rollouts) CHECK(exit_code(r, 120s) == 0);
+  read_last_checks(actor, checks);
   CHECK(exit_code(actor, 120s) == 0);
   CHECK(exit_code(relay, 30s) == 0);
   all_ok(checks);
@@ -343,9 +360,8 @@ TEST_CASE("async_grpo across hosts: the actor stopped for longer than a lease, t
       };
     };
   };
-  const std::vector<std::string> checks = lines.read();
+  std::vector<std::string> checks = lines.read();
   REQUIRE(continued);
-  all_ok(checks);
   const auto next = std::find_if(lines.step_at.begin(), lines.step_at.end(), [&](auto t) { return t > continued_at; });
   REQUIRE(next != lines.step_at.end());
   std::printf("actor stopped in step 4 for 25 s: its next step trained %.0f ms after it continued\n",
@@ -364,8 +380,10 @@ TEST_CASE("async_grpo across hosts: the actor stopped for longer than a lease, t
     reconnections += std::strtoull(finished.c_str() + at + 8, nullptr, 10);
   }
   for (ChildProcess& r : rollouts) CHECK(exit_code(r, 120s) == 0);
+  read_last_checks(actor, checks);
   CHECK(exit_code(actor, 120s) == 0);
   CHECK(exit_code(relay, 30s) == 0);
+  all_ok(checks);
   CHECK(reconnections >= 1);
   fs::remove_all(run.dir);
 }
