@@ -53,6 +53,60 @@ struct ActorState {
   laminar::DispatcherSnapshot dispatch;
 };
 
+struct WorkerCheck {
+  bool ok = false;
+  std::string detail;
+};
+
+// Every version a worker pulled (<dir>/weights-rollout-<w>.txt) is the one published under its
+// number (<dir>/published.txt), bit for bit.
+WorkerCheck check_weights(const fs::path& dir, int workers) {
+  const auto published = read_hashes(dir / "published.txt");
+  std::uint64_t pulls = 0, mismatches = 0;
+  for (int w = 0; w < workers; ++w)
+    for (const auto& [v, h] : read_hashes(dir / fmt::format("weights-rollout-{}.txt", w))) {
+      ++pulls;
+      auto it = published.find(v);
+      if (it == published.end() || it->second != h) ++mismatches;
+    }
+  return {pulls > 0 && mismatches == 0,
+          fmt::format("{} pulls hashed, {} differ from the actor's published bytes", pulls, mismatches)};
+}
+
+// Every migrated trajectory, from the workers' moved-rollout-<w>.txt: each migration that completed
+// left its source once ("out") and arrived once ("in"), and the trajectory was pushed once, by the
+// worker holding it at the end ("push"). Once the dispatcher has handed samples out again (a worker
+// killed, cut off or silent past its lease), two workers may decode one, move it and push it (the
+// queue refuses the later copy: trained_once), so only "no sample left a worker without arriving
+// at another" holds then.
+WorkerCheck check_moved(const fs::path& dir, int workers, bool handed_out_again) {
+  struct Counts {
+    int out = 0, in = 0, push = 0;
+  };
+  std::map<std::uint64_t, Counts> moved;
+  for (int w = 0; w < workers; ++w) {
+    std::ifstream f(dir / fmt::format("moved-rollout-{}.txt", w));
+    std::string what;
+    std::uint64_t id;
+    while (f >> what >> id) {
+      Counts& c = moved[id];
+      (what == "out" ? c.out : what == "in" ? c.in : c.push) += 1;
+    }
+  }
+  std::uint64_t migrations = 0, bad = 0;
+  std::string examples;
+  for (const auto& [id, c] : moved) {
+    migrations += std::uint64_t(c.in);
+    const bool ok = handed_out_again ? c.out <= c.in : c.out == c.in && c.push == 1;
+    if (!ok && ++bad <= 4) examples += fmt::format("; {}: out {}, in {}, pushed {}", id, c.out, c.in, c.push);
+  }
+  const std::string rule = handed_out_again ? "samples were handed out again, so a copy may move and be pushed "
+                                              "twice; {} moved out more often than they arrived"
+                                            : "{} not moved out once, in once and pushed once";
+  return {bad == 0, fmt::format("{} trajectories moved ({} arrivals); ", moved.size(), migrations) +
+                        fmt::format(fmt::runtime(rule), bad) + examples};
+}
+
 // u64 steps, u64 trained, u64 n, n u64 ids, then the dispatcher's snapshot (its own bytes).
 std::vector<std::byte> encode_state(const ActorState& st) {
   const std::uint64_t head[3] = {st.steps, st.trained, st.last_trained.size()};
@@ -109,6 +163,12 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   const fs::path wal_path = dir / "queue.wal";
   if (a.resume && s.checkpoint_every <= 0)
     return fail("actor", "resume", laminar::invalid_argument("--resume needs --checkpoint-every: there is no checkpoint"));
+  // Killed after its last version went out, the actor had nothing left to train.
+  if (a.resume && final_version(dir) > 0) {
+    std::printf("the run had ended before the actor died: version %llu is its last; nothing to resume\n",
+                static_cast<unsigned long long>(final_version(dir)));
+    return 0;
+  }
   if (!a.resume && (path_exists(checkpoint_path) || path_exists(wal_path)))
     return fail("actor", "directory",
                 laminar::failed_precondition(dir.string() + " holds an earlier actor's checkpoint or queue log: start "
@@ -561,7 +621,15 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   // stop signal, or a minute: a killed worker leaves no mark).
   std::vector<std::string> left;
   for (int w = 0; w < s.workers; ++w) left.push_back(fmt::format("rollout-{}.left", w));
-  (void)wait_for_files(dir, left, std::chrono::seconds(60), /*on_signal=*/true);
+  const bool all_left = wait_for_files(dir, left, std::chrono::seconds(60), /*on_signal=*/true) == Woke::kFiles;
+  // What the workers pulled and moved, from the files they leave in the run's directory.
+  const WorkerCheck weights = check_weights(dir, s.workers);
+  check("weights_bit_equal", weights.ok, weights.detail);
+  if (sched == "laminar" && s.repack) {
+    const WorkerCheck moved = check_moved(dir, s.workers, !all_left || server.stats().reissued > 0);
+    check("moved_once", moved.ok, moved.detail);
+  }
+  std::fflush(stdout);
   q->close();
   if (Status st = mark_left(dir, "actor"); !st.ok()) return fail("actor", "leaving", st);
   return 0;

@@ -90,35 +90,6 @@ struct CheckResult {
   std::string detail;
 };
 
-// Every migrated trajectory, from the rollouts' moved-*.txt: each migration that completed left its
-// source once ("out") and arrived once ("in"), and the trajectory was pushed once, by the worker
-// holding it at the end ("push"). With a worker killed, what it held goes out again from the
-// RolloutDispatcher to workers that never saw it move, so only "at most once" holds then.
-CheckResult check_moved(const fs::path& dir, int workers, bool killed) {
-  struct Counts {
-    int out = 0, in = 0, push = 0;
-  };
-  std::map<std::uint64_t, Counts> moved;
-  for (int w = 0; w < workers; ++w) {
-    std::ifstream f(dir / fmt::format("moved-rollout-{}.txt", w));
-    std::string what;
-    std::uint64_t id;
-    while (f >> what >> id) {
-      Counts& c = moved[id];
-      (what == "out" ? c.out : what == "in" ? c.in : c.push) += 1;
-    }
-  }
-  std::uint64_t migrations = 0, bad = 0;
-  for (const auto& [id, c] : moved) {
-    migrations += std::uint64_t(c.in);
-    const bool ok = killed ? c.out <= c.in && c.push <= 1 : c.out == c.in && c.push == 1;
-    bad += ok ? 0 : 1;
-  }
-  return {"moved_once", bad == 0,
-          fmt::format("{} trajectories moved ({} arrivals); {} not moved out once, in once and pushed once{}",
-                      moved.size(), migrations, bad, killed ? " (at most once: a worker was killed)" : "")};
-}
-
 // Every version the actor kept (<dir>/versions/<v>.bin), evaluated on the held-out prompts at its
 // publish time (the end of its publish span); each file is removed once evaluated.
 Result<std::vector<async_grpo::HeldOutPoint>> evaluate_versions(const Settings& s, const std::string& schedule,
@@ -396,20 +367,6 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
                               lost, reissued)
                 : "the run ended before the kill"});
 
-  const auto published = read_hashes(dir / "published.txt");
-  std::uint64_t pulls = 0, mismatches = 0;
-  for (int w = 0; w < s.workers; ++w)
-    for (const auto& [v, h] : read_hashes(dir / fmt::format("weights-rollout-{}.txt", w))) {
-      ++pulls;
-      auto it = published.find(v);
-      if (it == published.end() || it->second != h) ++mismatches;
-    }
-  outcome.checks.push_back({"weights_bit_equal", pulls > 0 && mismatches == 0,
-                            fmt::format("{} pulls hashed, {} differ from the actor's published bytes", pulls,
-                                        mismatches)});
-
-  if (schedule == "laminar" && s.repack) outcome.checks.push_back(check_moved(dir, s.workers, killed));
-
   auto records = read_records_lenient(dir / "records");
   if (!records.ok()) return records.status();
   outcome.run.records = std::move(*records);
@@ -423,6 +380,7 @@ Result<ScheduleOutcome> run_schedule(const Settings& s, const std::string& sched
   if (!held_out.ok()) return held_out.status();
   outcome.run.held_out = std::move(*held_out);
   {
+    const auto published = read_hashes(dir / "published.txt");
     const auto& h = outcome.run.held_out;
     const bool in_range =
         std::all_of(h.begin(), h.end(), [](const async_grpo::HeldOutPoint& p) { return p.reward >= 0 && p.reward <= 1; });
