@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   async_grpo::add_options(app, s, a);
   CLI11_PARSE(app, argc, argv);
 
+  if (a.role.empty() && a.resume)
+    return async_grpo::fail("setup", "arguments", laminar::invalid_argument("--resume restarts the actor: add --role actor"));
   if (a.role.empty()) return async_grpo::run_launcher(s);
   if (laminar::Status st = async_grpo::assign_role(s, a); !st.ok()) return async_grpo::fail("setup", "arguments", st);
   // The actor and the relays leave on a stop signal too (the launcher's SIGTERM), which they wait for.

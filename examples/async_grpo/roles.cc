@@ -147,6 +147,8 @@ Status assign_role(const Settings& s, RoleArgs& a, const std::function<const cha
     return laminar::invalid_argument(fmt::format("relay index {} with --relays {}", a.index, s.relays));
   if (a.role == "rollout" && a.index >= s.workers)
     return laminar::invalid_argument(fmt::format("rollout index {} with --workers {}", a.index, s.workers));
+  if (a.resume && a.role != "actor")
+    return laminar::invalid_argument("--resume restarts the actor, and this process is a " + a.role);
   if (a.dir.empty()) return laminar::invalid_argument("--role " + a.role + " needs --dir, the run's directory");
   if (a.run_schedule.empty()) a.run_schedule = s.schedule;
   if (a.run_schedule != "sync" && a.run_schedule != "one-step" && a.run_schedule != "areal" &&
@@ -171,7 +173,9 @@ Result<std::string> listen_host(const std::string& host) {
   std::string found;
   for (const ifaddrs* i = all; i != nullptr && found.empty(); i = i->ifa_next) {
     if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    // Running, as UCX wants an interface it uses: up, with its carrier.
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_RUNNING) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0)
+      continue;
     std::array<char, INET_ADDRSTRLEN> text{};
     const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
     if (inet_ntop(AF_INET, &in->sin_addr, text.data(), text.size()) != nullptr) found = text.data();

@@ -76,7 +76,7 @@ laminar::Status assign_role(const Settings& s, RoleArgs& a,
                             const std::function<const char*(const char*)>& env = std::getenv);
 
 // The address to listen on: `host` itself, or for "auto" the first non-loopback IPv4 address of an
-// interface that is up. kNotFound when there is none.
+// interface that runs (up, with carrier). kNotFound when there is none.
 laminar::Result<std::string> listen_host(const std::string& host);
 
 // How long a process started on its own waits for the others' addresses: under a scheduler the

@@ -103,6 +103,10 @@ TEST_CASE("roles: what does not fit is refused, naming it", "[bad-input]") {
   a = args("actor");
   a.token_file = "/nonexistent/token";
   refused(a, Env{}, "--token-file /nonexistent/token");
+  a = auto_role();
+  a.resume = true;
+  refused(a, Env{{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "5"}, {"LAMINAR_TOKEN", token}}},
+          "--resume restarts the actor, and this process is a relay");
 }
 
 TEST_CASE("roles: the token comes from --token-file before the environment") {

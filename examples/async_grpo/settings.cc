@@ -74,7 +74,7 @@ void add_options(CLI::App& app, Settings& s, RoleArgs& a) {
       ->group(roles);
   app.add_option("--dir", a.dir, "the run's directory, where its processes meet: shared by every host")->group(roles);
   app.add_option("--token-file", a.token_file, "file holding the cluster token (default: $LAMINAR_TOKEN)")->group(roles);
-  app.add_option("--host", a.host, "address this process listens on; auto: its first non-loopback IPv4 address")
+  app.add_option("--host", a.host, "address this process listens on; auto: the first IPv4 address of a running, non-loopback interface")
       ->group(roles);
   app.add_option("--actor", a.actor, "the actor's address (default: read from --dir)")->group(roles);
   app.add_option("--relay", a.relays, "a relay's address, preferred first (default: read from --dir)")->group(roles);
