@@ -164,9 +164,9 @@ int run_actor(const Settings& s, const RoleArgs& a) {
   if (a.resume && s.checkpoint_every <= 0)
     return fail("actor", "resume", laminar::invalid_argument("--resume needs --checkpoint-every: there is no checkpoint"));
   // Killed after its last version went out, the actor had nothing left to train.
-  if (a.resume && final_version(dir) > 0) {
+  if (const std::uint64_t last = a.resume ? final_version(dir) : 0; last > 0) {
     std::printf("the run had ended before the actor died: version %llu is its last; nothing to resume\n",
-                static_cast<unsigned long long>(final_version(dir)));
+                static_cast<unsigned long long>(last));
     return 0;
   }
   if (!a.resume && (path_exists(checkpoint_path) || path_exists(wal_path)))
